@@ -1,0 +1,5 @@
+"""`python -m jaxmon`."""
+
+from jaxmon.cli import main
+
+raise SystemExit(main())

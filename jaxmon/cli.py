@@ -1,0 +1,139 @@
+"""Command line: `jaxmon serve` (the daemon) and `jaxmon snapshot` (one look at this machine)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+
+import structlog
+
+from jaxmon.faults import Faults
+from jaxmon.logsetup import configure_logging
+from jaxmon.probe import ProbeConfig
+from jaxmon.replay import ReplayError, ReplaySource
+from jaxmon.runtime import DeviceSource, Runtime, RuntimeConfig
+from jaxmon.settings import Settings, SettingsError, load_settings
+from jaxmon.table import format_table
+
+log = structlog.get_logger("jaxmon")
+
+USAGE = """usage: jaxmon {serve,snapshot} [options]
+
+commands:
+  serve      run the exporter (jaxmon serve --help lists every setting)
+  snapshot   poll and probe every device once and print a table (--json for JSON)
+"""
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def build_info() -> dict[str, str]:
+    """Versions for jaxmon_build_info, read from package metadata (no JAX import needed)."""
+    return {
+        "version": _version("jaxmon"),
+        "jax_version": _version("jax"),
+        "jaxlib_version": _version("jaxlib"),
+        "python_version": platform.python_version(),
+    }
+
+
+def make_source(settings: Settings) -> DeviceSource:
+    """Replay file when one is given, else this process's JAX devices."""
+    if settings.replay is not None:
+        return ReplaySource(settings.replay)
+    from jaxmon.jaxdevices import LocalSource  # imports JAX: only when local devices are wanted
+
+    return LocalSource(settings.gpu.memory_fraction)
+
+
+def make_runtime(settings: Settings) -> Runtime:
+    """The runtime the settings describe."""
+    config = RuntimeConfig(
+        poll_interval=settings.poll.interval,
+        probe_enabled=settings.collector.probe,
+        probe_interval=settings.probe.interval,
+        probe=ProbeConfig(
+            size=settings.probe.size, timeout_seconds=settings.probe.timeout, target_seconds=settings.probe.target
+        ),
+        max_staleness=settings.max_staleness,
+    )
+    return Runtime(make_source(settings), config, build_info(), Faults.from_env())
+
+
+def _load(argv: Sequence[str], prog: str) -> Settings:
+    try:
+        settings = load_settings(argv, prog=prog)
+    except SettingsError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    configure_logging(settings.log.level, settings.log.format)
+    return settings
+
+
+def serve(argv: Sequence[str]) -> int:
+    """Run the daemon until SIGTERM/SIGINT."""
+    from jaxmon.server import serve_until_signalled
+
+    settings = _load(argv, "jaxmon serve")
+    try:
+        runtime = make_runtime(settings)
+    except ReplayError as exc:
+        print(f"jaxmon serve: --replay: {exc}", file=sys.stderr)
+        return 2
+    runtime.start()
+    log.info("serving", address=settings.web.listen_address, path=settings.web.telemetry_path)
+    serve_until_signalled(runtime, settings)
+    log.info("stopped")
+    return 0
+
+
+def snapshot(argv: Sequence[str]) -> int:
+    """One poll and one probe per device, printed."""
+    as_json = "--json" in argv
+    settings = _load([a for a in argv if a != "--json"], "jaxmon snapshot")
+    try:
+        runtime = make_runtime(settings)
+    except ReplayError as exc:
+        print(f"jaxmon snapshot: --replay: {exc}", file=sys.stderr)
+        return 2
+    try:
+        runtime.poll()
+        for probe in runtime.probes.values():
+            probe.run_once()
+        snap = runtime.snapshot()
+    finally:
+        runtime.stop()
+    if as_json:
+        print(json.dumps(snap.as_dict(), indent=2, sort_keys=True))
+    else:
+        print(format_table(snap))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `jaxmon` console script and `python -m jaxmon`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="jaxmon", usage=USAGE, add_help=False)
+    parser.add_argument("command", nargs="?")
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    if args[0] == "--version":
+        print(f"jaxmon {_version('jaxmon')}")
+        return 0
+    command, rest = args[0], args[1:]
+    if command == "serve":
+        return serve(rest)
+    if command == "snapshot":
+        return snapshot(rest)
+    print(f"jaxmon: unknown command {command!r}\n{USAGE}", file=sys.stderr)
+    return 2

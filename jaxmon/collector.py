@@ -1,0 +1,279 @@
+"""Prometheus collector: fresh metric families from the latest snapshot on every collect (no device work)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from jaxmon.memory import MemoryNumbers
+from jaxmon.model import ProbeStatus, Snapshot
+
+DEVICE_LABELS = ["device", "platform"]
+
+
+@dataclass(frozen=True)
+class MemoryMetric:
+    """One exported memory series: its name, type, help, and the MemoryNumbers field it reads."""
+
+    name: str
+    field: str
+    help: str
+    counter: bool = False
+
+
+MEMORY_METRICS = (
+    MemoryMetric("jaxmon_memory_bytes_in_use", "bytes_in_use", "Bytes allocated on the device (bytes_in_use)."),
+    MemoryMetric(
+        "jaxmon_memory_peak_bytes_in_use",
+        "peak_bytes_in_use",
+        "Highest bytes_in_use since the allocator started (peak_bytes_in_use; never resets).",
+    ),
+    MemoryMetric(
+        "jaxmon_memory_limit_bytes",
+        "limit_bytes",
+        "Bytes the allocator may use (bytes_limit: total memory x memory fraction, not free memory).",
+    ),
+    MemoryMetric(
+        "jaxmon_memory_pool_bytes",
+        "pool_bytes",
+        "Bytes the allocator actually obtained from the driver (pool_bytes; BFC allocator only).",
+    ),
+    MemoryMetric("jaxmon_memory_free_bytes", "free_bytes", "bytes_limit - bytes_in_use."),
+    MemoryMetric(
+        "jaxmon_memory_largest_free_block_bytes",
+        "largest_free_block_bytes",
+        "Largest contiguous free block in the obtained pool (largest_free_block_bytes); absent where the "
+        "allocator does not track free blocks.",
+    ),
+    MemoryMetric(
+        "jaxmon_memory_fragmentation_ratio",
+        "fragmentation_ratio",
+        "1 - largest_free_block / free memory in the pool (pool_bytes - bytes_in_use, or bytes_limit - "
+        "bytes_in_use without a pool), in [0, 1]; 0 when nothing is free.",
+    ),
+    MemoryMetric(
+        "jaxmon_memory_largest_allocatable_bytes",
+        "largest_allocatable_bytes",
+        "Estimated largest single allocation that can still succeed: max(largest_free_block, bytes_limit - "
+        "pool_bytes) when the pool is known, else largest_free_block.",
+    ),
+    MemoryMetric(
+        "jaxmon_memory_largest_alloc_bytes",
+        "largest_alloc_bytes",
+        "Largest single allocation seen so far (largest_alloc_size).",
+    ),
+    MemoryMetric(
+        "jaxmon_memory_allocations",
+        "allocations_total",
+        "Allocations made since the allocator started (num_allocs).",
+        counter=True,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class ProbeMetric:
+    """One exported probe series and how to read it from a ProbeStatus."""
+
+    name: str
+    help: str
+    value: Callable[[ProbeStatus], float | None]
+    counter: bool = False
+
+
+def _opt(v: float | int | bool | None) -> float | None:
+    return None if v is None else float(v)
+
+
+PROBE_METRICS = (
+    ProbeMetric(
+        "jaxmon_device_up",
+        "1 when the device answered its last probe within the timeout, 0 when it failed or timed out.",
+        lambda p: _opt(p.up),
+    ),
+    ProbeMetric(
+        "jaxmon_device_utilization_ratio",
+        "ESTIMATED share of the device busy with other work, from probe slowdown: "
+        "1 - probe_baseline_seconds / probe_duration_seconds, clamped to [0, 1].",
+        lambda p: _opt(p.utilization_ratio) if p.up else None,
+    ),
+    ProbeMetric(
+        "jaxmon_probe_duration_seconds", "Latency of the last completed probe run.",
+        lambda p: _opt(p.last_duration_seconds),
+    ),
+    ProbeMetric(
+        "jaxmon_probe_baseline_seconds",
+        "Idle probe latency: the lower of the start-up calibration and the 10th percentile of recent runs.",
+        lambda p: _opt(p.baseline_seconds),
+    ),
+    ProbeMetric(
+        "jaxmon_probe_flops_per_second",
+        "FLOP/s the last probe run achieved (compiled cost analysis x steps / latency).",
+        lambda p: _opt(p.flops_per_second),
+    ),
+    ProbeMetric(
+        "jaxmon_probe_memory_bytes",
+        "Device memory the compiled probe uses (arguments + output + temporaries), allocated once.",
+        lambda p: _opt(p.footprint_bytes),
+    ),
+    ProbeMetric(
+        "jaxmon_probe_steps", "Matmul steps per probe run, chosen by calibration.",
+        lambda p: float(p.steps) if p.calibrated else None,
+    ),
+    ProbeMetric("jaxmon_probe_runs", "Probe runs started.", lambda p: float(p.runs_total), counter=True),
+    ProbeMetric(
+        "jaxmon_probe_failures", "Probe runs that raised an error.", lambda p: float(p.failures_total), counter=True
+    ),
+    ProbeMetric(
+        "jaxmon_probe_timeouts", "Probe runs that did not finish within the timeout.",
+        lambda p: float(p.timeouts_total), counter=True,
+    ),
+    ProbeMetric(
+        "jaxmon_probe_skipped",
+        "Scheduled probe runs skipped because the previous run was still in flight (a hung device).",
+        lambda p: float(p.skipped_total), counter=True,
+    ),
+    ProbeMetric(
+        "jaxmon_probe_busy_seconds",
+        "Seconds of probe runs on the device; its rate() is the probe's duty cycle.",
+        lambda p: float(p.busy_seconds_total), counter=True,
+    ),
+)
+
+
+def _family(name: str, help_text: str, labels: list[str], counter: bool) -> GaugeMetricFamily | CounterMetricFamily:
+    if counter:
+        return CounterMetricFamily(name, help_text, labels=labels)
+    return GaugeMetricFamily(name, help_text, labels=labels)
+
+
+def render_families(snap: Snapshot) -> Iterator[Metric]:
+    """Every family for one snapshot; a missing number is an absent series, never 0 or NaN."""
+    build = GaugeMetricFamily(
+        "jaxmon_build_info",
+        "jaxmon, jax, jaxlib and Python versions; always 1.",
+        labels=["version", "jax_version", "jaxlib_version", "python_version"],
+    )
+    build.add_metric(
+        [snap.build.get(k, "") for k in ("version", "jax_version", "jaxlib_version", "python_version")], 1
+    )
+    yield build
+
+    backend_up = GaugeMetricFamily(
+        "jaxmon_backend_up", "1 when the JAX backend initialised, 0 when it failed (the log says why).",
+        labels=["backend"],
+    )
+    for b in snap.backends:
+        backend_up.add_metric([b.name], 1.0 if b.up else 0.0)
+    yield backend_up
+
+    info = GaugeMetricFamily(
+        "jaxmon_device_info",
+        "Identity of each device; always 1.",
+        labels=[*DEVICE_LABELS, "device_kind", "process_index", "coords", "core_on_chip", "source"],
+    )
+    for d in snap.devices:
+        info.add_metric(
+            [
+                str(d.id), d.platform, d.device_kind, str(d.process_index), d.coords or "",
+                "" if d.core_on_chip is None else str(d.core_on_chip), snap.source,
+            ],
+            1,
+        )
+    yield info
+
+    yield from _memory_families(snap)
+    yield from _probe_families(snap)
+    yield from _collector_families(snap)
+
+
+def _memory_families(snap: Snapshot) -> Iterator[Metric]:
+    supported = GaugeMetricFamily(
+        "jaxmon_memory_stats_supported",
+        "1 when the device's allocator reports memory_stats(), 0 when it returns None (e.g. CPU).",
+        labels=DEVICE_LABELS,
+    )
+    read_ok = GaugeMetricFamily(
+        "jaxmon_memory_read_success", "1 when the last memory_stats() call succeeded, 0 when it raised.",
+        labels=DEVICE_LABELS,
+    )
+    read_errors = CounterMetricFamily(
+        "jaxmon_memory_read_errors", "memory_stats() calls that raised.", labels=DEVICE_LABELS
+    )
+    families = {m.name: _family(m.name, m.help, DEVICE_LABELS, m.counter) for m in MEMORY_METRICS}
+    for d in snap.devices:
+        labels = [str(d.id), d.platform]
+        read_errors.add_metric(labels, float(snap.memory_read_errors.get(d.key, 0)))
+        reading = snap.memory.get(d.key)
+        if reading is None:
+            continue
+        read_ok.add_metric(labels, 1.0 if reading.ok else 0.0)
+        numbers: MemoryNumbers | None = reading.numbers
+        if numbers is None:
+            continue
+        supported.add_metric(labels, 1.0 if numbers.supported else 0.0)
+        for m in MEMORY_METRICS:
+            value = getattr(numbers, m.field)
+            if value is not None:
+                families[m.name].add_metric(labels, float(value))
+    yield supported
+    yield read_ok
+    yield read_errors
+    yield from families.values()
+
+
+def _probe_families(snap: Snapshot) -> Iterator[Metric]:
+    if not snap.probes:
+        return
+    families = {m.name: _family(m.name, m.help, DEVICE_LABELS, m.counter) for m in PROBE_METRICS}
+    for d in snap.devices:
+        status = snap.probes.get(d.key)
+        if status is None:
+            continue
+        labels = [str(d.id), d.platform]
+        for m in PROBE_METRICS:
+            value = m.value(status)
+            if value is not None:
+                families[m.name].add_metric(labels, value)
+    yield from families.values()
+
+
+def _collector_families(snap: Snapshot) -> Iterator[Metric]:
+    success = GaugeMetricFamily(
+        "jaxmon_collector_success",
+        "1 when the collector's last run got all its data (memory: every device read; probe: every device "
+        "answered).",
+        labels=["collector"],
+    )
+    duration = GaugeMetricFamily(
+        "jaxmon_collector_duration_seconds",
+        "Time of the collector's last run (probe: device time of the last round).",
+        labels=["collector"],
+    )
+    last = GaugeMetricFamily(
+        "jaxmon_collector_last_success_timestamp_seconds",
+        "Unix time of the collector's last successful run.",
+        labels=["collector"],
+    )
+    for name, status in sorted(snap.collectors.items()):
+        success.add_metric([name], 1.0 if status.success else 0.0)
+        duration.add_metric([name], status.duration_seconds)
+        if status.last_success_timestamp is not None:
+            last.add_metric([name], status.last_success_timestamp)
+    yield success
+    yield duration
+    yield last
+
+
+class SnapshotCollector(Collector):
+    """A prometheus_client collector over whatever `get_snapshot` returns."""
+
+    def __init__(self, get_snapshot: Callable[[], Snapshot]) -> None:
+        self._get_snapshot = get_snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        """Fresh families from the latest snapshot."""
+        return render_families(self._get_snapshot())

@@ -1,0 +1,158 @@
+"""The one module that imports JAX: local device discovery, `memory_stats()` reads and the probe kernel."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from jaxmon.model import BackendStatus, DeviceInfo
+
+# DESIGN.md section 2: a second JAX process preallocates 75 % of the GPU unless told otherwise.
+PREALLOCATE_VAR = "XLA_PYTHON_CLIENT_PREALLOCATE"
+FRACTION_VARS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+
+
+def apply_gpu_env_defaults(environ: MutableMapping[str, str], memory_fraction: float) -> dict[str, str]:
+    """Set the sidecar's non-preallocating defaults unless the user set them; returns what was set."""
+    applied: dict[str, str] = {}
+    if PREALLOCATE_VAR not in environ:
+        environ[PREALLOCATE_VAR] = applied[PREALLOCATE_VAR] = "false"
+    # Setting both names raises inside JAX, so only ever set the current one, and only if neither is set.
+    if not any(name in environ for name in FRACTION_VARS):
+        environ[FRACTION_VARS[0]] = applied[FRACTION_VARS[0]] = f"{memory_fraction:g}"
+    return applied
+
+
+# JAX registers a TPU factory even where libtpu is not installed; that is absence, not a failure.
+_NOT_INSTALLED = re.compile(r"cannot open shared object file|No such file or directory|Unknown backend")
+_FAILED_BACKEND = re.compile(r"Unable to initialize backend '([^']+)'")
+
+
+def _coords(device: Any) -> str | None:
+    coords = getattr(device, "coords", None)
+    if coords is None:
+        return None
+    try:
+        return ",".join(str(int(c)) for c in coords)
+    except (TypeError, ValueError):
+        return None
+
+
+class LocalSource:
+    """Every local device of every backend JAX can start in this process."""
+
+    name = "local"
+    runs_probes = True
+
+    def __init__(self, gpu_memory_fraction: float, environ: MutableMapping[str, str] | None = None) -> None:
+        env = os.environ if environ is None else environ
+        self.applied_env = apply_gpu_env_defaults(env, gpu_memory_fraction)
+        import jax  # imported here so the environment above is in place first
+
+        self._jax = jax
+        self._devices: dict[tuple[str, int], Any] = {}
+
+    def _backends(self) -> tuple[dict[str, Any], dict[str, str]]:
+        from jax._src import xla_bridge  # no public API lists backends together with their errors
+
+        loud_error: dict[str, str] = {}
+        try:
+            backends = dict(xla_bridge.backends())
+        except RuntimeError as exc:
+            # A plugin that fails loudly aborts JAX's loop; the backends started before it stay usable.
+            match = _FAILED_BACKEND.search(str(exc))
+            loud_error[match.group(1) if match else "unknown"] = str(exc)
+            try:
+                backends = dict(xla_bridge.backends())
+            except Exception as again:  # nothing at all started
+                loud_error.setdefault("unknown", str(again))
+                backends = {}
+        errors = dict(getattr(xla_bridge, "_backend_errors", {}))
+        errors.update(loud_error)
+        return backends, errors
+
+    def discover(self) -> tuple[list[DeviceInfo], list[BackendStatus]]:
+        """Start every backend that can start; report the ones that cannot, and why."""
+        backends, errors = self._backends()
+        requested = {p.strip() for p in os.environ.get("JAX_PLATFORMS", "").split(",") if p.strip()}
+        statuses: list[BackendStatus] = []
+        devices: list[DeviceInfo] = []
+        for name, backend in sorted(backends.items()):
+            statuses.append(BackendStatus(name=name, up=True))
+            for dev in backend.local_devices():
+                info = DeviceInfo(
+                    id=int(dev.id),
+                    platform=str(dev.platform),
+                    device_kind=str(dev.device_kind),
+                    process_index=int(dev.process_index),
+                    coords=_coords(dev),
+                    core_on_chip=getattr(dev, "core_on_chip", None),
+                )
+                if info.key not in self._devices:
+                    self._devices[info.key] = dev
+                    devices.append(info)
+        for name, message in sorted(errors.items()):
+            if name in backends:
+                continue
+            if name not in requested and _NOT_INSTALLED.search(message):
+                continue
+            statuses.append(BackendStatus(name=name, up=False, error=message))
+        devices.sort(key=lambda d: (d.platform, d.id))
+        return devices, statuses
+
+    def read_memory(self, device: DeviceInfo) -> Mapping[str, Any] | None:
+        """`memory_stats()` of one device: None when unsupported; raises what JAX raises."""
+        stats: Mapping[str, Any] | None = self._devices[device.key].memory_stats()
+        return stats
+
+    def make_probe(self, device: DeviceInfo, size: int) -> JaxProbeKernel:
+        """Place and compile the probe on `device` (call from the probe's own thread: it may hang)."""
+        return JaxProbeKernel(self._jax, self._devices[device.key], size)
+
+
+class JaxProbeKernel:
+    """A matmul chain `x = tanh(x @ w)` run `steps` times in one compiled while loop on one device."""
+
+    def __init__(self, jax: Any, device: Any, size: int) -> None:
+        jnp = jax.numpy
+        lax = jax.lax
+        self._jax = jax
+        self._device = device
+        key = jax.random.PRNGKey(0)
+        kx, kw = jax.random.split(key)
+        # Explicit placement: inputs committed to this device, never the implicit default (DESIGN.md section 3).
+        # w ~ N(0, 1/n) keeps tanh(x @ w) away from saturation and denormals over many steps.
+        x = jax.random.normal(kx, (size, size), dtype=jnp.float32)
+        w = jax.random.normal(kw, (size, size), dtype=jnp.float32) / jnp.sqrt(jnp.float32(size))
+        self._x = jax.device_put(x, device)
+        self._w = jax.device_put(w, device)
+        self._steps_cache: dict[int, Any] = {}
+
+        def chain(x: Any, w: Any, steps: Any) -> Any:
+            return lax.fori_loop(0, steps, lambda _, c: jnp.tanh(c @ w), x)
+
+        steps0 = jax.device_put(jnp.int32(1), device)
+        self._compiled = jax.jit(chain).lower(self._x, self._w, steps0).compile()
+        cost = self._compiled.cost_analysis()
+        if isinstance(cost, list):  # older jaxlib returns one dict per computation
+            cost = cost[0] if cost else {}
+        flops = float(cost.get("flops", 0.0)) if cost else 0.0
+        # The while loop's cost analysis counts the body once: that is the FLOPs of one step.
+        self.flops_per_step = flops if flops > 0 else 2.0 * size**3
+        mem = self._compiled.memory_analysis()
+        if mem is not None:
+            self.footprint_bytes = int(
+                mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
+            )
+        else:
+            self.footprint_bytes = int(3 * size * size * 4)
+
+    def run(self, steps: int) -> None:
+        """Run the chain `steps` times and wait for the device to finish."""
+        arg = self._steps_cache.get(steps)
+        if arg is None:
+            arg = self._jax.device_put(self._jax.numpy.int32(steps), self._device)
+            self._steps_cache = {steps: arg}  # keep one: steps changes only at calibration
+        self._compiled(self._x, self._w, arg).block_until_ready()

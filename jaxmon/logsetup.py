@@ -1,0 +1,82 @@
+"""structlog configuration shared by jaxmon's own and stdlib loggers (apscheduler, JAX)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from typing import Any, Literal
+
+import structlog
+
+LogFormat = Literal["auto", "json", "console"]
+
+
+def configure_logging(level: str = "info", fmt: LogFormat = "auto", stream: Any = None) -> None:
+    """One processor chain for everything: JSON when not on a TTY, console otherwise."""
+    out = stream if stream is not None else sys.stderr
+    use_json = fmt == "json" or (fmt == "auto" and not out.isatty())
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer: Any = (
+        structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=out.isatty())
+    )
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=shared,
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+    )
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # apscheduler logs every job run at INFO; keep its warnings (missed or skipped runs) and errors.
+    logging.getLogger("apscheduler").setLevel(max(logging.WARNING, root.level))
+    # JAX logs every backend it could not start at INFO (a TPU factory exists even without libtpu); jaxmon
+    # reports the backends that matter itself.
+    logging.getLogger("jax").setLevel(max(logging.WARNING, root.level))
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "jax"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True
+
+
+class ErrorLog:
+    """Logs a persisting error once, then at most once per `interval`, and once more when it clears."""
+
+    def __init__(self, logger: Any, interval: float) -> None:
+        self._log = logger
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[str, float]] = {}
+
+    def error(self, key: str, event: str, error: str, **fields: Any) -> None:
+        """Report `error` for `key` (e.g. a device), throttled while the same error persists."""
+        now = time.monotonic()
+        with self._lock:
+            prev = self._last.get(key)
+            if prev is not None and prev[0] == error and now - prev[1] < self._interval:
+                return
+            self._last[key] = (error, now)
+        self._log.warning(event, error=error, repeated=prev is not None and prev[0] == error, **fields)
+
+    def ok(self, key: str, message: str, **fields: Any) -> None:
+        """Mark `key` healthy again, logging the recovery if it was failing."""
+        with self._lock:
+            was = self._last.pop(key, None)
+        if was is not None:
+            self._log.info(message, **fields)

@@ -1,0 +1,213 @@
+"""The utilization probe (DESIGN.md section 3): one worker thread per device, calibrated, timed, bounded."""
+
+from __future__ import annotations
+
+import math
+import queue
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import structlog
+
+from jaxmon.faults import Faults
+from jaxmon.logsetup import ErrorLog
+from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
+
+log = structlog.get_logger("jaxmon.probe")
+
+MAX_STEPS = 4096
+BASELINE_WINDOW = 120
+BASELINE_PERCENTILE = 0.1
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """The probe settings one device needs."""
+
+    size: int
+    timeout_seconds: float
+    target_seconds: float
+
+
+def utilization(baseline: float, latency: float) -> float:
+    """`1 - baseline / latency` clamped to [0, 1]: the share of the device the probe did not get."""
+    if latency <= 0:
+        return 0.0
+    return min(max(1.0 - baseline / latency, 0.0), 1.0)
+
+
+def low_percentile(samples: list[float], q: float = BASELINE_PERCENTILE) -> float:
+    """The q-quantile of `samples` by the nearest-rank method (no interpolation, robust on few samples)."""
+    ordered = sorted(samples)
+    rank = max(math.ceil(q * len(ordered)), 1)
+    return ordered[rank - 1]
+
+
+class DeviceProbe:
+    """Runs the probe of one device on its own daemon thread; never two in flight, hung runs time out."""
+
+    def __init__(
+        self,
+        device: DeviceInfo,
+        make_kernel: Callable[[], ProbeKernel],
+        config: ProbeConfig,
+        faults: Faults,
+        errors: ErrorLog,
+        calibration_lock: threading.Lock,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.device = device
+        self._make_kernel = make_kernel
+        self._config = config
+        self._faults = faults
+        self._errors = errors
+        self._calibration_lock = calibration_lock
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self._status = ProbeStatus()
+        self._kernel: ProbeKernel | None = None
+        self._calibration_baseline: float | None = None
+        self._samples: deque[float] = deque(maxlen=BASELINE_WINDOW)
+        self._tasks: queue.SimpleQueue[tuple[Callable[[], None], threading.Event] | None] = queue.SimpleQueue()
+        self._busy_since: float | None = None
+        self._timed_out_run = False
+        self._thread = threading.Thread(target=self._work, name=f"jaxmon-probe-{device.name}", daemon=True)
+        self._thread.start()
+
+    def status(self) -> ProbeStatus:
+        """A copy of the current status."""
+        with self._lock:
+            return replace(self._status)
+
+    def stop(self) -> None:
+        """Ask the worker to end after its current task (a hung one is abandoned: the thread is a daemon)."""
+        self._tasks.put(None)
+
+    # -- worker side ------------------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            fn, done = task
+            try:
+                fn()
+            finally:
+                with self._lock:
+                    self._busy_since = None
+                done.set()
+
+    def _time_run(self, steps: int) -> float:
+        assert self._kernel is not None
+        delay = self._faults.probe_delay(self.device.name)
+        if delay > 0:
+            self._faults.hang(delay, lambda: self._faults.probe_delay(self.device.name))
+        start = time.perf_counter_ns()
+        self._kernel.run(steps)
+        return (time.perf_counter_ns() - start) / 1e9
+
+    def _calibrate(self) -> None:
+        """Compile once, then size the step count so an idle run takes about the target time."""
+        self._kernel = self._make_kernel()
+        # Devices that share hardware (CPU devices share cores) must not time each other: one calibration
+        # at a time. A hung calibration must not stall the others forever, so the wait is bounded.
+        locked = self._calibration_lock.acquire(timeout=self._config.timeout_seconds)
+        try:
+            self._time_run(1)  # warm-up: first dispatch pays one-off costs
+            one = statistics.median(self._time_run(1) for _ in range(5))
+            steps = min(max(math.ceil(self._config.target_seconds / max(one, 1e-7)), 1), MAX_STEPS)
+            self._time_run(steps)
+            seeds = [self._time_run(steps) for _ in range(7)]
+        finally:
+            if locked:
+                self._calibration_lock.release()
+        baseline = statistics.median(seeds)
+        with self._lock:
+            self._calibration_baseline = baseline
+            self._samples.extend(seeds)
+            self._status.calibrated = True
+            self._status.steps = steps
+            self._status.baseline_seconds = baseline
+            self._status.footprint_bytes = self._kernel.footprint_bytes
+            self._status.busy_seconds_total += sum(seeds)
+        log.info(
+            "probe calibrated",
+            device=self.device.name,
+            steps=steps,
+            baseline_seconds=round(baseline, 6),
+            footprint_bytes=self._kernel.footprint_bytes,
+        )
+
+    def _measure(self) -> None:
+        assert self._kernel is not None
+        steps = self._status.steps
+        latency = self._time_run(steps)
+        with self._lock:
+            self._samples.append(latency)
+            # The calibration (taken idle, we hope) is a floor the window cannot raise: under hours of full
+            # load the window fills with busy latencies and would otherwise read the load as idle.
+            assert self._calibration_baseline is not None
+            baseline = min(self._calibration_baseline, low_percentile(list(self._samples)))
+            st = self._status
+            st.last_duration_seconds = latency
+            st.baseline_seconds = baseline
+            st.utilization_ratio = utilization(baseline, latency)
+            st.flops_per_second = self._kernel.flops_per_step * steps / latency if latency > 0 else None
+            st.busy_seconds_total += latency
+
+    # -- scheduler side ---------------------------------------------------------------------------------
+
+    def run_once(self) -> None:
+        """One scheduled probe: calibrate first if needed, wait at most the timeout, never queue a second."""
+        with self._lock:
+            if self._busy_since is not None:
+                st = self._status
+                st.skipped_total += 1
+                hung_for = time.monotonic() - self._busy_since
+                if hung_for > self._config.timeout_seconds and st.up is not False:
+                    st.up = False
+                    self._on_change()
+                return
+            self._busy_since = time.monotonic()
+            calibrated = self._status.calibrated
+
+        error: list[BaseException] = []
+
+        def task() -> None:
+            try:
+                if not calibrated:
+                    self._calibrate()
+                self._measure()
+            except Exception as exc:
+                error.append(exc)
+
+        done = threading.Event()
+        self._tasks.put((task, done))
+        finished = done.wait(self._config.timeout_seconds)
+        with self._lock:
+            st = self._status
+            st.runs_total += 1
+            if not finished:
+                st.timeouts_total += 1
+                st.up = False
+                st.last_error = f"probe did not finish within {self._config.timeout_seconds:g}s"
+            elif error:
+                st.failures_total += 1
+                st.up = False
+                st.last_error = f"{type(error[0]).__name__}: {error[0]}"
+            else:
+                st.up = True
+                st.last_error = None
+            up, message = st.up, st.last_error
+        if up:
+            self._errors.ok(f"probe/{self.device.name}", "probe recovered", device=self.device.name)
+        else:
+            self._errors.error(
+                f"probe/{self.device.name}", "probe failed", message or "unknown", device=self.device.name
+            )
+        self._on_change()

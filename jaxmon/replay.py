@@ -1,0 +1,134 @@
+"""Replayed devices (DESIGN.md section 6): recorded `memory_stats()` dicts served as if they were live."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from jaxmon.model import BackendStatus, DeviceInfo, ProbeKernel
+
+StatsDict = dict[str, int | float | None]
+
+
+class ReplayError(ValueError):
+    """The replay file cannot be used; the message names the file and what is wrong."""
+
+
+class ReplayedDeviceError(RuntimeError):
+    """Raised by a replayed device whose entry has `error`, like a device whose memory_stats() raises."""
+
+
+class ReplayDevice(BaseModel):
+    """One device entry of a replay file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: int = Field(ge=0)
+    platform: str = Field(min_length=1)
+    device_kind: str = "unknown"
+    process_index: int = Field(default=0, ge=0)
+    coords: list[int] | None = None
+    core_on_chip: int | None = None
+    memory_stats: StatsDict | list[StatsDict] | None = None
+    error: str | None = None
+
+    @field_validator("memory_stats")
+    @classmethod
+    def _non_empty_list(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("a list of memory_stats must hold at least one dict")
+        return value
+
+
+class ReplayFile(BaseModel):
+    """Top level of a replay file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    devices: list[ReplayDevice]
+
+    @field_validator("devices")
+    @classmethod
+    def _unique_devices(cls, value: list[ReplayDevice]) -> list[ReplayDevice]:
+        seen: set[tuple[str, int]] = set()
+        for dev in value:
+            key = (dev.platform, dev.id)
+            if key in seen:
+                raise ValueError(f"device {dev.platform}:{dev.id} appears twice")
+            seen.add(key)
+        return value
+
+
+def _describe(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        parts.append(f"{loc}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def load_replay(path: Path) -> ReplayFile:
+    """Parse and validate a replay file, raising ReplayError with the file and the offending field."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ReplayError(f"replay file {path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ReplayError(f"replay file {path}: not JSON: {exc}") from exc
+    try:
+        return ReplayFile.model_validate(raw)
+    except ValidationError as exc:
+        raise ReplayError(f"replay file {path}: {_describe(exc)}") from exc
+
+
+class ReplaySource:
+    """A device source backed by a replay file; lists are replayed one entry per poll, cycling."""
+
+    name = "replay"
+    runs_probes = False
+
+    def __init__(self, path: Path) -> None:
+        self._file = load_replay(path)
+        self._lock = threading.Lock()
+        self._cursor: dict[tuple[str, int], int] = {}
+        self._entries = {(d.platform, d.id): d for d in self._file.devices}
+
+    def discover(self) -> tuple[list[DeviceInfo], list[BackendStatus]]:
+        """The recorded devices, and one backend per recorded platform."""
+        devices = [
+            DeviceInfo(
+                id=d.id,
+                platform=d.platform,
+                device_kind=d.device_kind,
+                process_index=d.process_index,
+                coords=",".join(str(c) for c in d.coords) if d.coords is not None else None,
+                core_on_chip=d.core_on_chip,
+            )
+            for d in self._file.devices
+        ]
+        platforms = sorted({d.platform for d in devices})
+        return devices, [BackendStatus(name=p, up=True) for p in platforms]
+
+    def read_memory(self, device: DeviceInfo) -> Mapping[str, Any] | None:
+        """The next recorded stats of `device`, raising when the entry records an error."""
+        entry = self._entries[device.key]
+        if entry.error is not None:
+            raise ReplayedDeviceError(entry.error)
+        stats = entry.memory_stats
+        if isinstance(stats, list):
+            with self._lock:
+                i = self._cursor.get(device.key, 0)
+                self._cursor[device.key] = i + 1
+            return stats[i % len(stats)]
+        return stats
+
+    def make_probe(self, device: DeviceInfo, size: int) -> ProbeKernel | None:
+        """Replayed devices run no probe."""
+        return None

@@ -1,0 +1,251 @@
+"""One settings model for CLI flags, JAXMON_* environment variables and the YAML config file.
+
+Precedence, highest first: command-line flags, environment variables, the YAML file (`--config.file` or
+`JAXMON_CONFIG__FILE`), built-in defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    CliSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+DEFAULT_PORT = 10401
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: Any) -> Any:
+    """Accept seconds as a number or a Prometheus-style duration string: `500ms`, `10s`, `2m`, `1h`."""
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if not match:
+            raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 10s, 2m)")
+        return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+
+
+def parse_listen_address(value: str) -> tuple[str, int]:
+    """`host:port`, `:port` (all interfaces) or `[v6]:port` into (host, port)."""
+    match = re.match(r"^(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d+)$", value)
+    if not match:
+        raise ValueError(f"expected host:port, :port or [ipv6]:port, got {value!r}")
+    port = int(match.group("port"))
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} is out of range 0-65535")
+    host = match.group("v6") or match.group("host") or "0.0.0.0"
+    return host, port
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WebSettings(_Section):
+    """HTTP endpoint."""
+
+    listen_address: str = Field(
+        default=f":{DEFAULT_PORT}", description="Address to listen on: host:port, :port or [ipv6]:port."
+    )
+    telemetry_path: str = Field(default="/metrics", description="Path under which to expose metrics.")
+    max_requests: int = Field(
+        default=40, ge=1, description="Requests served at once; more are answered 503 at once."
+    )
+
+    @field_validator("listen_address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        parse_listen_address(value)
+        return value
+
+    @field_validator("telemetry_path")
+    @classmethod
+    def _check_path(cls, value: str) -> str:
+        if not value.startswith("/") or value in ("/", "/healthz", "/readyz"):
+            raise ValueError("must start with / and not be /, /healthz or /readyz")
+        return value
+
+
+class CollectorSettings(_Section):
+    """Which collectors run."""
+
+    probe: bool = Field(default=True, description="Run the utilization probe on each device.")
+
+
+class PollSettings(_Section):
+    """memory_stats() polling."""
+
+    interval: Duration = Field(default=5.0, description="Seconds between memory_stats() polls (or 5s, 1m).")
+
+
+class ProbeSettings(_Section):
+    """The utilization probe."""
+
+    interval: Duration = Field(default=15.0, description="Seconds between probe runs on each device.")
+    timeout: Duration = Field(default=5.0, description="A probe run longer than this marks its device down.")
+    size: int = Field(default=256, ge=8, le=2048, description="Probe matrix size n (three n x n float32).")
+    target: Duration = Field(
+        default=0.002, description="Calibrated length of one idle probe run (steps are chosen to reach it)."
+    )
+
+
+class HealthSettings(_Section):
+    """/healthz."""
+
+    max_staleness: Duration | None = Field(
+        default=None, description="/healthz fails when the last poll is older than this (default 3 x poll interval)."
+    )
+
+
+class GpuSettings(_Section):
+    """Defaults applied when jaxmon itself starts a GPU backend."""
+
+    memory_fraction: float = Field(
+        default=0.02,
+        gt=0,
+        le=1,
+        description="XLA_CLIENT_MEM_FRACTION jaxmon sets for its own GPU client unless the user set one.",
+    )
+
+
+class LogSettings(_Section):
+    """Logging."""
+
+    level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
+    format: Literal["auto", "json", "console"] = Field(
+        default="auto", description="json, console, or auto (json when stderr is not a TTY)."
+    )
+
+
+class ConfigSettings(_Section):
+    """The YAML config file."""
+
+    file: Path | None = Field(default=None, description="YAML file with any of these settings.")
+
+
+class Settings(BaseSettings):
+    """Everything `jaxmon serve` and `jaxmon snapshot` can be told."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="JAXMON_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        cli_avoid_json=True,
+        nested_model_default_partial_update=True,
+    )
+
+    web: WebSettings = WebSettings()
+    collector: CollectorSettings = CollectorSettings()
+    poll: PollSettings = PollSettings()
+    probe: ProbeSettings = ProbeSettings()
+    health: HealthSettings = HealthSettings()
+    gpu: GpuSettings = GpuSettings()
+    log: LogSettings = LogSettings()
+    config: ConfigSettings = ConfigSettings()
+    replay: Path | None = Field(default=None, description="Serve recorded devices from this JSON file.")
+
+    @property
+    def max_staleness(self) -> float:
+        """Seconds after which data counts as stale for /healthz."""
+        return self.health.max_staleness or 3 * self.poll.interval
+
+
+class SettingsError(ValueError):
+    """Invalid settings; the message names each setting and what is wrong."""
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    """The YAML file's contents as a settings source (strict: it must be a mapping)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._data = data
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SettingsError(f"config.file: cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"config.file: {path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError(f"config.file: {path} must hold a mapping of settings, not {type(data).__name__}")
+    return data
+
+
+def _config_file_from(argv: Sequence[str], environ: Mapping[str, str]) -> Path | None:
+    for i, arg in enumerate(argv):
+        if arg == "--config.file" and i + 1 < len(argv):
+            return Path(argv[i + 1])
+        if arg.startswith("--config.file="):
+            return Path(arg.split("=", 1)[1])
+    value = environ.get("JAXMON_CONFIG__FILE")
+    return Path(value) if value else None
+
+
+def _describe(err: ValidationError, origin: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "settings"
+        flag = "--" + loc.replace("_", "-")
+        given = e.get("input")
+        shown = "" if isinstance(given, dict) else f" (got {given!r})"
+        lines.append(f"{loc} ({flag}): {e['msg']}{shown}")
+    return f"invalid settings{origin}:\n  " + "\n  ".join(lines)
+
+
+def load_settings(argv: Sequence[str], prog: str = "jaxmon serve") -> Settings:
+    """Build Settings from argv, the environment and the YAML file; raises SettingsError on bad input.
+
+    argparse errors (unknown flags, missing values) exit with status 2 themselves, as argparse does.
+    """
+    config_path = _config_file_from(argv, os.environ)
+    yaml_data = _read_yaml(config_path) if config_path is not None else {}
+
+    class _Loaded(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            cli = CliSettingsSource(settings_cls, cli_prog_name=prog, cli_parse_args=list(argv))
+            return (cli, env_settings, _YamlSource(settings_cls, yaml_data))
+
+    origin = f" (config file {config_path})" if config_path else ""
+    try:
+        loaded = _Loaded()
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc, origin)) from exc
+    return Settings.model_validate(loaded.model_dump())

@@ -1,0 +1,60 @@
+"""The human-readable table of `jaxmon snapshot`."""
+
+from __future__ import annotations
+
+from jaxmon.model import Snapshot
+
+
+def human_bytes(value: int | None) -> str:
+    """Bytes in binary units for people (the metrics stay in bytes)."""
+    if value is None:
+        return "-"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.3f}"
+
+
+def format_table(snap: Snapshot) -> str:
+    """One row per device: memory, fragmentation, headroom, and the probe."""
+    header = [
+        "device", "kind", "in use", "limit", "free", "frag", "allocatable",
+        "probe ms", "baseline ms", "util", "up",
+    ]
+    rows = [header]
+    for d in snap.devices:
+        reading = snap.memory.get(d.key)
+        probe = snap.probes.get(d.key)
+        n = reading.numbers if reading else None
+        mem: list[str]
+        if reading is not None and not reading.ok:
+            mem = [f"error: {reading.error}"[:40], "", "", "", ""]
+        elif n is None or not n.supported:
+            mem = ["unsupported", "-", "-", "-", "-"]
+        else:
+            mem = [
+                human_bytes(n.bytes_in_use), human_bytes(n.limit_bytes), human_bytes(n.free_bytes),
+                _ratio(n.fragmentation_ratio), human_bytes(n.largest_allocatable_bytes),
+            ]
+        if probe is None:
+            pr = ["-", "-", "-", "-"]
+        else:
+            up = "-" if probe.up is None else ("yes" if probe.up else "NO")
+            pr = [_ms(probe.last_duration_seconds), _ms(probe.baseline_seconds), _ratio(probe.utilization_ratio), up]
+        rows.append([d.name, d.device_kind, *mem, *pr])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    down = [b for b in snap.backends if not b.up]
+    for b in down:
+        lines.append(f"backend {b.name} is down: {b.error}")
+    return "\n".join(lines)

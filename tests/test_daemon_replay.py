@@ -1,0 +1,108 @@
+"""The real daemon on a replay file with every allocator shape: exact values, golden exposition, promtool."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from tests.conftest import FIXTURES, Samples, StartDaemon, promtool, sample
+
+GiB = 1 << 30
+MiB = 1 << 20
+GOLDEN = Path(__file__).parent / "golden" / "replay.prom"
+# Series whose values change run to run (timings, timestamps, versions).
+UNSTABLE = re.compile(r"^jaxmon_(collector_duration_seconds|collector_last_success_timestamp_seconds|build_info)\b")
+
+
+def _gpu(samples: Samples, name: str, device: int, platform: str = "gpu") -> float | None:
+    return sample(samples, name, device=str(device), platform=platform)
+
+
+def test_every_allocator_shape_is_exported_exactly(start_daemon: StartDaemon) -> None:
+    d = start_daemon("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s")
+    s = d.scrape()
+    # BFC preallocated
+    assert _gpu(s, "jaxmon_memory_bytes_in_use", 0) == 20 * GiB
+    assert _gpu(s, "jaxmon_memory_peak_bytes_in_use", 0) == 25 * GiB
+    assert _gpu(s, "jaxmon_memory_limit_bytes", 0) == 60 * GiB
+    assert _gpu(s, "jaxmon_memory_pool_bytes", 0) == 60 * GiB
+    assert _gpu(s, "jaxmon_memory_free_bytes", 0) == 40 * GiB
+    assert _gpu(s, "jaxmon_memory_largest_free_block_bytes", 0) == 30 * GiB
+    assert _gpu(s, "jaxmon_memory_fragmentation_ratio", 0) == 0.25
+    assert _gpu(s, "jaxmon_memory_largest_allocatable_bytes", 0) == 30 * GiB
+    assert _gpu(s, "jaxmon_memory_largest_alloc_bytes", 0) == 4 * GiB
+    assert _gpu(s, "jaxmon_memory_allocations_total", 0) == 1500
+    assert _gpu(s, "jaxmon_memory_stats_supported", 0) == 1
+    # BFC growing: 1 - 256 MiB / (2 GiB - 1.5 GiB)
+    assert _gpu(s, "jaxmon_memory_fragmentation_ratio", 1) == 0.5
+    assert _gpu(s, "jaxmon_memory_largest_allocatable_bytes", 1) == 58 * GiB
+    # cuda_async: no fragmentation, no headroom, no free-block series
+    assert _gpu(s, "jaxmon_memory_fragmentation_ratio", 2) is None
+    assert _gpu(s, "jaxmon_memory_largest_allocatable_bytes", 2) is None
+    assert _gpu(s, "jaxmon_memory_largest_free_block_bytes", 2) is None
+    assert _gpu(s, "jaxmon_memory_free_bytes", 2) == 50 * GiB
+    # TPU
+    assert _gpu(s, "jaxmon_memory_fragmentation_ratio", 3, "tpu") == 0.25
+    assert _gpu(s, "jaxmon_memory_pool_bytes", 3, "tpu") is None
+    info = sample(
+        s, "jaxmon_device_info", device="3", platform="tpu", device_kind="TPU v5 lite", process_index="0",
+        coords="1,0,0", core_on_chip="0", source="replay",
+    )
+    assert info == 1
+    # -1 fields: absent, never 0 and never NaN
+    for name in ("limit_bytes", "pool_bytes", "free_bytes", "fragmentation_ratio", "largest_alloc_bytes"):
+        assert _gpu(s, f"jaxmon_memory_{name}", 4) is None, name
+    assert _gpu(s, "jaxmon_memory_bytes_in_use", 4) == 1 * GiB
+    # None: unsupported, no numbers
+    assert _gpu(s, "jaxmon_memory_stats_supported", 5, "cpu") == 0
+    assert _gpu(s, "jaxmon_memory_bytes_in_use", 5, "cpu") is None
+    # raising device: failed, counted, no numbers; the others above still report
+    assert _gpu(s, "jaxmon_memory_read_success", 6) == 0
+    assert (_gpu(s, "jaxmon_memory_read_errors_total", 6) or 0) >= 1
+    assert _gpu(s, "jaxmon_memory_bytes_in_use", 6) is None
+    assert _gpu(s, "jaxmon_memory_read_success", 0) == 1
+    assert sample(s, "jaxmon_collector_success", collector="memory") == 0  # one device could not be read
+    # full pool
+    assert _gpu(s, "jaxmon_memory_free_bytes", 7) == 0
+    assert _gpu(s, "jaxmon_memory_fragmentation_ratio", 7) == 0
+    assert _gpu(s, "jaxmon_memory_largest_allocatable_bytes", 7) == 0
+    # no NaN anywhere
+    assert all(v == v for v in s.values())
+    # replayed devices run no probe
+    assert not any(name.startswith("jaxmon_probe_") or name == "jaxmon_device_up" for name, _ in s)
+
+
+def test_a_replayed_list_advances_one_entry_per_poll(start_daemon: StartDaemon) -> None:
+    d = start_daemon("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "0.3s")
+    seen: set[float] = set()
+
+    def cycled(s: Samples) -> bool:
+        value = _gpu(s, "jaxmon_memory_bytes_in_use", 8)
+        if value is not None:
+            seen.add(value)
+        return seen == {1000.0, 2000.0, 3000.0}
+
+    d.wait_for(cycled, timeout=30, what="all three replayed entries")
+    errors_before = _gpu(d.scrape(), "jaxmon_memory_read_errors_total", 6) or 0
+    after = d.wait_for(
+        lambda s: (_gpu(s, "jaxmon_memory_read_errors_total", 6) or 0) > errors_before, timeout=10, what="more polls"
+    )
+    assert _gpu(after, "jaxmon_memory_free_bytes", 8) in {9000.0, 8000.0, 7000.0}
+
+
+def _stable(text: str) -> str:
+    keep = [line for line in text.splitlines() if not UNSTABLE.match(line.split(" ", 2)[-1] if line.startswith("#") else line)]
+    return "\n".join(keep) + "\n"
+
+
+def test_exposition_matches_the_golden_file_and_passes_promtool(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    d = start_daemon("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1h")
+    text = d.get("/metrics").text
+    check = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    stable = _stable(text)
+    if os.environ.get("JAXMON_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(stable)
+    assert stable == GOLDEN.read_text(), "exposition changed; rerun with JAXMON_UPDATE_GOLDEN=1 if intended"
