@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import platform
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from importlib import metadata
 
@@ -62,7 +66,9 @@ def make_runtime(settings: Settings) -> Runtime:
         probe_enabled=settings.collector.probe,
         probe_interval=settings.probe.interval,
         probe=ProbeConfig(
-            size=settings.probe.size, timeout_seconds=settings.probe.timeout, target_seconds=settings.probe.target
+            size=settings.probe.size,
+            timeout_seconds=settings.probe.timeout,
+            target_seconds=settings.probe.target,
         ),
         max_staleness=settings.max_staleness,
     )
@@ -92,8 +98,24 @@ def serve(argv: Sequence[str]) -> int:
     runtime.start()
     log.info("serving", address=settings.web.listen_address, path=settings.web.telemetry_path)
     serve_until_signalled(runtime, settings)
+    _exit_despite_hung_calls(deadline=time.monotonic() + 2.0)
     log.info("stopped")
     return 0
+
+
+def _exit_despite_hung_calls(deadline: float) -> None:
+    """Give running jobs until `deadline`; a device call hung in native code cannot be interrupted, so then
+    exit at once rather than let the interpreter wait for it (SIGTERM must exit 0 within 5 s)."""
+    for thread in threading.enumerate():
+        if thread is threading.current_thread() or thread.daemon:
+            continue
+        thread.join(max(deadline - time.monotonic(), 0.0))
+        if thread.is_alive():
+            log.warning("exiting with a device call still running", thread=thread.name)
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
 
 def snapshot(argv: Sequence[str]) -> int:

@@ -101,7 +101,8 @@ PROBE_METRICS = (
         lambda p: _opt(p.utilization_ratio) if p.up else None,
     ),
     ProbeMetric(
-        "jaxmon_probe_duration_seconds", "Latency of the last completed probe run.",
+        "jaxmon_probe_duration_seconds",
+        "Latency of the last completed probe run.",
         lambda p: _opt(p.last_duration_seconds),
     ),
     ProbeMetric(
@@ -120,26 +121,34 @@ PROBE_METRICS = (
         lambda p: _opt(p.footprint_bytes),
     ),
     ProbeMetric(
-        "jaxmon_probe_steps", "Matmul steps per probe run, chosen by calibration.",
+        "jaxmon_probe_steps",
+        "Matmul steps per probe run, chosen by calibration.",
         lambda p: float(p.steps) if p.calibrated else None,
     ),
     ProbeMetric("jaxmon_probe_runs", "Probe runs started.", lambda p: float(p.runs_total), counter=True),
     ProbeMetric(
-        "jaxmon_probe_failures", "Probe runs that raised an error.", lambda p: float(p.failures_total), counter=True
+        "jaxmon_probe_failures",
+        "Probe runs that raised an error.",
+        lambda p: float(p.failures_total),
+        counter=True,
     ),
     ProbeMetric(
-        "jaxmon_probe_timeouts", "Probe runs that did not finish within the timeout.",
-        lambda p: float(p.timeouts_total), counter=True,
+        "jaxmon_probe_timeouts",
+        "Probe runs that did not finish within the timeout.",
+        lambda p: float(p.timeouts_total),
+        counter=True,
     ),
     ProbeMetric(
         "jaxmon_probe_skipped",
         "Scheduled probe runs skipped because the previous run was still in flight (a hung device).",
-        lambda p: float(p.skipped_total), counter=True,
+        lambda p: float(p.skipped_total),
+        counter=True,
     ),
     ProbeMetric(
         "jaxmon_probe_busy_seconds",
         "Seconds of probe runs on the device; its rate() is the probe's duty cycle.",
-        lambda p: float(p.busy_seconds_total), counter=True,
+        lambda p: float(p.busy_seconds_total),
+        counter=True,
     ),
 )
 
@@ -157,13 +166,12 @@ def render_families(snap: Snapshot) -> Iterator[Metric]:
         "jaxmon, jax, jaxlib and Python versions; always 1.",
         labels=["version", "jax_version", "jaxlib_version", "python_version"],
     )
-    build.add_metric(
-        [snap.build.get(k, "") for k in ("version", "jax_version", "jaxlib_version", "python_version")], 1
-    )
+    build.add_metric([snap.build.get(k, "") for k in ("version", "jax_version", "jaxlib_version", "python_version")], 1)
     yield build
 
     backend_up = GaugeMetricFamily(
-        "jaxmon_backend_up", "1 when the JAX backend initialised, 0 when it failed (the log says why).",
+        "jaxmon_backend_up",
+        "1 when the JAX backend initialised, 0 when it failed (the log says why).",
         labels=["backend"],
     )
     for b in snap.backends:
@@ -178,8 +186,13 @@ def render_families(snap: Snapshot) -> Iterator[Metric]:
     for d in snap.devices:
         info.add_metric(
             [
-                str(d.id), d.platform, d.device_kind, str(d.process_index), d.coords or "",
-                "" if d.core_on_chip is None else str(d.core_on_chip), snap.source,
+                str(d.id),
+                d.platform,
+                d.device_kind,
+                str(d.process_index),
+                d.coords or "",
+                "" if d.core_on_chip is None else str(d.core_on_chip),
+                snap.source,
             ],
             1,
         )
@@ -197,7 +210,8 @@ def _memory_families(snap: Snapshot) -> Iterator[Metric]:
         labels=DEVICE_LABELS,
     )
     read_ok = GaugeMetricFamily(
-        "jaxmon_memory_read_success", "1 when the last memory_stats() call succeeded, 0 when it raised.",
+        "jaxmon_memory_read_success",
+        "1 when the last memory_stats() call succeeded, 0 when it raised.",
         labels=DEVICE_LABELS,
     )
     read_errors = CounterMetricFamily(
@@ -244,8 +258,7 @@ def _probe_families(snap: Snapshot) -> Iterator[Metric]:
 def _collector_families(snap: Snapshot) -> Iterator[Metric]:
     success = GaugeMetricFamily(
         "jaxmon_collector_success",
-        "1 when the collector's last run got all its data (memory: every device read; probe: every device "
-        "answered).",
+        "1 when the collector's last run got all its data (memory: every device read; probe: every device answered).",
         labels=["collector"],
     )
     duration = GaugeMetricFamily(

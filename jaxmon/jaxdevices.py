@@ -143,9 +143,7 @@ class JaxProbeKernel:
         self.flops_per_step = flops if flops > 0 else 2.0 * size**3
         mem = self._compiled.memory_analysis()
         if mem is not None:
-            self.footprint_bytes = int(
-                mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
-            )
+            self.footprint_bytes = int(mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes)
         else:
             self.footprint_bytes = int(3 * size * size * 4)
 

@@ -73,6 +73,7 @@ class DeviceProbe:
         self._calibration_baseline: float | None = None
         self._samples: deque[float] = deque(maxlen=BASELINE_WINDOW)
         self._tasks: queue.SimpleQueue[tuple[Callable[[], None], threading.Event] | None] = queue.SimpleQueue()
+        self._stopping = threading.Event()
         self._busy_since: float | None = None
         self._timed_out_run = False
         self._thread = threading.Thread(target=self._work, name=f"jaxmon-probe-{device.name}", daemon=True)
@@ -84,7 +85,8 @@ class DeviceProbe:
             return replace(self._status)
 
     def stop(self) -> None:
-        """Ask the worker to end after its current task (a hung one is abandoned: the thread is a daemon)."""
+        """End the worker after its current task and release any scheduler thread waiting on it."""
+        self._stopping.set()
         self._tasks.put(None)
 
     # -- worker side ------------------------------------------------------------------------------------
@@ -188,7 +190,12 @@ class DeviceProbe:
 
         done = threading.Event()
         self._tasks.put((task, done))
-        finished = done.wait(self._config.timeout_seconds)
+        deadline = time.monotonic() + self._config.timeout_seconds
+        finished = done.wait(min(self._config.timeout_seconds, 0.1))
+        while not finished and not self._stopping.is_set() and time.monotonic() < deadline:
+            finished = done.wait(min(deadline - time.monotonic(), 0.1))
+        if self._stopping.is_set() and not finished:
+            return  # shutting down: do not count a run cut short by the exit as a timeout
         with self._lock:
             st = self._status
             st.runs_total += 1

@@ -100,7 +100,12 @@ class App:
 
     def _healthz(self, scope: Scope) -> tuple[int, str, bytes, list[tuple[bytes, bytes]]]:
         ok, reason = self._runtime.health()
-        return (200 if ok else 503), "text/plain; charset=utf-8", f"{'ok' if ok else 'unhealthy'}: {reason}\n".encode(), []
+        return (
+            (200 if ok else 503),
+            "text/plain; charset=utf-8",
+            f"{'ok' if ok else 'unhealthy'}: {reason}\n".encode(),
+            [],
+        )
 
     def _readyz(self, scope: Scope) -> tuple[int, str, bytes, list[tuple[bytes, bytes]]]:
         if self._runtime.ready:

@@ -63,9 +63,7 @@ class WebSettings(_Section):
         default=f":{DEFAULT_PORT}", description="Address to listen on: host:port, :port or [ipv6]:port."
     )
     telemetry_path: str = Field(default="/metrics", description="Path under which to expose metrics.")
-    max_requests: int = Field(
-        default=40, ge=1, description="Requests served at once; more are answered 503 at once."
-    )
+    max_requests: int = Field(default=40, ge=1, description="Requests served at once; more are answered 503 at once.")
 
     @field_validator("listen_address")
     @classmethod
@@ -108,7 +106,8 @@ class HealthSettings(_Section):
     """/healthz."""
 
     max_staleness: Duration | None = Field(
-        default=None, description="/healthz fails when the last poll is older than this (default 3 x poll interval)."
+        default=None,
+        description="/healthz fails when the last poll is older than this (default 3 x poll interval).",
     )
 
 
@@ -240,7 +239,7 @@ def load_settings(argv: Sequence[str], prog: str = "jaxmon serve") -> Settings:
             dotenv_settings: PydanticBaseSettingsSource,
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
-            cli = CliSettingsSource(settings_cls, cli_prog_name=prog, cli_parse_args=list(argv))
+            cli: CliSettingsSource[Any] = CliSettingsSource(settings_cls, cli_prog_name=prog, cli_parse_args=list(argv))
             return (cli, env_settings, _YamlSource(settings_cls, yaml_data))
 
     origin = f" (config file {config_path})" if config_path else ""

@@ -28,8 +28,17 @@ def _ms(value: float | None) -> str:
 def format_table(snap: Snapshot) -> str:
     """One row per device: memory, fragmentation, headroom, and the probe."""
     header = [
-        "device", "kind", "in use", "limit", "free", "frag", "allocatable",
-        "probe ms", "baseline ms", "util", "up",
+        "device",
+        "kind",
+        "in use",
+        "limit",
+        "free",
+        "frag",
+        "allocatable",
+        "probe ms",
+        "baseline ms",
+        "util",
+        "up",
     ]
     rows = [header]
     for d in snap.devices:
@@ -43,14 +52,22 @@ def format_table(snap: Snapshot) -> str:
             mem = ["unsupported", "-", "-", "-", "-"]
         else:
             mem = [
-                human_bytes(n.bytes_in_use), human_bytes(n.limit_bytes), human_bytes(n.free_bytes),
-                _ratio(n.fragmentation_ratio), human_bytes(n.largest_allocatable_bytes),
+                human_bytes(n.bytes_in_use),
+                human_bytes(n.limit_bytes),
+                human_bytes(n.free_bytes),
+                _ratio(n.fragmentation_ratio),
+                human_bytes(n.largest_allocatable_bytes),
             ]
         if probe is None:
             pr = ["-", "-", "-", "-"]
         else:
             up = "-" if probe.up is None else ("yes" if probe.up else "NO")
-            pr = [_ms(probe.last_duration_seconds), _ms(probe.baseline_seconds), _ratio(probe.utilization_ratio), up]
+            pr = [
+                _ms(probe.last_duration_seconds),
+                _ms(probe.baseline_seconds),
+                _ratio(probe.utilization_ratio),
+                up,
+            ]
         rows.append([d.name, d.device_kind, *mem, *pr])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]

@@ -51,7 +51,15 @@ class Daemon:
         full_env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "PYTHONUNBUFFERED": "1", **(env or {})}
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jaxmon", "serve", "--web.listen-address", f"127.0.0.1:{self.port}", *args],
+            [
+                sys.executable,
+                "-m",
+                "jaxmon",
+                "serve",
+                "--web.listen-address",
+                f"127.0.0.1:{self.port}",
+                *args,
+            ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=full_env,
@@ -91,7 +99,8 @@ class Daemon:
         raise AssertionError(f"{what} not reached within {timeout}s; log:\n{self.log()}")
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:

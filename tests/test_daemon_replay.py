@@ -47,8 +47,15 @@ def test_every_allocator_shape_is_exported_exactly(start_daemon: StartDaemon) ->
     assert _gpu(s, "jaxmon_memory_fragmentation_ratio", 3, "tpu") == 0.25
     assert _gpu(s, "jaxmon_memory_pool_bytes", 3, "tpu") is None
     info = sample(
-        s, "jaxmon_device_info", device="3", platform="tpu", device_kind="TPU v5 lite", process_index="0",
-        coords="1,0,0", core_on_chip="0", source="replay",
+        s,
+        "jaxmon_device_info",
+        device="3",
+        platform="tpu",
+        device_kind="TPU v5 lite",
+        process_index="0",
+        coords="1,0,0",
+        core_on_chip="0",
+        source="replay",
     )
     assert info == 1
     # -1 fields: absent, never 0 and never NaN
@@ -87,13 +94,19 @@ def test_a_replayed_list_advances_one_entry_per_poll(start_daemon: StartDaemon) 
     d.wait_for(cycled, timeout=30, what="all three replayed entries")
     errors_before = _gpu(d.scrape(), "jaxmon_memory_read_errors_total", 6) or 0
     after = d.wait_for(
-        lambda s: (_gpu(s, "jaxmon_memory_read_errors_total", 6) or 0) > errors_before, timeout=10, what="more polls"
+        lambda s: (_gpu(s, "jaxmon_memory_read_errors_total", 6) or 0) > errors_before,
+        timeout=10,
+        what="more polls",
     )
     assert _gpu(after, "jaxmon_memory_free_bytes", 8) in {9000.0, 8000.0, 7000.0}
 
 
 def _stable(text: str) -> str:
-    keep = [line for line in text.splitlines() if not UNSTABLE.match(line.split(" ", 2)[-1] if line.startswith("#") else line)]
+    keep = [
+        line
+        for line in text.splitlines()
+        if not UNSTABLE.match(line.split(" ", 2)[-1] if line.startswith("#") else line)
+    ]
     return "\n".join(keep) + "\n"
 
 

@@ -13,7 +13,8 @@ from jaxmon.memory import MemoryNumbers, memory_numbers
 GiB = 1 << 30
 MiB = 1 << 20
 SHAPES = {
-    (d["platform"], d["id"]): d for d in json.loads((Path(__file__).parent / "fixtures/shapes.json").read_text())["devices"]
+    (d["platform"], d["id"]): d
+    for d in json.loads((Path(__file__).parent / "fixtures/shapes.json").read_text())["devices"]
 }
 
 
@@ -43,7 +44,7 @@ def test_bfc_growing_pool_is_not_reported_as_fully_fragmented() -> None:
     # Free inside the obtained pool: 2 GiB - 1.5 GiB = 512 MiB, of which one 256 MiB block: half fragmented.
     assert n.fragmentation_ratio == pytest.approx(1 - 256 / 512)
     # The seed's formula, 1 - 256 MiB / (60 GiB - 1.5 GiB), would read 0.9957: a fresh process looks ruined.
-    assert n.fragmentation_ratio < 0.9
+    assert n.fragmentation_ratio is not None and n.fragmentation_ratio < 0.9
     assert n.free_bytes == 60 * GiB - 1536 * MiB
     # The allocator can still grow the pool by limit - pool = 58 GiB, more than the 256 MiB free block.
     assert n.largest_allocatable_bytes == 58 * GiB
@@ -96,9 +97,15 @@ def test_full_pool_is_zero_free_zero_fragmented_zero_allocatable() -> None:
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
-        ({"bytes_in_use": 5, "bytes_limit": 10, "largest_free_block_bytes": 9}, 0.0),  # more than free: clamp to 0
+        (
+            {"bytes_in_use": 5, "bytes_limit": 10, "largest_free_block_bytes": 9},
+            0.0,
+        ),  # more than free: clamp to 0
         ({"bytes_in_use": 5, "bytes_limit": 10, "largest_free_block_bytes": 1}, 0.8),
-        ({"bytes_in_use": 12, "bytes_limit": 10, "largest_free_block_bytes": 0}, 0.0),  # over the limit: d < 0
+        (
+            {"bytes_in_use": 12, "bytes_limit": 10, "largest_free_block_bytes": 0},
+            0.0,
+        ),  # over the limit: d < 0
     ],
 )
 def test_fragmentation_is_clamped_to_the_unit_interval(raw: dict[str, int], expected: float) -> None:

@@ -1,0 +1,179 @@
+"""The real daemon on 8 real JAX CPU devices, scraped over HTTP."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Samples, StartDaemon, sample
+
+DEVICES = [str(i) for i in range(8)]
+SIZE = 64
+
+
+def _cpu(s: Samples, name: str, device: str) -> float | None:
+    return sample(s, name, device=device, platform="cpu")
+
+
+def _all_probed(s: Samples) -> bool:
+    return all(_cpu(s, "jaxmon_probe_duration_seconds", d) is not None for d in DEVICES)
+
+
+def test_probe_metrics_on_every_cpu_device(start_daemon: StartDaemon) -> None:
+    d = start_daemon("--probe.interval", "1s", "--probe.size", str(SIZE), "--poll.interval", "1s")
+    s = d.wait_for(_all_probed, timeout=60, what="a probe on all 8 devices")
+    for dev in DEVICES:
+        assert _cpu(s, "jaxmon_device_up", dev) == 1
+        util = _cpu(s, "jaxmon_device_utilization_ratio", dev)
+        assert util is not None and 0.0 <= util <= 1.0
+        duration = _cpu(s, "jaxmon_probe_duration_seconds", dev)
+        baseline = _cpu(s, "jaxmon_probe_baseline_seconds", dev)
+        steps = _cpu(s, "jaxmon_probe_steps", dev)
+        flops = _cpu(s, "jaxmon_probe_flops_per_second", dev)
+        assert duration and baseline and steps and flops
+        # Independent truth: an n x n matmul is 2 n^3 FLOPs, one per step.
+        assert flops == pytest.approx(steps * 2 * SIZE**3 / duration, rel=0.01)
+        # The estimate is the documented formula of the exported latency and baseline.
+        assert util == pytest.approx(max(0.0, 1 - baseline / duration), abs=1e-9)
+        # Footprint: x, w and the output are n x n float32 each, plus XLA's loop temporaries (one more copy).
+        footprint = _cpu(s, "jaxmon_probe_memory_bytes", dev)
+        assert footprint is not None and 3 * SIZE * SIZE * 4 <= footprint <= 4 * SIZE * SIZE * 4 + 1024
+        assert (_cpu(s, "jaxmon_probe_runs_total", dev) or 0) >= 1
+        assert _cpu(s, "jaxmon_probe_failures_total", dev) == 0
+        assert _cpu(s, "jaxmon_probe_timeouts_total", dev) == 0
+        busy = _cpu(s, "jaxmon_probe_busy_seconds_total", dev)
+        assert busy is not None and busy >= duration
+        # CPU devices have no allocator stats: supported 0 and no memory numbers.
+        assert _cpu(s, "jaxmon_memory_stats_supported", dev) == 0
+        assert _cpu(s, "jaxmon_memory_bytes_in_use", dev) is None
+        assert (
+            sample(
+                s,
+                "jaxmon_device_info",
+                device=dev,
+                platform="cpu",
+                device_kind="cpu",
+                process_index="0",
+                coords="",
+                core_on_chip="",
+                source="local",
+            )
+            == 1
+        )
+    assert sample(s, "jaxmon_backend_up", backend="cpu") == 1
+    assert sample(s, "jaxmon_collector_success", collector="memory") == 1
+    assert sample(s, "jaxmon_collector_success", collector="probe") == 1
+    versions = {k: v for k, v in next(iter(k for k in s if k[0] == "jaxmon_build_info"))[1]}
+    assert versions["jax_version"] == metadata.version("jax")
+    assert versions["jaxlib_version"] == metadata.version("jaxlib")
+    assert versions["version"] == metadata.version("jaxmon")
+
+
+def test_a_hung_probe_marks_only_its_device_down_and_it_recovers(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    faults = tmp_path / "faults.json"
+    d = start_daemon(
+        "--probe.interval",
+        "0.5s",
+        "--probe.timeout",
+        "1s",
+        "--probe.size",
+        str(SIZE),
+        env={"JAXMON_FAULTS_FILE": str(faults)},
+    )
+    d.wait_for(_all_probed, timeout=60, what="calibration on all devices")
+    faults.write_text(json.dumps({"probe_delay_seconds": {"cpu:3": 600}}))
+    s = d.wait_for(lambda s: _cpu(s, "jaxmon_device_up", "3") == 0, timeout=30, what="cpu:3 down")
+    assert (_cpu(s, "jaxmon_probe_timeouts_total", "3") or 0) >= 1
+    for dev in DEVICES:
+        if dev != "3":
+            assert _cpu(s, "jaxmon_device_up", dev) == 1, dev
+    assert _cpu(s, "jaxmon_device_utilization_ratio", "3") is None  # no estimate from a device that does not answer
+    assert sample(s, "jaxmon_collector_success", collector="probe") == 0
+    # The hung run stays in flight: later runs are skipped, not queued behind it.
+    s = d.wait_for(lambda s: (_cpu(s, "jaxmon_probe_skipped_total", "3") or 0) >= 2, timeout=30, what="skips")
+    started = time.monotonic()
+    assert d.get("/metrics").status_code == 200
+    assert time.monotonic() - started < 1.0
+    faults.unlink()
+    s = d.wait_for(lambda s: _cpu(s, "jaxmon_device_up", "3") == 1, timeout=30, what="cpu:3 back up")
+    assert sample(s, "jaxmon_collector_success", collector="probe") == 1
+    assert "probe failed" in d.log() and "probe recovered" in d.log()
+
+
+def test_health_turns_503_when_polling_stalls_and_recovers(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    faults = tmp_path / "faults.json"
+    d = start_daemon(
+        "--no-collector.probe",
+        "--poll.interval",
+        "0.5s",
+        "--health.max-staleness",
+        "2s",
+        env={"JAXMON_FAULTS_FILE": str(faults)},
+    )
+    assert d.get("/healthz").status_code == 200
+    faults.write_text(json.dumps({"poll_delay_seconds": 600}))
+    deadline = time.monotonic() + 20
+    while d.get("/healthz").status_code == 200:
+        assert time.monotonic() < deadline, "healthz never failed"
+        time.sleep(0.2)
+    r = d.get("/healthz")
+    assert r.status_code == 503 and "last poll completed" in r.text
+    assert d.get("/metrics").status_code == 200  # stale data is still served
+    assert d.get("/readyz").status_code == 200  # ready stays ready
+    faults.unlink()
+    deadline = time.monotonic() + 20
+    while d.get("/healthz").status_code != 200:
+        assert time.monotonic() < deadline, "healthz never recovered"
+        time.sleep(0.2)
+
+
+def test_sigterm_exits_zero_within_five_seconds_even_mid_probe(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    faults = tmp_path / "faults.json"
+    d = start_daemon(
+        "--probe.interval",
+        "0.5s",
+        "--probe.timeout",
+        "30s",
+        "--probe.size",
+        str(SIZE),
+        env={"JAXMON_FAULTS_FILE": str(faults)},
+    )
+    d.wait_for(_all_probed, timeout=60, what="calibration")
+    faults.write_text(json.dumps({"probe_delay_seconds": {f"cpu:{i}": 600 for i in range(8)}}))
+    time.sleep(1.5)  # probes are now hanging inside their worker threads
+    started = time.monotonic()
+    assert d.stop(signal.SIGTERM, timeout=10) == 0
+    assert time.monotonic() - started < 5.0
+    assert "shutting down" in d.log()
+
+
+def test_sigint_exits_zero(start_daemon: StartDaemon) -> None:
+    d = start_daemon("--no-collector.probe")
+    assert d.stop(signal.SIGINT) == 0
+
+
+def test_a_backend_that_fails_to_start_is_reported_and_the_rest_served(start_daemon: StartDaemon) -> None:
+    # libtpu is not installed here: asking for the TPU backend explicitly makes it fail for real.
+    d = start_daemon("--no-collector.probe", env={"JAX_PLATFORMS": "cpu,tpu"})
+    s = d.scrape()
+    assert sample(s, "jaxmon_backend_up", backend="tpu") == 0
+    assert sample(s, "jaxmon_backend_up", backend="cpu") == 1
+    assert all(_cpu(s, "jaxmon_memory_stats_supported", dev) == 0 for dev in DEVICES)
+    assert "backend unavailable" in d.log() and "tpu" in d.log()
+    assert "tpu: down" in d.get("/").text
+
+
+def test_sigterm_exits_zero_within_five_seconds_while_a_poll_hangs(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    faults = tmp_path / "faults.json"
+    d = start_daemon("--no-collector.probe", "--poll.interval", "0.3s", env={"JAXMON_FAULTS_FILE": str(faults)})
+    faults.write_text(json.dumps({"poll_delay_seconds": 600}))
+    time.sleep(1.0)  # the next poll is now stuck
+    started = time.monotonic()
+    assert d.stop(signal.SIGTERM, timeout=10) == 0
+    assert time.monotonic() - started < 5.0
+    assert "exiting with a device call still running" in d.log()

@@ -1,0 +1,178 @@
+"""Settings: flags, JAXMON_* environment, YAML file, precedence, and errors that name the setting."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxmon.settings import DEFAULT_PORT, SettingsError, load_settings, parse_duration, parse_listen_address
+from tests.conftest import ROOT
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("JAXMON_"):
+            monkeypatch.delenv(name)
+
+
+def test_defaults() -> None:
+    s = load_settings([])
+    assert s.web.listen_address == f":{DEFAULT_PORT}" and DEFAULT_PORT >= 10000
+    assert s.web.telemetry_path == "/metrics"
+    assert s.collector.probe is True
+    assert s.max_staleness == 3 * s.poll.interval
+
+
+def test_node_exporter_style_flags() -> None:
+    s = load_settings(
+        [
+            "--web.listen-address",
+            "127.0.0.1:1234",
+            "--web.telemetry-path",
+            "/m",
+            "--no-collector.probe",
+            "--probe.interval",
+            "2m",
+            "--poll.interval",
+            "500ms",
+            "--log.level",
+            "debug",
+            "--log.format",
+            "json",
+        ]
+    )
+    assert parse_listen_address(s.web.listen_address) == ("127.0.0.1", 1234)
+    assert s.web.telemetry_path == "/m"
+    assert s.collector.probe is False
+    assert s.probe.interval == 120.0
+    assert s.poll.interval == 0.5
+    assert (s.log.level, s.log.format) == ("debug", "json")
+
+
+def test_precedence_is_flags_then_environment_then_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "jaxmon.yml"
+    cfg.write_text("poll:\n  interval: 7s\nprobe:\n  interval: 8s\n  size: 128\nweb:\n  telemetry_path: /x\n")
+    monkeypatch.setenv("JAXMON_PROBE__INTERVAL", "9s")
+    monkeypatch.setenv("JAXMON_PROBE__SIZE", "64")
+    s = load_settings(["--config.file", str(cfg), "--probe.size", "32"])
+    assert s.poll.interval == 7.0  # file only
+    assert s.probe.interval == 9.0  # environment beats file
+    assert s.probe.size == 32  # flag beats environment
+    assert s.web.telemetry_path == "/x"
+    assert s.config.file == cfg
+
+
+def test_config_file_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("collector:\n  probe: false\n")
+    monkeypatch.setenv("JAXMON_CONFIG__FILE", str(cfg))
+    assert load_settings([]).collector.probe is False
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--poll.interval", "soon"], "poll.interval"),
+        (["--poll.interval", "0"], "poll.interval"),
+        (["--web.listen-address", "nowhere"], "web.listen_address"),
+        (["--web.listen-address", ":70000"], "out of range"),
+        (["--web.telemetry-path", "metrics"], "web.telemetry_path"),
+        (["--probe.size", "1"], "probe.size"),
+        (["--log.level", "loud"], "log.level"),
+        (["--gpu.memory-fraction", "2"], "gpu.memory_fraction"),
+    ],
+)
+def test_invalid_values_name_the_setting(argv: list[str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        load_settings(argv)
+
+
+def test_unknown_key_in_the_file_is_rejected(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("probe:\n  intervall: 3s\n")
+    with pytest.raises(SettingsError, match=r"probe\.intervall.*(Extra|extra)"):
+        load_settings(["--config.file", str(cfg)])
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", "a: [unclosed", "42"])
+def test_a_file_that_is_not_a_settings_mapping_is_rejected(tmp_path: Path, content: str) -> None:
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(content)
+    with pytest.raises(SettingsError, match=r"config\.file"):
+        load_settings(["--config.file", str(cfg)])
+
+
+def test_missing_config_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match=r"config\.file: cannot read"):
+        load_settings(["--config.file", str(tmp_path / "absent.yml")])
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("250ms", 0.25), ("3s", 3.0), ("2m", 120.0), ("1h", 3600.0), ("4", 4.0)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "jaxmon", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (
+            ["serve", "--poll.interval", "soon"],
+            {},
+            "poll.interval (--poll.interval): Value error, not a duration",
+        ),
+        (["serve", "--bogus"], {}, "unrecognized arguments: --bogus"),
+        (["serve"], {"JAXMON_PROBE__TIMEOUT": "-1"}, "probe.timeout"),
+        (
+            ["serve", "--replay", "/nonexistent/replay.json"],
+            {},
+            "replay file /nonexistent/replay.json: cannot read",
+        ),
+        (["snapshot", "--log.format", "xml"], {}, "log.format"),
+        (["frobnicate"], {}, "unknown command"),
+    ],
+)
+def test_bad_settings_exit_2_with_a_message(args: list[str], env: dict[str, str], message: str) -> None:
+    result = _run(*args, env=env)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+
+
+def test_bad_replay_file_names_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "r.json"
+    bad.write_text('{"devices": [{"id": 0, "platform": "gpu", "memory_stats": {"bytes_in_use": "lots"}}]}')
+    result = _run("serve", "--replay", str(bad))
+    assert result.returncode == 2
+    assert "devices.0.memory_stats" in result.stderr
+
+
+def test_help_lists_the_dotted_flags() -> None:
+    result = _run("serve", "--help")
+    assert result.returncode == 0
+    for flag in (
+        "--web.listen-address",
+        "--web.telemetry-path",
+        "--no-collector.probe",
+        "--probe.interval",
+        "--poll.interval",
+        "--replay",
+        "--log.level",
+        "--log.format",
+        "--config.file",
+    ):
+        assert flag in result.stdout, flag
