@@ -21,6 +21,7 @@ from jaxmon.probe import ProbeConfig
 from jaxmon.replay import ReplayError, ReplaySource
 from jaxmon.runtime import DeviceSource, Runtime, RuntimeConfig
 from jaxmon.settings import Settings, SettingsError, load_settings
+from jaxmon.spool import SpoolReader
 from jaxmon.table import format_table
 
 log = structlog.get_logger("jaxmon")
@@ -59,9 +60,9 @@ def make_source(settings: Settings) -> DeviceSource:
     return LocalSource(settings.gpu.memory_fraction)
 
 
-def make_runtime(settings: Settings) -> Runtime:
-    """The runtime the settings describe."""
-    config = RuntimeConfig(
+def runtime_config(settings: Settings, workload: str | None = None) -> RuntimeConfig:
+    """The runtime's part of the settings."""
+    return RuntimeConfig(
         poll_interval=settings.poll.interval,
         probe_enabled=settings.collector.probe,
         probe_interval=settings.probe.interval,
@@ -71,8 +72,16 @@ def make_runtime(settings: Settings) -> Runtime:
             target_seconds=settings.probe.target,
         ),
         max_staleness=settings.max_staleness,
+        workload=workload,
     )
-    return Runtime(make_source(settings), config, build_info(), Faults.from_env())
+
+
+def make_runtime(settings: Settings) -> Runtime:
+    """The runtime the settings describe."""
+    spool = None
+    if settings.spool.dir is not None:
+        spool = SpoolReader(settings.spool.dir, settings.spool.ttl, settings.spool.max_file_bytes)
+    return Runtime(make_source(settings), runtime_config(settings), build_info(), Faults.from_env(), spool=spool)
 
 
 def _load(argv: Sequence[str], prog: str) -> Settings:

@@ -5,13 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from jaxmon.memory import MemoryNumbers
-from jaxmon.model import ProbeStatus, Snapshot
-
-DEVICE_LABELS = ["device", "platform"]
+from jaxmon.model import DeviceInfo, MemoryReading, ProbeStatus, Snapshot
 
 
 @dataclass(frozen=True)
@@ -153,10 +151,53 @@ PROBE_METRICS = (
 )
 
 
-def _family(name: str, help_text: str, labels: list[str], counter: bool) -> GaugeMetricFamily | CounterMetricFamily:
-    if counter:
-        return CounterMetricFamily(name, help_text, labels=labels)
-    return GaugeMetricFamily(name, help_text, labels=labels)
+@dataclass(frozen=True)
+class DeviceRow:
+    """One device to render: its labels, identity, last reading and probe."""
+
+    labels: dict[str, str]
+    device: DeviceInfo
+    reading: MemoryReading | None
+    read_errors: int | None = None
+    live_array_bytes: int | None = None
+    probe: ProbeStatus | None = None
+
+
+def device_rows(snap: Snapshot) -> list[DeviceRow]:
+    """This process's devices (labelled with the workload in embedded mode), then every spooled workload's."""
+    rows: list[DeviceRow] = []
+    for d in snap.devices:
+        labels = {"device": str(d.id), "platform": d.platform}
+        if snap.workload is not None:
+            labels["workload"] = snap.workload
+        rows.append(
+            DeviceRow(
+                labels=labels,
+                device=d,
+                reading=snap.memory.get(d.key),
+                read_errors=snap.memory_read_errors.get(d.key, 0),
+                live_array_bytes=snap.live_array_bytes.get(d.key),
+                probe=snap.probes.get(d.key),
+            )
+        )
+    for w in snap.workloads:
+        for wd in w.devices:
+            labels = {"device": str(wd.info.id), "platform": wd.info.platform, "workload": w.workload}
+            rows.append(DeviceRow(labels, wd.info, wd.reading, live_array_bytes=wd.live_array_bytes))
+    # Never two samples with one label set, even if two reports claim the same device (e.g. two independent
+    # processes under one workload name): the first (this process, then newest report) wins.
+    unique: dict[frozenset[tuple[str, str]], DeviceRow] = {}
+    for row in rows:
+        unique.setdefault(frozenset(row.labels.items()), row)
+    return list(unique.values())
+
+
+def _family(name: str, help_text: str, counter: bool) -> Metric:
+    return Metric(name, help_text, "counter" if counter else "gauge")
+
+
+def _add(family: Metric, labels: dict[str, str], value: float) -> None:
+    family.add_sample(family.name + ("_total" if family.type == "counter" else ""), labels, value)
 
 
 def render_families(snap: Snapshot) -> Iterator[Metric]:
@@ -178,81 +219,125 @@ def render_families(snap: Snapshot) -> Iterator[Metric]:
         backend_up.add_metric([b.name], 1.0 if b.up else 0.0)
     yield backend_up
 
-    info = GaugeMetricFamily(
-        "jaxmon_device_info",
-        "Identity of each device; always 1.",
-        labels=[*DEVICE_LABELS, "device_kind", "process_index", "coords", "core_on_chip", "source"],
-    )
-    for d in snap.devices:
-        info.add_metric(
-            [
-                str(d.id),
-                d.platform,
-                d.device_kind,
-                str(d.process_index),
-                d.coords or "",
-                "" if d.core_on_chip is None else str(d.core_on_chip),
-                snap.source,
-            ],
+    rows = device_rows(snap)
+    info = _family("jaxmon_device_info", "Identity of each device; always 1.", counter=False)
+    for r in rows:
+        d = r.device
+        source = snap.source if "workload" not in r.labels or snap.workload is not None else "spool"
+        _add(
+            info,
+            {
+                **r.labels,
+                "device_kind": d.device_kind,
+                "process_index": str(d.process_index),
+                "coords": d.coords or "",
+                "core_on_chip": "" if d.core_on_chip is None else str(d.core_on_chip),
+                "source": source,
+            },
             1,
         )
     yield info
 
-    yield from _memory_families(snap)
-    yield from _probe_families(snap)
+    yield from _memory_families(rows)
+    yield from _probe_families(rows)
+    yield from _workload_families(snap)
     yield from _collector_families(snap)
 
 
-def _memory_families(snap: Snapshot) -> Iterator[Metric]:
-    supported = GaugeMetricFamily(
+def _memory_families(rows: list[DeviceRow]) -> Iterator[Metric]:
+    supported = _family(
         "jaxmon_memory_stats_supported",
         "1 when the device's allocator reports memory_stats(), 0 when it returns None (e.g. CPU).",
-        labels=DEVICE_LABELS,
+        counter=False,
     )
-    read_ok = GaugeMetricFamily(
-        "jaxmon_memory_read_success",
-        "1 when the last memory_stats() call succeeded, 0 when it raised.",
-        labels=DEVICE_LABELS,
+    read_ok = _family(
+        "jaxmon_memory_read_success", "1 when the last memory_stats() call succeeded, 0 when it raised.", counter=False
     )
-    read_errors = CounterMetricFamily(
-        "jaxmon_memory_read_errors", "memory_stats() calls that raised.", labels=DEVICE_LABELS
+    read_errors = _family("jaxmon_memory_read_errors", "memory_stats() calls that raised.", counter=True)
+    live = _family(
+        "jaxmon_memory_live_array_bytes",
+        "Bytes of live jax.Array shards on the device in the workload process, where memory_stats() reports "
+        "nothing (each buffer counted once).",
+        counter=False,
     )
-    families = {m.name: _family(m.name, m.help, DEVICE_LABELS, m.counter) for m in MEMORY_METRICS}
-    for d in snap.devices:
-        labels = [str(d.id), d.platform]
-        read_errors.add_metric(labels, float(snap.memory_read_errors.get(d.key, 0)))
-        reading = snap.memory.get(d.key)
-        if reading is None:
+    families = {m.name: _family(m.name, m.help, m.counter) for m in MEMORY_METRICS}
+    for r in rows:
+        if r.read_errors is not None:
+            _add(read_errors, r.labels, float(r.read_errors))
+        if r.live_array_bytes is not None:
+            _add(live, r.labels, float(r.live_array_bytes))
+        if r.reading is None:
             continue
-        read_ok.add_metric(labels, 1.0 if reading.ok else 0.0)
-        numbers: MemoryNumbers | None = reading.numbers
+        _add(read_ok, r.labels, 1.0 if r.reading.ok else 0.0)
+        numbers: MemoryNumbers | None = r.reading.numbers
         if numbers is None:
             continue
-        supported.add_metric(labels, 1.0 if numbers.supported else 0.0)
+        _add(supported, r.labels, 1.0 if numbers.supported else 0.0)
         for m in MEMORY_METRICS:
             value = getattr(numbers, m.field)
             if value is not None:
-                families[m.name].add_metric(labels, float(value))
+                _add(families[m.name], r.labels, float(value))
     yield supported
     yield read_ok
     yield read_errors
+    yield live
     yield from families.values()
 
 
-def _probe_families(snap: Snapshot) -> Iterator[Metric]:
-    if not snap.probes:
+def _probe_families(rows: list[DeviceRow]) -> Iterator[Metric]:
+    probed = [r for r in rows if r.probe is not None]
+    if not probed:
         return
-    families = {m.name: _family(m.name, m.help, DEVICE_LABELS, m.counter) for m in PROBE_METRICS}
-    for d in snap.devices:
-        status = snap.probes.get(d.key)
-        if status is None:
-            continue
-        labels = [str(d.id), d.platform]
+    families = {m.name: _family(m.name, m.help, m.counter) for m in PROBE_METRICS}
+    for r in probed:
+        assert r.probe is not None
         for m in PROBE_METRICS:
-            value = m.value(status)
+            value = m.value(r.probe)
             if value is not None:
-                families[m.name].add_metric(labels, value)
+                _add(families[m.name], r.labels, value)
     yield from families.values()
+
+
+COMPILE_METRICS = (
+    (
+        "jaxmon_jit_compilations",
+        "compilations",
+        "XLA backend compilations in the workload (persistent-cache loads too).",
+    ),
+    ("jaxmon_jit_compile_seconds", "compile_seconds", "Seconds spent in XLA backend compilation in the workload."),
+    ("jaxmon_compilation_cache_hits", "cache_hits", "Persistent compilation cache hits in the workload."),
+    ("jaxmon_compilation_cache_misses", "cache_misses", "Persistent compilation cache misses (entries written)."),
+)
+
+
+def _workload_families(snap: Snapshot) -> Iterator[Metric]:
+    compile_families = {key: _family(name, help_text, counter=True) for name, key, help_text in COMPILE_METRICS}
+    if snap.workload is not None and snap.compile is not None:
+        labels = {"workload": snap.workload, "process_index": str(snap.process_index)}
+        for key, family in compile_families.items():
+            _add(family, labels, float(snap.compile.get(key, 0.0)))
+    info = _family("jaxmon_workload_info", "Each workload process reporting to the spool; always 1.", counter=False)
+    last = _family(
+        "jaxmon_workload_last_report_timestamp_seconds",
+        "Unix time of the workload process's latest spool snapshot.",
+        counter=False,
+    )
+    for w in snap.workloads:
+        ident = {"workload": w.workload, "process_index": str(w.process_index)}
+        _add(info, {**ident, "host": w.host, "pid": str(w.pid), "jax_version": w.jax_version}, 1)
+        _add(last, ident, w.time)
+        for key, family in compile_families.items():
+            _add(family, ident, float(getattr(w.compile, key)))
+    yield from compile_families.values()
+    if snap.spool_rejected is not None:
+        yield info
+        yield last
+        rejected = _family(
+            "jaxmon_spool_rejected_files", "Spool files skipped because they are not what a publisher writes.", True
+        )
+        for reason, count in sorted(snap.spool_rejected.items()):
+            _add(rejected, {"reason": reason}, float(count))
+        yield rejected
 
 
 def _collector_families(snap: Snapshot) -> Iterator[Metric]:
@@ -288,5 +373,5 @@ class SnapshotCollector(Collector):
         self._get_snapshot = get_snapshot
 
     def collect(self) -> Iterator[Metric]:
-        """Fresh families from the latest snapshot."""
-        return render_families(self._get_snapshot())
+        """Fresh families from the latest snapshot; families without samples are left out."""
+        return (f for f in render_families(self._get_snapshot()) if f.samples)

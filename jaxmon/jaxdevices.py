@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Mapping, MutableMapping
 from typing import Any
+
+import numpy as np
 
 from jaxmon.model import BackendStatus, DeviceInfo
 
@@ -46,9 +49,16 @@ class LocalSource:
     name = "local"
     runs_probes = True
 
-    def __init__(self, gpu_memory_fraction: float, environ: MutableMapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        gpu_memory_fraction: float = 0.02,
+        environ: MutableMapping[str, str] | None = None,
+        sidecar_defaults: bool = True,
+    ) -> None:
         env = os.environ if environ is None else environ
-        self.applied_env = apply_gpu_env_defaults(env, gpu_memory_fraction)
+        # A sidecar must not preallocate the GPU; inside a workload (embedded, publisher) the trainer's own
+        # settings stand and jaxmon changes nothing.
+        self.applied_env = apply_gpu_env_defaults(env, gpu_memory_fraction) if sidecar_defaults else {}
         import jax  # imported here so the environment above is in place first
 
         self._jax = jax
@@ -112,6 +122,28 @@ class LocalSource:
         return JaxProbeKernel(self._jax, self._devices[device.key], size)
 
 
+class InProcessWorkload:
+    """Embedded mode's view of its own process: live arrays and compile counters."""
+
+    def __init__(self, source: LocalSource) -> None:
+        self._jax = source._jax
+        self.process_index = int(self._jax.process_index())
+        self._counters = CompileCounters.installed()
+
+    def live_array_bytes(self) -> dict[tuple[str, int], int]:
+        """Bytes of live arrays per device in this process."""
+        return live_array_bytes(self._jax)
+
+    def compile_counts(self) -> dict[str, float]:
+        """Compile counters since the listeners were installed."""
+        return self._counters.as_dict()
+
+    @property
+    def jax_version(self) -> str:
+        """The running JAX's version."""
+        return str(self._jax.__version__)
+
+
 class JaxProbeKernel:
     """A matmul chain `x = tanh(x @ w)` run `steps` times in one compiled while loop on one device."""
 
@@ -120,12 +152,12 @@ class JaxProbeKernel:
         lax = jax.lax
         self._jax = jax
         self._device = device
-        key = jax.random.PRNGKey(0)
-        kx, kw = jax.random.split(key)
-        # Explicit placement: inputs committed to this device, never the implicit default (DESIGN.md section 3).
+        # Inputs are made on the host and placed explicitly on this device (never computed on the implicit
+        # default device, DESIGN.md section 3), so the probe adds exactly one compilation per device.
         # w ~ N(0, 1/n) keeps tanh(x @ w) away from saturation and denormals over many steps.
-        x = jax.random.normal(kx, (size, size), dtype=jnp.float32)
-        w = jax.random.normal(kw, (size, size), dtype=jnp.float32) / jnp.sqrt(jnp.float32(size))
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((size, size), dtype=np.float32)
+        w = (rng.standard_normal((size, size), dtype=np.float32) / np.float32(np.sqrt(size))).astype(np.float32)
         self._x = jax.device_put(x, device)
         self._w = jax.device_put(w, device)
         self._steps_cache: dict[int, Any] = {}
@@ -133,7 +165,7 @@ class JaxProbeKernel:
         def chain(x: Any, w: Any, steps: Any) -> Any:
             return lax.fori_loop(0, steps, lambda _, c: jnp.tanh(c @ w), x)
 
-        steps0 = jax.device_put(jnp.int32(1), device)
+        steps0 = jax.device_put(np.int32(1), device)
         self._compiled = jax.jit(chain).lower(self._x, self._w, steps0).compile()
         cost = self._compiled.cost_analysis()
         if isinstance(cost, list):  # older jaxlib returns one dict per computation
@@ -151,6 +183,94 @@ class JaxProbeKernel:
         """Run the chain `steps` times and wait for the device to finish."""
         arg = self._steps_cache.get(steps)
         if arg is None:
-            arg = self._jax.device_put(self._jax.numpy.int32(steps), self._device)
+            arg = self._jax.device_put(np.int32(steps), self._device)
             self._steps_cache = {steps: arg}  # keep one: steps changes only at calibration
         self._compiled(self._x, self._w, arg).block_until_ready()
+
+
+def live_array_bytes(jax: Any) -> dict[tuple[str, int], int]:
+    """Bytes of live arrays per device in this process (DESIGN.md section 1).
+
+    `arr.nbytes` is the global size, so count each addressable shard on its own device, and each buffer once:
+    arrays can share buffers (a replicated array's shard, views), so dedupe by (device, buffer pointer).
+    """
+    totals: dict[tuple[str, int], int] = {}
+    seen: set[tuple[tuple[str, int], int]] = set()
+    for arr in jax.live_arrays():
+        try:
+            shards = arr.addressable_shards
+        except Exception:  # deleted between listing and reading
+            continue
+        for shard in shards:
+            dev = shard.device
+            key = (str(dev.platform), int(dev.id))
+            try:
+                data = shard.data
+                pointer = int(data.unsafe_buffer_pointer())
+                nbytes = int(data.nbytes)
+            except Exception:  # deleted or donated meanwhile
+                continue
+            if (key, pointer) in seen:
+                continue
+            seen.add((key, pointer))
+            totals[key] = totals.get(key, 0) + nbytes
+    return totals
+
+
+class CompileCounters:
+    """JIT compilations, compile time and persistent-cache hits/misses, from `jax.monitoring` events.
+
+    Listeners are process-wide in JAX and cannot be scoped, so one instance is installed per process. Event
+    names are looked up in the installed JAX; a version that emits fewer simply leaves those counters at 0.
+    """
+
+    COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+    CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+    CACHE_MISS_EVENT = "/jax/compilation_cache/cache_misses"
+
+    _instance: CompileCounters | None = None
+    _instance_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.compilations = 0
+        self.compile_seconds = 0.0
+        self.cache_hits = 0
+        self.cache_misses = 0
+
+    @classmethod
+    def installed(cls) -> CompileCounters:
+        """The process's counters, registering the JAX listeners on first use."""
+        with cls._instance_lock:
+            if cls._instance is None:
+                from jax import monitoring
+
+                counters = cls()
+                monitoring.register_event_listener(counters._on_event)
+                monitoring.register_event_duration_secs_listener(counters._on_duration)
+                cls._instance = counters
+            return cls._instance
+
+    def _on_event(self, event: str, **_: str | int) -> None:
+        if event == self.CACHE_HIT_EVENT:
+            with self._lock:
+                self.cache_hits += 1
+        elif event == self.CACHE_MISS_EVENT:
+            with self._lock:
+                self.cache_misses += 1
+
+    def _on_duration(self, event: str, duration_secs: float, **_: str | int) -> None:
+        if event == self.COMPILE_EVENT:
+            with self._lock:
+                self.compilations += 1
+                self.compile_seconds += float(duration_secs)
+
+    def as_dict(self) -> dict[str, float]:
+        """A consistent copy."""
+        with self._lock:
+            return {
+                "compilations": self.compilations,
+                "compile_seconds": self.compile_seconds,
+                "cache_hits": self.cache_hits,
+                "cache_misses": self.cache_misses,
+            }

@@ -103,6 +103,14 @@ class Snapshot:
     collectors: dict[str, CollectorStatus] = field(default_factory=dict)
     source: str = "local"
     build: dict[str, str] = field(default_factory=dict)
+    # Embedded mode: the name this process's own devices are labelled with, its live arrays and compiles.
+    workload: str | None = None
+    process_index: int = 0
+    live_array_bytes: dict[tuple[str, int], int] = field(default_factory=dict)
+    compile: dict[str, float] | None = None
+    # Publisher + sidecar: the latest report of every live workload process, and rejected spool files.
+    workloads: list[Any] = field(default_factory=list)
+    spool_rejected: dict[str, int] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly view, for `jaxmon snapshot --json`."""
@@ -120,6 +128,7 @@ class Snapshot:
                     "core_on_chip": dev.core_on_chip,
                     "memory": reading.numbers.as_dict() if reading and reading.numbers else None,
                     "memory_error": reading.error if reading else None,
+                    "live_array_bytes": self.live_array_bytes.get(dev.key),
                     "probe": vars(probe).copy() if probe else None,
                 }
             )

@@ -26,6 +26,7 @@ from jaxmon.model import (
     Snapshot,
 )
 from jaxmon.probe import DeviceProbe, ProbeConfig
+from jaxmon.spool import SpoolReader, WorkloadReport
 
 log = structlog.get_logger("jaxmon.runtime")
 
@@ -55,6 +56,19 @@ class RuntimeConfig:
     probe_interval: float
     probe: ProbeConfig
     max_staleness: float
+    workload: str | None = None
+
+
+class WorkloadProbe(Protocol):
+    """In-process extras of embedded mode: live arrays and compile counters of this process."""
+
+    process_index: int
+
+    def live_array_bytes(self) -> dict[tuple[str, int], int]:
+        """Bytes of live arrays per device."""
+
+    def compile_counts(self) -> dict[str, float]:
+        """Compile counters since start."""
 
 
 class Runtime:
@@ -66,8 +80,12 @@ class Runtime:
         config: RuntimeConfig,
         build: Mapping[str, str],
         faults: Faults | None = None,
+        workload_probe: WorkloadProbe | None = None,
+        spool: SpoolReader | None = None,
     ) -> None:
         self.source = source
+        self._workload_probe = workload_probe
+        self._spool = spool
         self.config = config
         self._faults = faults or Faults(None)
         self._lock = threading.Lock()
@@ -85,7 +103,13 @@ class Runtime:
             backends={b.name: b.up for b in self.backends},
         )
         self._snapshot = Snapshot(
-            devices=list(self.devices), backends=list(self.backends), source=source.name, build=dict(build)
+            devices=list(self.devices),
+            backends=list(self.backends),
+            source=source.name,
+            build=dict(build),
+            workload=config.workload,
+            process_index=workload_probe.process_index if workload_probe else 0,
+            spool_rejected=dict(spool.rejected) if spool else None,
         )
         self._last_poll_done: float | None = None
         self.probes: dict[tuple[str, int], DeviceProbe] = {}
@@ -173,17 +197,45 @@ class Runtime:
                 message = f"{type(exc).__name__}: {exc}"
                 readings[dev.key] = MemoryReading(numbers=None, error=message)
                 self._errors.error(f"memory/{dev.name}", "memory_stats failed", message, device=dev.name)
+        live: dict[tuple[str, int], int] = {}
+        compile_counts: dict[str, float] | None = None
+        if self._workload_probe is not None:
+            # Where the allocator reports nothing, live arrays are the only memory truth in this process.
+            if any(r.numbers is not None and not r.numbers.supported for r in readings.values()):
+                live = self._workload_probe.live_array_bytes()
+            compile_counts = self._workload_probe.compile_counts()
         duration = time.perf_counter() - started
         success = all(r.ok for r in readings.values())
+        workloads, spool_ok, spool_duration = self._scan_spool()
         with self._lock:
             snap = self._snapshot
             snap.memory = readings
+            snap.live_array_bytes = live
+            snap.compile = compile_counts
             for key, reading in readings.items():
                 if not reading.ok:
                     snap.memory_read_errors[key] = snap.memory_read_errors.get(key, 0) + 1
             self._record_collector(snap, "memory", success, duration)
+            if self._spool is not None:
+                if spool_ok:
+                    snap.workloads = workloads
+                snap.spool_rejected = dict(self._spool.rejected)
+                self._record_collector(snap, "spool", spool_ok, spool_duration)
             self._last_poll_done = time.monotonic()
             self._version += 1
+
+    def _scan_spool(self) -> tuple[list[WorkloadReport], bool, float]:
+        if self._spool is None:
+            return [], True, 0.0
+        started = time.perf_counter()
+        try:
+            workloads = self._spool.scan()
+            self._errors.ok("spool", "spool directory readable again", directory=str(self._spool.directory))
+            return workloads, True, time.perf_counter() - started
+        except OSError as exc:
+            # Keep serving the last good workloads; the collector says the spool failed.
+            self._errors.error("spool", "spool directory unreadable", str(exc), directory=str(self._spool.directory))
+            return [], False, time.perf_counter() - started
 
     def _probe_changed(self) -> None:
         ran = [st for st in (p.status() for p in self.probes.values()) if st.up is not None]
@@ -222,6 +274,7 @@ class Runtime:
             snap = copy.copy(self._snapshot)
             snap.memory = dict(snap.memory)
             snap.memory_read_errors = dict(snap.memory_read_errors)
+            snap.workloads = list(snap.workloads)
             snap.collectors = {k: copy.copy(v) for k, v in snap.collectors.items()}
         snap.probes = probes
         return snap

@@ -131,6 +131,14 @@ class LogSettings(_Section):
     )
 
 
+class SpoolSettings(_Section):
+    """Publisher + sidecar: the shared directory workload processes publish to."""
+
+    dir: Path | None = Field(default=None, description="Aggregate workload snapshots published to this directory.")
+    ttl: Duration = Field(default=30.0, description="A workload silent for longer than this disappears.")
+    max_file_bytes: int = Field(default=1 << 20, ge=1024, description="Larger spool files are rejected.")
+
+
 class ConfigSettings(_Section):
     """The YAML config file."""
 
@@ -157,6 +165,7 @@ class Settings(BaseSettings):
     health: HealthSettings = HealthSettings()
     gpu: GpuSettings = GpuSettings()
     log: LogSettings = LogSettings()
+    spool: SpoolSettings = SpoolSettings()
     config: ConfigSettings = ConfigSettings()
     replay: Path | None = Field(default=None, description="Serve recorded devices from this JSON file.")
 

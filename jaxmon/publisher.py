@@ -1,0 +1,145 @@
+"""`jaxmon.publish()`: a training process writes its allocator stats to a shared spool directory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from jaxmon.logsetup import ErrorLog
+from jaxmon.spool import SCHEMA, safe_name, write_atomically
+
+log = structlog.get_logger("jaxmon.publisher")
+
+
+def default_workload_name() -> str:
+    """The running script's name (`train` for `python train.py`), else `python`."""
+    script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
+    return safe_name(script) if script else "python"
+
+
+class Publisher:
+    """A daemon thread that writes this process's snapshot every interval; it never raises into the caller."""
+
+    def __init__(self, directory: Path, workload: str, interval: float) -> None:
+        if interval <= 0:
+            raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
+        self.directory = directory
+        self.workload = workload
+        self.interval = interval
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.path = directory / f"{safe_name(workload)}.{safe_name(self.host)}.{self.pid}.json"
+        self.started = time.time()
+        self.writes = 0
+        self.failures = 0
+        self._errors = ErrorLog(log, interval)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jaxmon-publisher", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from jaxmon.jaxdevices import InProcessWorkload, LocalSource
+
+        try:
+            source = LocalSource(sidecar_defaults=False)
+            devices, _ = source.discover()
+            workload = InProcessWorkload(source)
+        except Exception as exc:  # never into the training code
+            log.error("publisher cannot read JAX devices; not publishing", error=f"{type(exc).__name__}: {exc}")
+            return
+        while True:
+            try:
+                self._publish_once(source, devices, workload)
+            except Exception as exc:
+                self.failures += 1
+                self._errors.error("write", "spool write failed", f"{type(exc).__name__}: {exc}", path=str(self.path))
+            if self._stop.wait(self.interval):
+                return
+
+    def _publish_once(self, source: Any, devices: list[Any], workload: Any) -> None:
+        entries: list[dict[str, Any]] = []
+        unsupported = False
+        for dev in devices:
+            entry: dict[str, Any] = {
+                "id": dev.id,
+                "platform": dev.platform,
+                "device_kind": dev.device_kind,
+                "process_index": dev.process_index,
+                "coords": dev.coords,
+                "core_on_chip": dev.core_on_chip,
+            }
+            try:
+                stats = source.read_memory(dev)
+                entry["memory_stats"] = None if stats is None else {k: v for k, v in stats.items() if _number(v)}
+                unsupported = unsupported or stats is None
+            except Exception as exc:
+                entry["error"] = f"{type(exc).__name__}: {exc}"[:4096]
+            entries.append(entry)
+        if unsupported:
+            live = workload.live_array_bytes()
+            for entry in entries:
+                if entry.get("memory_stats", 0) is None:
+                    entry["live_array_bytes"] = live.get((entry["platform"], entry["id"]), 0)
+        payload = {
+            "schema": SCHEMA,
+            "workload": self.workload,
+            "host": self.host,
+            "pid": self.pid,
+            "process_index": workload.process_index,
+            "jax_version": workload.jax_version,
+            "time": time.time(),
+            "started": self.started,
+            "interval": self.interval,
+            "devices": entries,
+            "compile": workload.compile_counts(),
+        }
+        self.directory.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.path, payload)
+        self.writes += 1
+        self._errors.ok("write", "spool writable again", path=str(self.path))
+
+    def stop(self, remove: bool = True) -> None:
+        """Stop publishing; by default remove this process's file so the workload disappears at once."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+        if remove:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+_publishers: dict[Path, Publisher] = {}
+_publishers_lock = threading.Lock()
+
+
+def publish(directory: str | os.PathLike[str], workload: str | None = None, interval: float = 5.0) -> Publisher:
+    """Publish this process's device snapshots to `directory` every `interval` seconds, in the background.
+
+    Calling it again for the same directory returns the running publisher. Errors while writing (a missing,
+    unwritable or full directory) are logged and retried every interval; they never reach the caller.
+    """
+    path = Path(directory).absolute()
+    with _publishers_lock:
+        running = _publishers.get(path)
+        if running is not None and running._thread.is_alive():
+            return running
+        publisher = Publisher(path, workload or default_workload_name(), interval)
+        _publishers[path] = publisher
+        return publisher

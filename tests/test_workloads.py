@@ -1,0 +1,353 @@
+"""The workload bridge with real child processes training on JAX CPU devices: embedded and publisher + sidecar."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from jaxmon.spool import Rejected, read_document, write_atomically
+from tests.conftest import ROOT, Samples, StartDaemon, parse_samples, sample
+
+TRAIN = Path(__file__).parent / "workloads" / "train.py"
+# What the toy loop keeps on the default device (cpu:0): x (256 x 64), y (256 x 1), w (64 x 1), b (1), float32.
+TRAINING_STATE_BYTES = 4 * (256 * 64 + 256 + 64 + 1)
+
+
+class Child:
+    """tests/workloads/train.py as a child process, driven line by line."""
+
+    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.stderr_path = tmp / f"child-{time.monotonic_ns()}.log"
+        self._stderr = open(self.stderr_path, "w")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(TRAIN), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "JAX_NUM_CPU_DEVICES": "8", **(env or {})},
+        )
+        self.hello = self.read_ok()
+
+    def read_ok(self, timeout: float = 60.0) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        result: list[str] = []
+        reader = threading.Thread(target=lambda: result.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(timeout)
+        line = result[0] if result else ""
+        assert line.startswith("OK "), f"child said {line!r}; stderr:\n{self.log()}"
+        return dict(json.loads(line[3:]))
+
+    def send(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.read_ok()
+
+    def log(self) -> str:
+        self._stderr.flush()
+        return self.stderr_path.read_text()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._stderr.close()
+
+
+@pytest.fixture
+def children(tmp_path: Path) -> Iterator[list[Child]]:
+    started: list[Child] = []
+    yield started
+    for c in started:
+        c.close()
+
+
+def _scrape(url: str) -> Samples:
+    return parse_samples(requests.get(url + "/metrics", timeout=10).text)
+
+
+def _wait(url: str, predicate: Any, what: str, timeout: float = 30.0) -> Samples:
+    deadline = time.monotonic() + timeout
+    while True:
+        s = _scrape(url)
+        if predicate(s):
+            return s
+        assert time.monotonic() < deadline, f"{what} not reached"
+        time.sleep(0.1)
+
+
+def test_embedded_exporter_reports_live_arrays_and_compilations(children: list[Child], tmp_path: Path) -> None:
+    child = Child(tmp_path, "embedded", "--workload", "toy", env={"JAXMON_COLLECTOR__PROBE": "false"})
+    children.append(child)
+    url = child.hello["url"]
+    # Arrays the test creates: 1 MiB on device 3, 64 KiB on device 0, and 32 KiB sharded over all 8 devices
+    # (4 KiB per device: arr.nbytes is the global size and must not be counted on every device).
+    child.send(f"alloc 3 {1 << 20}")
+    child.send(f"alloc 0 {64 << 10}")
+    child.send(f"shard {32 << 10}")
+    expected = {str(d): 4096 for d in range(8)}
+    expected["3"] += 1 << 20
+    expected["0"] += (64 << 10) + TRAINING_STATE_BYTES
+
+    def live_matches(s: Samples) -> bool:
+        return all(
+            sample(s, "jaxmon_memory_live_array_bytes", device=d, platform="cpu", workload="toy") == v
+            for d, v in expected.items()
+        )
+
+    s = _wait(url, live_matches, "live array bytes equal to the arrays created")
+    assert sample(s, "jaxmon_memory_stats_supported", device="0", platform="cpu", workload="toy") == 0
+
+    labels = {"workload": "toy", "process_index": "0"}
+    before = _wait(url, lambda s: sample(s, "jaxmon_jit_compilations_total", **labels) is not None, "compile counter")
+    n_before = sample(before, "jaxmon_jit_compilations_total", **labels)
+    secs_before = sample(before, "jaxmon_jit_compile_seconds_total", **labels)
+    assert n_before is not None and secs_before is not None
+    assert child.send("compile 5") == {"compiled": 5}
+    after = _wait(
+        url, lambda s: sample(s, "jaxmon_jit_compilations_total", **labels) == n_before + 5, "five more compilations"
+    )
+    assert (sample(after, "jaxmon_jit_compile_seconds_total", **labels) or 0) > secs_before
+    time.sleep(1.0)  # no phantom compilations appear later
+    assert sample(_scrape(url), "jaxmon_jit_compilations_total", **labels) == n_before + 5
+
+    median = child.send("train 20")["median"]
+    assert median > 0
+    assert child.send("exit") == {"stopped": True}
+    assert child.proc.wait(30) == 0
+
+
+def test_embedded_start_twice_returns_the_running_exporter(tmp_path: Path) -> None:
+    code = (
+        "import os; os.environ['JAX_NUM_CPU_DEVICES']='8'\n"
+        "import jaxmon\n"
+        "a = jaxmon.start(0, collector={'probe': False})\n"
+        "b = jaxmon.start(0)\n"
+        "assert a is b, 'two exporters'\n"
+        "with jaxmon.start() as c:\n"
+        "    assert c is a\n"
+        "d = jaxmon.start(0, collector={'probe': False})\n"
+        "assert d is not a, 'a stopped exporter must not be handed out'\n"
+        "d.stop()\n"
+        "print('fine')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("fine")
+
+
+def _workload_series(s: Samples, workload: str) -> list[tuple[str, frozenset[tuple[str, str]]]]:
+    return [k for k in s if ("workload", workload) in k[1]]
+
+
+def test_two_publishers_and_a_sidecar(children: list[Child], tmp_path: Path, start_daemon: StartDaemon) -> None:
+    spool = tmp_path / "spool"
+    alpha = Child(tmp_path, "publish", "--spool", str(spool), "--workload", "alpha", "--alloc", "8192")
+    beta = Child(tmp_path, "publish", "--spool", str(spool), "--workload", "beta", "--alloc", "4096")
+    children += [alpha, beta]
+    d = start_daemon("--no-collector.probe", "--spool.dir", str(spool), "--spool.ttl", "2s", "--poll.interval", "0.3s")
+
+    def both(s: Samples) -> bool:
+        return all(
+            sample(
+                s,
+                "jaxmon_workload_info",
+                workload=w,
+                process_index="0",
+                host=os.uname().nodename,
+                pid=str(c.hello["pid"]),
+                jax_version=__import__("jax").__version__,
+            )
+            == 1
+            for w, c in (("alpha", alpha), ("beta", beta))
+        )
+
+    s = d.wait_for(both, timeout=60, what="both workloads")
+    assert sample(s, "jaxmon_memory_live_array_bytes", device="0", platform="cpu", workload="alpha") == (
+        8192 + TRAINING_STATE_BYTES
+    )
+    assert sample(s, "jaxmon_memory_live_array_bytes", device="0", platform="cpu", workload="beta") == (
+        4096 + TRAINING_STATE_BYTES
+    )
+    assert sample(s, "jaxmon_memory_live_array_bytes", device="1", platform="cpu", workload="beta") == 0
+    assert sample(s, "jaxmon_memory_stats_supported", device="5", platform="cpu", workload="alpha") == 0
+    assert (
+        sample(
+            s,
+            "jaxmon_device_info",
+            device="5",
+            platform="cpu",
+            workload="alpha",
+            device_kind="cpu",
+            process_index="0",
+            coords="",
+            core_on_chip="",
+            source="spool",
+        )
+        == 1
+    )
+    assert sample(s, "jaxmon_jit_compilations_total", workload="alpha", process_index="0") is not None
+    last = sample(s, "jaxmon_workload_last_report_timestamp_seconds", workload="alpha", process_index="0")
+    assert last is not None and abs(time.time() - last) < 10
+    assert sample(s, "jaxmon_collector_success", collector="spool") == 1
+
+    # SIGKILL: no clean-up runs; the workload disappears once its last report is older than the TTL.
+    alpha.proc.send_signal(signal.SIGKILL)
+    s = d.wait_for(lambda s: not _workload_series(s, "alpha"), timeout=20, what="alpha gone after the TTL")
+    assert _workload_series(s, "beta")
+
+    # A restarted beta replaces its predecessor's series at once (newest start wins), without duplicates.
+    beta.proc.send_signal(signal.SIGKILL)
+    beta2 = Child(tmp_path, "publish", "--spool", str(spool), "--workload", "beta", "--alloc", "12288")
+    children.append(beta2)
+    s = d.wait_for(
+        lambda s: (
+            sample(s, "jaxmon_memory_live_array_bytes", device="0", platform="cpu", workload="beta")
+            == 12288 + TRAINING_STATE_BYTES
+        ),
+        timeout=30,
+        what="restarted beta",
+    )
+    pids = {dict(k[1])["pid"] for k in s if k[0] == "jaxmon_workload_info" and ("workload", "beta") in k[1]}
+    assert pids == {str(beta2.hello["pid"])}
+
+
+def test_a_reader_racing_a_writer_never_sees_a_torn_file(tmp_path: Path) -> None:
+    path = tmp_path / "w.json"
+    good = json.loads((Path(__file__).parent / "fixtures" / "spool_document.json").read_text())
+    stop = threading.Event()
+    writes = 0
+
+    def writer() -> None:
+        nonlocal writes
+        while not stop.is_set():
+            doc = dict(good)
+            # Alternate small and large documents so a torn read would be likely if writes were not atomic.
+            doc["devices"] = good["devices"] * (1 if writes % 2 else 400)
+            doc["time"] = time.time()
+            write_atomically(path, doc)
+            writes += 1
+
+    write_atomically(path, good)
+    thread = threading.Thread(target=writer)
+    thread.start()
+    reads = 0
+    deadline = time.monotonic() + 2.0
+    try:
+        while time.monotonic() < deadline:
+            read_document(path, max_bytes=1 << 24)  # raises Rejected on a torn file
+            reads += 1
+    finally:
+        stop.set()
+        thread.join()
+    assert reads > 50 and writes > 50
+    assert not [p for p in tmp_path.iterdir() if p.name != "w.json"], "temporary files left behind"
+
+
+def test_bad_spool_files_are_rejected_and_counted_while_good_ones_flow(
+    children: list[Child], tmp_path: Path, start_daemon: StartDaemon
+) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    good = json.loads((Path(__file__).parent / "fixtures" / "spool_document.json").read_text())
+    (spool / "bad_json.json").write_text('{"schema": "jaxmon.spool/1", "devices": [')
+    (spool / "old_schema.json").write_text(json.dumps({**good, "schema": "jaxmon.spool/0"}))
+    (spool / "bad_schema.json").write_text(json.dumps({**good, "pid": "not a pid"}))
+    (spool / "oversized.json").write_text(json.dumps({**good, "devices": good["devices"] * 200}))
+    (spool / "link.json").symlink_to(spool / "old_schema.json")
+    (spool / "dir.json").mkdir()
+    os.mkfifo(spool / "fifo.json")
+    (spool / "notes.txt").write_text("hello")
+    publisher = Child(tmp_path, "publish", "--spool", str(spool), "--workload", "good", "--alloc", "4096")
+    children.append(publisher)
+    d = start_daemon(
+        "--no-collector.probe",
+        "--spool.dir",
+        str(spool),
+        "--poll.interval",
+        "0.3s",
+        "--spool.max-file-bytes",
+        "16384",
+    )
+    s = d.wait_for(
+        lambda s: (
+            sample(s, "jaxmon_memory_live_array_bytes", device="0", platform="cpu", workload="good")
+            == 4096 + TRAINING_STATE_BYTES
+        ),
+        timeout=60,
+        what="the good workload",
+    )
+    expected = {
+        "bad_json": 1,
+        "schema_version": 1,
+        "bad_schema": 1,
+        "oversized": 1,
+        "symlink": 1,
+        "not_a_file": 2,
+        "name": 1,
+        "unreadable": 0,
+    }
+    for reason, count in expected.items():
+        assert sample(s, "jaxmon_spool_rejected_files_total", reason=reason) == count, reason
+    # Unchanged files are not re-counted on later polls, and the good workload keeps reporting.
+    first = sample(s, "jaxmon_workload_last_report_timestamp_seconds", workload="good", process_index="0")
+    s = d.wait_for(
+        lambda s: (
+            (sample(s, "jaxmon_workload_last_report_timestamp_seconds", workload="good", process_index="0") or 0)
+            > (first or 0)
+        ),
+        timeout=10,
+        what="a newer report",
+    )
+    for reason, count in expected.items():
+        assert sample(s, "jaxmon_spool_rejected_files_total", reason=reason) == count, reason
+    assert d.get("/healthz").status_code == 200
+    assert d.log().count("spool file rejected") == 8  # logged once each
+
+
+def test_a_publisher_on_an_unwritable_directory_keeps_training_and_recovers(
+    children: list[Child], tmp_path: Path
+) -> None:
+    blocker = tmp_path / "spool"
+    blocker.write_text("a file where the directory should be")
+    spool = blocker / "sub"  # mkdir fails with ENOTDIR, even for root
+    child = Child(tmp_path, "publish", "--spool", str(spool), "--workload", "w", "--train-forever")
+    children.append(child)
+    assert child.proc.stdout is not None
+    steps = [child.proc.stdout.readline() for _ in range(3)]
+    assert all(line.startswith("STEP") for line in steps), steps
+    deadline = time.monotonic() + 10
+    while "spool write failed" not in child.log():
+        assert time.monotonic() < deadline, child.log()
+        time.sleep(0.1)
+    assert child.proc.poll() is None
+    blocker.unlink()  # the directory becomes possible: the publisher retries and succeeds
+    deadline = time.monotonic() + 10
+    while not (spool.is_dir() and any(p.suffix == ".json" for p in spool.iterdir())):
+        assert time.monotonic() < deadline, child.log()
+        time.sleep(0.1)
+    assert "spool writable again" in child.log()
+    files = [p for p in spool.iterdir() if p.suffix == ".json"]
+    assert read_document(files[0], 1 << 20).workload == "w"
+    assert child.proc.stdout.readline().startswith("STEP")  # still training
+
+
+def test_read_document_rejects_non_regular_files(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "f.json")
+    with pytest.raises(Rejected) as err:
+        read_document(tmp_path / "f.json", 1024)
+    assert err.value.reason == "not_a_file"

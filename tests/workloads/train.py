@@ -1,0 +1,128 @@
+"""A small JAX training loop run as a real child process by the workload tests.
+
+Usage: train.py MODE [--port P] [--spool DIR] [--workload NAME] [--interval S]
+MODE is `embedded` (jaxmon.start), `publish` (jaxmon.publish) or `none`. Commands on stdin, one per line; each is
+answered on stdout with `OK <json>`:
+  alloc DEVICE NBYTES      keep a float32 array of NBYTES on device DEVICE alive
+  shard NBYTES             keep an NBYTES array sharded evenly over all devices alive
+  compile K                jit-compile K new functions (K backend compilations)
+  train N                  run N training steps, answer with the median step time
+  exit
+With --train-forever the loop trains until killed and prints `STEP n` lines instead of reading stdin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import jaxmon
+from jaxmon.logsetup import configure_logging
+
+kept: list[jax.Array] = []
+
+
+def answer(**fields: object) -> None:
+    print("OK " + json.dumps(fields), flush=True)
+
+
+def make_step() -> tuple[object, dict[str, jax.Array], jax.Array, jax.Array]:
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((256, 64), dtype=np.float32))
+    y = x @ jnp.asarray(rng.standard_normal((64, 1), dtype=np.float32))
+    params = {"w": jnp.zeros((64, 1)), "b": jnp.zeros((1,))}
+
+    def loss(p: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
+        return jnp.mean((x @ p["w"] + p["b"] - y) ** 2)
+
+    @jax.jit
+    def step(p: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> dict[str, jax.Array]:
+        g = jax.grad(loss)(p, x, y)
+        return jax.tree.map(lambda a, b: a - 0.01 * b, p, g)
+
+    return step, params, x, y
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["embedded", "publish", "none"])
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--spool")
+    ap.add_argument("--workload")
+    ap.add_argument("--interval", type=float, default=0.3)
+    ap.add_argument("--train-forever", action="store_true")
+    ap.add_argument("--alloc", type=int, default=0, help="bytes to keep alive on device 0 at start")
+    args = ap.parse_args()
+    configure_logging("info", "json", stream=sys.stderr)
+
+    if args.alloc:
+        kept.append(jax.device_put(np.zeros(args.alloc // 4, np.float32), jax.devices()[0]))
+    handle: object = None
+    if args.mode == "embedded":
+        exporter = jaxmon.start(args.port, workload=args.workload, poll={"interval": args.interval})
+        handle = exporter
+        answer(url=exporter.url, pid=os.getpid())
+    elif args.mode == "publish":
+        handle = jaxmon.publish(args.spool, workload=args.workload, interval=args.interval)
+        answer(pid=os.getpid())
+    else:
+        answer(pid=os.getpid())
+
+    step, params, x, y = make_step()
+    if args.train_forever:
+        n = 0
+        while True:
+            params = step(params, x, y)  # type: ignore[operator]
+            jax.block_until_ready(params)
+            n += 1
+            if n % 50 == 0:
+                print(f"STEP {n}", flush=True)
+            time.sleep(0.002)
+
+    compiled = 0
+    for line in sys.stdin:
+        cmd, *rest = line.split()
+        if cmd == "alloc":
+            device, nbytes = int(rest[0]), int(rest[1])
+            kept.append(jax.device_put(np.ones(nbytes // 4, np.float32), jax.devices()[device]))
+            answer()
+        elif cmd == "shard":
+            nbytes = int(rest[0])
+            mesh = Mesh(np.array(jax.devices()), ("d",))
+            kept.append(jax.device_put(np.ones(nbytes // 4, np.float32), NamedSharding(mesh, PartitionSpec("d"))))
+            answer()
+        elif cmd == "compile":
+            for _ in range(int(rest[0])):
+                compiled += 1
+                # A fresh function object each time: a new jit cache entry, one backend compilation.
+                fn = jax.jit(lambda v, c=compiled: v * c + c)
+                jax.block_until_ready(fn(kept[0] if kept else jnp.ones(4)))
+            answer(compiled=compiled)
+        elif cmd == "train":
+            times = []
+            for _ in range(int(rest[0])):
+                start = time.perf_counter()
+                params = step(params, x, y)  # type: ignore[operator]
+                jax.block_until_ready(params)
+                times.append(time.perf_counter() - start)
+            answer(median=statistics.median(times))
+        elif cmd == "exit":
+            break
+    if handle is not None:
+        handle.stop()  # type: ignore[attr-defined]
+    answer(stopped=True)
+
+
+if __name__ == "__main__":
+    main()
