@@ -115,8 +115,9 @@ def serve(argv: Sequence[str]) -> int:
 def _exit_despite_hung_calls(deadline: float) -> None:
     """Give running jobs until `deadline`; a device call hung in native code cannot be interrupted, so then
     exit at once rather than let the interpreter wait for it (SIGTERM must exit 0 within 5 s)."""
+    # Daemon threads count too: concurrent.futures joins its workers at exit whatever their daemon flag.
     for thread in threading.enumerate():
-        if thread is threading.current_thread() or thread.daemon:
+        if thread is threading.current_thread():
             continue
         thread.join(max(deadline - time.monotonic(), 0.0))
         if thread.is_alive():

@@ -45,14 +45,40 @@ def configure_logging(level: str = "info", fmt: LogFormat = "auto", stream: Any 
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # apscheduler logs every job run at INFO; keep its warnings (missed or skipped runs) and errors.
+    # apscheduler logs every job run at INFO; keep its warnings (missed or skipped runs) and errors, but a job
+    # held up by a hung device would warn on every tick: say it once a minute.
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, root.level))
+    scheduler_log = logging.getLogger("apscheduler.scheduler")
+    scheduler_log.filters[:] = [f for f in scheduler_log.filters if not isinstance(f, RepeatFilter)]
+    scheduler_log.addFilter(RepeatFilter(60.0))
     # JAX logs every backend it could not start at INFO (a TPU factory exists even without libtpu); jaxmon
     # reports the backends that matter itself.
     logging.getLogger("jax").setLevel(max(logging.WARNING, root.level))
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "jax"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+
+
+class RepeatFilter(logging.Filter):
+    """Lets the same message template for the same job through at most once per `interval` seconds."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__()
+        self._interval = interval
+        self._last: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        subject = str(getattr(args[0], "id", args[0])) if args else ""
+        key = (str(record.msg), subject)
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self._interval:
+                return False
+            self._last[key] = now
+        return True
 
 
 class ErrorLog:

@@ -75,6 +75,7 @@ class DeviceProbe:
         self._tasks: queue.SimpleQueue[tuple[Callable[[], None], threading.Event] | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._busy_since: float | None = None
+        self._abandoned = False  # run_once stopped waiting for the run in flight
         self._timed_out_run = False
         self._thread = threading.Thread(target=self._work, name=f"jaxmon-probe-{device.name}", daemon=True)
         self._thread.start()
@@ -103,6 +104,12 @@ class DeviceProbe:
                 with self._lock:
                     self._busy_since = None
                 done.set()
+                with self._lock:
+                    late = self._abandoned
+                    self._abandoned = False
+                if late:
+                    # This run outlived its timeout and run_once stopped waiting: announce its result here.
+                    self._on_change()
 
     def _time_run(self, steps: int) -> float:
         assert self._kernel is not None
@@ -167,16 +174,19 @@ class DeviceProbe:
     def run_once(self) -> None:
         """One scheduled probe: calibrate first if needed, wait at most the timeout, never queue a second."""
         with self._lock:
-            if self._busy_since is not None:
+            skipped = self._busy_since is not None
+            if skipped:
                 st = self._status
                 st.skipped_total += 1
-                hung_for = time.monotonic() - self._busy_since
-                if hung_for > self._config.timeout_seconds and st.up is not False:
+                assert self._busy_since is not None
+                if time.monotonic() - self._busy_since > self._config.timeout_seconds:
                     st.up = False
-                    self._on_change()
-                return
-            self._busy_since = time.monotonic()
+            else:
+                self._busy_since = time.monotonic()
             calibrated = self._status.calibrated
+        if skipped:
+            self._on_change()  # outside the lock: the callback reads every probe's status
+            return
 
         error: list[BaseException] = []
 
@@ -200,6 +210,7 @@ class DeviceProbe:
             st = self._status
             st.runs_total += 1
             if not finished:
+                self._abandoned = True
                 st.timeouts_total += 1
                 st.up = False
                 st.last_error = f"probe did not finish within {self._config.timeout_seconds:g}s"

@@ -27,6 +27,26 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 
+def accepts_gzip(header: str) -> bool:
+    """True when Accept-Encoding allows gzip (`gzip;q=0` refuses it; `*` allows it unless gzip is refused)."""
+    allowed: dict[str, bool] = {}
+    for part in header.split(","):
+        name, _, params = part.strip().partition(";")
+        q = 1.0
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        if name:
+            allowed[name.strip().lower()] = q > 0
+    if "gzip" in allowed:
+        return allowed["gzip"]
+    return allowed.get("*", False)
+
+
 class Exposition:
     """The rendered /metrics body, rebuilt only when the snapshot changed (scrapes never touch devices)."""
 
@@ -93,7 +113,7 @@ class App:
         for name, value in scope.get("headers", []):
             if name == b"accept-encoding":
                 accept += value
-        want_gzip = b"gzip" in accept.lower()
+        want_gzip = accepts_gzip(accept.decode("latin-1"))
         body = self._exposition.render(want_gzip)
         extra = [(b"content-encoding", b"gzip"), (b"vary", b"accept-encoding")] if want_gzip else []
         return 200, CONTENT_TYPE_PLAIN_0_0_4, body, extra
