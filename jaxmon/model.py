@@ -24,6 +24,17 @@ class DeviceInfo:
         """Unique per host: JAX ids can repeat across platforms (a host with both GPU and CPU devices)."""
         return (self.platform, self.id)
 
+    def identity(self) -> dict[str, Any]:
+        """The identity fields as a JSON-friendly dict (snapshot output, spool files)."""
+        return {
+            "id": self.id,
+            "platform": self.platform,
+            "device_kind": self.device_kind,
+            "process_index": self.process_index,
+            "coords": self.coords,
+            "core_on_chip": self.core_on_chip,
+        }
+
     @property
     def name(self) -> str:
         """Short human name, e.g. `cpu:3`."""
@@ -120,12 +131,7 @@ class Snapshot:
             probe = self.probes.get(dev.key)
             out.append(
                 {
-                    "id": dev.id,
-                    "platform": dev.platform,
-                    "device_kind": dev.device_kind,
-                    "process_index": dev.process_index,
-                    "coords": dev.coords,
-                    "core_on_chip": dev.core_on_chip,
+                    **dev.identity(),
                     "memory": reading.numbers.as_dict() if reading and reading.numbers else None,
                     "memory_error": reading.error if reading else None,
                     "live_array_bytes": self.live_array_bytes.get(dev.key),

@@ -68,14 +68,7 @@ class Publisher:
         entries: list[dict[str, Any]] = []
         unsupported = False
         for dev in devices:
-            entry: dict[str, Any] = {
-                "id": dev.id,
-                "platform": dev.platform,
-                "device_kind": dev.device_kind,
-                "process_index": dev.process_index,
-                "coords": dev.coords,
-                "core_on_chip": dev.core_on_chip,
-            }
+            entry: dict[str, Any] = dev.identity()
             try:
                 stats = source.read_memory(dev)
                 entry["memory_stats"] = None if stats is None else {k: v for k, v in stats.items() if _number(v)}
