@@ -96,7 +96,8 @@ def _load(argv: Sequence[str], prog: str) -> Settings:
 
 def serve(argv: Sequence[str]) -> int:
     """Run the daemon until SIGTERM/SIGINT."""
-    from jaxmon.server import serve_until_signalled
+    from jaxmon.server import HttpServer, serve_until_signalled
+    from jaxmon.webconfig import WebConfigError
 
     settings = _load(argv, "jaxmon serve")
     try:
@@ -104,9 +105,19 @@ def serve(argv: Sequence[str]) -> int:
     except ReplayError as exc:
         print(f"jaxmon serve: --replay: {exc}", file=sys.stderr)
         return 2
+    try:
+        server = HttpServer(runtime, settings)
+    except WebConfigError as exc:
+        print(f"jaxmon serve: --web.config.file: {exc}", file=sys.stderr)
+        runtime.stop()
+        return 2
+    except OSError as exc:
+        print(f"jaxmon serve: cannot listen on {settings.web.listen_address}: {exc.strerror or exc}", file=sys.stderr)
+        runtime.stop()
+        return 1
     runtime.start()
-    log.info("serving", address=settings.web.listen_address, path=settings.web.telemetry_path)
-    serve_until_signalled(runtime, settings)
+    log.info("serving", address=settings.web.listen_address, path=settings.web.telemetry_path, scheme=server.scheme)
+    serve_until_signalled(runtime, server)
     _exit_despite_hung_calls(deadline=time.monotonic() + 2.0)
     log.info("stopped")
     return 0

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import threading
-import time
 from typing import Any
 
 import structlog
@@ -33,7 +32,7 @@ class Exporter:
         from jaxmon.cli import build_info, runtime_config
         from jaxmon.jaxdevices import InProcessWorkload, LocalSource
         from jaxmon.runtime import Runtime
-        from jaxmon.server import make_server
+        from jaxmon.server import HttpServer
 
         self.settings = settings
         self.workload = workload
@@ -45,41 +44,46 @@ class Exporter:
             Faults.from_env(),
             workload_probe=InProcessWorkload(source),
         )
-        self._server = make_server(self.runtime, settings)
         self.runtime.start()
+        self._server: HttpServer | None = None
+        self._thread: threading.Thread | None = None
+        try:
+            self._server = HttpServer(self.runtime, settings)
+        except (OSError, ValueError) as exc:
+            # A busy port or a bad web config must not take the training run down: keep collecting, say so.
+            log.error("jaxmon could not serve HTTP", address=settings.web.listen_address, error=str(exc))
+            return
         self._thread = threading.Thread(target=self._serve, name="jaxmon-http", daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        self.serving = bool(self._server.started)
-        if not self.serving:
-            # A busy port must not take the training run down with it: keep collecting, say so loudly.
-            log.error("jaxmon could not serve HTTP", address=settings.web.listen_address)
+        self._server.started.wait(10)
 
     def _serve(self) -> None:
-        with contextlib.suppress(SystemExit):  # uvicorn exits when it cannot bind
-            self._server.run()
+        assert self._server is not None
+        asyncio.run(self._server.serve())
+
+    @property
+    def serving(self) -> bool:
+        """True while the HTTP endpoint runs."""
+        return self._thread is not None and self._thread.is_alive()
 
     @property
     def port(self) -> int | None:
         """The port actually bound (useful with port 0)."""
-        for server in getattr(self._server, "servers", []):
-            for sock in server.sockets:
-                return int(sock.getsockname()[1])
-        return None
+        return self._server.port if self._server is not None else None
 
     @property
     def url(self) -> str | None:
         """Base URL of the endpoint on loopback."""
-        port = self.port
-        return f"http://127.0.0.1:{port}" if port is not None else None
+        if self._server is None:
+            return None
+        return f"{self._server.scheme}://127.0.0.1:{self._server.port}"
 
     def stop(self) -> None:
         """Stop serving and collecting."""
         global _running
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
+        if self._server is not None and self._thread is not None:
+            self._server.stop()
+            self._thread.join(timeout=10)
         self.runtime.stop()
         with _running_lock:
             if _running is self:

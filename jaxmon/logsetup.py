@@ -54,7 +54,7 @@ def configure_logging(level: str = "info", fmt: LogFormat = "auto", stream: Any 
     # JAX logs every backend it could not start at INFO (a TPU factory exists even without libtpu); jaxmon
     # reports the backends that matter itself.
     logging.getLogger("jax").setLevel(max(logging.WARNING, root.level))
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "jax"):
+    for name in ("hypercorn.error", "hypercorn.access", "jax"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
 

@@ -56,6 +56,14 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class WebConfigFileSettings(_Section):
+    """`--web.config.file`."""
+
+    file: Path | None = Field(
+        default=None, description="exporter-toolkit web config (TLS, basic auth, headers); re-read on change."
+    )
+
+
 class WebSettings(_Section):
     """HTTP endpoint."""
 
@@ -64,6 +72,10 @@ class WebSettings(_Section):
     )
     telemetry_path: str = Field(default="/metrics", description="Path under which to expose metrics.")
     max_requests: int = Field(default=40, ge=1, description="Requests served at once; more are answered 503 at once.")
+    header_timeout: Duration = Field(
+        default=5.0, description="Connections that send no complete request (or TLS handshake) in this time close."
+    )
+    config: WebConfigFileSettings = WebConfigFileSettings()
 
     @field_validator("listen_address")
     @classmethod
