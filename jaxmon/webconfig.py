@@ -186,7 +186,10 @@ def load_web_config(path: Path | None) -> WebConfig:
         raise WebConfigError(f"web config {path}: {_where(exc)}") from exc
     config = WebConfig(source=path, spec=spec)
     if config.tls is not None:
-        build_ssl_context(config.tls)  # fail now, naming the file, rather than at the first handshake
+        try:
+            build_ssl_context(config.tls)  # fail now, naming the file, rather than at the first handshake
+        except WebConfigError as exc:
+            raise WebConfigError(f"web config {path}: {exc}") from exc
     return config
 
 

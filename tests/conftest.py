@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -44,9 +45,18 @@ def sample(samples: Samples, name: str, **labels: str) -> float | None:
 class Daemon:
     """`python -m jaxmon serve` as a child process with its own port and log file."""
 
-    def __init__(self, tmp: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        scheme: str = "http",
+        client: dict[str, Any] | None = None,
+    ) -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        # requests keyword arguments for every call: verify (CA file), cert (client cert), auth.
+        self.client = client or {}
         self.log_path = tmp / f"jaxmon-{self.port}.log"
         full_env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "PYTHONUNBUFFERED": "1", **(env or {})}
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
@@ -66,8 +76,8 @@ class Daemon:
             cwd=ROOT,
         )
 
-    def get(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.get(self.url + path, timeout=10, **kwargs)  # type: ignore[arg-type]
+    def get(self, path: str, **kwargs: Any) -> requests.Response:
+        return requests.get(self.url + path, **{"timeout": 10, **self.client, **kwargs})
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -77,7 +87,7 @@ class Daemon:
             try:
                 if self.get("/readyz").status_code == 200:
                     return
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.exceptions.SSLError):
                 pass
             time.sleep(0.1)
         raise AssertionError(f"daemon not ready within {timeout}s:\n{self.log()}")
@@ -122,8 +132,14 @@ StartDaemon = Callable[..., Daemon]
 def start_daemon(tmp_path: Path) -> Iterator[StartDaemon]:
     started: list[Daemon] = []
 
-    def start(*args: str, env: dict[str, str] | None = None, ready: bool = True) -> Daemon:
-        d = Daemon(tmp_path, list(args), env)
+    def start(
+        *args: str,
+        env: dict[str, str] | None = None,
+        ready: bool = True,
+        scheme: str = "http",
+        client: dict[str, Any] | None = None,
+    ) -> Daemon:
+        d = Daemon(tmp_path, list(args), env, scheme, client)
         started.append(d)
         if ready:
             d.wait_ready()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from importlib import metadata
@@ -96,6 +97,9 @@ def test_a_hung_probe_marks_only_its_device_down_and_it_recovers(start_daemon: S
     assert sample(s, "jaxmon_collector_success", collector="probe") == 0
     # The hung run stays in flight: later runs are skipped, not queued behind it.
     s = d.wait_for(lambda s: (_cpu(s, "jaxmon_probe_skipped_total", "3") or 0) >= 2, timeout=30, what="skips")
+    threads = len(os.listdir(f"/proc/{d.proc.pid}/task"))
+    d.wait_for(lambda s: (_cpu(s, "jaxmon_probe_skipped_total", "3") or 0) >= 6, timeout=30, what="more skips")
+    assert len(os.listdir(f"/proc/{d.proc.pid}/task")) <= threads, "threads pile up behind a hung probe"
     started = time.monotonic()
     assert d.get("/metrics").status_code == 200
     assert time.monotonic() - started < 1.0

@@ -1,0 +1,197 @@
+"""Load and bad peers on loopback: a scraper keeps getting every /metrics within 1 s meanwhile.
+
+Every test is bounded: its peers and its scraper stop on their own.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import requests
+import yaml
+
+from tests.conftest import FIXTURES, Daemon, StartDaemon
+from tests.tls_helpers import bcrypt_hash, make_certs
+
+BASE = ("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s", "--web.header-timeout", "2s")
+
+
+@contextmanager
+def scraper(d: Daemon, period: float = 0.1) -> Iterator[list[tuple[int, float]]]:
+    """Scrape /metrics every `period` seconds in the background; yields (status, seconds) per scrape."""
+    results: list[tuple[int, float]] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                status = d.get("/metrics", timeout=1.0).status_code
+            except requests.RequestException:
+                status = -1
+            results.append((status, time.monotonic() - started))
+            stop.wait(period)
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        yield results
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _assert_all_served(results: list[tuple[int, float]]) -> None:
+    assert len(results) >= 10, results
+    bad = [r for r in results if r[0] != 200 or r[1] >= 1.0]
+    assert not bad, f"{len(bad)} of {len(results)} scrapes failed or took >= 1 s: {bad[:5]}"
+
+
+def _closed_by_server(sock: socket.socket, within: float) -> bool:
+    """True when the server closes `sock` within `within` seconds (it may answer an error first)."""
+    sock.settimeout(within)
+    deadline = time.monotonic() + within
+    try:
+        while time.monotonic() < deadline:
+            if not sock.recv(65536):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+    return False
+
+
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_500_idle_connections_do_not_delay_scrapes_and_are_closed(start_daemon: StartDaemon) -> None:
+    d = start_daemon(*BASE)
+    fds_before = _open_fds(d.proc.pid)
+    idle = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(500)]
+    try:
+        with scraper(d) as results:
+            time.sleep(1.5)
+        _assert_all_served(results)
+        # The header timeout (2 s) closes every connection that never sent a request.
+        assert all(_closed_by_server(s, within=5.0) for s in idle)
+    finally:
+        for s in idle:
+            s.close()
+    deadline = time.monotonic() + 5
+    while _open_fds(d.proc.pid) > fds_before + 5:
+        assert time.monotonic() < deadline, f"fds {fds_before} -> {_open_fds(d.proc.pid)}"
+        time.sleep(0.2)
+
+
+def test_slowloris_clients_are_dropped_while_scrapes_go_on(start_daemon: StartDaemon) -> None:
+    d = start_daemon(*BASE)
+    slow = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(50)]
+    dropped: list[bool] = [False] * len(slow)
+
+    def trickle(i: int, s: socket.socket) -> None:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        for _ in range(8):  # a byte every 0.7 s, for at most ~6 s
+            time.sleep(0.7)
+            try:
+                s.sendall(b"a")
+            except OSError:
+                dropped[i] = True
+                return
+        dropped[i] = _closed_by_server(s, within=0.1)
+
+    threads = [threading.Thread(target=trickle, args=(i, s)) for i, s in enumerate(slow)]
+    with scraper(d) as results:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+    for s in slow:
+        s.close()
+    _assert_all_served(results)
+    assert all(dropped), f"{dropped.count(False)} slow clients were never dropped"
+
+
+def test_tls_peers_that_never_say_hello_do_not_block_anyone(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    certs = make_certs(tmp_path)
+    web = tmp_path / "web.yml"
+    web.write_text(
+        yaml.safe_dump({"tls_server_config": {"cert_file": str(certs.server_cert), "key_file": str(certs.server_key)}})
+    )
+    d = start_daemon(*BASE, "--web.config.file", str(web), scheme="https", client={"verify": str(certs.server_ca)})
+    mute = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(100)]
+    try:
+        with scraper(d) as results:
+            time.sleep(1.5)
+        _assert_all_served(results)
+        # The handshake timeout (the header timeout, 2 s) closes them.
+        assert all(_closed_by_server(s, within=6.0) for s in mute)
+    finally:
+        for s in mute:
+            s.close()
+
+
+def _raw_exchange(port: int, payload: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        try:
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        chunks = []
+        try:
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        except (ConnectionResetError, TimeoutError):
+            pass
+        return b"".join(chunks)
+
+
+def test_oversized_headers_and_garbage_get_errors_and_scrapes_go_on(start_daemon: StartDaemon) -> None:
+    d = start_daemon(*BASE)
+    oversized = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (64 * 1024) + b"\r\n\r\n"
+    garbage = [
+        os.urandom(512),
+        b"\x16\x03\x01\x02\x00" + os.urandom(64),
+        b"GET /\x00 HTTP/1.1\r\n\r\n",
+        b"BREW /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"\r\n\r\n\r\n",
+    ]
+    with scraper(d) as results:
+        answer = _raw_exchange(d.port, oversized)
+        assert answer == b"" or answer.split(b" ", 2)[1] in (b"400", b"413", b"431"), answer[:100]
+        for g in garbage:
+            reply = _raw_exchange(d.port, g)
+            assert reply == b"" or reply.split(b" ", 2)[1] in (b"400", b"405", b"404", b"505"), reply[:100]
+        time.sleep(1.0)
+    _assert_all_served(results)
+    assert d.proc.poll() is None
+
+
+def test_requests_past_the_limit_are_answered_503_at_once(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    # bcrypt at cost 12 keeps each authenticated request in flight for a while, so two fill the limit.
+    web = tmp_path / "web.yml"
+    web.write_text(yaml.safe_dump({"basic_auth_users": {"prom": bcrypt_hash("pw", rounds=12)}}))
+    d = start_daemon(*BASE, "--web.config.file", str(web), "--web.max-requests", "2", client={"auth": ("prom", "pw")})
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def hit(i: int) -> None:
+        r = requests.get(d.url + "/readyz", auth=("prom", f"wrong-{i}"), timeout=30)  # uncached: full bcrypt
+        with lock:
+            statuses.append(r.status_code)
+
+    threads: list[threading.Thread] = [threading.Thread(target=hit, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert 503 in statuses and 401 in statuses, statuses
+    assert set(statuses) <= {401, 503}

@@ -1,0 +1,185 @@
+"""The real daemon behind TLS, mTLS and basic auth (certificates made by the tests), and web config reloads."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from tests.conftest import FIXTURES, ROOT, StartDaemon
+from tests.tls_helpers import bcrypt_hash, make_certs
+
+REPLAY = ("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s")
+
+
+def _web(tmp_path: Path, doc: dict[str, object]) -> Path:
+    path = tmp_path / "web.yml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _handshake(
+    port: int, ca: Path, cert: tuple[Path, Path] | None = None, max_version: ssl.TLSVersion | None = None
+) -> str:
+    """A raw TLS handshake plus one request; returns the status line or raises ssl.SSLError/OSError."""
+    ctx = ssl.create_default_context(cafile=str(ca))
+    if cert is not None:
+        ctx.load_cert_chain(str(cert[0]), str(cert[1]))
+    if max_version is not None:
+        ctx.maximum_version = max_version
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        tls.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = tls.recv(1024)
+        if not data:
+            raise ConnectionError("closed without an answer")  # TLS 1.3 reports a rejected cert after the handshake
+        return data.split(b"\r\n", 1)[0].decode()
+
+
+def test_tls_serves_https_only_with_the_configured_certificate(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    certs = make_certs(tmp_path)
+    web = _web(
+        tmp_path, {"tls_server_config": {"cert_file": str(certs.server_cert), "key_file": str(certs.server_key)}}
+    )
+    d = start_daemon(*REPLAY, "--web.config.file", str(web), scheme="https", client={"verify": str(certs.server_ca)})
+    assert d.get("/metrics").status_code == 200
+    assert "jaxmon_memory_bytes_in_use" in d.get("/metrics").text
+    with pytest.raises(requests.exceptions.SSLError):  # a client that does not trust our CA
+        requests.get(d.url + "/metrics", timeout=5)
+    with pytest.raises(requests.ConnectionError):  # plain HTTP to the TLS port
+        requests.get(f"http://127.0.0.1:{d.port}/metrics", timeout=5)
+
+
+def test_mtls_requires_a_client_certificate_from_the_client_ca(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    certs = make_certs(tmp_path)
+    web = _web(
+        tmp_path,
+        {
+            "tls_server_config": {
+                "cert_file": str(certs.server_cert),
+                "key_file": str(certs.server_key),
+                "client_auth_type": "RequireAndVerifyClientCert",
+                "client_ca_file": str(certs.client_ca),
+            }
+        },
+    )
+    client = {"verify": str(certs.server_ca), "cert": (str(certs.client_cert), str(certs.client_key))}
+    d = start_daemon(*REPLAY, "--web.config.file", str(web), scheme="https", client=client)
+    assert _handshake(d.port, certs.server_ca, (certs.client_cert, certs.client_key)) == "HTTP/1.1 200 "
+    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+        _handshake(d.port, certs.server_ca)  # no client certificate
+    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+        _handshake(d.port, certs.server_ca, (certs.stranger_cert, certs.stranger_key))  # wrong CA
+    assert d.get("/metrics").status_code == 200
+
+
+def test_min_version_refuses_older_clients(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    certs = make_certs(tmp_path)
+    web = _web(
+        tmp_path,
+        {
+            "tls_server_config": {
+                "cert_file": str(certs.server_cert),
+                "key_file": str(certs.server_key),
+                "min_version": "TLS13",
+            }
+        },
+    )
+    d = start_daemon(*REPLAY, "--web.config.file", str(web), scheme="https", client={"verify": str(certs.server_ca)})
+    assert _handshake(d.port, certs.server_ca).startswith("HTTP/1.1 200")
+    with pytest.raises(ssl.SSLError):
+        _handshake(d.port, certs.server_ca, max_version=ssl.TLSVersion.TLSv1_2)
+
+
+def test_basic_auth_and_configured_headers(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    web = _web(
+        tmp_path,
+        {
+            "basic_auth_users": {"prom": bcrypt_hash("s3cret")},
+            "http_server_config": {
+                "headers": {"X-Content-Type-Options": "nosniff", "Strict-Transport-Security": "max-age=1"}
+            },
+        },
+    )
+    d = start_daemon(*REPLAY, "--web.config.file", str(web), client={"auth": ("prom", "s3cret")})
+    ok = d.get("/metrics")
+    assert ok.status_code == 200
+    assert ok.headers["X-Content-Type-Options"] == "nosniff"
+    assert ok.headers["Strict-Transport-Security"] == "max-age=1"
+    for auth in (None, ("prom", "wrong"), ("nobody", "s3cret")):
+        r = requests.get(d.url + "/metrics", auth=auth, timeout=10)
+        assert r.status_code == 401, auth
+        assert r.headers["WWW-Authenticate"].startswith("Basic realm=")
+        assert "jaxmon_" not in r.text
+    r = requests.get(d.url + "/metrics", headers={"Authorization": "Basic !!notbase64"}, timeout=10)
+    assert r.status_code == 401
+    assert requests.get(d.url + "/healthz", timeout=10).status_code == 401  # every path is protected
+
+
+def test_web_config_changes_are_picked_up_and_a_broken_edit_keeps_the_last_good(
+    start_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    web = _web(tmp_path, {"basic_auth_users": {"alice": bcrypt_hash("a")}})
+    d = start_daemon(*REPLAY, "--web.config.file", str(web), client={"auth": ("alice", "a")})
+
+    def status(user: str, password: str) -> int:
+        return requests.get(d.url + "/readyz", auth=(user, password), timeout=10).status_code
+
+    web.write_text(yaml.safe_dump({"basic_auth_users": {"bob": bcrypt_hash("b")}}))
+    deadline = time.monotonic() + 15
+    while status("bob", "b") != 200:
+        assert time.monotonic() < deadline, d.log()
+        time.sleep(0.2)
+    assert status("alice", "a") == 401
+    web.write_text("basic_auth_users: {bob: not-a-hash}\n")
+    deadline = time.monotonic() + 15
+    while "web config not reloaded" not in d.log():
+        assert time.monotonic() < deadline, d.log()
+        time.sleep(0.2)
+    assert status("bob", "b") == 200  # still the last good config
+    assert "password of user 'bob' is not a bcrypt hash" in d.log()
+
+
+def test_certificates_rotate_without_a_restart(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    first = make_certs(tmp_path, "-1")
+    second = make_certs(tmp_path, "-2")
+    cert, key = tmp_path / "live.pem", tmp_path / "live.key"
+    cert.write_bytes(first.server_cert.read_bytes())
+    key.write_bytes(first.server_key.read_bytes())
+    web = _web(tmp_path, {"tls_server_config": {"cert_file": str(cert), "key_file": str(key)}})
+    d = start_daemon(*REPLAY, "--web.config.file", str(web), scheme="https", client={"verify": str(first.server_ca)})
+    assert _handshake(d.port, first.server_ca).startswith("HTTP/1.1 200")
+    key.write_bytes(second.server_key.read_bytes())
+    cert.write_bytes(second.server_cert.read_bytes())
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            assert _handshake(d.port, second.server_ca).startswith("HTTP/1.1 200")
+            break
+        except ssl.SSLError:
+            assert time.monotonic() < deadline, d.log()
+            time.sleep(0.2)
+    with pytest.raises(ssl.SSLError):
+        _handshake(d.port, first.server_ca)
+
+
+def test_a_bad_web_config_exits_2_naming_the_key(tmp_path: Path) -> None:
+    web = _web(tmp_path, {"tls_server_config": {"cert_file": "a.pem", "key_file": "a.key", "min_version": "SSL3"}})
+    result = subprocess.run(
+        [sys.executable, "-m", "jaxmon", "serve", *REPLAY, "--web.config.file", str(web)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert result.returncode == 2
+    assert "tls_server_config.min_version: unknown TLS version 'SSL3'" in result.stderr
