@@ -1,0 +1,50 @@
+"""`jaxmon snapshot`: one poll and one probe, as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import FIXTURES, ROOT
+
+GiB = 1 << 30
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "jaxmon", "snapshot", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "JAX_NUM_CPU_DEVICES": "8"},
+    )
+
+
+def test_snapshot_json_of_a_replay_holds_the_derived_numbers() -> None:
+    result = _run("--replay", str(FIXTURES / "shapes.json"), "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    devices = {(d["platform"], d["id"]): d for d in doc["devices"]}
+    assert devices[("gpu", 1)]["memory"]["fragmentation_ratio"] == 0.5
+    assert devices[("gpu", 1)]["memory"]["largest_allocatable_bytes"] == 58 * GiB
+    assert devices[("gpu", 6)]["memory_error"] == "ReplayedDeviceError: XlaRuntimeError: INTERNAL: device lost"
+    assert devices[("cpu", 5)]["memory"]["supported"] is False
+    assert devices[("gpu", 0)]["probe"] is None  # replayed devices run no probe
+    assert doc["source"] == "replay"
+
+
+def test_snapshot_table_probes_every_cpu_device() -> None:
+    result = _run("--probe.size", "64")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].split()[:2] == ["device", "kind"]
+    rows = [line.split() for line in lines[1:] if line.startswith("cpu:")]
+    assert [r[0] for r in rows] == [f"cpu:{i}" for i in range(8)]
+    for r in rows:
+        assert r[2] == "unsupported"  # CPU devices have no allocator stats
+        assert r[-1] == "yes"  # the probe answered
+        assert float(r[-4]) > 0  # probe ms
+        assert 0.0 <= float(r[-2]) <= 1.0  # utilization
