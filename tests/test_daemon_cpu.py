@@ -26,6 +26,7 @@ def _all_probed(s: Samples) -> bool:
 
 
 def test_probe_metrics_on_every_cpu_device(start_daemon: StartDaemon) -> None:
+    started = time.time()
     d = start_daemon("--probe.interval", "1s", "--probe.size", str(SIZE), "--poll.interval", "1s")
     s = d.wait_for(_all_probed, timeout=60, what="a probe on all 8 devices")
     for dev in DEVICES:
@@ -69,6 +70,15 @@ def test_probe_metrics_on_every_cpu_device(start_daemon: StartDaemon) -> None:
     assert sample(s, "jaxmon_backend_up", backend="cpu") == 1
     assert sample(s, "jaxmon_collector_success", collector="memory") == 1
     assert sample(s, "jaxmon_collector_success", collector="probe") == 1
+    for collector in ("memory", "probe"):
+        stamp = sample(s, "jaxmon_collector_last_success_timestamp_seconds", collector=collector)
+        assert stamp is not None and started <= stamp <= time.time(), collector
+    # The memory poll reads 8 devices that return None: far below one poll interval.
+    poll_seconds = sample(s, "jaxmon_collector_duration_seconds", collector="memory")
+    assert poll_seconds is not None and 0 < poll_seconds < 1.0
+    # The probe collector's duration is the device time of one round: the sum of the last latencies.
+    round_seconds = sum(_cpu(s, "jaxmon_probe_duration_seconds", dev) or 0 for dev in DEVICES)
+    assert sample(s, "jaxmon_collector_duration_seconds", collector="probe") == pytest.approx(round_seconds, rel=0.5)
     versions = {k: v for k, v in next(iter(k for k in s if k[0] == "jaxmon_build_info"))[1]}
     assert versions["jax_version"] == metadata.version("jax")
     assert versions["jaxlib_version"] == metadata.version("jaxlib")

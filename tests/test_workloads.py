@@ -131,6 +131,34 @@ def test_embedded_exporter_reports_live_arrays_and_compilations(children: list[C
     assert child.proc.wait(30) == 0
 
 
+def test_persistent_compilation_cache_hits_and_misses_are_counted(children: list[Child], tmp_path: Path) -> None:
+    env = {
+        "JAXMON_COLLECTOR__PROBE": "false",
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+    child = Child(tmp_path, "embedded", "--workload", "cached", env=env)
+    children.append(child)
+    url = child.hello["url"]
+    child.send("alloc 0 4096")
+    labels = {"workload": "cached", "process_index": "0"}
+
+    def counters(s: Samples) -> tuple[float | None, float | None]:
+        return (
+            sample(s, "jaxmon_compilation_cache_misses_total", **labels),
+            sample(s, "jaxmon_compilation_cache_hits_total", **labels),
+        )
+
+    time.sleep(0.6)  # let the poll pick up the compilations done so far
+    misses0, hits0 = counters(_wait(url, lambda s: counters(s)[0] is not None, "cache counters"))
+    assert misses0 is not None and hits0 == 0
+    child.send("compile 4")  # four new programs: four entries written
+    _wait(url, lambda s: counters(s) == (misses0 + 4, 0), "four misses")
+    assert child.send("recompile") == {"recompiled": 4}  # same programs after clearing memory caches: four hits
+    _wait(url, lambda s: counters(s) == (misses0 + 4, 4), "four hits")
+
+
 def test_embedded_start_twice_returns_the_running_exporter(tmp_path: Path) -> None:
     code = (
         "import os; os.environ['JAX_NUM_CPU_DEVICES']='8'\n"

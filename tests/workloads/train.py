@@ -6,6 +6,8 @@ answered on stdout with `OK <json>`:
   alloc DEVICE NBYTES      keep a float32 array of NBYTES on device DEVICE alive
   shard NBYTES             keep an NBYTES array sharded evenly over all devices alive
   compile K                jit-compile K new functions (K backend compilations)
+  recompile                clear JAX's in-memory caches and call every compiled function again (with a
+                           persistent compilation cache configured, each is a cache hit)
   train N                  run N training steps, answer with the median step time
   exit
 With --train-forever the loop trains until killed and prints `STEP n` lines instead of reading stdin.
@@ -91,6 +93,7 @@ def main() -> None:
             time.sleep(0.002)
 
     compiled = 0
+    functions: list[object] = []
     for line in sys.stdin:
         cmd, *rest = line.split()
         if cmd == "alloc":
@@ -107,8 +110,14 @@ def main() -> None:
                 compiled += 1
                 # A fresh function object each time: a new jit cache entry, one backend compilation.
                 fn = jax.jit(lambda v, c=compiled: v * c + c)
+                functions.append(fn)
                 jax.block_until_ready(fn(kept[0] if kept else jnp.ones(4)))
             answer(compiled=compiled)
+        elif cmd == "recompile":
+            jax.clear_caches()
+            for fn in functions:
+                jax.block_until_ready(fn(kept[0] if kept else jnp.ones(4)))  # type: ignore[operator]
+            answer(recompiled=len(functions))
         elif cmd == "train":
             times = []
             for _ in range(int(rest[0])):
