@@ -21,6 +21,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
@@ -93,7 +94,7 @@ def main() -> None:
             time.sleep(0.002)
 
     compiled = 0
-    functions: list[object] = []
+    functions: list[Any] = []
     for line in sys.stdin:
         cmd, *rest = line.split()
         if cmd == "alloc":
@@ -116,7 +117,7 @@ def main() -> None:
         elif cmd == "recompile":
             jax.clear_caches()
             for fn in functions:
-                jax.block_until_ready(fn(kept[0] if kept else jnp.ones(4)))  # type: ignore[operator]
+                jax.block_until_ready(fn(kept[0] if kept else jnp.ones(4)))
             answer(recompiled=len(functions))
         elif cmd == "train":
             times = []
