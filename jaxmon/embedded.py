@@ -9,6 +9,7 @@ from typing import Any
 import structlog
 
 from jaxmon.faults import Faults
+from jaxmon.logsetup import ensure_library_logging
 from jaxmon.publisher import default_workload_name
 from jaxmon.settings import Settings, SettingsError, load_settings
 
@@ -108,6 +109,7 @@ def start(port: int | None = None, *, workload: str | None = None, **overrides: 
     Calling it again while one runs returns the running exporter.
     """
     global _running
+    ensure_library_logging()
     with _running_lock:
         if _running is not None:
             log.info("jaxmon already running in this process", url=_running.url)

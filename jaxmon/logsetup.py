@@ -59,6 +59,26 @@ def configure_logging(level: str = "info", fmt: LogFormat = "auto", stream: Any 
         logging.getLogger(name).propagate = True
 
 
+def ensure_library_logging() -> None:
+    """Inside a workload (jaxmon.start, jaxmon.publish): never print on our own.
+
+    If the application has not configured structlog, route jaxmon's events to stdlib logging ("jaxmon.*"
+    loggers), where the application's handlers, or Python's last-resort handler for warnings, take them.
+    """
+    if structlog.is_configured():
+        return
+    structlog.configure(
+        processors=[
+            structlog.stdlib.add_log_level,
+            structlog.processors.format_exc_info,
+            structlog.processors.KeyValueRenderer(key_order=["event"], drop_missing=True),
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+
+
 class RepeatFilter(logging.Filter):
     """Lets the same message template for the same job through at most once per `interval` seconds."""
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from jaxmon.logsetup import ErrorLog
+from jaxmon.logsetup import ErrorLog, ensure_library_logging
 from jaxmon.spool import SCHEMA, safe_name, write_atomically
 
 log = structlog.get_logger("jaxmon.publisher")
@@ -40,7 +40,7 @@ class Publisher:
         self.started = time.time()
         self.writes = 0
         self.failures = 0
-        self._errors = ErrorLog(log, interval)
+        self._errors = ErrorLog(log, max(interval, 60.0))  # a lasting failure: once a minute, not every write
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jaxmon-publisher", daemon=True)
         self._thread.start()
@@ -128,6 +128,7 @@ def publish(directory: str | os.PathLike[str], workload: str | None = None, inte
     Calling it again for the same directory returns the running publisher. Errors while writing (a missing,
     unwritable or full directory) are logged and retried every interval; they never reach the caller.
     """
+    ensure_library_logging()
     path = Path(directory).absolute()
     with _publishers_lock:
         running = _publishers.get(path)
