@@ -23,6 +23,7 @@ from jaxmon.model import (
     DeviceInfo,
     MemoryReading,
     ProbeKernel,
+    ProbeStatus,
     Snapshot,
 )
 from jaxmon.probe import DeviceProbe, ProbeConfig
@@ -112,6 +113,7 @@ class Runtime:
             spool_rejected=dict(spool.rejected) if spool else None,
         )
         self._last_poll_done: float | None = None
+        self._probe_last_success: float | None = None
         self.probes: dict[tuple[str, int], DeviceProbe] = {}
         if config.probe_enabled and source.runs_probes:
             calibration_lock = threading.Lock()
@@ -240,15 +242,8 @@ class Runtime:
     def _probe_changed(self) -> None:
         ran = [st for st in (p.status() for p in self.probes.values()) if st.up is not None]
         with self._lock:
-            if ran:
-                # The probe collector succeeds when every probed device answered its last probe; its duration
-                # is the device time of one round (the sum of the last probe latencies).
-                self._record_collector(
-                    self._snapshot,
-                    "probe",
-                    all(st.up for st in ran),
-                    sum(st.last_duration_seconds or 0.0 for st in ran),
-                )
+            if ran and all(st.up for st in ran):
+                self._probe_last_success = time.time()
             self._version += 1
 
     @staticmethod
@@ -277,6 +272,12 @@ class Runtime:
             snap.workloads = list(snap.workloads)
             snap.collectors = {k: copy.copy(v) for k, v in snap.collectors.items()}
         snap.probes = probes
+        # Derived from the very statuses rendered, so device_up and the collector never disagree.
+        with self._lock:
+            last_success = self._probe_last_success
+        probe_collector = _probe_collector(list(probes.values()), last_success)
+        if probe_collector is not None:
+            snap.collectors["probe"] = probe_collector
         return snap
 
     @property
@@ -297,3 +298,16 @@ class Runtime:
         if age > self.config.max_staleness:
             return False, f"last poll completed {age:.1f}s ago (limit {self.config.max_staleness:g}s)"
         return True, f"last poll completed {age:.1f}s ago"
+
+
+def _probe_collector(statuses: list[ProbeStatus], last_success: float | None) -> CollectorStatus | None:
+    """The probe collector succeeds when every probed device answered its last probe; its duration is the device
+    time of one round (the sum of the last probe latencies). None before any probe ran."""
+    ran = [st for st in statuses if st.up is not None]
+    if not ran:
+        return None
+    return CollectorStatus(
+        success=all(st.up for st in ran),
+        duration_seconds=sum(st.last_duration_seconds or 0.0 for st in ran),
+        last_success_timestamp=last_success,
+    )
