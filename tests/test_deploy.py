@@ -1,0 +1,601 @@
+"""The deployment files: alert rules (promtool), the generated PrometheusRule, the Grafana dashboard and its
+provisioning, Kubernetes manifests, docker compose and the Dockerfile. tests/test_prometheus.py runs the queries
+of the rules and the dashboard against a real Prometheus; this module checks everything that needs no server."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import FIXTURES, ROOT, StartDaemon, free_port, promtool
+
+DEPLOY = ROOT / "deploy"
+PROMETHEUS_DIR = DEPLOY / "prometheus"
+RULES = PROMETHEUS_DIR / "alerts.yml"
+RULE_TESTS = PROMETHEUS_DIR / "alerts_test.yml"
+PROMETHEUS_CONFIG = PROMETHEUS_DIR / "prometheus.yml"
+KUBERNETES = DEPLOY / "kubernetes"
+COMPOSE = DEPLOY / "docker-compose.yml"
+DASHBOARD = ROOT / "grafana" / "dashboards" / "jaxmon.json"
+PROVISIONING = ROOT / "grafana" / "provisioning"
+DOCKERFILE = ROOT / "Dockerfile"
+DOCS = ROOT / "docs" / "deploy.md"
+DEFAULT_PORT = 10401
+
+# The alerts issue 4 asks for, at least.
+REQUIRED_ALERTS = {
+    "JaxmonExporterDown",
+    "JaxmonExporterAbsent",
+    "JaxmonDeviceDown",
+    "JaxmonMemoryNearLimit",
+    "JaxmonMemoryPeakNearLimit",
+    "JaxmonMemoryFragmented",
+    "JaxmonLargestAllocatableLow",
+    "JaxmonAcceleratorIdle",
+    "JaxmonWorkloadStoppedReporting",
+    "JaxmonRecompilationStorm",
+    "JaxmonCollectorFailing",
+}
+
+# --------------------------------------------------------------------------------------------------------------
+# Helpers shared with tests/test_prometheus.py
+# --------------------------------------------------------------------------------------------------------------
+
+METRIC_TOKEN = re.compile(r"\bjaxmon_[a-z0-9_]+\b")
+
+
+def readme_metrics() -> dict[str, str]:
+    """The metrics reference of README.md (the names there are the truth): name -> type."""
+    out: dict[str, str] = {}
+    for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():
+        m = re.match(r"^\| `(jaxmon_[a-z0-9_]+)` \| ([a-z]+)", line)
+        if m:
+            out[m.group(1)] = m.group(2)
+    assert len(out) > 30, "the README metrics table was not found"
+    return out
+
+
+def load_yaml(path: Path) -> Any:
+    with path.open(encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    """Every alerting rule of deploy/prometheus/alerts.yml."""
+    return [rule for group in load_yaml(RULES)["groups"] for rule in group["rules"] if "alert" in rule]
+
+
+def dashboard() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    return data
+
+
+def dashboard_panels() -> list[dict[str, Any]]:
+    """Every panel that is not a row (rows nested in collapsed rows included)."""
+    out: list[dict[str, Any]] = []
+    for panel in dashboard()["panels"]:
+        if panel["type"] == "row":
+            out.extend(panel.get("panels", []))
+        else:
+            out.append(panel)
+    return out
+
+
+def dashboard_targets() -> list[tuple[str, str, str]]:
+    """(panel title, refId, expr) of every panel query."""
+    return [(p["title"], t["refId"], t["expr"]) for p in dashboard_panels() for t in p["targets"]]
+
+
+def dashboard_variables() -> list[dict[str, Any]]:
+    variables: list[dict[str, Any]] = dashboard()["templating"]["list"]
+    return variables
+
+
+def variable_query(variable: dict[str, Any]) -> str:
+    query = variable["query"]
+    return str(query["query"] if isinstance(query, dict) else query)
+
+
+def metric_tokens(text: str) -> set[str]:
+    return set(METRIC_TOKEN.findall(text))
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Alert rules
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_promtool_check_rules() -> None:
+    result = _run(promtool(), "check", "rules", str(RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(alert_rules())} rules found" in result.stdout
+
+
+def test_promtool_unit_tests_of_every_alert_pass() -> None:
+    result = _run(promtool(), "test", "rules", str(RULE_TESTS))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_every_alert_has_a_unit_test_that_fires_and_one_that_stays_quiet() -> None:
+    fires: set[str] = set()
+    quiet: set[str] = set()
+    for case in load_yaml(RULE_TESTS)["tests"]:
+        for check in case.get("alert_rule_test", []):
+            (fires if check.get("exp_alerts") else quiet).add(check["alertname"])
+    names = {r["alert"] for r in alert_rules()}
+    assert (fires | quiet) <= names, f"tests of unknown alerts: {(fires | quiet) - names}"
+    assert names - fires == set(), "alerts without a firing case"
+    assert names - quiet == set(), "alerts without a stay-quiet case (exp_alerts: [])"
+
+
+def test_alerts_have_severity_for_and_runbook_annotations() -> None:
+    rules = alert_rules()
+    names = [r["alert"] for r in rules]
+    assert len(names) == len(set(names)), "duplicate alert names"
+    assert set(names) >= REQUIRED_ALERTS, f"missing: {REQUIRED_ALERTS - set(names)}"
+    for rule in rules:
+        name = rule["alert"]
+        assert name.startswith("Jaxmon"), name
+        assert re.fullmatch(r"\d+[smh]", str(rule.get("for", ""))), f"{name}: no for: duration"
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
+        annotations = rule["annotations"]
+        for key in ("summary", "description", "runbook"):
+            assert len(annotations.get(key, "")) > 20, f"{name}: annotation {key} missing or too short"
+        assert set(annotations) == {"summary", "description", "runbook"}, name
+
+
+def test_promtool_check_config_on_the_shipped_prometheus_yml() -> None:
+    result = _run(promtool(), "check", "config", str(PROMETHEUS_CONFIG))
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = load_yaml(PROMETHEUS_CONFIG)
+    assert [Path(f).name for f in config["rule_files"]] == [RULES.name]
+    jobs = [job for job in config["scrape_configs"] if re.fullmatch(".*jaxmon.*", job["job_name"])]
+    assert jobs, "no scrape job the exporter alerts (job=~'.*jaxmon.*') would select"
+
+
+def test_metric_names_everywhere_are_the_readme_ones() -> None:
+    """A renamed or misspelt metric in a rule, a rule test, a panel or a variable fails here (and against a real
+    Prometheus in tests/test_prometheus.py)."""
+    known = set(readme_metrics())
+    sources = {
+        "alerts.yml": RULES.read_text(encoding="utf-8"),
+        "alerts_test.yml": RULE_TESTS.read_text(encoding="utf-8"),
+        "dashboard": json.dumps([t[2] for t in dashboard_targets()] + [variable_query(v) for v in _query_vars()]),
+    }
+    for source, text in sources.items():
+        unknown = metric_tokens(text) - known
+        assert not unknown, f"{source} uses metrics the README does not define: {sorted(unknown)}"
+
+
+def _query_vars() -> list[dict[str, Any]]:
+    return [v for v in dashboard_variables() if v["type"] == "query"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Generated files: PrometheusRule and dashboard
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_generated_files_are_up_to_date() -> None:
+    result = _run(sys.executable, str(DEPLOY / "generate.py"), "--check")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_prometheusrule_carries_exactly_the_rules_file() -> None:
+    manifest = load_yaml(KUBERNETES / "prometheusrule.yaml")
+    assert manifest["apiVersion"] == "monitoring.coreos.com/v1"
+    assert manifest["kind"] == "PrometheusRule"
+    assert manifest["spec"] == load_yaml(RULES)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Grafana
+# --------------------------------------------------------------------------------------------------------------
+
+# Units by metric: what a panel showing that metric (plainly, or aggregated) must be set to.
+RATE_UNITS = {"percentunit", "ops", "cpm", "short", "cps"}
+
+
+def expected_unit(expr: str) -> str | None:
+    """The unit a query's result must be shown in, when it follows from the metric names; None when free."""
+    names = metric_tokens(expr)
+    if not names:
+        return None
+    ranged = "rate(" in expr or "increase(" in expr
+    if ranged:
+        if all(n.endswith("_seconds_total") for n in names) and "rate(" in expr:
+            return "percentunit"  # seconds per second
+        return None
+    if "time() -" in expr and all(n.endswith("_timestamp_seconds") for n in names):
+        return "s"
+    gauges = {n for n in names if n != "jaxmon_device_info"}
+    if "/" in expr and gauges and all("bytes" in n for n in gauges):
+        return "percentunit"  # bytes / bytes
+    if "/" in expr or "count(" in expr or len(gauges) != 1:
+        return None
+    (name,) = gauges
+    if name.endswith("_ratio"):
+        return "percentunit"
+    if "bytes" in name:
+        return "bytes"
+    if name.endswith("_seconds"):
+        return "s"
+    return None
+
+
+def test_dashboard_is_provisionable_with_the_required_variables() -> None:
+    d = dashboard()
+    assert d["uid"] == "jaxmon" and d["title"]
+    assert "__inputs" not in d, "an import-style dashboard (with __inputs) cannot be provisioned from a file"
+    assert isinstance(d["schemaVersion"], int) and d["schemaVersion"] >= 36
+    variables = {v["name"]: v for v in dashboard_variables()}
+    assert list(variables) == ["datasource", "job", "instance", "platform", "device", "workload"]
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    for name in ("job", "instance", "platform", "device", "workload"):
+        v = variables[name]
+        assert v["type"] == "query" and v["datasource"]["uid"] == "${datasource}", name
+        assert v["includeAll"] and v["multi"], name
+        assert variable_query(v).startswith("label_values("), name
+    # "All" workloads must also match series without a workload label (a sidecar's own devices).
+    assert variables["workload"]["allValue"] == ".*"
+
+
+def test_every_panel_has_a_datasource_variable_queries_and_a_unit() -> None:
+    panels = dashboard_panels()
+    ids = [p["id"] for p in dashboard()["panels"]] + [
+        n["id"] for p in dashboard()["panels"] for n in p.get("panels", [])
+    ]
+    assert len(ids) == len(set(ids)), "duplicate panel ids"
+    occupied: set[tuple[int, int]] = set()
+    for p in dashboard()["panels"]:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
+        cells = {(g["x"] + dx, g["y"] + dy) for dx in range(g["w"]) for dy in range(g["h"])}
+        assert not cells & occupied, f"{p['title']} overlaps another panel"
+        occupied |= cells
+    for p in panels:
+        title = p["title"]
+        assert p["datasource"]["uid"] == "${datasource}", title
+        assert p["targets"], title
+        unit = p["fieldConfig"]["defaults"].get("unit")
+        assert unit, f"{title}: no unit"
+        for t in p["targets"]:
+            assert t["datasource"]["uid"] == "${datasource}", title
+            assert t["expr"].strip(), title
+            want = expected_unit(t["expr"])
+            assert want is None or unit == want, f"{title}: unit {unit!r}, but {t['expr']!r} is in {want!r}"
+            if "rate(" in t["expr"] or "increase(" in t["expr"]:
+                assert "$__rate_interval" in t["expr"], f"{title}: use $__rate_interval in rate windows"
+                assert unit in RATE_UNITS, f"{title}: unit {unit!r} for a rate"
+
+
+def test_every_readme_metric_family_has_a_panel() -> None:
+    used = set().union(*(metric_tokens(t[2]) for t in dashboard_targets()))
+    missing = set(readme_metrics()) - used
+    assert not missing, f"metric families without a panel: {sorted(missing)}"
+
+
+def test_dashboard_panels_filter_by_the_variables() -> None:
+    for title, ref, expr in dashboard_targets():
+        for name in metric_tokens(expr):
+            for selector in re.findall(rf"\b{name}(\{{[^}}]*\}})?", expr):
+                assert 'job=~"$job"' in selector and 'instance=~"$instance"' in selector, (title, ref, name)
+
+
+def test_grafana_provisioning_files() -> None:
+    datasources = load_yaml(PROVISIONING / "datasources" / "prometheus.yml")
+    assert datasources["apiVersion"] == 1
+    (ds,) = datasources["datasources"]
+    assert ds["type"] == "prometheus" and ds["url"].startswith("http")
+    providers = load_yaml(PROVISIONING / "dashboards" / "jaxmon.yml")
+    assert providers["apiVersion"] == 1
+    (provider,) = providers["providers"]
+    assert provider["type"] == "file"
+    # The compose stack mounts grafana/dashboards where the provider looks.
+    grafana = load_yaml(COMPOSE)["services"]["grafana"]
+    mounts = _binds(grafana)
+    assert mounts[provider["options"]["path"]] == DASHBOARD.parent.resolve()
+    assert mounts["/etc/grafana/provisioning"] == PROVISIONING.resolve()
+    assert ds["url"].split("//")[1].split(":")[0] in load_yaml(COMPOSE)["services"]
+    home = Path(grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"])
+    assert mounts[str(home.parent)] / home.name == DASHBOARD.resolve()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Kubernetes
+# --------------------------------------------------------------------------------------------------------------
+
+
+def k8s_documents() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in sorted(KUBERNETES.glob("*.yaml")):
+        with path.open(encoding="utf-8") as fh:
+            docs.extend(d for d in yaml.safe_load_all(fh) if d is not None)
+    return docs
+
+
+def pod_specs(doc: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(pod labels, pod spec) of every pod template in a workload manifest."""
+    if doc["kind"] == "Job":
+        template = doc["spec"]["template"]
+        yield template["metadata"]["labels"], template["spec"]
+    elif doc["kind"] == "JobSet":
+        for rj in doc["spec"]["replicatedJobs"]:
+            template = rj["template"]["spec"]["template"]
+            yield template["metadata"]["labels"], template["spec"]
+
+
+def test_kubernetes_manifests_parse_and_have_the_expected_kinds() -> None:
+    docs = k8s_documents()
+    kinds = {(d["apiVersion"], d["kind"]) for d in docs}
+    assert kinds == {
+        ("batch/v1", "Job"),
+        ("jobset.x-k8s.io/v1alpha2", "JobSet"),
+        ("monitoring.coreos.com/v1", "PodMonitor"),
+        ("monitoring.coreos.com/v1", "PrometheusRule"),
+    }
+    for d in docs:
+        assert d["metadata"]["name"], d["kind"]
+
+
+def _probe_port(container: dict[str, Any], probe: str) -> int:
+    port = container[probe]["httpGet"]["port"]
+    if isinstance(port, int):
+        return port
+    (number,) = [p["containerPort"] for p in container["ports"] if p.get("name") == port]
+    return int(number)
+
+
+def test_training_pods_run_the_sidecar_with_probes_and_a_shared_spool() -> None:
+    docs = k8s_documents()
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    endpoint_ports = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    pods = [pod for d in docs for pod in pod_specs(d)]
+    assert len(pods) == 2
+    for labels, spec in pods:
+        # The PodMonitor selects these pods and scrapes the sidecar's metrics port.
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        containers = spec.get("initContainers", []) + spec["containers"]
+        (jaxmon,) = [c for c in containers if c["name"] == "jaxmon"]
+        (trainer,) = [c for c in containers if c["name"] == "trainer"]
+        ports = {p["name"]: p["containerPort"] for p in jaxmon["ports"]}
+        assert ports["metrics"] == DEFAULT_PORT and "metrics" in endpoint_ports
+        # A native sidecar: it must not keep the Job from completing.
+        assert jaxmon in spec.get("initContainers", []) and jaxmon["restartPolicy"] == "Always"
+        assert jaxmon["args"][0] == "serve"
+        assert jaxmon["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert jaxmon["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert jaxmon["startupProbe"]["httpGet"]["path"] == "/readyz"
+        for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+            assert _probe_port(jaxmon, probe) == DEFAULT_PORT, probe
+        assert jaxmon["securityContext"]["runAsNonRoot"] is True
+        assert jaxmon["securityContext"]["runAsUser"] != 0
+        # The spool: an emptyDir mounted by both, at the directory the sidecar reads (read-only there).
+        spool_dir = jaxmon["args"][jaxmon["args"].index("--spool.dir") + 1]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        (sidecar_mount,) = [m for m in jaxmon["volumeMounts"] if m["mountPath"] == spool_dir]
+        (trainer_mount,) = [m for m in trainer["volumeMounts"] if m["mountPath"] == spool_dir]
+        assert sidecar_mount["name"] == trainer_mount["name"]
+        assert "emptyDir" in volumes[sidecar_mount["name"]]
+        assert sidecar_mount.get("readOnly") is True and not trainer_mount.get("readOnly", False)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# docker compose
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _bind(volume: str | dict[str, Any]) -> tuple[str, Path] | None:
+    """(target, resolved host path) of a bind mount written in compose's short syntax; None for a named volume."""
+    if isinstance(volume, dict):
+        if volume.get("type") != "bind":
+            return None
+        return volume["target"], (COMPOSE.parent / volume["source"]).resolve()
+    source, target = volume.split(":")[:2]
+    if not source.startswith((".", "/")):
+        return None
+    return target, (COMPOSE.parent / source).resolve()
+
+
+def _binds(service: dict[str, Any]) -> dict[str, Path]:
+    """Container path -> host path of a service's bind mounts."""
+    return dict(b for b in (_bind(v) for v in service.get("volumes", [])) if b is not None)
+
+
+def test_compose_services_mount_files_that_exist() -> None:
+    compose = load_yaml(COMPOSE)
+    services = compose["services"]
+    assert {"jaxmon", "prometheus", "grafana"} <= set(services)
+    named_volumes = set(compose.get("volumes") or {})
+    for name, service in services.items():
+        build = service.get("build")
+        if build is not None:
+            context = (COMPOSE.parent / build["context"]).resolve()
+            assert (context / build.get("dockerfile", "Dockerfile")).is_file(), name
+            assert set(build.get("args", {})) <= _dockerfile_args(), name
+        for volume in service.get("volumes", []):
+            bind = _bind(volume)
+            if bind is None:
+                volume_name = volume.split(":")[0] if isinstance(volume, str) else volume["source"]
+                assert volume_name in named_volumes, f"{name}: volume {volume_name} is not declared"
+            else:
+                assert bind[1].exists(), f"{name}: {volume} mounts a path that does not exist"
+    # jaxmon serves the replay demo by default, from a file that is mounted where the command reads it.
+    command = services["jaxmon"]["command"]
+    replay_path = command[command.index("--replay") + 1]
+    mounts = _binds(services["jaxmon"])
+    assert mounts[replay_path] == (DEPLOY / "demo" / "replay.json").resolve()
+    # Prometheus runs with the shipped config and rules, and scrapes the compose jaxmon services.
+    prometheus = services["prometheus"]
+    config_flag = next(a for a in prometheus["command"] if a.startswith("--config.file="))
+    config_path = config_flag.split("=", 1)[1]
+    mounts = _binds(prometheus)
+    (directory,) = [t for t in mounts if config_path.startswith(t + "/")]
+    assert mounts[directory] / Path(config_path).relative_to(directory) == PROMETHEUS_CONFIG.resolve()
+    targets = [
+        t for job in load_yaml(PROMETHEUS_CONFIG)["scrape_configs"] for c in job["static_configs"] for t in c["targets"]
+    ]
+    for target in targets:
+        host, port = target.split(":")
+        assert host in services and port == str(DEFAULT_PORT), target
+    # The spool is a named volume shared by the trainer (read-write) and the sidecar (read-only).
+    sidecar_spool = [v for v in services["jaxmon-sidecar"]["volumes"] if v.startswith("spool:")]
+    trainer_spool = [v for v in services["trainer"]["volumes"] if v.startswith("spool:")]
+    assert sidecar_spool == ["spool:/var/run/jaxmon:ro"] and trainer_spool == ["spool:/var/run/jaxmon"]
+
+
+def test_demo_replay_file_loads() -> None:
+    from jaxmon.replay import ReplaySource
+
+    devices, backends = ReplaySource(DEPLOY / "demo" / "replay.json").discover()
+    assert len(devices) == 8 and all(b.up for b in backends)
+
+
+def test_demo_trainer_trains_and_publishes(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(DEPLOY / "demo" / "trainer.py"),
+            "--spool",
+            str(spool),
+            "--steps",
+            "5",
+            "--interval",
+            "0.1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "done: 5 steps" in result.stdout
+    assert spool.is_dir() and "spool write failed" not in result.stderr
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Dockerfile
+# --------------------------------------------------------------------------------------------------------------
+
+
+def dockerfile_stages() -> list[list[tuple[str, str]]]:
+    """The Dockerfile's instructions, (INSTRUCTION, arguments), continuation lines joined, split into stages."""
+    logical: list[str] = []
+    pending = ""
+    for raw in DOCKERFILE.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    stages: list[list[tuple[str, str]]] = [[]]
+    for line in logical:
+        instruction, _, args = line.partition(" ")
+        if instruction.upper() == "FROM":
+            stages.append([])
+        stages[-1].append((instruction.upper(), args.strip()))
+    return stages
+
+
+def _dockerfile_args() -> set[str]:
+    return {args.split("=")[0] for stage in dockerfile_stages() for ins, args in stage if ins == "ARG"}
+
+
+def _final(instruction: str) -> list[str]:
+    return [args for ins, args in dockerfile_stages()[-1] if ins == instruction]
+
+
+def test_dockerfile_is_non_root_serves_on_10401_and_defaults_to_jaxmon_serve() -> None:
+    (user,) = _final("USER")
+    assert user.split(":")[0] not in {"root", "0"}
+    assert str(DEFAULT_PORT) in _final("EXPOSE")[0].split()
+    (entrypoint,) = _final("ENTRYPOINT")
+    (cmd,) = _final("CMD")
+    assert json.loads(entrypoint) + json.loads(cmd) == ["jaxmon", "serve"]
+    froms = [args for stage in dockerfile_stages() for ins, args in stage if ins == "FROM"]
+    assert all("slim" in f for f in froms), "use a slim base image"
+
+
+def test_dockerfile_copies_only_what_dockerignore_lets_through() -> None:
+    allowed = [
+        line[1:].rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+        if line.startswith("!")
+    ]
+    rules = [
+        line for line in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines() if not line.startswith("#")
+    ]
+    assert rules[0] == "*", ".dockerignore should exclude everything, then allow what the build needs"
+    copies = [args for stage in dockerfile_stages() for ins, args in stage if ins == "COPY" and "--from" not in args]
+    for args in copies:
+        *sources, _dest = args.split()
+        for source in sources:
+            assert (ROOT / source).exists(), source
+            assert source.rstrip("/") in allowed, f"{source} is excluded by .dockerignore"
+
+
+def test_dockerfile_flavour_maps_to_the_pyproject_extras() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    assert {"cuda", "tpu"} <= set(extras)
+    (flavour,) = [args for ins, args in dockerfile_stages()[1] if ins == "ARG" and args.startswith("FLAVOUR")]
+    assert flavour == "FLAVOUR=cpu"
+    (run,) = [args for ins, args in dockerfile_stages()[1] if ins == "RUN" and "FLAVOUR" in args]
+    case = run[run.index("case") : run.index("esac") + len("esac")]
+    # Run the Dockerfile's own mapping under sh for each flavour.
+    for value, expected in (("cpu", ""), ("cuda", "[cuda]"), ("tpu", "[tpu]")):
+        result = _run("sh", "-c", f"FLAVOUR={value}; {case}; printf '%s' \"$extra\"")
+        assert result.returncode == 0 and result.stdout == expected, (value, result)
+    result = _run("sh", "-c", f"FLAVOUR=rocm; {case}")
+    assert result.returncode == 2 and "FLAVOUR must be" in result.stderr
+    assert 'pip install ".${extra}"' in run
+
+
+def test_dockerfile_healthcheck_command_follows_healthz(start_daemon: StartDaemon) -> None:
+    (healthcheck,) = _final("HEALTHCHECK")
+    assert "--start-period=" in healthcheck and "--interval=" in healthcheck
+    exec_form = json.loads(healthcheck[healthcheck.index("CMD") + len("CMD") :].strip())
+    assert exec_form[0] == "python" and f"127.0.0.1:{DEFAULT_PORT}/healthz" in exec_form[-1]
+    d = start_daemon("--replay", str(FIXTURES / "shapes.json"), "--no-collector.probe")
+    # The image's command, with the port of this test's daemon.
+    command = [sys.executable, *exec_form[1:-1], exec_form[-1].replace(str(DEFAULT_PORT), str(d.port))]
+    assert subprocess.run(command, capture_output=True, timeout=30).returncode == 0
+    closed = [sys.executable, *exec_form[1:-1], exec_form[-1].replace(str(DEFAULT_PORT), str(free_port()))]
+    assert subprocess.run(closed, capture_output=True, timeout=30).returncode != 0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Docs
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_deploy_guide_lists_every_alert_and_panel() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    for rule in alert_rules():
+        assert f"`{rule['alert']}`" in text, rule["alert"]
+    for panel in dashboard_panels():
+        assert panel["title"] in text, panel["title"]
+
+
+@pytest.mark.parametrize("path", ["deploy/docker-compose.yml", "Dockerfile", "deploy/kubernetes/training-job.yaml"])
+def test_deploy_guide_links_the_files(path: str) -> None:
+    assert path in DOCS.read_text(encoding="utf-8")

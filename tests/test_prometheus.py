@@ -1,0 +1,417 @@
+"""A real Prometheus scraping real jaxmon daemons evaluates every dashboard query, every dashboard variable and every
+alert expression through its HTTP API: each must parse, and each that should have data must return series.
+
+The scraped setup (one module fixture, all processes killed at teardown):
+- jaxmon-replay: tests/fixtures/shapes.json (every allocator shape, a failing device, a full device) and the compose
+  demo's deploy/demo/replay.json (a fragmented, nearly full GPU);
+- jaxmon-cpu: the 8 JAX CPU devices with the probe every second; cpu:3's probe is then made to hang (faults file);
+- jaxmon-spool: a sidecar reading a spool fed by two `publish` children of tests/workloads/train.py, with the TPU
+  backend requested so that it fails; then one child compiles 40 programs, the other is killed, and a broken
+  file is dropped into the spool;
+- jaxmon-gone: a target nobody listens on.
+So almost every alert fires for a known reason, and the rest are listed with why they stay quiet here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+
+from tests.conftest import FIXTURES, ROOT, Daemon, free_port
+from tests.test_deploy import (
+    RULES,
+    alert_rules,
+    dashboard_targets,
+    dashboard_variables,
+    readme_metrics,
+    variable_query,
+)
+from tests.test_workloads import Child
+
+SCRAPE_INTERVAL = 1.0
+# $__rate_interval as Grafana computes it for a 1s scrape interval is 4s; 10s leaves room for a missed scrape.
+RATE_INTERVAL = "10s"
+
+# Alerts whose expression legitimately returns nothing in this setup (asserted empty), and why.
+QUIET_ALERTS = {
+    # jaxmon targets exist (four up, one down).
+    "JaxmonExporterAbsent",
+    # It watches accelerators (platform!="cpu") on a jaxmon where a workload reports: here only CPU devices are
+    # probed, and the probing daemon has no workload (the spool sidecar runs without the probe).
+    "JaxmonAcceleratorIdle",
+}
+
+# Identifying labels of what each other alert's expression must return, and why.
+FIRING: dict[str, list[dict[str, str]]] = {
+    "JaxmonExporterDown": [{"job": "jaxmon-gone"}],  # nobody listens there
+    "JaxmonCollectorFailing": [
+        {"job": "jaxmon-replay", "instance": "shapes", "collector": "memory"},  # gpu:6 raises
+        {"job": "jaxmon-cpu", "collector": "probe"},  # cpu:3 hangs
+    ],
+    "JaxmonBackendDown": [{"job": "jaxmon-spool", "backend": "tpu"}],  # JAX_PLATFORMS=cpu,tpu without libtpu
+    "JaxmonSpoolFilesRejected": [{"job": "jaxmon-spool", "reason": "bad_json"}],  # the file the test drops
+    "JaxmonDeviceDown": [{"job": "jaxmon-cpu", "platform": "cpu", "device": "3"}],  # its probe hangs
+    "JaxmonDeviceMemoryUnreadable": [{"instance": "shapes", "platform": "gpu", "device": "6"}],  # device lost
+    "JaxmonMemoryNearLimit": [
+        {"instance": "shapes", "platform": "gpu", "device": "7"},  # bytes_in_use == bytes_limit
+        {"instance": "demo", "platform": "gpu", "device": "7"},  # 58 of 60 GiB
+    ],
+    "JaxmonMemoryPeakNearLimit": [
+        {"instance": "shapes", "platform": "gpu", "device": "7"},
+        {"instance": "demo", "platform": "gpu", "device": "7"},  # peak 59.5 of 60 GiB
+    ],
+    "JaxmonMemoryFragmented": [{"instance": "demo", "platform": "gpu", "device": "4"}],  # 0.75, 13 % free
+    "JaxmonLargestAllocatableLow": [
+        {"instance": "shapes", "platform": "gpu", "device": "7"},  # nothing allocatable
+        {"instance": "demo", "platform": "gpu", "device": "4"},  # 2 GiB
+        {"instance": "demo", "platform": "gpu", "device": "7"},  # 1.5 GiB
+    ],
+    "JaxmonWorkloadStoppedReporting": [{"job": "jaxmon-spool", "workload": "ephemeral"}],  # killed
+    "JaxmonRecompilationStorm": [{"job": "jaxmon-spool", "workload": "trainer"}],  # 40 compilations
+}
+
+# Dashboard queries that legitimately return nothing here (with All selected), and why: none. Every panel has data.
+EMPTY_PANEL_QUERIES: set[tuple[str, str]] = set()
+
+# Vector selectors (of dashboard or alert queries) that legitimately match no series here, and why.
+EMPTY_SELECTORS = {
+    # Accelerators only: this machine's probed devices are all CPU devices.
+    'jaxmon_device_utilization_ratio{platform!="cpu"}',
+}
+
+SELECTOR = re.compile(r'\b((?:jaxmon_[a-z0-9_]+|up|scrape_duration_seconds)(?:\{(?:[^}"]|"(?:[^"\\]|\\.)*")*\})?)')
+
+
+class Prometheus:
+    """The Debian `prometheus` binary on loopback with a temporary data directory."""
+
+    def __init__(self, tmp: Path, config: dict[str, Any]) -> None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise AssertionError("prometheus not found: install the Debian package 'prometheus' (tests/run.sh does)")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config_path = tmp / "prometheus.yml"
+        config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        self.log_path = tmp / "prometheus.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config_path}",
+                f"--storage.tsdb.path={tmp / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1h",
+                "--query.max-concurrency=4",
+                "--log.level=warn",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp,
+        )
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"prometheus exited:\n{self.log()}"
+            try:
+                if requests.get(self.url + "/-/ready", timeout=2).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"prometheus not ready within {timeout}s:\n{self.log()}")
+
+    def api(self, path: str, **params: Any) -> Any:
+        r = requests.get(self.url + "/api/v1/" + path, params=params, timeout=20)
+        body = r.json()
+        assert body.get("status") == "success", f"{path} {params}: {body.get('errorType')}: {body.get('error')}"
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query; fails on a parse or evaluation error."""
+        data = self.api("query", query=expr)
+        if data["resultType"] == "scalar":
+            return [{"metric": {}, "value": data["result"]}]
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def wait_for(
+        self, expr: str, predicate: Callable[[list[dict[str, Any]]], bool], what: str, timeout: float = 60.0
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        result: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            result = self.query(expr)
+            if predicate(result):
+                return
+            time.sleep(0.25)
+        raise AssertionError(f"{what}: {expr} gave {result} after {timeout}s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@dataclass
+class Stack:
+    prometheus: Prometheus
+    instances: dict[str, str]  # short name -> instance label (host:port)
+
+    def named(self, labels: dict[str, str]) -> dict[str, str]:
+        """Labels with the instance written by its short name (shapes, demo, cpu, spool, gone)."""
+        by_address = {v: k for k, v in self.instances.items()}
+        return {k: by_address.get(v, v) if k == "instance" else v for k, v in labels.items()}
+
+
+def _value(result: list[dict[str, Any]]) -> float:
+    return float(result[0]["value"][1]) if result else float("nan")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("prometheus")
+    spool = tmp / "spool"
+    faults = tmp / "faults.json"
+    daemons: list[Daemon] = []
+    children: list[Child] = []
+    prometheus: Prometheus | None = None
+    try:
+        shapes = Daemon(tmp, ["--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s"])
+        daemons.append(shapes)
+        demo = Daemon(tmp, ["--replay", str(ROOT / "deploy" / "demo" / "replay.json"), "--poll.interval", "1s"])
+        daemons.append(demo)
+        cpu_args = ["--probe.interval", "1s", "--probe.size", "64", "--probe.timeout", "2s", "--poll.interval", "1s"]
+        cpu = Daemon(tmp, cpu_args, env={"JAXMON_FAULTS_FILE": str(faults)})
+        daemons.append(cpu)
+        spool_args = ["--no-collector.probe", "--spool.dir", str(spool), "--spool.ttl", "3s", "--poll.interval", "0.5s"]
+        sidecar = Daemon(tmp, spool_args, env={"JAX_PLATFORMS": "cpu,tpu"})
+        daemons.append(sidecar)
+        # The children finish their start-up compilations before Prometheus sees them, so that the only
+        # compilations it watches are the ones this test asks for.
+        for name in ("trainer", "ephemeral"):
+            child = Child(tmp, "publish", "--spool", str(spool), "--workload", name, "--interval", "0.3")
+            children.append(child)
+            child.send("train 2")
+        trainer, ephemeral = children
+        for d in daemons:
+            d.wait_ready()
+        instances = {
+            "shapes": f"127.0.0.1:{shapes.port}",
+            "demo": f"127.0.0.1:{demo.port}",
+            "cpu": f"127.0.0.1:{cpu.port}",
+            "spool": f"127.0.0.1:{sidecar.port}",
+            "gone": f"127.0.0.1:{free_port()}",
+        }
+        config = {
+            "global": {
+                "scrape_interval": f"{SCRAPE_INTERVAL:g}s",
+                "scrape_timeout": f"{SCRAPE_INTERVAL:g}s",
+                "evaluation_interval": "1s",
+            },
+            "rule_files": [str(RULES)],
+            "scrape_configs": [
+                {
+                    "job_name": "jaxmon-replay",
+                    "static_configs": [{"targets": [instances["shapes"], instances["demo"]]}],
+                },
+                {"job_name": "jaxmon-cpu", "static_configs": [{"targets": [instances["cpu"]]}]},
+                {"job_name": "jaxmon-spool", "static_configs": [{"targets": [instances["spool"]]}]},
+                {"job_name": "jaxmon-gone", "static_configs": [{"targets": [instances["gone"]]}]},
+            ],
+        }
+        prometheus = Prometheus(tmp, config)
+        prometheus.wait_ready()
+        started = time.monotonic()
+        p = prometheus
+        p.wait_for("sum(up)", lambda r: _value(r) == 4, "four targets up")
+        p.wait_for("count(up == 0)", lambda r: _value(r) == 1, "the dead target down")
+        p.wait_for(
+            'count(jaxmon_probe_duration_seconds{job="jaxmon-cpu"})', lambda r: _value(r) == 8, "probes on 8 devices"
+        )
+        p.wait_for(
+            'count(jaxmon_workload_last_report_timestamp_seconds{job="jaxmon-spool"})',
+            lambda r: _value(r) == 2,
+            "both workloads",
+        )
+        p.wait_for('jaxmon_spool_rejected_files_total{reason="bad_json"}', lambda r: len(r) == 1, "rejection counter")
+        compiled = p.query('jaxmon_jit_compilations_total{workload="trainer"}')
+        assert compiled, "no compile counter"
+        before = _value(compiled)
+
+        # Now the events the alerts are about.
+        faults.write_text(json.dumps({"probe_delay_seconds": {"cpu:3": 600}}))
+        assert trainer.send("compile 40") == {"compiled": 40}
+        (spool / "broken.json").write_text('{"schema": "jaxmon.spool/1", "devices": [')
+        ephemeral.close()
+        p.wait_for('jaxmon_device_up{job="jaxmon-cpu", device="3"}', lambda r: _value(r) == 0, "cpu:3 down")
+        p.wait_for(
+            'jaxmon_jit_compilations_total{workload="trainer"}', lambda r: _value(r) >= before + 40, "40 compilations"
+        )
+        p.wait_for('jaxmon_spool_rejected_files_total{reason="bad_json"}', lambda r: _value(r) >= 1, "a rejection")
+        p.wait_for(
+            'jaxmon_workload_last_report_timestamp_seconds{workload="ephemeral"}', lambda r: not r, "ephemeral gone"
+        )
+        # Every series has been scraped for a full rate() window.
+        time.sleep(max(0.0, started + float(RATE_INTERVAL[:-1]) - time.monotonic()))
+        yield Stack(prometheus, instances)
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        for c in children:
+            c.close()
+        for d in daemons:
+            d.stop(signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Dashboard variables, emulating Grafana: "All" is the variable's allValue, or else the alternation of its values.
+# --------------------------------------------------------------------------------------------------------------
+
+
+def grafana_regex_escape(value: str) -> str:
+    """Grafana's escaping of a value inside a PromQL regex string (the backslash doubled for the string)."""
+    return re.sub(r"[$^*{}\[\]'+?.()|\\]", lambda m: "\\\\" + m.group(0), value)
+
+
+def substitute(expr: str, values: dict[str, str]) -> str:
+    out = expr.replace("${__rate_interval}", RATE_INTERVAL).replace("$__rate_interval", RATE_INTERVAL)
+    for name in sorted(values, key=len, reverse=True):
+        out = out.replace("${" + name + "}", values[name]).replace("$" + name, values[name])
+    assert "$" not in out, f"unsubstituted variable in {out}"
+    return out
+
+
+def label_values(p: Prometheus, query: str) -> list[str]:
+    """What Grafana asks Prometheus for `label_values(selector, label)`: the label's values over the time range."""
+    m = re.fullmatch(r"label_values\((.*),\s*([a-zA-Z_][a-zA-Z0-9_]*)\)", query.strip())
+    assert m, f"not a label_values() query: {query}"
+    now = time.time()
+    values: list[str] = p.api(f"label/{m.group(2)}/values", **{"match[]": m.group(1), "start": now - 3600, "end": now})
+    return values
+
+
+def resolve_variables(p: Prometheus) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Every query variable with "All" selected, in dashboard order (later ones use earlier ones)."""
+    selected: dict[str, str] = {}
+    listed: dict[str, list[str]] = {}
+    for v in dashboard_variables():
+        if v["type"] != "query":
+            continue
+        values = label_values(p, substitute(variable_query(v), selected))
+        listed[v["name"]] = values
+        if "allValue" in v:
+            selected[v["name"]] = v["allValue"]
+        else:
+            assert values, f"variable {v['name']} lists nothing"
+            selected[v["name"]] = "(" + "|".join(grafana_regex_escape(x) for x in values) + ")"
+    return selected, listed
+
+
+def test_dashboard_variables_list_what_is_scraped(stack: Stack) -> None:
+    _, listed = resolve_variables(stack.prometheus)
+    assert set(listed["job"]) == {"jaxmon-replay", "jaxmon-cpu", "jaxmon-spool"}
+    assert set(listed["instance"]) == {stack.instances[k] for k in ("shapes", "demo", "cpu", "spool")}
+    assert set(listed["platform"]) == {"gpu", "tpu", "cpu"}
+    assert set(listed["device"]) == {str(i) for i in range(9)}
+    assert {"trainer", "ephemeral"} <= set(listed["workload"])
+
+
+def test_every_dashboard_query_parses_and_returns_series(stack: Stack) -> None:
+    values, _ = resolve_variables(stack.prometheus)
+    empty = []
+    for title, ref, expr in dashboard_targets():
+        result = stack.prometheus.query(substitute(expr, values))
+        if not result:
+            empty.append((title, ref))
+    assert set(empty) == EMPTY_PANEL_QUERIES, f"panel queries without data: {empty}"
+
+
+def test_dashboard_queries_parse_with_one_value_of_each_variable(stack: Stack) -> None:
+    """A concrete selection (the first value of every variable) must still be valid PromQL everywhere."""
+    p = stack.prometheus
+    selected: dict[str, str] = {}
+    for v in dashboard_variables():
+        if v["type"] == "query":
+            values = label_values(p, substitute(variable_query(v), selected)) or [""]
+            selected[v["name"]] = grafana_regex_escape(values[0])
+    for _title, _ref, expr in dashboard_targets():
+        p.query(substitute(expr, selected))
+
+
+def test_every_alert_expression_returns_what_it_should(stack: Stack) -> None:
+    names = {rule["alert"] for rule in alert_rules()}
+    assert names == set(FIRING) | QUIET_ALERTS, "every alert must be listed as firing or quiet here"
+    for rule in alert_rules():
+        result = stack.prometheus.query(rule["expr"])
+        name = rule["alert"]
+        if name in QUIET_ALERTS:
+            assert result == [], f"{name} should stay quiet here: {result}"
+            continue
+        got = [stack.named(r["metric"]) for r in result]
+        for want in FIRING[name]:
+            assert [g for g in got if want.items() <= g.items()], f"{name}: no series with {want} in {got}"
+        for g in got:
+            assert any(w.items() <= g.items() for w in FIRING[name]), f"{name}: unexpected series {g}"
+
+
+def test_prometheus_loaded_the_rules_and_evaluates_them_without_error(stack: Stack) -> None:
+    p = stack.prometheus
+    loaded = {}
+    for group in p.api("rules")["groups"]:
+        for rule in group["rules"]:
+            loaded[rule["name"]] = rule
+    assert set(loaded) == {r["alert"] for r in alert_rules()}
+    for name, rule in loaded.items():
+        assert rule["health"] == "ok", f"{name}: {rule.get('lastError')}"
+    # Alerts become pending (all have a for: duration) within an evaluation or two.
+    deadline = time.monotonic() + 10
+    while True:
+        active = {a["labels"]["alertname"] for a in p.api("alerts")["alerts"] if a["state"] in ("pending", "firing")}
+        if active == set(FIRING) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert active == set(FIRING)
+
+
+def test_every_selector_matches_series(stack: Stack) -> None:
+    """Each metric selector of every dashboard query and alert must match series: a renamed metric or a misspelt
+    label matcher that would leave a quiet alert forever quiet fails here."""
+    values, _ = resolve_variables(stack.prometheus)
+    exprs = [substitute(e, values) for _, _, e in dashboard_targets()] + [r["expr"] for r in alert_rules()]
+    selectors = {m for e in exprs for m in SELECTOR.findall(e)}
+    now = time.time()
+    unmatched = set()
+    for selector in sorted(selectors):
+        series = stack.prometheus.api("series", **{"match[]": selector, "start": now - 600, "end": now})
+        if not series:
+            unmatched.add(selector)
+    assert unmatched == EMPTY_SELECTORS
+
+
+def test_every_readme_metric_family_reaches_prometheus(stack: Stack) -> None:
+    names = set(stack.prometheus.api("label/__name__/values"))
+    missing = set(readme_metrics()) - names
+    assert not missing, f"families the setup does not produce (so their panels are untested): {sorted(missing)}"
