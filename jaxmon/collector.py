@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import cast
 
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from jaxmon.memory import MemoryNumbers
 from jaxmon.model import DeviceInfo, MemoryReading, ProbeStatus, Snapshot
@@ -196,8 +201,12 @@ def _family(name: str, help_text: str, counter: bool) -> Metric:
     return Metric(name, help_text, "counter" if counter else "gauge")
 
 
+def _sample_name(family: Metric) -> str:
+    return family.name + ("_total" if family.type == "counter" else "")
+
+
 def _add(family: Metric, labels: dict[str, str], value: float) -> None:
-    family.add_sample(family.name + ("_total" if family.type == "counter" else ""), labels, value)
+    family.samples.append(Sample(_sample_name(family), labels, value))
 
 
 def render_families(snap: Snapshot) -> Iterator[Metric]:
@@ -261,6 +270,8 @@ def _memory_families(rows: list[DeviceRow]) -> Iterator[Metric]:
         counter=False,
     )
     families = {m.name: _family(m.name, m.help, m.counter) for m in MEMORY_METRICS}
+    # The hot loop (every number of every device): bind each family's sample list and sample name once.
+    targets = [(m.field, families[m.name].samples.append, _sample_name(families[m.name])) for m in MEMORY_METRICS]
     for r in rows:
         if r.read_errors is not None:
             _add(read_errors, r.labels, float(r.read_errors))
@@ -273,10 +284,10 @@ def _memory_families(rows: list[DeviceRow]) -> Iterator[Metric]:
         if numbers is None:
             continue
         _add(supported, r.labels, 1.0 if numbers.supported else 0.0)
-        for m in MEMORY_METRICS:
-            value = getattr(numbers, m.field)
+        for field, append, sample_name in targets:
+            value = getattr(numbers, field)
             if value is not None:
-                _add(families[m.name], r.labels, float(value))
+                append(Sample(sample_name, r.labels, float(value)))
     yield supported
     yield read_ok
     yield read_errors
@@ -289,12 +300,13 @@ def _probe_families(rows: list[DeviceRow]) -> Iterator[Metric]:
     if not probed:
         return
     families = {m.name: _family(m.name, m.help, m.counter) for m in PROBE_METRICS}
+    targets = [(m.value, families[m.name].samples.append, _sample_name(families[m.name])) for m in PROBE_METRICS]
     for r in probed:
         assert r.probe is not None
-        for m in PROBE_METRICS:
-            value = m.value(r.probe)
+        for read, append, sample_name in targets:
+            value = read(r.probe)
             if value is not None:
-                _add(families[m.name], r.labels, value)
+                append(Sample(sample_name, r.labels, value))
     yield from families.values()
 
 
@@ -375,3 +387,82 @@ class SnapshotCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """Fresh families from the latest snapshot; families without samples are left out."""
         return (f for f in render_families(self._get_snapshot()) if f.samples)
+
+
+class _OneFamily(Collector):
+    def __init__(self, family: Metric) -> None:
+        self._family = family
+
+    def collect(self) -> Iterator[Metric]:
+        return iter((self._family,))
+
+
+# The value format of generate_latest (Go's float formatting: 1.0, 2.147483648e+10, +Inf, NaN); untyped upstream.
+_float_text = cast(Callable[[float], str], floatToGoString)
+
+
+def _label_value(value: str) -> str:
+    # prometheus_client escapes label values this way whatever the name escaping (openmetrics._escape, ALLOWUTF8).
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+class TextFormat:
+    """Writes families in the text format (0.0.4): byte for byte what prometheus_client's `generate_latest` writes.
+
+    generate_latest sorts, validates, escapes and joins the labels of every sample and formats every value anew on
+    each call. The label sets of a device stay the same from one snapshot to the next, and many values (limits,
+    pool sizes, flags, step counts) do too, so this keeps both formatted strings between calls. Each cache is
+    bounded by twice the samples of the last call: past that (values that keep changing) it starts again.
+    Families other than plain gauges and counters (timestamps, exemplars, OpenMetrics-only samples) go through
+    generate_latest itself.
+    """
+
+    def __init__(self) -> None:
+        self._labels: dict[tuple[tuple[str, str], ...], str] = {}
+        self._values: dict[float, str] = {}
+
+    def _label_string(self, labels: dict[str, str]) -> str:
+        text = ",".join(f'{openmetrics.escape_label_name(k)}="{_label_value(v)}"' for k, v in sorted(labels.items()))
+        return "{" + text + "}" if text else ""
+
+    def render(self, families: Iterable[Metric]) -> bytes:
+        """The exposition of `families`."""
+        label_cache, value_cache = self._labels, self._values
+        samples = 0
+        out: list[str] = []
+        append = out.append
+        for family in families:
+            mtype = family.type
+            sample_name = family.name + "_total" if mtype == "counter" else family.name
+            if mtype not in ("gauge", "counter"):
+                append(generate_latest(_OneFamily(family)).decode("utf-8"))
+                continue
+            start = len(out)
+            name = openmetrics.escape_metric_name(sample_name)
+            doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
+            append(f"# HELP {name} {doc}\n# TYPE {name} {mtype}\n")
+            for s in family.samples:
+                if s.name != sample_name or s.timestamp is not None or s.exemplar is not None or s.native_histogram:
+                    del out[start:]  # not a plain sample: let generate_latest write the whole family
+                    append(generate_latest(_OneFamily(family)).decode("utf-8"))
+                    break
+                key = tuple(s.labels.items())
+                labels = label_cache.get(key)
+                if labels is None:
+                    labels = label_cache[key] = self._label_string(s.labels)
+                value = s.value
+                # Equal numbers format alike (1 == 1.0 == True -> "1.0"), except 0.0 and -0.0: zeros are not
+                # cached. NaN is not stored (it equals nothing).
+                text = value_cache.get(value) if value else None
+                if text is None:
+                    text = _float_text(value)
+                    if value and value == value:
+                        value_cache[value] = text
+                append(f"{name}{labels} {text}\n")
+            samples += len(family.samples)
+        bound = 2 * samples + 256
+        if len(label_cache) > bound:
+            label_cache.clear()
+        if len(value_cache) > bound:
+            value_cache.clear()
+        return "".join(out).encode("utf-8")

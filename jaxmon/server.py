@@ -27,10 +27,9 @@ import structlog
 from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.asyncio.run import worker_serve
 from hypercorn.config import Config as HypercornConfig
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from jaxmon.collector import SnapshotCollector
+from jaxmon.collector import SnapshotCollector, TextFormat
 from jaxmon.runtime import Runtime
 from jaxmon.settings import Settings, parse_listen_address
 from jaxmon.webconfig import BasicAuth, WebConfigError, build_ssl_context, load_web_config
@@ -68,8 +67,8 @@ class Exposition:
 
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
-        self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(SnapshotCollector(runtime.snapshot))
+        self._collector = SnapshotCollector(runtime.snapshot)
+        self._format = TextFormat()  # keeps label and value strings from one snapshot to the next
         self._version = -1
         self._plain = b""
         self._gzipped: bytes | None = None
@@ -78,13 +77,14 @@ class Exposition:
         """The exposition for the current snapshot, gzip-compressed when asked."""
         version = self._runtime.version
         if version != self._version:
-            self._plain = generate_latest(self._registry)
+            self._plain = self._format.render(self._collector.collect())
             self._gzipped = None
             self._version = version
         if not want_gzip:
             return self._plain
         if self._gzipped is None:
-            self._gzipped = gzip.compress(self._plain, compresslevel=5)
+            # Level 1: half the time of level 5 on an exposition (1.4 -> 0.6 ms at 256 devices), 12 % larger.
+            self._gzipped = gzip.compress(self._plain, compresslevel=1)
         return self._gzipped
 
 

@@ -1,0 +1,345 @@
+"""Shared helpers for the benchmark scripts: start the daemon, scrape it, read /proc, run wrk, record results.
+
+Not a benchmark itself. Every script in bench/ is run from the repository root as `.venv/bin/python bench/NAME.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import http.client
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+RESULTS = Path(os.environ.get("JAXMON_BENCH_RESULTS", BENCH / "results")).resolve()
+PY = sys.executable
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def base_env(devices: int = 8, **extra: str) -> dict[str, str]:
+    """The environment every child gets: N JAX CPU devices (as the tests run the daemon), unbuffered output."""
+    env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices), "PYTHONUNBUFFERED": "1"}
+    env.update(extra)
+    return env
+
+
+class Child:
+    """A child process with its own log file; stopped with SIGTERM, then SIGKILL."""
+
+    def __init__(
+        self, argv: Sequence[str], env: dict[str, str] | None = None, name: str = "child", cwd: Path = ROOT
+    ) -> None:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        self.log_path = RESULTS / f"{name}.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            list(argv), stdout=self._log, stderr=subprocess.STDOUT, env=env or base_env(), cwd=cwd
+        )
+        self.pid = self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+class Jaxmon(Child):
+    """`python -m jaxmon serve` on a free loopback port; `tree` runs another checkout's jaxmon (before/after)."""
+
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        name: str = "jaxmon",
+        tree: Path | None = None,
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        if tree is not None:
+            env = {**(env or base_env()), "PYTHONPATH": str(tree)}
+        super().__init__(
+            [PY, "-m", "jaxmon", "serve", "--web.listen-address", f"127.0.0.1:{self.port}", *args],
+            env,
+            name,
+            cwd=tree or ROOT,
+        )
+
+
+class Baseline(Child):
+    """bench/baseline_exporter.py: the plain prometheus_client exporter doing the same job."""
+
+    def __init__(self, args: Sequence[str] = (), env: dict[str, str] | None = None, name: str = "baseline") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__([PY, str(BENCH / "baseline_exporter.py"), "--port", str(self.port), *args], env, name)
+
+
+def get(url: str, path: str = "/metrics", headers: dict[str, str] | None = None, timeout: float = 10.0) -> bytes:
+    """One GET on a fresh connection; raises on a non-200 answer."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        resp = conn.getresponse()
+        body = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"GET {path}: {resp.status}")
+        return body
+    finally:
+        conn.close()
+
+
+def status(url: str, path: str) -> int | None:
+    """The status of GET path, None when nothing answers."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=2)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    except OSError:
+        return None
+    finally:
+        conn.close()
+
+
+def wait_ready(child: Child, url: str, path: str = "/readyz", timeout: float = 120.0, step: float = 0.01) -> float:
+    """Seconds from the child's start to the first 200 on `path`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not child.alive():
+            raise RuntimeError(f"{child.log_path.name} exited:\n{child.log()[-3000:]}")
+        if status(url, path) == 200:
+            return time.monotonic() - child.started
+        time.sleep(step)
+    raise RuntimeError(f"not ready within {timeout}s:\n{child.log()[-3000:]}")
+
+
+def parse_samples(text: str) -> Samples:
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def scrape(url: str) -> Samples:
+    return parse_samples(get(url).decode())
+
+
+def per_device(samples: Samples, name: str, platform: str | None = None) -> dict[str, float]:
+    """{device label: value} of one per-device series (of one platform: ids repeat across platforms)."""
+    out = {}
+    for (sample_name, labels), value in samples.items():
+        if sample_name == name:
+            lab = dict(labels)
+            if platform is None or lab.get("platform") == platform:
+                out[lab["device"]] = value
+    return out
+
+
+def wait_for(url: str, predicate: Any, timeout: float = 120.0, what: str = "condition") -> Samples:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            samples = scrape(url)
+            if predicate(samples):
+                return samples
+        except (OSError, RuntimeError):
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"{what} not reached within {timeout}s")
+
+
+def all_calibrated(devices: int = 8, platform: str | None = "cpu") -> Any:
+    """Predicate: every device has a probe step count (calibration done) and one completed run."""
+
+    def check(s: Samples) -> bool:
+        return (
+            len(per_device(s, "jaxmon_probe_steps", platform)) >= devices
+            and len(per_device(s, "jaxmon_probe_duration_seconds", platform)) >= devices
+        )
+
+    return check
+
+
+# -- /proc ---------------------------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def sched_seconds(pid: int) -> float:
+    """CPU time of the process's live threads from /proc/PID/task/*/schedstat (nanosecond resolution; a thread
+    that exits takes its time with it, so use it beside cpu_seconds, not instead)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS (bytes), VmHWM (bytes) and Threads of a process."""
+    out: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+            out[key] = int(value.split()[0]) * 1024
+        elif key == "Threads":
+            out[key] = int(value)
+    return out
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+# -- wrk -----------------------------------------------------------------------------------------------------
+
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
+
+
+def _seconds(text: str) -> float:
+    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    if not m:
+        raise ValueError(text)
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def wrk(url: str, duration: int, connections: int, threads: int = 1, headers: Sequence[str] = ()) -> dict[str, float]:
+    """One wrk run: requests/s, latency percentiles (s), errors."""
+    exe = shutil.which("wrk")
+    if exe is None:
+        raise SystemExit("wrk not found: apt-get install wrk")
+    argv = [exe, f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency", "--timeout", "10s"]
+    for h in headers:
+        argv += ["-H", h]
+    out = subprocess.run([*argv, url], capture_output=True, text=True, check=True).stdout
+    result: dict[str, float] = {"errors": 0.0, "non_2xx": 0.0}
+    for line in out.splitlines():
+        line = line.strip()
+        m = re.match(r"(50|75|90|99)%\s+(\S+)", line)
+        if m:
+            result[f"p{m.group(1)}"] = _seconds(m.group(2))
+        elif line.startswith("Requests/sec:"):
+            result["rps"] = float(line.split()[1])
+        elif line.startswith("Socket errors:"):
+            result["errors"] = float(sum(int(n) for n in re.findall(r"\d+", line)))
+        elif line.startswith("Non-2xx"):
+            result["non_2xx"] = float(line.split()[-1])
+        elif re.match(r"\d+ requests in", line):
+            result["requests"] = float(line.split()[0])
+    return result
+
+
+# -- results -------------------------------------------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def machine() -> dict[str, Any]:
+    """The machine and software a figure was measured on."""
+    cpu = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = subprocess.run(["free", "-h"], capture_output=True, text=True).stdout.splitlines()
+    versions = {}
+    for dist in ("jax", "jaxlib", "prometheus-client", "hypercorn", "jaxmon"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = "missing"
+    load = os.getloadavg()
+    gpu = None
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        )
+        gpu = smi.stdout.strip() or smi.stderr.strip()
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "memory": mem[1].split()[1] if len(mem) > 1 else "unknown",
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "loadavg_at_start": [round(x, 2) for x in load],
+        "gpu": gpu,
+        **versions,
+    }
+
+
+def save(name: str, result: dict[str, Any]) -> Path:
+    """Write bench/results/NAME.json (with the machine) and print it."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    doc = {"benchmark": name, "machine": machine(), **result}
+    path.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    print(json.dumps(doc, indent=2))
+    print(f"written {path}")
+    return path
+
+
+@contextlib.contextmanager
+def running(*children: Child) -> Iterator[None]:
+    """Stop every child on the way out, whatever happens."""
+    try:
+        yield
+    finally:
+        for c in children:
+            c.stop()
+
+
+def fmt_ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Every CPU figure of BENCHMARKS.md, one after the other (about 35 minutes; 45 with --soak).
+#
+#   bash bench/run_all.sh [--soak]
+#
+# Each script also runs on its own (the command is at the top of each and in BENCHMARKS.md) and writes
+# bench/results/NAME.json with the machine and the date. Run on a quiet machine: the scripts measure side by side
+# and take medians, but every figure is a time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+for script in scrape_throughput scrape_cost train_step probe_duty probe_memory daemon_cpu daemon_rss readyz utilization; do
+  echo "== bench/$script.py"
+  "$PY" "bench/$script.py"
+done
+if [ "${1:-}" = "--soak" ]; then
+  echo "== bench/soak.py"
+  "$PY" bench/soak.py
+fi
