@@ -10,6 +10,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 ENV_VAR = "JAXMON_FAULTS_FILE"
@@ -59,7 +60,7 @@ class Faults:
         value = delays.get(device_name, 0) if isinstance(delays, dict) else 0
         return float(value) if isinstance(value, int | float) else 0.0
 
-    def hang(self, delay: float, still: Any) -> None:
+    def hang(self, delay: float, still: Callable[[], float]) -> None:
         """Sleep up to `delay` seconds, ending early once `still()` is false (the test lifted the fault)."""
         deadline = time.monotonic() + delay
         while time.monotonic() < deadline and still() > 0:

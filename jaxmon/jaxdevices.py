@@ -9,8 +9,11 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import numpy as np
+import structlog
 
 from jaxmon.model import BackendStatus, DeviceInfo
+
+log = structlog.get_logger("jaxmon.jaxdevices")
 
 # DESIGN.md section 2: a second JAX process preallocates 75 % of the GPU unless told otherwise.
 PREALLOCATE_VAR = "XLA_PYTHON_CLIENT_PREALLOCATE"
@@ -59,6 +62,8 @@ class LocalSource:
         # A sidecar must not preallocate the GPU; inside a workload (embedded, publisher) the trainer's own
         # settings stand and jaxmon changes nothing.
         self.applied_env = apply_gpu_env_defaults(env, gpu_memory_fraction) if sidecar_defaults else {}
+        if self.applied_env:
+            log.info("sidecar GPU defaults set before importing JAX", **self.applied_env)
         import jax  # imported here so the environment above is in place first
 
         self._jax = jax

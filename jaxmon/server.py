@@ -32,7 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from jaxmon.collector import SnapshotCollector, TextFormat
 from jaxmon.runtime import Runtime
 from jaxmon.settings import Settings, parse_listen_address
-from jaxmon.webconfig import BasicAuth, WebConfigError, build_ssl_context, load_web_config
+from jaxmon.webconfig import BasicAuth, WebConfig, WebConfigError, build_ssl_context, load_web_config
 
 log = structlog.get_logger("jaxmon.server")
 
@@ -93,13 +93,15 @@ class WebState:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self.config = load_web_config(path)
-        self.auth = BasicAuth(self.config.spec.basic_auth_users)
-        self.headers = [
-            (k.lower().encode(), v.encode()) for k, v in self.config.spec.http_server_config.headers.items()
-        ]
-        tls = self.config.tls
-        self.ssl_context: ssl.SSLContext | None = build_ssl_context(tls) if tls is not None else None
+        config = load_web_config(path)
+        self.ssl_context: ssl.SSLContext | None = build_ssl_context(config.tls) if config.tls is not None else None
+        self._apply(config)
+
+    def _apply(self, config: WebConfig) -> None:
+        """Make `config` the live one: auth, headers, and the files to watch."""
+        self.config = config
+        self.auth = BasicAuth(config.spec.basic_auth_users)
+        self.headers = [(k.lower().encode(), v.encode()) for k, v in config.spec.http_server_config.headers.items()]
         self._stamps = self._stat()
 
     def _stat(self) -> dict[Path, tuple[int, int, int] | None]:
@@ -116,7 +118,7 @@ class WebState:
         """Re-read the config when a file changed; a broken edit keeps the last good config. True if applied."""
         if self.path is None or self._stat() == self._stamps:
             return False
-        self._stamps = self._stat()
+        self._stamps = self._stat()  # a broken edit is reported once, not every second
         try:
             fresh = load_web_config(self.path)
         except WebConfigError as exc:
@@ -126,10 +128,7 @@ class WebState:
             log.error("web config: turning TLS on or off needs a restart; other changes applied")
         elif fresh.tls is not None and self.ssl_context is not None:
             build_ssl_context(fresh.tls, self.ssl_context)  # new handshakes use the new certificates
-        self.config = fresh
-        self.auth = BasicAuth(fresh.spec.basic_auth_users)
-        self.headers = [(k.lower().encode(), v.encode()) for k, v in fresh.spec.http_server_config.headers.items()]
-        self._stamps = self._stat()
+        self._apply(fresh)
         log.info("web config reloaded", file=str(self.path))
         return True
 
