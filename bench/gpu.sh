@@ -123,7 +123,7 @@ NUMBERS=$(cat <<'EOF'
 import json, sys
 from pathlib import Path
 from jaxmon.memory import memory_numbers
-from jaxmon.replay import load_replay
+from jaxmon.sources.replay import load_replay
 
 load_replay(Path(sys.argv[1]))
 out = {}

@@ -44,9 +44,9 @@ def profile_render(devices: int) -> None:
     from jaxmon.cli import build_info
     from jaxmon.collector import SnapshotCollector
     from jaxmon.probe import ProbeConfig
-    from jaxmon.replay import ReplaySource
     from jaxmon.runtime import Runtime, RuntimeConfig
-    from jaxmon.server import Exposition
+    from jaxmon.sources.replay import ReplaySource
+    from jaxmon.web.server import Exposition
 
     path = write_replay(devices, RESULTS / "replay")
     config = RuntimeConfig(5.0, False, 15.0, ProbeConfig(256, 5.0, 0.002), 15.0)
@@ -134,7 +134,7 @@ def profile_probe_idle(gap: float, runs: int) -> None:
     os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
     import jax
 
-    from jaxmon.jaxdevices import JaxProbeKernel
+    from jaxmon.sources.local import JaxProbeKernel
 
     kernel = JaxProbeKernel(jax, jax.devices("cpu")[0], 256)
 

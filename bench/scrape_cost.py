@@ -35,9 +35,9 @@ from jaxmon.cli import build_info
 from jaxmon.collector import SnapshotCollector, TextFormat
 from jaxmon.model import ProbeStatus, Snapshot
 from jaxmon.probe import ProbeConfig
-from jaxmon.replay import ReplaySource
 from jaxmon.runtime import Runtime, RuntimeConfig
-from jaxmon.server import Exposition
+from jaxmon.sources.replay import ReplaySource
+from jaxmon.web.server import Exposition
 
 GiB = 2**30
 

@@ -15,13 +15,13 @@ from importlib import metadata
 
 import structlog
 
-from jaxmon.faults import Faults
 from jaxmon.logsetup import configure_logging
 from jaxmon.probe import ProbeConfig
-from jaxmon.replay import ReplayError, ReplaySource
 from jaxmon.runtime import DeviceSource, Runtime, RuntimeConfig
 from jaxmon.settings import Settings, SettingsError, load_settings
-from jaxmon.spool import SpoolReader
+from jaxmon.sources.faults import Faults
+from jaxmon.sources.replay import ReplayError, ReplaySource
+from jaxmon.sources.spool import SpoolReader
 from jaxmon.table import format_table
 
 log = structlog.get_logger("jaxmon")
@@ -55,7 +55,7 @@ def make_source(settings: Settings) -> DeviceSource:
     """Replay file when one is given, else this process's JAX devices."""
     if settings.replay is not None:
         return ReplaySource(settings.replay)
-    from jaxmon.jaxdevices import LocalSource  # imports JAX: only when local devices are wanted
+    from jaxmon.sources.local import LocalSource  # imports JAX: only when local devices are wanted
 
     return LocalSource(settings.gpu.memory_fraction)
 
@@ -96,8 +96,8 @@ def _load(argv: Sequence[str], prog: str) -> Settings:
 
 def serve(argv: Sequence[str]) -> int:
     """Run the daemon until SIGTERM/SIGINT."""
-    from jaxmon.server import HttpServer, serve_until_signalled
-    from jaxmon.webconfig import WebConfigError
+    from jaxmon.web.server import HttpServer, serve_until_signalled
+    from jaxmon.web.webconfig import WebConfigError
 
     settings = _load(argv, "jaxmon serve")
     try:

@@ -8,10 +8,10 @@ from typing import Any
 
 import structlog
 
-from jaxmon.faults import Faults
 from jaxmon.logsetup import ensure_library_logging
 from jaxmon.publisher import default_workload_name
 from jaxmon.settings import Settings, SettingsError, load_settings
+from jaxmon.sources.faults import Faults
 
 log = structlog.get_logger("jaxmon.embedded")
 
@@ -31,9 +31,9 @@ class Exporter:
 
     def __init__(self, settings: Settings, workload: str) -> None:
         from jaxmon.cli import build_info, runtime_config
-        from jaxmon.jaxdevices import InProcessWorkload, LocalSource
         from jaxmon.runtime import Runtime
-        from jaxmon.server import HttpServer
+        from jaxmon.sources.local import InProcessWorkload, LocalSource
+        from jaxmon.web.server import HttpServer
 
         self.settings = settings
         self.workload = workload

@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from jaxmon.faults import Faults
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
+from jaxmon.sources.faults import Faults
 
 log = structlog.get_logger("jaxmon.probe")
 

@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 
 from jaxmon.logsetup import ErrorLog, ensure_library_logging
-from jaxmon.spool import SCHEMA, safe_name, write_atomically
+from jaxmon.sources.spool import SCHEMA, safe_name, write_atomically
 
 log = structlog.get_logger("jaxmon.publisher")
 
@@ -46,7 +46,7 @@ class Publisher:
         self._thread.start()
 
     def _run(self) -> None:
-        from jaxmon.jaxdevices import InProcessWorkload, LocalSource
+        from jaxmon.sources.local import InProcessWorkload, LocalSource
 
         try:
             source = LocalSource(sidecar_defaults=False)

@@ -14,7 +14,6 @@ import structlog
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from jaxmon.faults import Faults
 from jaxmon.logsetup import ErrorLog
 from jaxmon.memory import memory_numbers
 from jaxmon.model import (
@@ -27,7 +26,8 @@ from jaxmon.model import (
     Snapshot,
 )
 from jaxmon.probe import DeviceProbe, ProbeConfig
-from jaxmon.spool import SpoolReader, WorkloadReport
+from jaxmon.sources.faults import Faults
+from jaxmon.sources.spool import SpoolReader, WorkloadReport
 
 log = structlog.get_logger("jaxmon.runtime")
 

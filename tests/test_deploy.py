@@ -459,7 +459,7 @@ def test_compose_services_mount_files_that_exist() -> None:
 
 
 def test_demo_replay_file_loads() -> None:
-    from jaxmon.replay import ReplaySource
+    from jaxmon.sources.replay import ReplaySource
 
     devices, backends = ReplaySource(DEPLOY / "demo" / "replay.json").discover()
     assert len(devices) == 8 and all(b.up for b in backends)

@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 from jaxmon.collector import TextFormat, render_families
 from jaxmon.memory import memory_numbers
 from jaxmon.model import DeviceInfo, MemoryReading, ProbeStatus, Snapshot
-from jaxmon.replay import ReplaySource
+from jaxmon.sources.replay import ReplaySource
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-# Eight CPU devices, set before anything imports JAX (jaxmon.jaxdevices.LocalSource imports it lazily).
+# Eight CPU devices, set before anything imports JAX (jaxmon.sources.local.LocalSource imports it lazily).
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
 import threading
@@ -16,11 +16,11 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from jaxmon.faults import Faults
-from jaxmon.jaxdevices import LocalSource
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel
 from jaxmon.probe import DeviceProbe, ProbeConfig, low_percentile, utilization
+from jaxmon.sources.faults import Faults
+from jaxmon.sources.local import LocalSource
 
 SIZE = 64
 PROBE_DEVICE = 5  # not the default device 0, so implicit placement would show

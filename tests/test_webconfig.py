@@ -9,7 +9,7 @@ import bcrypt
 import pytest
 import yaml
 
-from jaxmon.webconfig import BasicAuth, WebConfigError, load_web_config
+from jaxmon.web.webconfig import BasicAuth, WebConfigError, load_web_config
 from tests.tls_helpers import Certs, bcrypt_hash, make_certs
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from jaxmon.jaxdevices import FRACTION_VARS, PREALLOCATE_VAR, apply_gpu_env_defaults
+from jaxmon.sources.local import FRACTION_VARS, PREALLOCATE_VAR, apply_gpu_env_defaults
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
@@ -29,7 +29,7 @@ def test_live_array_bytes_count_each_shard_once_on_its_own_device() -> None:
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from jaxmon.jaxdevices import live_array_bytes
+    from jaxmon.sources.local import live_array_bytes
 
     devices = jax.devices()
     before = live_array_bytes(jax)

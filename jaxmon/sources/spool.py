@@ -26,9 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from jaxmon.memory import memory_numbers
 from jaxmon.model import DeviceInfo, MemoryReading
 
-log = structlog.get_logger("jaxmon.spool")
+log = structlog.get_logger("jaxmon.sources.spool")
 
-SCHEMA = "jaxmon.spool/1"
+SCHEMA = "jaxmon.sources.spool/1"
 DEFAULT_MAX_FILE_BYTES = 1 << 20
 REJECT_REASONS = (
     "symlink",
@@ -84,7 +84,7 @@ class SpoolDocument(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_: Literal["jaxmon.spool/1"] = Field(alias="schema")
+    schema_: Literal["jaxmon.sources.spool/1"] = Field(alias="schema")
     workload: str = Field(min_length=1, max_length=200)
     host: str = Field(min_length=1, max_length=255)
     pid: int = Field(ge=0)

@@ -13,7 +13,7 @@ import structlog
 
 from jaxmon.model import BackendStatus, DeviceInfo
 
-log = structlog.get_logger("jaxmon.jaxdevices")
+log = structlog.get_logger("jaxmon.sources.local")
 
 # DESIGN.md section 2: a second JAX process preallocates 75 % of the GPU unless told otherwise.
 PREALLOCATE_VAR = "XLA_PYTHON_CLIENT_PREALLOCATE"

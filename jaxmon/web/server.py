@@ -32,9 +32,9 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from jaxmon.collector import SnapshotCollector, TextFormat
 from jaxmon.runtime import Runtime
 from jaxmon.settings import Settings, parse_listen_address
-from jaxmon.webconfig import BasicAuth, WebConfig, WebConfigError, build_ssl_context, load_web_config
+from jaxmon.web.webconfig import BasicAuth, WebConfig, WebConfigError, build_ssl_context, load_web_config
 
-log = structlog.get_logger("jaxmon.server")
+log = structlog.get_logger("jaxmon.web.server")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -1,0 +1,1 @@
+"""Where device readings come from: local JAX devices, replay files, the spool, and the fault-injecting wrapper."""
