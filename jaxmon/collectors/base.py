@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from jaxmon.sources import DeviceSource, InProcess
 
 S = TypeVar("S")
+S_co = TypeVar("S_co", covariant=True)
 T = TypeVar("T")
 
 Enabled = bool | Literal["auto"]
@@ -40,10 +41,10 @@ class CollectorOptions(BaseModel):
 
 
 @dataclass(frozen=True)
-class Update(Generic[S]):
+class Update(Generic[S_co]):
     """What one run of a collector's job produced: its new state, and whether it got all its data."""
 
-    state: S
+    state: S_co
     success: bool = True
     # The duration to report; None records the wall time of the run (the probe reports device time instead).
     duration_seconds: float | None = None
