@@ -72,8 +72,10 @@ INST = 'job=~"$job", instance=~"$instance"'
 DEV = INST + ', platform=~"$platform", device=~"$device"'
 MEM = DEV + ', workload=~"$workload"'
 WL = INST + ', workload=~"$workload"'
+DEVICES = '__name__=~"jaxmon_device_info|jaxmon_device_source_up"'
 
 DEVICE_LEGEND = "{{instance}} {{platform}}:{{device}} {{workload}}"
+DEVICE_WIDE_LEGEND = "{{instance}} {{platform}}:{{device}} ({{source}})"
 
 
 @dataclass
@@ -380,6 +382,94 @@ ROWS = [
             ),
         ],
     ),
+    # Device-wide numbers from a source outside JAX (libtpu's runtime metrics on TPU, NVML on GPU): the shared
+    # family names with a `source` label, so one row serves both platforms. A sidecar beside a job that holds the
+    # chips sees these without owning a device.
+    Row(
+        "Device-wide (libtpu on TPU, NVML on GPU)",
+        [
+            Panel(
+                "Device memory used vs total (device-wide)",
+                "timeseries",
+                "bytes",
+                [
+                    Target(f"jaxmon_device_memory_used_bytes{{{DEV}}}", DEVICE_WIDE_LEGEND + " used"),
+                    Target(f"jaxmon_device_memory_total_bytes{{{DEV}}}", DEVICE_WIDE_LEGEND + " total"),
+                ],
+                "HBM / device memory in use by every process on the device, as the device-wide source reports it "
+                "(not one allocator's bytes_in_use), and the device's total.",
+                min=0,
+            ),
+            Panel(
+                "Device memory used share (device-wide)",
+                "timeseries",
+                "percentunit",
+                [
+                    Target(
+                        f"jaxmon_device_memory_used_bytes{{{DEV}}} / (jaxmon_device_memory_total_bytes{{{DEV}}} > 0)",
+                        DEVICE_WIDE_LEGEND,
+                    )
+                ],
+                "Used / total, device-wide; JaxmonTpuHbmNearFull fires above 95 % on TPU.",
+                min=0,
+                max=1,
+                thresholds=[(0, "green"), (0.9, "orange"), (0.95, "red")],
+            ),
+            Panel(
+                "Duty cycle (device-wide)",
+                "timeseries",
+                "percentunit",
+                [Target(f"jaxmon_device_duty_cycle_ratio{{{DEV}}}", DEVICE_WIDE_LEGEND)],
+                "Share of the source's sample period in which the device ran a program (TPU: tensorcore duty cycle; "
+                "GPU: utilization.gpu). Measured by the source, not estimated.",
+                min=0,
+                max=1,
+            ),
+            Panel(
+                "Memory bandwidth utilization (device-wide)",
+                "timeseries",
+                "percentunit",
+                [Target(f"jaxmon_device_memory_bandwidth_utilization_ratio{{{DEV}}}", DEVICE_WIDE_LEGEND)],
+                "Share of the sample period in which device memory was read or written (where the source serves it).",
+                min=0,
+                max=1,
+            ),
+            Panel(
+                "HLO queue size (TPU)",
+                "timeseries",
+                "none",
+                [Target(f"jaxmon_device_hlo_queue_size{{{DEV}}}", DEVICE_WIDE_LEGEND)],
+                "Programs queued for execution on each TPU device (libtpu). Near 0 on an idle chip means the host "
+                "does not feed it.",
+                min=0,
+            ),
+            Panel(
+                "HLO execution time (TPU)",
+                "timeseries",
+                "s",
+                [
+                    Target(
+                        f"jaxmon_device_hlo_execution_seconds{{{DEV}}}",
+                        DEVICE_WIDE_LEGEND + " p{{quantile}}",
+                    ),
+                    Target(f"jaxmon_device_hlo_execution_mean_seconds{{{DEV}}}", DEVICE_WIDE_LEGEND + " mean"),
+                ],
+                "Quantiles and mean of HLO program execution time on each TPU device, from libtpu's distribution.",
+                min=0,
+            ),
+            Panel(
+                "Device-wide source up",
+                "state-timeline",
+                "none",
+                [Target(f"jaxmon_device_source_up{{{DEV}}}", DEVICE_WIDE_LEGEND)],
+                "Whether the device-wide source answered for each device in its last poll; a device missing from "
+                "libtpu's answer is down here while the others stay up.",
+                mappings=UP_MAPPING,
+                width=24,
+                height=6,
+            ),
+        ],
+    ),
     Row(
         "Workloads and compilation",
         [
@@ -607,11 +697,13 @@ def templating() -> list[dict[str, Any]]:
         _variable("job", "Job", "label_values(jaxmon_build_info, job)"),
         # From `up`, so that an exporter that is down still shows (and counts) as a host.
         _variable("instance", "Host (instance)", 'label_values(up{job=~"$job"}, instance)'),
-        _variable("platform", "Platform", f"label_values(jaxmon_device_info{{{INST}}}, platform)"),
+        # Devices JAX sees (jaxmon_device_info) and devices only a device-wide source sees (a TPU held by the
+        # trainer, read through libtpu; a GPU through NVML): jaxmon_device_source_up.
+        _variable("platform", "Platform", f"label_values({{{DEVICES}, {INST}}}, platform)"),
         _variable(
             "device",
             "Device",
-            f'label_values(jaxmon_device_info{{{INST}, platform=~"$platform"}}, device)',
+            f'label_values({{{DEVICES}, {INST}, platform=~"$platform"}}, device)',
         ),
         # All = ".*", which also matches series without the label: a sidecar's own devices have no workload.
         _variable("workload", "Workload", f"label_values(jaxmon_device_info{{{INST}}}, workload)", all_value=".*"),
