@@ -7,7 +7,9 @@ The scraped setup (one module fixture, all processes killed at teardown):
 - jaxmon-cpu: the 8 JAX CPU devices with the probe every second; cpu:3's probe is then made to hang (faults file);
 - jaxmon-spool: a sidecar reading a spool fed by two `publish` children of tests/workloads/train.py, with the TPU
   backend requested so that it fails; then one child compiles 40 programs, the other is killed, and a broken
-  file is dropped into the spool;
+  file is dropped into the spool; its tpu collector points at an address nobody listens on;
+- jaxmon-tpu: a TPU sidecar (JAX on CPU) reading a loopback libtpu runtime metrics service (tests/fake_libtpu.py)
+  with one idle chip and one nearly full, and the same spool;
 - jaxmon-gone: a target nobody listens on.
 So almost every alert fires for a known reason, and the rest are listed with why they stay quiet here.
 """
@@ -30,6 +32,7 @@ import requests
 import yaml
 
 from tests.conftest import FIXTURES, ROOT, Daemon, free_port
+from tests.fake_libtpu import Chip, FakeLibtpu, Scenario, Timing
 from tests.test_deploy import (
     RULES,
     alert_rules,
@@ -46,7 +49,7 @@ RATE_INTERVAL = "10s"
 
 # Alerts whose expression legitimately returns nothing in this setup (asserted empty), and why.
 QUIET_ALERTS = {
-    # jaxmon targets exist (four up, one down).
+    # jaxmon targets exist (five up, one down).
     "JaxmonExporterAbsent",
     # It watches accelerators (platform!="cpu") on a jaxmon where a workload reports: here only CPU devices are
     # probed, and the probing daemon has no workload (the spool sidecar runs without the probe).
@@ -61,7 +64,10 @@ FIRING: dict[str, list[dict[str, str]]] = {
         {"job": "jaxmon-cpu", "collector": "probe"},  # cpu:3 hangs
     ],
     "JaxmonBackendDown": [{"job": "jaxmon-spool", "backend": "tpu"}],  # JAX_PLATFORMS=cpu,tpu without libtpu
-    "JaxmonSpoolFilesRejected": [{"job": "jaxmon-spool", "reason": "bad_json"}],  # the file the test drops
+    "JaxmonSpoolFilesRejected": [
+        {"job": "jaxmon-spool", "reason": "bad_json"},  # the file the test drops
+        {"job": "jaxmon-tpu", "reason": "bad_json"},  # the same spool
+    ],
     "JaxmonDeviceDown": [{"job": "jaxmon-cpu", "platform": "cpu", "device": "3"}],  # its probe hangs
     "JaxmonDeviceMemoryUnreadable": [{"instance": "shapes", "platform": "gpu", "device": "6"}],  # device lost
     "JaxmonMemoryNearLimit": [
@@ -78,9 +84,38 @@ FIRING: dict[str, list[dict[str, str]]] = {
         {"instance": "demo", "platform": "gpu", "device": "4"},  # 2 GiB
         {"instance": "demo", "platform": "gpu", "device": "7"},  # 1.5 GiB
     ],
-    "JaxmonWorkloadStoppedReporting": [{"job": "jaxmon-spool", "workload": "ephemeral"}],  # killed
-    "JaxmonRecompilationStorm": [{"job": "jaxmon-spool", "workload": "trainer"}],  # 40 compilations
+    "JaxmonWorkloadStoppedReporting": [
+        {"job": "jaxmon-spool", "workload": "ephemeral"},  # killed
+        {"job": "jaxmon-tpu", "workload": "ephemeral"},
+    ],
+    "JaxmonRecompilationStorm": [
+        {"job": "jaxmon-spool", "workload": "trainer"},  # 40 compilations
+        {"job": "jaxmon-tpu", "workload": "trainer"},
+    ],
+    "JaxmonTpuHbmNearFull": [{"job": "jaxmon-tpu", "platform": "tpu", "device": "9", "source": "libtpu"}],  # 97 %
+    "JaxmonTpuIdle": [{"job": "jaxmon-tpu", "platform": "tpu", "device": "8", "source": "libtpu"}],  # 2 % duty cycle
+    # The spool sidecar's tpu collector reads an address nobody listens on while its workloads report.
+    "JaxmonTpuMetricsDown": [{"job": "jaxmon-spool", "collector": "tpu"}],
 }
+
+TPU_IDS = (8, 9, 12, 13)
+
+
+def tpu_chips() -> dict[int, Chip]:
+    """Chip 8 idles (2 % duty cycle), chip 9 has 97 % of its HBM in use; all serve every metric."""
+    timing = Timing(counts=[0, 10, 30, 5], scale=100.0, growth=2.0, mean_us=210.0)
+    return {
+        dev: Chip(
+            total_bytes=16 * (1 << 30),
+            used_bytes=int(16 * (1 << 30) * (0.97 if dev == 9 else 0.5)),
+            duty_cycle_pct=2.0 if dev == 8 else 60.0,
+            hbm_util_pct=30.0,
+            hlo_queue=3,
+            timing=timing,
+        )
+        for dev in TPU_IDS
+    }
+
 
 # Dashboard queries that legitimately return nothing here (with All selected), and why: none. Every panel has data.
 EMPTY_PANEL_QUERIES: set[tuple[str, str]] = set()
@@ -198,6 +233,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     daemons: list[Daemon] = []
     children: list[Child] = []
     prometheus: Prometheus | None = None
+    libtpu = FakeLibtpu(Scenario(chips=tpu_chips())).start()
     try:
         shapes = Daemon(tmp, ["--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s"])
         daemons.append(shapes)
@@ -207,8 +243,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         cpu = Daemon(tmp, cpu_args, env={"JAXMON_FAULTS_FILE": str(faults)})
         daemons.append(cpu)
         spool_args = ["--no-collector.probe", "--spool.dir", str(spool), "--spool.ttl", "3s", "--poll.interval", "0.5s"]
-        sidecar = Daemon(tmp, spool_args, env={"JAX_PLATFORMS": "cpu,tpu"})
+        nobody = f"127.0.0.1:{free_port()}"
+        sidecar = Daemon(
+            tmp, [*spool_args, "--collector.tpu", "--collector.tpu.address", nobody], env={"JAX_PLATFORMS": "cpu,tpu"}
+        )
         daemons.append(sidecar)
+        tpu = Daemon(tmp, [*spool_args, "--collector.tpu", "--collector.tpu.address", libtpu.address])
+        daemons.append(tpu)
         # The children finish their start-up compilations before Prometheus sees them, so that the only
         # compilations it watches are the ones this test asks for.
         for name in ("trainer", "ephemeral"):
@@ -223,6 +264,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "demo": f"127.0.0.1:{demo.port}",
             "cpu": f"127.0.0.1:{cpu.port}",
             "spool": f"127.0.0.1:{sidecar.port}",
+            "tpu": f"127.0.0.1:{tpu.port}",
             "gone": f"127.0.0.1:{free_port()}",
         }
         config = {
@@ -239,6 +281,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 },
                 {"job_name": "jaxmon-cpu", "static_configs": [{"targets": [instances["cpu"]]}]},
                 {"job_name": "jaxmon-spool", "static_configs": [{"targets": [instances["spool"]]}]},
+                {"job_name": "jaxmon-tpu", "static_configs": [{"targets": [instances["tpu"]]}]},
                 {"job_name": "jaxmon-gone", "static_configs": [{"targets": [instances["gone"]]}]},
             ],
         }
@@ -246,7 +289,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         prometheus.wait_ready()
         started = time.monotonic()
         p = prometheus
-        p.wait_for("sum(up)", lambda r: _value(r) == 4, "four targets up")
+        p.wait_for("sum(up)", lambda r: _value(r) == 5, "five targets up")
         p.wait_for("count(up == 0)", lambda r: _value(r) == 1, "the dead target down")
         p.wait_for(
             'count(jaxmon_probe_duration_seconds{job="jaxmon-cpu"})', lambda r: _value(r) == 8, "probes on 8 devices"
@@ -256,6 +299,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             lambda r: _value(r) == 2,
             "both workloads",
         )
+        p.wait_for('count(jaxmon_device_source_up{job="jaxmon-tpu"} == 1)', lambda r: _value(r) == 4, "four TPU chips")
         p.wait_for('jaxmon_spool_rejected_files_total{reason="bad_json"}', lambda r: len(r) == 1, "rejection counter")
         compiled = p.query('jaxmon_jit_compilations_total{workload="trainer"}')
         assert compiled, "no compile counter"
@@ -284,6 +328,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             c.close()
         for d in daemons:
             d.stop(signal.SIGKILL)
+        libtpu.stop()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -332,10 +377,11 @@ def resolve_variables(p: Prometheus) -> tuple[dict[str, str], dict[str, list[str
 
 def test_dashboard_variables_list_what_is_scraped(stack: Stack) -> None:
     _, listed = resolve_variables(stack.prometheus)
-    assert set(listed["job"]) == {"jaxmon-replay", "jaxmon-cpu", "jaxmon-spool"}
-    assert set(listed["instance"]) == {stack.instances[k] for k in ("shapes", "demo", "cpu", "spool")}
+    assert set(listed["job"]) == {"jaxmon-replay", "jaxmon-cpu", "jaxmon-spool", "jaxmon-tpu"}
+    assert set(listed["instance"]) == {stack.instances[k] for k in ("shapes", "demo", "cpu", "spool", "tpu")}
     assert set(listed["platform"]) == {"gpu", "tpu", "cpu"}
-    assert set(listed["device"]) == {str(i) for i in range(9)}
+    # JAX's devices, and the TPU chips only libtpu sees (jaxmon_device_source_up).
+    assert set(listed["device"]) == {str(i) for i in range(9)} | {str(i) for i in TPU_IDS}
     assert {"trainer", "ephemeral"} <= set(listed["workload"])
 
 
