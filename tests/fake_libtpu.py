@@ -49,8 +49,12 @@ class Scenario:
     chips: dict[int, Chip] = field(default_factory=dict)
     # Metric names ListSupportedMetrics returns; None serves every name tpu-info knows.
     supported: set[str] | None = None
+    # False: an older libtpu whose ListSupportedMetrics is UNIMPLEMENTED (it still refuses unsupported names).
+    listing: bool = True
     # Answer every call with this status (e.g. UNAVAILABLE) instead of data.
     status: grpc.StatusCode | None = None
+    # Answer GetRuntimeMetric for these names with these statuses (a listed metric that fails).
+    failing: dict[str, grpc.StatusCode] = field(default_factory=dict)
     # Seconds to wait before answering (a slow service).
     delay: float = 0.0
     # HLO metrics' device_ordinal as a string (newer libtpu) or an int (older libtpu).
@@ -74,6 +78,8 @@ class _Servicer(pb_grpc.RuntimeMetricServiceServicer):  # type: ignore[misc]  # 
 
     def ListSupportedMetrics(self, request: Any, context: Any) -> Any:
         scenario = self._begin(context)
+        if not scenario.listing:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "ListSupportedMetrics is not implemented")
         with self.fake.lock:
             names = sorted(scenario.supported if scenario.supported is not None else {m.value for m in MetricName})
         return pb.ListSupportedMetricsResponse(supported_metric=[pb.SupportedMetric(metric_name=n) for n in names])
@@ -84,6 +90,8 @@ class _Servicer(pb_grpc.RuntimeMetricServiceServicer):  # type: ignore[misc]  # 
         with self.fake.lock:
             if scenario.supported is not None and name not in scenario.supported:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"metric {name} not supported")
+            if name in scenario.failing:
+                context.abort(scenario.failing[name], f"fake libtpu fails {name}")
             metrics = [m for dev, chip in sorted(scenario.chips.items()) if (m := _metric(name, dev, chip, scenario))]
         return pb.MetricResponse(metric=pb.TPUMetric(name=name, description="fake", metrics=metrics))
 

@@ -166,6 +166,33 @@ def test_metrics_this_libtpu_does_not_serve_are_absent_not_zero(context: Context
     collector.stop()
 
 
+def test_an_older_libtpu_that_cannot_list_its_metrics_serves_what_it_has(context: Context, fake: FakeLibtpu) -> None:
+    # ListSupportedMetrics is UNIMPLEMENTED and HLO metrics are refused (NOT_FOUND): they are absent, not a failure.
+    core = {MetricName.TOTAL_MEMORY.value, MetricName.MEMORY_USAGE.value, MetricName.DUTY_CYCLE_PCT.value}
+    fake.update(listing=False, supported={*core, MetricName.HBM_BW_UTIL.value})
+    collector = make(context, fake.address)
+    update = collector.update()
+    assert update.success
+    samples = render(collector, update)
+    assert sample(samples, "jaxmon_device_memory_bandwidth_utilization_ratio", **labels(13)) == pytest.approx(0.3725)
+    assert "jaxmon_device_hlo_queue_size" not in device_series(samples)
+    assert "jaxmon_device_hlo_execution_seconds" not in device_series(samples)
+    collector.stop()
+
+
+def test_a_metric_the_service_lists_but_fails_to_answer_fails_the_poll(context: Context, fake: FakeLibtpu) -> None:
+    # HLO timing is listed but answered with INTERNAL: the poll is partial (success 0); what answered is served.
+    fake.update(failing={MetricName.HLO_EXECUTION_TIMING_DISTRIBUTION_MICROSECONDS.value: grpc.StatusCode.INTERNAL})
+    collector = make(context, fake.address)
+    update = collector.update()
+    assert not update.success
+    samples = render(collector, update)
+    assert sample(samples, "jaxmon_device_memory_used_bytes", **labels(8)) == fake.scenario.chips[8].used_bytes
+    assert sample(samples, "jaxmon_device_hlo_queue_size", **labels(8)) == 1
+    assert "jaxmon_device_hlo_execution_seconds" not in device_series(samples)
+    collector.stop()
+
+
 def test_a_device_dropped_from_the_response_goes_down_alone(context: Context, fake: FakeLibtpu) -> None:
     collector = make(context, fake.address)
     assert collector.update().success

@@ -90,6 +90,8 @@ class LibtpuClient:
         self._stub: Any = pb_grpc.RuntimeMetricServiceStub(self._channel)
         # What this libtpu serves (ListSupportedMetrics), asked once per connection; None until then.
         self._supported: frozenset[str] | None = None
+        # False when this libtpu cannot list its metrics: then an optional metric it refuses is taken as not served.
+        self._listed = True
 
     def close(self) -> None:
         """Close the channel."""
@@ -114,6 +116,8 @@ class LibtpuClient:
             try:
                 responses[name] = future.result()
             except self._grpc.RpcError as exc:
+                if not self._listed and name not in CORE and exc.code() in self._not_served():
+                    continue
                 failed[name] = exc.code().name
                 if name in CORE:
                     for other in futures.values():
@@ -136,11 +140,18 @@ class LibtpuClient:
         except self._grpc.RpcError as exc:
             if exc.code() != self._grpc.StatusCode.UNIMPLEMENTED:
                 raise LibtpuUnavailable(exc.code().name, exc.details() or "") from None
-            # An older libtpu without the listing: ask for everything, and take a failed optional metric as absent.
+            # An older libtpu without the listing: ask for everything, and take a refused optional metric as absent.
+            self._listed = False
             self._supported = frozenset(OPTIONAL)
             return self._supported
+        self._listed = True
         self._supported = frozenset(m.metric_name for m in response.supported_metric)
         return self._supported
+
+    def _not_served(self) -> tuple[Any, ...]:
+        """Statuses with which a libtpu that cannot list its metrics refuses one it does not serve."""
+        code = self._grpc.StatusCode
+        return (code.NOT_FOUND, code.UNIMPLEMENTED, code.INVALID_ARGUMENT)
 
     def _request(self, name: str) -> Any:
         return self._pb.MetricRequest(metric_name=name)
