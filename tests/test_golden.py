@@ -58,8 +58,10 @@ def check_golden(text: str, name: str) -> None:
 def test_cpu_devices_with_the_probe_match_the_golden_file(start_daemon: StartDaemon) -> None:
     d = start_daemon("--probe.interval", "2s", "--poll.interval", "0.5s")
     d.wait_for(
-        lambda s: all(sample(s, "jaxmon_device_up", device=str(i), platform="cpu") == 1.0 for i in range(8))
-        and sample(s, "jaxmon_collector_success", collector="probe") == 1.0,
+        lambda s: (
+            all(sample(s, "jaxmon_device_up", device=str(i), platform="cpu") == 1.0 for i in range(8))
+            and sample(s, "jaxmon_collector_success", collector="probe") == 1.0
+        ),
         what="every CPU device probed",
     )
     check_golden(d.get("/metrics").text, "cpu_probe.prom")
@@ -79,9 +81,11 @@ def test_the_spool_sidecar_with_two_publishers_matches_the_golden_file(
         pubs[1].send("alloc 2 2097152")
         d = start_daemon("--no-collector.probe", "--spool.dir", str(spool), "--poll.interval", "0.3s")
         d.wait_for(
-            lambda s: sample(s, "jaxmon_memory_live_array_bytes", device="1", platform="cpu", workload="alpha")
-            == 1048576.0
-            and sample(s, "jaxmon_memory_live_array_bytes", device="2", platform="cpu", workload="beta") == 2097152.0,
+            lambda s: (
+                sample(s, "jaxmon_memory_live_array_bytes", device="1", platform="cpu", workload="alpha") == 1048576.0
+                and sample(s, "jaxmon_memory_live_array_bytes", device="2", platform="cpu", workload="beta")
+                == 2097152.0
+            ),
             what="both publishers' arrays",
         )
         check_golden(d.get("/metrics").text, "spool.prom")
@@ -97,10 +101,13 @@ def test_the_embedded_exporter_matches_the_golden_file(tmp_path: Path) -> None:
         url = child.hello["url"]
         _wait(
             url,
-            lambda s: all(
-                sample(s, "jaxmon_device_up", device=str(i), platform="cpu", workload="gamma") == 1.0 for i in range(8)
-            )
-            and sample(s, "jaxmon_collector_success", collector="probe") == 1.0,
+            lambda s: (
+                all(
+                    sample(s, "jaxmon_device_up", device=str(i), platform="cpu", workload="gamma") == 1.0
+                    for i in range(8)
+                )
+                and sample(s, "jaxmon_collector_success", collector="probe") == 1.0
+            ),
             "every CPU device probed",
             timeout=90,
         )
