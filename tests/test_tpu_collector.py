@@ -18,9 +18,10 @@ from structlog.testing import capture_logs
 from tpu_info import metrics as tpu_info_metrics
 from tpu_info.metrics import MetricName
 
-from jaxmon.collectors.base import Context, Snapshot, Update
+from jaxmon.collectors.base import Context, Update
 from jaxmon.collectors.tpu import TpuCollector, TpuOptions, TpuState
 from jaxmon.settings import Settings, SettingsError, load_settings
+from jaxmon.snapshot import Snapshot
 from jaxmon.sources.local import LocalSource
 from tests.conftest import Samples, parse_samples, sample
 from tests.fake_libtpu import Chip, FakeLibtpu, Scenario, Timing
@@ -302,6 +303,12 @@ def test_auto_stays_off_on_a_host_without_tpu_chips(context: Context) -> None:
     # This machine has no Google PCI device and its JAX runs on CPU: `auto` must not poll a service that cannot exist.
     reason = TpuCollector.unavailable(context)
     assert reason is not None and "no TPU chip" in reason
+
+
+def test_an_explicit_collector_runs_on_a_host_without_tpu_chips(context: Context) -> None:
+    # The sidecar's container may show no chip; the service is reachable all the same.
+    explicit = Context(settings=load_settings(["--collector.tpu"]), source=context.source, devices=context.devices)
+    assert TpuCollector.unavailable(explicit) is None
 
 
 def test_flags_set_the_address_the_deadline_and_enable_the_collector() -> None:

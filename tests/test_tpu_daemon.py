@@ -89,6 +89,11 @@ def test_the_sidecar_serves_every_libtpu_series_the_service_answers(
     cpu_ids = {str(i) for i in range(8)}
     assert not [k for k in samples if dict(k[1]).get("source") == "libtpu" and dict(k[1])["device"] in cpu_ids]
 
+    # /metrics?collect[]=tpu selects the tpu collector's families alone.
+    r = daemon.get("/metrics", params={"collect[]": "tpu"})
+    assert r.status_code == 200
+    assert "jaxmon_device_memory_used_bytes" in r.text and "jaxmon_memory_stats_supported" not in r.text
+
     # Values follow the service.
     fake.scenario.chips[13].duty_cycle_pct = 1.0
     daemon.wait_for(
@@ -97,7 +102,9 @@ def test_the_sidecar_serves_every_libtpu_series_the_service_answers(
     )
 
 
-def test_a_device_dropped_from_the_answer_goes_down_alone(start_daemon: StartDaemon, fake: FakeLibtpu) -> None:
+def test_a_dropped_device_goes_down_alone_and_an_unavailable_service_takes_every_device_series(
+    start_daemon: StartDaemon, fake: FakeLibtpu
+) -> None:
     daemon = serve(start_daemon, fake.address)
     daemon.wait_for(lambda s: len(tpu_devices(s)) == 4, what="four TPU devices")
     fake.set_chip(9, None)
@@ -109,6 +116,12 @@ def test_a_device_dropped_from_the_answer_goes_down_alone(start_daemon: StartDae
     for dev in (8, 12, 13):
         assert sample(samples, "jaxmon_device_source_up", **labels(dev)) == 1
         assert sample(samples, "jaxmon_device_memory_used_bytes", **labels(dev)) == fake.scenario.chips[dev].used_bytes
+
+    fake.update(status=grpc.StatusCode.UNAVAILABLE)
+    daemon.wait_for(lambda s: success(s) == 0 and not tpu_devices(s), what="no TPU series")
+    # Back, with device 9 still missing: the devices of the new session are the ones it reports.
+    fake.update(status=None)
+    daemon.wait_for(lambda s: success(s) == 1 and tpu_devices(s) == {"8", "12", "13"}, what="back without 9")
 
 
 def test_nothing_listening_then_the_service_appears(start_daemon: StartDaemon) -> None:
@@ -134,17 +147,6 @@ def test_nothing_listening_then_the_service_appears(start_daemon: StartDaemon) -
         server.stop()
 
 
-def test_an_unavailable_service_fails_the_collector_with_no_device_series(
-    start_daemon: StartDaemon, fake: FakeLibtpu
-) -> None:
-    daemon = serve(start_daemon, fake.address)
-    daemon.wait_for(lambda s: len(tpu_devices(s)) == 4, what="four TPU devices")
-    fake.update(status=grpc.StatusCode.UNAVAILABLE)
-    daemon.wait_for(lambda s: success(s) == 0 and not tpu_devices(s), what="no TPU series")
-    fake.update(status=None)
-    daemon.wait_for(lambda s: success(s) == 1 and len(tpu_devices(s)) == 4, what="back")
-
-
 def test_a_slow_service_never_delays_a_scrape(start_daemon: StartDaemon, fake: FakeLibtpu) -> None:
     daemon = serve(start_daemon, fake.address)
     daemon.wait_for(lambda s: len(tpu_devices(s)) == 4, what="four TPU devices")
@@ -157,12 +159,3 @@ def test_a_slow_service_never_delays_a_scrape(start_daemon: StartDaemon, fake: F
     assert not tpu_devices(samples)
     fake.update(delay=0.0)
     daemon.wait_for(lambda s: success(s) == 1, what="fast again")
-
-
-def test_collect_selects_the_tpu_collector_alone(start_daemon: StartDaemon, fake: FakeLibtpu) -> None:
-    daemon = serve(start_daemon, fake.address)
-    daemon.wait_for(lambda s: len(tpu_devices(s)) == 4, what="four TPU devices")
-    r = daemon.get("/metrics", params={"collect[]": "tpu"})
-    assert r.status_code == 200
-    assert "jaxmon_device_memory_used_bytes" in r.text
-    assert "jaxmon_memory_stats_supported" not in r.text

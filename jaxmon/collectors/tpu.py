@@ -18,10 +18,11 @@ from prometheus_client.core import Metric
 from pydantic import Field
 
 from jaxmon.collectors import register
-from jaxmon.collectors.base import Collector, CollectorOptions, Context, Enabled, Snapshot, Update, add, family
+from jaxmon.collectors.base import Collector, CollectorOptions, Context, Enabled, Update, add, family
 from jaxmon.collectors.devicewide import shared_family
 from jaxmon.durations import Duration
 from jaxmon.logsetup import ErrorLog
+from jaxmon.snapshot import Snapshot
 from jaxmon.sources import libtpu
 
 log = structlog.get_logger("jaxmon.collectors.tpu")
@@ -84,12 +85,18 @@ class TpuCollector(Collector[TpuState]):
 
     @classmethod
     def unavailable(cls, ctx: Context) -> str | None:
-        """Without tpu-info nothing can be read; on `auto`, also off where the host has no TPU chip."""
+        """Without tpu-info nothing can be read; on `auto`, also off where the host has no TPU chip.
+
+        An explicit `--collector.tpu` runs wherever tpu-info imports: the service may be reachable from a host (or a
+        container) that shows no chip of its own, and the address says where it is.
+        """
         try:
             import grpc  # noqa: F401
             from tpu_info import device
         except ImportError as exc:
             return f"tpu-info is not installed ({exc})"
+        if ctx.settings.collector_options(cls.name).enabled is True:
+            return None
         if any(d.platform == "tpu" for d in ctx.devices):
             return None
         try:
