@@ -300,8 +300,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "both workloads",
         )
         p.wait_for('count(jaxmon_device_source_up{job="jaxmon-tpu"} == 1)', lambda r: _value(r) == 4, "four TPU chips")
-        p.wait_for('jaxmon_spool_rejected_files_total{reason="bad_json"}', lambda r: len(r) == 1, "rejection counter")
-        compiled = p.query('jaxmon_jit_compilations_total{workload="trainer"}')
+        p.wait_for(
+            'jaxmon_spool_rejected_files_total{job="jaxmon-spool", reason="bad_json"}',
+            lambda r: len(r) == 1,
+            "rejection counter",
+        )
+        compiled = p.query('jaxmon_jit_compilations_total{job="jaxmon-spool", workload="trainer"}')
         assert compiled, "no compile counter"
         before = _value(compiled)
 
@@ -312,9 +316,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         ephemeral.close()
         p.wait_for('jaxmon_device_up{job="jaxmon-cpu", device="3"}', lambda r: _value(r) == 0, "cpu:3 down")
         p.wait_for(
-            'jaxmon_jit_compilations_total{workload="trainer"}', lambda r: _value(r) >= before + 40, "40 compilations"
+            'jaxmon_jit_compilations_total{job="jaxmon-spool", workload="trainer"}',
+            lambda r: _value(r) >= before + 40,
+            "40 compilations",
         )
-        p.wait_for('jaxmon_spool_rejected_files_total{reason="bad_json"}', lambda r: _value(r) >= 1, "a rejection")
+        for job in ("jaxmon-spool", "jaxmon-tpu"):  # both sidecars read the spool
+            p.wait_for(
+                f'jaxmon_spool_rejected_files_total{{job="{job}", reason="bad_json"}}', lambda r: _value(r) >= 1, job
+            )
         p.wait_for(
             'jaxmon_workload_last_report_timestamp_seconds{workload="ephemeral"}', lambda r: not r, "ephemeral gone"
         )
