@@ -324,3 +324,15 @@ def test_flags_set_the_address_the_deadline_and_enable_the_collector() -> None:
 def test_a_bad_deadline_is_rejected_naming_the_flag() -> None:
     with pytest.raises(SettingsError, match=r"collector\.tpu\.timeout.*not a duration"):
         load_settings(["--collector.tpu.timeout", "soon"])
+
+
+@pytest.mark.parametrize("address", ["", "localhost", "localhost:99999", "localhost:0", "no such host:8431"])
+def test_a_bad_address_is_rejected_naming_the_flag(address: str) -> None:
+    with pytest.raises(SettingsError, match=r"collector\.tpu\.address.*host:port"):
+        load_settings(["--collector.tpu.address", address])
+
+
+@pytest.mark.parametrize("address", ["localhost:8431", "127.0.0.1:8431", "[::1]:8431", "unix:/run/libtpu.sock"])
+def test_addresses_grpc_takes_are_accepted(address: str) -> None:
+    opts = load_settings(["--collector.tpu.address", address]).collector_options("tpu")
+    assert isinstance(opts, TpuOptions) and opts.address == address

@@ -10,12 +10,13 @@ service carries no chip identity to join on), so a mismatch is logged once and l
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import structlog
 from prometheus_client.core import Metric
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, CollectorOptions, Context, Enabled, Update, add, family
@@ -26,6 +27,9 @@ from jaxmon.snapshot import Snapshot
 from jaxmon.sources import libtpu
 
 log = structlog.get_logger("jaxmon.collectors.tpu")
+
+_HOST_PORT = re.compile(r"^(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+):(?P<port>\d{1,5})$")
+_GRPC_SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:")
 
 # A service that stays down is logged once, then reminded of hourly (not per poll): nothing listening is normal
 # before training starts and after it ends.
@@ -40,6 +44,19 @@ class TpuOptions(CollectorOptions):
     )
     address: str = Field(default="localhost:8431", description="host:port of libtpu's runtime metrics service.")
     timeout: Duration = Field(default=2.0, description="Deadline of one poll of the service (all calls together).")
+
+    @field_validator("address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        # gRPC takes a port past 65535 modulo 2^16 and an empty target as dns:///: refuse both here, by name.
+        if value.startswith(_GRPC_SCHEMES):
+            return value
+        match = _HOST_PORT.match(value)
+        if not match or not 1 <= int(match.group("port")) <= 65535:
+            raise ValueError(
+                f"expected host:port or [ipv6]:port with a port in 1-65535 (or a gRPC target URI), got {value!r}"
+            )
+        return value
 
 
 @dataclass(frozen=True)
