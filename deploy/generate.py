@@ -450,7 +450,7 @@ ROWS = [
                 [
                     Target(
                         f"jaxmon_device_hlo_execution_seconds{{{DEV}}}",
-                        DEVICE_WIDE_LEGEND + " p{{quantile}}",
+                        DEVICE_WIDE_LEGEND + " p{{percentile}}",
                     ),
                     Target(f"jaxmon_device_hlo_execution_mean_seconds{{{DEV}}}", DEVICE_WIDE_LEGEND + " mean"),
                 ],

@@ -107,7 +107,7 @@ def test_every_series_matches_the_scenario_libtpu_serves(context: Context, fake:
             (5.5 + i) * 1e-6
         )
         for q in (0.5, 0.9, 0.95, 0.999):
-            got = sample(samples, "jaxmon_device_hlo_execution_seconds", **labels(dev), quantile=str(q))
+            got = sample(samples, "jaxmon_device_hlo_execution_seconds", **labels(dev), percentile=f"{q * 100:g}")
             assert got == pytest.approx((4 + 4 * q) * 1e-6), q
     # Nothing under ids libtpu did not report (JAX's CPU ids 0..7 are not TPU devices).
     assert {dict(lbls)["device"] for _, lbls in samples} == {str(d) for d in IDS}
@@ -126,16 +126,18 @@ def test_hlo_quantiles_agree_with_tpu_infos_own_client(context: Context, fake: F
     for dev in IDS:
         ref = reference[dev]
         for q, want_us in ((0.5, ref.p50), (0.9, ref.p90), (0.95, ref.p95)):
-            got = sample(samples, "jaxmon_device_hlo_execution_seconds", **labels(dev), quantile=str(q))
+            got = sample(samples, "jaxmon_device_hlo_execution_seconds", **labels(dev), percentile=f"{q * 100:g}")
             assert got == pytest.approx(want_us * 1e-6), (dev, q)
     # By hand. p50: rank 500 is the last of the 400 in [2,4) µs -> 4 µs. p90: 100 + 400 + 300 = 800 lie below
     # 8 µs, so rank 900 is the 100th of the 195 in [8,16) µs -> 8 + 8 * 100/195 µs.
-    assert sample(samples, "jaxmon_device_hlo_execution_seconds", **labels(8), quantile="0.5") == pytest.approx(4e-6)
-    assert sample(samples, "jaxmon_device_hlo_execution_seconds", **labels(8), quantile="0.9") == pytest.approx(
+    assert sample(samples, "jaxmon_device_hlo_execution_seconds", **labels(8), percentile="50") == pytest.approx(4e-6)
+    assert sample(samples, "jaxmon_device_hlo_execution_seconds", **labels(8), percentile="90") == pytest.approx(
         (8 + 8 * 100 / 195) * 1e-6
     )
     # p99.9 (rank 999) lies in the overflow bucket: its lower bound, 16 µs, never an invented upper one.
-    assert sample(samples, "jaxmon_device_hlo_execution_seconds", **labels(8), quantile="0.999") == pytest.approx(16e-6)
+    assert sample(samples, "jaxmon_device_hlo_execution_seconds", **labels(8), percentile="99.9") == pytest.approx(
+        16e-6
+    )
     collector.stop()
 
 

@@ -4,13 +4,14 @@ reading a real gRPC libtpu runtime metrics service on loopback (tests/fake_libtp
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
-from tests.conftest import Daemon, Samples, StartDaemon, free_port, sample
+from tests.conftest import Daemon, Samples, StartDaemon, free_port, promtool, sample
 from tests.fake_libtpu import Chip, FakeLibtpu, Scenario, Timing
 
 GIB = 1 << 30
@@ -83,16 +84,18 @@ def test_the_sidecar_serves_every_libtpu_series_the_service_answers(
         assert sample(samples, "jaxmon_device_hlo_execution_mean_seconds", **labels(dev)) == pytest.approx(
             (2100 + i) * 1e-6
         )
-        p50 = sample(samples, "jaxmon_device_hlo_execution_seconds", **labels(dev), quantile="0.5")
+        p50 = sample(samples, "jaxmon_device_hlo_execution_seconds", **labels(dev), percentile="50")
         assert p50 == pytest.approx((2000 + 2000 * 100 / 600) * 1e-6)
     # The daemon's own JAX devices are CPU devices: no TPU series carries their ids.
     cpu_ids = {str(i) for i in range(8)}
     assert not [k for k in samples if dict(k[1]).get("source") == "libtpu" and dict(k[1])["device"] in cpu_ids]
 
-    # /metrics?collect[]=tpu selects the tpu collector's families alone.
+    # /metrics?collect[]=tpu selects the tpu collector's families alone, and they pass Prometheus's own lint.
     r = daemon.get("/metrics", params={"collect[]": "tpu"})
     assert r.status_code == 200
     assert "jaxmon_device_memory_used_bytes" in r.text and "jaxmon_memory_stats_supported" not in r.text
+    lint = subprocess.run([promtool(), "check", "metrics"], input=r.text, capture_output=True, text=True, timeout=30)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
 
     # Values follow the service.
     fake.scenario.chips[13].duty_cycle_pct = 1.0

@@ -191,7 +191,8 @@ class TpuCollector(Collector[TpuState]):
         queue = family("jaxmon_device_hlo_queue_size", "HLO programs queued for execution on the device (libtpu).")
         timing = family(
             "jaxmon_device_hlo_execution_seconds",
-            "Quantiles of HLO program execution time on the device, from libtpu's distribution (label quantile).",
+            "HLO program execution time on the device at a percentile (label percentile: 50, 90, 95, 99.9), "
+            "from libtpu's distribution.",
         )
         mean = family("jaxmon_device_hlo_execution_mean_seconds", "Mean HLO program execution time (libtpu).")
         for dev in state.devices:
@@ -208,8 +209,10 @@ class TpuCollector(Collector[TpuState]):
                     add(fam, labels, value)
             if dev.hlo_timing is not None:
                 add(mean, labels, dev.hlo_timing.mean_seconds)
+                # `percentile`, not `quantile`: that label belongs to summaries (promtool check metrics), and libtpu's
+                # distribution gives no count and sum that are known to be counters.
                 for q, seconds in dev.hlo_timing.quantiles:
-                    add(timing, {**labels, "quantile": str(q)}, seconds)
+                    add(timing, {**labels, "percentile": f"{q * 100:g}"}, seconds)
         yield from (up, total, used, duty, bandwidth, queue, timing, mean)
 
     def stop(self) -> None:
