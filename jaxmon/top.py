@@ -7,7 +7,6 @@ import contextlib
 import io
 import os
 import select
-import shutil
 import signal
 import sys
 import termios
@@ -31,6 +30,7 @@ PROG = "jaxmon top"
 PASSWORD_ENV = "JAXMON_TOP_PASSWORD"
 QUIT_KEYS = frozenset("qQ")
 SORT_KEYS = frozenset("sS")
+PLAIN_WIDTH = 4096  # piped output is not cut to any terminal: scripts get whole rows
 
 
 class UsageError(ValueError):
@@ -97,11 +97,10 @@ def once(poller: Poller, sort: str, interval: float, timeout: float, out: TextIO
     if tty_out:
         console = Console(file=out, highlight=False)
         console.print(frame(states, sort, now, limit, UNICODE, False, console))
-    else:  # plain text for scripts: no colour, ASCII, no trailing blanks, as wide as $COLUMNS (default 200)
+    else:  # plain text for scripts: no colour, ASCII, every column, one line per row, no trailing blanks
         buffer = io.StringIO()
-        width = shutil.get_terminal_size((200, 50)).columns
-        console = Console(file=buffer, highlight=False, width=width, force_terminal=False, no_color=True)
-        console.print(frame(states, sort, now, limit, ASCII, False, console))
+        console = Console(file=buffer, highlight=False, width=PLAIN_WIDTH, force_terminal=False, no_color=True)
+        console.print(frame(states, sort, now, limit, ASCII, False))
         out.write("".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines()))
     return 1 if any(s.down_reason(now, stale_after(interval, timeout)) for s in states) else 0
 
