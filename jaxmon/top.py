@@ -143,6 +143,9 @@ def wake_pipe() -> Iterator[tuple[int, int]]:
 def interactive(poller: Poller, sort: str, interval: float, timeout: float) -> int:
     """Redraw every `interval`, on each finished scrape and on resize; `s` cycles the sort, `q` quits."""
     stdin = sys.stdin.fileno()
+    # rich takes $COLUMNS/$LINES over the terminal's size and would then never follow a resize (rich console.py).
+    for var in ("COLUMNS", "LINES"):
+        os.environ.pop(var, None)
     console = Console(highlight=False)
     limit = stale_after(interval, timeout)
     with wake_pipe() as (wake_r, wake_w), cbreak(stdin):
