@@ -9,7 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -102,25 +102,32 @@ class EndpointState:
     last_ok: float | None = None  # monotonic time of the latest good scrape
     last_attempt_done: float | None = None
     known_rows: list[Row] = field(default_factory=list)  # devices of the latest good scrape
+    created: float = field(default_factory=time.monotonic)
+
+    def waiting(self, now: float, stale_after: float) -> bool:
+        """No answer yet, and not for long: the screen says 'connecting' rather than down."""
+        return self.exposition is None and self.error is None and now - self.created <= stale_after
 
     def rows(self, now: float, stale_after: float) -> list[Row]:
         """Rows for the screen: the latest scrape, or the last known devices marked down with the reason."""
+        if self.waiting(now, stale_after):
+            return []
         reason = self.down_reason(now, stale_after)
-        if reason is None and self.exposition is not None:
-            return self.exposition.rows
-        reason = reason or "no answer yet"
+        if reason is None:
+            return self.exposition.rows if self.exposition is not None else []
         if self.known_rows:
             return down_rows(self.known_rows, reason)
         return down_rows([Row(RowKey(self.name, "", "", ""))], reason)
 
     def down_reason(self, now: float, stale_after: float) -> str | None:
-        """Why the endpoint counts as down now, or None when its latest answer is fresh and good."""
+        """Why the endpoint counts as down now (failed, or silent for too long), or None."""
         if self.error is not None:
             return self.error
-        if self.last_ok is None:
-            return None if self.exposition is not None else "waiting for the first answer"
-        if now - self.last_ok > stale_after:
-            return f"no answer for {now - self.last_ok:.0f}s"
+        if self.waiting(now, stale_after):
+            return None
+        last = self.last_ok if self.last_ok is not None else self.created
+        if now - last > stale_after:  # a fetch hung past its timeout (a server trickling bytes)
+            return f"no answer for {now - last:.0f}s"
         return None
 
 
@@ -230,17 +237,4 @@ class Poller:
     def snapshot(self) -> list[EndpointState]:
         """Copies of the endpoint states, consistent with each other's scrapes."""
         with self._lock:
-            return [
-                EndpointState(
-                    s.url,
-                    s.name,
-                    s.exposition,
-                    s.error,
-                    s.health,
-                    s.healthy,
-                    s.last_ok,
-                    s.last_attempt_done,
-                    list(s.known_rows),
-                )
-                for s in self.states
-            ]
+            return [replace(s, known_rows=list(s.known_rows)) for s in self.states]

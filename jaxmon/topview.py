@@ -171,7 +171,9 @@ def header(states: list[EndpointState], now: float, stale_after: float, sort: st
     for s in states:
         reason = s.down_reason(now, stale_after)
         out.append(f"{s.name}  ", style="bold")
-        if reason is not None:
+        if s.waiting(now, stale_after):
+            out.append("connecting…", style="dim")
+        elif reason is not None:
             out.append(f"DOWN: {reason}", style="bold red")
         else:
             out.append("healthy" if s.healthy else "UNHEALTHY", style="green" if s.healthy else "bold red")

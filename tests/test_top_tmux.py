@@ -7,6 +7,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -120,10 +121,16 @@ def test_top_in_a_terminal_sorts_on_s_survives_resize_and_a_dead_endpoint_and_qu
     start_daemon: StartDaemon, tmux: Tmux, tmp_path: Path
 ) -> None:
     d = start_daemon(*REPLAY)
-    tmux.start(_top(f"127.0.0.1:{d.port}"), width=130, height=40)
+    silent = socket.socket()  # accepts connections, never answers: a hung daemon beside the good one
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    hung = f"127.0.0.1:{silent.getsockname()[1]}"
+    tmux.start(_top(f"{hung} 127.0.0.1:{d.port}"), width=130, height=40)
     screen = tmux.wait_screen(lambda s: "20.0GiB/60.0GiB" in _row(s, "gpu:0"), "gpu:0's memory")
     assert "sort: device" in screen
     assert f"127.0.0.1:{d.port}  healthy" in screen
+    screen = tmux.wait_screen(lambda s: f"{hung}  DOWN: timed out" in s, "the hung endpoint timing out")
+    assert "20.0GiB/60.0GiB" in _row(screen, "gpu:0")  # the good endpoint's rows stay while the other hangs
     assert _devices(screen) == ["gpu:0", "gpu:1", "gpu:2", "tpu:3", "gpu:4", "cpu:5", "gpu:6", "gpu:7", "gpu:8"]
     assert "ALLOCATABLE" in screen
 
@@ -143,12 +150,12 @@ def test_top_in_a_terminal_sorts_on_s_survives_resize_and_a_dead_endpoint_and_qu
 
     # The endpoint goes away: every row says so and the header says why; it comes back on the same port.
     d.stop(signal.SIGKILL)
-    screen = tmux.wait_screen(lambda s: s.count("unreachable") == 9, "rows marked unreachable")
+    screen = tmux.wait_screen(lambda s: s.count("unreachable") == 10, "rows marked unreachable (9 + the hung one)")
     assert f"127.0.0.1:{d.port}  DOWN: connection refused" in screen
     revived = _serve_on(d.port, tmp_path / "revived.log")
     try:
         tmux.wait_screen(
-            lambda s: "unreachable" not in s and "20.0GiB/60.0GiB" in _row(s, "gpu:0"), "the endpoint back", 60
+            lambda s: s.count("unreachable") == 1 and "20.0GiB/60.0GiB" in _row(s, "gpu:0"), "the endpoint back", 60
         )
     finally:
         revived.kill()
@@ -158,6 +165,7 @@ def test_top_in_a_terminal_sorts_on_s_survives_resize_and_a_dead_endpoint_and_qu
     screen = tmux.wait_screen(lambda s: "stty done" in s, "top's exit")
     assert "top exited rc=0" in screen
     assert re.search(r"^icanon$", screen, re.M) and re.search(r"^echo$", screen, re.M), screen
+    silent.close()
 
 
 def test_top_restores_the_terminal_when_terminated(tmux: Tmux) -> None:
