@@ -156,6 +156,21 @@ def test_an_unreachable_endpoint_keeps_its_devices_as_rows_that_say_so() -> None
     assert "unreachable" in _plain(never)
 
 
+def test_an_endpoint_connects_quietly_and_one_silent_past_the_limit_reads_down() -> None:
+    # stale_after is 10 s in _plain; `now` there is 0.
+    fresh = EndpointState("http://h:3/metrics", "h:3", created=-1.0)
+    assert "h:3  connecting…" in _plain(fresh)
+    assert fresh.rows(0.0, 10.0) == []
+    silent = EndpointState("http://h:3/metrics", "h:3", created=-25.0)
+    assert "h:3  DOWN: no answer for 25s" in _plain(silent)
+    hung = _state(EXPOSITION)  # answered once, then its fetch hung past the timeout
+    hung.last_ok = -12.0
+    hung.known_rows = hung.exposition.rows if hung.exposition else []
+    text = _plain(hung)
+    assert "h:1  DOWN: no answer for 12s" in text
+    assert _cells(text, "gpu:0")[-1] == "unreachable"
+
+
 def test_text_that_is_not_an_exposition_is_an_error_naming_it() -> None:
     with pytest.raises(ExpositionError, match="not a Prometheus exposition"):
         parse_exposition('jaxmon_memory_bytes_in_use{device="0" 12\n', "h:1")
