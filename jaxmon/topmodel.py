@@ -54,6 +54,7 @@ class Row:
     duty_source: str | None = None
     device_used: float | None = None
     device_total: float | None = None
+    sources_down: tuple[str, ...] = ()  # device-wide sources that failed for this device in their last poll
     # Set when the endpoint did not answer: the row is the last known device, its numbers cleared.
     endpoint_down: str | None = None
 
@@ -71,7 +72,8 @@ class Exposition:
 
     rows: list[Row] = field(default_factory=list)
     collectors: dict[str, float] = field(default_factory=dict)  # jaxmon_collector_success{collector}
-    sources: dict[str, float] = field(default_factory=dict)  # jaxmon_device_source_up{source}
+    # jaxmon_device_source_up{device,platform,source}: per source, (devices it answered for, devices it covers).
+    sources: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class ExpositionError(ValueError):
@@ -87,6 +89,7 @@ def parse_exposition(text: str, endpoint: str) -> Exposition:
     """Rows and health series of an exposition, parsed with prometheus_client's parser."""
     rows: dict[RowKey, Row] = {}
     device_wide: dict[tuple[str, str], dict[str, tuple[float, str]]] = {}
+    source_failures: dict[tuple[str, str], list[str]] = {}
     out = Exposition()
 
     def row(labels: dict[str, str]) -> Row:
@@ -109,7 +112,14 @@ def parse_exposition(text: str, endpoint: str) -> Exposition:
             elif s.name == "jaxmon_collector_success" and "collector" in s.labels:
                 out.collectors[s.labels["collector"]] = s.value
             elif s.name == "jaxmon_device_source_up" and "source" in s.labels:
-                out.sources[s.labels["source"]] = s.value
+                up, total = out.sources.get(s.labels["source"], (0, 0))
+                out.sources[s.labels["source"]] = (up + (s.value == 1), total + 1)
+                if s.value != 1 and "device" in s.labels:
+                    failed = source_failures.setdefault((s.labels.get("platform", ""), s.labels["device"]), [])
+                    failed.append(s.labels["source"])
+    for (platform, device), failed in source_failures.items():
+        for r in [r for r in rows.values() if (r.key.platform, r.key.device) == (platform, device)]:
+            r.sources_down = tuple(sorted(failed))
     for (platform, device), values in device_wide.items():
         matching = [r for r in rows.values() if (r.key.platform, r.key.device) == (platform, device)]
         if not matching:  # a device only NVML or libtpu sees (no JAX client on it): a row of its own

@@ -78,6 +78,7 @@ def state_cell(row: Row, glyphs: Glyphs) -> Text:
         parts.append(Text("up", style="green") if row.up == 1 else Text("DOWN", style="bold red"))
     if row.read_ok == 0:
         parts.append(Text("read-error", style="red"))
+    parts.extend(Text(f"{source}-down", style="yellow") for source in row.sources_down)
     return Text(" ").join(parts) if parts else Text(glyphs.absent)
 
 
@@ -184,8 +185,11 @@ def header(states: list[EndpointState], now: float, stale_after: float, sort: st
                 failing = sorted(c for c, v in exp.collectors.items() if v != 1)
                 if failing:
                     out.append(f"  failing collectors: {', '.join(failing)}", style="yellow")
-                for source, up in sorted(exp.sources.items()):
-                    out.append(f"  {source} {'up' if up == 1 else 'down'}", style="green" if up == 1 else "yellow")
+                for source, (up, total) in sorted(exp.sources.items()):
+                    if up == total:
+                        out.append(f"  {source} up", style="green")
+                    else:
+                        out.append(f"  {source} down on {total - up} of {total} devices", style="yellow")
         out.append("\n")
     out.append(f"sort: {sort}", style="dim")
     out.append("   s: next sort   q: quit" if interactive else "", style="dim")

@@ -61,8 +61,9 @@ jaxmon_device_memory_used_bytes{device="0",platform="gpu",source="nvml"} 6442450
 # TYPE jaxmon_device_memory_total_bytes gauge
 jaxmon_device_memory_total_bytes{device="0",platform="gpu",source="nvml"} 85899345920
 # TYPE jaxmon_device_source_up gauge
-jaxmon_device_source_up{source="nvml"} 1
-jaxmon_device_source_up{source="libtpu"} 0
+jaxmon_device_source_up{device="0",platform="gpu",source="nvml"} 1
+jaxmon_device_source_up{device="1",platform="gpu",source="nvml"} 0
+jaxmon_device_source_up{device="2",platform="gpu",source="nvml"} 1
 # TYPE jaxmon_collector_success gauge
 jaxmon_collector_success{collector="memory"} 0
 jaxmon_collector_success{collector="probe"} 1
@@ -105,7 +106,9 @@ def test_each_device_and_workload_becomes_a_row_with_the_numbers_of_its_series()
     assert rows[("0", "trainer")].in_use == 512 * 1024 * 1024
     assert rows[("0", "trainer")].limit is None  # absent stays absent
     assert exp.collectors == {"memory": 0, "probe": 1}
-    assert exp.sources == {"nvml": 1, "libtpu": 0}
+    assert exp.sources == {"nvml": (2, 3)}  # answered for devices 0 and 2, failed for 1
+    assert rows[("1", "")].sources_down == ("nvml",)
+    assert rows[("0", "")].sources_down == ()
 
 
 def test_the_frame_shows_bar_numbers_duty_beside_probe_and_dashes_for_what_is_absent() -> None:
@@ -115,15 +118,16 @@ def test_the_frame_shows_bar_numbers_duty_beside_probe_and_dashes_for_what_is_ab
         "h:1", "gpu:0", "-", "###.......", "3.0GiB/10.0GiB", "7.0GiB", "12.5%", "6.0GiB",
         "60.0GiB/80.0GiB", "87.5%", "nvml", "40.0%", "up",
     ]  # fmt: skip
-    # gpu:1: half full, no fragmentation or allocatable series, probe down and the last memory read failed.
+    # gpu:1: half full, no fragmentation or allocatable series, probe down, memory read failed, NVML failed.
     assert _cells(text, "gpu:1") == [
         "h:1", "gpu:1", "-", "#####.....", "1.0GiB/2.0GiB", "1.0GiB", "-", "-", "-", "-", "-", "DOWN", "read-error",
+        "nvml-down",
     ]  # fmt: skip
     assert _cells(text, "gpu:0", "trainer")[2:5] == ["trainer", "512.0MiB/-", "-"]
     header = text.splitlines()[0]
     assert "h:1  healthy (ok: fresh)" in header
     assert "failing collectors: memory" in header
-    assert "libtpu down" in header and "nvml up" in header
+    assert "nvml down on 1 of 3 devices" in header
 
 
 def test_each_sort_puts_the_row_to_look_at_first_on_top() -> None:
