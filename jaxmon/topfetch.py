@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from http.client import HTTPException
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -150,6 +151,8 @@ def _describe(exc: BaseException) -> str:
         return "connection refused"
     if isinstance(exc, TimeoutError):
         return "timed out"
+    if isinstance(exc, HTTPException):  # e.g. BadStatusLine from a peer that does not speak HTTP
+        return f"not an HTTP answer ({type(exc).__name__}: {str(exc).strip()[:40]!r})"
     if isinstance(exc, ssl.SSLError):
         return f"TLS: {exc.reason or exc}"
     text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
@@ -163,7 +166,7 @@ def scrape(state: EndpointState, config: ClientConfig, ctx: ssl.SSLContext | Non
         if status != 200:
             raise ExpositionError(f"HTTP {status}: {body.strip()[:80]}")
         exposition = parse_exposition(body, state.name)
-    except (OSError, ExpositionError, ValueError) as exc:
+    except (OSError, HTTPException, ValueError) as exc:  # HTTPException: not HTTP at all (BadStatusLine)
         state.error = _describe(exc)
         state.health = None
         state.healthy = False
@@ -173,7 +176,7 @@ def scrape(state: EndpointState, config: ClientConfig, ctx: ssl.SSLContext | Non
         hstatus, hbody = _get(healthz_url(state.url), config, ctx)
         state.health = hbody.strip() or f"HTTP {hstatus}"
         state.healthy = hstatus == 200
-    except (OSError, ValueError) as exc:
+    except (OSError, HTTPException, ValueError) as exc:
         state.health, state.healthy = f"/healthz: {_describe(exc)}", False
     state.exposition, state.error = exposition, None
     state.known_rows = exposition.rows

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -202,6 +204,25 @@ def _gib(n: float) -> str:
 def _replay_device(device: int) -> dict[str, Any]:
     doc = json.loads(SHAPES.read_text())
     return next(d["memory_stats"] for d in doc["devices"] if d["id"] == device)
+
+
+def test_a_peer_that_does_not_speak_http_is_down_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+
+        def answer_garbage() -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    conn, _ = server.accept()
+                    conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+                    conn.close()
+
+        threading.Thread(target=answer_garbage, daemon=True).start()
+        code = top_main([f"127.0.0.1:{server.getsockname()[1]}", "--once", "--timeout", "2s"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "DOWN: not an HTTP answer (BadStatusLine: 'SSH-2.0-OpenSSH_9.2')" in out
 
 
 @pytest.fixture
