@@ -21,11 +21,12 @@ from jaxmon.table import format_table, snapshot_json
 
 log = structlog.get_logger("jaxmon")
 
-USAGE = """usage: jaxmon {serve,snapshot} [options]
+USAGE = """usage: jaxmon {serve,snapshot,top} [options]
 
 commands:
   serve      run the exporter (jaxmon serve --help lists every setting)
   snapshot   poll and probe every device once and print a table (--json for JSON)
+  top        live view of running jaxmon endpoints (jaxmon top --help)
 """
 
 
@@ -121,5 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(rest)
     if command == "snapshot":
         return snapshot(rest)
+    if command == "top":
+        from jaxmon.top import main as top  # rich and the terminal code only for this command
+
+        return top(rest)
     print(f"jaxmon: unknown command {command!r}\n{USAGE}", file=sys.stderr)
     return 2
