@@ -10,16 +10,18 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic_settings import (
     BaseSettings,
     CliSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+
+from jaxmon.collectors.base import CollectorOptions
 
 DEFAULT_PORT = 10401
 
@@ -91,10 +93,28 @@ class WebSettings(_Section):
         return value
 
 
-class CollectorSettings(_Section):
-    """Which collectors run."""
+def _enabled_shorthand(value: Any) -> Any:
+    """`collector: {probe: false}` (YAML) and `JAXMON_COLLECTOR__PROBE=false` mean `enabled: false`."""
+    if isinstance(value, bool) or value == "auto":
+        return {"enabled": value}
+    return value
 
-    probe: bool = Field(default=True, description="Run the utilization probe on each device.")
+
+def _collector_settings() -> type[BaseModel]:
+    """One section per registered collector (`--collector.<name>.*`), built from the registry."""
+    from jaxmon.collectors import registry
+
+    fields: dict[str, Any] = {
+        name: (Annotated[cls.options, BeforeValidator(_enabled_shorthand)], cls.options())
+        for name, cls in registry().items()
+    }
+    return create_model("CollectorSettings", __base__=_Section, __doc__="Which collectors run.", **fields)
+
+
+if TYPE_CHECKING:
+    CollectorSettings = _Section
+else:
+    CollectorSettings = _collector_settings()
 
 
 class PollSettings(_Section):
@@ -181,6 +201,11 @@ class Settings(BaseSettings):
     config: ConfigSettings = ConfigSettings()
     replay: Path | None = Field(default=None, description="Serve recorded devices from this JSON file.")
 
+    def collector_options(self, name: str) -> CollectorOptions:
+        """The settings section of the collector `name`."""
+        options: CollectorOptions = getattr(self.collector, name)
+        return options
+
     @property
     def max_staleness(self) -> float:
         """Seconds after which data counts as stale for /healthz."""
@@ -242,11 +267,33 @@ def _describe(err: ValidationError, origin: str) -> str:
     return f"invalid settings{origin}:\n  " + "\n  ".join(lines)
 
 
+_COLLECTOR_FLAG = re.compile(r"^--(no-)?collector\.([a-z0-9_]+)(?:=(.*))?$")
+
+
+def collector_flags(argv: Sequence[str]) -> list[str]:
+    """node_exporter's flags: `--collector.X`, `--no-collector.X`, `--collector.X=auto` set `collector.X.enabled`."""
+    from jaxmon.collectors import registry
+
+    names = registry()
+    out: list[str] = []
+    for arg in argv:
+        match = _COLLECTOR_FLAG.match(arg)
+        if match is None or match.group(2) not in names:
+            out.append(arg)
+            continue
+        negated, name, value = match.groups()
+        if negated:
+            value = "false" if value is None else value
+        out.append(f"--collector.{name}.enabled={'true' if value is None else value}")
+    return out
+
+
 def load_settings(argv: Sequence[str], prog: str = "jaxmon serve") -> Settings:
     """Build Settings from argv, the environment and the YAML file; raises SettingsError on bad input.
 
     argparse errors (unknown flags, missing values) exit with status 2 themselves, as argparse does.
     """
+    argv = collector_flags(argv)
     config_path = _config_file_from(argv, os.environ)
     yaml_data = _read_yaml(config_path) if config_path is not None else {}
 
@@ -268,4 +315,21 @@ def load_settings(argv: Sequence[str], prog: str = "jaxmon serve") -> Settings:
         loaded = _Loaded()
     except ValidationError as exc:
         raise SettingsError(_describe(exc, origin)) from exc
+    except SystemExit:
+        if "-h" in argv or "--help" in argv:
+            print(collectors_help())
+        raise
     return Settings.model_validate(loaded.model_dump())
+
+
+def collectors_help() -> str:
+    """The collectors section of --help: node_exporter-style flags and what each collector does."""
+    from jaxmon.collectors import registry
+
+    lines = ["collectors (each is also --collector.NAME.enabled {true,false,auto}):"]
+    for name, cls in registry().items():
+        default = cls.options().enabled
+        shown = "auto" if default == "auto" else str(default).lower()
+        lines.append(f"  --collector.{name} / --no-collector.{name}  (default: {shown})")
+        lines.append(f"      {cls.description}")
+    return "\n".join(lines)

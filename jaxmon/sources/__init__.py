@@ -1,1 +1,43 @@
-"""Where device readings come from: local JAX devices, replay files, the spool, and the fault-injecting wrapper."""
+"""Where device readings come from: local JAX devices, replay files, the spool, and the fault-injecting wrapper.
+
+Sources return raw readings (`memory_stats()`-shaped dicts, published documents); collectors derive the numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from jaxmon.model import BackendStatus, DeviceInfo, ProbeKernel
+
+
+class DeviceSource(Protocol):
+    """Devices and their stats: this process's JAX devices, or a replay file."""
+
+    name: str
+    runs_probes: bool
+
+    def discover(self) -> tuple[list[DeviceInfo], list[BackendStatus]]:
+        """Devices to report, and the backends tried."""
+
+    def read_memory(self, device: DeviceInfo) -> Mapping[str, Any] | None:
+        """One `memory_stats()`-shaped dict, None when unsupported; raises on a device error."""
+
+    def make_probe(self, device: DeviceInfo, size: int) -> ProbeKernel | None:
+        """A compiled probe for `device`, or None when the source runs no probes."""
+
+
+class InProcess(Protocol):
+    """A workload process's view of itself (embedded mode, publisher): live arrays and compile counters."""
+
+    process_index: int
+
+    @property
+    def jax_version(self) -> str:
+        """The running JAX's version."""
+
+    def live_array_bytes(self) -> dict[tuple[str, int], int]:
+        """Bytes of live arrays per device."""
+
+    def compile_counts(self) -> dict[str, float]:
+        """Compile counters since start."""

@@ -1,0 +1,34 @@
+"""The collectors: one module each, found by the registry, each turned into `--collector.<name>` flags.
+
+Adding a collector is adding a module here with a `@register`ed `Collector` subclass (and its test file): the
+settings gain its section, the runtime schedules it and records its health, the exposition renders it, and
+`/metrics?collect[]=<name>` selects it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any, TypeVar
+
+from jaxmon.collectors.base import Collector
+
+C = TypeVar("C", bound=type[Collector[Any]])
+
+_REGISTRY: dict[str, type[Collector[Any]]] = {}
+
+
+def register(cls: C) -> C:
+    """Class decorator: make `cls` a collector jaxmon knows (its name must be unique)."""
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"two collectors named {cls.name!r}")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def registry() -> dict[str, type[Collector[Any]]]:
+    """Every collector, in exposition order (imports each module of this package once)."""
+    for module in pkgutil.iter_modules(__path__):
+        if module.name != "base":
+            importlib.import_module(f"{__name__}.{module.name}")
+    return dict(sorted(_REGISTRY.items(), key=lambda item: (item[1].order, item[0])))
