@@ -42,9 +42,10 @@ def _load(argv: Sequence[str], prog: str) -> Settings:
 
 def serve(argv: Sequence[str]) -> int:
     """Run the daemon until SIGTERM/SIGINT."""
-    from jaxmon.web.server import HttpServer, serve_until_signalled
+    from jaxmon.web.server import HttpServer, hold_signals_until_serving, serve_until_signalled
     from jaxmon.web.webconfig import WebConfigError
 
+    hold_signals_until_serving()
     settings = _load(argv, "jaxmon serve")
     try:
         runtime = build_runtime(settings)
