@@ -19,7 +19,9 @@ from tpu_info import metrics as tpu_info_metrics
 from tpu_info.metrics import MetricName
 
 from jaxmon.collectors.base import Context, Update
+from jaxmon.collectors.devicewide import DutyCycles
 from jaxmon.collectors.tpu import TpuCollector, TpuOptions, TpuState
+from jaxmon.model import DeviceInfo
 from jaxmon.settings import Settings, SettingsError, load_settings
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.local import LocalSource
@@ -299,6 +301,31 @@ def test_nothing_listening_is_logged_once_and_the_service_is_picked_up_when_it_a
     finally:
         server.stop()
         collector.stop()
+
+
+def test_the_probe_sees_a_duty_cycle_only_where_jax_sees_libtpus_ids(context: Context, fake: FakeLibtpu) -> None:
+    # The probe defers calibration on a busy device through devicewide.DutyCycles: it asks by JAX id.
+    assert isinstance(TpuState(), DutyCycles)
+    sidecar = make(context, fake.address)  # JAX on CPU: no JAX TPU device is libtpu's
+    state = sidecar.update().state
+    assert state.duty_cycle("tpu", 8) is None and state.duty_cycle("cpu", 0) is None
+    sidecar.stop()
+
+    def with_jax_tpus(ids: tuple[int, ...]) -> TpuState:
+        devices = [DeviceInfo(id=i, platform="tpu", device_kind="TPU v5 lite") for i in ids]
+        ctx = Context(settings=context.settings, source=context.source, devices=devices)
+        collector = TpuCollector(ctx, TpuOptions(enabled=True, address=fake.address, timeout=1.0))
+        try:
+            return collector.update().state
+        finally:
+            collector.stop()
+
+    embedded = with_jax_tpus(IDS)  # jaxmon inside the trainer: the same chips, by the same ids
+    assert embedded.duty_cycle("tpu", 12) == pytest.approx((12.5 + 20 * 2) / 100)  # chip 12 is the third
+    with capture_logs() as logs:
+        other = with_jax_tpus((0, 1, 2, 3))  # ids that are not libtpu's: no guess
+    assert other.duty_cycle("tpu", 0) is None and other.duty_cycle("tpu", 8) is None
+    assert [e["event"] for e in logs if "differ" in e["event"]], logs
 
 
 def test_auto_stays_off_on_a_host_without_tpu_chips(context: Context) -> None:

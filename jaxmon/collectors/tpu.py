@@ -79,6 +79,18 @@ class TpuState:
 
     devices: tuple[TpuDevice, ...] = ()
     error: str | None = None
+    # True when this process's JAX sees TPU devices with exactly libtpu's ids (embedded in a trainer, or a daemon
+    # that owns the chips): only then are a JAX device and a libtpu device-id taken to be the same chip.
+    same_ids_as_jax: bool = False
+
+    def duty_cycle(self, platform: str, device: int) -> float | None:
+        """The duty cycle of JAX device `platform:device` (devicewide.DutyCycles), None unless ids match."""
+        if platform != "tpu" or not self.same_ids_as_jax:
+            return None
+        for dev in self.devices:
+            if dev.id == device:
+                return dev.duty_cycle_ratio
+        return None
 
 
 @register
@@ -147,7 +159,7 @@ class TpuCollector(Collector[TpuState]):
         total, used = g.get(libtpu.TOTAL, {}), g.get(libtpu.USAGE, {})
         present = set(total) & set(used)
         self._known |= present
-        self._check_mapping(present)
+        same_ids = self._check_mapping(present)
         devices = []
         for dev in sorted(self._known):
             if dev not in present:
@@ -167,20 +179,24 @@ class TpuCollector(Collector[TpuState]):
                     hlo_timing=reading.timings.get(dev),
                 )
             )
-        return TpuState(devices=tuple(devices))
+        return TpuState(devices=tuple(devices), same_ids_as_jax=same_ids)
 
-    def _check_mapping(self, libtpu_ids: set[int]) -> None:
-        """Log once when this process's JAX sees TPU devices whose ids are not libtpu's (labels stay libtpu's)."""
+    def _check_mapping(self, libtpu_ids: set[int]) -> bool:
+        """Whether this process's JAX TPU ids are libtpu's; logs once when they differ (labels stay libtpu's)."""
         jax_ids = {d.id for d in self.ctx.devices if d.platform == "tpu"}
-        if self._mapping_checked or not jax_ids or not libtpu_ids:
-            return
+        if not jax_ids or not libtpu_ids:
+            return False
+        same = libtpu_ids == jax_ids
+        if self._mapping_checked:
+            return same
         self._mapping_checked = True
-        if libtpu_ids != jax_ids:
+        if not same:
             log.warning(
                 "libtpu device ids differ from this process's JAX TPU ids; labelling by libtpu's device-id",
                 libtpu_ids=sorted(libtpu_ids),
                 jax_ids=sorted(jax_ids),
             )
+        return same
 
     def families(self, snap: Snapshot, state: TpuState) -> Iterator[Metric]:
         up = shared_family("jaxmon_device_source_up")
