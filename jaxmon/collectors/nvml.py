@@ -1,0 +1,219 @@
+"""The `nvml` collector: device-wide truth about every GPU through NVML (all processes' memory, duty cycle, power,
+heat, throttling, ECC and Xid), with no JAX GPU backend and no device memory of its own.
+
+Device label: JAX GPU devices expose no UUID or PCI bus id (XLA's se_gpu_pjrt_client.cc gives them only
+`device_vendor`, `compute_capability`, `core_count`, `coords` and `slice_index` attributes), and CUDA's ordinals follow
+CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER, so no JAX device id can be matched to an NVML device with certainty:
+`device` is the NVML index, and `jaxmon_device_info{device_match="nvml_index"}` says so.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import structlog
+from prometheus_client.core import Metric
+from pydantic import Field
+
+from jaxmon.collectors import register
+from jaxmon.collectors.base import (
+    Collector,
+    CollectorOptions,
+    Context,
+    Enabled,
+    Snapshot,
+    Update,
+    add,
+    family,
+)
+from jaxmon.collectors.devicewide import shared_family
+from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS, GpuReading, Nvml, NvmlUnavailable, probe_library
+
+log = structlog.get_logger("jaxmon.collectors.nvml")
+
+SOURCE = "nvml"
+DEVICE_MATCH = "nvml_index"
+
+
+class NvmlOptions(CollectorOptions):
+    """`--collector.nvml.*`."""
+
+    enabled: Enabled = Field(
+        default="auto", description="true, false, or auto (on where libnvidia-ml.so.1 loads and NVML initialises)."
+    )
+    xid_wait: float = Field(
+        default=0.5,
+        gt=0,
+        le=10,
+        description="Seconds the Xid event thread waits per call (bounds how long stop takes).",
+    )
+
+
+@dataclass(frozen=True)
+class NvmlState:
+    """The latest NVML poll: one reading per GPU, and the Xid events counted since start."""
+
+    gpus: tuple[GpuReading, ...] = ()
+    xid: Mapping[tuple[int, int], int] = field(default_factory=dict)
+    # Why NVML as a whole is unusable (no devices are listed then).
+    error: str | None = None
+
+
+@register
+class NvmlCollector(Collector[NvmlState]):
+    """Every GPU's device-wide readings through NVML."""
+
+    name = "nvml"
+    description = "GPU device-wide memory, duty cycle, power, temperature, clocks, throttling, ECC and Xid via NVML."
+    options = NvmlOptions
+    order = 50
+
+    def __init__(self, ctx: Context, options: CollectorOptions) -> None:
+        super().__init__(ctx, options)
+        wait = options.xid_wait if isinstance(options, NvmlOptions) else NvmlOptions().xid_wait
+        self._nvml = Nvml(xid_wait_seconds=wait)
+        self._last_error: str | None = None
+
+    @classmethod
+    def unavailable(cls, ctx: Context) -> str | None:
+        """Why NVML cannot run here, or None."""
+        return probe_library()
+
+    def update(self) -> Update[NvmlState]:
+        """Poll every GPU (a failing GPU is reported down; the others keep flowing)."""
+        try:
+            self._nvml.open()
+        except NvmlUnavailable as err:
+            self._log_change(str(err))
+            return Update(NvmlState(error=str(err)), success=False)
+        gpus = tuple(self._nvml.read_all())
+        failed = [f"gpu {g.index}: {g.error}" for g in gpus if g.error]
+        self._log_change("; ".join(failed) or None)
+        return Update(NvmlState(gpus=gpus, xid=self._nvml.xid_counts()), success=not failed)
+
+    def _log_change(self, error: str | None) -> None:
+        """Log a failure when it starts or changes, and the recovery; not on every poll."""
+        if error != self._last_error:
+            if error:
+                log.warning("nvml_poll_failed", error=error)
+            else:
+                log.info("nvml_poll_recovered")
+        self._last_error = error
+
+    def stop(self) -> None:
+        """End the Xid thread and shut NVML down."""
+        self._nvml.close()
+
+    def families(self, snap: Snapshot, state: NvmlState) -> Iterator[Metric]:
+        """The device-wide families, from the latest poll."""
+        yield from render(state, workloads_by_pid(snap))
+
+
+def workloads_by_pid(snap: Snapshot) -> dict[int, str]:
+    """Workload names by pid: the spool's reports, and this process itself in embedded mode.
+
+    NVML reports pids in its own PID namespace; they equal the workload's pids only where the sidecar shares the
+    trainer's PID namespace (`docker run --pid=container:trainer`, Kubernetes `shareProcessNamespace: true`).
+    """
+    out: dict[int, str] = {}
+    spool = snap.states.get("spool")
+    for report in getattr(spool, "workloads", ()) or ():
+        pid, workload = getattr(report, "pid", None), getattr(report, "workload", None)
+        if isinstance(pid, int) and isinstance(workload, str):
+            out[pid] = workload
+    if snap.workload is not None:
+        out[os.getpid()] = snap.workload
+    return out
+
+
+def _labels(gpu: GpuReading) -> dict[str, str]:
+    return {"device": str(gpu.index), "platform": "gpu", "source": SOURCE}
+
+
+def render(state: NvmlState, workloads: Mapping[int, str]) -> Iterator[Metric]:
+    """Every NVML family for `state`; a number NVML did not report is an absent series."""
+    up = shared_family("jaxmon_device_source_up")
+    info = family(
+        "jaxmon_device_info",
+        "Identity of each device; always 1. For source=nvml: uuid, pci_bus_id, name, and device_match (how the "
+        "device label was assigned: nvml_index = NVML's index, not matched to a JAX device id).",
+    )
+    for gpu in state.gpus:
+        labels = _labels(gpu)
+        add(up, labels, 1.0 if gpu.up else 0.0)
+        if gpu.uuid is not None:
+            identity = {"uuid": gpu.uuid, "pci_bus_id": gpu.pci_bus_id or "", "name": gpu.name or ""}
+            add(info, {**labels, **identity, "device_match": DEVICE_MATCH}, 1.0)
+    yield up
+    yield info
+
+    ok = [g for g in state.gpus if g.up]
+    for name, attr in (
+        ("jaxmon_device_memory_total_bytes", "memory_total_bytes"),
+        ("jaxmon_device_memory_used_bytes", "memory_used_bytes"),
+        ("jaxmon_device_duty_cycle_ratio", "duty_cycle_ratio"),
+        ("jaxmon_device_memory_bandwidth_utilization_ratio", "memory_bandwidth_utilization_ratio"),
+    ):
+        yield _gauge(shared_family(name), ok, attr)
+    yield _gauge(family("jaxmon_device_power_watts", "Power draw of the device (NVML power usage)."), ok, "power_watts")
+    yield _gauge(
+        family("jaxmon_device_power_limit_watts", "Enforced power limit of the device (NVML)."),
+        ok,
+        "power_limit_watts",
+    )
+    yield _gauge(family("jaxmon_device_temperature_celsius", "GPU core temperature (NVML)."), ok, "temperature_celsius")
+    yield _gauge(family("jaxmon_device_sm_clock_hertz", "Current SM clock (NVML)."), ok, "sm_clock_hertz")
+
+    throttled = family(
+        "jaxmon_device_throttled",
+        "1 when NVML reports this clocks event (throttle) reason as active, else 0; one series per known reason.",
+    )
+    ecc = family(
+        "jaxmon_device_ecc_errors",
+        "Volatile ECC errors (since the driver loaded) by kind; absent where ECC is off or unsupported.",
+        counter=True,
+    )
+    for gpu in ok:
+        labels = _labels(gpu)
+        if gpu.clocks_event_reasons is not None:
+            for reason, bit in CLOCKS_EVENT_REASONS.items():
+                add(throttled, {**labels, "reason": reason}, 1.0 if gpu.clocks_event_reasons & bit else 0.0)
+        for kind, value in (("corrected", gpu.ecc_corrected_total), ("uncorrected", gpu.ecc_uncorrected_total)):
+            if value is not None:
+                add(ecc, {**labels, "kind": kind}, value)
+    yield throttled
+    yield ecc
+
+    xid = family(
+        "jaxmon_device_xid_errors",
+        "Critical Xid events NVML delivered since jaxmon started, by xid (see the runbook for 48 and 79).",
+        counter=True,
+    )
+    for (index, code), count in sorted(state.xid.items()):
+        add(xid, {"device": str(index), "platform": "gpu", "source": SOURCE, "xid": str(code)}, count)
+    yield xid
+
+    processes = family(
+        "jaxmon_process_device_memory_bytes",
+        "Device memory used by each running compute process (NVML; pid in NVML's PID namespace). workload is set "
+        "where a workload report has that pid, which needs a shared PID namespace.",
+    )
+    for gpu in ok:
+        for proc in gpu.processes or ():
+            if proc.used_bytes is None:
+                continue
+            labels = {**_labels(gpu), "pid": str(proc.pid)}
+            if proc.pid in workloads:
+                labels["workload"] = workloads[proc.pid]
+            add(processes, labels, proc.used_bytes)
+    yield processes
+
+
+def _gauge(fam: Metric, gpus: list[GpuReading], attr: str) -> Metric:
+    for gpu in gpus:
+        value = getattr(gpu, attr)
+        if value is not None:
+            add(fam, _labels(gpu), value)
+    return fam
