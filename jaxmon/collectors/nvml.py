@@ -135,11 +135,9 @@ def _labels(gpu: GpuReading) -> dict[str, str]:
 def render(state: NvmlState, workloads: Mapping[int, str]) -> Iterator[Metric]:
     """Every NVML family for `state`; a number NVML did not report is an absent series."""
     up = shared_family("jaxmon_device_source_up")
-    info = family(
-        "jaxmon_device_info",
-        "Identity of each device; always 1. For source=nvml: uuid, pci_bus_id, name, and device_match (how the "
-        "device label was assigned: nvml_index = NVML's index, not matched to a JAX device id).",
-    )
+    # The memory collector renders this family for JAX's devices too: same name, same HELP, merged. For
+    # source="nvml", device_match says how `device` was assigned (nvml_index: NVML's index, no JAX device id).
+    info = family("jaxmon_device_info", "Identity of each device; always 1.")
     for gpu in state.gpus:
         labels = _labels(gpu)
         add(up, labels, 1.0 if gpu.up else 0.0)
