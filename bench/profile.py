@@ -36,13 +36,13 @@ from common import RESULTS, Jaxmon, running, save, sched_seconds, wait_ready
 
 
 def profile_render(devices: int) -> None:
+    from jaxmon.collector import SnapshotCollector
     from prometheus_client import CollectorRegistry
     from prometheus_client.exposition import generate_latest
     from pyinstrument import Profiler
     from scrape_cost import write_replay
 
     from jaxmon.cli import build_info
-    from jaxmon.collector import SnapshotCollector
     from jaxmon.probe import ProbeConfig
     from jaxmon.runtime import Runtime, RuntimeConfig
     from jaxmon.sources.replay import ReplaySource

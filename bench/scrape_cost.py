@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from common import RESULTS, Jaxmon, median, running, save, wait_ready
+from jaxmon.collector import SnapshotCollector, TextFormat
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
 from jaxmon.cli import build_info
-from jaxmon.collector import SnapshotCollector, TextFormat
 from jaxmon.model import ProbeStatus, Snapshot
 from jaxmon.probe import ProbeConfig
 from jaxmon.runtime import Runtime, RuntimeConfig

@@ -6,23 +6,18 @@ import argparse
 import json
 import logging
 import os
-import platform
 import sys
 import threading
 import time
 from collections.abc import Sequence
-from importlib import metadata
 
 import structlog
 
+from jaxmon.app import build_runtime, package_version
 from jaxmon.logsetup import configure_logging
-from jaxmon.probe import ProbeConfig
-from jaxmon.runtime import DeviceSource, Runtime, RuntimeConfig
 from jaxmon.settings import Settings, SettingsError, load_settings
-from jaxmon.sources.faults import Faults
-from jaxmon.sources.replay import ReplayError, ReplaySource
-from jaxmon.sources.spool import SpoolReader
-from jaxmon.table import format_table
+from jaxmon.sources.replay import ReplayError
+from jaxmon.table import format_table, snapshot_json
 
 log = structlog.get_logger("jaxmon")
 
@@ -32,56 +27,6 @@ commands:
   serve      run the exporter (jaxmon serve --help lists every setting)
   snapshot   poll and probe every device once and print a table (--json for JSON)
 """
-
-
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def build_info() -> dict[str, str]:
-    """Versions for jaxmon_build_info, read from package metadata (no JAX import needed)."""
-    return {
-        "version": _version("jaxmon"),
-        "jax_version": _version("jax"),
-        "jaxlib_version": _version("jaxlib"),
-        "python_version": platform.python_version(),
-    }
-
-
-def make_source(settings: Settings) -> DeviceSource:
-    """Replay file when one is given, else this process's JAX devices."""
-    if settings.replay is not None:
-        return ReplaySource(settings.replay)
-    from jaxmon.sources.local import LocalSource  # imports JAX: only when local devices are wanted
-
-    return LocalSource(settings.gpu.memory_fraction)
-
-
-def runtime_config(settings: Settings, workload: str | None = None) -> RuntimeConfig:
-    """The runtime's part of the settings."""
-    return RuntimeConfig(
-        poll_interval=settings.poll.interval,
-        probe_enabled=settings.collector.probe,
-        probe_interval=settings.probe.interval,
-        probe=ProbeConfig(
-            size=settings.probe.size,
-            timeout_seconds=settings.probe.timeout,
-            target_seconds=settings.probe.target,
-        ),
-        max_staleness=settings.max_staleness,
-        workload=workload,
-    )
-
-
-def make_runtime(settings: Settings) -> Runtime:
-    """The runtime the settings describe."""
-    spool = None
-    if settings.spool.dir is not None:
-        spool = SpoolReader(settings.spool.dir, settings.spool.ttl, settings.spool.max_file_bytes)
-    return Runtime(make_source(settings), runtime_config(settings), build_info(), Faults.from_env(), spool=spool)
 
 
 def _load(argv: Sequence[str], prog: str) -> Settings:
@@ -101,7 +46,7 @@ def serve(argv: Sequence[str]) -> int:
 
     settings = _load(argv, "jaxmon serve")
     try:
-        runtime = make_runtime(settings)
+        runtime = build_runtime(settings)
     except ReplayError as exc:
         print(f"jaxmon serve: --replay: {exc}", file=sys.stderr)
         return 2
@@ -144,19 +89,17 @@ def snapshot(argv: Sequence[str]) -> int:
     as_json = "--json" in argv
     settings = _load([a for a in argv if a != "--json"], "jaxmon snapshot")
     try:
-        runtime = make_runtime(settings)
+        runtime = build_runtime(settings)
     except ReplayError as exc:
         print(f"jaxmon snapshot: --replay: {exc}", file=sys.stderr)
         return 2
     try:
-        runtime.poll()
-        for probe in runtime.probes.values():
-            probe.run_once()
+        runtime.update_all_once()
         snap = runtime.snapshot()
     finally:
         runtime.stop()
     if as_json:
-        print(json.dumps(snap.as_dict(), indent=2, sort_keys=True))
+        print(json.dumps(snapshot_json(snap), indent=2, sort_keys=True))
     else:
         print(format_table(snap))
     return 0
@@ -171,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE)
         return 0 if args else 2
     if args[0] == "--version":
-        print(f"jaxmon {_version('jaxmon')}")
+        print(f"jaxmon {package_version('jaxmon')}")
         return 0
     command, rest = args[0], args[1:]
     if command == "serve":

@@ -11,7 +11,6 @@ import structlog
 from jaxmon.logsetup import ensure_library_logging
 from jaxmon.publisher import default_workload_name
 from jaxmon.settings import Settings, SettingsError, load_settings
-from jaxmon.sources.faults import Faults
 
 log = structlog.get_logger("jaxmon.embedded")
 
@@ -30,21 +29,13 @@ class Exporter:
     """A running in-process exporter: scheduler plus HTTP server on a background thread."""
 
     def __init__(self, settings: Settings, workload: str) -> None:
-        from jaxmon.cli import build_info, runtime_config
-        from jaxmon.runtime import Runtime
-        from jaxmon.sources.local import InProcessWorkload, LocalSource
+        from jaxmon.app import build_runtime, workload_source
         from jaxmon.web.server import HttpServer
 
         self.settings = settings
         self.workload = workload
-        source = LocalSource(sidecar_defaults=False)  # the trainer's JAX: change none of its settings
-        self.runtime = Runtime(
-            source,
-            runtime_config(settings, workload=workload),
-            build_info(),
-            Faults.from_env(),
-            workload_probe=InProcessWorkload(source),
-        )
+        source, in_process = workload_source()  # the trainer's JAX: change none of its settings
+        self.runtime = build_runtime(settings, source, workload=workload, in_process=in_process)
         self.runtime.start()
         self._server: HttpServer | None = None
         self._thread: threading.Thread | None = None

@@ -1,22 +1,10 @@
-"""Pure step from one `Device.memory_stats()` dict to the numbers jaxmon exports (DESIGN.md section 1)."""
+"""Pure step from one `Device.memory_stats()` dict to the numbers jaxmon exports (DESIGN.md section 2)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
-
-# Keys the C++ struct always fills (jaxlib/py_device.cc, PyDevice::MemoryStats) and the optional ones.
-ALWAYS_PRESENT_KEYS = (
-    "num_allocs",
-    "bytes_in_use",
-    "peak_bytes_in_use",
-    "largest_alloc_size",
-    "bytes_reserved",
-    "peak_bytes_reserved",
-    "largest_free_block_bytes",
-)
-OPTIONAL_KEYS = ("bytes_limit", "bytes_reservable_limit", "pool_bytes", "peak_pool_bytes")
 
 
 @dataclass(frozen=True)
@@ -66,7 +54,7 @@ def memory_numbers(stats: Mapping[str, Any] | None) -> MemoryNumbers:
 
     # Denominator of the pool-aware fragmentation: what is free inside the memory actually obtained.
     # XLA's BFCAllocator::GetFragmentation uses the same idea; the seed's (limit - in_use) reads ~1.0 on a
-    # GPU that does not preallocate (DESIGN.md section 1).
+    # GPU that does not preallocate (DESIGN.md section 2).
     denominator: int | None = None
     if in_use is not None:
         if pool is not None:

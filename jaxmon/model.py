@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from jaxmon.memory import MemoryNumbers
@@ -91,56 +91,3 @@ class ProbeStatus:
     skipped_total: int = 0
     busy_seconds_total: float = 0.0
     last_error: str | None = None
-
-
-@dataclass
-class CollectorStatus:
-    """node_exporter-style health of one collector."""
-
-    success: bool = False
-    duration_seconds: float = 0.0
-    last_success_timestamp: float | None = None
-
-
-@dataclass
-class Snapshot:
-    """Everything a scrape renders, copied at one instant."""
-
-    devices: list[DeviceInfo] = field(default_factory=list)
-    backends: list[BackendStatus] = field(default_factory=list)
-    memory: dict[tuple[str, int], MemoryReading] = field(default_factory=dict)
-    memory_read_errors: dict[tuple[str, int], int] = field(default_factory=dict)
-    probes: dict[tuple[str, int], ProbeStatus] = field(default_factory=dict)
-    collectors: dict[str, CollectorStatus] = field(default_factory=dict)
-    source: str = "local"
-    build: dict[str, str] = field(default_factory=dict)
-    # Embedded mode: the name this process's own devices are labelled with, its live arrays and compiles.
-    workload: str | None = None
-    process_index: int = 0
-    live_array_bytes: dict[tuple[str, int], int] = field(default_factory=dict)
-    compile: dict[str, float] | None = None
-    # Publisher + sidecar: the latest report of every live workload process, and rejected spool files.
-    workloads: list[Any] = field(default_factory=list)
-    spool_rejected: dict[str, int] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-friendly view, for `jaxmon snapshot --json`."""
-        out: list[dict[str, Any]] = []
-        for dev in self.devices:
-            reading = self.memory.get(dev.key)
-            probe = self.probes.get(dev.key)
-            out.append(
-                {
-                    **dev.identity(),
-                    "memory": reading.numbers.as_dict() if reading and reading.numbers else None,
-                    "memory_error": reading.error if reading else None,
-                    "live_array_bytes": self.live_array_bytes.get(dev.key),
-                    "probe": vars(probe).copy() if probe else None,
-                }
-            )
-        return {
-            "source": self.source,
-            "build": self.build,
-            "backends": [vars(b).copy() for b in self.backends],
-            "devices": out,
-        }

@@ -1,4 +1,4 @@
-"""The utilization probe (DESIGN.md section 3): one worker thread per device, calibrated, timed, bounded."""
+"""The utilization probe (DESIGN.md section 5): one worker thread per device, calibrated, timed, bounded."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import structlog
 
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
-from jaxmon.sources.faults import Faults
 
 log = structlog.get_logger("jaxmon.probe")
 
@@ -55,18 +54,16 @@ class DeviceProbe:
         device: DeviceInfo,
         make_kernel: Callable[[], ProbeKernel],
         config: ProbeConfig,
-        faults: Faults,
         errors: ErrorLog,
         calibration_lock: threading.Lock,
-        on_change: Callable[[], None] = lambda: None,
+        on_late_result: Callable[[], None] = lambda: None,
     ) -> None:
         self.device = device
         self._make_kernel = make_kernel
         self._config = config
-        self._faults = faults
         self._errors = errors
         self._calibration_lock = calibration_lock
-        self._on_change = on_change
+        self._on_late_result = on_late_result
         self._lock = threading.Lock()
         self._status = ProbeStatus()
         self._kernel: ProbeKernel | None = None
@@ -76,7 +73,6 @@ class DeviceProbe:
         self._stopping = threading.Event()
         self._busy_since: float | None = None
         self._abandoned = False  # run_once stopped waiting for the run in flight
-        self._timed_out_run = False
         self._thread = threading.Thread(target=self._work, name=f"jaxmon-probe-{device.name}", daemon=True)
         self._thread.start()
 
@@ -89,6 +85,10 @@ class DeviceProbe:
         """End the worker after its current task and release any scheduler thread waiting on it."""
         self._stopping.set()
         self._tasks.put(None)
+
+    def join(self, timeout: float) -> None:
+        """Wait up to `timeout` for the worker to end (a run hung in a device call cannot be interrupted)."""
+        self._thread.join(timeout)
 
     # -- worker side ------------------------------------------------------------------------------------
 
@@ -109,13 +109,10 @@ class DeviceProbe:
                     self._abandoned = False
                 if late:
                     # This run outlived its timeout and run_once stopped waiting: announce its result here.
-                    self._on_change()
+                    self._on_late_result()
 
     def _time_run(self, steps: int) -> float:
         assert self._kernel is not None
-        delay = self._faults.probe_delay(self.device.name)
-        if delay > 0:
-            self._faults.hang(delay, lambda: self._faults.probe_delay(self.device.name))
         start = time.perf_counter_ns()
         self._kernel.run(steps)
         return (time.perf_counter_ns() - start) / 1e9
@@ -185,7 +182,6 @@ class DeviceProbe:
                 self._busy_since = time.monotonic()
             calibrated = self._status.calibrated
         if skipped:
-            self._on_change()  # outside the lock: the callback reads every probe's status
             return
 
         error: list[BaseException] = []
@@ -228,4 +224,3 @@ class DeviceProbe:
             self._errors.error(
                 f"probe/{self.device.name}", "probe failed", message or "unknown", device=self.device.name
             )
-        self._on_change()

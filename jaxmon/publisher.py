@@ -14,7 +14,9 @@ from typing import Any
 import structlog
 
 from jaxmon.logsetup import ErrorLog, ensure_library_logging
-from jaxmon.sources.spool import SCHEMA, safe_name, write_atomically
+from jaxmon.model import DeviceInfo
+from jaxmon.sources import DeviceSource, InProcess
+from jaxmon.sources.spool import SpoolCompile, SpoolDevice, SpoolDocument, safe_name, write_atomically
 
 log = structlog.get_logger("jaxmon.publisher")
 
@@ -46,56 +48,57 @@ class Publisher:
         self._thread.start()
 
     def _run(self) -> None:
-        from jaxmon.sources.local import InProcessWorkload, LocalSource
+        from jaxmon.app import workload_source
 
         try:
-            source = LocalSource(sidecar_defaults=False)
+            source, in_process = workload_source()
             devices, _ = source.discover()
-            workload = InProcessWorkload(source)
         except Exception as exc:  # never into the training code
             log.error("publisher cannot read JAX devices; not publishing", error=f"{type(exc).__name__}: {exc}")
             return
         while True:
             try:
-                self._publish_once(source, devices, workload)
+                self._publish_once(source, devices, in_process)
             except Exception as exc:
                 self.failures += 1
                 self._errors.error("write", "spool write failed", f"{type(exc).__name__}: {exc}", path=str(self.path))
             if self._stop.wait(self.interval):
                 return
 
-    def _publish_once(self, source: Any, devices: list[Any], workload: Any) -> None:
-        entries: list[dict[str, Any]] = []
-        unsupported = False
+    def document(self, source: DeviceSource, devices: list[DeviceInfo], in_process: InProcess) -> SpoolDocument:
+        """This process's snapshot: raw `memory_stats()` per device (live arrays where it reports nothing)."""
+        entries: list[SpoolDevice] = []
+        live: dict[tuple[str, int], int] | None = None
         for dev in devices:
-            entry: dict[str, Any] = dev.identity()
+            fields: dict[str, Any] = dev.identity()
             try:
                 stats = source.read_memory(dev)
-                entry["memory_stats"] = None if stats is None else {k: v for k, v in stats.items() if _number(v)}
-                unsupported = unsupported or stats is None
+                if stats is None:
+                    live = in_process.live_array_bytes() if live is None else live
+                    fields["live_array_bytes"] = live.get(dev.key, 0)
+                else:
+                    fields["memory_stats"] = {k: v for k, v in stats.items() if _number(v)}
             except Exception as exc:
-                entry["error"] = f"{type(exc).__name__}: {exc}"[:4096]
-            entries.append(entry)
-        if unsupported:
-            live = workload.live_array_bytes()
-            for entry in entries:
-                if entry.get("memory_stats", 0) is None:
-                    entry["live_array_bytes"] = live.get((entry["platform"], entry["id"]), 0)
-        payload = {
-            "schema": SCHEMA,
-            "workload": self.workload,
-            "host": self.host,
-            "pid": self.pid,
-            "process_index": workload.process_index,
-            "jax_version": workload.jax_version,
-            "time": time.time(),
-            "started": self.started,
-            "interval": self.interval,
-            "devices": entries,
-            "compile": workload.compile_counts(),
-        }
+                fields["error"] = f"{type(exc).__name__}: {exc}"[:4096]
+            entries.append(SpoolDevice.model_validate(fields))
+        return SpoolDocument(
+            schema="jaxmon.spool/1",
+            workload=self.workload,
+            host=self.host,
+            pid=self.pid,
+            process_index=in_process.process_index,
+            jax_version=in_process.jax_version,
+            time=time.time(),
+            started=self.started,
+            interval=self.interval,
+            devices=entries,
+            compile=SpoolCompile.model_validate(in_process.compile_counts()),
+        )
+
+    def _publish_once(self, source: DeviceSource, devices: list[DeviceInfo], in_process: InProcess) -> None:
+        doc = self.document(source, devices, in_process)
         self.directory.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.path, payload)
+        write_atomically(self.path, doc.model_dump(by_alias=True))
         self.writes += 1
         self._errors.ok("write", "spool writable again", path=str(self.path))
 

@@ -315,4 +315,21 @@ def load_settings(argv: Sequence[str], prog: str = "jaxmon serve") -> Settings:
         loaded = _Loaded()
     except ValidationError as exc:
         raise SettingsError(_describe(exc, origin)) from exc
+    except SystemExit:
+        if "-h" in argv or "--help" in argv:
+            print(collectors_help())
+        raise
     return Settings.model_validate(loaded.model_dump())
+
+
+def collectors_help() -> str:
+    """The collectors section of --help: node_exporter-style flags and what each collector does."""
+    from jaxmon.collectors import registry
+
+    lines = ["collectors (each is also --collector.NAME.enabled {true,false,auto}):"]
+    for name, cls in registry().items():
+        default = cls.options().enabled
+        shown = "auto" if default == "auto" else str(default).lower()
+        lines.append(f"  --collector.{name} / --no-collector.{name}  (default: {shown})")
+        lines.append(f"      {cls.description}")
+    return "\n".join(lines)

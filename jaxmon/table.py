@@ -1,8 +1,12 @@
-"""The human-readable table of `jaxmon snapshot`."""
+"""What `jaxmon snapshot` prints: a table for people, or JSON."""
 
 from __future__ import annotations
 
-from jaxmon.model import Snapshot
+from typing import Any
+
+from jaxmon.collectors.memory import MemoryCollector, MemoryState
+from jaxmon.collectors.probe import ProbeCollector, ProbeState
+from jaxmon.snapshot import Snapshot
 
 
 def human_bytes(value: int | None) -> str:
@@ -41,9 +45,11 @@ def format_table(snap: Snapshot) -> str:
         "up",
     ]
     rows = [header]
+    memory = snap.state(MemoryCollector) or MemoryState()
+    probes = snap.state(ProbeCollector) or ProbeState()
     for d in snap.devices:
-        reading = snap.memory.get(d.key)
-        probe = snap.probes.get(d.key)
+        reading = memory.readings.get(d.key)
+        probe = probes.statuses.get(d.key)
         n = reading.numbers if reading else None
         mem: list[str]
         if reading is not None and not reading.ok:
@@ -75,3 +81,28 @@ def format_table(snap: Snapshot) -> str:
     for b in down:
         lines.append(f"backend {b.name} is down: {b.error}")
     return "\n".join(lines)
+
+
+def snapshot_json(snap: Snapshot) -> dict[str, Any]:
+    """JSON-friendly view of the devices, their memory and their probe."""
+    memory = snap.state(MemoryCollector) or MemoryState()
+    probes = snap.state(ProbeCollector) or ProbeState()
+    out: list[dict[str, Any]] = []
+    for dev in snap.devices:
+        reading = memory.readings.get(dev.key)
+        probe = probes.statuses.get(dev.key)
+        out.append(
+            {
+                **dev.identity(),
+                "memory": reading.numbers.as_dict() if reading and reading.numbers else None,
+                "memory_error": reading.error if reading else None,
+                "live_array_bytes": memory.live_array_bytes.get(dev.key),
+                "probe": vars(probe).copy() if probe else None,
+            }
+        )
+    return {
+        "source": snap.source,
+        "build": dict(snap.build),
+        "backends": [vars(b).copy() for b in snap.backends],
+        "devices": out,
+    }

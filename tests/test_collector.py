@@ -4,18 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from prometheus_client import CollectorRegistry
-
-from jaxmon.collector import SnapshotCollector
 from jaxmon.memory import memory_numbers
-from jaxmon.model import (
-    BackendStatus,
-    CollectorStatus,
-    DeviceInfo,
-    MemoryReading,
-    ProbeStatus,
-    Snapshot,
-)
+from jaxmon.model import BackendStatus, DeviceInfo, MemoryReading, ProbeStatus
+from jaxmon.snapshot import CollectorStatus, Snapshot
+from tests.snapshots import make_snapshot, registry_for
 
 GPU0 = DeviceInfo(id=0, platform="gpu", device_kind="NVIDIA H100 80GB HBM3")
 GPU1 = DeviceInfo(id=1, platform="gpu", device_kind="NVIDIA H100 80GB HBM3")
@@ -43,16 +35,9 @@ def labels(dev: DeviceInfo) -> dict[str, str]:
     return {"device": str(dev.id), "platform": dev.platform}
 
 
-def registry_for(holder: list[Snapshot]) -> CollectorRegistry:
-    """A fresh registry whose collector renders whatever snapshot `holder[0]` is at collect time."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: holder[0]))
-    return registry
-
-
 def memory_snapshot() -> Snapshot:
     """GPU 0 readable, GPU 1 raising, CPU 0 without allocator stats."""
-    return Snapshot(
+    return make_snapshot(
         devices=[GPU0, GPU1, CPU0],
         backends=[BackendStatus("gpu", True), BackendStatus("tpu", False, "no libtpu")],
         memory={
@@ -60,7 +45,7 @@ def memory_snapshot() -> Snapshot:
             GPU1.key: MemoryReading(numbers=None, error="XlaRuntimeError: INTERNAL: device lost"),
             CPU0.key: MemoryReading(numbers=memory_numbers(None)),
         },
-        memory_read_errors={GPU1.key: 3},
+        read_errors={GPU1.key: 3},
         source="replay",
         build=BUILD,
     )
@@ -112,7 +97,7 @@ def test_a_raising_device_reports_a_failed_read_its_error_count_and_no_numbers()
 def test_fields_the_allocator_leaves_unset_are_absent_series_not_zero() -> None:
     """A stats dict with only bytes_in_use (and -1 for unset fields) exports only what it knows."""
     stats = {"bytes_in_use": 64, "bytes_limit": -1, "largest_free_block_bytes": -1, "num_allocs": -1}
-    snap = Snapshot(devices=[GPU0], memory={GPU0.key: MemoryReading(numbers=memory_numbers(stats))})
+    snap = make_snapshot(devices=[GPU0], memory={GPU0.key: MemoryReading(numbers=memory_numbers(stats))})
     reg = registry_for([snap])
     g0 = labels(GPU0)
     assert reg.get_sample_value("jaxmon_memory_bytes_in_use", g0) == 64
@@ -130,7 +115,7 @@ def test_fields_the_allocator_leaves_unset_are_absent_series_not_zero() -> None:
 
 def test_a_device_not_polled_yet_has_an_error_count_of_zero_and_nothing_else() -> None:
     """Before the first poll a device has no reading: only its identity and a zero error counter."""
-    reg = registry_for([Snapshot(devices=[GPU0])])
+    reg = registry_for([make_snapshot(devices=[GPU0], memory={})])
     g0 = labels(GPU0)
     assert reg.get_sample_value("jaxmon_memory_read_errors_total", g0) == 0
     assert reg.get_sample_value("jaxmon_memory_read_success", g0) is None
@@ -153,9 +138,8 @@ def test_a_device_that_disappears_from_the_snapshot_disappears_from_the_output()
     reg = registry_for(holder)
     g1 = labels(GPU1)
     assert reg.get_sample_value("jaxmon_memory_read_errors_total", g1) == 3
-    gone = memory_snapshot()
-    gone.devices = [GPU0, CPU0]  # GPU 1 left; its old reading and error count are still in the dicts
-    holder[0] = gone
+    # GPU 1 left; its old reading and error count are still in the state
+    holder[0] = replace(memory_snapshot(), devices=(GPU0, CPU0))
     assert reg.get_sample_value("jaxmon_memory_read_errors_total", g1) is None
     assert reg.get_sample_value("jaxmon_memory_read_success", g1) is None
     info = {**g1, "device_kind": GPU1.device_kind, "process_index": "0", "coords": "", "core_on_chip": ""}
@@ -166,7 +150,7 @@ def test_a_device_that_disappears_from_the_snapshot_disappears_from_the_output()
 
 def test_device_info_carries_identity_labels_with_empty_strings_for_unknowns() -> None:
     """jaxmon_device_info is 1 with kind, process, coords, core and source; None becomes ""."""
-    reg = registry_for([Snapshot(devices=[GPU0, TPU2], source="local")])
+    reg = registry_for([make_snapshot(devices=[GPU0, TPU2], source="local")])
     gpu = {**labels(GPU0), "device_kind": "NVIDIA H100 80GB HBM3", "process_index": "0"}
     assert reg.get_sample_value("jaxmon_device_info", {**gpu, "coords": "", "core_on_chip": "", "source": "local"}) == 1
     tpu = {**labels(TPU2), "device_kind": "TPU v5 lite", "process_index": "1", "coords": "1,0,0", "core_on_chip": "0"}
@@ -185,14 +169,14 @@ def test_build_info_is_one_with_every_version_label() -> None:
     """jaxmon_build_info carries the four versions as labels; a missing one is an empty string."""
     reg = registry_for([memory_snapshot()])
     assert reg.get_sample_value("jaxmon_build_info", BUILD) == 1
-    partial = registry_for([Snapshot(build={"version": "0.1.0"})])
+    partial = registry_for([make_snapshot(build={"version": "0.1.0"})])
     empty = {"version": "0.1.0", "jax_version": "", "jaxlib_version": "", "python_version": ""}
     assert partial.get_sample_value("jaxmon_build_info", empty) == 1
 
 
 def probed_snapshot(status: ProbeStatus) -> Snapshot:
     """One GPU device whose probe has `status`."""
-    return Snapshot(devices=[GPU0], probes={GPU0.key: status})
+    return make_snapshot(devices=[GPU0], probes={GPU0.key: status})
 
 
 UP_STATUS = ProbeStatus(
@@ -272,8 +256,8 @@ def test_a_snapshot_without_probes_has_no_probe_series() -> None:
 
 def test_collector_series_report_success_duration_and_last_success() -> None:
     """jaxmon_collector_* per collector; no last-success timestamp for one that never succeeded."""
-    snap = Snapshot(
-        collectors={
+    snap = make_snapshot(
+        statuses={
             "memory": CollectorStatus(success=True, duration_seconds=0.125, last_success_timestamp=1700000000.5),
             "probe": CollectorStatus(success=False, duration_seconds=0.5, last_success_timestamp=None),
         }

@@ -136,7 +136,7 @@ def test_health_turns_503_when_polling_stalls_and_recovers(start_daemon: StartDa
         assert time.monotonic() < deadline, "healthz never failed"
         time.sleep(0.2)
     r = d.get("/healthz")
-    assert r.status_code == 503 and "last poll completed" in r.text
+    assert r.status_code == 503 and "last memory update completed" in r.text
     assert d.get("/metrics").status_code == 200  # stale data is still served
     assert d.get("/readyz").status_code == 200  # ready stays ready
     faults.unlink()

@@ -11,10 +11,12 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from jaxmon.collector import TextFormat, render_families
+from jaxmon.exposition import TextFormat
 from jaxmon.memory import memory_numbers
-from jaxmon.model import DeviceInfo, MemoryReading, ProbeStatus, Snapshot
+from jaxmon.model import DeviceInfo, MemoryReading, ProbeStatus
+from jaxmon.snapshot import Snapshot
 from jaxmon.sources.replay import ReplaySource
+from tests.snapshots import make_snapshot, render_families
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -42,14 +44,14 @@ def _replay_snapshot() -> Snapshot:
             memory[d.key] = MemoryReading(memory_numbers(source.read_memory(d)))
         except Exception as exc:
             memory[d.key] = MemoryReading(None, error=str(exc))
-    return Snapshot(devices=devices, backends=backends, memory=memory, source="replay", build={"version": "1"})
+    return make_snapshot(devices=devices, backends=backends, memory=memory, source="replay", build={"version": "1"})
 
 
 def test_the_replay_exposition_is_byte_for_byte_generate_latest() -> None:
     fmt = TextFormat()
     snap = _replay_snapshot()
     for _ in range(3):  # the second and third renders come from the caches
-        families = [f for f in render_families(snap) if f.samples]
+        families = render_families(snap)
         assert fmt.render(families) == _reference(families)
 
 
@@ -66,7 +68,7 @@ def test_awkward_labels_and_values_are_escaped_and_formatted_alike() -> None:
         footprint_bytes=0,
         runs_total=10**18,
     )
-    snap = Snapshot(
+    snap = make_snapshot(
         devices=[device],
         memory={device.key: MemoryReading(memory_numbers({"bytes_in_use": 2**53 + 1, "bytes_limit": 3}))},
         probes={device.key: status},
@@ -75,7 +77,7 @@ def test_awkward_labels_and_values_are_escaped_and_formatted_alike() -> None:
     )
     fmt = TextFormat()
     for _ in range(2):
-        families = [f for f in render_families(snap) if f.samples]
+        families = render_families(snap)
         assert fmt.render(families) == _reference(families)
 
 
@@ -84,6 +86,7 @@ def test_changing_values_do_not_leave_stale_text_behind() -> None:
     snap = _replay_snapshot()
     key = snap.devices[0].key
     for in_use in (1, 2, 1, 0, -0.0, 3):
-        snap.memory[key] = MemoryReading(memory_numbers({"bytes_in_use": in_use, "bytes_limit": 10}))
-        families = [f for f in render_families(snap) if f.samples]
+        reading = MemoryReading(memory_numbers({"bytes_in_use": in_use, "bytes_limit": 10}))
+        snap = make_snapshot(devices=snap.devices, memory={key: reading}, source="replay")
+        families = render_families(snap)
         assert fmt.render(families) == _reference(families)

@@ -17,7 +17,7 @@ def test_a_sidecar_does_not_preallocate_and_takes_a_small_fraction() -> None:
 
 
 def test_user_settings_win_and_only_one_fraction_name_is_ever_set() -> None:
-    # Setting both fraction names makes JAX raise (DESIGN.md section 2).
+    # Setting both fraction names makes JAX raise (DESIGN.md section 3).
     for name in FRACTION_VARS:
         env = {PREALLOCATE_VAR: "true", name: "0.5"}
         assert apply_gpu_env_defaults(env, 0.02) == {}

@@ -16,10 +16,12 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
+from jaxmon.collectors.base import Context
+from jaxmon.collectors.probe import ProbeCollector, ProbeOptions
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel
 from jaxmon.probe import DeviceProbe, ProbeConfig, low_percentile, utilization
-from jaxmon.sources.faults import Faults
+from jaxmon.settings import Settings
 from jaxmon.sources.local import LocalSource
 
 SIZE = 64
@@ -125,15 +127,12 @@ def test_a_real_probe_calibrates_and_reports_self_consistent_numbers(
         kernels.append(RecordingKernel(source.make_probe(dev, SIZE)))
         return kernels[-1]
 
-    changes: list[int] = []
     probe = DeviceProbe(
         dev,
         make,
         ProbeConfig(size=SIZE, timeout_seconds=30, target_seconds=0.002),
-        Faults(None),
         quiet_errors(),
         threading.Lock(),
-        on_change=lambda: changes.append(1),
     )
     try:
         probe.run_once()
@@ -144,7 +143,6 @@ def test_a_real_probe_calibrates_and_reports_self_consistent_numbers(
     assert st.up is True
     assert st.last_error is None
     assert (st.runs_total, st.failures_total, st.timeouts_total, st.skipped_total) == (1, 0, 0, 0)
-    assert len(changes) == 1
     assert 1 <= st.steps <= 4096
     # Compiled once; warm-up and five timings of one step, then the calibrated count for the rest.
     (kernel,) = kernels
@@ -180,7 +178,6 @@ def test_later_real_runs_lower_the_baseline_to_the_fastest_run_and_add_their_bus
         dev,
         make,
         ProbeConfig(size=SIZE, timeout_seconds=30, target_seconds=0.002),
-        Faults(None),
         quiet_errors(),
         threading.Lock(),
     )
@@ -286,16 +283,15 @@ def make_probe() -> Iterator[MakeProbe]:
         factory: Callable[[], ProbeKernel],
         timeout: float = 10.0,
         errors: ErrorLog | None = None,
-        on_change: Callable[[], None] = lambda: None,
+        on_late_result: Callable[[], None] = lambda: None,
     ) -> DeviceProbe:
         probe = DeviceProbe(
             FAKE_DEVICE,
             factory,
             ProbeConfig(size=8, timeout_seconds=timeout, target_seconds=0.0001),
-            Faults(None),
             errors or quiet_errors(),
             threading.Lock(),
-            on_change=on_change,
+            on_late_result=on_late_result,
         )
         probes.append(probe)
         return probe
@@ -325,17 +321,17 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
 
 def test_a_raising_kernel_counts_a_failure_and_marks_the_device_down(make_probe: MakeProbe) -> None:
     """An exception from the device: failures 1, up False, and last_error names the exception."""
-    changes: list[int] = []
+    late: list[int] = []
     with capture_logs() as logs:
         errors = ErrorLog(structlog.get_logger("jaxmon.test"), 60.0)
-        probe = make_probe(RaisingKernel, errors=errors, on_change=lambda: changes.append(1))
+        probe = make_probe(RaisingKernel, errors=errors, on_late_result=lambda: late.append(1))
         probe.run_once()
     st = probe.status()
     assert st.up is False
     assert (st.runs_total, st.failures_total, st.timeouts_total) == (1, 1, 0)
     assert st.last_error == "ValueError: device exploded"
     assert not st.calibrated
-    assert len(changes) == 1
+    assert late == []  # answered within the timeout: the job itself returns the result
     assert [(e["event"], e["error"], e["device"]) for e in logs] == [
         ("probe failed", "ValueError: device exploded", "cpu:3")
     ]
@@ -427,41 +423,59 @@ def test_stop_releases_a_run_once_that_is_waiting_on_a_hung_device(make_probe: M
     assert st.up is None
 
 
-# -- JAXMON BUG: the two tests below fail against jaxmon/probe.py as it stands (see the lead's report) -----
+# -- the probe collector: every run, skip and late result reaches the snapshot ---------------------------------
 
 
-def test_a_skipped_run_announces_its_status_change(make_probe: MakeProbe, gated: GatedKernel) -> None:
-    """JAXMON BUG (probe.py:170-177): a skip bumps skipped_total but never calls on_change."""
-    # on_change is how the runtime learns the snapshot changed (Runtime.version: "changes whenever the snapshot
-    # does"); the server re-renders /metrics only on a new version, so a silent change is served stale.
-    changes: list[int] = []
-    probe = make_probe(lambda: gated, timeout=0.3, on_change=lambda: changes.append(1))
-    probe.run_once()  # times out: announced
-    assert len(changes) == 1
-    probe.run_once()  # skipped while the device is hung: skipped_total 0 -> 1
-    assert probe.status().skipped_total == 1
-    assert len(changes) == 2
+class _OneKernelSource:
+    """A device source of FAKE_DEVICE whose probe is the given kernel."""
+
+    name = "test"
+    runs_probes = True
+
+    def __init__(self, kernel: ProbeKernel) -> None:
+        self._kernel = kernel
+
+    def discover(self) -> tuple[list[DeviceInfo], list[Any]]:
+        return [FAKE_DEVICE], []
+
+    def read_memory(self, device: DeviceInfo) -> None:
+        return None
+
+    def make_probe(self, device: DeviceInfo, size: int) -> ProbeKernel:
+        return self._kernel
 
 
-def test_on_change_may_read_the_status_when_a_skip_marks_the_device_down(
-    make_probe: MakeProbe, gated: GatedKernel
+@pytest.fixture
+def gated_collector(gated: GatedKernel) -> Iterator[ProbeCollector]:
+    """A ProbeCollector over FAKE_DEVICE with a gated kernel and a 0.3 s timeout, stopped afterwards."""
+    settings = Settings.model_validate({"probe": {"timeout": 0.3, "size": 8, "target": 0.0001}})
+    ctx = Context(settings=settings, source=_OneKernelSource(gated), devices=[FAKE_DEVICE])
+    collector = ProbeCollector(ctx, ProbeOptions())
+    yield collector
+    gated.gate.set()
+    collector.stop()
+
+
+def test_a_skipped_run_is_recorded_by_the_probe_job(gated_collector: ProbeCollector) -> None:
+    """The job returns the state after every run: a timeout (up 0), then a skip (skipped_total 1)."""
+    (job,) = gated_collector.jobs()
+    first = job.run()
+    assert first is not None and first.success is False
+    status = cast(Any, first.state).statuses[FAKE_DEVICE.key]
+    assert (status.up, status.timeouts_total, status.skipped_total) == (False, 1, 0)
+    second = job.run()  # the device is still hung: skipped
+    assert second is not None
+    assert cast(Any, second.state).statuses[FAKE_DEVICE.key].skipped_total == 1
+
+
+def test_a_run_that_finishes_after_its_timeout_is_published(
+    gated_collector: ProbeCollector, gated: GatedKernel
 ) -> None:
-    """JAXMON BUG (probe.py:174-176): the skip path calls on_change holding the probe lock, so it deadlocks."""
-    # Runtime._probe_changed (the daemon's on_change) calls status() on every probe, which takes that lock.
-    # To reach the skip path with the device not yet marked down, the first run_once must end without a
-    # verdict: stop() does that. (The daemon's scheduler never overlaps two run_once calls, so this is latent.)
-    holder: list[DeviceProbe] = []
-    probe = make_probe(lambda: gated, timeout=0.3, on_change=lambda: holder[0].status())
-    holder.append(probe)
-    first = threading.Thread(target=probe.run_once, daemon=True)
-    first.start()
-    assert gated.entered.wait(10)
-    probe.stop()
-    first.join(5)
-    assert not first.is_alive()
-    time.sleep(0.35)  # the run in flight is now older than the timeout
-    second = threading.Thread(target=probe.run_once, daemon=True)
-    second.start()
-    second.join(3)
-    assert not second.is_alive(), "run_once deadlocked in on_change"
-    assert probe.status().up is False
+    """The late result of a run that outlived its timeout reaches the runtime through publish()."""
+    published: list[Any] = []
+    gated_collector.publish = published.append
+    (job,) = gated_collector.jobs()
+    job.run()  # times out while calibrating
+    assert published == []
+    gated.gate.set()  # the device answers late
+    assert wait_until(lambda: bool(published))

@@ -264,7 +264,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # Now the events the alerts are about.
         faults.write_text(json.dumps({"probe_delay_seconds": {"cpu:3": 600}}))
         assert trainer.send("compile 40") == {"compiled": 40}
-        (spool / "broken.json").write_text('{"schema": "jaxmon.sources.spool/1", "devices": [')
+        (spool / "broken.json").write_text('{"schema": "jaxmon.spool/1", "devices": [')
         ephemeral.close()
         p.wait_for('jaxmon_device_up{job="jaxmon-cpu", device="3"}', lambda r: _value(r) == 0, "cpu:3 down")
         p.wait_for(

@@ -24,7 +24,7 @@ def test_defaults() -> None:
     s = load_settings([])
     assert s.web.listen_address == f":{DEFAULT_PORT}" and DEFAULT_PORT >= 10000
     assert s.web.telemetry_path == "/metrics"
-    assert s.collector.probe is True
+    assert s.collector_options("probe").enabled == "auto"
     assert s.max_staleness == 3 * s.poll.interval
 
 
@@ -48,7 +48,7 @@ def test_node_exporter_style_flags() -> None:
     )
     assert parse_listen_address(s.web.listen_address) == ("127.0.0.1", 1234)
     assert s.web.telemetry_path == "/m"
-    assert s.collector.probe is False
+    assert s.collector_options("probe").enabled is False
     assert s.probe.interval == 120.0
     assert s.poll.interval == 0.5
     assert (s.log.level, s.log.format) == ("debug", "json")
@@ -71,7 +71,7 @@ def test_config_file_from_the_environment(tmp_path: Path, monkeypatch: pytest.Mo
     cfg = tmp_path / "c.yaml"
     cfg.write_text("collector:\n  probe: false\n")
     monkeypatch.setenv("JAXMON_CONFIG__FILE", str(cfg))
-    assert load_settings([]).collector.probe is False
+    assert load_settings([]).collector_options("probe").enabled is False
 
 
 @pytest.mark.parametrize(

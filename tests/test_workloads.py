@@ -292,8 +292,8 @@ def test_bad_spool_files_are_rejected_and_counted_while_good_ones_flow(
     spool = tmp_path / "spool"
     spool.mkdir()
     good = json.loads((Path(__file__).parent / "fixtures" / "spool_document.json").read_text())
-    (spool / "bad_json.json").write_text('{"schema": "jaxmon.sources.spool/1", "devices": [')
-    (spool / "old_schema.json").write_text(json.dumps({**good, "schema": "jaxmon.sources.spool/0"}))
+    (spool / "bad_json.json").write_text('{"schema": "jaxmon.spool/1", "devices": [')
+    (spool / "old_schema.json").write_text(json.dumps({**good, "schema": "jaxmon.spool/0"}))
     (spool / "bad_schema.json").write_text(json.dumps({**good, "pid": "not a pid"}))
     (spool / "oversized.json").write_text(json.dumps({**good, "devices": good["devices"] * 200}))
     (spool / "link.json").symlink_to(spool / "old_schema.json")

@@ -31,7 +31,10 @@ class InProcess(Protocol):
     """A workload process's view of itself (embedded mode, publisher): live arrays and compile counters."""
 
     process_index: int
-    jax_version: str
+
+    @property
+    def jax_version(self) -> str:
+        """The running JAX's version."""
 
     def live_array_bytes(self) -> dict[tuple[str, int], int]:
         """Bytes of live arrays per device."""

@@ -15,7 +15,7 @@ from jaxmon.model import BackendStatus, DeviceInfo
 
 log = structlog.get_logger("jaxmon.sources.local")
 
-# DESIGN.md section 2: a second JAX process preallocates 75 % of the GPU unless told otherwise.
+# DESIGN.md section 3: a second JAX process preallocates 75 % of the GPU unless told otherwise.
 PREALLOCATE_VAR = "XLA_PYTHON_CLIENT_PREALLOCATE"
 FRACTION_VARS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
 
@@ -158,7 +158,7 @@ class JaxProbeKernel:
         self._jax = jax
         self._device = device
         # Inputs are made on the host and placed explicitly on this device (never computed on the implicit
-        # default device, DESIGN.md section 3), so the probe adds exactly one compilation per device.
+        # default device, DESIGN.md section 5), so the probe adds exactly one compilation per device.
         # w ~ N(0, 1/n) keeps tanh(x @ w) away from saturation and denormals over many steps.
         rng = np.random.default_rng(0)
         x = rng.standard_normal((size, size), dtype=np.float32)
@@ -194,7 +194,7 @@ class JaxProbeKernel:
 
 
 def live_array_bytes(jax: Any) -> dict[tuple[str, int], int]:
-    """Bytes of live arrays per device in this process (DESIGN.md section 1).
+    """Bytes of live arrays per device in this process (DESIGN.md section 2).
 
     `arr.nbytes` is the global size, so count each addressable shard on its own device, and each buffer once:
     arrays can share buffers (a replicated array's shard, views), so dedupe by (device, buffer pointer).

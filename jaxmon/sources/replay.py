@@ -1,4 +1,4 @@
-"""Replayed devices (DESIGN.md section 6): recorded `memory_stats()` dicts served as if they were live."""
+"""Replayed devices (DESIGN.md section 8): recorded `memory_stats()` dicts served as if they were live."""
 
 from __future__ import annotations
 

@@ -23,12 +23,9 @@ from typing import Any, Literal
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from jaxmon.memory import memory_numbers
-from jaxmon.model import DeviceInfo, MemoryReading
-
 log = structlog.get_logger("jaxmon.sources.spool")
 
-SCHEMA = "jaxmon.sources.spool/1"
+SCHEMA = "jaxmon.spool/1"
 DEFAULT_MAX_FILE_BYTES = 1 << 20
 REJECT_REASONS = (
     "symlink",
@@ -84,7 +81,7 @@ class SpoolDocument(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_: Literal["jaxmon.sources.spool/1"] = Field(alias="schema")
+    schema_: Literal["jaxmon.spool/1"] = Field(alias="schema")
     workload: str = Field(min_length=1, max_length=200)
     host: str = Field(min_length=1, max_length=255)
     pid: int = Field(ge=0)
@@ -115,59 +112,6 @@ def write_atomically(path: Path, payload: Mapping[str, Any]) -> None:
 
 
 # -- the reader -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WorkloadDevice:
-    """One device as a workload reported it, with the numbers jaxmon derives."""
-
-    info: DeviceInfo
-    reading: MemoryReading
-    live_array_bytes: int | None
-
-
-@dataclass(frozen=True)
-class WorkloadReport:
-    """The latest snapshot of one workload process."""
-
-    workload: str
-    host: str
-    pid: int
-    process_index: int
-    jax_version: str
-    time: float
-    started: float
-    devices: list[WorkloadDevice]
-    compile: SpoolCompile
-
-
-def _report(doc: SpoolDocument) -> WorkloadReport:
-    devices = []
-    for d in doc.devices:
-        info = DeviceInfo(
-            id=d.id,
-            platform=d.platform,
-            device_kind=d.device_kind,
-            process_index=d.process_index,
-            coords=d.coords,
-            core_on_chip=d.core_on_chip,
-        )
-        if d.error is not None:
-            reading = MemoryReading(numbers=None, error=d.error)
-        else:
-            reading = MemoryReading(numbers=memory_numbers(d.memory_stats))
-        devices.append(WorkloadDevice(info=info, reading=reading, live_array_bytes=d.live_array_bytes))
-    return WorkloadReport(
-        workload=doc.workload,
-        host=doc.host,
-        pid=doc.pid,
-        process_index=doc.process_index,
-        jax_version=doc.jax_version,
-        time=doc.time,
-        started=doc.started,
-        devices=devices,
-        compile=doc.compile,
-    )
 
 
 class Rejected(Exception):
@@ -220,7 +164,7 @@ def read_document(path: Path, max_bytes: int) -> SpoolDocument:
 @dataclass
 class _Cached:
     key: tuple[int, int, int]
-    report: WorkloadReport | None
+    report: SpoolDocument | None
     reason: str | None
 
 
@@ -235,13 +179,13 @@ class SpoolReader:
         self._lock = threading.Lock()
         self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
 
-    def scan(self, now: float | None = None) -> list[WorkloadReport]:
+    def scan(self, now: float | None = None) -> list[SpoolDocument]:
         """The newest report of every live (workload, host, process index); raises OSError if the directory
         itself cannot be listed."""
         now = time.time() if now is None else now
         with self._lock:
             seen: set[str] = set()
-            reports: list[WorkloadReport] = []
+            reports: list[SpoolDocument] = []
             with os.scandir(self.directory) as entries:
                 for entry in entries:
                     if entry.name.startswith("."):
@@ -253,14 +197,14 @@ class SpoolReader:
             for gone in set(self._cache) - seen:
                 del self._cache[gone]
         # A restarted process replaces its predecessor: keep the latest start per (workload, host, index).
-        newest: dict[tuple[str, str, int], WorkloadReport] = {}
+        newest: dict[tuple[str, str, int], SpoolDocument] = {}
         for r in reports:
             key = (r.workload, r.host, r.process_index)
             if key not in newest or (r.started, r.time) > (newest[key].started, newest[key].time):
                 newest[key] = r
         return sorted(newest.values(), key=lambda r: (r.workload, r.host, r.process_index))
 
-    def _read(self, entry: os.DirEntry[str]) -> WorkloadReport | None:
+    def _read(self, entry: os.DirEntry[str]) -> SpoolDocument | None:
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError:
@@ -277,7 +221,7 @@ class SpoolReader:
                 # Stale: skip without parsing; it cannot report a live workload.
                 self._cache[entry.name] = _Cached(key, None, None)
                 return None
-            report: WorkloadReport | None = _report(read_document(path, self.max_file_bytes))
+            report: SpoolDocument | None = read_document(path, self.max_file_bytes)
             reason = None
         except Rejected as exc:
             report, reason = None, exc.reason

@@ -1,0 +1,244 @@
+"""The exposition: every collector's families from the latest snapshot, merged, rendered to text once per snapshot.
+
+Families of one name from several collectors (the spool's workload devices beside this process's devices, NVML and
+libtpu's device-wide series) are merged into one family in first-seen order; empty families are dropped. The text
+is rendered once per snapshot version and reused by every scrape until the next update; the process and Python
+families (`process_*`, `python_*`) are read per scrape and appended as their own gzip member.
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, cast
+
+from prometheus_client import gc_collector, platform_collector, process_collector
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.registry import Collector as PromCollector
+from prometheus_client.registry import CollectorRegistry
+from prometheus_client.utils import floatToGoString
+
+from jaxmon.collectors.base import Collector, add, family
+from jaxmon.collectors.spool import device_identity_labels
+from jaxmon.snapshot import Snapshot
+
+
+def base_families(snap: Snapshot) -> Iterator[Metric]:
+    """What every unfiltered scrape has: versions, backends, and the identity of this process's devices."""
+    build = GaugeMetricFamily(
+        "jaxmon_build_info",
+        "jaxmon, jax, jaxlib and Python versions; always 1.",
+        labels=["version", "jax_version", "jaxlib_version", "python_version"],
+    )
+    build.add_metric([snap.build.get(k, "") for k in ("version", "jax_version", "jaxlib_version", "python_version")], 1)
+    yield build
+    backend_up = GaugeMetricFamily(
+        "jaxmon_backend_up",
+        "1 when the JAX backend initialised, 0 when it failed (the log says why).",
+        labels=["backend"],
+    )
+    for b in snap.backends:
+        backend_up.add_metric([b.name], 1.0 if b.up else 0.0)
+    yield backend_up
+    info = family("jaxmon_device_info", "Identity of each device; always 1.")
+    for d in snap.devices:
+        add(info, {**snap.device_labels(d), **device_identity_labels(d), "source": snap.source}, 1)
+    yield info
+
+
+def status_families(snap: Snapshot, names: Iterable[str]) -> Iterator[Metric]:
+    """jaxmon_collector_success / _duration_seconds / _last_success_timestamp_seconds of the collectors `names`."""
+    success = GaugeMetricFamily(
+        "jaxmon_collector_success",
+        "1 when the collector's last run got all its data (memory: every device read; probe: every device answered).",
+        labels=["collector"],
+    )
+    duration = GaugeMetricFamily(
+        "jaxmon_collector_duration_seconds",
+        "Time of the collector's last run (probe: device time of the last round).",
+        labels=["collector"],
+    )
+    last = GaugeMetricFamily(
+        "jaxmon_collector_last_success_timestamp_seconds",
+        "Unix time of the collector's last successful run.",
+        labels=["collector"],
+    )
+    for name in sorted(names):
+        status = snap.statuses.get(name)
+        if status is None:
+            continue
+        success.add_metric([name], 1.0 if status.success else 0.0)
+        duration.add_metric([name], status.duration_seconds)
+        if status.last_success_timestamp is not None:
+            last.add_metric([name], status.last_success_timestamp)
+    yield success
+    yield duration
+    yield last
+
+
+def merged(families: Iterable[Metric]) -> list[Metric]:
+    """Families of one name merged in first-seen order (samples appended); families without samples dropped."""
+    by_name: dict[str, Metric] = {}
+    for fam in families:
+        seen = by_name.get(fam.name)
+        if seen is None:
+            by_name[fam.name] = fam
+        else:
+            seen.samples.extend(fam.samples)
+    return [f for f in by_name.values() if f.samples]
+
+
+def snapshot_families(snap: Snapshot, collectors: Sequence[Collector[Any]], selected: set[str] | None) -> list[Metric]:
+    """Every family of one snapshot; `selected` limits it to those collectors (`collect[]`), without the base."""
+
+    def gen() -> Iterator[Metric]:
+        if selected is None:
+            yield from base_families(snap)
+        names = []
+        for c in collectors:
+            if selected is not None and c.name not in selected:
+                continue
+            names.append(c.name)
+            state = snap.states.get(c.name)
+            if state is not None:
+                yield from c.families(snap, state)
+        # Unfiltered: every collector with a status, those that were asked for but cannot run included.
+        yield from status_families(snap, names if selected is not None else snap.statuses.keys())
+
+    return merged(gen())
+
+
+class _Registered(PromCollector):
+    def __init__(self, collectors: list[PromCollector]) -> None:
+        self._collectors = collectors
+
+    def collect(self) -> Iterator[Metric]:
+        for c in self._collectors:
+            yield from c.collect()
+
+
+# process_* (RSS, CPU seconds, fds, start time), python_gc_*, python_info: what every client_python exporter serves.
+_PROCESS = _Registered(
+    [
+        process_collector.ProcessCollector(registry=None),
+        gc_collector.GCCollector(registry=CollectorRegistry()),
+        platform_collector.PlatformCollector(registry=None),
+    ]
+)
+
+
+class Exposition:
+    """The /metrics body: rendered once per snapshot version (scrapes never touch devices)."""
+
+    def __init__(self, get_snapshot: Callable[[], Snapshot], collectors: Sequence[Collector[Any]]) -> None:
+        self._get_snapshot = get_snapshot
+        self._collectors = list(collectors)
+        self.names = {c.name for c in self._collectors}
+        self._format = TextFormat()  # keeps label and value strings from one snapshot to the next
+        self._lock = threading.Lock()
+        self._version = -1
+        self._plain = b""
+        self._gzipped: bytes | None = None
+
+    def render(self, want_gzip: bool, selected: set[str] | None = None) -> bytes:
+        """The exposition now, gzip-compressed when asked; `selected` names the collectors to include."""
+        process = self._format.render(_PROCESS.collect()) if selected is None else b""
+        if selected is not None:
+            snap = self._get_snapshot()
+            body = TextFormat().render(snapshot_families(snap, self._collectors, selected))
+            return gzip.compress(body, compresslevel=1) if want_gzip else body
+        with self._lock:
+            snap = self._get_snapshot()
+            if snap.version != self._version:
+                self._plain = self._format.render(snapshot_families(snap, self._collectors, None))
+                self._gzipped = None
+                self._version = snap.version
+            if not want_gzip:
+                return self._plain + process
+            if self._gzipped is None:
+                # Level 1: half the time of level 5 on an exposition (1.4 -> 0.6 ms at 256 devices), 12 % larger.
+                self._gzipped = gzip.compress(self._plain, compresslevel=1)
+            # A gzip stream may hold several members (RFC 1952 2.2); every HTTP client reads them as one body.
+            return self._gzipped + gzip.compress(process, compresslevel=1)
+
+
+class _OneFamily(PromCollector):
+    def __init__(self, family: Metric) -> None:
+        self._family = family
+
+    def collect(self) -> Iterator[Metric]:
+        return iter((self._family,))
+
+
+# The value format of generate_latest (Go's float formatting: 1.0, 2.147483648e+10, +Inf, NaN); untyped upstream.
+_float_text = cast(Callable[[float], str], floatToGoString)
+
+
+def _label_value(value: str) -> str:
+    # prometheus_client escapes label values this way whatever the name escaping (openmetrics._escape, ALLOWUTF8).
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+class TextFormat:
+    """Writes families in the text format (0.0.4): byte for byte what prometheus_client's `generate_latest` writes.
+
+    generate_latest sorts, validates, escapes and joins the labels of every sample and formats every value anew on
+    each call. The label sets of a device stay the same from one snapshot to the next, and many values (limits,
+    pool sizes, flags, step counts) do too, so this keeps both formatted strings between calls. Each cache is
+    bounded by twice the samples of the last call: past that (values that keep changing) it starts again.
+    Families other than plain gauges and counters (timestamps, exemplars, OpenMetrics-only samples) go through
+    generate_latest itself.
+    """
+
+    def __init__(self) -> None:
+        self._labels: dict[tuple[tuple[str, str], ...], str] = {}
+        self._values: dict[float, str] = {}
+
+    def _label_string(self, labels: dict[str, str]) -> str:
+        text = ",".join(f'{openmetrics.escape_label_name(k)}="{_label_value(v)}"' for k, v in sorted(labels.items()))
+        return "{" + text + "}" if text else ""
+
+    def render(self, families: Iterable[Metric]) -> bytes:
+        """The exposition of `families`."""
+        label_cache, value_cache = self._labels, self._values
+        samples = 0
+        out: list[str] = []
+        append = out.append
+        for fam in families:
+            mtype = fam.type
+            sample_name = fam.name + "_total" if mtype == "counter" else fam.name
+            if mtype not in ("gauge", "counter"):
+                append(generate_latest(_OneFamily(fam)).decode("utf-8"))
+                continue
+            start = len(out)
+            name = openmetrics.escape_metric_name(sample_name)
+            doc = fam.documentation.replace("\\", r"\\").replace("\n", r"\n")
+            append(f"# HELP {name} {doc}\n# TYPE {name} {mtype}\n")
+            for s in fam.samples:
+                if s.name != sample_name or s.timestamp is not None or s.exemplar is not None or s.native_histogram:
+                    del out[start:]  # not a plain sample: let generate_latest write the whole family
+                    append(generate_latest(_OneFamily(fam)).decode("utf-8"))
+                    break
+                key = tuple(s.labels.items())
+                labels = label_cache.get(key)
+                if labels is None:
+                    labels = label_cache[key] = self._label_string(s.labels)
+                value = s.value
+                # Equal numbers format alike (1 == 1.0 == True -> "1.0"), except 0.0 and -0.0: zeros are not
+                # cached. NaN is not stored (it equals nothing).
+                text = value_cache.get(value) if value else None
+                if text is None:
+                    text = _float_text(value)
+                    if value and value == value:
+                        value_cache[value] = text
+                append(f"{name}{labels} {text}\n")
+            samples += len(fam.samples)
+        bound = 2 * samples + 256
+        if len(label_cache) > bound:
+            label_cache.clear()
+        if len(value_cache) > bound:
+            value_cache.clear()
+        return "".join(out).encode("utf-8")

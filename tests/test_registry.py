@@ -1,0 +1,120 @@
+"""The collector registry: flags per collector, collect[] filtering, guarded updates, the process families."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from prometheus_client.core import Metric
+
+from jaxmon.app import build_runtime
+from jaxmon.collectors import registry
+from jaxmon.collectors.base import Collector, CollectorOptions, Update
+from jaxmon.settings import load_settings
+from jaxmon.snapshot import Snapshot
+from jaxmon.sources.replay import ReplaySource
+from tests.conftest import FIXTURES, StartDaemon, parse_samples, sample
+
+REPLAY = ("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1h")
+
+
+def _families(text: str) -> set[str]:
+    return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+
+
+def test_every_collector_has_node_exporter_style_flags() -> None:
+    """--collector.X, --no-collector.X and --collector.X=auto set the section's `enabled`."""
+    names = list(registry())
+    assert {"memory", "probe", "compile", "spool"} <= set(names)
+    for name in names:
+        assert load_settings([f"--no-collector.{name}"]).collector_options(name).enabled is False
+        assert load_settings([f"--collector.{name}"]).collector_options(name).enabled is True
+        assert load_settings([f"--collector.{name}=auto"]).collector_options(name).enabled == "auto"
+
+
+def test_no_collector_memory_removes_the_memory_families(start_daemon: StartDaemon) -> None:
+    d = start_daemon(*REPLAY, "--no-collector.memory")
+    text = d.get("/metrics").text
+    assert not [f for f in _families(text) if f.startswith("jaxmon_memory_")]
+    assert "jaxmon_device_info" in _families(text)  # identity is the source's, not the memory collector's
+    assert 'collector="memory"' not in text
+
+
+def test_collect_filter_returns_only_the_named_collectors_families(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    """collect[]=spool: the spool collector's families and its collector_* series, nothing else."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    d = start_daemon(*REPLAY, "--spool.dir", str(spool))
+    text = d.get("/metrics", params={"collect[]": "spool"}).text
+    assert _families(text) == {
+        "jaxmon_spool_rejected_files_total",
+        "jaxmon_collector_success",
+        "jaxmon_collector_duration_seconds",
+        "jaxmon_collector_last_success_timestamp_seconds",
+    }
+    samples = parse_samples(text)
+    assert sample(samples, "jaxmon_collector_success", collector="spool") == 1.0
+    assert sample(samples, "jaxmon_collector_success", collector="memory") is None
+    both = parse_samples(d.get("/metrics", params=[("collect[]", "spool"), ("collect[]", "memory")]).text)
+    assert sample(both, "jaxmon_memory_bytes_in_use", device="8", platform="gpu") == 1000.0
+    assert sample(both, "jaxmon_build_info") is None
+    unknown = d.get("/metrics", params={"collect[]": "nope"})
+    assert unknown.status_code == 400 and "nope" in unknown.text and "memory" in unknown.text
+
+
+def test_the_process_families_are_served(start_daemon: StartDaemon) -> None:
+    """process_* of the daemon itself, read per scrape: RSS and open fds match /proc."""
+    d = start_daemon(*REPLAY)
+    samples = d.scrape()
+    rss = sample(samples, "process_resident_memory_bytes")
+    assert rss is not None
+    status = Path(f"/proc/{d.proc.pid}/status").read_text()
+    vm_rss = next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
+    assert abs(rss - vm_rss) < 64 * 2**20  # the same process, read moments apart
+    assert sample(samples, "process_open_fds") is not None
+    assert sample(samples, "process_start_time_seconds") is not None
+    assert any(name == "python_info" for name, _ in samples)
+
+
+def test_an_explicit_collector_that_cannot_run_is_reported_failed(start_daemon: StartDaemon) -> None:
+    """--collector.spool without --spool.dir: collector_success 0 and a log line; auto would be silently off."""
+    d = start_daemon(*REPLAY, "--collector.spool")
+    assert sample(d.scrape(), "jaxmon_collector_success", collector="spool") == 0.0
+    assert "collector cannot run" in d.log() and "no --spool.dir given" in d.log()
+    quiet = start_daemon(*REPLAY)
+    assert sample(quiet.scrape(), "jaxmon_collector_success", collector="spool") is None
+
+
+class _Exploding(Collector[int]):
+    name = "exploding"
+    description = "raises on every second update"
+
+    calls = 0
+
+    def update(self) -> Update[int]:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            raise OSError("disk on fire")
+        return Update(self.calls)
+
+    def families(self, snap: Snapshot, state: int) -> Iterator[Metric]:
+        return iter(())
+
+
+def test_a_raising_update_is_a_failed_run_that_keeps_the_last_state() -> None:
+    """The runtime guards every update: success 0, last state kept, last-success time unchanged."""
+    settings = load_settings(["--replay", str(FIXTURES / "shapes.json")])
+    runtime = build_runtime(settings, ReplaySource(FIXTURES / "shapes.json"))
+    exploding = _Exploding(runtime.ctx, CollectorOptions())
+    try:
+        (job,) = exploding.jobs()
+        runtime.run_job(exploding, job)
+        first = runtime.snapshot()
+        assert first.states["exploding"] == 1 and first.statuses["exploding"].success
+        runtime.run_job(exploding, job)
+        second = runtime.snapshot()
+        assert second.states["exploding"] == 1
+        assert second.statuses["exploding"].success is False
+        assert second.statuses["exploding"].last_success_timestamp == first.statuses["exploding"].last_success_timestamp
+    finally:
+        runtime.stop()
