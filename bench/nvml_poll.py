@@ -34,7 +34,8 @@ WARMUP = 20
 
 CHILD = """
 import json, statistics, time
-from jaxmon.collectors.base import Context, Snapshot
+from jaxmon.collectors.base import Context
+from jaxmon.snapshot import Snapshot
 from jaxmon.collectors.nvml import NvmlCollector, NvmlOptions
 from jaxmon.settings import Settings
 from prometheus_client.exposition import generate_latest

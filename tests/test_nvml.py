@@ -16,10 +16,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector as PromCollector
 
-from jaxmon.collectors.base import Context, Snapshot
+from jaxmon.collectors.base import Context
 from jaxmon.collectors.nvml import NvmlCollector, NvmlOptions, NvmlState
+from jaxmon.collectors.spool import SpoolState, WorkloadReport
 from jaxmon.model import DeviceInfo
 from jaxmon.settings import Settings, load_settings
+from jaxmon.snapshot import Snapshot
 from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS
 from tests.conftest import ROOT, Samples, parse_samples, sample
 from tests.fakenvml import GPU_IS_LOST, SONAME, Scenario, build, device
@@ -184,21 +186,14 @@ def test_fields_the_gpu_does_not_support_are_absent_not_zero(rig: Rig) -> None:
 
 
 def test_a_process_without_a_memory_figure_is_absent_and_known_pids_carry_their_workload(rig: Rig) -> None:
-    @dataclass(frozen=True)
-    class Report:
-        workload: str
-        pid: int
-        host: str = "h"
-        process_index: int = 0
-
-    @dataclass(frozen=True)
-    class SpoolState:
-        workloads: tuple[Report, ...]
+    # The spool collector's state as it holds the reports of two workload processes.
+    def report(workload: str, pid: int) -> WorkloadReport:
+        return WorkloadReport(workload, "host", pid, 0, "0.10", 0.0, 0.0, (), {})
 
     rig.scenario.update(
         0, processes=[{"pid": 100, "used": 7 * GIB}, {"pid": 200, "used": None}, {"pid": 300, "used": 1}]
     )
-    snap = Snapshot(states={"spool": SpoolState((Report("trainer", 100), Report("other", 999)))})
+    snap = Snapshot(states={"spool": SpoolState((report("trainer", 100), report("other", 999)))})
     _, s = rig.poll(snap)
     procs = {k: v for k, v in s.items() if k[0] == "jaxmon_process_device_memory_bytes"}
     assert procs == {
@@ -251,33 +246,6 @@ def test_without_the_library_the_collector_is_unavailable() -> None:
     code = "from tests.test_nvml import NvmlCollector, context; print(NvmlCollector.unavailable(context()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "libnvidia-ml.so.1 does not load (no NVIDIA driver library on the library path)"
-
-
-def test_an_old_driver_library_is_read_through_the_older_calls(tmp_path: Path) -> None:
-    # The legacy fake lacks nvmlDeviceGetMemoryInfo_v2, ..._v3 process lists and ClocksEventReasons, and has the
-    # same soname as the modern one, so it is loaded in a process of its own.
-    scenario = Scenario(
-        tmp_path / "scenario.json",
-        [device(0, clocks_event_reasons=0x8, processes=[{"pid": 77, "used": 3 * GIB}])],
-    )
-    code = (
-        "import sys\n"
-        "from tests.test_nvml import make_collector, render\n"
-        "from jaxmon.collectors.base import Snapshot\n"
-        "c = make_collector(); u = c.update(); c.stop()\n"
-        "s = render(c, Snapshot(), u.state)\n"
-        "print(u.success)\n"
-        "for (name, labels), v in sorted(s.items(), key=str): print(name, dict(sorted(labels)), v)\n"
-    )
-    env = {**scenario.env(legacy=True), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
-    lines = out.stdout.splitlines()
-    assert lines[0] == "True"
-    text = "\n".join(lines)
-    used_v1 = 10 * GIB + (512 << 20)  # v1 counts the driver's reservation as used
-    assert f"jaxmon_device_memory_used_bytes {gpu(0)} {float(used_v1)}" in text
-    assert f"jaxmon_process_device_memory_bytes {dict(sorted(gpu(0, pid='77').items()))} {float(3 * GIB)}" in text
-    assert f"jaxmon_device_throttled {dict(sorted(gpu(0, reason='hw_slowdown').items()))} 1.0" in text
 
 
 def test_the_collector_is_auto_by_default_and_the_flags_set_it() -> None:

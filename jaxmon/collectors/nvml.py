@@ -23,12 +23,13 @@ from jaxmon.collectors.base import (
     CollectorOptions,
     Context,
     Enabled,
-    Snapshot,
     Update,
     add,
     family,
 )
 from jaxmon.collectors.devicewide import shared_family
+from jaxmon.collectors.spool import SpoolCollector
+from jaxmon.snapshot import Snapshot
 from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS, GpuReading, Nvml, NvmlUnavailable, probe_library
 
 log = structlog.get_logger("jaxmon.collectors.nvml")
@@ -69,6 +70,9 @@ class NvmlCollector(Collector[NvmlState]):
     description = "GPU device-wide memory, duty cycle, power, temperature, clocks, throttling, ECC and Xid via NVML."
     options = NvmlOptions
     order = 50
+    # A hung NVML call (a GPU in trouble) must not fail /healthz and get jaxmon restarted: the GPU's own health is
+    # jaxmon_device_source_up, and the collector's is jaxmon_collector_success / _last_success_timestamp_seconds.
+    heartbeat = False
 
     def __init__(self, ctx: Context, options: CollectorOptions) -> None:
         super().__init__(ctx, options)
@@ -117,12 +121,8 @@ def workloads_by_pid(snap: Snapshot) -> dict[int, str]:
     NVML reports pids in its own PID namespace; they equal the workload's pids only where the sidecar shares the
     trainer's PID namespace (`docker run --pid=container:trainer`, Kubernetes `shareProcessNamespace: true`).
     """
-    out: dict[int, str] = {}
-    spool = snap.states.get("spool")
-    for report in getattr(spool, "workloads", ()) or ():
-        pid, workload = getattr(report, "pid", None), getattr(report, "workload", None)
-        if isinstance(pid, int) and isinstance(workload, str):
-            out[pid] = workload
+    spool = snap.state(SpoolCollector)
+    out = {report.pid: report.workload for report in spool.workloads} if spool is not None else {}
     if snap.workload is not None:
         out[os.getpid()] = snap.workload
     return out
