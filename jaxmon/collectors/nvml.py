@@ -70,9 +70,6 @@ class NvmlCollector(Collector[NvmlState]):
     description = "GPU device-wide memory, duty cycle, power, temperature, clocks, throttling, ECC and Xid via NVML."
     options = NvmlOptions
     order = 50
-    # A hung NVML call (a GPU in trouble) must not fail /healthz and get jaxmon restarted: the GPU's own health is
-    # jaxmon_device_source_up, and the collector's is jaxmon_collector_success / _last_success_timestamp_seconds.
-    heartbeat = False
 
     def __init__(self, ctx: Context, options: CollectorOptions) -> None:
         super().__init__(ctx, options)
