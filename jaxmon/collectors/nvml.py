@@ -1,8 +1,9 @@
 """The `nvml` collector: device-wide truth about every GPU through NVML (all processes' memory, duty cycle, power,
 heat, throttling, ECC and Xid), with no JAX GPU backend and no device memory of its own.
 
-Device label: JAX GPU devices expose no UUID or PCI bus id (XLA's se_gpu_pjrt_client.cc gives them only
-`device_vendor`, `compute_capability`, `core_count`, `coords` and `slice_index` attributes), and CUDA's ordinals follow
+Device label: JAX GPU devices expose no UUID or PCI bus id (XLA's xla/pjrt/gpu/se_gpu_topology_description.cc,
+SetupDeviceDescription, gives them only `coords`, `device_vendor`, `slice_index`/`partition_index`,
+`compute_capability`, `shared_memory_per_block_optin` and `core_count`), and CUDA's ordinals follow
 CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER, so no JAX device id can be matched to an NVML device with certainty:
 `device` is the NVML index, and `jaxmon_device_info{device_match="nvml_index"}` says so.
 """
