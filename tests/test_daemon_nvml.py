@@ -5,10 +5,13 @@ NVML call, an old driver's library, no library at all, and the join of NVML's pr
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from tests.conftest import Daemon, Samples, StartDaemon, parse_samples, sample
+from tests.conftest import ROOT, Daemon, Samples, StartDaemon, parse_samples, sample
 from tests.fakenvml import GPU_IS_LOST, Scenario, device
 from tests.test_workloads import Child
 
@@ -194,3 +197,26 @@ def test_nvml_processes_carry_the_workload_of_the_spool_report_with_their_pid(
         assert sample(s, "jaxmon_process_device_memory_bytes", **gpu(0, pid="1")) == GIB
     finally:
         trainer.close()
+
+
+def test_jaxmon_snapshot_prints_what_nvml_reads(tmp_path: Path) -> None:
+    scenario = Scenario(tmp_path / "scenario.json", [device(0), device(1, error=GPU_IS_LOST)])
+    command = [sys.executable, "-m", "jaxmon", "snapshot", "--no-collector.probe", "--collector.nvml"]
+    env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", **scenario.env()}
+    result = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr
+    nvml = json.loads(result.stdout)["nvml"]
+    assert nvml["error"] is None
+    first, lost = nvml["gpus"]
+    assert (first["index"], first["memory_used_bytes"], first["power_watts"], first["error"]) == (
+        0,
+        10 * GIB,
+        200.0,
+        None,
+    )
+    assert lost["index"] == 1 and lost["error"].startswith("NVML_ERROR_GPU_IS_LOST")
+    table = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert table.returncode == 0, table.stderr
+    rows = {line.split()[0]: line for line in table.stdout.splitlines()[1:] if line[:1].isdigit()}
+    assert rows["0"].split()[-5:] == ["0.100", "200.0", "700.0", "40", "yes"]
+    assert "NO: NVML_ERROR_GPU_IS_LOST" in rows["1"]
