@@ -159,6 +159,21 @@ def test_a_lost_gpu_is_down_while_the_others_keep_flowing_and_comes_back(rig: Ri
     assert sample(s, "jaxmon_device_temperature_celsius", **gpu(1)) == 50
 
 
+def test_when_nvml_cannot_count_the_gpus_their_readings_go_and_the_xid_counts_stay(rig: Rig) -> None:
+    rig.poll()
+    rig.scenario.xid(0, 79)
+    deadline = time.monotonic() + 10
+    while rig.collector._nvml.xid_counts() != {(0, 79): 1} and time.monotonic() < deadline:
+        time.sleep(0.02)
+    rig.scenario.data["count_error"] = 999
+    rig.scenario.write()
+    update = rig.collector.update()
+    assert not update.success
+    assert update.state.error == "NVML cannot count the GPUs: NVML_ERROR_UNKNOWN (Unknown Error)"
+    s = render(rig.collector, Snapshot(), update.state)
+    assert s == {("jaxmon_device_xid_errors_total", frozenset(gpu(0, xid="79").items())): 1}
+
+
 def test_a_gpu_whose_handle_does_not_open_is_down_without_identity(rig: Rig) -> None:
     rig.scenario.update(0, handle_error=GPU_IS_LOST)
     success, s = rig.poll()

@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+import pynvml
 import structlog
 from prometheus_client.core import Metric
 from pydantic import Field
@@ -31,7 +32,7 @@ from jaxmon.collectors.base import (
 from jaxmon.collectors.devicewide import shared_family
 from jaxmon.collectors.spool import SpoolCollector
 from jaxmon.snapshot import Snapshot
-from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS, GpuReading, Nvml, NvmlUnavailable, probe_library
+from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS, GpuReading, Nvml, NvmlUnavailable, describe, probe_library
 
 log = structlog.get_logger("jaxmon.collectors.nvml")
 
@@ -90,7 +91,13 @@ class NvmlCollector(Collector[NvmlState]):
         except NvmlUnavailable as err:
             self._log_change(str(err))
             return Update(NvmlState(error=str(err)), success=False)
-        gpus = tuple(self._nvml.read_all())
+        try:
+            gpus = tuple(self._nvml.read_all())
+        except pynvml.NVMLError as err:
+            # Not even the GPU count: report no GPUs rather than keep the last readings as if they were fresh.
+            error = f"NVML cannot count the GPUs: {describe(err)}"
+            self._log_change(error)
+            return Update(NvmlState(xid=self._nvml.xid_counts(), error=error), success=False)
         failed = [f"gpu {g.index}: {g.error}" for g in gpus if g.error]
         self._log_change("; ".join(failed) or None)
         return Update(NvmlState(gpus=gpus, xid=self._nvml.xid_counts()), success=not failed)

@@ -6,6 +6,7 @@
  * change readings, lose a GPU or queue Xid events while the daemon runs. Schema (every field optional):
  *
  *   {"init_error": 9,                              NVML error code nvmlInitWithFlags returns
+ *    "count_error": 999,                           NVML error code nvmlDeviceGetCount_v2 returns
  *    "driver_version": "550.54.15",
  *    "devices": [{
  *      "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-...", "pci_bus_id": "00000000:18:00.0",
@@ -343,6 +344,8 @@ nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     pthread_mutex_lock(&lock);
     if (!initialized) return leave(NVML_ERROR_UNINITIALIZED);
     reload_locked();
+    int err = (int)jnum(scenario, "count_error", 0);
+    if (err) return leave(err);
     *count = (unsigned int)device_count();
     return leave(NVML_SUCCESS);
 }
