@@ -132,6 +132,11 @@ class ProbeSettings(_Section):
     target: Duration = Field(
         default=0.002, description="Calibrated length of one idle probe run (steps are chosen to reach it)."
     )
+    baseline_file: Path | None = Field(
+        default=None,
+        description="Keep each device's idle calibration here; a restart reuses a matching one instead of "
+        "calibrating while training may already be running.",
+    )
 
 
 class HealthSettings(_Section):

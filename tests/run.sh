@@ -4,11 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v promtool >/dev/null 2>&1; then
-  # promtool (Debian package 'prometheus') lints the exposition; later tests also run a real Prometheus.
+MISSING=()
+# promtool (Debian package 'prometheus') lints the exposition; later tests also run a real Prometheus.
+command -v promtool >/dev/null 2>&1 || MISSING+=(prometheus)
+# tmux: the `jaxmon top` tests run it in a real terminal and read the screen.
+command -v tmux >/dev/null 2>&1 || MISSING+=(tmux)
+if [ ${#MISSING[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${MISSING[@]}" >/dev/null
 fi
 # The Debian package starts a Prometheus service where systemd runs; the tests start their own on loopback.
 
