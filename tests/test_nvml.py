@@ -17,7 +17,8 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector as PromCollector
 
 from jaxmon.collectors.base import Context
-from jaxmon.collectors.nvml import NvmlCollector, NvmlOptions, NvmlState
+from jaxmon.collectors.devicewide import DutyCycles
+from jaxmon.collectors.nvml import DeviceMatch, NvmlCollector, NvmlOptions, NvmlState, match_devices
 from jaxmon.collectors.spool import SpoolState, WorkloadReport
 from jaxmon.model import DeviceInfo
 from jaxmon.settings import Settings, load_settings
@@ -269,3 +270,52 @@ def test_the_collector_is_auto_by_default_and_the_flags_set_it() -> None:
     assert load_settings(["--no-collector.nvml"]).collector_options("nvml").enabled is False
     options = load_settings(["--collector.nvml.xid-wait", "0.2"]).collector_options("nvml")
     assert isinstance(options, NvmlOptions) and options.xid_wait == 0.2
+
+
+def jax_gpus(*ids: int, process_index: int = 0) -> list[DeviceInfo]:
+    return [DeviceInfo(i, "gpu", "NVIDIA H100 80GB HBM3", process_index=process_index) for i in ids]
+
+
+def test_nvml_gpus_are_matched_to_jax_devices_only_where_that_is_certain() -> None:
+    pci = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    cpu = [DeviceInfo(i, "cpu", "cpu") for i in range(8)]
+    assert match_devices(cpu, 8, pci) == DeviceMatch("nvml_index", {})
+    # One GPU on each side: the same GPU whatever CUDA_VISIBLE_DEVICES says.
+    assert match_devices(jax_gpus(0), 1, {"CUDA_VISIBLE_DEVICES": "GPU-abc"}) == DeviceMatch("only_gpu", {0: 0})
+    assert match_devices([*cpu, *jax_gpus(0)], 1, {}) == DeviceMatch("only_gpu", {0: 0})
+    # Every GPU, one process, PCI bus order on both sides.
+    assert match_devices(jax_gpus(0, 1, 2, 3), 4, pci) == DeviceMatch("pci_bus_order", {0: 0, 1: 1, 2: 2, 3: 3})
+    # CUDA's default order (fastest first), a narrowed set, a subset, or other ids: not certain.
+    assert match_devices(jax_gpus(0, 1, 2, 3), 4, {}).how == "nvml_index"
+    assert match_devices(jax_gpus(0, 1, 2, 3), 4, {**pci, "CUDA_VISIBLE_DEVICES": "0,1,2,3"}).how == "nvml_index"
+    assert match_devices(jax_gpus(0, 1), 4, pci).how == "nvml_index"
+    assert match_devices(jax_gpus(4, 5, 6, 7, process_index=1), 4, pci).how == "nvml_index"
+    assert match_devices(jax_gpus(0), 2, pci).how == "nvml_index"
+
+
+def test_the_probe_gets_nvmls_duty_cycle_only_for_a_matched_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scenario = Scenario(tmp_path / "scenario.json", [device(0, utilization={"gpu": 73, "memory": 1})])
+    for key, value in scenario.env().items():
+        monkeypatch.setenv(key, value)
+    # This daemon's JAX has CPU devices only: NVML's GPU is nobody's JAX device.
+    unmatched = make_collector()
+    state = unmatched.update().state
+    unmatched.stop()
+    assert isinstance(state, DutyCycles)
+    assert state.match.how == "nvml_index"
+    assert state.duty_cycle("gpu", 0) is None
+    # A daemon whose JAX has the one GPU NVML has: matched, and its duty cycle is the probe's busy signal.
+    ctx = Context(settings=Settings(), source=None, devices=jax_gpus(0))  # type: ignore[arg-type]
+    matched = NvmlCollector(ctx, NvmlOptions(xid_wait=0.05))
+    state = matched.update().state
+    assert state.match.how == "only_gpu"
+    assert state.duty_cycle("gpu", 0) == 0.73
+    assert state.duty_cycle("gpu", 1) is None
+    assert state.duty_cycle("tpu", 0) is None
+    s = render(matched, Snapshot(), state)
+    assert [dict(k[1])["device_match"] for k in s if k[0] == "jaxmon_device_info"] == ["only_gpu"]
+    scenario.update(0, error=GPU_IS_LOST)
+    assert matched.update().state.duty_cycle("gpu", 0) is None  # a lost GPU says nothing about busy
+    matched.stop()
