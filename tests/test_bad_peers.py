@@ -52,6 +52,13 @@ def scraper(d: Daemon, period: float = 0.1) -> Iterator[list[tuple[int, float]]]
         thread.join()
 
 
+def _scrapes_done(results: list[tuple[int, float]], n: int = 12, timeout: float = 20.0) -> None:
+    """Wait until the background scraper finished `n` scrapes (a count, not a time: loaded machines are slow)."""
+    deadline = time.monotonic() + timeout
+    while len(results) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _assert_all_served(results: list[tuple[int, float]]) -> None:
     assert len(results) >= 10, results
     bad = [r for r in results if r[0] != 200 or r[1] >= 1.0]
@@ -83,7 +90,7 @@ def test_500_idle_connections_do_not_delay_scrapes_and_are_closed(start_daemon: 
     idle = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(500)]
     try:
         with scraper(d) as results:
-            time.sleep(1.5)
+            _scrapes_done(results)
         _assert_all_served(results)
         # The header timeout (2 s) closes every connection that never sent a request.
         assert all(_closed_by_server(s, within=5.0) for s in idle)
@@ -134,7 +141,7 @@ def test_tls_peers_that_never_say_hello_do_not_block_anyone(start_daemon: StartD
     mute = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(100)]
     try:
         with scraper(d) as results:
-            time.sleep(1.5)
+            _scrapes_done(results)
         _assert_all_served(results)
         # The handshake timeout (the header timeout, 2 s) closes them.
         assert all(_closed_by_server(s, within=6.0) for s in mute)
