@@ -9,6 +9,8 @@ MISSING=()
 command -v promtool >/dev/null 2>&1 || MISSING+=(prometheus)
 # tmux: the `jaxmon top` tests run it in a real terminal and read the screen.
 command -v tmux >/dev/null 2>&1 || MISSING+=(tmux)
+# gcc and the C headers build tests/fakenvml/fakenvml.c, the fake libnvidia-ml.so.1 the NVML tests load.
+{ command -v gcc >/dev/null 2>&1 && [ -e /usr/include/stdio.h ]; } || MISSING+=(gcc libc6-dev)
 if [ ${#MISSING[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
