@@ -338,6 +338,7 @@ def test_image_runs_as_10401_is_ready_healthy_and_stops_on_sigterm(engine: Engin
     engine("kill", "--signal", "TERM", name)
     code = engine("wait", name, timeout=30).stdout.strip().splitlines()[-1]
     elapsed = time.monotonic() - started
+    print(f"SIGTERM -> exit {code} in {elapsed:.1f}s")
     assert code == "0", f"exit status {code} after SIGTERM:\n{engine.logs(name)}"
     assert elapsed < 5, f"SIGTERM took {elapsed:.1f}s"
 
