@@ -279,9 +279,10 @@ def _wait_workloads(engine: Engine, name: str, port: int, expected: set[str], ti
 
 
 def _health(engine: Engine, name: str) -> str:
+    state = json.loads(engine("inspect", "--format", "{{json .State}}", name, timeout=30).stdout)
     # podman 4 names it State.Healthcheck, docker (and podman 5) State.Health.
-    template = "{{.State.Healthcheck.Status}}" if engine.podman else "{{.State.Health.Status}}"
-    return engine("inspect", "--format", template, name, timeout=30).stdout.strip()
+    health = state.get("Health") or state.get("Healthcheck") or {}
+    return str(health.get("Status", ""))
 
 
 def _published(engine: Engine, name: str) -> list[str]:
