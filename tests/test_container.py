@@ -65,9 +65,7 @@ class Engine:
     def podman(self) -> bool:
         return self.name == "podman"
 
-    def __call__(
-        self, *args: str, check: bool = True, timeout: float = 120, stdin: bytes | None = None
-    ) -> subprocess.CompletedProcess[str]:
+    def __call__(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [self.name, *args],
             capture_output=True,
@@ -151,12 +149,12 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     found.cleanup()
 
 
-def _local_base(engine: Engine) -> str:
-    """Make `python:3.11-slim` from Debian bookworm's packages (mmdebstrap) and import it; returns the version."""
+def _local_base(engine: Engine) -> tuple[str, str]:
+    """Make `python:3.11-slim` from Debian bookworm's packages (mmdebstrap) and import it: (version, image)."""
     name = f"python:{LOCAL_PYTHON}-slim"
     tag = f"localhost/{name}" if engine.podman else name
     if engine.image_exists(tag):
-        return LOCAL_PYTHON
+        return LOCAL_PYTHON, tag
     mmdebstrap = shutil.which("mmdebstrap")
     assert mmdebstrap, "the registry cannot be reached and mmdebstrap is missing (tests/run.sh installs it)"
     hooks = ["--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr"]
@@ -191,20 +189,20 @@ def _local_base(engine: Engine) -> str:
     assert bootstrap.returncode == 0, f"mmdebstrap failed:\n{_tail(err.decode(errors='replace'))}"
     assert imported.returncode == 0, f"import of the base failed:\n{imported.stderr}"
     print(f"base image {tag} made locally in {time.monotonic() - started:.0f}s")
-    return LOCAL_PYTHON
+    return LOCAL_PYTHON, tag
 
 
-def _base_python(engine: Engine) -> str:
-    """The PYTHON_VERSION to build with: the Dockerfile's default where its base is here or can be pulled, else the
-    local Debian base (made once, then reused)."""
+def _base_python(engine: Engine) -> tuple[str, str]:
+    """The PYTHON_VERSION to build with and its base image: the Dockerfile's default where its base is here or can
+    be pulled, else the local Debian base (made once, then reused)."""
     upstream = f"docker.io/library/python:{UPSTREAM_PYTHON}-slim"
     if engine.image_exists(upstream):
-        return UPSTREAM_PYTHON
+        return UPSTREAM_PYTHON, upstream
     local = f"localhost/python:{LOCAL_PYTHON}-slim" if engine.podman else f"python:{LOCAL_PYTHON}-slim"
     if engine.image_exists(local):
-        return LOCAL_PYTHON
+        return LOCAL_PYTHON, local
     if engine("pull", "-q", upstream, check=False, timeout=300).returncode == 0:
-        return UPSTREAM_PYTHON
+        return UPSTREAM_PYTHON, upstream
     return _local_base(engine)
 
 
@@ -212,12 +210,13 @@ def _base_python(engine: Engine) -> str:
 class Image:
     tag: str
     build_seconds: float
+    base: str  # the python:*-slim image it was built on: a "training image" without jaxmon
 
 
 @pytest.fixture(scope="module")
 def image(engine: Engine) -> Image:
     """The CPU image of this checkout, under a tag of this checkout's own (other checkouts may build theirs)."""
-    python = _base_python(engine)
+    python, base = _base_python(engine)
     tag = f"localhost/jaxmon-test:{hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]}"
     if not engine.podman:
         tag = tag.removeprefix("localhost/")
@@ -232,7 +231,7 @@ def image(engine: Engine) -> Image:
     engine(*args, str(ROOT), timeout=900)
     seconds = time.monotonic() - started
     print(f"image {tag} built in {seconds:.0f}s")
-    return Image(tag, seconds)
+    return Image(tag, seconds, base)
 
 
 def _get(port: int, path: str) -> requests.Response:
@@ -435,6 +434,22 @@ def test_trainers_of_any_uid_publish_into_a_fresh_volume_that_a_read_only_sideca
     # The sidecar cannot write to the spool.
     write = engine("exec", name, "python", "-c", f"open('{SPOOL}/x.json', 'w')", check=False, timeout=60)
     assert write.returncode != 0 and "Read-only file system" in write.stderr, write.stderr
+
+
+def test_a_volume_the_sidecar_mounts_first_is_writable_by_any_uid_of_another_image(
+    engine: Engine, image: Image
+) -> None:
+    """As docs/deploy.md and the README run it: the sidecar (read-only mount) first, then a training image of the
+    user's (here the bare Python base, which has no /run/jaxmon) running as an arbitrary uid."""
+    volume = engine.volume("sidecar-first")
+    engine("run", "--rm", "-v", f"{volume}:{SPOOL}:ro", image.tag, "--version")
+    write = (
+        "import os; open('/run/jaxmon/trainer.json', 'w').write('{}'); "
+        "st = os.stat('/run/jaxmon'); print(st.st_uid, oct(st.st_mode & 0o7777))"
+    )
+    arbitrary = f"{ARBITRARY_UID}:{ARBITRARY_UID}"
+    result = engine("run", "--rm", "--user", arbitrary, "-v", f"{volume}:{SPOOL}", image.base, "python", "-c", write)
+    assert result.stdout.split() == ["0", "0o1777"], result.stdout
 
 
 # --------------------------------------------------------------------------------------------------------------
