@@ -14,9 +14,16 @@ FROM python:${PYTHON_VERSION}-slim AS build
 ARG FLAVOUR=cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY jaxmon ./jaxmon
-# FLAVOUR picks the pip extra of pyproject.toml: cpu -> none, cuda -> [cuda], tpu -> [tpu].
+# The dependencies first, from pyproject.toml alone, so that a change to jaxmon's code or README rebuilds only the
+# small layer of jaxmon itself. FLAVOUR picks the pip extra of pyproject.toml: cpu -> none, cuda -> [cuda],
+# tpu -> [tpu]; its requirements are installed with the project's.
+# Then leave out what is not needed at run time (BENCHMARKS.md has the sizes): the test suites of the
+# dependencies and the symbol tables of jaxlib's libraries (about 100 MB; .dynsym, which loading needs, stays;
+# XLA's crash stack traces show addresses instead of function names); pip, setuptools and wheel go last.
+COPY pyproject.toml ./
+# DL3008 (pin apt versions): binutils only runs in this build stage and never reaches the image; a pinned
+# version would break whenever the base image's Debian release moves on.
+# hadolint ignore=DL3008
 RUN case "$FLAVOUR" in \
       cpu) extra="" ;; \
       cuda) extra="[cuda]" ;; \
@@ -24,20 +31,18 @@ RUN case "$FLAVOUR" in \
       *) echo "FLAVOUR must be cpu, cuda or tpu, not '$FLAVOUR'" >&2; exit 2 ;; \
     esac \
     && python -m venv /opt/jaxmon \
-    && /opt/jaxmon/bin/pip install ".${extra}" \
-    && /opt/jaxmon/bin/jaxmon --version
-# Leave out what is not needed at run time (BENCHMARKS.md has the sizes): pip, setuptools and wheel, the test
-# suites of the dependencies, and the symbol tables of jaxlib's libraries (about 100 MB; .dynsym, which loading
-# needs, stays; XLA's crash stack traces show addresses instead of function names). Then check that JAX still
-# compiles and runs a program.
-# DL3008 (pin apt versions): binutils only runs in this build stage and never reaches the image; a pinned
-# version would break whenever the base image's Debian release moves on.
-# hadolint ignore=DL3008
-RUN apt-get update \
+    && python -c 'import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; x = sys.argv[1].strip("[]"); print("\n".join(p["dependencies"] + (p["optional-dependencies"][x] if x else [])))' "$extra" > /tmp/requirements.txt \
+    && /opt/jaxmon/bin/pip install -r /tmp/requirements.txt \
+    && apt-get update \
     && apt-get install -y --no-install-recommends binutils \
     && find /opt/jaxmon -path '*/jaxlib/*' -name '*.so' -exec strip --strip-unneeded {} + \
+    && find /opt/jaxmon -depth -type d -name tests -path '*/site-packages/*' -exec rm -rf {} +
+COPY README.md ./
+COPY jaxmon ./jaxmon
+# jaxmon itself; then check that the dependencies fit it and that JAX still compiles and runs a program.
+RUN /opt/jaxmon/bin/pip install --no-deps . \
+    && /opt/jaxmon/bin/pip check \
     && /opt/jaxmon/bin/python -m pip uninstall -y -q pip setuptools wheel \
-    && find /opt/jaxmon -depth -type d -name tests -path '*/site-packages/*' -exec rm -rf {} + \
     && /opt/jaxmon/bin/python -c "import jax, jax.numpy as jnp; assert int(jax.jit(jnp.sum)(jnp.ones(8))) == 8" \
     && /opt/jaxmon/bin/jaxmon --version
 

@@ -694,7 +694,16 @@ def test_dockerfile_flavour_maps_to_the_pyproject_extras() -> None:
         assert result.returncode == 0 and result.stdout == expected, (value, result)
     result = _run("sh", "-c", f"FLAVOUR=rocm; {case}")
     assert result.returncode == 2 and "FLAVOUR must be" in result.stderr
-    assert 'pip install ".${extra}"' in run
+    # The requirements the image installs, by the Dockerfile's own command: the project's plus the flavour's.
+    requirements = re.search(r"python (-c '[^']*' \"\$extra\") > /tmp/requirements.txt", run)
+    assert requirements, run
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    for value, extra in (("cpu", []), ("cuda", extras["cuda"]), ("tpu", extras["tpu"])):
+        script = f"FLAVOUR={value}; {case}; {sys.executable} {requirements.group(1)}"
+        result = _run("sh", "-c", script)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == project["dependencies"] + extra, value
+    assert "-r /tmp/requirements.txt" in run
 
 
 def test_hadolint_finds_nothing_and_every_ignore_says_why() -> None:
