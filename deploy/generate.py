@@ -380,6 +380,14 @@ ROWS = [
                 "Matmul steps per run, chosen by the start-up calibration.",
                 min=0,
             ),
+            Panel(
+                "Probe baseline origin",
+                "table",
+                "none",
+                [Target(f"jaxmon_probe_baseline_info{{{DEV}}}", DEVICE_LEGEND + " {{origin}}")],
+                "Where each device's baseline comes from: calibrated (idle, now), restored (--probe.baseline-file) or "
+                "provisional (taken while a device-wide source said busy: no utilization estimate until idle).",
+            ),
         ],
     ),
     Row(
