@@ -6,7 +6,7 @@ import io
 import json
 import logging
 import time
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,31 +15,6 @@ import structlog
 from structlog.testing import capture_logs
 
 from jaxmon.logsetup import ErrorLog, configure_logging
-
-TOUCHED_LOGGERS = ("apscheduler", "jax", "uvicorn", "uvicorn.error", "uvicorn.access")
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """Put back the root handlers and level, the loggers configure_logging touches, and structlog's config."""
-    root = logging.getLogger()
-    root_handlers, root_level = list(root.handlers), root.level
-    named = {
-        name: (list(lg.handlers), lg.level, lg.propagate)
-        for name, lg in ((n, logging.getLogger(n)) for n in TOUCHED_LOGGERS)
-    }
-    config = structlog.get_config()
-    config["processors"] = list(config["processors"])
-    yield
-    root.handlers[:] = root_handlers
-    root.setLevel(root_level)
-    for name, (handlers, level, propagate) in named.items():
-        lg = logging.getLogger(name)
-        lg.handlers[:] = handlers
-        lg.setLevel(level)
-        lg.propagate = propagate
-    structlog.reset_defaults()
-    structlog.configure(**config)
 
 
 def json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
