@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import socket
 import ssl
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import pytest
 import requests
 import yaml
 
-from tests.conftest import FIXTURES, ROOT, StartDaemon
+from tests.conftest import FIXTURES, StartDaemon
 from tests.tls_helpers import bcrypt_hash, make_certs
 
 REPLAY = ("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s")
@@ -170,16 +168,3 @@ def test_certificates_rotate_without_a_restart(start_daemon: StartDaemon, tmp_pa
             time.sleep(0.2)
     with pytest.raises(ssl.SSLError):
         _handshake(d.port, first.server_ca)
-
-
-def test_a_bad_web_config_exits_2_naming_the_key(tmp_path: Path) -> None:
-    web = _web(tmp_path, {"tls_server_config": {"cert_file": "a.pem", "key_file": "a.key", "min_version": "SSL3"}})
-    result = subprocess.run(
-        [sys.executable, "-m", "jaxmon", "serve", *REPLAY, "--web.config.file", str(web)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
-    assert result.returncode == 2
-    assert "tls_server_config.min_version: unknown TLS version 'SSL3'" in result.stderr
