@@ -139,6 +139,7 @@ def test_a_real_probe_calibrates_and_reports_self_consistent_numbers(
         st = probe.status()
     finally:
         probe.stop()
+        probe.join(10)
     assert st.calibrated
     assert st.up is True
     assert st.last_error is None
@@ -196,6 +197,7 @@ def test_later_real_runs_lower_the_baseline_to_the_fastest_run_and_add_their_bus
             before = after
     finally:
         probe.stop()
+        probe.join(10)
     (kernel,) = kernels  # calibrated (and compiled) once
     assert len(kernel.steps_asked) == CALIBRATION_CALLS + 1 + 2
 
@@ -299,6 +301,8 @@ def make_probe() -> Iterator[MakeProbe]:
     yield make
     for probe in probes:
         probe.stop()
+    for probe in probes:
+        probe.join(10)  # the gated fixture opened its gate first: no worker is left blocked in a device call
 
 
 @pytest.fixture
