@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import time
 from collections.abc import MutableMapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,6 +14,16 @@ import structlog
 from structlog.testing import capture_logs
 
 from jaxmon.logsetup import ErrorLog, configure_logging
+
+
+class FakeClock:
+    """A monotonic clock that moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
@@ -114,11 +123,15 @@ def test_error_log_keys_are_throttled_independently() -> None:
 
 def test_error_log_logs_a_persisting_error_again_after_the_interval() -> None:
     """Once the interval has passed the same error is logged again, marked as repeated."""
+    clock = FakeClock()
     with capture_logs() as logs:
-        errors = ErrorLog(structlog.get_logger("jaxmon.test"), interval=0.05)
+        errors = ErrorLog(structlog.get_logger("jaxmon.test"), interval=60.0, clock=clock)
         errors.error("memory/gpu:0", "memory_stats failed", "lost")
-        time.sleep(0.1)
+        clock.now += 59.9
+        errors.error("memory/gpu:0", "memory_stats failed", "lost")  # within the interval
+        clock.now += 0.1
         errors.error("memory/gpu:0", "memory_stats failed", "lost")
+        clock.now += 59.9
         errors.error("memory/gpu:0", "memory_stats failed", "lost")  # within the new interval again
     assert [e["repeated"] for e in warnings_of(logs)] == [False, True]
 
@@ -154,7 +167,8 @@ def test_repeat_filter_lets_a_scheduler_warning_through_once_per_interval() -> N
         def __init__(self, job_id: str) -> None:
             self.id = job_id
 
-    f = RepeatFilter(0.2)
+    clock = FakeClock()
+    f = RepeatFilter(60.0, clock=clock)
     template = 'Execution of job "%s" skipped: maximum number of running instances reached (%d)'
 
     def record(job: str) -> logging.LogRecord:
@@ -163,5 +177,8 @@ def test_repeat_filter_lets_a_scheduler_warning_through_once_per_interval() -> N
     assert f.filter(record("poll")) is True
     assert f.filter(record("poll")) is False
     assert f.filter(record("probe-cpu:0")) is True  # another job is another message
-    time.sleep(0.25)
+    clock.now += 59.9
+    assert f.filter(record("poll")) is False
+    clock.now += 0.1
     assert f.filter(record("poll")) is True
+    assert f.filter(record("poll")) is False
