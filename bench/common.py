@@ -123,7 +123,7 @@ def wait_ready(child: Process, url: str, path: str = "/readyz", timeout: float =
             raise RuntimeError(f"{child.log_path.name} exited:\n{child.log()[-3000:]}")
         return status(url, path) == 200
 
-    wait_until(ready, timeout, f"{path} 200", step, detail=lambda: f":\n{child.log()[-3000:]}")
+    wait_until(ready, timeout, f"{path} 200", step, detail=lambda: child.log()[-3000:])
     return time.monotonic() - child.started
 
 

@@ -72,7 +72,8 @@ def wait_until(
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s{detail()}")
+            more = detail()
+            raise AssertionError(f"{what} not reached within {timeout}s" + (f":\n{more}" if more else ""))
         time.sleep(step)
 
 
@@ -156,7 +157,7 @@ class Daemon(Process):
                 raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
             return self.status("/readyz") == 200
 
-        wait_until(ready, timeout, "daemon ready", step=0.05, detail=lambda: f"; log:\n{self.log()}")
+        wait_until(ready, timeout, "daemon ready", step=0.05, detail=self.log)
 
     def scrape(self) -> Samples:
         """One /metrics, parsed."""
@@ -166,9 +167,7 @@ class Daemon(Process):
 
     def wait_for(self, predicate: Callable[[Samples], bool], timeout: float = 60.0, what: str = "condition") -> Samples:
         """Scrape until `predicate(samples)` holds; the samples it held for."""
-        return wait_for_samples(
-            self.url, predicate, what, timeout, client=self.client, detail=lambda: f"; log:\n{self.log()}"
-        )
+        return wait_for_samples(self.url, predicate, what, timeout, client=self.client, detail=self.log)
 
 
 def scrape(url: str, **client: Any) -> Samples:

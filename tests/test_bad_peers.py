@@ -98,7 +98,7 @@ def test_500_idle_connections_do_not_delay_scrapes_and_are_closed(start_daemon: 
         timeout=5,
         what="idle connections' fds released",
         step=0.2,
-        detail=lambda: f": fds {fds_before} -> {_open_fds(d.proc.pid)}",
+        detail=lambda: f"fds {fds_before} -> {_open_fds(d.proc.pid)}",
     )
 
 

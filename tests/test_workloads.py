@@ -16,7 +16,7 @@ import pytest
 
 from jaxmon.sources.spool import Rejected, read_document, write_atomically
 from tests.conftest import ROOT, Samples, StartDaemon, sample
-from tests.helpers import TRAIN, Child, wait_for_fresh_samples, wait_for_samples
+from tests.helpers import TRAIN, Child, wait_for_fresh_samples, wait_for_samples, wait_until
 
 __all__ = ["TRAIN", "Child"]  # other test modules import Child from here
 
@@ -302,16 +302,14 @@ def test_a_publisher_on_an_unwritable_directory_keeps_training_and_recovers(
     assert child.proc.stdout is not None
     steps = [child.proc.stdout.readline() for _ in range(3)]
     assert all(line.startswith("STEP") for line in steps), steps
-    deadline = time.monotonic() + 10
-    while "spool write failed" not in child.log():
-        assert time.monotonic() < deadline, child.log()
-        time.sleep(0.1)
+    wait_until(lambda: "spool write failed" in child.log(), what="the failure logged", detail=child.log)
     assert child.proc.poll() is None
     blocker.unlink()  # the directory becomes possible: the publisher retries and succeeds
-    deadline = time.monotonic() + 10
-    while not (spool.is_dir() and any(p.suffix == ".json" for p in spool.iterdir())):
-        assert time.monotonic() < deadline, child.log()
-        time.sleep(0.1)
+    wait_until(
+        lambda: spool.is_dir() and any(p.suffix == ".json" for p in spool.iterdir()),
+        what="a spool file written",
+        detail=child.log,
+    )
     assert "spool writable again" in child.log()
     files = [p for p in spool.iterdir() if p.suffix == ".json"]
     assert read_document(files[0], 1 << 20).workload == "w"
