@@ -60,8 +60,7 @@ class Child(Process):
 
 
 class Jaxmon(Daemon):
-    """`python -m jaxmon serve` on a free loopback port (tests/helpers.py's Daemon), logging to
-    bench/results/NAME-PORT.log; `tree` runs another checkout's jaxmon (before/after)."""
+    """tests/helpers.py's Daemon logging to bench/results/NAME-PORT.log; `tree` runs another checkout's jaxmon."""
 
     def __init__(
         self,

@@ -81,9 +81,10 @@ def write_replay(n: int, directory: Path, entries: int = 64) -> Path:
 
 
 class ReplayRuntime:
-    """The daemon's runtime on a replay file, polled by hand; with `probes`, every poll also records a probe status
-    per device (random numbers, new every poll) as a live host's probe collector would (replayed devices run no
-    probe, so the probe collector renders here without devices of its own: no worker threads)."""
+    """The daemon's runtime on a replay file, polled by hand; with `probes`, random probe statuses every poll."""
+
+    # Replayed devices run no probe: a live host's probe collector is stood in for by recording its state here and
+    # rendering it with a ProbeCollector built without devices of its own (so no worker threads).
 
     def __init__(self, path: Path, probes: bool = False) -> None:
         settings = load_settings(["--replay", str(path)])

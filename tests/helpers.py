@@ -67,8 +67,7 @@ def wait_until(
     step: float = 0.01,
     detail: Callable[[], str] = lambda: "",
 ) -> None:
-    """Poll `predicate` every `step` seconds until it holds; AssertionError naming `what` (and `detail()`, such as
-    a child's log) after `timeout`."""
+    """Poll `predicate` every `step` s until it holds; after `timeout`, AssertionError naming `what` plus `detail()`."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() >= deadline:
@@ -78,8 +77,7 @@ def wait_until(
 
 
 def jaxmon_env(extra: Mapping[str, str] | None = None, devices: int = 8) -> dict[str, str]:
-    """The environment of every child: this one, N JAX CPU devices (as CI runs the suite), unbuffered output,
-    then `extra`."""
+    """This environment with N JAX CPU devices (as CI runs the suite), unbuffered output, then `extra`."""
     return {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices), "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
@@ -202,8 +200,9 @@ def last_success(samples: Samples, collector: str) -> float:
 
 
 def wait_for_fresh_samples(url: str, collector: str, what: str = "", timeout: float = 30.0) -> Samples:
-    """Samples from an update of `collector` that started after this call: two successes later than now (the
-    first may have read its data before now; a job never overlaps itself, so the second started after it)."""
+    """Samples from an update of `collector` that started after this call."""
+    # Two successes later than now: the first may have read its data before now; a job never overlaps itself, so
+    # the second started after the first was recorded.
     since = time.time()
     first = wait_for_samples(url, lambda s: last_success(s, collector) > since, f"a {collector} update {what}", timeout)
     stamp = last_success(first, collector)

@@ -243,8 +243,7 @@ def test_metrics_are_gzipped_exactly_when_the_client_accepts_gzip(runtime: Runti
 
 
 def test_collect_selects_collectors_and_an_unknown_one_is_400_naming_it(runtime: Runtime) -> None:
-    """collect[]=memory: the memory families and its collector_* series only; an unknown name is a 400 that
-    names it and the running collectors."""
+    """collect[]=memory: its families and collector_* series only; unknown names: 400 naming them and the running."""
     app = make_app(runtime)
     memory = parse_samples(request(app, "GET", "/metrics", b"collect%5B%5D=memory").text)
     assert sample(memory, "jaxmon_memory_bytes_in_use", device="8", platform="gpu") == 1000
@@ -260,8 +259,7 @@ def test_collect_selects_collectors_and_an_unknown_one_is_400_naming_it(runtime:
 
 
 def test_scrapes_do_not_run_collectors(runtime: Runtime) -> None:
-    """20 scrapes after one update leave the per-read error count of the raising device at 1 and the replayed
-    list of device 8 at its first entry: scrapes read the snapshot and never touch a device."""
+    """20 scrapes after one update: the raising device's error count stays 1 and device 8's replayed list unmoved."""
     app = make_app(runtime)
     for _ in range(20):
         s = parse_samples(request(app, "GET", "/metrics").text)
@@ -309,8 +307,7 @@ def test_healthz_follows_the_scheduler_and_the_first_update() -> None:
 
 
 def test_requests_past_max_requests_are_503_and_the_slot_is_freed_after() -> None:
-    """With --web.max-requests 1 and one response still being sent, the next request is 503 at once; when the
-    first completes, requests are served again."""
+    """--web.max-requests 1 with a response still being sent: the next request is 503; then served again."""
     rt = make_runtime()
     rt.update_all_once()
     app = make_app(rt, max_requests=1)
