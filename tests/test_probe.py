@@ -23,6 +23,7 @@ from jaxmon.model import DeviceInfo, ProbeKernel
 from jaxmon.probe import DeviceProbe, ProbeConfig, low_percentile, utilization
 from jaxmon.settings import Settings
 from jaxmon.sources.local import LocalSource
+from tests.conftest import wait_until
 
 SIZE = 64
 PROBE_DEVICE = 5  # not the default device 0, so implicit placement would show
@@ -313,16 +314,6 @@ def gated() -> Iterator[GatedKernel]:
     kernel.gate.set()
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    """Poll `predicate` until it holds or `timeout` passes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
-
-
 def test_a_raising_kernel_counts_a_failure_and_marks_the_device_down(make_probe: MakeProbe) -> None:
     """An exception from the device: failures 1, up False, and last_error names the exception."""
     late: list[int] = []
@@ -406,7 +397,7 @@ def test_a_hung_kernel_times_out_skips_while_hung_and_recovers_when_released(
         return probe.status().up is True
 
     # The released run finishes its calibration in the background; until it has, run_once keeps skipping.
-    assert wait_until(next_run_is_up)
+    wait_until(next_run_is_up, what="a run that answers")
     st = probe.status()
     assert st.last_error is None
     assert (st.runs_total, st.timeouts_total) == (2, 1)
@@ -482,4 +473,4 @@ def test_a_run_that_finishes_after_its_timeout_is_published(
     job.run()  # times out while calibrating
     assert published == []
     gated.gate.set()  # the device answers late
-    assert wait_until(lambda: bool(published))
+    wait_until(lambda: bool(published), what="the late result published")
