@@ -120,6 +120,12 @@ class ProbeSettings(_Section):
     target: Duration = Field(
         default=0.002, description="Calibrated length of one idle probe run (steps are chosen to reach it)."
     )
+    repeats: int = Field(
+        default=3,
+        ge=1,
+        le=10,
+        description="Each probe timing is the fastest of this many back-to-back runs (robust to preemption).",
+    )
     baseline_file: Path | None = Field(
         default=None,
         description="Keep each device's idle calibration here; a restart reuses a matching one instead of "

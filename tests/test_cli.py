@@ -33,9 +33,9 @@ def test_version_prints_the_installed_version_and_exits_0(cli: CLI) -> None:
 
 def test_help_exits_0_and_no_command_exits_2_both_with_the_usage(cli: CLI) -> None:
     code, out, _ = cli("--help")
-    assert code == 0 and out.startswith("usage: jaxmon {serve,snapshot}")
+    assert code == 0 and out.startswith("usage: jaxmon {serve,snapshot,top}")
     code, out, _ = cli()
-    assert code == 2 and out.startswith("usage: jaxmon {serve,snapshot}")
+    assert code == 2 and out.startswith("usage: jaxmon {serve,snapshot,top}")
 
 
 def test_an_unknown_command_exits_2_naming_it(cli: CLI) -> None:
