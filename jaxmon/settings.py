@@ -77,6 +77,11 @@ class WebSettings(_Section):
     header_timeout: Duration = Field(
         default=5.0, description="Connections that send no complete request (or TLS handshake) in this time close."
     )
+    enable_profiling: bool = Field(
+        default=False,
+        description="Serve /debug/pprof/device_memory (the workload's live device buffers as a pprof profile; "
+        "embedded exporter only, at most one per 5s).",
+    )
     config: WebConfigFileSettings = WebConfigFileSettings()
 
     @field_validator("listen_address")

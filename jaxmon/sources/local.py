@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import threading
@@ -148,6 +149,15 @@ class InProcessWorkload:
     def jax_version(self) -> str:
         """The running JAX's version."""
         return str(self._jax.__version__)
+
+    def device_memory_profile(self) -> bytes:
+        """The process's live device buffers as a gzipped pprof profile (`jax.profiler.device_memory_profile`)."""
+        return gzipped(bytes(self._jax.profiler.device_memory_profile()))
+
+
+def gzipped(profile: bytes) -> bytes:
+    """`profile` gzipped, unless it already is (pprof files are gzipped; XLA's heap profile may not be)."""
+    return profile if profile[:2] == b"\x1f\x8b" else gzip.compress(profile, compresslevel=6)
 
 
 # The probe's own arrays, kept alive with their kernel for the process's lifetime (so their ids stay theirs):
