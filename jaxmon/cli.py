@@ -62,8 +62,9 @@ def serve(argv: Sequence[str]) -> int:
         print(f"jaxmon serve: cannot listen on {settings.web.listen_address}: {exc.strerror or exc}", file=sys.stderr)
         runtime.stop()
         return 1
-    runtime.start()
+    # Bound already (connections wait in the backlog): say so before the first poll can announce "ready".
     log.info("serving", address=settings.web.listen_address, path=settings.web.telemetry_path, scheme=server.scheme)
+    runtime.start()
     serve_until_signalled(runtime, server)
     _exit_despite_hung_calls(deadline=time.monotonic() + 2.0)
     log.info("stopped")

@@ -36,6 +36,7 @@ def apply_gpu_env_defaults(environ: MutableMapping[str, str], memory_fraction: f
 # JAX registers a TPU factory even where libtpu is not installed; that is absence, not a failure.
 _NOT_INSTALLED = re.compile(r"cannot open shared object file|No such file or directory|Unknown backend")
 _FAILED_BACKEND = re.compile(r"Unable to initialize backend '([^']+)'")
+_GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
 
 def _coords(device: Any) -> str | None:
@@ -64,8 +65,6 @@ class LocalSource:
         # A sidecar must not preallocate the GPU; inside a workload (embedded, publisher) the trainer's own
         # settings stand and jaxmon changes nothing.
         self.applied_env = apply_gpu_env_defaults(env, gpu_memory_fraction) if sidecar_defaults else {}
-        if self.applied_env:
-            log.info("sidecar GPU defaults set before importing JAX", **self.applied_env)
         import jax  # imported here so the environment above is in place first
 
         self._jax = jax
@@ -117,6 +116,10 @@ class LocalSource:
                 continue
             statuses.append(BackendStatus(name=name, up=False, error=message))
         devices.sort(key=lambda d: (d.platform, d.id))
+        if self.applied_env:
+            # Worth a line only where a GPU backend started: on a CPU-only host the defaults change nothing.
+            gpu = any(d.platform in _GPU_PLATFORMS for d in devices)
+            (log.info if gpu else log.debug)("sidecar GPU defaults set before importing JAX", **self.applied_env)
         return devices, statuses
 
     def read_memory(self, device: DeviceInfo) -> Mapping[str, Any] | None:
