@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 
@@ -30,9 +31,9 @@ commands:
 """
 
 
-def _load(argv: Sequence[str], prog: str) -> Settings:
+def _load(argv: Sequence[str], prog: str, **help_options: Any) -> Settings:
     try:
-        settings = load_settings(argv, prog=prog)
+        settings = load_settings(argv, prog=prog, **help_options)
     except SettingsError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
@@ -90,7 +91,12 @@ def _exit_despite_hung_calls(deadline: float) -> None:
 def snapshot(argv: Sequence[str]) -> int:
     """One poll and one probe per device, printed."""
     as_json = "--json" in argv
-    settings = _load([a for a in argv if a != "--json"], "jaxmon snapshot")
+    settings = _load(
+        [a for a in argv if a != "--json"],
+        "jaxmon snapshot",
+        help_extra=[("--json", "print JSON instead of a table")],
+        help_hidden=lambda flag: flag.startswith("--web."),  # nothing is served
+    )
     try:
         runtime = build_runtime(settings)
     except ReplayError as exc:
@@ -113,9 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="jaxmon", usage=USAGE, add_help=False)
     parser.add_argument("command", nargs="?")
-    if not args or args[0] in ("-h", "--help"):
+    if not args:
+        print(USAGE, file=sys.stderr)  # a usage error, as argparse reports one
+        return 2
+    if args[0] in ("-h", "--help"):
         print(USAGE)
-        return 0 if args else 2
+        return 0
     if args[0] == "--version":
         print(f"jaxmon {package_version('jaxmon')}")
         return 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -125,13 +125,15 @@ else:
 class PollSettings(_Section):
     """memory_stats() polling."""
 
-    interval: Duration = Field(default=5.0, description="Seconds between memory_stats() polls (or 5s, 1m).")
+    interval: Duration = Field(
+        default=5.0, description="Time between memory_stats() polls (500ms, 5s, 1m; a plain number is seconds)."
+    )
 
 
 class ProbeSettings(_Section):
     """The utilization probe."""
 
-    interval: Duration = Field(default=15.0, description="Seconds between probe runs on each device.")
+    interval: Duration = Field(default=15.0, description="Time between probe runs on each device.")
     timeout: Duration = Field(default=5.0, description="A probe run longer than this marks its device down.")
     size: int = Field(default=256, ge=8, le=2048, description="Probe matrix size n (three n x n float32).")
     target: Duration = Field(
@@ -298,11 +300,20 @@ def collector_flags(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def load_settings(argv: Sequence[str], prog: str = "jaxmon serve") -> Settings:
+def load_settings(
+    argv: Sequence[str],
+    prog: str = "jaxmon serve",
+    help_extra: Sequence[tuple[str, str]] = (),
+    help_hidden: Callable[[str], bool] = lambda flag: False,
+) -> Settings:
     """Build Settings from argv, the environment and the YAML file; raises SettingsError on bad input.
 
-    argparse errors (unknown flags, missing values) exit with status 2 themselves, as argparse does.
+    argparse errors (unknown flags, missing values) exit with status 2 themselves, as argparse does. `help_extra`
+    (flag, help) are the command's own flags, listed in --help (the caller parses them); `help_hidden` flags are
+    accepted but left out of --help.
     """
+    from jaxmon.clihelp import help_hook
+
     argv = collector_flags(argv)
     config_path = _config_file_from(argv, os.environ)
     yaml_data = _read_yaml(config_path) if config_path is not None else {}
@@ -317,7 +328,12 @@ def load_settings(argv: Sequence[str], prog: str = "jaxmon serve") -> Settings:
             dotenv_settings: PydanticBaseSettingsSource,
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
-            cli: CliSettingsSource[Any] = CliSettingsSource(settings_cls, cli_prog_name=prog, cli_parse_args=list(argv))
+            cli: CliSettingsSource[Any] = CliSettingsSource(
+                settings_cls,
+                cli_prog_name=prog,
+                cli_parse_args=list(argv),
+                add_argument_method=help_hook(Settings, help_hidden, help_extra),
+            )
             return (cli, env_settings, _YamlSource(settings_cls, yaml_data))
 
     origin = f" (config file {config_path})" if config_path else ""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from jaxmon.cli import main
 from jaxmon.settings import DEFAULT_PORT, SettingsError, load_settings, parse_duration, parse_listen_address
 from tests.conftest import ROOT
 
@@ -176,3 +177,37 @@ def test_help_lists_the_dotted_flags() -> None:
         "--config.file",
     ):
         assert flag in result.stdout, flag
+
+
+def test_help_shows_durations_and_paths_as_the_user_writes_them(capsys: pytest.CaptureFixture[str]) -> None:
+    """Durations read DURATION with a default like 15s, paths PATH, collectors {true,false,auto}: no Python types."""
+    with pytest.raises(SystemExit) as exited:
+        load_settings(["--help"])
+    assert exited.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines wherever the width falls
+    assert "--probe.interval DURATION Time between probe runs on each device. (default: 15s)" in out
+    assert "--probe.target DURATION" in out and "(default: 2ms)" in out
+    assert "--config.file PATH" in out and "--replay PATH" in out
+    assert "--collector.probe.enabled {true,false,auto}" in out
+    for python_word in ("float (", "{Path,None}", "{float,None}", "{bool,auto}", "(default: None)", "15.0"):
+        assert python_word not in out, python_word
+
+
+def test_snapshot_help_lists_json_and_leaves_out_the_server_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """`jaxmon snapshot --help` names its own --json and none of the --web.* flags, which it would ignore."""
+    with pytest.raises(SystemExit) as exited:
+        main(["snapshot", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "--json" in out and "print JSON instead of a table" in out
+    assert "--web." not in out
+    assert "--probe.interval" in out
+
+
+def test_jaxmon_alone_prints_usage_to_stderr_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing command is a usage error: usage on stderr, nothing on stdout, status 2; --help is stdout and 0."""
+    assert main([]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "usage: jaxmon {serve,snapshot,top}" in captured.err
+    assert main(["--help"]) == 0
+    assert "usage: jaxmon" in capsys.readouterr().out
