@@ -16,7 +16,7 @@ import structlog
 
 from jaxmon.app import build_runtime, package_version
 from jaxmon.logsetup import configure_logging
-from jaxmon.settings import Settings, SettingsError, load_settings
+from jaxmon.settings import Settings, SettingsError, load_settings, warn_unused_environment
 from jaxmon.sources.replay import ReplayError
 from jaxmon.table import format_table, snapshot_json
 
@@ -38,6 +38,7 @@ def _load(argv: Sequence[str], prog: str, **help_options: Any) -> Settings:
         print(f"{prog}: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     configure_logging(settings.log.level, settings.log.format)
+    warn_unused_environment()
     return settings
 
 

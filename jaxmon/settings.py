@@ -166,11 +166,18 @@ class GpuSettings(_Section):
     )
 
 
+def _lower(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
 class LogSettings(_Section):
     """Logging."""
 
-    level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
-    format: Literal["auto", "json", "console"] = Field(
+    # JAXMON_LOG__LEVEL=DEBUG is how people write levels (Python's own names are upper case).
+    level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = Field(
+        default="info", description="Log level."
+    )
+    format: Annotated[Literal["auto", "json", "console"], BeforeValidator(_lower)] = Field(
         default="auto", description="json, console, or auto (json when stderr is not a TTY)."
     )
 
@@ -268,17 +275,6 @@ def _config_file_from(argv: Sequence[str], environ: Mapping[str, str]) -> Path |
     return Path(value) if value else None
 
 
-def _describe(err: ValidationError, origin: str) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "settings"
-        flag = "--" + loc.replace("_", "-")
-        given = e.get("input")
-        shown = "" if isinstance(given, dict) else f" (got {given!r})"
-        lines.append(f"{loc} ({flag}): {e['msg']}{shown}")
-    return f"invalid settings{origin}:\n  " + "\n  ".join(lines)
-
-
 _COLLECTOR_FLAG = re.compile(r"^--(no-)?collector\.([a-z0-9_]+)(?:=(.*))?$")
 
 
@@ -313,10 +309,14 @@ def load_settings(
     accepted but left out of --help.
     """
     from jaxmon.clihelp import help_hook
+    from jaxmon.settings_check import describe, yaml_problems
 
     argv = collector_flags(argv)
     config_path = _config_file_from(argv, os.environ)
     yaml_data = _read_yaml(config_path) if config_path is not None else {}
+    problems = yaml_problems(yaml_data, Settings)
+    if problems:
+        raise SettingsError(f"invalid settings (config file {config_path}):\n  " + "\n  ".join(problems))
 
     class _Loaded(Settings):
         @classmethod
@@ -340,7 +340,7 @@ def load_settings(
     try:
         loaded = _Loaded()
     except ValidationError as exc:
-        raise SettingsError(_describe(exc, origin)) from exc
+        raise SettingsError(describe(exc, "cli", origin)) from exc
     except SystemExit:
         if "-h" in argv or "--help" in argv:
             print(collectors_help())
@@ -359,3 +359,14 @@ def collectors_help() -> str:
         lines.append(f"  --collector.{name} / --no-collector.{name}  (default: {shown})")
         lines.append(f"      {cls.description}")
     return "\n".join(lines)
+
+
+def warn_unused_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Log each JAXMON_* variable that sets nothing (a typo, or one underscore where two are needed)."""
+    import structlog
+
+    from jaxmon.settings_check import unused_environment
+
+    log = structlog.get_logger("jaxmon.settings")
+    for variable, hint in unused_environment(os.environ if environ is None else environ, Settings):
+        log.warning("environment variable sets nothing", variable=variable, hint=hint)

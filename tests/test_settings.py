@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,8 +11,16 @@ from pathlib import Path
 import pytest
 
 from jaxmon.cli import main
-from jaxmon.settings import DEFAULT_PORT, SettingsError, load_settings, parse_duration, parse_listen_address
-from tests.conftest import ROOT
+from jaxmon.settings import (
+    DEFAULT_PORT,
+    Settings,
+    SettingsError,
+    load_settings,
+    parse_duration,
+    parse_listen_address,
+)
+from jaxmon.settings_check import unused_environment
+from tests.conftest import FIXTURES, ROOT
 
 
 @pytest.fixture(autouse=True)
@@ -93,11 +102,86 @@ def test_invalid_values_name_the_setting(argv: list[str], message: str) -> None:
         load_settings(argv)
 
 
-def test_unknown_key_in_the_file_is_rejected(tmp_path: Path) -> None:
+def test_an_unknown_key_in_the_file_is_named_as_a_yaml_key_with_what_was_meant(tmp_path: Path) -> None:
+    """A misspelt YAML key is reported as a key of that file, not as a flag, with the closest setting."""
     cfg = tmp_path / "c.yml"
     cfg.write_text("probe:\n  intervall: 3s\n")
-    with pytest.raises(SettingsError, match=r"probe\.intervall.*(Extra|extra)"):
+    with pytest.raises(SettingsError) as raised:
         load_settings(["--config.file", str(cfg)])
+    assert str(raised.value) == (
+        f"invalid settings (config file {cfg}):\n  probe.intervall: no such setting (did you mean probe.interval?)"
+    )
+
+
+def test_a_flag_spelling_in_the_file_says_yaml_keys_use_underscores(tmp_path: Path) -> None:
+    """`listen-address:` in YAML is the flag's spelling: the error says to write listen_address."""
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("web:\n  listen-address: ':1234'\n")
+    with pytest.raises(SettingsError, match=r"web\.listen-address: YAML keys use underscores: write listen_address"):
+        load_settings(["--config.file", str(cfg)])
+
+
+def test_a_bad_value_is_described_once_without_pydantic_prefixes() -> None:
+    """No "Value error," and the value shown once: the message already quotes it."""
+    with pytest.raises(SettingsError) as raised:
+        load_settings(["--poll.interval", "soon"])
+    assert str(raised.value) == (
+        "invalid settings:\n  poll.interval (--poll.interval): not a duration: 'soon' (use e.g. 500ms, 10s, 2m)"
+    )
+
+
+def test_log_level_and_format_from_the_environment_ignore_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    """JAXMON_LOG__LEVEL=DEBUG is accepted as debug (and JSON as json)."""
+    monkeypatch.setenv("JAXMON_LOG__LEVEL", "DEBUG")
+    monkeypatch.setenv("JAXMON_LOG__FORMAT", "JSON")
+    s = load_settings([])
+    assert (s.log.level, s.log.format) == ("debug", "json")
+
+
+def test_jaxmon_variables_that_set_nothing_are_named_with_what_was_meant() -> None:
+    """One underscore where two are needed, and a typo, are warned about; real settings and jaxmon's own are not."""
+    environ = {
+        "JAXMON_PROBE_INTERVAL": "30s",
+        "JAXMON_POLL__INTERVALL": "1s",
+        "JAXMON_PROBE__INTERVAL": "30s",
+        "JAXMON_COLLECTOR__PROBE": "false",
+        "JAXMON_WEB__CONFIG__FILE": "/w.yml",
+        "JAXMON_FAULTS_FILE": "/f.json",
+        "HOME": "/root",
+    }
+    assert unused_environment(environ, Settings) == [
+        ("JAXMON_POLL__INTERVALL", "did you mean JAXMON_POLL__INTERVAL?"),
+        ("JAXMON_PROBE_INTERVAL", "did you mean JAXMON_PROBE__INTERVAL? nested settings take two underscores"),
+    ]
+
+
+def test_the_daemon_warns_about_a_variable_that_sets_nothing() -> None:
+    """`JAXMON_PROBE_INTERVAL=30s` (one underscore) is not silently ignored: the log says what was meant."""
+    result = _run("snapshot", "--replay", str(FIXTURES / "shapes.json"), env={"JAXMON_PROBE_INTERVAL": "30s"})
+    assert result.returncode == 0, result.stderr
+    warnings = [json.loads(line) for line in result.stderr.splitlines() if "sets nothing" in line]
+    assert [(w["variable"], w["hint"]) for w in warnings] == [
+        ("JAXMON_PROBE_INTERVAL", "did you mean JAXMON_PROBE__INTERVAL? nested settings take two underscores")
+    ]
+
+
+def test_jaxmon_start_reports_bad_settings_in_the_cli_wording() -> None:
+    """jaxmon.start() raises SettingsError with one plain line per setting, not pydantic's multi-line dump."""
+    code = (
+        "import jaxmon\n"
+        "try:\n"
+        "    jaxmon.start(probe={'interval': 'soon'}, poll={'intervall': 3})\n"
+        "except jaxmon.SettingsError as exc:\n"
+        "    print(exc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, env=dict(os.environ)
+    )
+    assert result.stdout == (
+        "jaxmon.start: invalid settings:\n"
+        "  poll.intervall: no such setting\n"
+        "  probe.interval: not a duration: 'soon' (use e.g. 500ms, 10s, 2m)\n"
+    ), result.stderr
 
 
 @pytest.mark.parametrize("content", ["[1, 2]", "a: [unclosed", "42"])
@@ -135,7 +219,7 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         (
             ["serve", "--poll.interval", "soon"],
             {},
-            "poll.interval (--poll.interval): Value error, not a duration",
+            "poll.interval (--poll.interval): not a duration",
         ),
         (["serve", "--bogus"], {}, "unrecognized arguments: --bogus"),
         (["serve"], {"JAXMON_PROBE__TIMEOUT": "-1"}, "probe.timeout"),
@@ -159,7 +243,9 @@ def test_bad_replay_file_names_the_field(tmp_path: Path) -> None:
     bad.write_text('{"devices": [{"id": 0, "platform": "gpu", "memory_stats": {"bytes_in_use": "lots"}}]}')
     result = _run("serve", "--replay", str(bad))
     assert result.returncode == 2
-    assert "devices.0.memory_stats" in result.stderr
+    assert result.stderr.strip() == (
+        f"jaxmon serve: --replay: replay file {bad}: devices.0.memory_stats.bytes_in_use: must be a number (got 'lots')"
+    )  # no pydantic union tags such as dict[str,nullable[union[int,float]]]
 
 
 def test_help_lists_the_dotted_flags() -> None:
