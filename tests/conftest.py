@@ -15,9 +15,27 @@ from typing import Any
 
 import pytest
 import requests
+import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In-process jaxmon events (the probe's, from its own threads) go to stdlib logging, which pytest captures
+    per test and shows under "Captured log" of a failing test; unconfigured structlog prints to stdout."""
+    structlog.configure(
+        processors=[
+            structlog.stdlib.add_log_level,
+            structlog.processors.format_exc_info,
+            structlog.processors.KeyValueRenderer(key_order=["event"], drop_missing=True),
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,  # structlog.testing.capture_logs must still see every logger
+    )
+
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

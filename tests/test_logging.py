@@ -276,3 +276,13 @@ def test_the_sidecar_logs_a_workload_appearing_and_going(start_daemon: StartDaem
         ("workload appeared", "fixture", "host-a", 4242),
         ("workload gone", "fixture", "host-a", 4242),
     ]
+
+
+def test_in_process_jaxmon_events_reach_pytests_log_capture_not_stdout(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The probe's events in a test process go through stdlib logging (tests/conftest.py), never straight to stdout."""
+    structlog.get_logger("jaxmon.probe").warning("probe failed", device="cpu:0")
+    assert capsys.readouterr().out == ""
+    assert [(r.name, r.levelname) for r in caplog.records] == [("jaxmon.probe", "WARNING")]
+    assert "probe failed" in caplog.records[0].getMessage() and "device='cpu:0'" in caplog.records[0].getMessage()
