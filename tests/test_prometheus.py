@@ -8,6 +8,8 @@ The scraped setup (one module fixture, all processes killed at teardown):
 - jaxmon-spool: a sidecar reading a spool fed by two `publish` children of tests/workloads/train.py, with the TPU
   backend requested so that it fails; then one child compiles 40 programs, the other is killed, and a broken
   file is dropped into the spool;
+- jaxmon-nvml: the fake libnvidia-ml.so.1 (tests/fakenvml) with three GPUs: GPU 0 hot, thermally throttled and at its
+  power cap, GPU 1 nearly full with uncorrected ECC errors and an Xid 79 delivered after start, GPU 2 lost;
 - jaxmon-gone: a target nobody listens on.
 So almost every alert fires for a known reason, and the rest are listed with why they stay quiet here.
 """
@@ -30,6 +32,7 @@ import requests
 import yaml
 
 from tests.conftest import FIXTURES, ROOT, Daemon, free_port
+from tests.fakenvml import GPU_IS_LOST, Scenario, device
 from tests.test_deploy import (
     RULES,
     alert_rules,
@@ -46,7 +49,7 @@ RATE_INTERVAL = "10s"
 
 # Alerts whose expression legitimately returns nothing in this setup (asserted empty), and why.
 QUIET_ALERTS = {
-    # jaxmon targets exist (four up, one down).
+    # jaxmon targets exist (five up, one down).
     "JaxmonExporterAbsent",
     # It watches accelerators (platform!="cpu") on a jaxmon where a workload reports: here only CPU devices are
     # probed, and the probing daemon has no workload (the spool sidecar runs without the probe).
@@ -59,6 +62,7 @@ FIRING: dict[str, list[dict[str, str]]] = {
     "JaxmonCollectorFailing": [
         {"job": "jaxmon-replay", "instance": "shapes", "collector": "memory"},  # gpu:6 raises
         {"job": "jaxmon-cpu", "collector": "probe"},  # cpu:3 hangs
+        {"job": "jaxmon-nvml", "collector": "nvml"},  # GPU 2 is lost
     ],
     "JaxmonBackendDown": [{"job": "jaxmon-spool", "backend": "tpu"}],  # JAX_PLATFORMS=cpu,tpu without libtpu
     "JaxmonSpoolFilesRejected": [{"job": "jaxmon-spool", "reason": "bad_json"}],  # the file the test drops
@@ -80,6 +84,14 @@ FIRING: dict[str, list[dict[str, str]]] = {
     ],
     "JaxmonWorkloadStoppedReporting": [{"job": "jaxmon-spool", "workload": "ephemeral"}],  # killed
     "JaxmonRecompilationStorm": [{"job": "jaxmon-spool", "workload": "trainer"}],  # 40 compilations
+    # The fake NVML's GPUs (see nvml_scenario).
+    "JaxmonGpuLost": [{"job": "jaxmon-nvml", "device": "2"}],
+    "JaxmonGpuHot": [{"job": "jaxmon-nvml", "device": "0"}],  # 91 °C
+    "JaxmonGpuThrottled": [{"job": "jaxmon-nvml", "device": "0", "reason": "hw_thermal_slowdown"}],
+    "JaxmonGpuPowerCapped": [{"job": "jaxmon-nvml", "device": "0", "reason": "sw_power_cap"}],
+    "JaxmonGpuEccUncorrected": [{"job": "jaxmon-nvml", "device": "1", "kind": "uncorrected"}],
+    "JaxmonGpuXidError": [{"job": "jaxmon-nvml", "device": "1", "xid": "79"}],
+    "JaxmonDeviceMemoryNearFull": [{"job": "jaxmon-nvml", "platform": "gpu", "device": "1"}],  # 78 of 80 GiB
 }
 
 # Dashboard queries that legitimately return nothing here (with All selected), and why: none. Every panel has data.
@@ -181,9 +193,27 @@ class Stack:
     instances: dict[str, str]  # short name -> instance label (host:port)
 
     def named(self, labels: dict[str, str]) -> dict[str, str]:
-        """Labels with the instance written by its short name (shapes, demo, cpu, spool, gone)."""
+        """Labels with the instance written by its short name (shapes, demo, cpu, spool, nvml, gone)."""
         by_address = {v: k for k, v in self.instances.items()}
         return {k: by_address.get(v, v) if k == "instance" else v for k, v in labels.items()}
+
+
+def nvml_scenario(path: Path) -> Scenario:
+    """Three GPUs with something for every GPU alert; the Xid event is queued once the daemon runs."""
+    gib = 1 << 30
+    return Scenario(
+        path,
+        [
+            device(0, temperature_c=91, clocks_event_reasons=0x4 | 0x40, utilization={"gpu": 97, "memory": 60}),
+            device(
+                1,
+                memory={"total": 80 * gib, "reserved": 0, "used": 78 * gib},
+                ecc={"enabled": True, "corrected": 4, "uncorrected": 2},
+                processes=[{"pid": 4242, "used": 77 * gib}],
+            ),
+            device(2, error=GPU_IS_LOST),
+        ],
+    )
 
 
 def _value(result: list[dict[str, Any]]) -> float:
@@ -209,6 +239,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         spool_args = ["--no-collector.probe", "--spool.dir", str(spool), "--spool.ttl", "3s", "--poll.interval", "0.5s"]
         sidecar = Daemon(tmp, spool_args, env={"JAX_PLATFORMS": "cpu,tpu"})
         daemons.append(sidecar)
+        scenario = nvml_scenario(tmp / "nvml.json")
+        nvml_args = ["--no-collector.probe", "--collector.nvml", "--poll.interval", "0.5s"]
+        nvml = Daemon(tmp, nvml_args, env=scenario.env())
+        daemons.append(nvml)
         # The children finish their start-up compilations before Prometheus sees them, so that the only
         # compilations it watches are the ones this test asks for.
         for name in ("trainer", "ephemeral"):
@@ -223,6 +257,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "demo": f"127.0.0.1:{demo.port}",
             "cpu": f"127.0.0.1:{cpu.port}",
             "spool": f"127.0.0.1:{sidecar.port}",
+            "nvml": f"127.0.0.1:{nvml.port}",
             "gone": f"127.0.0.1:{free_port()}",
         }
         config = {
@@ -239,6 +274,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 },
                 {"job_name": "jaxmon-cpu", "static_configs": [{"targets": [instances["cpu"]]}]},
                 {"job_name": "jaxmon-spool", "static_configs": [{"targets": [instances["spool"]]}]},
+                {"job_name": "jaxmon-nvml", "static_configs": [{"targets": [instances["nvml"]]}]},
                 {"job_name": "jaxmon-gone", "static_configs": [{"targets": [instances["gone"]]}]},
             ],
         }
@@ -246,7 +282,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         prometheus.wait_ready()
         started = time.monotonic()
         p = prometheus
-        p.wait_for("sum(up)", lambda r: _value(r) == 4, "four targets up")
+        p.wait_for("sum(up)", lambda r: _value(r) == 5, "five targets up")
         p.wait_for("count(up == 0)", lambda r: _value(r) == 1, "the dead target down")
         p.wait_for(
             'count(jaxmon_probe_duration_seconds{job="jaxmon-cpu"})', lambda r: _value(r) == 8, "probes on 8 devices"
@@ -266,6 +302,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         assert trainer.send("compile 40") == {"compiled": 40}
         (spool / "broken.json").write_text('{"schema": "jaxmon.spool/1", "devices": [')
         ephemeral.close()
+        scenario.xid(1, 79)
+        p.wait_for('jaxmon_device_xid_errors_total{job="jaxmon-nvml", xid="79"}', lambda r: _value(r) == 1, "Xid 79")
         p.wait_for('jaxmon_device_up{job="jaxmon-cpu", device="3"}', lambda r: _value(r) == 0, "cpu:3 down")
         p.wait_for(
             'jaxmon_jit_compilations_total{workload="trainer"}', lambda r: _value(r) >= before + 40, "40 compilations"
@@ -332,8 +370,8 @@ def resolve_variables(p: Prometheus) -> tuple[dict[str, str], dict[str, list[str
 
 def test_dashboard_variables_list_what_is_scraped(stack: Stack) -> None:
     _, listed = resolve_variables(stack.prometheus)
-    assert set(listed["job"]) == {"jaxmon-replay", "jaxmon-cpu", "jaxmon-spool"}
-    assert set(listed["instance"]) == {stack.instances[k] for k in ("shapes", "demo", "cpu", "spool")}
+    assert set(listed["job"]) == {"jaxmon-replay", "jaxmon-cpu", "jaxmon-spool", "jaxmon-nvml"}
+    assert set(listed["instance"]) == {stack.instances[k] for k in ("shapes", "demo", "cpu", "spool", "nvml")}
     assert set(listed["platform"]) == {"gpu", "tpu", "cpu"}
     assert set(listed["device"]) == {str(i) for i in range(9)}
     assert {"trainer", "ephemeral"} <= set(listed["workload"])
