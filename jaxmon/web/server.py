@@ -323,6 +323,10 @@ class HttpServer:
             runtime, settings.web.telemetry_path, self.web, settings.web.max_requests, settings.web.enable_profiling
         )
         self._sockets = config.create_sockets()
+        for sock in self._sockets.insecure_sockets:
+            # Listen now (asyncio would only at start_server): from here a connection waits in the backlog
+            # instead of being refused, so "serving" is true as soon as it is logged.
+            sock.listen(config.backlog)
         if self.web.ssl_context is not None:
             # hypercorn makes TLS sockets only when its config names certificate files; ours come from the web
             # config, so the plain sockets it bound are served with the live context.
