@@ -43,6 +43,7 @@ def test_an_embedded_exporter_serves_a_pprof_profile_holding_the_buffer_the_test
     """The profile is gzipped protobuf, behind the web config's basic auth, and lists the test's array by size."""
     child.send(f"alloc 2 {DISTINCT_BYTES}")
     url = child.hello["url"] + PATH
+    assert PATH in requests.get(child.hello["url"] + "/", auth=("prom", "pw"), timeout=30).text  # linked
     assert requests.get(url, timeout=30).status_code == 401  # the same basic auth as /metrics
 
     r = requests.get(url, auth=("prom", "pw"), timeout=30)
@@ -66,6 +67,7 @@ def test_a_sidecar_answers_404_saying_it_holds_no_workload(start_daemon: StartDa
     r = d.get(PATH)
     assert r.status_code == 404
     assert "no workload runs in this process" in r.text
+    assert PATH not in d.get("/").text  # not linked where it cannot answer
 
 
 def test_profiling_is_off_by_default(start_daemon: StartDaemon) -> None:

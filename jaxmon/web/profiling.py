@@ -46,6 +46,11 @@ class DeviceMemoryProfiles:
         self._busy = False
         self._last_start: float | None = None
 
+    @property
+    def available(self) -> bool:
+        """True when on and this process is a workload (the landing page links it only then)."""
+        return self.enabled and self._in_process is not None
+
     def _claim(self) -> float | None:
         """Take the slot for one profile; None when taken, else seconds to wait before asking again."""
         now = time.monotonic()

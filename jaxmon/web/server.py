@@ -281,7 +281,7 @@ class App:
         path = html.escape(self._telemetry_path)
         profiling = (
             f'<li><a href="{PPROF_PATH}">{PPROF_PATH}</a> (live device buffers, pprof)</li>'
-            if self._profiles.enabled
+            if self._profiles.available
             else ""
         )
         page = (
