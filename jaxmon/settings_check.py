@@ -13,8 +13,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 Origin = Literal["cli", "start"]
-# JAXMON_* variables jaxmon reads outside the settings model.
-OTHER_VARIABLES = ("JAXMON_FAULTS_FILE", "JAXMON_TOP_PASSWORD")
+# JAXMON_* variables read outside the settings model: by jaxmon (faults, top), its test and bench tools, and the
+# demo's docker-compose.yml; a shell that exports them for those must not make every daemon warn.
+OTHER_VARIABLES = (
+    "JAXMON_FAULTS_FILE",
+    "JAXMON_TOP_PASSWORD",
+    "JAXMON_UPDATE_GOLDEN",
+    "JAXMON_BENCH_RESULTS",
+    "JAXMON_DEMO_ADDRESS",
+    "JAXMON_DEMO_PORT",
+    "JAXMON_DEMO_SIDECAR_PORT",
+)
 
 
 def _submodel(model: type[BaseModel], name: str) -> type[BaseModel] | None:
