@@ -6,6 +6,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import structlog
@@ -85,9 +86,10 @@ def ensure_library_logging() -> None:
 class RepeatFilter(logging.Filter):
     """Lets the same message template for the same job through at most once per `interval` seconds."""
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self._interval = interval
+        self._clock = clock  # injectable so tests need not sleep through the interval
         self._last: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
 
@@ -95,7 +97,7 @@ class RepeatFilter(logging.Filter):
         args = record.args if isinstance(record.args, tuple) else ()
         subject = str(getattr(args[0], "id", args[0])) if args else ""
         key = (str(record.msg), subject)
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             last = self._last.get(key)
             if last is not None and now - last < self._interval:
@@ -108,16 +110,19 @@ class ErrorLog:
     """Logs a persisting error once, then at most once per `interval` (with how often it recurred meanwhile), and
     once more when it clears."""
 
-    def __init__(self, logger: Any, interval: float = REPEAT_INTERVAL) -> None:
+    def __init__(
+        self, logger: Any, interval: float = REPEAT_INTERVAL, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._log = logger
         self._interval = interval
+        self._clock = clock  # injectable so tests need not sleep through the interval
         self._lock = threading.Lock()
         # key -> (error, when last logged, occurrences since then that were not logged)
         self._last: dict[str, tuple[str, float, int]] = {}
 
     def error(self, key: str, event: str, error: str, **fields: Any) -> None:
         """Report `error` for `key` (e.g. a device), throttled while the same error persists."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             prev = self._last.get(key)
             repeated = prev is not None and prev[0] == error

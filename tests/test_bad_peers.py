@@ -21,7 +21,7 @@ from pathlib import Path
 import requests
 import yaml
 
-from tests.conftest import FIXTURES, ROOT, Daemon, StartDaemon, free_port
+from tests.conftest import FIXTURES, ROOT, Daemon, StartDaemon, free_port, wait_until
 from tests.tls_helpers import bcrypt_hash, make_certs
 
 BASE = ("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s", "--web.header-timeout", "2s")
@@ -52,15 +52,16 @@ def scraper(d: Daemon, period: float = 0.1) -> Iterator[list[tuple[int, float]]]
         thread.join()
 
 
-def _scrapes_done(results: list[tuple[int, float]], n: int = 12, timeout: float = 20.0) -> None:
-    """Wait until the background scraper finished `n` scrapes (a count, not a time: loaded machines are slow)."""
-    deadline = time.monotonic() + timeout
-    while len(results) < n and time.monotonic() < deadline:
-        time.sleep(0.05)
+SCRAPES = 10  # what each test wants served while its bad peers are connected
+
+
+def _wait_for_scrapes(results: list[tuple[int, float]]) -> None:
+    """Keep the bad peers connected until the scraper has finished SCRAPES scrapes (a loaded machine is slower)."""
+    wait_until(lambda: len(results) >= SCRAPES, timeout=30, what=f"{SCRAPES} scrapes", step=0.05)
 
 
 def _assert_all_served(results: list[tuple[int, float]]) -> None:
-    assert len(results) >= 10, results
+    assert len(results) >= SCRAPES, results
     bad = [r for r in results if r[0] != 200 or r[1] >= 1.0]
     assert not bad, f"{len(bad)} of {len(results)} scrapes failed or took >= 1 s: {bad[:5]}"
 
@@ -90,17 +91,20 @@ def test_500_idle_connections_do_not_delay_scrapes_and_are_closed(start_daemon: 
     idle = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(500)]
     try:
         with scraper(d) as results:
-            _scrapes_done(results)
+            _wait_for_scrapes(results)
         _assert_all_served(results)
         # The header timeout (2 s) closes every connection that never sent a request.
         assert all(_closed_by_server(s, within=5.0) for s in idle)
     finally:
         for s in idle:
             s.close()
-    deadline = time.monotonic() + 5
-    while _open_fds(d.proc.pid) > fds_before + 5:
-        assert time.monotonic() < deadline, f"fds {fds_before} -> {_open_fds(d.proc.pid)}"
-        time.sleep(0.2)
+    wait_until(
+        lambda: _open_fds(d.proc.pid) <= fds_before + 5,
+        timeout=5,
+        what="idle connections' fds released",
+        step=0.2,
+        detail=lambda: f"fds {fds_before} -> {_open_fds(d.proc.pid)}",
+    )
 
 
 def test_slowloris_clients_are_dropped_while_scrapes_go_on(start_daemon: StartDaemon) -> None:
@@ -141,7 +145,7 @@ def test_tls_peers_that_never_say_hello_do_not_block_anyone(start_daemon: StartD
     mute = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(100)]
     try:
         with scraper(d) as results:
-            _scrapes_done(results)
+            _wait_for_scrapes(results)
         _assert_all_served(results)
         # The handshake timeout (the header timeout, 2 s) closes them.
         assert all(_closed_by_server(s, within=6.0) for s in mute)
@@ -182,7 +186,7 @@ def test_oversized_headers_and_garbage_get_errors_and_scrapes_go_on(start_daemon
         for g in garbage:
             reply = _raw_exchange(d.port, g)
             assert reply == b"" or reply.split(b" ", 2)[1] in (b"400", b"405", b"404", b"505"), reply[:100]
-        time.sleep(1.0)
+        _wait_for_scrapes(results)
     _assert_all_served(results)
     assert d.proc.poll() is None
 

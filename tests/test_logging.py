@@ -6,7 +6,7 @@ import io
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import MutableMapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,32 +17,17 @@ from structlog.testing import capture_logs
 
 from jaxmon.logsetup import ErrorLog, configure_logging
 from jaxmon.sources.spool import write_atomically
-from tests.conftest import FIXTURES, Daemon, StartDaemon, sample
-
-TOUCHED_LOGGERS = ("apscheduler", "jax", "uvicorn", "uvicorn.error", "uvicorn.access")
+from tests.conftest import FIXTURES, Daemon, StartDaemon, sample, wait_until
 
 
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """Put back the root handlers and level, the loggers configure_logging touches, and structlog's config."""
-    root = logging.getLogger()
-    root_handlers, root_level = list(root.handlers), root.level
-    named = {
-        name: (list(lg.handlers), lg.level, lg.propagate)
-        for name, lg in ((n, logging.getLogger(n)) for n in TOUCHED_LOGGERS)
-    }
-    config = structlog.get_config()
-    config["processors"] = list(config["processors"])
-    yield
-    root.handlers[:] = root_handlers
-    root.setLevel(root_level)
-    for name, (handlers, level, propagate) in named.items():
-        lg = logging.getLogger(name)
-        lg.handlers[:] = handlers
-        lg.setLevel(level)
-        lg.propagate = propagate
-    structlog.reset_defaults()
-    structlog.configure(**config)
+class FakeClock:
+    """A monotonic clock that moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
@@ -142,11 +127,15 @@ def test_error_log_keys_are_throttled_independently() -> None:
 
 def test_error_log_logs_a_persisting_error_again_after_the_interval() -> None:
     """Once the interval has passed the same error is logged again, marked as repeated."""
+    clock = FakeClock()
     with capture_logs() as logs:
-        errors = ErrorLog(structlog.get_logger("jaxmon.test"), interval=0.05)
+        errors = ErrorLog(structlog.get_logger("jaxmon.test"), interval=60.0, clock=clock)
         errors.error("memory/gpu:0", "memory_stats failed", "lost")
-        time.sleep(0.1)
+        clock.now += 59.9
+        errors.error("memory/gpu:0", "memory_stats failed", "lost")  # within the interval
+        clock.now += 0.1
         errors.error("memory/gpu:0", "memory_stats failed", "lost")
+        clock.now += 59.9
         errors.error("memory/gpu:0", "memory_stats failed", "lost")  # within the new interval again
     assert [e["repeated"] for e in warnings_of(logs)] == [False, True]
 
@@ -182,7 +171,8 @@ def test_repeat_filter_lets_a_scheduler_warning_through_once_per_interval() -> N
         def __init__(self, job_id: str) -> None:
             self.id = job_id
 
-    f = RepeatFilter(0.2)
+    clock = FakeClock()
+    f = RepeatFilter(60.0, clock=clock)
     template = 'Execution of job "%s" skipped: maximum number of running instances reached (%d)'
 
     def record(job: str) -> logging.LogRecord:
@@ -191,17 +181,21 @@ def test_repeat_filter_lets_a_scheduler_warning_through_once_per_interval() -> N
     assert f.filter(record("poll")) is True
     assert f.filter(record("poll")) is False
     assert f.filter(record("probe-cpu:0")) is True  # another job is another message
-    time.sleep(0.25)
+    clock.now += 59.9
+    assert f.filter(record("poll")) is False
+    clock.now += 0.1
     assert f.filter(record("poll")) is True
+    assert f.filter(record("poll")) is False
 
 
 def test_error_log_says_how_often_a_held_back_error_recurred() -> None:
     """The repeat logged after the interval carries the number of identical errors held back meanwhile."""
+    clock = FakeClock()
     with capture_logs() as logs:
-        errors = ErrorLog(structlog.get_logger("jaxmon.test"), interval=0.05)
+        errors = ErrorLog(structlog.get_logger("jaxmon.test"), interval=60.0, clock=clock)
         for _ in range(3):
             errors.error("memory/gpu:0", "memory_stats failed", "lost")
-        time.sleep(0.1)
+        clock.now += 60.0
         errors.error("memory/gpu:0", "memory_stats failed", "lost")
     assert [(e["repeated"], e.get("suppressed")) for e in warnings_of(logs)] == [(False, None), (True, 2)]
 
@@ -211,12 +205,9 @@ def log_events(d: Daemon) -> list[dict[str, Any]]:
     return [json.loads(line) for line in d.log().splitlines() if line.startswith("{")]
 
 
-def wait_for_event(d: Daemon, predicate: Callable[[dict[str, Any]], bool], what: str, timeout: float = 20.0) -> None:
-    """Wait until a log line matches `predicate`."""
-    deadline = time.monotonic() + timeout
-    while not any(predicate(e) for e in log_events(d)):
-        assert time.monotonic() < deadline, f"{what} not logged; log:\n{d.log()}"
-        time.sleep(0.1)
+def wait_for_event(d: Daemon, event: str, timeout: float = 20.0) -> None:
+    """Wait until the daemon has logged `event`."""
+    wait_until(lambda: any(e["event"] == event for e in log_events(d)), timeout, f"{event!r} logged", 0.05, d.log)
 
 
 def test_a_lost_device_is_warned_about_once_a_minute_not_every_poll(start_daemon: StartDaemon) -> None:
@@ -237,14 +228,11 @@ def test_a_starting_daemon_says_serving_once_then_ready_and_no_gpu_defaults_on_a
 ) -> None:
     """On CPU devices: one "serving" line, then one "ready" line once /readyz is 200; the GPU defaults stay quiet."""
     d = start_daemon("--no-collector.probe", "--poll.interval", "100ms")
-    d.wait_for(
-        lambda s: (
-            (sample(s, "jaxmon_collector_success", collector="memory") or 0) == 1
-            and len([e for e in log_events(d) if e["event"].startswith("ready")]) >= 1
-        ),
-        what="a ready line",
-    )
-    time.sleep(0.5)  # more polls: "ready" is said once
+    wait_for_event(d, "ready: first poll done")
+    stamp = "jaxmon_collector_last_success_timestamp_seconds"
+    first = d.scrape()[(stamp, frozenset({("collector", "memory")}))]
+    # Polls after the first: "ready" is still said once.
+    d.wait_for(lambda s: (sample(s, stamp, collector="memory") or 0) > first + 0.3, what="more polls")
     events = [e["event"] for e in log_events(d)]
     assert events[0] == "devices discovered", events  # not the GPU defaults, which change nothing here
     assert not any("GPU" in e or "Running on" in e for e in events), events
@@ -269,8 +257,8 @@ def test_the_sidecar_logs_a_workload_appearing_and_going(start_daemon: StartDaem
         "100ms",
     )
     write_atomically(spool / "fixture.json", {**doc, "time": time.time(), "started": time.time()})
-    wait_for_event(d, lambda e: e["event"] == "workload appeared", "workload appeared")
-    wait_for_event(d, lambda e: e["event"] == "workload gone", "workload gone")
+    wait_for_event(d, "workload appeared")
+    wait_for_event(d, "workload gone")
     changes = [e for e in log_events(d) if e["event"] in ("workload appeared", "workload gone")]
     assert [(e["event"], e["workload"], e["host"], e["pid"]) for e in changes] == [
         ("workload appeared", "fixture", "host-a", 4242),

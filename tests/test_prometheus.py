@@ -31,7 +31,7 @@ import pytest
 import requests
 import yaml
 
-from tests.conftest import FIXTURES, ROOT, Daemon, free_port
+from tests.conftest import FIXTURES, ROOT, Daemon, free_port, wait_until
 from tests.fakenvml import GPU_IS_LOST, Scenario, device
 from tests.test_deploy import (
     RULES,
@@ -139,16 +139,14 @@ class Prometheus:
         return self.log_path.read_text()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             assert self.proc.poll() is None, f"prometheus exited:\n{self.log()}"
             try:
-                if requests.get(self.url + "/-/ready", timeout=2).status_code == 200:
-                    return
+                return requests.get(self.url + "/-/ready", timeout=2).status_code == 200
             except requests.ConnectionError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"prometheus not ready within {timeout}s:\n{self.log()}")
+                return False
+
+        wait_until(ready, timeout, "prometheus ready", step=0.1, detail=self.log)
 
     def api(self, path: str, **params: Any) -> Any:
         r = requests.get(self.url + "/api/v1/" + path, params=params, timeout=20)
@@ -167,14 +165,13 @@ class Prometheus:
     def wait_for(
         self, expr: str, predicate: Callable[[list[dict[str, Any]]], bool], what: str, timeout: float = 60.0
     ) -> None:
-        deadline = time.monotonic() + timeout
         result: list[dict[str, Any]] = []
-        while time.monotonic() < deadline:
-            result = self.query(expr)
-            if predicate(result):
-                return
-            time.sleep(0.25)
-        raise AssertionError(f"{what}: {expr} gave {result} after {timeout}s")
+
+        def holds() -> bool:
+            result[:] = self.query(expr)
+            return predicate(result)
+
+        wait_until(holds, timeout, what, step=0.25, detail=lambda: f"{expr} gave {result}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -425,13 +422,16 @@ def test_prometheus_loaded_the_rules_and_evaluates_them_without_error(stack: Sta
     for name, rule in loaded.items():
         assert rule["health"] == "ok", f"{name}: {rule.get('lastError')}"
     # Alerts become pending (all have a for: duration) within an evaluation or two.
-    deadline = time.monotonic() + 10
-    while True:
-        active = {a["labels"]["alertname"] for a in p.api("alerts")["alerts"] if a["state"] in ("pending", "firing")}
-        if active == set(FIRING) or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert active == set(FIRING)
+    active: set[str] = set()
+
+    def all_active() -> bool:
+        active.clear()
+        active.update(
+            a["labels"]["alertname"] for a in p.api("alerts")["alerts"] if a["state"] in ("pending", "firing")
+        )
+        return active == set(FIRING)
+
+    wait_until(all_active, timeout=10, what="every alert pending", step=0.5, detail=lambda: f"active: {sorted(active)}")
 
 
 def test_every_selector_matches_series(stack: Stack) -> None:

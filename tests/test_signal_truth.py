@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.conftest import Samples, sample
-from tests.test_workloads import Child, _scrape, _wait
+from tests.helpers import Child, scrape, wait_for_samples
 
 DEVICES = range(8)
 
@@ -22,9 +22,9 @@ def test_the_probe_adds_nothing_to_live_arrays_or_compilations(tmp_path: Path) -
         for child in (on, off):
             child.send("alloc 1 1048576")
             child.send("compile 3")
-        probed = _wait(on.hello["url"], _probed_everywhere, "every device probed", timeout=120)
+        probed = wait_for_samples(on.hello["url"], _probed_everywhere, "every device probed", timeout=120)
         assert sample(probed, "jaxmon_probe_memory_bytes", device="1", platform="cpu", workload="w")
-        samples = {"on": _scrape(on.hello["url"]), "off": _scrape(off.hello["url"])}
+        samples = {"on": scrape(on.hello["url"]), "off": scrape(off.hello["url"])}
         assert sample(samples["off"], "jaxmon_device_up", device="1", platform="cpu", workload="w") is None
         for i in DEVICES:
             labels = {"device": str(i), "platform": "cpu", "workload": "w"}
