@@ -72,6 +72,7 @@ INST = 'job=~"$job", instance=~"$instance"'
 DEV = INST + ', platform=~"$platform", device=~"$device"'
 MEM = DEV + ', workload=~"$workload"'
 WL = INST + ', workload=~"$workload"'
+DEVICES = '__name__=~"jaxmon_device_info|jaxmon_device_source_up"'
 
 DEVICE_LEGEND = "{{instance}} {{platform}}:{{device}} {{workload}}"
 # Device-wide series (NVML, libtpu) carry the source that read them.
@@ -390,8 +391,11 @@ ROWS = [
             ),
         ],
     ),
+    # Device-wide numbers from a source outside JAX (NVML on GPU, libtpu's runtime metrics on TPU): the shared family
+    # names with a `source` label, so one row serves both. A sidecar beside a job that holds the chips sees these
+    # without owning a device.
     Row(
-        "Device-wide (NVML)",
+        "Device-wide (NVML on GPU, libtpu on TPU)",
         [
             Panel(
                 "Duty cycle (device-wide) vs probe estimate",
@@ -494,6 +498,29 @@ ROWS = [
                     )
                 ],
                 "Clocks event (throttle) reasons NVML reports as active, idle clocks left out.",
+            ),
+            Panel(
+                "HLO queue size (TPU)",
+                "timeseries",
+                "none",
+                [Target(f"jaxmon_device_hlo_queue_size{{{DEV}}}", WIDE_LEGEND)],
+                "Programs queued for execution on each TPU device (libtpu). Near 0 on an idle chip means the host "
+                "does not feed it.",
+                min=0,
+            ),
+            Panel(
+                "HLO execution time (TPU)",
+                "timeseries",
+                "s",
+                [
+                    Target(
+                        f"jaxmon_device_hlo_execution_seconds{{{DEV}}}",
+                        WIDE_LEGEND + " p{{percentile}}",
+                    ),
+                    Target(f"jaxmon_device_hlo_execution_mean_seconds{{{DEV}}}", WIDE_LEGEND + " mean"),
+                ],
+                "Percentiles and mean of HLO program execution time on each TPU device, from libtpu's distribution.",
+                min=0,
             ),
             Panel(
                 "Device-wide source up",
@@ -748,11 +775,13 @@ def templating() -> list[dict[str, Any]]:
         _variable("job", "Job", "label_values(jaxmon_build_info, job)"),
         # From `up`, so that an exporter that is down still shows (and counts) as a host.
         _variable("instance", "Host (instance)", 'label_values(up{job=~"$job"}, instance)'),
-        _variable("platform", "Platform", f"label_values(jaxmon_device_info{{{INST}}}, platform)"),
+        # Devices JAX sees (jaxmon_device_info) and devices only a device-wide source sees (a TPU held by the
+        # trainer, read through libtpu; a GPU through NVML): jaxmon_device_source_up.
+        _variable("platform", "Platform", f"label_values({{{DEVICES}, {INST}}}, platform)"),
         _variable(
             "device",
             "Device",
-            f'label_values(jaxmon_device_info{{{INST}, platform=~"$platform"}}, device)',
+            f'label_values({{{DEVICES}, {INST}, platform=~"$platform"}}, device)',
         ),
         # All = ".*", which also matches series without the label: a sidecar's own devices have no workload.
         _variable("workload", "Workload", f"label_values(jaxmon_device_info{{{INST}}}, workload)", all_value=".*"),

@@ -372,10 +372,12 @@ def test_kubernetes_core_objects_validate_against_the_schema(version: str) -> No
     assert [d["kind"] for d in core] == ["Job"]
     for doc in core:
         _validate_core(doc, version)
-    # The JobSet's pod templates are Jobs' (JobSet's own fields are checked below).
-    (jobset,) = [d for d in docs if d["kind"] == "JobSet"]
-    for job in _jobset_jobs(jobset):
-        _validate_core(job, version)
+    # The JobSets' pod templates are Jobs' (JobSet's own fields are checked below): the GPU one and the GKE TPU one.
+    jobsets = [d for d in docs if d["kind"] == "JobSet"]
+    assert len(jobsets) == 2
+    for jobset in jobsets:
+        for job in _jobset_jobs(jobset):
+            _validate_core(job, version)
 
 
 def test_kubernetes_validation_rejects_a_misspelt_field() -> None:
@@ -423,7 +425,13 @@ def test_prometheus_operator_objects_validate_against_their_crds(kind: str) -> N
 
 def test_jobset_structure() -> None:
     """No package ships JobSet's CRD schema: its own fields are checked here, its pod templates above."""
-    (jobset,) = [d for d in k8s_documents() if d["kind"] == "JobSet"]
+    jobsets = [d for d in k8s_documents() if d["kind"] == "JobSet"]
+    assert len(jobsets) == 2
+    for jobset in jobsets:
+        _check_jobset(jobset)
+
+
+def _check_jobset(jobset: dict[str, Any]) -> None:
     assert set(jobset) == {"apiVersion", "kind", "metadata", "spec"}
     assert set(jobset["spec"]) <= {
         "replicatedJobs",
@@ -451,6 +459,7 @@ def test_kubernetes_manifests_parse_and_have_the_expected_kinds() -> None:
         ("jobset.x-k8s.io/v1alpha2", "JobSet"),
         ("monitoring.coreos.com/v1", "PodMonitor"),
         ("monitoring.coreos.com/v1", "PrometheusRule"),
+        ("monitoring.googleapis.com/v1", "PodMonitoring"),
     }
     for d in docs:
         assert d["metadata"]["name"], d["kind"]
@@ -469,7 +478,7 @@ def test_training_pods_run_the_sidecar_with_probes_and_a_shared_spool() -> None:
     (monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
     endpoint_ports = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
     pods = [pod for d in docs for pod in pod_specs(d)]
-    assert len(pods) == 2
+    assert len(pods) == 3
     for labels, spec in pods:
         # The PodMonitor selects these pods and scrapes the sidecar's metrics port.
         assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
@@ -496,6 +505,54 @@ def test_training_pods_run_the_sidecar_with_probes_and_a_shared_spool() -> None:
         assert sidecar_mount["name"] == trainer_mount["name"]
         assert "emptyDir" in volumes[sidecar_mount["name"]]
         assert sidecar_mount.get("readOnly") is True and not trainer_mount.get("readOnly", False)
+
+
+def test_the_gke_tpu_jobset_sidecar_reads_libtpu_with_no_tpu_of_its_own() -> None:
+    (jobset,) = [d for d in k8s_documents() if d["kind"] == "JobSet" and d["metadata"]["name"] == "llama-pretrain-tpu"]
+    ((_labels, spec),) = list(pod_specs(jobset))
+    assert spec["nodeSelector"]["cloud.google.com/gke-tpu-accelerator"].startswith("tpu-")
+    (jaxmon,) = spec["initContainers"]
+    (trainer,) = spec["containers"]
+    args = jaxmon["args"]
+    # The tpu collector on explicitly, pointed at the trainer's libtpu in the same pod network namespace.
+    assert "--collector.tpu" in args
+    assert args[args.index("--collector.tpu.address") + 1] == "localhost:8431"
+    # The chips belong to the trainer: the sidecar requests none, and runs no probe (it could not open them).
+    assert "--no-collector.probe" in args
+    sidecar_resources = json.dumps(jaxmon.get("resources", {}))
+    assert "google.com/tpu" not in sidecar_resources
+    assert int(trainer["resources"]["limits"]["google.com/tpu"]) > 0
+    # Every flag the sidecar is given is one jaxmon accepts.
+    from jaxmon.settings import load_settings
+
+    settings = load_settings(args[1:])
+    assert settings.collector_options("tpu").enabled is True
+
+
+def test_podmonitoring_scrapes_what_the_podmonitor_scrapes() -> None:
+    docs = k8s_documents()
+    (gmp,) = [d for d in docs if d["kind"] == "PodMonitoring"]
+    (operator,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert gmp["metadata"]["name"] == "jaxmon"  # GMP's job label: the exporter alerts select job=~".*jaxmon.*"
+    assert gmp["spec"]["selector"] == operator["spec"]["selector"]
+    (endpoint,) = gmp["spec"]["endpoints"]
+    (op_endpoint,) = operator["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == (
+        op_endpoint["port"],
+        op_endpoint["path"],
+        op_endpoint["interval"],
+    )
+    assert _seconds(endpoint["timeout"]) <= _seconds(endpoint["interval"])
+    assert {"from": "jobset.sigs.k8s.io/jobset-name", "to": "jobset"} in gmp["spec"]["targetLabels"]["fromPod"]
+    # Every pod a training manifest labels for scraping is selected.
+    for doc in docs:
+        for labels, _ in pod_specs(doc):
+            assert gmp["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def _seconds(duration: str) -> float:
+    value, unit = re.fullmatch(r"(\d+)(ms|s|m)", duration).groups()  # type: ignore[union-attr]
+    return int(value) * {"ms": 0.001, "s": 1, "m": 60}[unit]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -754,6 +811,15 @@ def test_deploy_guide_lists_every_alert_and_panel() -> None:
         assert panel["title"] in text, panel["title"]
 
 
-@pytest.mark.parametrize("path", ["deploy/docker-compose.yml", "Dockerfile", "deploy/kubernetes/training-job.yaml"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "deploy/docker-compose.yml",
+        "Dockerfile",
+        "deploy/kubernetes/training-job.yaml",
+        "deploy/kubernetes/jobset-tpu.yaml",
+        "deploy/kubernetes/podmonitoring.yaml",
+    ],
+)
 def test_deploy_guide_links_the_files(path: str) -> None:
     assert path in DOCS.read_text(encoding="utf-8")
