@@ -29,7 +29,7 @@ def format_duration(seconds: float) -> str:
 
 
 def _is_duration(info: FieldInfo) -> bool:
-    from jaxmon.settings import parse_duration
+    from jaxmon.durations import parse_duration
 
     def has(metadata: Sequence[Any]) -> bool:
         return any(getattr(m, "func", None) is parse_duration for m in metadata)
