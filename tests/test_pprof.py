@@ -11,8 +11,8 @@ import requests
 import yaml
 
 from tests.conftest import FIXTURES, StartDaemon
+from tests.helpers import Child
 from tests.pprof import parse_profile
-from tests.test_workloads import Child
 from tests.tls_helpers import bcrypt_hash
 
 PATH = "/debug/pprof/device_memory"
