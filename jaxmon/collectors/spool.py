@@ -112,8 +112,9 @@ class SpoolCollector(Collector[SpoolState]):
         spool = ctx.settings.spool
         assert spool.dir is not None  # unavailable() otherwise
         self.reader = SpoolReader(spool.dir, spool.ttl, spool.max_file_bytes)
-        self._errors = ErrorLog(log, ctx.settings.poll.interval)
+        self._errors = ErrorLog(log)
         self._last = SpoolState(rejected=dict(self.reader.rejected))
+        self._seen: set[tuple[str, int, str, int]] = set()  # (workload, process_index, host, pid) last scan
 
     def update(self) -> Update[SpoolState]:
         """Scan the directory; when it cannot be listed, keep serving the last good workloads and say so."""
@@ -126,7 +127,25 @@ class SpoolCollector(Collector[SpoolState]):
             return Update(self._last, success=False)
         self._errors.ok("spool", "spool directory readable again", directory=directory)
         self._last = SpoolState(tuple(workload_report(d) for d in documents), dict(self.reader.rejected))
+        self._log_arrivals(self._last.workloads)
         return Update(self._last)
+
+    def _log_arrivals(self, workloads: tuple[WorkloadReport, ...]) -> None:
+        """Log each workload process that started or stopped reporting since the last scan."""
+        now = {(w.workload, w.process_index, w.host, w.pid) for w in workloads}
+        seen = self._seen
+        for workload, process_index, host, pid in sorted(now - seen):
+            log.info("workload appeared", workload=workload, process_index=process_index, host=host, pid=pid)
+        for workload, process_index, host, pid in sorted(seen - now):
+            log.info(
+                "workload gone",
+                workload=workload,
+                process_index=process_index,
+                host=host,
+                pid=pid,
+                reason=f"no report for --spool.ttl ({self.reader.ttl:g}s) or its file was removed",
+            )
+        self._seen = now
 
     def families(self, snap: Snapshot, state: SpoolState) -> Iterator[Metric]:
         """Each workload's devices, compile counters and identity, and the rejected files."""

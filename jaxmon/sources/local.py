@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import threading
@@ -36,6 +37,7 @@ def apply_gpu_env_defaults(environ: MutableMapping[str, str], memory_fraction: f
 # JAX registers a TPU factory even where libtpu is not installed; that is absence, not a failure.
 _NOT_INSTALLED = re.compile(r"cannot open shared object file|No such file or directory|Unknown backend")
 _FAILED_BACKEND = re.compile(r"Unable to initialize backend '([^']+)'")
+_GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
 
 def _coords(device: Any) -> str | None:
@@ -64,8 +66,6 @@ class LocalSource:
         # A sidecar must not preallocate the GPU; inside a workload (embedded, publisher) the trainer's own
         # settings stand and jaxmon changes nothing.
         self.applied_env = apply_gpu_env_defaults(env, gpu_memory_fraction) if sidecar_defaults else {}
-        if self.applied_env:
-            log.info("sidecar GPU defaults set before importing JAX", **self.applied_env)
         import jax  # imported here so the environment above is in place first
 
         self._jax = jax
@@ -117,6 +117,10 @@ class LocalSource:
                 continue
             statuses.append(BackendStatus(name=name, up=False, error=message))
         devices.sort(key=lambda d: (d.platform, d.id))
+        if self.applied_env:
+            # Worth a line only where a GPU backend started: on a CPU-only host the defaults change nothing.
+            gpu = any(d.platform in _GPU_PLATFORMS for d in devices)
+            (log.info if gpu else log.debug)("sidecar GPU defaults set before importing JAX", **self.applied_env)
         return devices, statuses
 
     def read_memory(self, device: DeviceInfo) -> Mapping[str, Any] | None:
@@ -149,6 +153,15 @@ class InProcessWorkload:
     def jax_version(self) -> str:
         """The running JAX's version."""
         return str(self._jax.__version__)
+
+    def device_memory_profile(self) -> bytes:
+        """The process's live device buffers as a gzipped pprof profile (`jax.profiler.device_memory_profile`)."""
+        return gzipped(bytes(self._jax.profiler.device_memory_profile()))
+
+
+def gzipped(profile: bytes) -> bytes:
+    """`profile` gzipped, unless it already is (pprof files are gzipped; XLA's heap profile may not be)."""
+    return profile if profile[:2] == b"\x1f\x8b" else gzip.compress(profile, compresslevel=6)
 
 
 # The probe's own arrays, so live-array accounting leaves them out: id -> weak reference (the identity check makes
