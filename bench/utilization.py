@@ -142,13 +142,14 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=2, help="1: levels once; 2: and again in reverse")
     ap.add_argument("--probe-interval", default="2s")
     ap.add_argument("--out-name", default="utilization", help="results file name")
+    ap.add_argument("--daemon-args", default="", help="more jaxmon serve flags, e.g. '--probe.repeats 1'")
     ap.add_argument("--load", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.load is not None:
         load(args.load, args.load_devices, args.size, args.platform)
         return
 
-    daemon = Jaxmon(["--probe.interval", args.probe_interval], name=args.out_name)
+    daemon = Jaxmon(["--probe.interval", args.probe_interval, *args.daemon_args.split()], name=args.out_name)
     windows: list[dict[str, float]] = []
     with running(daemon):
         wait_ready(daemon, daemon.url)
