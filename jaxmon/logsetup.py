@@ -110,15 +110,20 @@ class ErrorLog:
         self._lock = threading.Lock()
         self._last: dict[str, tuple[str, float]] = {}
 
-    def error(self, key: str, event: str, error: str, **fields: Any) -> None:
-        """Report `error` for `key` (e.g. a device), throttled while the same error persists."""
+    def error(self, key: str, event: str, error: str, same: str | None = None, **fields: Any) -> None:
+        """Report `error` for `key` (e.g. a device), throttled while the same error persists.
+
+        `same` says which errors are the same one (default: the message). Messages that embed a changing detail,
+        such as a random temporary file name, pass e.g. the exception type and errno.
+        """
+        identity = error if same is None else same
         now = time.monotonic()
         with self._lock:
             prev = self._last.get(key)
-            if prev is not None and prev[0] == error and now - prev[1] < self._interval:
+            if prev is not None and prev[0] == identity and now - prev[1] < self._interval:
                 return
-            self._last[key] = (error, now)
-        self._log.warning(event, error=error, repeated=prev is not None and prev[0] == error, **fields)
+            self._last[key] = (identity, now)
+        self._log.warning(event, error=error, repeated=prev is not None and prev[0] == identity, **fields)
 
     def ok(self, key: str, message: str, **fields: Any) -> None:
         """Mark `key` healthy again, logging the recovery if it was failing."""
