@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from typing import Any
 
@@ -87,9 +88,35 @@ class Exporter:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def _forked(self) -> None:
+        """In a forked child: the threads are gone; let go of the port so it is the parent's alone."""
+        if self._server is not None:
+            self._server.close_listener()
+        self._thread = None
+
 
 _running: Exporter | None = None
 _running_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (multiprocessing's fork start method, data loader workers) inherits the exporter's
+    listening socket but none of its threads: holding the socket would keep the port bound, and queue scrapes
+    that nobody answers, after the parent stops. Close it and forget the parent's exporter."""
+    global _running, _running_lock
+    parent, _running = _running, None
+    _running_lock = threading.Lock()  # it may have been held by another thread at fork
+    if parent is not None:
+        url = parent.url  # before the sockets it is read from are closed
+        parent._forked()
+        log.warning(
+            "forked child is not monitored: jaxmon serves the parent process only (call jaxmon.start() in the "
+            "child to export it on another port)",
+            parent_url=url,
+        )
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def start(port: int | None = None, *, workload: str | None = None, **overrides: Any) -> Exporter:

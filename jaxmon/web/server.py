@@ -305,6 +305,11 @@ class HttpServer:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
 
+    def close_listener(self) -> None:
+        """Close this process's copy of the listening sockets (a forked child, which must not hold the port)."""
+        for sock in [*self._sockets.secure_sockets, *self._sockets.insecure_sockets]:
+            sock.close()
+
 
 def serve_until_signalled(runtime: Runtime, server: HttpServer) -> None:
     """Run the HTTP server in this thread until SIGTERM or SIGINT, then stop it and the scheduler."""
