@@ -14,8 +14,15 @@ from typing import Any
 
 import requests
 
+from jaxmon.collectors.base import Context
+from jaxmon.collectors.memory import MemoryCollector, MemoryState
+from jaxmon.collectors.spool import SpoolCollector, SpoolState, WorkloadReport
+from jaxmon.exposition import Exposition
+from jaxmon.settings import Settings
+from jaxmon.snapshot import Snapshot
+from jaxmon.sources.replay import ReplaySource
 from jaxmon.sources.spool import Rejected, SpoolReader, read_document
-from tests.conftest import Samples, StartDaemon, parse_samples, sample
+from tests.conftest import FIXTURES, Samples, StartDaemon, parse_samples, sample
 
 GOOD = json.loads((Path(__file__).parent / "fixtures" / "spool_document.json").read_text())
 # The fixture's device 0, as the workload reported it.
@@ -269,3 +276,20 @@ def test_the_reader_caches_each_files_outcome_and_reads_only_changed_files(tmp_p
     write(tmp_path / "a.h.1.json", doc("a", pid=7))
     reader.scan()
     assert reads == ["a", "raises", "a"]
+
+
+def test_a_value_that_cannot_be_rendered_leaves_out_its_collector_not_the_scrape(tmp_path: Path) -> None:
+    # The schema keeps such numbers out of the spool; this checks the last line of defence in the exposition.
+    settings = Settings.model_validate({"spool": {"dir": str(tmp_path)}})
+    ctx = Context(settings=settings, source=ReplaySource(FIXTURES / "shapes.json"), devices=[])
+    spool = SpoolCollector(ctx, settings.collector_options("spool"))
+    memory = MemoryCollector(ctx, settings.collector_options("memory"))
+    bad = WorkloadReport("bad", "h", 1, 0, "0", 0.0, 0.0, (), {"compilations": 10**400})
+    snap = Snapshot(
+        build={"version": "1"},
+        states={"spool": SpoolState(workloads=(bad,)), "memory": MemoryState()},
+    )
+    text = Exposition(lambda: snap, [memory, spool]).render(want_gzip=False).decode()
+    s = parse_samples(text)
+    assert sample(s, "jaxmon_build_info", version="1", jax_version="", jaxlib_version="", python_version="") == 1
+    assert not [k for k in s if k[0].startswith(("jaxmon_workload", "jaxmon_spool", "jaxmon_jit"))]

@@ -172,7 +172,7 @@ class SpoolCollector(Collector[SpoolState]):
         workload_info = family("jaxmon_workload_info", "Each workload process reporting to the spool; always 1.")
         last = family(
             "jaxmon_workload_last_report_timestamp_seconds",
-            "Unix time of the workload process's latest spool snapshot.",
+            "Unix time the workload process last wrote its spool file (the file's mtime on the sidecar's clock).",
         )
         for w in state.workloads:
             ident = {"workload": w.workload, "process_index": str(w.process_index)}
