@@ -268,6 +268,7 @@ class SpoolReader(Generic[T]):
         now = time.time() if now is None else now
         mono = time.monotonic() if mono is None else mono
         with self._lock:
+            removed_before = sum(self.removed.values())
             listed: list[tuple[str, str, os.stat_result]] = []
             stale = 0
             with os.scandir(self.directory) as entries:
@@ -317,6 +318,9 @@ class SpoolReader(Generic[T]):
                     live.append(entry_.outcome)  # its mtime is the file's: the stamp holds mtime_ns
             for gone in set(self._cache) - seen:
                 del self._cache[gone]
+            removed = sum(self.removed.values()) - removed_before
+            if removed:
+                log.info("removed stale spool files", files=removed, older_than_seconds=self.remove_after)
             # A restarted process replaces its predecessor: keep the latest start per (workload, host, index).
             newest: dict[tuple[str, str, int], Live[T]] = {}
             for r in live:
@@ -363,5 +367,4 @@ class SpoolReader(Generic[T]):
                 self._errors.error("remove", "cannot remove stale spool file", str(exc), same=type(exc).__name__)
             return False
         self.removed[kind] += 1
-        log.info("removed stale spool file", file=path, age_seconds=round(now - st.st_mtime, 1))
         return True
