@@ -172,14 +172,14 @@ class SpoolSettings(_Section):
     )
     max_file_bytes: int = Field(default=1 << 20, ge=1024, description="Larger spool files are rejected.")
     max_workloads: int = Field(
-        default=256,
+        default=128,
         ge=1,
         le=100_000,
         description="At most this many workload processes (live files, in name order) are exported; the rest are "
         "counted in jaxmon_spool_overflow_files_total.",
     )
     max_reads_per_poll: int = Field(
-        default=512,
+        default=256,
         ge=1,
         le=1_000_000,
         description="At most this many new or changed spool files are read per poll; the rest wait for the next.",

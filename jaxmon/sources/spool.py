@@ -242,8 +242,8 @@ class SpoolReader(Generic[T]):
         ttl: float,
         derive: Callable[[SpoolDocument], T],
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-        max_workloads: int = 256,
-        reads_per_poll: int = 512,
+        max_workloads: int = 128,
+        reads_per_poll: int = 256,
         remove_after: float | None = None,
         error_interval: float = 60.0,
     ) -> None:
