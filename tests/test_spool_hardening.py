@@ -293,3 +293,21 @@ def test_a_value_that_cannot_be_rendered_leaves_out_its_collector_not_the_scrape
     s = parse_samples(text)
     assert sample(s, "jaxmon_build_info", version="1", jax_version="", jaxlib_version="", python_version="") == 1
     assert not [k for k in s if k[0].startswith(("jaxmon_workload", "jaxmon_spool", "jaxmon_jit"))]
+
+
+def test_a_spool_directory_that_appears_later_is_read_then_and_the_sidecar_stays_healthy(
+    tmp_path: Path, start_daemon: StartDaemon
+) -> None:
+    spool = tmp_path / "not-yet"
+    d = start_daemon("--no-collector.probe", "--spool.dir", str(spool), "--poll.interval", "0.2s")
+    s = d.wait_for(
+        lambda s: sample(s, "jaxmon_collector_success", collector="spool") == 0, timeout=10, what="a failed scan"
+    )
+    assert sample(s, "jaxmon_spool_stale_files") is None  # unknown while the directory cannot be listed: absent
+    assert d.get("/healthz").status_code == 200
+    spool.mkdir()
+    write(spool / "late.h.1.json", doc("late"))
+    s = d.wait_for(lambda s: workloads(s) == {"late"}, timeout=10, what="the workload once the directory exists")
+    assert sample(s, "jaxmon_collector_success", collector="spool") == 1
+    assert sample(s, "jaxmon_spool_stale_files") == 0
+    assert d.log().count("spool directory unreadable") == 1  # once, however many polls failed
