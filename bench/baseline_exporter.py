@@ -4,12 +4,12 @@
 
 Gauges and Counters set from polling loops, served by prometheus_client's `start_http_server` (a threading
 HTTP/1.0 server; every scrape collects and renders the registry again). It exports the same series as jaxmon on
-the same devices, under the same names and HELP texts (taken from jaxmon.collector so the bodies are the same
-size): `memory_stats()` of every device every 5 s, and a probe-equivalent (a jit-compiled `tanh(x @ w)` chain of
-256 x 256 float32, placed on each device, calibrated to about 2 ms, one device every 15 s / N, staggered). Its own
-registry holds only these metrics (no process/platform/GC collectors), and `_created` samples are off, as in
-jaxmon. `--no-probe` leaves the probe out: then it is only "a prometheus_client exporter that imports JAX and
-polls memory_stats()".
+the same devices, under the same names and HELP texts (taken from jaxmon.collectors.memory and
+jaxmon.collectors.probe so the bodies are the same size): `memory_stats()` of every device every 5 s, and a
+probe-equivalent (a jit-compiled `tanh(x @ w)` chain of 256 x 256 float32, placed on each device, calibrated to
+about 2 ms, one device every 15 s / N, staggered). Its own registry holds only these metrics (no
+process/platform/GC collectors), and `_created` samples are off, as in jaxmon. `--no-probe` leaves the probe out:
+then it is only "a prometheus_client exporter that imports JAX and polls memory_stats()".
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, start_http_server
 
-from jaxmon.collector import MEMORY_METRICS, PROBE_METRICS
+from jaxmon.collectors.memory import MEMORY_METRICS
+from jaxmon.collectors.probe import PROBE_METRICS
 
 disable_created_metrics()
 REG = CollectorRegistry(auto_describe=False)

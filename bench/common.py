@@ -13,8 +13,6 @@ import os
 import platform
 import re
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,66 +22,45 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the helpers the tests use: tests/helpers.py (bench/ runs outside pytest)
+
+from tests.helpers import (  # noqa: E402
+    Daemon,
+    Process,
+    Samples,
+    free_port,
+    jaxmon_env,
+    parse_samples,
+    per_device,
+    wait_until,
+)
+
+__all__ = ["Samples", "free_port", "parse_samples", "per_device"]
+
 BENCH = ROOT / "bench"
 RESULTS = Path(os.environ.get("JAXMON_BENCH_RESULTS", BENCH / "results")).resolve()
 PY = sys.executable
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def base_env(devices: int = 8, **extra: str) -> dict[str, str]:
     """The environment every child gets: N JAX CPU devices (as the tests run the daemon), unbuffered output."""
-    env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices), "PYTHONUNBUFFERED": "1"}
-    env.update(extra)
-    return env
+    return jaxmon_env(extra, devices)
 
 
-class Child:
-    """A child process with its own log file; stopped with SIGTERM, then SIGKILL."""
+class Child(Process):
+    """A child process logging to bench/results/NAME.log; stopped with SIGTERM, then SIGKILL."""
 
     def __init__(
         self, argv: Sequence[str], env: dict[str, str] | None = None, name: str = "child", cwd: Path = ROOT
     ) -> None:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        self.log_path = RESULTS / f"{name}.log"
-        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            list(argv), stdout=self._log, stderr=subprocess.STDOUT, env=env or base_env(), cwd=cwd
-        )
-        self.pid = self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+        super().__init__(argv, RESULTS / f"{name}.log", env or base_env(), cwd)
 
 
-class Jaxmon(Child):
-    """`python -m jaxmon serve` on a free loopback port; `tree` runs another checkout's jaxmon (before/after)."""
+class Jaxmon(Daemon):
+    """tests/helpers.py's Daemon logging to bench/results/NAME-PORT.log; `tree` runs another checkout's jaxmon."""
 
     def __init__(
         self,
@@ -92,16 +69,10 @@ class Jaxmon(Child):
         name: str = "jaxmon",
         tree: Path | None = None,
     ) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(env or base_env())
         if tree is not None:
-            env = {**(env or base_env()), "PYTHONPATH": str(tree)}
-        super().__init__(
-            [PY, "-m", "jaxmon", "serve", "--web.listen-address", f"127.0.0.1:{self.port}", *args],
-            env,
-            name,
-            cwd=tree or ROOT,
-        )
+            env["PYTHONPATH"] = str(tree)
+        super().__init__(RESULTS, list(args), env, name=name, cwd=tree or ROOT)
 
 
 class Baseline(Child):
@@ -143,52 +114,35 @@ def status(url: str, path: str) -> int | None:
         conn.close()
 
 
-def wait_ready(child: Child, url: str, path: str = "/readyz", timeout: float = 120.0, step: float = 0.01) -> float:
+def wait_ready(child: Process, url: str, path: str = "/readyz", timeout: float = 120.0, step: float = 0.01) -> float:
     """Seconds from the child's start to the first 200 on `path`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def ready() -> bool:
         if not child.alive():
             raise RuntimeError(f"{child.log_path.name} exited:\n{child.log()[-3000:]}")
-        if status(url, path) == 200:
-            return time.monotonic() - child.started
-        time.sleep(step)
-    raise RuntimeError(f"not ready within {timeout}s:\n{child.log()[-3000:]}")
+        return status(url, path) == 200
 
-
-def parse_samples(text: str) -> Samples:
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
+    wait_until(ready, timeout, f"{path} 200", step, detail=lambda: child.log()[-3000:])
+    return time.monotonic() - child.started
 
 
 def scrape(url: str) -> Samples:
     return parse_samples(get(url).decode())
 
 
-def per_device(samples: Samples, name: str, platform: str | None = None) -> dict[str, float]:
-    """{device label: value} of one per-device series (of one platform: ids repeat across platforms)."""
-    out = {}
-    for (sample_name, labels), value in samples.items():
-        if sample_name == name:
-            lab = dict(labels)
-            if platform is None or lab.get("platform") == platform:
-                out[lab["device"]] = value
-    return out
-
-
 def wait_for(url: str, predicate: Any, timeout: float = 120.0, what: str = "condition") -> Samples:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Scrape `url` until `predicate(samples)` holds (a daemon not answering yet is not an error)."""
+    last: list[Samples] = []
+
+    def holds() -> bool:
         try:
-            samples = scrape(url)
-            if predicate(samples):
-                return samples
+            last[:] = [scrape(url)]
         except (OSError, RuntimeError):
-            pass
-        time.sleep(0.25)
-    raise RuntimeError(f"{what} not reached within {timeout}s")
+            return False
+        return bool(predicate(last[0]))
+
+    wait_until(holds, timeout, what, step=0.25)
+    return last[0]
 
 
 def all_calibrated(devices: int = 8, platform: str | None = "cpu") -> Any:

@@ -6,7 +6,7 @@
     .venv/bin/python bench/profile.py probe-idle [--gap 2]     # why an idle CPU device reads as partly busy
 
 `render` profiles 50 renders of a replayed snapshot with N devices (new numbers every poll) through
-prometheus_client's generate_latest over a registry (what jaxmon did before) and through server.Exposition.
+prometheus_client's generate_latest over a registry (what jaxmon did before) and through jaxmon.exposition.Exposition.
 
 `cpu` runs three daemons side by side on 8 JAX CPU devices, each scraped once a second (gzip, keep-alive) and
 idle in alternate windows, and reports CPU (schedstat, ns resolution) per condition and per scrape:
@@ -36,24 +36,19 @@ from common import RESULTS, Jaxmon, running, save, sched_seconds, wait_ready
 
 
 def profile_render(devices: int) -> None:
-    from jaxmon.collector import SnapshotCollector
     from prometheus_client import CollectorRegistry
     from prometheus_client.exposition import generate_latest
     from pyinstrument import Profiler
-    from scrape_cost import write_replay
+    from scrape_cost import ReplayRuntime, SnapshotFamilies, write_replay
 
-    from jaxmon.cli import build_info
-    from jaxmon.probe import ProbeConfig
-    from jaxmon.runtime import Runtime, RuntimeConfig
-    from jaxmon.sources.replay import ReplaySource
-    from jaxmon.web.server import Exposition
+    from jaxmon.exposition import Exposition
+    from jaxmon.logsetup import configure_logging
 
-    path = write_replay(devices, RESULTS / "replay")
-    config = RuntimeConfig(5.0, False, 15.0, ProbeConfig(256, 5.0, 0.002), 15.0)
-    runtime = Runtime(ReplaySource(path), config, build_info())
+    configure_logging("warning")  # build_runtime's start-up lines would bury the profile
+    source = ReplayRuntime(write_replay(devices, RESULTS / "replay"))
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(runtime.snapshot))
-    exposition = Exposition(runtime)
+    registry.register(SnapshotFamilies(source))
+    exposition = Exposition(source.snapshot, source.collectors)
     for name, render in (
         ("generate_latest (before)", lambda: generate_latest(registry)),
         ("Exposition.render (now)", lambda: exposition.render(want_gzip=False)),
@@ -61,7 +56,7 @@ def profile_render(devices: int) -> None:
         profiler = Profiler(interval=0.0005)
         profiler.start()
         for _ in range(50):
-            runtime.poll()
+            source.poll()
             render()
         profiler.stop()
         print(f"===== {name}: 50 renders of {devices} devices")

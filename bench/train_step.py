@@ -16,45 +16,27 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import signal
 import subprocess
 import threading
 import time
 from typing import Any
 
-from common import PY, ROOT, all_calibrated, base_env, median, save, wait_for
+from common import RESULTS, all_calibrated, base_env, median, save, wait_for
+
+from tests.helpers import Child
 
 
-class Trainer:
+class Trainer(Child):
+    """tests/workloads/train.py in one mode, driven line by line (tests/helpers.py's Child), stderr in results/."""
+
     def __init__(self, mode: str) -> None:
         self.mode = mode
-        argv = [PY, str(ROOT / "tests" / "workloads" / "train.py"), mode, "--interval", "5"]
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=base_env(),
-            cwd=ROOT,
-        )
-        self.hello = self._answer()
-
-    def _answer(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"{self.mode} trainer exited")
-            if line.startswith("OK "):
-                return dict(json.loads(line[3:]))
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        super().__init__(RESULTS, mode, "--interval", "5", env=base_env())
 
     def command(self, text: str) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(text + "\n")
-        self.proc.stdin.flush()
-        return self._answer()
+        return self.send(text)
 
     def pause(self) -> None:
         self.proc.send_signal(signal.SIGSTOP)
@@ -67,9 +49,9 @@ class Trainer:
         try:
             self.command("exit")
             self.proc.wait(15)
-        except (RuntimeError, OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
+        except (AssertionError, OSError, subprocess.TimeoutExpired):
+            pass
+        self.close()
 
 
 class Scraper(threading.Thread):

@@ -21,11 +21,12 @@ from jaxmon.table import format_table, snapshot_json
 
 log = structlog.get_logger("jaxmon")
 
-USAGE = """usage: jaxmon {serve,snapshot} [options]
+USAGE = """usage: jaxmon {serve,snapshot,top} [options]
 
 commands:
   serve      run the exporter (jaxmon serve --help lists every setting)
   snapshot   poll and probe every device once and print a table (--json for JSON)
+  top        live view of running jaxmon endpoints (jaxmon top --help)
 """
 
 
@@ -41,9 +42,10 @@ def _load(argv: Sequence[str], prog: str) -> Settings:
 
 def serve(argv: Sequence[str]) -> int:
     """Run the daemon until SIGTERM/SIGINT."""
-    from jaxmon.web.server import HttpServer, serve_until_signalled
+    from jaxmon.web.server import HttpServer, hold_signals_until_serving, serve_until_signalled
     from jaxmon.web.webconfig import WebConfigError
 
+    hold_signals_until_serving()
     settings = _load(argv, "jaxmon serve")
     try:
         runtime = build_runtime(settings)
@@ -121,5 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(rest)
     if command == "snapshot":
         return snapshot(rest)
+    if command == "top":
+        from jaxmon.top import main as top  # rich and the terminal code only for this command
+
+        return top(rest)
     print(f"jaxmon: unknown command {command!r}\n{USAGE}", file=sys.stderr)
     return 2

@@ -6,6 +6,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import structlog
@@ -82,9 +83,10 @@ def ensure_library_logging() -> None:
 class RepeatFilter(logging.Filter):
     """Lets the same message template for the same job through at most once per `interval` seconds."""
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self._interval = interval
+        self._clock = clock  # injectable so tests need not sleep through the interval
         self._last: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
 
@@ -92,7 +94,7 @@ class RepeatFilter(logging.Filter):
         args = record.args if isinstance(record.args, tuple) else ()
         subject = str(getattr(args[0], "id", args[0])) if args else ""
         key = (str(record.msg), subject)
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             last = self._last.get(key)
             if last is not None and now - last < self._interval:
@@ -104,9 +106,10 @@ class RepeatFilter(logging.Filter):
 class ErrorLog:
     """Logs a persisting error once, then at most once per `interval`, and once more when it clears."""
 
-    def __init__(self, logger: Any, interval: float) -> None:
+    def __init__(self, logger: Any, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._log = logger
         self._interval = interval
+        self._clock = clock  # injectable so tests need not sleep through the interval
         self._lock = threading.Lock()
         self._last: dict[str, tuple[str, float]] = {}
 
@@ -117,7 +120,7 @@ class ErrorLog:
         such as a random temporary file name, pass e.g. the exception type and errno.
         """
         identity = error if same is None else same
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             prev = self._last.get(key)
             if prev is not None and prev[0] == identity and now - prev[1] < self._interval:

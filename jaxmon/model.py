@@ -78,6 +78,8 @@ class ProbeStatus:
     """What the probe of one device last saw; copied out under the runtime lock."""
 
     calibrated: bool = False
+    # calibrated (taken now, device idle), restored (--probe.baseline-file), provisional (taken while busy)
+    baseline_origin: str | None = None
     up: bool | None = None
     steps: int = 0
     last_duration_seconds: float | None = None

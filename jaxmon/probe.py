@@ -15,9 +15,12 @@ import structlog
 
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
+from jaxmon.probe_baseline import Baseline, BaselineStore
 
 log = structlog.get_logger("jaxmon.probe")
 
+# Probe worker threads' names: compilations on them are jaxmon's own, not the workload's (sources/local.py).
+PROBE_THREAD_PREFIX = "jaxmon-probe-"
 MAX_STEPS = 4096
 BASELINE_WINDOW = 120
 BASELINE_PERCENTILE = 0.1
@@ -30,6 +33,10 @@ class ProbeConfig:
     size: int
     timeout_seconds: float
     target_seconds: float
+
+
+def _never_busy() -> bool:
+    return False
 
 
 def utilization(baseline: float, latency: float) -> float:
@@ -57,6 +64,9 @@ class DeviceProbe:
         errors: ErrorLog,
         calibration_lock: threading.Lock,
         on_late_result: Callable[[], None] = lambda: None,
+        store: BaselineStore | None = None,
+        store_key: str = "",
+        busy: Callable[[], bool] = _never_busy,
     ) -> None:
         self.device = device
         self._make_kernel = make_kernel
@@ -64,6 +74,10 @@ class DeviceProbe:
         self._errors = errors
         self._calibration_lock = calibration_lock
         self._on_late_result = on_late_result
+        self._store = store
+        self._store_key = store_key
+        # True while a device-wide source (NVML, libtpu) says other work keeps the device busy.
+        self._busy = busy
         self._lock = threading.Lock()
         self._status = ProbeStatus()
         self._kernel: ProbeKernel | None = None
@@ -73,7 +87,7 @@ class DeviceProbe:
         self._stopping = threading.Event()
         self._busy_since: float | None = None
         self._abandoned = False  # run_once stopped waiting for the run in flight
-        self._thread = threading.Thread(target=self._work, name=f"jaxmon-probe-{device.name}", daemon=True)
+        self._thread = threading.Thread(target=self._work, name=f"{PROBE_THREAD_PREFIX}{device.name}", daemon=True)
         self._thread.start()
 
     def status(self) -> ProbeStatus:
@@ -118,8 +132,16 @@ class DeviceProbe:
         return (time.perf_counter_ns() - start) / 1e9
 
     def _calibrate(self) -> None:
-        """Compile once, then size the step count so an idle run takes about the target time."""
-        self._kernel = self._make_kernel()
+        """Compile once; then reuse a saved baseline, or size the step count so an idle run takes about the
+        target time. A calibration taken while the device is known to be busy is provisional."""
+        if self._kernel is None:
+            self._kernel = self._make_kernel()
+        saved = self._store.get(self._store_key) if self._store is not None else None
+        if saved is not None and self._status.baseline_origin is None:
+            self._kernel.run(saved.steps)  # warm-up: first dispatch pays one-off costs
+            self._set_calibration(saved.steps, saved.seconds, [], "restored")
+            return
+        busy = self._busy()
         # Devices that share hardware (CPU devices share cores) must not time each other: one calibration
         # at a time. A hung calibration must not stall the others forever, so the wait is bounded.
         locked = self._calibration_lock.acquire(timeout=self._config.timeout_seconds)
@@ -133,10 +155,19 @@ class DeviceProbe:
             if locked:
                 self._calibration_lock.release()
         baseline = statistics.median(seeds)
+        origin = "provisional" if busy or self._busy() else "calibrated"
+        self._set_calibration(steps, baseline, seeds, origin)
+        if origin == "calibrated" and self._store is not None:
+            self._store.put(self._store_key, Baseline(steps, baseline))
+
+    def _set_calibration(self, steps: int, baseline: float, seeds: list[float], origin: str) -> None:
+        assert self._kernel is not None
         with self._lock:
             self._calibration_baseline = baseline
+            self._samples.clear()
             self._samples.extend(seeds)
             self._status.calibrated = True
+            self._status.baseline_origin = origin
             self._status.steps = steps
             self._status.baseline_seconds = baseline
             self._status.footprint_bytes = self._kernel.footprint_bytes
@@ -144,6 +175,7 @@ class DeviceProbe:
         log.info(
             "probe calibrated",
             device=self.device.name,
+            origin=origin,
             steps=steps,
             baseline_seconds=round(baseline, 6),
             footprint_bytes=self._kernel.footprint_bytes,
@@ -162,7 +194,9 @@ class DeviceProbe:
             st = self._status
             st.last_duration_seconds = latency
             st.baseline_seconds = baseline
-            st.utilization_ratio = utilization(baseline, latency)
+            # A baseline taken while the device was busy reads load as idle: no estimate until recalibrated.
+            provisional = st.baseline_origin == "provisional"
+            st.utilization_ratio = None if provisional else utilization(baseline, latency)
             st.flops_per_second = self._kernel.flops_per_step * steps / latency if latency > 0 else None
             st.busy_seconds_total += latency
 
@@ -181,6 +215,7 @@ class DeviceProbe:
             else:
                 self._busy_since = time.monotonic()
             calibrated = self._status.calibrated
+            provisional = self._status.baseline_origin == "provisional"
         if skipped:
             return
 
@@ -188,8 +223,8 @@ class DeviceProbe:
 
         def task() -> None:
             try:
-                if not calibrated:
-                    self._calibrate()
+                if not calibrated or (provisional and not self._busy()):
+                    self._calibrate()  # first run, or the device is idle now: replace a provisional baseline
                 self._measure()
             except Exception as exc:
                 error.append(exc)

@@ -53,6 +53,7 @@ class Runtime:
             # Asked for explicitly but impossible here: say so in the exposition and the log, once.
             log.error("collector cannot run", collector=name, reason=reason)
             self._snapshot = self._snapshot.with_update(name, Update(None, success=False), 0.0)
+        ctx.snapshot = self.snapshot
         for collector in self.collectors:
             collector.publish = self._publisher(collector.name)
         self._scheduler = BackgroundScheduler(

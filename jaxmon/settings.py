@@ -23,23 +23,11 @@ from pydantic_settings import (
 
 from jaxmon.collectors.base import CollectorOptions
 
+# parse_duration is re-exported: callers (and tests) have always imported it from here.
+from jaxmon.durations import Duration
+from jaxmon.durations import parse_duration as parse_duration
+
 DEFAULT_PORT = 10401
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_duration(value: Any) -> Any:
-    """Accept seconds as a number or a Prometheus-style duration string: `500ms`, `10s`, `2m`, `1h`."""
-    if isinstance(value, str):
-        match = _DURATION.match(value)
-        if not match:
-            raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 10s, 2m)")
-        return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-    return value
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 
 
 def parse_listen_address(value: str) -> tuple[str, int]:
@@ -131,6 +119,11 @@ class ProbeSettings(_Section):
     size: int = Field(default=256, ge=8, le=2048, description="Probe matrix size n (three n x n float32).")
     target: Duration = Field(
         default=0.002, description="Calibrated length of one idle probe run (steps are chosen to reach it)."
+    )
+    baseline_file: Path | None = Field(
+        default=None,
+        description="Keep each device's idle calibration here; a restart reuses a matching one instead of "
+        "calibrating while training may already be running.",
     )
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from jaxmon.collectors.memory import MemoryCollector, MemoryState
+from jaxmon.collectors.nvml import NvmlCollector, NvmlState
 from jaxmon.collectors.probe import ProbeCollector, ProbeState
 from jaxmon.snapshot import Snapshot
 
@@ -80,7 +82,38 @@ def format_table(snap: Snapshot) -> str:
     down = [b for b in snap.backends if not b.up]
     for b in down:
         lines.append(f"backend {b.name} is down: {b.error}")
+    nvml = snap.state(NvmlCollector)
+    if nvml is not None:
+        lines += ["", *_nvml_table(nvml)]
     return "\n".join(lines)
+
+
+def _number(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _nvml_table(state: NvmlState) -> list[str]:
+    """One row per GPU as NVML reads it, device-wide (all processes)."""
+    if state.error is not None:
+        return [f"nvml: {state.error}"]
+    header = ["nvml gpu", "name", "used", "total", "duty", "power W", "limit W", "temp C", "up"]
+    rows = [header]
+    for g in state.gpus:
+        rows.append(
+            [
+                str(g.index),
+                g.name or "-",
+                human_bytes(g.memory_used_bytes),
+                human_bytes(g.memory_total_bytes),
+                _ratio(g.duty_cycle_ratio),
+                _number(g.power_watts, ".1f"),
+                _number(g.power_limit_watts, ".1f"),
+                _number(g.temperature_celsius, ".0f"),
+                "yes" if g.up else f"NO: {g.error}",
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
@@ -100,9 +133,18 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
                 "probe": vars(probe).copy() if probe else None,
             }
         )
+    nvml = snap.state(NvmlCollector)
     return {
         "source": snap.source,
         "build": dict(snap.build),
         "backends": [vars(b).copy() for b in snap.backends],
         "devices": out,
+        # Device-wide GPU readings, where the nvml collector ran (None otherwise).
+        "nvml": None
+        if nvml is None
+        else {
+            "error": nvml.error,
+            "gpus": [asdict(g) for g in nvml.gpus],
+            "xid": [{"gpu": gpu, "xid": xid, "count": n} for (gpu, xid), n in sorted(nvml.xid.items())],
+        },
     }

@@ -1,130 +1,50 @@
-"""Shared fixtures: the daemon as a real process, scraped over HTTP on loopback."""
+"""Shared fixtures: the daemon as a real process, scraped over HTTP on loopback; probe threads end with their test.
+
+The helpers themselves live in tests/helpers.py (bench/ uses them too); the names other test files import from
+here are re-exported.
+"""
 
 from __future__ import annotations
 
-import os
-import shutil
+import logging
 import signal
-import socket
-import subprocess
-import sys
-import time
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
-from prometheus_client.parser import text_string_to_metric_families
+import structlog
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+from jaxmon.cli import main
+from tests.helpers import (
+    FIXTURES,
+    ROOT,
+    Daemon,
+    Samples,
+    free_port,
+    parse_samples,
+    promtool,
+    sample,
+    wait_until,
+)
 
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def parse_samples(text: str) -> Samples:
-    """Every sample of an exposition, keyed by (name, labels)."""
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def sample(samples: Samples, name: str, **labels: str) -> float | None:
-    return samples.get((name, frozenset(labels.items())))
-
-
-class Daemon:
-    """`python -m jaxmon serve` as a child process with its own port and log file."""
-
-    def __init__(
-        self,
-        tmp: Path,
-        args: list[str],
-        env: dict[str, str] | None = None,
-        scheme: str = "http",
-        client: dict[str, Any] | None = None,
-    ) -> None:
-        self.port = free_port()
-        self.url = f"{scheme}://127.0.0.1:{self.port}"
-        # requests keyword arguments for every call: verify (CA file), cert (client cert), auth.
-        self.client = client or {}
-        self.log_path = tmp / f"jaxmon-{self.port}.log"
-        full_env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "PYTHONUNBUFFERED": "1", **(env or {})}
-        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jaxmon",
-                "serve",
-                "--web.listen-address",
-                f"127.0.0.1:{self.port}",
-                *args,
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            cwd=ROOT,
-        )
-
-    def get(self, path: str, **kwargs: Any) -> requests.Response:
-        return requests.get(self.url + path, **{"timeout": 10, **self.client, **kwargs})
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if self.get("/readyz").status_code == 200:
-                    return
-            except (requests.ConnectionError, requests.exceptions.SSLError):
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"daemon not ready within {timeout}s:\n{self.log()}")
-
-    def scrape(self) -> Samples:
-        r = self.get("/metrics")
-        assert r.status_code == 200, r.text
-        return parse_samples(r.text)
-
-    def wait_for(self, predicate: Callable[[Samples], bool], timeout: float = 60.0, what: str = "condition") -> Samples:
-        """Scrape until `predicate(samples)` holds."""
-        deadline = time.monotonic() + timeout
-        samples: Samples = {}
-        while time.monotonic() < deadline:
-            samples = self.scrape()
-            if predicate(samples):
-                return samples
-            time.sleep(0.2)
-        raise AssertionError(f"{what} not reached within {timeout}s; log:\n{self.log()}")
-
-    def log(self) -> str:
-        if not self._log.closed:
-            self._log.flush()
-        return self.log_path.read_text()
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+__all__ = [
+    "CLI",
+    "FIXTURES",
+    "ROOT",
+    "Daemon",
+    "Samples",
+    "StartDaemon",
+    "free_port",
+    "parse_samples",
+    "promtool",
+    "sample",
+    "wait_until",
+]
 
 
+# start_daemon(*args, env=None, ready=True, scheme="http", client=None) -> Daemon
 StartDaemon = Callable[..., Daemon]
 
 
@@ -150,8 +70,67 @@ def start_daemon(tmp_path: Path) -> Iterator[StartDaemon]:
         d.stop(signal.SIGKILL)
 
 
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        raise AssertionError("promtool not found: install the Debian package 'prometheus' (.ci/run does)")
-    return path
+def _probe_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("jaxmon-probe-")}
+
+
+@pytest.fixture(autouse=True)
+def no_probe_thread_outlives_its_test() -> Iterator[None]:
+    """Every probe worker a test starts has ended when the test is torn down (stop() and join() were called)."""
+    before = _probe_threads()
+    yield
+    left = _probe_threads() - before
+    # A worker ends after its current task; give a thread that is finishing one a moment.
+    for thread in left:
+        thread.join(2.0)
+    alive = sorted(t.name for t in left if t.is_alive())
+    assert not alive, f"probe worker threads outlive the test: {alive}"
+
+
+TOUCHED_LOGGERS = ("apscheduler", "apscheduler.scheduler", "jax", "hypercorn.error", "hypercorn.access")
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """Put back the root handlers and level, the loggers configure_logging touches, and structlog's config."""
+    root = logging.getLogger()
+    root_handlers, root_level = list(root.handlers), root.level
+    named = {
+        name: (list(lg.handlers), list(lg.filters), lg.level, lg.propagate)
+        for name, lg in ((n, logging.getLogger(n)) for n in TOUCHED_LOGGERS)
+    }
+    config = structlog.get_config()
+    config["processors"] = list(config["processors"])
+    yield
+    root.handlers[:] = root_handlers
+    root.setLevel(root_level)
+    for name, (handlers, filters, level, propagate) in named.items():
+        lg = logging.getLogger(name)
+        lg.handlers[:] = handlers
+        lg.filters[:] = filters
+        lg.setLevel(level)
+        lg.propagate = propagate
+    structlog.reset_defaults()
+    structlog.configure(**config)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], restore_logging: None) -> Iterator[CLI]:
+    """Run `jaxmon ARGV` in this process; logging (which the CLI configures) is put back afterwards."""
+    yield CLI(capsys)
+
+
+class CLI:
+    """`jaxmon ARGV` as the console script runs it: the exit status, stdout and stderr."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+        self._capsys = capsys
+
+    def __call__(self, *argv: str) -> tuple[int, str, str]:
+        self._capsys.readouterr()
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:  # argparse exits itself (unknown flags, --help), as the console script would
+            code = exc.code if isinstance(exc.code, int) else 1
+        out, err = self._capsys.readouterr()
+        return code, out, err

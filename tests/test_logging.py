@@ -5,8 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-import time
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,30 +15,15 @@ from structlog.testing import capture_logs
 
 from jaxmon.logsetup import ErrorLog, configure_logging
 
-TOUCHED_LOGGERS = ("apscheduler", "jax", "uvicorn", "uvicorn.error", "uvicorn.access")
 
+class FakeClock:
+    """A monotonic clock that moves only when the test moves it."""
 
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """Put back the root handlers and level, the loggers configure_logging touches, and structlog's config."""
-    root = logging.getLogger()
-    root_handlers, root_level = list(root.handlers), root.level
-    named = {
-        name: (list(lg.handlers), lg.level, lg.propagate)
-        for name, lg in ((n, logging.getLogger(n)) for n in TOUCHED_LOGGERS)
-    }
-    config = structlog.get_config()
-    config["processors"] = list(config["processors"])
-    yield
-    root.handlers[:] = root_handlers
-    root.setLevel(root_level)
-    for name, (handlers, level, propagate) in named.items():
-        lg = logging.getLogger(name)
-        lg.handlers[:] = handlers
-        lg.setLevel(level)
-        lg.propagate = propagate
-    structlog.reset_defaults()
-    structlog.configure(**config)
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
@@ -139,11 +123,15 @@ def test_error_log_keys_are_throttled_independently() -> None:
 
 def test_error_log_logs_a_persisting_error_again_after_the_interval() -> None:
     """Once the interval has passed the same error is logged again, marked as repeated."""
+    clock = FakeClock()
     with capture_logs() as logs:
-        errors = ErrorLog(structlog.get_logger("jaxmon.test"), interval=0.05)
+        errors = ErrorLog(structlog.get_logger("jaxmon.test"), interval=60.0, clock=clock)
         errors.error("memory/gpu:0", "memory_stats failed", "lost")
-        time.sleep(0.1)
+        clock.now += 59.9
+        errors.error("memory/gpu:0", "memory_stats failed", "lost")  # within the interval
+        clock.now += 0.1
         errors.error("memory/gpu:0", "memory_stats failed", "lost")
+        clock.now += 59.9
         errors.error("memory/gpu:0", "memory_stats failed", "lost")  # within the new interval again
     assert [e["repeated"] for e in warnings_of(logs)] == [False, True]
 
@@ -179,7 +167,8 @@ def test_repeat_filter_lets_a_scheduler_warning_through_once_per_interval() -> N
         def __init__(self, job_id: str) -> None:
             self.id = job_id
 
-    f = RepeatFilter(0.2)
+    clock = FakeClock()
+    f = RepeatFilter(60.0, clock=clock)
     template = 'Execution of job "%s" skipped: maximum number of running instances reached (%d)'
 
     def record(job: str) -> logging.LogRecord:
@@ -188,5 +177,8 @@ def test_repeat_filter_lets_a_scheduler_warning_through_once_per_interval() -> N
     assert f.filter(record("poll")) is True
     assert f.filter(record("poll")) is False
     assert f.filter(record("probe-cpu:0")) is True  # another job is another message
-    time.sleep(0.25)
+    clock.now += 59.9
+    assert f.filter(record("poll")) is False
+    clock.now += 0.1
     assert f.filter(record("poll")) is True
+    assert f.filter(record("poll")) is False

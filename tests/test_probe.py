@@ -23,6 +23,7 @@ from jaxmon.model import DeviceInfo, ProbeKernel
 from jaxmon.probe import DeviceProbe, ProbeConfig, low_percentile, utilization
 from jaxmon.settings import Settings
 from jaxmon.sources.local import LocalSource
+from tests.conftest import wait_until
 
 SIZE = 64
 PROBE_DEVICE = 5  # not the default device 0, so implicit placement would show
@@ -139,6 +140,7 @@ def test_a_real_probe_calibrates_and_reports_self_consistent_numbers(
         st = probe.status()
     finally:
         probe.stop()
+        probe.join(10)
     assert st.calibrated
     assert st.up is True
     assert st.last_error is None
@@ -196,6 +198,7 @@ def test_later_real_runs_lower_the_baseline_to_the_fastest_run_and_add_their_bus
             before = after
     finally:
         probe.stop()
+        probe.join(10)
     (kernel,) = kernels  # calibrated (and compiled) once
     assert len(kernel.steps_asked) == CALIBRATION_CALLS + 1 + 2
 
@@ -299,6 +302,8 @@ def make_probe() -> Iterator[MakeProbe]:
     yield make
     for probe in probes:
         probe.stop()
+    for probe in probes:
+        probe.join(10)  # the gated fixture opened its gate first: no worker is left blocked in a device call
 
 
 @pytest.fixture
@@ -307,16 +312,6 @@ def gated() -> Iterator[GatedKernel]:
     kernel = GatedKernel()
     yield kernel
     kernel.gate.set()
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    """Poll `predicate` until it holds or `timeout` passes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 def test_a_raising_kernel_counts_a_failure_and_marks_the_device_down(make_probe: MakeProbe) -> None:
@@ -402,7 +397,7 @@ def test_a_hung_kernel_times_out_skips_while_hung_and_recovers_when_released(
         return probe.status().up is True
 
     # The released run finishes its calibration in the background; until it has, run_once keeps skipping.
-    assert wait_until(next_run_is_up)
+    wait_until(next_run_is_up, what="a run that answers")
     st = probe.status()
     assert st.last_error is None
     assert (st.runs_total, st.timeouts_total) == (2, 1)
@@ -478,4 +473,4 @@ def test_a_run_that_finishes_after_its_timeout_is_published(
     job.run()  # times out while calibrating
     assert published == []
     gated.gate.set()  # the device answers late
-    assert wait_until(lambda: bool(published))
+    wait_until(lambda: bool(published), what="the late result published")

@@ -7,7 +7,11 @@ The scraped setup (one module fixture, all processes killed at teardown):
 - jaxmon-cpu: the 8 JAX CPU devices with the probe every second; cpu:3's probe is then made to hang (faults file);
 - jaxmon-spool: a sidecar reading a spool fed by two `publish` children of tests/workloads/train.py, with the TPU
   backend requested so that it fails; then one child compiles 40 programs, the other is killed, and a broken
-  file is dropped into the spool;
+  file is dropped into the spool; its tpu collector points at an address nobody listens on;
+- jaxmon-tpu: a TPU sidecar (JAX on CPU) reading a loopback libtpu runtime metrics service (tests/fake_libtpu.py)
+  with one idle chip and one nearly full, and the same spool;
+- jaxmon-nvml: the fake libnvidia-ml.so.1 (tests/fakenvml) with three GPUs: GPU 0 hot, thermally throttled and at its
+  power cap, GPU 1 nearly full with uncorrected ECC errors and an Xid 79 delivered after start, GPU 2 lost;
 - jaxmon-gone: a target nobody listens on.
 So almost every alert fires for a known reason, and the rest are listed with why they stay quiet here.
 """
@@ -29,7 +33,10 @@ import pytest
 import requests
 import yaml
 
-from tests.conftest import FIXTURES, ROOT, Daemon, free_port
+from tests.conftest import FIXTURES, ROOT, Daemon, free_port, wait_until
+from tests.fake_libtpu import Chip, FakeLibtpu, Timing
+from tests.fake_libtpu import Scenario as LibtpuScenario
+from tests.fakenvml import GPU_IS_LOST, Scenario, device
 from tests.test_deploy import (
     RULES,
     alert_rules,
@@ -46,7 +53,7 @@ RATE_INTERVAL = "10s"
 
 # Alerts whose expression legitimately returns nothing in this setup (asserted empty), and why.
 QUIET_ALERTS = {
-    # jaxmon targets exist (four up, one down).
+    # jaxmon targets exist (six up, one down).
     "JaxmonExporterAbsent",
     # It watches accelerators (platform!="cpu") on a jaxmon where a workload reports: here only CPU devices are
     # probed, and the probing daemon has no workload (the spool sidecar runs without the probe).
@@ -59,9 +66,13 @@ FIRING: dict[str, list[dict[str, str]]] = {
     "JaxmonCollectorFailing": [
         {"job": "jaxmon-replay", "instance": "shapes", "collector": "memory"},  # gpu:6 raises
         {"job": "jaxmon-cpu", "collector": "probe"},  # cpu:3 hangs
+        {"job": "jaxmon-nvml", "collector": "nvml"},  # GPU 2 is lost
     ],
     "JaxmonBackendDown": [{"job": "jaxmon-spool", "backend": "tpu"}],  # JAX_PLATFORMS=cpu,tpu without libtpu
-    "JaxmonSpoolFilesRejected": [{"job": "jaxmon-spool", "reason": "bad_json"}],  # the file the test drops
+    "JaxmonSpoolFilesRejected": [
+        {"job": "jaxmon-spool", "reason": "bad_json"},  # the file the test drops
+        {"job": "jaxmon-tpu", "reason": "bad_json"},  # the same spool
+    ],
     "JaxmonDeviceDown": [{"job": "jaxmon-cpu", "platform": "cpu", "device": "3"}],  # its probe hangs
     "JaxmonDeviceMemoryUnreadable": [{"instance": "shapes", "platform": "gpu", "device": "6"}],  # device lost
     "JaxmonMemoryNearLimit": [
@@ -78,9 +89,48 @@ FIRING: dict[str, list[dict[str, str]]] = {
         {"instance": "demo", "platform": "gpu", "device": "4"},  # 2 GiB
         {"instance": "demo", "platform": "gpu", "device": "7"},  # 1.5 GiB
     ],
-    "JaxmonWorkloadStoppedReporting": [{"job": "jaxmon-spool", "workload": "ephemeral"}],  # killed
-    "JaxmonRecompilationStorm": [{"job": "jaxmon-spool", "workload": "trainer"}],  # 40 compilations
+    "JaxmonWorkloadStoppedReporting": [
+        {"job": "jaxmon-spool", "workload": "ephemeral"},  # killed
+        {"job": "jaxmon-tpu", "workload": "ephemeral"},
+    ],
+    "JaxmonRecompilationStorm": [
+        {"job": "jaxmon-spool", "workload": "trainer"},  # 40 compilations
+        {"job": "jaxmon-tpu", "workload": "trainer"},
+    ],
+    "JaxmonTpuIdle": [{"job": "jaxmon-tpu", "platform": "tpu", "device": "8", "source": "libtpu"}],  # 2 % duty cycle
+    # The spool sidecar's tpu collector reads an address nobody listens on while its workloads report.
+    "JaxmonTpuMetricsDown": [{"job": "jaxmon-spool", "collector": "tpu"}],
+    # The fake NVML's GPUs (see nvml_scenario).
+    "JaxmonGpuLost": [{"job": "jaxmon-nvml", "device": "2"}],
+    "JaxmonGpuHot": [{"job": "jaxmon-nvml", "device": "0"}],  # 91 °C
+    "JaxmonGpuThrottled": [{"job": "jaxmon-nvml", "device": "0", "reason": "hw_thermal_slowdown"}],
+    "JaxmonGpuPowerCapped": [{"job": "jaxmon-nvml", "device": "0", "reason": "sw_power_cap"}],
+    "JaxmonGpuEccUncorrected": [{"job": "jaxmon-nvml", "device": "1", "kind": "uncorrected"}],
+    "JaxmonGpuXidError": [{"job": "jaxmon-nvml", "device": "1", "xid": "79"}],
+    "JaxmonDeviceMemoryNearFull": [
+        {"job": "jaxmon-nvml", "platform": "gpu", "device": "1"},  # 78 of 80 GiB
+        {"job": "jaxmon-tpu", "platform": "tpu", "device": "9"},  # 97 % of its HBM (libtpu)
+    ],
 }
+
+TPU_IDS = (8, 9, 12, 13)
+
+
+def tpu_chips() -> dict[int, Chip]:
+    """Chip 8 idles (2 % duty cycle), chip 9 has 97 % of its HBM in use; all serve every metric."""
+    timing = Timing(counts=[0, 10, 30, 5], scale=100.0, growth=2.0, mean_us=210.0)
+    return {
+        dev: Chip(
+            total_bytes=16 * (1 << 30),
+            used_bytes=int(16 * (1 << 30) * (0.97 if dev == 9 else 0.5)),
+            duty_cycle_pct=2.0 if dev == 8 else 60.0,
+            hbm_util_pct=30.0,
+            hlo_queue=3,
+            timing=timing,
+        )
+        for dev in TPU_IDS
+    }
+
 
 # Dashboard queries that legitimately return nothing here (with All selected), and why: none. Every panel has data.
 EMPTY_PANEL_QUERIES: set[tuple[str, str]] = set()
@@ -127,16 +177,14 @@ class Prometheus:
         return self.log_path.read_text()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             assert self.proc.poll() is None, f"prometheus exited:\n{self.log()}"
             try:
-                if requests.get(self.url + "/-/ready", timeout=2).status_code == 200:
-                    return
+                return requests.get(self.url + "/-/ready", timeout=2).status_code == 200
             except requests.ConnectionError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"prometheus not ready within {timeout}s:\n{self.log()}")
+                return False
+
+        wait_until(ready, timeout, "prometheus ready", step=0.1, detail=self.log)
 
     def api(self, path: str, **params: Any) -> Any:
         r = requests.get(self.url + "/api/v1/" + path, params=params, timeout=20)
@@ -155,14 +203,13 @@ class Prometheus:
     def wait_for(
         self, expr: str, predicate: Callable[[list[dict[str, Any]]], bool], what: str, timeout: float = 60.0
     ) -> None:
-        deadline = time.monotonic() + timeout
         result: list[dict[str, Any]] = []
-        while time.monotonic() < deadline:
-            result = self.query(expr)
-            if predicate(result):
-                return
-            time.sleep(0.25)
-        raise AssertionError(f"{what}: {expr} gave {result} after {timeout}s")
+
+        def holds() -> bool:
+            result[:] = self.query(expr)
+            return predicate(result)
+
+        wait_until(holds, timeout, what, step=0.25, detail=lambda: f"{expr} gave {result}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -181,9 +228,27 @@ class Stack:
     instances: dict[str, str]  # short name -> instance label (host:port)
 
     def named(self, labels: dict[str, str]) -> dict[str, str]:
-        """Labels with the instance written by its short name (shapes, demo, cpu, spool, gone)."""
+        """Labels with the instance written by its short name (shapes, demo, cpu, spool, nvml, gone)."""
         by_address = {v: k for k, v in self.instances.items()}
         return {k: by_address.get(v, v) if k == "instance" else v for k, v in labels.items()}
+
+
+def nvml_scenario(path: Path) -> Scenario:
+    """Three GPUs with something for every GPU alert; the Xid event is queued once the daemon runs."""
+    gib = 1 << 30
+    return Scenario(
+        path,
+        [
+            device(0, temperature_c=91, clocks_event_reasons=0x4 | 0x40, utilization={"gpu": 97, "memory": 60}),
+            device(
+                1,
+                memory={"total": 80 * gib, "reserved": 0, "used": 78 * gib},
+                ecc={"enabled": True, "corrected": 4, "uncorrected": 2},
+                processes=[{"pid": 4242, "used": 77 * gib}],
+            ),
+            device(2, error=GPU_IS_LOST),
+        ],
+    )
 
 
 def _value(result: list[dict[str, Any]]) -> float:
@@ -198,6 +263,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     daemons: list[Daemon] = []
     children: list[Child] = []
     prometheus: Prometheus | None = None
+    libtpu = FakeLibtpu(LibtpuScenario(chips=tpu_chips())).start()
     try:
         shapes = Daemon(tmp, ["--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s"])
         daemons.append(shapes)
@@ -207,8 +273,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         cpu = Daemon(tmp, cpu_args, env={"JAXMON_FAULTS_FILE": str(faults)})
         daemons.append(cpu)
         spool_args = ["--no-collector.probe", "--spool.dir", str(spool), "--spool.ttl", "3s", "--poll.interval", "0.5s"]
-        sidecar = Daemon(tmp, spool_args, env={"JAX_PLATFORMS": "cpu,tpu"})
+        nobody = f"127.0.0.1:{free_port()}"
+        sidecar = Daemon(
+            tmp, [*spool_args, "--collector.tpu", "--collector.tpu.address", nobody], env={"JAX_PLATFORMS": "cpu,tpu"}
+        )
         daemons.append(sidecar)
+        tpu = Daemon(tmp, [*spool_args, "--collector.tpu", "--collector.tpu.address", libtpu.address])
+        daemons.append(tpu)
+        scenario = nvml_scenario(tmp / "nvml.json")
+        nvml_args = ["--no-collector.probe", "--collector.nvml", "--poll.interval", "0.5s"]
+        nvml = Daemon(tmp, nvml_args, env=scenario.env())
+        daemons.append(nvml)
         # The children finish their start-up compilations before Prometheus sees them, so that the only
         # compilations it watches are the ones this test asks for.
         for name in ("trainer", "ephemeral"):
@@ -223,6 +298,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "demo": f"127.0.0.1:{demo.port}",
             "cpu": f"127.0.0.1:{cpu.port}",
             "spool": f"127.0.0.1:{sidecar.port}",
+            "tpu": f"127.0.0.1:{tpu.port}",
+            "nvml": f"127.0.0.1:{nvml.port}",
             "gone": f"127.0.0.1:{free_port()}",
         }
         config = {
@@ -239,6 +316,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 },
                 {"job_name": "jaxmon-cpu", "static_configs": [{"targets": [instances["cpu"]]}]},
                 {"job_name": "jaxmon-spool", "static_configs": [{"targets": [instances["spool"]]}]},
+                {"job_name": "jaxmon-tpu", "static_configs": [{"targets": [instances["tpu"]]}]},
+                {"job_name": "jaxmon-nvml", "static_configs": [{"targets": [instances["nvml"]]}]},
                 {"job_name": "jaxmon-gone", "static_configs": [{"targets": [instances["gone"]]}]},
             ],
         }
@@ -246,7 +325,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         prometheus.wait_ready()
         started = time.monotonic()
         p = prometheus
-        p.wait_for("sum(up)", lambda r: _value(r) == 4, "four targets up")
+        p.wait_for("sum(up)", lambda r: _value(r) == 6, "six targets up")
         p.wait_for("count(up == 0)", lambda r: _value(r) == 1, "the dead target down")
         p.wait_for(
             'count(jaxmon_probe_duration_seconds{job="jaxmon-cpu"})', lambda r: _value(r) == 8, "probes on 8 devices"
@@ -256,8 +335,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             lambda r: _value(r) == 2,
             "both workloads",
         )
-        p.wait_for('jaxmon_spool_rejected_files_total{reason="bad_json"}', lambda r: len(r) == 1, "rejection counter")
-        compiled = p.query('jaxmon_jit_compilations_total{workload="trainer"}')
+        p.wait_for('count(jaxmon_device_source_up{job="jaxmon-tpu"} == 1)', lambda r: _value(r) == 4, "four TPU chips")
+        p.wait_for(
+            'jaxmon_spool_rejected_files_total{job="jaxmon-spool", reason="bad_json"}',
+            lambda r: len(r) == 1,
+            "rejection counter",
+        )
+        compiled = p.query('jaxmon_jit_compilations_total{job="jaxmon-spool", workload="trainer"}')
         assert compiled, "no compile counter"
         before = _value(compiled)
 
@@ -266,11 +350,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         assert trainer.send("compile 40") == {"compiled": 40}
         (spool / "broken.json").write_text('{"schema": "jaxmon.spool/1", "devices": [')
         ephemeral.close()
+        scenario.xid(1, 79)
+        p.wait_for('jaxmon_device_xid_errors_total{job="jaxmon-nvml", xid="79"}', lambda r: _value(r) == 1, "Xid 79")
         p.wait_for('jaxmon_device_up{job="jaxmon-cpu", device="3"}', lambda r: _value(r) == 0, "cpu:3 down")
         p.wait_for(
-            'jaxmon_jit_compilations_total{workload="trainer"}', lambda r: _value(r) >= before + 40, "40 compilations"
+            'jaxmon_jit_compilations_total{job="jaxmon-spool", workload="trainer"}',
+            lambda r: _value(r) >= before + 40,
+            "40 compilations",
         )
-        p.wait_for('jaxmon_spool_rejected_files_total{reason="bad_json"}', lambda r: _value(r) >= 1, "a rejection")
+        for job in ("jaxmon-spool", "jaxmon-tpu"):  # both sidecars read the spool
+            p.wait_for(
+                f'jaxmon_spool_rejected_files_total{{job="{job}", reason="bad_json"}}', lambda r: _value(r) >= 1, job
+            )
         p.wait_for(
             'jaxmon_workload_last_report_timestamp_seconds{workload="ephemeral"}', lambda r: not r, "ephemeral gone"
         )
@@ -284,6 +375,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             c.close()
         for d in daemons:
             d.stop(signal.SIGKILL)
+        libtpu.stop()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -332,10 +424,12 @@ def resolve_variables(p: Prometheus) -> tuple[dict[str, str], dict[str, list[str
 
 def test_dashboard_variables_list_what_is_scraped(stack: Stack) -> None:
     _, listed = resolve_variables(stack.prometheus)
-    assert set(listed["job"]) == {"jaxmon-replay", "jaxmon-cpu", "jaxmon-spool"}
-    assert set(listed["instance"]) == {stack.instances[k] for k in ("shapes", "demo", "cpu", "spool")}
+    assert set(listed["job"]) == {"jaxmon-replay", "jaxmon-cpu", "jaxmon-spool", "jaxmon-tpu", "jaxmon-nvml"}
+    instances = ("shapes", "demo", "cpu", "spool", "tpu", "nvml")
+    assert set(listed["instance"]) == {stack.instances[k] for k in instances}
     assert set(listed["platform"]) == {"gpu", "tpu", "cpu"}
-    assert set(listed["device"]) == {str(i) for i in range(9)}
+    # JAX's devices, and the TPU chips only libtpu sees (jaxmon_device_source_up).
+    assert set(listed["device"]) == {str(i) for i in range(9)} | {str(i) for i in TPU_IDS}
     assert {"trainer", "ephemeral"} <= set(listed["workload"])
 
 
@@ -387,13 +481,16 @@ def test_prometheus_loaded_the_rules_and_evaluates_them_without_error(stack: Sta
     for name, rule in loaded.items():
         assert rule["health"] == "ok", f"{name}: {rule.get('lastError')}"
     # Alerts become pending (all have a for: duration) within an evaluation or two.
-    deadline = time.monotonic() + 10
-    while True:
-        active = {a["labels"]["alertname"] for a in p.api("alerts")["alerts"] if a["state"] in ("pending", "firing")}
-        if active == set(FIRING) or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert active == set(FIRING)
+    active: set[str] = set()
+
+    def all_active() -> bool:
+        active.clear()
+        active.update(
+            a["labels"]["alertname"] for a in p.api("alerts")["alerts"] if a["state"] in ("pending", "firing")
+        )
+        return active == set(FIRING)
+
+    wait_until(all_active, timeout=10, what="every alert pending", step=0.5, detail=lambda: f"active: {sorted(active)}")
 
 
 def test_every_selector_matches_series(stack: Stack) -> None:

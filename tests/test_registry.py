@@ -1,4 +1,7 @@
-"""The collector registry: flags per collector, collect[] filtering, guarded updates, the process families."""
+"""The collector registry: flags per collector, collect[] filtering, guarded updates, the process families.
+
+--no-collector.memory and an explicit collector that cannot run are tested in-process in test_app.py.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from jaxmon.settings import load_settings
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.replay import ReplaySource
 from tests.conftest import FIXTURES, StartDaemon, parse_samples, sample
+from tests.test_app import make_app, make_runtime, request
 
 REPLAY = ("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1h")
 
@@ -32,20 +36,18 @@ def test_every_collector_has_node_exporter_style_flags() -> None:
         assert load_settings([f"--collector.{name}=auto"]).collector_options(name).enabled == "auto"
 
 
-def test_no_collector_memory_removes_the_memory_families(start_daemon: StartDaemon) -> None:
-    d = start_daemon(*REPLAY, "--no-collector.memory")
-    text = d.get("/metrics").text
-    assert not [f for f in _families(text) if f.startswith("jaxmon_memory_")]
-    assert "jaxmon_device_info" in _families(text)  # identity is the source's, not the memory collector's
-    assert 'collector="memory"' not in text
-
-
-def test_collect_filter_returns_only_the_named_collectors_families(start_daemon: StartDaemon, tmp_path: Path) -> None:
+def test_collect_filter_returns_only_the_named_collectors_families(tmp_path: Path) -> None:
     """collect[]=spool: the spool collector's families and its collector_* series, nothing else."""
     spool = tmp_path / "spool"
     spool.mkdir()
-    d = start_daemon(*REPLAY, "--spool.dir", str(spool))
-    text = d.get("/metrics", params={"collect[]": "spool"}).text
+    rt = make_runtime("--spool.dir", str(spool))
+    try:
+        rt.update_all_once()
+        app = make_app(rt)
+        text = request(app, "GET", "/metrics", b"collect[]=spool").text
+        both = parse_samples(request(app, "GET", "/metrics", b"collect[]=spool&collect[]=memory").text)
+    finally:
+        rt.stop()
     assert _families(text) == {
         "jaxmon_spool_rejected_files_total",
         "jaxmon_spool_overflow_files_total",
@@ -58,11 +60,8 @@ def test_collect_filter_returns_only_the_named_collectors_families(start_daemon:
     samples = parse_samples(text)
     assert sample(samples, "jaxmon_collector_success", collector="spool") == 1.0
     assert sample(samples, "jaxmon_collector_success", collector="memory") is None
-    both = parse_samples(d.get("/metrics", params=[("collect[]", "spool"), ("collect[]", "memory")]).text)
     assert sample(both, "jaxmon_memory_bytes_in_use", device="8", platform="gpu") == 1000.0
     assert sample(both, "jaxmon_build_info") is None
-    unknown = d.get("/metrics", params={"collect[]": "nope"})
-    assert unknown.status_code == 400 and "nope" in unknown.text and "memory" in unknown.text
 
 
 def test_the_process_families_are_served(start_daemon: StartDaemon) -> None:
@@ -77,15 +76,6 @@ def test_the_process_families_are_served(start_daemon: StartDaemon) -> None:
     assert sample(samples, "process_open_fds") is not None
     assert sample(samples, "process_start_time_seconds") is not None
     assert any(name == "python_info" for name, _ in samples)
-
-
-def test_an_explicit_collector_that_cannot_run_is_reported_failed(start_daemon: StartDaemon) -> None:
-    """--collector.spool without --spool.dir: collector_success 0 and a log line; auto would be silently off."""
-    d = start_daemon(*REPLAY, "--collector.spool")
-    assert sample(d.scrape(), "jaxmon_collector_success", collector="spool") == 0.0
-    assert "collector cannot run" in d.log() and "no --spool.dir given" in d.log()
-    quiet = start_daemon(*REPLAY)
-    assert sample(quiet.scrape(), "jaxmon_collector_success", collector="spool") is None
 
 
 class _Exploding(Collector[int]):

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import signal
 import socket
 import ssl
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import requests
 import yaml
 
-from tests.conftest import FIXTURES, ROOT, StartDaemon
+from tests.conftest import FIXTURES, Daemon, StartDaemon, wait_until
 from tests.tls_helpers import bcrypt_hash, make_certs
 
 REPLAY = ("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s")
@@ -135,16 +134,10 @@ def test_web_config_changes_are_picked_up_and_a_broken_edit_keeps_the_last_good(
         return requests.get(d.url + "/readyz", auth=(user, password), timeout=10).status_code
 
     web.write_text(yaml.safe_dump({"basic_auth_users": {"bob": bcrypt_hash("b")}}))
-    deadline = time.monotonic() + 15
-    while status("bob", "b") != 200:
-        assert time.monotonic() < deadline, d.log()
-        time.sleep(0.2)
+    wait_until(lambda: status("bob", "b") == 200, timeout=15, what="bob admitted", step=0.2, detail=d.log)
     assert status("alice", "a") == 401
     web.write_text("basic_auth_users: {bob: not-a-hash}\n")
-    deadline = time.monotonic() + 15
-    while "web config not reloaded" not in d.log():
-        assert time.monotonic() < deadline, d.log()
-        time.sleep(0.2)
+    wait_until(lambda: "web config not reloaded" in d.log(), timeout=15, what="the broken edit reported", step=0.2)
     assert status("bob", "b") == 200  # still the last good config
     assert "password of user 'bob' is not a bcrypt hash" in d.log()
 
@@ -160,26 +153,85 @@ def test_certificates_rotate_without_a_restart(start_daemon: StartDaemon, tmp_pa
     assert _handshake(d.port, first.server_ca).startswith("HTTP/1.1 200")
     key.write_bytes(second.server_key.read_bytes())
     cert.write_bytes(second.server_cert.read_bytes())
-    deadline = time.monotonic() + 15
-    while True:
+
+    def second_served() -> bool:
         try:
-            assert _handshake(d.port, second.server_ca).startswith("HTTP/1.1 200")
-            break
+            return _handshake(d.port, second.server_ca).startswith("HTTP/1.1 200")
         except ssl.SSLError:
-            assert time.monotonic() < deadline, d.log()
-            time.sleep(0.2)
+            return False
+
+    wait_until(second_served, timeout=15, what="the new certificate served", step=0.2, detail=d.log)
     with pytest.raises(ssl.SSLError):
         _handshake(d.port, first.server_ca)
 
 
-def test_a_bad_web_config_exits_2_naming_the_key(tmp_path: Path) -> None:
-    web = _web(tmp_path, {"tls_server_config": {"cert_file": "a.pem", "key_file": "a.key", "min_version": "SSL3"}})
-    result = subprocess.run(
-        [sys.executable, "-m", "jaxmon", "serve", *REPLAY, "--web.config.file", str(web)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
+def _wait_log(d: Daemon, text: str, timeout: float = 15.0) -> None:
+    wait_until(lambda: text in d.log(), timeout=timeout, what=f"{text!r} logged", step=0.1, detail=d.log)
+
+
+def test_a_client_of_a_removed_ca_is_refused_after_the_reload(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    a, b = make_certs(tmp_path, "-a"), make_certs(tmp_path, "-b")
+    bundle = tmp_path / "clients.pem"
+    bundle.write_bytes(a.client_ca.read_bytes() + b.client_ca.read_bytes())
+    tls = {"cert_file": str(a.server_cert), "key_file": str(a.server_key)}
+    web = _web(
+        tmp_path,
+        {"tls_server_config": {**tls, "client_auth_type": "RequireAndVerifyClientCert", "client_ca_file": str(bundle)}},
     )
-    assert result.returncode == 2
-    assert "tls_server_config.min_version: unknown TLS version 'SSL3'" in result.stderr
+    client_b = {"verify": str(a.server_ca), "cert": (str(b.client_cert), str(b.client_key))}
+    d = start_daemon(*REPLAY, "--web.config.file", str(web), scheme="https", client=client_b)
+    assert _handshake(d.port, a.server_ca, (a.client_cert, a.client_key)) == "HTTP/1.1 200 "
+    bundle.write_bytes(b.client_ca.read_bytes())  # CA a is removed
+    _wait_log(d, "web config reloaded")
+    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+        _handshake(d.port, a.server_ca, (a.client_cert, a.client_key))
+    assert _handshake(d.port, a.server_ca, (b.client_cert, b.client_key)) == "HTTP/1.1 200 "
+
+
+def test_an_emptied_or_half_written_web_config_keeps_tls_and_basic_auth(
+    start_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    certs = make_certs(tmp_path)
+    tls = {"cert_file": str(certs.server_cert), "key_file": str(certs.server_key)}
+    full = yaml.safe_dump({"tls_server_config": tls, "basic_auth_users": {"prom": bcrypt_hash("pw")}})
+    web = tmp_path / "web.yml"
+    web.write_text(full)
+    d = start_daemon(
+        *REPLAY,
+        "--web.config.file",
+        str(web),
+        scheme="https",
+        client={"verify": str(certs.server_ca), "auth": ("prom", "pw")},
+    )
+    web.write_text("")  # emptied, as by `> web.yml` or an editor truncating before it writes
+    _wait_log(d, "the new file turns TLS off")
+    assert requests.get(d.url + "/metrics", verify=str(certs.server_ca), timeout=10).status_code == 401
+    assert d.get("/metrics").status_code == 200
+    web.write_text(yaml.safe_dump({"tls_server_config": tls}))  # a rewrite caught half way: TLS, no users yet
+    _wait_log(d, "the new file turns basic auth off")
+    assert requests.get(d.url + "/metrics", verify=str(certs.server_ca), timeout=10).status_code == 401
+    web.write_text(full.replace("prom", "prometheus"))  # the rewrite completes: applied
+    _wait_log(d, "web config reloaded")
+    assert d.get("/metrics", auth=("prometheus", "pw")).status_code == 200
+    assert 'level": "error' in d.log()
+
+
+def test_sighup_reloads_the_web_config_and_sigusr1_is_ignored(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    web = _web(tmp_path, {"basic_auth_users": {"alice": bcrypt_hash("a")}})
+    d = start_daemon(*REPLAY, "--web.config.file", str(web), client={"auth": ("alice", "a")})
+    d.proc.send_signal(signal.SIGUSR1)
+    _wait_log(d, '"signal ignored"')
+    assert d.proc.poll() is None and d.get("/readyz").status_code == 200
+    d.proc.send_signal(signal.SIGHUP)
+    _wait_log(d, '"reason": "SIGHUP"')
+    assert d.proc.poll() is None
+    log_lines = [json.loads(line) for line in d.log().splitlines() if line.startswith("{")]
+    assert any(e["event"] == "web config reloaded" and e.get("reason") == "SIGHUP" for e in log_lines), d.log()
+    assert d.get("/readyz").status_code == 200
+
+
+def test_sighup_without_a_web_config_keeps_serving(start_daemon: StartDaemon) -> None:
+    d = start_daemon(*REPLAY)
+    d.proc.send_signal(signal.SIGHUP)
+    _wait_log(d, "no web config file to reload")
+    assert d.proc.poll() is None and d.get("/readyz").status_code == 200

@@ -1,16 +1,16 @@
-"""Settings: flags, JAXMON_* environment, YAML file, precedence, and errors that name the setting."""
+"""Settings: flags, JAXMON_* environment, YAML file, precedence, and errors that name the setting.
+
+What the command line makes of bad settings (exit 2 and the message) is tested in test_cli.py.
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from jaxmon.settings import DEFAULT_PORT, SettingsError, load_settings, parse_duration, parse_listen_address
-from tests.conftest import ROOT
 
 
 @pytest.fixture(autouse=True)
@@ -115,64 +115,3 @@ def test_missing_config_file_is_named(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "seconds"), [("250ms", 0.25), ("3s", 3.0), ("2m", 120.0), ("1h", 3600.0), ("4", 4.0)])
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
-
-
-def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "jaxmon", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-    )
-
-
-@pytest.mark.parametrize(
-    ("args", "env", "message"),
-    [
-        (
-            ["serve", "--poll.interval", "soon"],
-            {},
-            "poll.interval (--poll.interval): Value error, not a duration",
-        ),
-        (["serve", "--bogus"], {}, "unrecognized arguments: --bogus"),
-        (["serve"], {"JAXMON_PROBE__TIMEOUT": "-1"}, "probe.timeout"),
-        (
-            ["serve", "--replay", "/nonexistent/replay.json"],
-            {},
-            "replay file /nonexistent/replay.json: cannot read",
-        ),
-        (["snapshot", "--log.format", "xml"], {}, "log.format"),
-        (["frobnicate"], {}, "unknown command"),
-    ],
-)
-def test_bad_settings_exit_2_with_a_message(args: list[str], env: dict[str, str], message: str) -> None:
-    result = _run(*args, env=env)
-    assert result.returncode == 2, result.stderr
-    assert message in result.stderr
-
-
-def test_bad_replay_file_names_the_field(tmp_path: Path) -> None:
-    bad = tmp_path / "r.json"
-    bad.write_text('{"devices": [{"id": 0, "platform": "gpu", "memory_stats": {"bytes_in_use": "lots"}}]}')
-    result = _run("serve", "--replay", str(bad))
-    assert result.returncode == 2
-    assert "devices.0.memory_stats" in result.stderr
-
-
-def test_help_lists_the_dotted_flags() -> None:
-    result = _run("serve", "--help")
-    assert result.returncode == 0
-    for flag in (
-        "--web.listen-address",
-        "--web.telemetry-path",
-        "--no-collector.probe",
-        "--probe.interval",
-        "--poll.interval",
-        "--replay",
-        "--log.level",
-        "--log.format",
-        "--config.file",
-    ):
-        assert flag in result.stdout, flag

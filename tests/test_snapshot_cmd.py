@@ -1,32 +1,31 @@
-"""`jaxmon snapshot`: one poll and one probe, as a table or JSON."""
+"""`jaxmon snapshot`: one poll and one probe, as a table or JSON (cli.main in-process, on real JAX CPU devices)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+from collections.abc import Iterator
 
-from tests.conftest import FIXTURES, ROOT
+import pytest
+
+from tests.conftest import CLI, FIXTURES
 
 GiB = 1 << 30
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "jaxmon", "snapshot", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "JAX_NUM_CPU_DEVICES": "8"},
-    )
+@pytest.fixture
+def restore_environ() -> Iterator[None]:
+    """Put os.environ back: a local source sets the sidecar's GPU variables, which later daemons would inherit."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
-def test_snapshot_json_of_a_replay_holds_the_derived_numbers() -> None:
-    result = _run("--replay", str(FIXTURES / "shapes.json"), "--json")
-    assert result.returncode == 0, result.stderr
-    doc = json.loads(result.stdout)
+def test_snapshot_json_of_a_replay_holds_the_derived_numbers(cli: CLI) -> None:
+    code, out, err = cli("snapshot", "--replay", str(FIXTURES / "shapes.json"), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
     devices = {(d["platform"], d["id"]): d for d in doc["devices"]}
     assert devices[("gpu", 1)]["memory"]["fragmentation_ratio"] == 0.5
     assert devices[("gpu", 1)]["memory"]["largest_allocatable_bytes"] == 58 * GiB
@@ -36,10 +35,11 @@ def test_snapshot_json_of_a_replay_holds_the_derived_numbers() -> None:
     assert doc["source"] == "replay"
 
 
-def test_snapshot_table_probes_every_cpu_device() -> None:
-    result = _run("--probe.size", "64")
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.strip().splitlines()
+@pytest.mark.usefixtures("restore_environ")
+def test_snapshot_table_probes_every_cpu_device(cli: CLI) -> None:
+    code, out, err = cli("snapshot", "--probe.size", "64")
+    assert code == 0, err
+    lines = out.strip().splitlines()
     assert lines[0].split()[:2] == ["device", "kind"]
     rows = [line.split() for line in lines[1:] if line.startswith("cpu:")]
     assert [r[0] for r in rows] == [f"cpu:{i}" for i in range(8)]

@@ -11,61 +11,17 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import requests
 
 from jaxmon.sources.spool import Rejected, read_document, write_atomically
-from tests.conftest import ROOT, Samples, StartDaemon, parse_samples, sample
+from tests.conftest import ROOT, Samples, StartDaemon, sample
+from tests.helpers import TRAIN, Child, wait_for_fresh_samples, wait_for_samples, wait_until
 
-TRAIN = Path(__file__).parent / "workloads" / "train.py"
+__all__ = ["TRAIN", "Child"]  # other test modules import Child from here
+
 # What the toy loop keeps on the default device (cpu:0): x (256 x 64), y (256 x 1), w (64 x 1), b (1), float32.
 TRAINING_STATE_BYTES = 4 * (256 * 64 + 256 + 64 + 1)
-
-
-class Child:
-    """tests/workloads/train.py as a child process, driven line by line."""
-
-    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.stderr_path = tmp / f"child-{time.monotonic_ns()}.log"
-        self._stderr = open(self.stderr_path, "w")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(
-            [sys.executable, str(TRAIN), *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, "JAX_NUM_CPU_DEVICES": "8", **(env or {})},
-        )
-        self.hello = self.read_ok()
-
-    def read_ok(self, timeout: float = 60.0) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        result: list[str] = []
-        reader = threading.Thread(target=lambda: result.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-        reader.start()
-        reader.join(timeout)
-        line = result[0] if result else ""
-        assert line.startswith("OK "), f"child said {line!r}; stderr:\n{self.log()}"
-        return dict(json.loads(line[3:]))
-
-    def send(self, command: str) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-        return self.read_ok()
-
-    def log(self) -> str:
-        self._stderr.flush()
-        return self.stderr_path.read_text()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self._stderr.close()
 
 
 @pytest.fixture
@@ -74,20 +30,6 @@ def children(tmp_path: Path) -> Iterator[list[Child]]:
     yield started
     for c in started:
         c.close()
-
-
-def _scrape(url: str) -> Samples:
-    return parse_samples(requests.get(url + "/metrics", timeout=10).text)
-
-
-def _wait(url: str, predicate: Any, what: str, timeout: float = 30.0) -> Samples:
-    deadline = time.monotonic() + timeout
-    while True:
-        s = _scrape(url)
-        if predicate(s):
-            return s
-        assert time.monotonic() < deadline, f"{what} not reached"
-        time.sleep(0.1)
 
 
 def test_embedded_exporter_reports_live_arrays_and_compilations(children: list[Child], tmp_path: Path) -> None:
@@ -109,21 +51,23 @@ def test_embedded_exporter_reports_live_arrays_and_compilations(children: list[C
             for d, v in expected.items()
         )
 
-    s = _wait(url, live_matches, "live array bytes equal to the arrays created")
+    s = wait_for_samples(url, live_matches, "live array bytes equal to the arrays created")
     assert sample(s, "jaxmon_memory_stats_supported", device="0", platform="cpu", workload="toy") == 0
 
     labels = {"workload": "toy", "process_index": "0"}
-    before = _wait(url, lambda s: sample(s, "jaxmon_jit_compilations_total", **labels) is not None, "compile counter")
+    before = wait_for_samples(
+        url, lambda s: sample(s, "jaxmon_jit_compilations_total", **labels) is not None, "compile counter"
+    )
     n_before = sample(before, "jaxmon_jit_compilations_total", **labels)
     secs_before = sample(before, "jaxmon_jit_compile_seconds_total", **labels)
     assert n_before is not None and secs_before is not None
     assert child.send("compile 5") == {"compiled": 5}
-    after = _wait(
+    after = wait_for_samples(
         url, lambda s: sample(s, "jaxmon_jit_compilations_total", **labels) == n_before + 5, "five more compilations"
     )
     assert (sample(after, "jaxmon_jit_compile_seconds_total", **labels) or 0) > secs_before
-    time.sleep(1.0)  # no phantom compilations appear later
-    assert sample(_scrape(url), "jaxmon_jit_compilations_total", **labels) == n_before + 5
+    # No phantom compilations appear later: updates that read the counters after the compiles still say 5 more.
+    assert sample(wait_for_fresh_samples(url, "compile"), "jaxmon_jit_compilations_total", **labels) == n_before + 5
 
     median = child.send("train 20")["median"]
     assert median > 0
@@ -150,13 +94,13 @@ def test_persistent_compilation_cache_hits_and_misses_are_counted(children: list
             sample(s, "jaxmon_compilation_cache_hits_total", **labels),
         )
 
-    time.sleep(0.6)  # let the poll pick up the compilations done so far
-    misses0, hits0 = counters(_wait(url, lambda s: counters(s)[0] is not None, "cache counters"))
+    # Counters read after the compilations done so far (start-up, alloc) have finished.
+    misses0, hits0 = counters(wait_for_fresh_samples(url, "compile", "after the alloc"))
     assert misses0 is not None and hits0 == 0
     child.send("compile 4")  # four new programs: four entries written
-    _wait(url, lambda s: counters(s) == (misses0 + 4, 0), "four misses")
+    wait_for_samples(url, lambda s: counters(s) == (misses0 + 4, 0), "four misses")
     assert child.send("recompile") == {"recompiled": 4}  # same programs after clearing memory caches: four hits
-    _wait(url, lambda s: counters(s) == (misses0 + 4, 4), "four hits")
+    wait_for_samples(url, lambda s: counters(s) == (misses0 + 4, 4), "four hits")
 
 
 def test_embedded_start_twice_returns_the_running_exporter(tmp_path: Path) -> None:
@@ -358,16 +302,14 @@ def test_a_publisher_on_an_unwritable_directory_keeps_training_and_recovers(
     assert child.proc.stdout is not None
     steps = [child.proc.stdout.readline() for _ in range(3)]
     assert all(line.startswith("STEP") for line in steps), steps
-    deadline = time.monotonic() + 10
-    while "spool write failed" not in child.log():
-        assert time.monotonic() < deadline, child.log()
-        time.sleep(0.1)
+    wait_until(lambda: "spool write failed" in child.log(), what="the failure logged", detail=child.log)
     assert child.proc.poll() is None
     blocker.unlink()  # the directory becomes possible: the publisher retries and succeeds
-    deadline = time.monotonic() + 10
-    while not (spool.is_dir() and any(p.suffix == ".json" for p in spool.iterdir())):
-        assert time.monotonic() < deadline, child.log()
-        time.sleep(0.1)
+    wait_until(
+        lambda: spool.is_dir() and any(p.suffix == ".json" for p in spool.iterdir()),
+        what="a spool file written",
+        detail=child.log,
+    )
     assert "spool writable again" in child.log()
     files = [p for p in spool.iterdir() if p.suffix == ".json"]
     assert read_document(files[0], 1 << 20).workload == "w"

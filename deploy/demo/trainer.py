@@ -1,6 +1,6 @@
 """A toy JAX training loop for the compose demo: data-parallel over the local devices, publishing to the spool.
 
-    python deploy/demo/trainer.py [--spool /var/run/jaxmon] [--workload demo-trainer] [--steps N]
+    python deploy/demo/trainer.py [--spool /run/jaxmon] [--workload demo-trainer] [--steps N]
 
 It trains a small MLP forever (or for --steps), sharding the batch over every local device, and calls
 `jaxmon.publish()` so the jaxmon sidecar reading the same directory exports its memory and compilations.
@@ -25,7 +25,7 @@ import jaxmon
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--spool", default="/var/run/jaxmon")
+    ap.add_argument("--spool", default="/run/jaxmon")
     ap.add_argument("--workload", default="demo-trainer")
     ap.add_argument("--interval", type=float, default=5.0, help="seconds between published snapshots")
     ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: never)")

@@ -71,6 +71,8 @@ class Context:
     devices: list[DeviceInfo]
     workload: str | None = None
     in_process: InProcess | None = None
+    # The runtime's latest snapshot, for collectors that act on another collector's readings (set by Runtime).
+    snapshot: Callable[[], Snapshot] | None = None
 
 
 class Collector(ABC, Generic[S]):

@@ -6,6 +6,8 @@ the same family, so one dashboard row serves GPUs and TPUs.
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 from prometheus_client.core import Metric
 
 from jaxmon.collectors.base import family
@@ -35,3 +37,15 @@ def shared_family(name: str) -> Metric:
     """A fresh, empty family of one of the shared names."""
     help_text, counter = SHARED[name]
     return family(name, help_text, counter)
+
+
+# A device whose duty cycle is at least this is busy with other work: the probe does not calibrate on it.
+BUSY_DUTY_CYCLE = 0.05
+
+
+@runtime_checkable
+class DutyCycles(Protocol):
+    """A device-wide collector's state that knows each device's duty cycle (NVML, libtpu)."""
+
+    def duty_cycle(self, platform: str, device: int) -> float | None:
+        """The device's last duty cycle in 0-1, None when this source does not know the device."""

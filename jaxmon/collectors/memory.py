@@ -172,8 +172,10 @@ class MemoryCollector(Collector[MemoryState]):
         live: dict[DeviceKey, int] = {}
         in_process = self.ctx.in_process
         # Where the allocator reports nothing, live arrays are the only memory truth in this process.
-        if in_process is not None and any(r.numbers is not None and not r.numbers.supported for r in readings.values()):
-            live = in_process.live_array_bytes()
+        unsupported = [k for k, r in readings.items() if r.numbers is not None and not r.numbers.supported]
+        if in_process is not None and unsupported:
+            arrays = in_process.live_array_bytes()
+            live = {key: arrays.get(key, 0) for key in unsupported}  # no arrays on a device is 0 bytes, not unknown
         state = MemoryState(readings=readings, read_errors=dict(self._read_errors), live_array_bytes=live)
         return Update(state, success=all(r.ok for r in readings.values()))
 

@@ -16,10 +16,22 @@ from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
 from jaxmon.collectors import register
-from jaxmon.collectors.base import Collector, CollectorOptions, Context, Enabled, Job, Update, family, sample_name
+from jaxmon.collectors.base import (
+    Collector,
+    CollectorOptions,
+    Context,
+    Enabled,
+    Job,
+    Update,
+    add,
+    family,
+    sample_name,
+)
+from jaxmon.collectors.devicewide import BUSY_DUTY_CYCLE, DutyCycles
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
 from jaxmon.probe import DeviceProbe, ProbeConfig
+from jaxmon.probe_baseline import BaselineStore
 from jaxmon.snapshot import Snapshot
 
 log = structlog.get_logger("jaxmon.collectors.probe")
@@ -138,6 +150,7 @@ class ProbeCollector(Collector[ProbeState]):
         self.config = ProbeConfig(size=s.size, timeout_seconds=s.timeout, target_seconds=s.target)
         errors = ErrorLog(log, s.interval)
         calibration_lock = threading.Lock()
+        store = BaselineStore(s.baseline_file) if s.baseline_file is not None else None
         self.probes: dict[tuple[str, int], DeviceProbe] = {
             dev.key: DeviceProbe(
                 dev,
@@ -146,9 +159,35 @@ class ProbeCollector(Collector[ProbeState]):
                 errors,
                 calibration_lock,
                 on_late_result=self._changed_outside_a_run,
+                store=store,
+                store_key=self._store_key(dev),
+                busy=self._busy_check(dev),
             )
             for dev in ctx.devices
         }
+
+    def _store_key(self, dev: DeviceInfo) -> str:
+        from jaxmon.app import package_version
+
+        return (
+            f"{dev.platform}:{dev.id}:{dev.device_kind}|jax={package_version('jax')}"
+            f"|jaxlib={package_version('jaxlib')}|size={self.config.size}|target={self.config.target_seconds:g}"
+        )
+
+    def _busy_check(self, dev: DeviceInfo) -> Callable[[], bool]:
+        def busy() -> bool:
+            """True when a device-wide source reports the device busy with other work."""
+            snapshot = self.ctx.snapshot
+            if snapshot is None:
+                return False
+            for state in snapshot().states.values():
+                if isinstance(state, DutyCycles):
+                    duty = state.duty_cycle(dev.platform, dev.id)
+                    if duty is not None and duty >= BUSY_DUTY_CYCLE:
+                        return True
+            return False
+
+        return busy
 
     def _kernel_factory(self, dev: DeviceInfo) -> Callable[[], ProbeKernel]:
         def make() -> ProbeKernel:
@@ -165,8 +204,11 @@ class ProbeCollector(Collector[ProbeState]):
         return self.ctx.settings.probe.interval
 
     def jobs(self) -> list[Job]:
-        """One job per device, spread across the interval so devices that share hardware never overlap."""
-        gap = self.interval / max(len(self.probes), 1)
+        """One job per device, each first run at once. Devices that do not share hardware (GPU, TPU) run
+        together; CPU devices share the host's cores, so their runs are a quarter second apart (a run takes
+        milliseconds): none times another's load, and none waits long for its first probe."""
+        shared = any(dev.platform == "cpu" for dev in self.ctx.devices)
+        gap = min(self.interval / max(len(self.probes), 1), 0.25) if shared else 0.0
         return [
             Job(f"probe-{probe.device.name}", self.interval, self._runner(probe), first_delay=0.2 + i * gap)
             for i, probe in enumerate(self.probes.values())
@@ -209,6 +251,12 @@ class ProbeCollector(Collector[ProbeState]):
         """The probe families of every probed device."""
         families = {m.name: family(m.name, m.help, m.counter) for m in PROBE_METRICS}
         targets = [(m.value, families[m.name].samples.append, sample_name(families[m.name])) for m in PROBE_METRICS]
+        origin = family(
+            "jaxmon_probe_baseline_info",
+            "Where the probe's baseline comes from, always 1: calibrated (now, device idle), restored "
+            "(--probe.baseline-file), provisional (taken while a device-wide source said the device was busy; "
+            "no utilization estimate until an idle recalibration).",
+        )
         for dev in snap.devices:
             status = state.statuses.get(dev.key)
             if status is None:
@@ -218,7 +266,10 @@ class ProbeCollector(Collector[ProbeState]):
                 value = read(status)
                 if value is not None:
                     append(Sample(sname, labels, value))
+            if status.baseline_origin is not None:
+                add(origin, {**labels, "origin": status.baseline_origin}, 1)
         yield from families.values()
+        yield origin
 
     def stop(self) -> None:
         """End every probe's worker thread."""

@@ -12,6 +12,7 @@ import numpy as np
 import structlog
 
 from jaxmon.model import BackendStatus, DeviceInfo
+from jaxmon.probe import PROBE_THREAD_PREFIX
 
 log = structlog.get_logger("jaxmon.sources.local")
 
@@ -149,6 +150,15 @@ class InProcessWorkload:
         return str(self._jax.__version__)
 
 
+# The probe's own arrays, kept alive with their kernel for the process's lifetime (so their ids stay theirs):
+# live-array accounting skips them before touching them (reading a scalar's shard can compile).
+_OWN_ARRAYS: set[int] = set()
+
+
+def _own(*arrays: Any) -> None:
+    _OWN_ARRAYS.update(id(arr) for arr in arrays)
+
+
 class JaxProbeKernel:
     """A matmul chain `x = tanh(x @ w)` run `steps` times in one compiled while loop on one device."""
 
@@ -165,6 +175,7 @@ class JaxProbeKernel:
         w = (rng.standard_normal((size, size), dtype=np.float32) / np.float32(np.sqrt(size))).astype(np.float32)
         self._x = jax.device_put(x, device)
         self._w = jax.device_put(w, device)
+        _own(self._x, self._w)
         self._steps_cache: dict[int, Any] = {}
 
         def chain(x: Any, w: Any, steps: Any) -> Any:
@@ -189,8 +200,11 @@ class JaxProbeKernel:
         arg = self._steps_cache.get(steps)
         if arg is None:
             arg = self._jax.device_put(np.int32(steps), self._device)
-            self._steps_cache = {steps: arg}  # keep one: steps changes only at calibration
-        self._compiled(self._x, self._w, arg).block_until_ready()
+            _own(arg)
+            self._steps_cache[steps] = arg  # kept: an own id is never reused (1, then each calibrated count)
+        out = self._compiled(self._x, self._w, arg)
+        out.block_until_ready()
+        del out  # the result is the probe's own too: never left for live_arrays() to find
 
 
 def live_array_bytes(jax: Any) -> dict[tuple[str, int], int]:
@@ -202,6 +216,8 @@ def live_array_bytes(jax: Any) -> dict[tuple[str, int], int]:
     totals: dict[tuple[str, int], int] = {}
     seen: set[tuple[tuple[str, int], int]] = set()
     for arr in jax.live_arrays():
+        if id(arr) in _OWN_ARRAYS:
+            continue  # the probe's own (jaxmon_probe_memory_bytes), not the workload's
         try:
             shards = arr.addressable_shards
         except Exception:  # deleted between listing and reading
@@ -242,6 +258,7 @@ class CompileCounters:
         self.compile_seconds = 0.0
         self.cache_hits = 0
         self.cache_misses = 0
+        self.probe_compilations = 0
 
     @classmethod
     def installed(cls) -> CompileCounters:
@@ -257,6 +274,8 @@ class CompileCounters:
             return cls._instance
 
     def _on_event(self, event: str, **_: str | int) -> None:
+        if threading.current_thread().name.startswith(PROBE_THREAD_PREFIX):
+            return  # the probe's own cache traffic is not the workload's
         if event == self.CACHE_HIT_EVENT:
             with self._lock:
                 self.cache_hits += 1
@@ -266,9 +285,14 @@ class CompileCounters:
 
     def _on_duration(self, event: str, duration_secs: float, **_: str | int) -> None:
         if event == self.COMPILE_EVENT:
+            # The event fires on the compiling thread: the probe compiles on its own workers.
+            own = threading.current_thread().name.startswith(PROBE_THREAD_PREFIX)
             with self._lock:
-                self.compilations += 1
-                self.compile_seconds += float(duration_secs)
+                if own:
+                    self.probe_compilations += 1
+                else:
+                    self.compilations += 1
+                    self.compile_seconds += float(duration_secs)
 
     def as_dict(self) -> dict[str, float]:
         """A consistent copy."""

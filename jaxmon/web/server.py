@@ -16,7 +16,6 @@ import html
 import logging
 import os
 import signal
-import ssl
 import threading
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
@@ -25,14 +24,16 @@ from urllib.parse import parse_qs
 
 import structlog
 from hypercorn.app_wrappers import ASGIWrapper
-from hypercorn.asyncio.run import worker_serve
 from hypercorn.config import Config as HypercornConfig
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from jaxmon.exposition import Exposition
 from jaxmon.runtime import Runtime
 from jaxmon.settings import Settings, parse_listen_address
-from jaxmon.web.webconfig import BasicAuth, WebConfig, WebConfigError, build_ssl_context, load_web_config
+from jaxmon.web.access import BasicAuth, RateLimiter
+from jaxmon.web.connections import serve as serve_connections
+from jaxmon.web.tls import LiveContext, ServerContext, build_context, live_context
+from jaxmon.web.webconfig import WebConfig, WebConfigError, load_web_config
 
 log = structlog.get_logger("jaxmon.web.server")
 
@@ -63,19 +64,34 @@ def accepts_gzip(header: str) -> bool:
 
 
 class WebState:
-    """The live web config: auth, headers and TLS context; re-read when any of its files changes."""
+    """The live web config: auth, headers, rate limit and TLS context; re-read when a file changes or on SIGHUP.
+
+    A reload that fails, or that would turn TLS, basic auth, client-certificate checks or the SAN check off, keeps
+    the last good config and logs an error: a half-written or emptied file must never open the exporter up.
+    Loosening takes a restart.
+    """
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         config = load_web_config(path)
-        self.ssl_context: ssl.SSLContext | None = build_ssl_context(config.tls) if config.tls is not None else None
-        self._apply(config)
+        self.ssl_context: LiveContext | None = live_context(build_context(config.tls)) if config.tls else None
+        self.limiter: RateLimiter | None = None
+        self._reloading = threading.Lock()  # the file watcher and SIGHUP may ask at once
+        self._apply(config, self.ssl_context.current if self.ssl_context else None)
 
-    def _apply(self, config: WebConfig) -> None:
-        """Make `config` the live one: auth, headers, and the files to watch."""
+    def _apply(self, config: WebConfig, context: ServerContext | None) -> None:
+        """Make `config` the live one: TLS context, auth, headers, rate limit, and the files to watch."""
+        if self.ssl_context is not None and context is not None:
+            self.ssl_context.current = context  # new handshakes use a context built from scratch
         self.config = config
-        self.auth = BasicAuth(config.spec.basic_auth_users)
-        self.headers = [(k.lower().encode(), v.encode()) for k, v in config.spec.http_server_config.headers.items()]
+        self.auth = BasicAuth(config.users)
+        self.headers = [(k.lower().encode(), v.encode()) for k, v in config.headers.items()]
+        if config.rate_limit is None:
+            self.limiter = None
+        elif self.limiter is None or self.limiter.limit != config.rate_limit:
+            self.limiter = RateLimiter(config.rate_limit)
+        for note in config.notes:
+            log.warning("web config applied in part", note=note)
         self._stamps = self._stat()
 
     def _stat(self) -> dict[Path, tuple[int, int, int] | None]:
@@ -89,22 +105,50 @@ class WebState:
         return stamps
 
     def reload_if_changed(self) -> bool:
-        """Re-read the config when a file changed; a broken edit keeps the last good config. True if applied."""
+        """Reload when the config file or a file it names changed. True if a new config was applied."""
         if self.path is None or self._stat() == self._stamps:
             return False
+        return self.reload("file changed")
+
+    def reload(self, reason: str) -> bool:
+        """Re-read the config now; a broken or loosening edit keeps the last good config. True if applied."""
+        if self.path is None:
+            log.info("no web config file to reload", reason=reason)
+            return False
+        with self._reloading:
+            return self._reload(reason)
+
+    def _reload(self, reason: str) -> bool:
+        assert self.path is not None
         self._stamps = self._stat()  # a broken edit is reported once, not every second
         try:
             fresh = load_web_config(self.path)
+            refusal = loosening(self.config, fresh)
+            context = build_context(fresh.tls) if fresh.tls is not None else None
         except WebConfigError as exc:
-            log.error("web config not reloaded, keeping the last good one", error=str(exc))
+            refusal = str(exc)
+        if refusal is not None:
+            log.error("web config not reloaded, keeping the last good one", error=refusal, reason=reason)
             return False
-        if (fresh.tls is None) != (self.ssl_context is None):
-            log.error("web config: turning TLS on or off needs a restart; other changes applied")
-        elif fresh.tls is not None and self.ssl_context is not None:
-            build_ssl_context(fresh.tls, self.ssl_context)  # new handshakes use the new certificates
-        self._apply(fresh)
-        log.info("web config reloaded", file=str(self.path))
+        self._apply(fresh, context)
+        log.info("web config reloaded", file=str(self.path), reason=reason)
         return True
+
+
+def loosening(live: WebConfig, fresh: WebConfig) -> str | None:
+    """Why `fresh` may not replace `live` without a restart (it turns protection off, or TLS on); None if it may."""
+    if live.tls is not None and fresh.tls is None:
+        return "the new file turns TLS off; restart jaxmon to serve plain HTTP"
+    if live.tls is None and fresh.tls is not None:
+        return "the new file turns TLS on, which needs a restart"
+    if live.users and not fresh.users:
+        return "the new file turns basic auth off (no basic_auth_users); restart jaxmon to serve without auth"
+    if live.tls is not None and fresh.tls is not None:
+        if live.tls.client_auth == "RequireAndVerifyClientCert" != fresh.tls.client_auth:
+            return f"the new file stops requiring client certificates ({fresh.tls.client_auth}); restart to do that"
+        if live.tls.allowed_sans is not None and fresh.tls.allowed_sans is None:
+            return "the new file stops checking client_allowed_sans; restart jaxmon to do that"
+    return None
 
 
 Response = tuple[int, str, bytes, list[tuple[bytes, bytes]]]
@@ -149,6 +193,8 @@ class App:
             self._in_flight -= 1
 
     async def _handle(self, scope: Scope) -> Response:
+        if self._web.limiter is not None and not self._web.limiter.allow():
+            return 429, TEXT, b"too many requests: rate_limit in the web config\n", []  # before auth, as the toolkit
         if self._web.auth.enabled and not await self._authorized(scope):
             return 401, TEXT, b"unauthorized\n", [(b"www-authenticate", b'Basic realm="jaxmon", charset="UTF-8"')]
         route = self._routes.get(scope["path"])
@@ -236,28 +282,13 @@ def _header(scope: Scope, name: bytes) -> str:
     return b", ".join(v for k, v in scope.get("headers", []) if k == name).decode("latin-1")
 
 
-class _Config(HypercornConfig):
-    """hypercorn's config with jaxmon's own (reloadable) TLS context."""
-
-    def __init__(self, context: ssl.SSLContext | None) -> None:
-        super().__init__()
-        self._context = context
-
-    @property
-    def ssl_enabled(self) -> bool:
-        return self._context is not None
-
-    def create_ssl_context(self) -> ssl.SSLContext | None:
-        return self._context
-
-
 class HttpServer:
     """The bound listener and the app; binding happens here, so a busy port fails at once with OSError."""
 
     def __init__(self, runtime: Runtime, settings: Settings) -> None:
         self.web = WebState(settings.web.config.file)
         host, port = parse_listen_address(settings.web.listen_address)
-        config = _Config(self.web.ssl_context)
+        config = HypercornConfig()
         config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
         config.keep_alive_timeout = settings.web.header_timeout  # also bounds the wait for request headers
         config.read_timeout = int(max(settings.web.header_timeout, 1))
@@ -271,6 +302,12 @@ class HttpServer:
         self._config = config
         self._app = App(runtime, settings.web.telemetry_path, self.web, settings.web.max_requests)
         self._sockets = config.create_sockets()
+        if self.web.ssl_context is not None:
+            # hypercorn makes TLS sockets only when its config names certificate files; ours come from the web
+            # config, so the plain sockets it bound are served with the live context.
+            self._secure, self._insecure = self._sockets.insecure_sockets, []
+        else:
+            self._secure, self._insecure = [], self._sockets.insecure_sockets
         self.scheme = "https" if self.web.ssl_context is not None else "http"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -279,8 +316,7 @@ class HttpServer:
     @property
     def port(self) -> int:
         """The port actually bound (useful with port 0)."""
-        sockets = self._sockets.secure_sockets or self._sockets.insecure_sockets
-        return int(sockets[0].getsockname()[1])
+        return int((self._secure or self._insecure)[0].getsockname()[1])
 
     async def serve(self) -> None:
         """Serve until stop() is called."""
@@ -289,8 +325,13 @@ class HttpServer:
         watcher = asyncio.create_task(self._watch_web_config())
         self.started.set()
         try:
-            await worker_serve(
-                ASGIWrapper(cast(Any, self._app)), self._config, sockets=self._sockets, shutdown_trigger=self._stop.wait
+            await serve_connections(
+                ASGIWrapper(cast(Any, self._app)),
+                self._config,
+                self._insecure,
+                self._secure,
+                self.web.ssl_context,
+                self._stop.wait,
             )
         finally:
             watcher.cancel()
@@ -299,6 +340,10 @@ class HttpServer:
         while self.web.path is not None:
             await asyncio.sleep(1.0)
             await asyncio.to_thread(self.web.reload_if_changed)
+
+    async def reload_web_config(self, reason: str) -> None:
+        """Re-read the web config now (SIGHUP), off the event loop."""
+        await asyncio.to_thread(self.web.reload, reason)
 
     def stop(self) -> None:
         """Ask the server to stop; safe from any thread."""
@@ -311,18 +356,39 @@ class HttpServer:
             sock.close()
 
 
+def hold_signals_until_serving() -> None:
+    """Ignore SIGHUP and SIGUSR1 until serve_until_signalled handles them, so neither kills a starting daemon."""
+    for sig in (signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def serve_until_signalled(runtime: Runtime, server: HttpServer) -> None:
-    """Run the HTTP server in this thread until SIGTERM or SIGINT, then stop it and the scheduler."""
+    """Run the HTTP server in this thread until SIGTERM or SIGINT, then stop it and the scheduler.
+
+    SIGHUP re-reads the web config at once (as Prometheus reloads its config); SIGUSR1 is logged and ignored.
+    """
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
+        reloads: set[asyncio.Task[None]] = set()
 
         def stop(signame: str) -> None:
             log.info("shutting down", signal=signame)
             server.stop()
 
+        def reload() -> None:
+            log.info("reloading the web config", signal="SIGHUP")
+            task = loop.create_task(server.reload_web_config("SIGHUP"))
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        def ignore() -> None:
+            log.info("signal ignored", signal="SIGUSR1")
+
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop, sig.name)
+        loop.add_signal_handler(signal.SIGHUP, reload)
+        loop.add_signal_handler(signal.SIGUSR1, ignore)
         await server.serve()
 
     try:

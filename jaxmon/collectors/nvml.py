@@ -1,0 +1,272 @@
+"""The `nvml` collector: device-wide truth about every GPU through NVML (all processes' memory, duty cycle, power,
+heat, throttling, ECC and Xid), with no JAX GPU backend and no device memory of its own.
+
+Device label: JAX GPU devices expose no UUID or PCI bus id (XLA's xla/pjrt/gpu/se_gpu_topology_description.cc,
+SetupDeviceDescription, gives them only `coords`, `device_vendor`, `slice_index`/`partition_index`,
+`compute_capability`, `shared_memory_per_block_optin` and `core_count`), and CUDA's ordinals follow
+CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER. So an NVML GPU is matched to a JAX device of this daemon only where
+that is certain (`match_devices`), and is otherwise labelled by its NVML index;
+`jaxmon_device_info{source="nvml", device_match}` says which.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pynvml
+import structlog
+from prometheus_client.core import Metric
+from pydantic import Field
+
+from jaxmon.collectors import register
+from jaxmon.collectors.base import (
+    Collector,
+    CollectorOptions,
+    Context,
+    Enabled,
+    Update,
+    add,
+    family,
+)
+from jaxmon.collectors.devicewide import shared_family
+from jaxmon.collectors.spool import SpoolCollector
+from jaxmon.model import DeviceInfo
+from jaxmon.snapshot import Snapshot
+from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS, GpuReading, Nvml, NvmlUnavailable, describe, probe_library
+
+log = structlog.get_logger("jaxmon.collectors.nvml")
+
+SOURCE = "nvml"
+
+
+@dataclass(frozen=True)
+class DeviceMatch:
+    """How NVML's GPUs map to the daemon's JAX GPU devices: `how`, and NVML index -> JAX device id where matched."""
+
+    how: str = "nvml_index"
+    jax_ids: Mapping[int, int] = field(default_factory=dict)
+
+    def device(self, index: int) -> int:
+        """The `device` label of NVML GPU `index`."""
+        return self.jax_ids.get(index, index)
+
+
+def match_devices(jax: Sequence[DeviceInfo], nvml_count: int, environ: Mapping[str, str]) -> DeviceMatch:
+    """Match NVML's GPUs to this process's JAX GPU devices where the match is certain, else by NVML index.
+
+    - only_gpu: one GPU on each side. CUDA_VISIBLE_DEVICES only narrows what CUDA sees of what NVML sees, so
+      JAX's one GPU is NVML's one GPU.
+    - pci_bus_order: every GPU on each side, in one JAX process, with CUDA_DEVICE_ORDER=PCI_BUS_ID and no
+      CUDA_VISIBLE_DEVICES. NVML indexes GPUs in PCI bus order, CUDA then numbers them in PCI bus order too, and
+      XLA gives one process's GPUs the ids 0..n-1 in CUDA ordinal order (se_gpu_topology_description.cc).
+    Anything else (a subset, CUDA's default fastest-first order, several JAX processes) could be a wrong match,
+    which is worse than none.
+    """
+    gpus = sorted((d for d in jax if d.platform == "gpu"), key=lambda d: d.id)
+    if nvml_count == 1 and len(gpus) == 1:
+        return DeviceMatch("only_gpu", {0: gpus[0].id})
+    if (
+        gpus
+        and len(gpus) == nvml_count
+        and environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
+        and "CUDA_VISIBLE_DEVICES" not in environ
+        and len({d.process_index for d in gpus}) == 1
+        and [d.id for d in gpus] == list(range(nvml_count))
+    ):
+        return DeviceMatch("pci_bus_order", {i: i for i in range(nvml_count)})
+    return DeviceMatch()
+
+
+class NvmlOptions(CollectorOptions):
+    """`--collector.nvml.*`."""
+
+    enabled: Enabled = Field(
+        default="auto", description="true, false, or auto (on where libnvidia-ml.so.1 loads and NVML initialises)."
+    )
+    xid_wait: float = Field(
+        default=0.5,
+        gt=0,
+        le=10,
+        description="Seconds the Xid event thread waits per call (bounds how long stop takes).",
+    )
+
+
+@dataclass(frozen=True)
+class NvmlState:
+    """The latest NVML poll: one reading per GPU, and the Xid events counted since start."""
+
+    gpus: tuple[GpuReading, ...] = ()
+    xid: Mapping[tuple[int, int], int] = field(default_factory=dict)
+    # Why NVML as a whole is unusable (no devices are listed then).
+    error: str | None = None
+    match: DeviceMatch = field(default_factory=DeviceMatch)
+
+    def duty_cycle(self, platform: str, device: int) -> float | None:
+        """The duty cycle of this daemon's JAX device `device`, where an NVML GPU is matched to it (DutyCycles)."""
+        if platform != "gpu":
+            return None
+        for gpu in self.gpus:
+            if gpu.up and self.match.jax_ids.get(gpu.index) == device:
+                return gpu.duty_cycle_ratio
+        return None
+
+
+@register
+class NvmlCollector(Collector[NvmlState]):
+    """Every GPU's device-wide readings through NVML."""
+
+    name = "nvml"
+    description = "GPU device-wide memory, duty cycle, power, temperature, clocks, throttling, ECC and Xid via NVML."
+    options = NvmlOptions
+    order = 50
+
+    def __init__(self, ctx: Context, options: CollectorOptions) -> None:
+        super().__init__(ctx, options)
+        wait = options.xid_wait if isinstance(options, NvmlOptions) else NvmlOptions().xid_wait
+        self._nvml = Nvml(xid_wait_seconds=wait)
+        self._last_error: str | None = None
+
+    @classmethod
+    def unavailable(cls, ctx: Context) -> str | None:
+        """Why NVML cannot run here, or None."""
+        return probe_library()
+
+    def update(self) -> Update[NvmlState]:
+        """Poll every GPU (a failing GPU is reported down; the others keep flowing)."""
+        try:
+            self._nvml.open()
+        except NvmlUnavailable as err:
+            self._log_change(str(err))
+            return Update(NvmlState(error=str(err)), success=False)
+        try:
+            gpus = tuple(self._nvml.read_all())
+        except pynvml.NVMLError as err:
+            # Not even the GPU count: report no GPUs rather than keep the last readings as if they were fresh.
+            error = f"NVML cannot count the GPUs: {describe(err)}"
+            self._log_change(error)
+            return Update(NvmlState(xid=self._nvml.xid_counts(), error=error), success=False)
+        failed = [f"gpu {g.index}: {g.error}" for g in gpus if g.error]
+        self._log_change("; ".join(failed) or None)
+        match = match_devices(self.ctx.devices, len(gpus), os.environ)
+        return Update(NvmlState(gpus=gpus, xid=self._nvml.xid_counts(), match=match), success=not failed)
+
+    def _log_change(self, error: str | None) -> None:
+        """Log a failure when it starts or changes, and the recovery; not on every poll."""
+        if error != self._last_error:
+            if error:
+                log.warning("nvml_poll_failed", error=error)
+            else:
+                log.info("nvml_poll_recovered")
+        self._last_error = error
+
+    def stop(self) -> None:
+        """End the Xid thread and shut NVML down."""
+        self._nvml.close()
+
+    def families(self, snap: Snapshot, state: NvmlState) -> Iterator[Metric]:
+        """The device-wide families, from the latest poll."""
+        yield from render(state, workloads_by_pid(snap))
+
+
+def workloads_by_pid(snap: Snapshot) -> dict[int, str]:
+    """Workload names by pid: the spool's reports, and this process itself in embedded mode.
+
+    NVML reports pids in its own PID namespace; they equal the workload's pids only where the sidecar shares the
+    trainer's PID namespace (`docker run --pid=container:trainer`, Kubernetes `shareProcessNamespace: true`).
+    """
+    spool = snap.state(SpoolCollector)
+    out = {report.pid: report.workload for report in spool.workloads} if spool is not None else {}
+    if snap.workload is not None:
+        out[os.getpid()] = snap.workload
+    return out
+
+
+def _labels(gpu: GpuReading, match: DeviceMatch) -> dict[str, str]:
+    return {"device": str(match.device(gpu.index)), "platform": "gpu", "source": SOURCE}
+
+
+def render(state: NvmlState, workloads: Mapping[int, str]) -> Iterator[Metric]:
+    """Every NVML family for `state`; a number NVML did not report is an absent series."""
+    up = shared_family("jaxmon_device_source_up")
+    # The memory collector renders this family for JAX's devices too: same name, same HELP, merged. For
+    # source="nvml", device_match says how `device` was assigned (nvml_index: NVML's index, no JAX device id).
+    info = family("jaxmon_device_info", "Identity of each device; always 1.")
+    for gpu in state.gpus:
+        labels = _labels(gpu, state.match)
+        add(up, labels, 1.0 if gpu.up else 0.0)
+        if gpu.uuid is not None:
+            identity = {"uuid": gpu.uuid, "pci_bus_id": gpu.pci_bus_id or "", "name": gpu.name or ""}
+            add(info, {**labels, **identity, "device_match": state.match.how}, 1.0)
+    yield up
+    yield info
+
+    ok = [g for g in state.gpus if g.up]
+    for name, attr in (
+        ("jaxmon_device_memory_total_bytes", "memory_total_bytes"),
+        ("jaxmon_device_memory_used_bytes", "memory_used_bytes"),
+        ("jaxmon_device_duty_cycle_ratio", "duty_cycle_ratio"),
+        ("jaxmon_device_memory_bandwidth_utilization_ratio", "memory_bandwidth_utilization_ratio"),
+    ):
+        yield _gauge(shared_family(name), ok, attr, state.match)
+    for name, help_text, attr in (
+        ("jaxmon_device_power_watts", "Power draw of the device (NVML power usage).", "power_watts"),
+        ("jaxmon_device_power_limit_watts", "Enforced power limit of the device (NVML).", "power_limit_watts"),
+        ("jaxmon_device_temperature_celsius", "GPU core temperature (NVML).", "temperature_celsius"),
+        ("jaxmon_device_sm_clock_hertz", "Current SM clock (NVML).", "sm_clock_hertz"),
+    ):
+        yield _gauge(family(name, help_text), ok, attr, state.match)
+
+    throttled = family(
+        "jaxmon_device_throttled",
+        "1 when NVML reports this clocks event (throttle) reason as active, else 0; one series per known reason.",
+    )
+    ecc = family(
+        "jaxmon_device_ecc_errors",
+        "Volatile ECC errors (since the driver loaded) by kind; absent where ECC is off or unsupported.",
+        counter=True,
+    )
+    for gpu in ok:
+        labels = _labels(gpu, state.match)
+        if gpu.clocks_event_reasons is not None:
+            for reason, bit in CLOCKS_EVENT_REASONS.items():
+                add(throttled, {**labels, "reason": reason}, 1.0 if gpu.clocks_event_reasons & bit else 0.0)
+        for kind, value in (("corrected", gpu.ecc_corrected_total), ("uncorrected", gpu.ecc_uncorrected_total)):
+            if value is not None:
+                add(ecc, {**labels, "kind": kind}, value)
+    yield throttled
+    yield ecc
+
+    xid = family(
+        "jaxmon_device_xid_errors",
+        "Critical Xid events NVML delivered since jaxmon started, by xid (see the runbook for 48 and 79).",
+        counter=True,
+    )
+    for (index, code), count in sorted(state.xid.items()):
+        labels = {"device": str(state.match.device(index)), "platform": "gpu", "source": SOURCE}
+        add(xid, {**labels, "xid": str(code)}, count)
+    yield xid
+
+    processes = family(
+        "jaxmon_process_device_memory_bytes",
+        "Device memory used by each running compute process (NVML; pid in NVML's PID namespace). workload is set "
+        "where a workload report has that pid, which needs a shared PID namespace.",
+    )
+    for gpu in ok:
+        for proc in gpu.processes or ():
+            if proc.used_bytes is None:
+                continue
+            labels = {**_labels(gpu, state.match), "pid": str(proc.pid)}
+            if proc.pid in workloads:
+                labels["workload"] = workloads[proc.pid]
+            add(processes, labels, proc.used_bytes)
+    yield processes
+
+
+def _gauge(fam: Metric, gpus: list[GpuReading], attr: str, match: DeviceMatch) -> Metric:
+    for gpu in gpus:
+        value = getattr(gpu, attr)
+        if value is not None:
+            add(fam, _labels(gpu, match), value)
+    return fam

@@ -1,0 +1,241 @@
+"""The `tpu` collector: device-wide HBM, duty cycle and HLO queue from libtpu's runtime metrics service.
+
+It reads what tpu-info reads (gRPC to the training process's libtpu, default `localhost:8431`), so it works in a
+sidecar whose own JAX runs on CPU beside a job that holds every chip: it never opens `/dev/accel*` or `/dev/vfio`.
+
+Device labels: `device` is libtpu's `device-id`. Where this process's own JAX sees TPU devices, their ids are
+compared with libtpu's; jaxmon cannot verify on its own that the two numberings name the same chip (libtpu's
+service carries no chip identity to join on), so a mismatch is logged once and libtpu's id is kept, never guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import structlog
+from prometheus_client.core import Metric
+from pydantic import Field, field_validator
+
+from jaxmon.collectors import register
+from jaxmon.collectors.base import Collector, CollectorOptions, Context, Enabled, Update, add, family
+from jaxmon.collectors.devicewide import shared_family
+from jaxmon.durations import Duration
+from jaxmon.logsetup import ErrorLog
+from jaxmon.snapshot import Snapshot
+from jaxmon.sources import libtpu
+
+log = structlog.get_logger("jaxmon.collectors.tpu")
+
+_HOST_PORT = re.compile(r"^(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+):(?P<port>\d{1,5})$")
+_GRPC_SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:")
+
+# A service that stays down is logged once, then reminded of hourly (not per poll): nothing listening is normal
+# before training starts and after it ends.
+_REMIND_SECONDS = 3600.0
+
+
+class TpuOptions(CollectorOptions):
+    """`--collector.tpu.*`."""
+
+    enabled: Enabled = Field(
+        default="auto", description="true, false, or auto (on where this host has TPU chips and tpu-info is installed)."
+    )
+    address: str = Field(default="localhost:8431", description="host:port of libtpu's runtime metrics service.")
+    timeout: Duration = Field(default=2.0, description="Deadline of one poll of the service (all calls together).")
+
+    @field_validator("address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        # gRPC takes a port past 65535 modulo 2^16 and an empty target as dns:///: refuse both here, by name.
+        if value.startswith(_GRPC_SCHEMES):
+            return value
+        match = _HOST_PORT.match(value)
+        if not match or not 1 <= int(match.group("port")) <= 65535:
+            raise ValueError(
+                f"expected host:port or [ipv6]:port with a port in 1-65535 (or a gRPC target URI), got {value!r}"
+            )
+        return value
+
+
+@dataclass(frozen=True)
+class TpuDevice:
+    """One libtpu device-id: up when it answered this poll's memory metrics; its values where served."""
+
+    id: int
+    up: bool
+    memory_total_bytes: float | None = None
+    memory_used_bytes: float | None = None
+    duty_cycle_ratio: float | None = None
+    bandwidth_utilization_ratio: float | None = None
+    hlo_queue_size: float | None = None
+    hlo_timing: libtpu.Timing | None = None
+
+
+@dataclass(frozen=True)
+class TpuState:
+    """The devices libtpu reported since the service last came up (empty while it is down)."""
+
+    devices: tuple[TpuDevice, ...] = ()
+    error: str | None = None
+    # True when this process's JAX sees TPU devices with exactly libtpu's ids (embedded in a trainer, or a daemon
+    # that owns the chips): only then are a JAX device and a libtpu device-id taken to be the same chip.
+    same_ids_as_jax: bool = False
+
+    def duty_cycle(self, platform: str, device: int) -> float | None:
+        """The duty cycle of JAX device `platform:device` (devicewide.DutyCycles), None unless ids match."""
+        if platform != "tpu" or not self.same_ids_as_jax:
+            return None
+        for dev in self.devices:
+            if dev.id == device:
+                return dev.duty_cycle_ratio
+        return None
+
+
+@register
+class TpuCollector(Collector[TpuState]):
+    """Polls libtpu's runtime metrics service over one long-lived gRPC channel."""
+
+    name = "tpu"
+    description = "Device-wide TPU memory, duty cycle and HLO queue from libtpu's runtime metrics (as tpu-info)."
+    options = TpuOptions
+    order = 60
+
+    def __init__(self, ctx: Context, options: CollectorOptions) -> None:
+        super().__init__(ctx, options)
+        assert isinstance(options, TpuOptions)
+        self.opts: TpuOptions = options
+        self._client: libtpu.LibtpuClient | None = None
+        self._errors = ErrorLog(log, _REMIND_SECONDS)
+        # Device-ids seen since the service came up: one missing from a later answer is reported down.
+        self._known: set[int] = set()
+        self._mapping_checked = False
+
+    @classmethod
+    def unavailable(cls, ctx: Context) -> str | None:
+        """Without tpu-info nothing can be read; on `auto`, also off where the host has no TPU chip.
+
+        An explicit `--collector.tpu` runs wherever tpu-info imports: the service may be reachable from a host (or a
+        container) that shows no chip of its own, and the address says where it is.
+        """
+        try:
+            import grpc  # noqa: F401
+            from tpu_info import device
+        except ImportError as exc:
+            return f"tpu-info is not installed ({exc})"
+        if ctx.settings.collector_options(cls.name).enabled is True:
+            return None
+        if any(d.platform == "tpu" for d in ctx.devices):
+            return None
+        try:
+            # Reads /sys/bus/pci/devices/*/{vendor,device,subsystem_device} only (tpu_info/device.py).
+            _chip, count = device.get_local_chips()
+        except (OSError, AssertionError) as exc:
+            return f"cannot list TPU chips in /sys/bus/pci: {exc}"
+        if count == 0:
+            return "no TPU chip on this host (no Google PCI device in /sys/bus/pci/devices)"
+        return None
+
+    def update(self) -> Update[TpuState]:
+        client = self._client
+        if client is None:
+            client = self._client = libtpu.LibtpuClient(
+                self.opts.address, self.opts.timeout, max_reconnect_backoff=min(self.interval, 5.0)
+            )
+        try:
+            reading = client.poll()
+        except libtpu.LibtpuUnavailable as exc:
+            self._errors.error(
+                "service", "libtpu runtime metrics unavailable", exc.code, address=self.opts.address, detail=exc.detail
+            )
+            self._known.clear()
+            return Update(TpuState(error=str(exc)), success=False)
+        self._errors.ok("service", "libtpu runtime metrics answer", address=self.opts.address)
+        return Update(self._state(reading), success=not reading.failed)
+
+    def _state(self, reading: libtpu.LibtpuReading) -> TpuState:
+        g = reading.gauges
+        total, used = g.get(libtpu.TOTAL, {}), g.get(libtpu.USAGE, {})
+        present = set(total) & set(used)
+        self._known |= present
+        same_ids = self._check_mapping(present)
+        devices = []
+        for dev in sorted(self._known):
+            if dev not in present:
+                self._errors.error(f"device {dev}", "libtpu did not report a device", "missing", device=dev)
+                devices.append(TpuDevice(dev, up=False))
+                continue
+            self._errors.ok(f"device {dev}", "libtpu reports the device again", device=dev)
+            devices.append(
+                TpuDevice(
+                    dev,
+                    up=True,
+                    memory_total_bytes=total[dev],
+                    memory_used_bytes=used[dev],
+                    duty_cycle_ratio=_ratio(g.get(libtpu.DUTY_CYCLE, {}).get(dev)),
+                    bandwidth_utilization_ratio=_ratio(g.get(libtpu.HBM_UTILIZATION, {}).get(dev)),
+                    hlo_queue_size=g.get(libtpu.HLO_QUEUE, {}).get(dev),
+                    hlo_timing=reading.timings.get(dev),
+                )
+            )
+        return TpuState(devices=tuple(devices), same_ids_as_jax=same_ids)
+
+    def _check_mapping(self, libtpu_ids: set[int]) -> bool:
+        """Whether this process's JAX TPU ids are libtpu's; logs once when they differ (labels stay libtpu's)."""
+        jax_ids = {d.id for d in self.ctx.devices if d.platform == "tpu"}
+        if not jax_ids or not libtpu_ids:
+            return False
+        same = libtpu_ids == jax_ids
+        if self._mapping_checked:
+            return same
+        self._mapping_checked = True
+        if not same:
+            log.warning(
+                "libtpu device ids differ from this process's JAX TPU ids; labelling by libtpu's device-id",
+                libtpu_ids=sorted(libtpu_ids),
+                jax_ids=sorted(jax_ids),
+            )
+        return same
+
+    def families(self, snap: Snapshot, state: TpuState) -> Iterator[Metric]:
+        up = shared_family("jaxmon_device_source_up")
+        total = shared_family("jaxmon_device_memory_total_bytes")
+        used = shared_family("jaxmon_device_memory_used_bytes")
+        duty = shared_family("jaxmon_device_duty_cycle_ratio")
+        bandwidth = shared_family("jaxmon_device_memory_bandwidth_utilization_ratio")
+        queue = family("jaxmon_device_hlo_queue_size", "HLO programs queued for execution on the device (libtpu).")
+        timing = family(
+            "jaxmon_device_hlo_execution_seconds",
+            "HLO program execution time on the device at a percentile (label percentile: 50, 90, 95, 99.9), "
+            "from libtpu's distribution.",
+        )
+        mean = family("jaxmon_device_hlo_execution_mean_seconds", "Mean HLO program execution time (libtpu).")
+        for dev in state.devices:
+            labels = {"device": str(dev.id), "platform": "tpu", "source": "libtpu"}
+            add(up, labels, 1.0 if dev.up else 0.0)
+            for fam, value in (
+                (total, dev.memory_total_bytes),
+                (used, dev.memory_used_bytes),
+                (duty, dev.duty_cycle_ratio),
+                (bandwidth, dev.bandwidth_utilization_ratio),
+                (queue, dev.hlo_queue_size),
+            ):
+                if value is not None:
+                    add(fam, labels, value)
+            if dev.hlo_timing is not None:
+                add(mean, labels, dev.hlo_timing.mean_seconds)
+                # `percentile`, not `quantile`: that label belongs to summaries (promtool check metrics), and libtpu's
+                # distribution gives no count and sum that are known to be counters.
+                for q, seconds in dev.hlo_timing.quantiles:
+                    add(timing, {**labels, "percentile": f"{q * 100:g}"}, seconds)
+        yield from (up, total, used, duty, bandwidth, queue, timing, mean)
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def _ratio(percent: float | None) -> float | None:
+    return None if percent is None else percent / 100.0

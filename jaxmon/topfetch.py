@@ -1,0 +1,243 @@
+"""`jaxmon top`'s fetching: /metrics and /healthz of each endpoint, on a thread each, so none can freeze the screen."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from http.client import HTTPException
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from jaxmon.topmodel import Exposition, ExpositionError, Row, RowKey, down_rows, parse_exposition
+
+DEFAULT_URL = "http://localhost:10401/metrics"
+# A jaxmon exposition is a few hundred KiB at most; a peer sending more is not one.
+MAX_BODY_BYTES = 64 << 20
+
+
+class EndpointError(ValueError):
+    """An endpoint URL that cannot be scraped."""
+
+
+def metrics_url(raw: str) -> str:
+    """A full metrics URL from what a person types: `host:port`, `http://host:port`, or the whole URL."""
+    text = raw.strip()
+    bare = "://" not in text  # `host` or `host:port`: jaxmon's port unless one is given
+    if bare:
+        text = "http://" + text
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https"):
+        raise EndpointError(f"{raw!r}: scheme must be http or https, not {parts.scheme!r}")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise EndpointError(f"{raw!r}: {exc}") from exc
+    if not parts.hostname:
+        raise EndpointError(f"{raw!r}: no host")
+    path = parts.path if parts.path not in ("", "/") else "/metrics"
+    netloc = f"{parts.netloc}:10401" if bare and port is None else parts.netloc
+    return urlunsplit((parts.scheme, netloc, path, parts.query, ""))
+
+
+def healthz_url(metrics: str) -> str:
+    """/healthz of the daemon serving `metrics` (the server answers it at the root whatever the telemetry path)."""
+    parts = urlsplit(metrics)
+    return urlunsplit((parts.scheme, parts.netloc, "/healthz", "", ""))
+
+
+def display_name(metrics: str) -> str:
+    """host:port, with the scheme only when it is not plain http and the path only when it is not /metrics."""
+    parts = urlsplit(metrics)
+    name = parts.netloc if parts.scheme == "http" else f"{parts.scheme}://{parts.netloc}"
+    return name if parts.path == "/metrics" else name + parts.path
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """How to reach the endpoints: timeout, TLS trust and client certificate, basic auth."""
+
+    timeout: float = 2.0
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    user: str | None = None
+    password: str | None = None
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The TLS context for https endpoints; raises EndpointError naming a file that cannot be used."""
+        try:
+            ctx = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+        except (OSError, ssl.SSLError) as exc:
+            raise EndpointError(f"--ca-file {self.ca_file}: {exc}") from exc
+        if self.cert_file is not None:
+            try:
+                ctx.load_cert_chain(str(self.cert_file), str(self.key_file) if self.key_file else None)
+            except (OSError, ssl.SSLError) as exc:
+                raise EndpointError(f"--cert-file {self.cert_file} / --key-file {self.key_file}: {exc}") from exc
+        return ctx
+
+    def headers(self) -> dict[str, str]:
+        """Request headers: basic auth when a user is set."""
+        if self.user is None:
+            return {}
+        token = base64.b64encode(f"{self.user}:{self.password or ''}".encode()).decode()
+        return {"Authorization": f"Basic {token}"}
+
+
+@dataclass
+class EndpointState:
+    """What the screen knows about one endpoint: its latest answer, or why there is none."""
+
+    url: str
+    name: str
+    exposition: Exposition | None = None  # latest good scrape
+    error: str | None = None  # why the latest scrape failed; None after a good one
+    health: str | None = None  # '/healthz' answer: 'ok: …', 'unhealthy: …', or why it could not be read
+    healthy: bool = False
+    last_ok: float | None = None  # monotonic time of the latest good scrape
+    last_attempt_done: float | None = None
+    known_rows: list[Row] = field(default_factory=list)  # devices of the latest good scrape
+    created: float = field(default_factory=time.monotonic)
+
+    def waiting(self, now: float, stale_after: float) -> bool:
+        """No answer yet, and not for long: the screen says 'connecting' rather than down."""
+        return self.exposition is None and self.error is None and now - self.created <= stale_after
+
+    def rows(self, now: float, stale_after: float) -> list[Row]:
+        """Rows for the screen: the latest scrape, or the last known devices marked down with the reason."""
+        if self.waiting(now, stale_after):
+            return []
+        reason = self.down_reason(now, stale_after)
+        if reason is None:
+            return self.exposition.rows if self.exposition is not None else []
+        if self.known_rows:
+            return down_rows(self.known_rows, reason)
+        return down_rows([Row(RowKey(self.name, "", "", ""))], reason)
+
+    def down_reason(self, now: float, stale_after: float) -> str | None:
+        """Why the endpoint counts as down now (failed, or silent for too long), or None."""
+        if self.error is not None:
+            return self.error
+        if self.waiting(now, stale_after):
+            return None
+        last = self.last_ok if self.last_ok is not None else self.created
+        if now - last > stale_after:  # a fetch hung past its timeout (a server trickling bytes)
+            return f"no answer for {now - last:.0f}s"
+        return None
+
+
+def _get(url: str, config: ClientConfig, ctx: ssl.SSLContext | None) -> tuple[int, str]:
+    """Status and body of a GET; HTTP error statuses are answers too (503 from /healthz carries the reason)."""
+    request = urllib.request.Request(url, headers={"Accept": "text/plain", **config.headers()})
+    try:
+        with urllib.request.urlopen(request, timeout=config.timeout, context=ctx) as response:
+            return int(response.status), response.read(MAX_BODY_BYTES).decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        body = exc.read(4096).decode("utf-8", "replace") if exc.fp is not None else ""
+        return int(exc.code), body
+
+
+def _describe(exc: BaseException) -> str:
+    """A short reason for a failed fetch: 'connection refused', 'timed out', the TLS error."""
+    if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError):
+        exc = exc.reason if isinstance(exc.reason, BaseException) else exc
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, HTTPException):  # e.g. BadStatusLine from a peer that does not speak HTTP
+        return f"not an HTTP answer ({type(exc).__name__}: {str(exc).strip()[:40]!r})"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS: {exc.reason or exc}"
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return str(text)
+
+
+def scrape(state: EndpointState, config: ClientConfig, ctx: ssl.SSLContext | None) -> None:
+    """Fetch /metrics and /healthz of one endpoint once and record the outcome in `state`."""
+    try:
+        status, body = _get(state.url, config, ctx)
+        if status != 200:
+            raise ExpositionError(f"HTTP {status}: {body.strip()[:80]}")
+        exposition = parse_exposition(body, state.name)
+    except (OSError, HTTPException, ValueError) as exc:  # HTTPException: not HTTP at all (BadStatusLine)
+        state.error = _describe(exc)
+        state.health = None
+        state.healthy = False
+        state.last_attempt_done = time.monotonic()
+        return
+    try:
+        hstatus, hbody = _get(healthz_url(state.url), config, ctx)
+        state.health = hbody.strip() or f"HTTP {hstatus}"
+        state.healthy = hstatus == 200
+    except (OSError, HTTPException, ValueError) as exc:
+        state.health, state.healthy = f"/healthz: {_describe(exc)}", False
+    state.exposition, state.error = exposition, None
+    state.known_rows = exposition.rows
+    state.last_ok = state.last_attempt_done = time.monotonic()
+
+
+class Poller:
+    """One daemon thread per endpoint scraping every `interval`; the screen reads the states, never waits on them."""
+
+    def __init__(self, urls: list[str], config: ClientConfig, interval: float) -> None:
+        self.states = [EndpointState(url, display_name(url)) for url in urls]
+        self._config = config
+        self._interval = interval
+        needs_tls = any(url.startswith("https:") for url in urls)
+        self._ctx = config.ssl_context() if needs_tls else None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.on_change: Callable[[], None] = lambda: None  # called on a scraping thread after each scrape
+
+    def scrape_all_once(self) -> None:
+        """Scrape every endpoint once, concurrently, waiting at most the timeout (plus a little) for each."""
+        threads = [threading.Thread(target=self._once, args=(s,), daemon=True) for s in self.states]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + self._config.timeout * 2 + 1.0  # /metrics and /healthz each get the timeout
+        for t in threads:
+            t.join(max(deadline - time.monotonic(), 0.0))
+        with self._lock:
+            for state, t in zip(self.states, threads, strict=True):
+                if t.is_alive():
+                    state.error = "timed out"
+
+    def _once(self, state: EndpointState) -> None:
+        fresh = EndpointState(state.url, state.name, known_rows=state.known_rows)
+        scrape(fresh, self._config, self._ctx)
+        with self._lock:  # swap the outcome in whole, so the screen never sees half a scrape
+            state.error, state.health, state.healthy = fresh.error, fresh.health, fresh.healthy
+            state.last_attempt_done = fresh.last_attempt_done
+            if fresh.error is None:
+                state.exposition, state.known_rows, state.last_ok = fresh.exposition, fresh.known_rows, fresh.last_ok
+        self.on_change()
+
+    def start(self) -> None:
+        """Start one scraping thread per endpoint."""
+        for state in self.states:
+            t = threading.Thread(target=self._loop, args=(state,), name=f"top-{state.name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _loop(self, state: EndpointState) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self._once(state)
+            self._stop.wait(max(self._interval - (time.monotonic() - started), 0.0))
+
+    def stop(self) -> None:
+        """Ask the threads to stop (they are daemon threads: one hung in a fetch does not hold up exit)."""
+        self._stop.set()
+
+    def snapshot(self) -> list[EndpointState]:
+        """Copies of the endpoint states, consistent with each other's scrapes."""
+        with self._lock:
+            return [replace(s, known_rows=list(s.known_rows)) for s in self.states]

@@ -1,0 +1,173 @@
+"""`jaxmon top`'s data: rows per (endpoint, platform, device, workload) read from a jaxmon exposition."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+# Allocator numbers, keyed by device, platform and (for spooled or embedded workloads) workload.
+_ALLOCATOR = {
+    "jaxmon_memory_bytes_in_use": "in_use",
+    "jaxmon_memory_limit_bytes": "limit",
+    "jaxmon_memory_free_bytes": "free",
+    "jaxmon_memory_fragmentation_ratio": "fragmentation",
+    "jaxmon_memory_largest_allocatable_bytes": "allocatable",
+    "jaxmon_memory_read_success": "read_ok",
+    "jaxmon_device_up": "up",
+    "jaxmon_device_utilization_ratio": "probe",
+}
+# Device-wide numbers (NVML, libtpu): one per physical device, shown on every row of that device.
+_DEVICE_WIDE = {
+    "jaxmon_device_duty_cycle_ratio": "duty",
+    "jaxmon_device_memory_used_bytes": "device_used",
+    "jaxmon_device_memory_total_bytes": "device_total",
+}
+
+
+@dataclass(frozen=True, order=True)
+class RowKey:
+    """What a row stands for: one device of one endpoint, as one workload (or the daemon itself: '') sees it."""
+
+    endpoint: str
+    platform: str
+    device: str
+    workload: str
+
+
+@dataclass
+class Row:
+    """The numbers of one row; None where the exposition has no series (shown as a dash, never as 0)."""
+
+    key: RowKey
+    kind: str | None = None
+    in_use: float | None = None
+    limit: float | None = None
+    free: float | None = None
+    fragmentation: float | None = None
+    allocatable: float | None = None
+    read_ok: float | None = None
+    up: float | None = None
+    probe: float | None = None
+    duty: float | None = None
+    duty_source: str | None = None
+    device_used: float | None = None
+    device_total: float | None = None
+    sources_down: tuple[str, ...] = ()  # device-wide sources that failed for this device in their last poll
+    # Set when the endpoint did not answer: the row is the last known device, its numbers cleared.
+    endpoint_down: str | None = None
+
+    @property
+    def used_ratio(self) -> float | None:
+        """in_use / limit, where both are known and the limit is positive."""
+        if self.in_use is None or not self.limit:
+            return None
+        return self.in_use / self.limit
+
+
+@dataclass
+class Exposition:
+    """What one scrape of /metrics says: the rows, and the daemon-wide health series."""
+
+    rows: list[Row] = field(default_factory=list)
+    collectors: dict[str, float] = field(default_factory=dict)  # jaxmon_collector_success{collector}
+    # jaxmon_device_source_up{device,platform,source}: per source, (devices it answered for, devices it covers).
+    sources: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+class ExpositionError(ValueError):
+    """The text is not a Prometheus exposition."""
+
+
+def _device_number(device: str) -> tuple[int, str]:
+    """Sort devices numerically where they are numbers ('10' after '9')."""
+    return (int(device), "") if device.isdigit() else (1 << 62, device)
+
+
+def parse_exposition(text: str, endpoint: str) -> Exposition:
+    """Rows and health series of an exposition, parsed with prometheus_client's parser."""
+    rows: dict[RowKey, Row] = {}
+    device_wide: dict[tuple[str, str], dict[str, tuple[float, str]]] = {}
+    source_failures: dict[tuple[str, str], list[str]] = {}
+    out = Exposition()
+
+    def row(labels: dict[str, str]) -> Row:
+        key = RowKey(endpoint, labels.get("platform", ""), labels.get("device", ""), labels.get("workload", ""))
+        return rows.setdefault(key, Row(key))
+
+    try:
+        families = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError) as exc:  # the parser raises ValueError (TypeError for some malformed lines)
+        raise ExpositionError(f"not a Prometheus exposition: {exc}") from exc
+    for family in families:
+        for s in family.samples:
+            if s.name in _ALLOCATOR and "device" in s.labels:
+                setattr(row(s.labels), _ALLOCATOR[s.name], s.value)
+            elif s.name == "jaxmon_device_info" and "device" in s.labels:
+                row(s.labels).kind = s.labels.get("device_kind") or None
+            elif s.name in _DEVICE_WIDE and "device" in s.labels:
+                per_device = device_wide.setdefault((s.labels.get("platform", ""), s.labels["device"]), {})
+                per_device[_DEVICE_WIDE[s.name]] = (s.value, s.labels.get("source", ""))
+            elif s.name == "jaxmon_collector_success" and "collector" in s.labels:
+                out.collectors[s.labels["collector"]] = s.value
+            elif s.name == "jaxmon_device_source_up" and "source" in s.labels:
+                up, total = out.sources.get(s.labels["source"], (0, 0))
+                out.sources[s.labels["source"]] = (up + (s.value == 1), total + 1)
+                if s.value != 1 and "device" in s.labels:
+                    failed = source_failures.setdefault((s.labels.get("platform", ""), s.labels["device"]), [])
+                    failed.append(s.labels["source"])
+    for (platform, device), failed in source_failures.items():
+        for r in [r for r in rows.values() if (r.key.platform, r.key.device) == (platform, device)]:
+            r.sources_down = tuple(sorted(failed))
+    for (platform, device), values in device_wide.items():
+        matching = [r for r in rows.values() if (r.key.platform, r.key.device) == (platform, device)]
+        if not matching:  # a device only NVML or libtpu sees (no JAX client on it): a row of its own
+            matching = [row({"platform": platform, "device": device})]
+        for r in matching:
+            for attr, (value, source) in values.items():
+                setattr(r, attr, value)
+                if attr == "duty":
+                    r.duty_source = source or None
+    out.rows = sorted(rows.values(), key=SORTS["device"])
+    return out
+
+
+def down_rows(last_known: Iterable[Row], reason: str) -> list[Row]:
+    """The rows of an endpoint that stopped answering: the devices it last had, numbers cleared."""
+    return [Row(r.key, kind=r.kind, endpoint_down=reason) for r in last_known]
+
+
+def _desc(value: float | None) -> float:
+    """Sort key putting high values first and absent values last."""
+    return -value if value is not None else float("inf")
+
+
+def _asc(value: float | None) -> float:
+    """Sort key putting low values first and absent values last."""
+    return value if value is not None else float("inf")
+
+
+def _by_device(r: Row) -> tuple[object, ...]:
+    return (r.key.endpoint, _device_number(r.key.device), r.key.platform, r.key.workload)
+
+
+# Each sort puts the rows a person would look at first on top, ties broken by device.
+SORTS: dict[str, Callable[[Row], tuple[object, ...]]] = {
+    "device": _by_device,
+    "memory": lambda r: (_desc(r.used_ratio), *_by_device(r)),
+    "free": lambda r: (_asc(r.free), *_by_device(r)),
+    "fragmentation": lambda r: (_desc(r.fragmentation), *_by_device(r)),
+    "duty": lambda r: (_desc(r.duty if r.duty is not None else r.probe), *_by_device(r)),
+}
+SORT_NAMES = tuple(SORTS)
+
+
+def next_sort(name: str) -> str:
+    """The sort after `name` in the cycle the sort key walks."""
+    return SORT_NAMES[(SORT_NAMES.index(name) + 1) % len(SORT_NAMES)]
+
+
+def sort_rows(rows: Iterable[Row], name: str) -> list[Row]:
+    """Rows in the order of the named sort."""
+    return sorted(rows, key=SORTS[name])

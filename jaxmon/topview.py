@@ -1,0 +1,210 @@
+"""`jaxmon top`'s frame: a header with each endpoint's health and a table of device rows, drawn with rich."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rich import box
+from rich.console import Console, Group
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+
+from jaxmon.topfetch import EndpointState
+from jaxmon.topmodel import Row, sort_rows
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+BAR_WIDTH = 10
+
+
+@dataclass(frozen=True)
+class Glyphs:
+    """Characters of one frame: box-drawing for a terminal, ASCII for pipes and scripts."""
+
+    absent: str
+    full: str
+    empty: str
+
+
+UNICODE = Glyphs(absent="—", full="█", empty="░")
+ASCII = Glyphs(absent="-", full="#", empty=".")
+
+
+def fmt_bytes(value: float) -> str:
+    """Binary units with one decimal: 20.0GiB, 512.0MiB, 9000B."""
+    size, unit = float(value), 0
+    while abs(size) >= 1024 and unit < len(_UNITS) - 1:
+        size /= 1024
+        unit += 1
+    return f"{size:.0f}B" if unit == 0 else f"{size:.1f}{_UNITS[unit]}"
+
+
+def fmt_ratio(value: float) -> str:
+    """A 0-1 ratio as a percentage with one decimal."""
+    return f"{value * 100:.1f}%"
+
+
+def bar(ratio: float, glyphs: Glyphs, width: int = BAR_WIDTH) -> str:
+    """`ratio` of `width` cells filled, rounded to the nearest cell, clamped to [0, width]."""
+    filled = min(max(round(ratio * width), 0), width)
+    return glyphs.full * filled + glyphs.empty * (width - filled)
+
+
+def _pressure_style(ratio: float) -> str:
+    return "red" if ratio >= 0.9 else "yellow" if ratio >= 0.75 else "green"
+
+
+def memory_cell(row: Row, glyphs: Glyphs) -> Text:
+    """`[bar] in_use/limit`, or what is known; the reason when the endpoint is down."""
+    if row.endpoint_down is not None:
+        return Text(row.endpoint_down, style="red")
+    if row.in_use is None:
+        return Text(glyphs.absent)
+    if row.limit is None:
+        return Text(f"{' ' * (BAR_WIDTH + 1)}{fmt_bytes(row.in_use)}/{glyphs.absent}")
+    ratio = row.used_ratio or 0.0
+    cell = Text(bar(ratio, glyphs), style=_pressure_style(ratio))
+    cell.append(f" {fmt_bytes(row.in_use)}/{fmt_bytes(row.limit)}")
+    return cell
+
+
+def state_cell(row: Row, glyphs: Glyphs) -> Text:
+    """Endpoint unreachable, probe down or up, memory read failing; a dash when the daemon does not say."""
+    if row.endpoint_down is not None:
+        return Text("unreachable", style="bold red")
+    parts: list[Text] = []
+    if row.up is not None:
+        parts.append(Text("up", style="green") if row.up == 1 else Text("DOWN", style="bold red"))
+    if row.read_ok == 0:
+        parts.append(Text("read-error", style="red"))
+    parts.extend(Text(f"{source}-down", style="yellow") for source in row.sources_down)
+    return Text(" ").join(parts) if parts else Text(glyphs.absent)
+
+
+def _num(value: float | None, fmt: str, glyphs: Glyphs) -> str:
+    if value is None:
+        return glyphs.absent
+    return fmt_bytes(value) if fmt == "bytes" else fmt_ratio(value)
+
+
+def _duty(row: Row, glyphs: Glyphs) -> str:
+    if row.duty is None:
+        return glyphs.absent
+    return f"{fmt_ratio(row.duty)} {row.duty_source}" if row.duty_source else fmt_ratio(row.duty)
+
+
+def _device_memory(row: Row, glyphs: Glyphs) -> str:
+    used = _num(row.device_used, "bytes", glyphs)
+    return used if row.device_total is None else f"{used}/{fmt_bytes(row.device_total)}"
+
+
+def _device(row: Row, glyphs: Glyphs) -> str:
+    if not row.key.device:
+        return glyphs.absent
+    return f"{row.key.platform}:{row.key.device}" if row.key.platform else row.key.device
+
+
+@dataclass(frozen=True)
+class Column:
+    """One table column: its heading, the sort it stands for, its cell, and when it goes on a narrow screen."""
+
+    heading: str
+    sort: str | None
+    cell: Callable[[Row, Glyphs], str | Text]
+    drop_rank: int = 0  # 0: always shown; otherwise dropped on a narrow screen, highest rank first
+
+
+COLUMNS = (
+    Column("ENDPOINT", None, lambda r, g: r.key.endpoint),
+    Column("DEVICE", "device", _device),
+    Column("WORKLOAD", None, lambda r, g: r.key.workload or g.absent),
+    Column("MEMORY in use/limit", "memory", memory_cell),
+    Column("FREE", "free", lambda r, g: _num(r.free, "bytes", g)),
+    Column("FRAG", "fragmentation", lambda r, g: _num(r.fragmentation, "ratio", g), drop_rank=3),
+    Column("ALLOCATABLE", None, lambda r, g: _num(r.allocatable, "bytes", g), drop_rank=5),
+    Column("DEVICE MEM", None, _device_memory, drop_rank=6),
+    Column("DUTY", "duty", _duty, drop_rank=2),
+    Column("PROBE", None, lambda r, g: _num(r.probe, "ratio", g), drop_rank=4),
+    Column("STATE", None, state_cell),
+)
+
+
+def _columns(rows: list[Row]) -> list[Column]:
+    """Columns with something to show: WORKLOAD only with workloads, DEVICE MEM only with a device-wide source."""
+    hidden = set()
+    if not any(r.key.workload for r in rows):
+        hidden.add("WORKLOAD")
+    if not any(r.device_used is not None or r.device_total is not None for r in rows):
+        hidden.add("DEVICE MEM")
+    return [c for c in COLUMNS if c.heading not in hidden]
+
+
+def _build(rows: list[Row], columns: list[Column], sort: str, glyphs: Glyphs) -> Table:
+    t = Table(box=box.SIMPLE_HEAD if glyphs is UNICODE else None, pad_edge=False, show_edge=False)
+    for c in columns:
+        t.add_column(c.heading + ("*" if c.sort == sort else ""), no_wrap=True, overflow="ellipsis")
+    for r in rows:
+        t.add_row(*(c.cell(r, glyphs) for c in columns))
+    return t
+
+
+def table(rows: list[Row], sort: str, glyphs: Glyphs, console: Console | None = None) -> Table:
+    """The device table, rows in the order of `sort`; on a console too narrow for it, the least needed columns go."""
+    ordered = sort_rows(rows, sort)
+    columns = _columns(ordered)
+    t = _build(ordered, columns, sort, glyphs)
+    while console is not None:
+        # Measured without the console's width limit, which would clamp the answer to it.
+        if Measurement.get(console, console.options.update_width(1 << 20), t).maximum <= console.width:
+            break
+        droppable = [c for c in columns if c.drop_rank]
+        if not droppable:
+            break  # what is left is cut at the edge with an ellipsis per cell
+        columns.remove(max(droppable, key=lambda c: c.drop_rank))
+        t = _build(ordered, columns, sort, glyphs)
+    return t
+
+
+def header(states: list[EndpointState], now: float, stale_after: float, sort: str, interactive: bool) -> Text:
+    """One line per endpoint (reachable, /healthz, failing collectors, device-wide sources) and the key help."""
+    out = Text()
+    for s in states:
+        reason = s.down_reason(now, stale_after)
+        out.append(f"{s.name}  ", style="bold")
+        if s.waiting(now, stale_after):
+            out.append("connecting…", style="dim")
+        elif reason is not None:
+            out.append(f"DOWN: {reason}", style="bold red")
+        else:
+            out.append("healthy" if s.healthy else "UNHEALTHY", style="green" if s.healthy else "bold red")
+            if s.health:
+                out.append(f" ({s.health})")
+            exp = s.exposition
+            if exp is not None:
+                failing = sorted(c for c, v in exp.collectors.items() if v != 1)
+                if failing:
+                    out.append(f"  failing collectors: {', '.join(failing)}", style="yellow")
+                for source, (up, total) in sorted(exp.sources.items()):
+                    if up == total:
+                        out.append(f"  {source} up", style="green")
+                    else:
+                        out.append(f"  {source} down on {total - up} of {total} devices", style="yellow")
+        out.append("\n")
+    out.append(f"sort: {sort}", style="dim")
+    out.append("   s: next sort   q: quit" if interactive else "", style="dim")
+    return out
+
+
+def frame(
+    states: list[EndpointState],
+    sort: str,
+    now: float,
+    stale_after: float,
+    glyphs: Glyphs,
+    interactive: bool,
+    console: Console | None = None,
+) -> Group:
+    """Header and table together, the table fitted to `console`'s width when one is given."""
+    rows = [r for s in states for r in s.rows(now, stale_after)]
+    return Group(header(states, now, stale_after, sort, interactive), table(rows, sort, glyphs, console))

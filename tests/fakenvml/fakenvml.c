@@ -1,0 +1,616 @@
+/*
+ * A fake libnvidia-ml.so.1 for jaxmon's tests: the NVML functions jaxmon calls, with the C ABI and struct layouts
+ * that nvidia-ml-py (pynvml.py) declares, answering from a JSON scenario file the test writes and rewrites.
+ *
+ * The scenario's path is $FAKENVML_SCENARIO. It is re-read whenever its inode, size or mtime changes, so a test can
+ * change readings, lose a GPU or queue Xid events while the daemon runs. Schema (every field optional):
+ *
+ *   {"init_error": 9,                              NVML error code nvmlInitWithFlags returns
+ *    "count_error": 999,                           NVML error code nvmlDeviceGetCount_v2 returns
+ *    "driver_version": "550.54.15",
+ *    "devices": [{
+ *      "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-...", "pci_bus_id": "00000000:18:00.0",
+ *      "error": 15,                                every call on this device returns it (15 = GPU_IS_LOST)
+ *      "handle_error": 15,                         nvmlDeviceGetHandleByIndex_v2 returns it
+ *      "delay_ms": 0,                              every call on this device sleeps this long first (a hung call)
+ *      "memory": {"total": 1, "reserved": 0, "used": 0},
+ *      "utilization": {"gpu": 0, "memory": 0},     percent
+ *      "power_mw": 0, "power_limit_mw": 0, "temperature_c": 0, "sm_clock_mhz": 0,
+ *      "clocks_event_reasons": 0,                  the bitmask
+ *      "ecc": {"enabled": true, "corrected": 0, "uncorrected": 0},   absent: ECC not supported
+ *      "processes": [{"pid": 1, "used": 0}],       "used": null is NVML_VALUE_NOT_AVAILABLE
+ *      "not_supported": ["power", ...]}],          calls that return NOT_SUPPORTED: memory, utilization, power,
+ *                                                  power_limit, temperature, clock, clocks_event_reasons,
+ *                                                  processes, events
+ *    "events": [{"device": 0, "type": 8, "data": 79}]}   delivered once each, in order, by nvmlEventSetWait_v2
+ *
+ * Compiled with -DFAKENVML_LEGACY it lacks the newer symbols (nvmlDeviceGetMemoryInfo_v2,
+ * nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetCurrentClocksEventReasons), as an old driver does.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+/* ---- the layouts pynvml.py declares ------------------------------------------------------------------------ */
+
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;                     /* c_nvmlMemory_t */
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+#define NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24)))              /* nvmlMemory_v2 */
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;                            /* c_nvmlUtilization_t */
+typedef struct {                                                                           /* c_nvmlProcessInfo_v2_t */
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+typedef struct {                                                                           /* nvmlPciInfo_t */
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+struct fake_device;
+typedef struct fake_device *nvmlDevice_t;
+typedef struct {                                                                           /* c_nvmlEventData_t */
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+struct fake_event_set;
+typedef struct fake_event_set *nvmlEventSet_t;
+
+#define NVML_VALUE_NOT_AVAILABLE_ULL (~0ULL)
+
+/* ---- a small JSON reader: a tree of nodes ------------------------------------------------------------------- */
+
+typedef enum { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ } jtype;
+typedef struct jnode {
+    jtype type;
+    double num;
+    char *str;            /* J_STR value */
+    char *key;            /* member name inside an object */
+    struct jnode *child;  /* first element / member */
+    struct jnode *next;   /* next sibling */
+} jnode;
+
+static const char *jp;
+
+static void jfree(jnode *n) {
+    while (n) {
+        jnode *next = n->next;
+        jfree(n->child);
+        free(n->str);
+        free(n->key);
+        free(n);
+        n = next;
+    }
+}
+
+static void jskip(void) { while (*jp && isspace((unsigned char)*jp)) jp++; }
+
+static char *jstring(void) {
+    if (*jp != '"') return NULL;
+    jp++;
+    size_t cap = 16, len = 0;
+    char *out = malloc(cap);
+    while (*jp && *jp != '"') {
+        char c = *jp++;
+        if (c == '\\') {
+            c = *jp++;
+            if (c == 'n') c = '\n';
+            else if (c == 't') c = '\t';
+            else if (c == 'u') { jp += 4; c = '?'; }  /* the tests write ASCII */
+        }
+        if (len + 2 > cap) out = realloc(out, cap *= 2);
+        out[len++] = c;
+    }
+    if (*jp != '"') { free(out); return NULL; }
+    jp++;
+    out[len] = 0;
+    return out;
+}
+
+static jnode *jvalue(void) {
+    jskip();
+    jnode *n = calloc(1, sizeof *n);
+    if (*jp == '{' || *jp == '[') {
+        char close = *jp == '{' ? '}' : ']';
+        n->type = *jp == '{' ? J_OBJ : J_ARR;
+        jp++;
+        jnode **tail = &n->child;
+        jskip();
+        if (*jp == close) { jp++; return n; }
+        for (;;) {
+            char *key = NULL;
+            jskip();
+            if (n->type == J_OBJ) {
+                key = jstring();
+                jskip();
+                if (!key || *jp != ':') { free(key); jfree(n); return NULL; }
+                jp++;
+            }
+            jnode *item = jvalue();
+            if (!item) { free(key); jfree(n); return NULL; }
+            item->key = key;
+            *tail = item;
+            tail = &item->next;
+            jskip();
+            if (*jp == ',') { jp++; continue; }
+            if (*jp == close) { jp++; return n; }
+            jfree(n);
+            return NULL;
+        }
+    }
+    if (*jp == '"') {
+        n->type = J_STR;
+        n->str = jstring();
+        if (!n->str) { jfree(n); return NULL; }
+        return n;
+    }
+    if (!strncmp(jp, "true", 4)) { n->type = J_BOOL; n->num = 1; jp += 4; return n; }
+    if (!strncmp(jp, "false", 5)) { n->type = J_BOOL; jp += 5; return n; }
+    if (!strncmp(jp, "null", 4)) { n->type = J_NULL; jp += 4; return n; }
+    char *end;
+    n->num = strtod(jp, &end);
+    if (end == jp) { jfree(n); return NULL; }
+    n->type = J_NUM;
+    jp = end;
+    return n;
+}
+
+static jnode *jget(const jnode *obj, const char *key) {
+    if (!obj || obj->type != J_OBJ) return NULL;
+    for (jnode *c = obj->child; c; c = c->next)
+        if (!strcmp(c->key, key)) return c;
+    return NULL;
+}
+
+static double jnum(const jnode *obj, const char *key, double dflt) {
+    const jnode *n = jget(obj, key);
+    return n && (n->type == J_NUM || n->type == J_BOOL) ? n->num : dflt;
+}
+
+static const char *jstr(const jnode *obj, const char *key, const char *dflt) {
+    const jnode *n = jget(obj, key);
+    return n && n->type == J_STR ? n->str : dflt;
+}
+
+/* ---- the scenario ------------------------------------------------------------------------------------------- */
+
+#define MAX_DEVICES 64
+struct fake_device { int index; };
+static struct fake_device handles[MAX_DEVICES];
+
+struct fake_event_set { unsigned long long registered[MAX_DEVICES]; };
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static jnode *scenario;
+static struct stat seen;
+static char seen_path[4096];
+static int initialized;
+static size_t events_delivered;
+
+/* Re-read the scenario when the file changed; keep the last good one when it is half-written or unreadable. */
+static void reload_locked(void) {
+    const char *path = getenv("FAKENVML_SCENARIO");
+    struct stat st;
+    if (!path || stat(path, &st) != 0) return;
+    if (scenario && !strcmp(path, seen_path) && st.st_ino == seen.st_ino && st.st_size == seen.st_size &&
+        st.st_mtim.tv_sec == seen.st_mtim.tv_sec && st.st_mtim.tv_nsec == seen.st_mtim.tv_nsec)
+        return;
+    FILE *f = fopen(path, "rb");
+    if (!f) return;
+    char *text = malloc((size_t)st.st_size + 1);
+    size_t got = fread(text, 1, (size_t)st.st_size, f);
+    fclose(f);
+    text[got] = 0;
+    jp = text;
+    jnode *parsed = jvalue();
+    free(text);
+    if (!parsed || parsed->type != J_OBJ) { jfree(parsed); return; }
+    jfree(scenario);
+    scenario = parsed;
+    seen = st;
+    /* Events are delivered once per scenario file: a test appends to the list and rewrites the same file. */
+    if (strcmp(path, seen_path)) events_delivered = 0;
+    snprintf(seen_path, sizeof seen_path, "%s", path);
+}
+
+static jnode *device_node(int index) {
+    jnode *devs = jget(scenario, "devices");
+    if (!devs || devs->type != J_ARR) return NULL;
+    int i = 0;
+    for (jnode *d = devs->child; d; d = d->next, i++)
+        if (i == index) return d;
+    return NULL;
+}
+
+static int device_count(void) {
+    jnode *devs = jget(scenario, "devices");
+    int n = 0;
+    if (devs && devs->type == J_ARR)
+        for (jnode *d = devs->child; d; d = d->next) n++;
+    return n;
+}
+
+static int unsupported(const jnode *dev, const char *what) {
+    const jnode *list = jget(dev, "not_supported");
+    if (!list || list->type != J_ARR) return 0;
+    for (const jnode *c = list->child; c; c = c->next)
+        if (c->type == J_STR && !strcmp(c->str, what)) return 1;
+    return 0;
+}
+
+static void sleep_ms(double ms) {
+    if (ms <= 0) return;
+    struct timespec ts = {(time_t)(ms / 1000), (long)((ms - 1000.0 * (long)(ms / 1000)) * 1e6)};
+    nanosleep(&ts, NULL);
+}
+
+/*
+ * Every device call starts here: reload, find the device, apply its delay (outside the lock, as a hung driver call
+ * would not hold up the other GPUs), its error, and the "not_supported" list. Returns with the lock held on success.
+ */
+static nvmlReturn_t enter_device(nvmlDevice_t handle, const char *what, jnode **dev) {
+    if (!handle || handle < handles || handle >= handles + MAX_DEVICES) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&lock);
+    if (!initialized) { pthread_mutex_unlock(&lock); return NVML_ERROR_UNINITIALIZED; }
+    reload_locked();
+    *dev = device_node(handle->index);
+    if (!*dev) { pthread_mutex_unlock(&lock); return NVML_ERROR_INVALID_ARGUMENT; }
+    double delay = jnum(*dev, "delay_ms", 0);
+    if (delay > 0) {
+        pthread_mutex_unlock(&lock);
+        sleep_ms(delay);
+        pthread_mutex_lock(&lock);
+        reload_locked();
+        *dev = device_node(handle->index);
+        if (!*dev) { pthread_mutex_unlock(&lock); return NVML_ERROR_INVALID_ARGUMENT; }
+    }
+    int err = (int)jnum(*dev, "error", 0);
+    if (!err && what && unsupported(*dev, what)) err = NVML_ERROR_NOT_SUPPORTED;
+    if (err) { pthread_mutex_unlock(&lock); return err; }
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t leave(nvmlReturn_t ret) {
+    pthread_mutex_unlock(&lock);
+    return ret;
+}
+
+static nvmlReturn_t copy_string(const char *value, char *out, unsigned int length) {
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(value) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(out, value);
+    return NVML_SUCCESS;
+}
+
+/* ---- the API ------------------------------------------------------------------------------------------------ */
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    pthread_mutex_lock(&lock);
+    reload_locked();
+    int err = scenario ? (int)jnum(scenario, "init_error", 0) : NVML_ERROR_DRIVER_NOT_LOADED;
+    if (!err) initialized++;
+    return leave(err);
+}
+
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+
+nvmlReturn_t nvmlShutdown(void) {
+    pthread_mutex_lock(&lock);
+    if (!initialized) return leave(NVML_ERROR_UNINITIALIZED);
+    initialized--;
+    return leave(NVML_SUCCESS);
+}
+
+const char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+        case NVML_SUCCESS: return "Success";
+        case 15: return "GPU is lost";
+        case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+        case NVML_ERROR_TIMEOUT: return "Timeout";
+        default: return "Unknown Error";
+    }
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    pthread_mutex_lock(&lock);
+    if (!initialized) return leave(NVML_ERROR_UNINITIALIZED);
+    reload_locked();
+    return leave(copy_string(jstr(scenario, "driver_version", "550.54.15"), version, length));
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    pthread_mutex_lock(&lock);
+    if (!initialized) return leave(NVML_ERROR_UNINITIALIZED);
+    reload_locked();
+    int err = (int)jnum(scenario, "count_error", 0);
+    if (err) return leave(err);
+    *count = (unsigned int)device_count();
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    pthread_mutex_lock(&lock);
+    if (!initialized) return leave(NVML_ERROR_UNINITIALIZED);
+    reload_locked();
+    jnode *dev = device_node((int)index);
+    if (!dev || index >= MAX_DEVICES) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    int err = (int)jnum(dev, "handle_error", 0);
+    if (err) return leave(err);
+    handles[index].index = (int)index;
+    *device = &handles[index];
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, NULL, &dev);
+    if (r) return r;
+    *index = (unsigned int)device->index;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, NULL, &dev);
+    if (r) return r;
+    return leave(copy_string(jstr(dev, "name", "NVIDIA Fake GPU"), name, length));
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, NULL, &dev);
+    if (r) return r;
+    return leave(copy_string(jstr(dev, "uuid", "GPU-00000000-0000-0000-0000-000000000000"), uuid, length));
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, NULL, &dev);
+    if (r) return r;
+    memset(pci, 0, sizeof *pci);
+    const char *bus_id = jstr(dev, "pci_bus_id", "00000000:00:00.0");
+    snprintf(pci->busId, sizeof pci->busId, "%s", bus_id);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%s", bus_id + (strlen(bus_id) > 12 ? 4 : 0));
+    unsigned int domain = 0, bus = 0, dev_no = 0;
+    sscanf(bus_id, "%x:%x:%x", &domain, &bus, &dev_no);
+    pci->domain = domain;
+    pci->bus = bus;
+    pci->device = dev_no;
+    return leave(NVML_SUCCESS);
+}
+
+static void memory_of(const jnode *dev, unsigned long long *total, unsigned long long *reserved,
+                      unsigned long long *used) {
+    const jnode *m = jget(dev, "memory");
+    *total = (unsigned long long)jnum(m, "total", 0);
+    *reserved = (unsigned long long)jnum(m, "reserved", 0);
+    *used = (unsigned long long)jnum(m, "used", 0);
+}
+
+#ifndef FAKENVML_LEGACY
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, "memory", &dev);
+    if (r) return r;
+    if (memory->version != NVML_MEMORY_V2) return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    memory_of(dev, &memory->total, &memory->reserved, &memory->used);
+    memory->free = memory->total - memory->reserved - memory->used;
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+/* v1 counts the driver's reservation as used, as the real library does. */
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, "memory", &dev);
+    if (r) return r;
+    unsigned long long reserved;
+    memory_of(dev, &memory->total, &reserved, &memory->used);
+    memory->used += reserved;
+    memory->free = memory->total - memory->used;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *util) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, "utilization", &dev);
+    if (r) return r;
+    const jnode *u = jget(dev, "utilization");
+    util->gpu = (unsigned int)jnum(u, "gpu", 0);
+    util->memory = (unsigned int)jnum(u, "memory", 0);
+    return leave(NVML_SUCCESS);
+}
+
+static nvmlReturn_t read_uint(nvmlDevice_t device, const char *what, const char *key, unsigned int *out) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, what, &dev);
+    if (r) return r;
+    *out = (unsigned int)jnum(dev, key, 0);
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
+    return read_uint(device, "power", "power_mw", power);
+}
+
+nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit) {
+    return read_uint(device, "power_limit", "power_limit_mw", limit);
+}
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensor, unsigned int *temp) {
+    if (sensor != 0) return NVML_ERROR_INVALID_ARGUMENT; /* NVML_TEMPERATURE_GPU */
+    return read_uint(device, "temperature", "temperature_c", temp);
+}
+
+nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, int type, unsigned int *clock) {
+    if (type != 1) return NVML_ERROR_NOT_SUPPORTED; /* only NVML_CLOCK_SM is in the scenario */
+    return read_uint(device, "clock", "sm_clock_mhz", clock);
+}
+
+static nvmlReturn_t reasons(nvmlDevice_t device, unsigned long long *out) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, "clocks_event_reasons", &dev);
+    if (r) return r;
+    *out = (unsigned long long)jnum(dev, "clocks_event_reasons", 0);
+    return leave(NVML_SUCCESS);
+}
+
+#ifndef FAKENVML_LEGACY
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *out) {
+    return reasons(device, out);
+}
+#endif
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *out) {
+    return reasons(device, out);
+}
+
+nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int *pending) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, NULL, &dev);
+    if (r) return r;
+    const jnode *ecc = jget(dev, "ecc");
+    if (!ecc) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *current = *pending = (int)jnum(ecc, "enabled", 1);
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int error_type, int counter_type,
+                                         unsigned long long *count) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, NULL, &dev);
+    if (r) return r;
+    const jnode *ecc = jget(dev, "ecc");
+    if (!ecc || !jnum(ecc, "enabled", 1)) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (counter_type != 0) return leave(NVML_ERROR_NOT_SUPPORTED); /* only NVML_VOLATILE_ECC */
+    if (error_type == 0) *count = (unsigned long long)jnum(ecc, "corrected", 0);
+    else if (error_type == 1) *count = (unsigned long long)jnum(ecc, "uncorrected", 0);
+    else return leave(NVML_ERROR_INVALID_ARGUMENT);
+    return leave(NVML_SUCCESS);
+}
+
+/* The two-call protocol pynvml uses: count with a NULL array (INSUFFICIENT_SIZE when there are any), then fill. */
+static nvmlReturn_t processes(nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_t *infos) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, "processes", &dev);
+    if (r) return r;
+    const jnode *list = jget(dev, "processes");
+    unsigned int n = 0;
+    if (list && list->type == J_ARR)
+        for (const jnode *p = list->child; p; p = p->next) n++;
+    if (n > *count || (!infos && n > 0)) {
+        *count = n;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    *count = n;
+    unsigned int i = 0;
+    if (n)
+        for (const jnode *p = list->child; p; p = p->next, i++) {
+            const jnode *used = jget(p, "used");
+            infos[i].pid = (unsigned int)jnum(p, "pid", 0);
+            infos[i].usedGpuMemory = used && used->type == J_NUM ? (unsigned long long)used->num
+                                                                 : NVML_VALUE_NOT_AVAILABLE_ULL;
+            infos[i].gpuInstanceId = infos[i].computeInstanceId = 0xFFFFFFFFu;
+        }
+    return leave(NVML_SUCCESS);
+}
+
+#ifndef FAKENVML_LEGACY
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
+                                                     nvmlProcessInfo_t *infos) {
+    return processes(device, count, infos);
+}
+#endif
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
+                                                     nvmlProcessInfo_t *infos) {
+    return processes(device, count, infos);
+}
+
+/* ---- events ------------------------------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    pthread_mutex_lock(&lock);
+    if (!initialized) return leave(NVML_ERROR_UNINITIALIZED);
+    *set = calloc(1, sizeof **set);
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    free(set);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, "events", &dev);
+    if (r) return r;
+    *types = 0x8 | 0x1 | 0x2; /* Xid, single- and double-bit ECC */
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types, nvmlEventSet_t set) {
+    jnode *dev;
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device, "events", &dev);
+    if (r) return r;
+    set->registered[device->index] |= types;
+    return leave(NVML_SUCCESS);
+}
+
+/* The next queued event for a device registered in `set`, or 0; events for unregistered devices are dropped. */
+static int next_event_locked(nvmlEventSet_t set, nvmlEventData_t *data) {
+    jnode *events = jget(scenario, "events");
+    if (!events || events->type != J_ARR) return 0;
+    size_t i = 0;
+    for (jnode *e = events->child; e; e = e->next, i++) {
+        if (i < events_delivered) continue;
+        events_delivered = i + 1;
+        int index = (int)jnum(e, "device", 0);
+        unsigned long long type = (unsigned long long)jnum(e, "type", 8);
+        if (index < 0 || index >= MAX_DEVICES || !(set->registered[index] & type)) continue;
+        memset(data, 0, sizeof *data);
+        handles[index].index = index;
+        data->device = &handles[index];
+        data->eventType = type;
+        data->eventData = (unsigned long long)jnum(e, "data", 0);
+        data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFFu;
+        return 1;
+    }
+    return 0;
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    if (!set || !data) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int waited = 0;; waited += 10) {
+        pthread_mutex_lock(&lock);
+        if (!initialized) return leave(NVML_ERROR_UNINITIALIZED);
+        reload_locked();
+        if (next_event_locked(set, data)) return leave(NVML_SUCCESS);
+        pthread_mutex_unlock(&lock);
+        if (waited >= timeoutms) return NVML_ERROR_TIMEOUT;
+        sleep_ms(10);
+    }
+}

@@ -1,0 +1,266 @@
+"""Helpers shared by the tests and bench/: child processes, the daemon as a real process, scraping and waiting.
+
+No pytest here: bench/common.py imports this module too (bench scripts are run by hand, outside pytest).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+TRAIN = Path(__file__).resolve().parent / "workloads" / "train.py"
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def parse_samples(text: str) -> Samples:
+    """Every sample of an exposition, keyed by (name, labels)."""
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def sample(samples: Samples, name: str, **labels: str) -> float | None:
+    """The value of the series `name` with exactly `labels`, None when absent."""
+    return samples.get((name, frozenset(labels.items())))
+
+
+def per_device(samples: Samples, name: str, platform: str | None = None) -> dict[str, float]:
+    """{device label: value} of one per-device series (of one platform: ids repeat across platforms)."""
+    out = {}
+    for (sample_name, labels), value in samples.items():
+        if sample_name == name:
+            lab = dict(labels)
+            if platform is None or lab.get("platform") == platform:
+                out[lab["device"]] = value
+    return out
+
+
+def wait_until(
+    predicate: Callable[[], bool],
+    timeout: float = 10.0,
+    what: str = "condition",
+    step: float = 0.01,
+    detail: Callable[[], str] = lambda: "",
+) -> None:
+    """Poll `predicate` every `step` s until it holds; after `timeout`, AssertionError naming `what` plus `detail()`."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            more = detail()
+            raise AssertionError(f"{what} not reached within {timeout}s" + (f":\n{more}" if more else ""))
+        time.sleep(step)
+
+
+def jaxmon_env(extra: Mapping[str, str] | None = None, devices: int = 8) -> dict[str, str]:
+    """This environment with N JAX CPU devices (as CI runs the suite), unbuffered output, then `extra`."""
+    return {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices), "PYTHONUNBUFFERED": "1", **(extra or {})}
+
+
+class Process:
+    """A child process with stdout and stderr in its own log file; stop() signals it, then kills it."""
+
+    def __init__(self, argv: Sequence[str], log_path: Path, env: Mapping[str, str], cwd: Path = ROOT) -> None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(list(argv), stdout=self._log, stderr=subprocess.STDOUT, env=dict(env), cwd=cwd)
+        self.pid = self.proc.pid
+
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        """Everything the process wrote so far."""
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        """Send `sig`, wait up to `timeout`, then SIGKILL; the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+class Daemon(Process):
+    """`python -m jaxmon serve` as a child process on its own loopback port, logging to `log_dir`."""
+
+    def __init__(
+        self,
+        log_dir: Path,
+        args: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        scheme: str = "http",
+        client: dict[str, Any] | None = None,
+        *,
+        name: str = "jaxmon",
+        cwd: Path = ROOT,
+    ) -> None:
+        self.port = free_port()
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        # requests keyword arguments for every call: verify (CA file), cert (client cert), auth.
+        self.client = client or {}
+        argv = [sys.executable, "-m", "jaxmon", "serve", "--web.listen-address", f"127.0.0.1:{self.port}", *args]
+        super().__init__(argv, log_dir / f"{name}-{self.port}.log", jaxmon_env(env), cwd)
+
+    def get(self, path: str, **kwargs: Any) -> requests.Response:
+        """GET `path` with the daemon's client settings."""
+        return requests.get(self.url + path, **{"timeout": 10, **self.client, **kwargs})
+
+    def status(self, path: str) -> int | None:
+        """The status of GET `path`, None while nothing answers."""
+        try:
+            return self.get(path).status_code
+        except (requests.ConnectionError, requests.exceptions.SSLError):
+            return None
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait for /readyz to answer 200; fail at once if the daemon exits."""
+
+        def ready() -> bool:
+            if not self.alive():
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+            return self.status("/readyz") == 200
+
+        wait_until(ready, timeout, "daemon ready", step=0.05, detail=self.log)
+
+    def scrape(self) -> Samples:
+        """One /metrics, parsed."""
+        r = self.get("/metrics")
+        assert r.status_code == 200, r.text
+        return parse_samples(r.text)
+
+    def wait_for(self, predicate: Callable[[Samples], bool], timeout: float = 60.0, what: str = "condition") -> Samples:
+        """Scrape until `predicate(samples)` holds; the samples it held for."""
+        return wait_for_samples(self.url, predicate, what, timeout, client=self.client, detail=self.log)
+
+
+def scrape(url: str, **client: Any) -> Samples:
+    """One /metrics of the exporter at `url`, parsed."""
+    r = requests.get(url + "/metrics", **{"timeout": 10, **client})
+    assert r.status_code == 200, r.text
+    return parse_samples(r.text)
+
+
+def wait_for_samples(
+    url: str,
+    predicate: Callable[[Samples], bool],
+    what: str = "condition",
+    timeout: float = 30.0,
+    client: Mapping[str, Any] | None = None,
+    detail: Callable[[], str] = lambda: "",
+) -> Samples:
+    """Scrape `url` until `predicate(samples)` holds; the samples it held for."""
+    last: list[Samples] = []
+
+    def holds() -> bool:
+        last[:] = [scrape(url, **(client or {}))]
+        return predicate(last[0])
+
+    wait_until(holds, timeout, what, step=0.1, detail=detail)
+    return last[0]
+
+
+def last_success(samples: Samples, collector: str) -> float:
+    """jaxmon_collector_last_success_timestamp_seconds of `collector` (0 before its first success)."""
+    return sample(samples, "jaxmon_collector_last_success_timestamp_seconds", collector=collector) or 0.0
+
+
+def wait_for_fresh_samples(url: str, collector: str, what: str = "", timeout: float = 30.0) -> Samples:
+    """Samples from an update of `collector` that started after this call."""
+    # Two successes later than now: the first may have read its data before now; a job never overlaps itself, so
+    # the second started after the first was recorded.
+    since = time.time()
+    first = wait_for_samples(url, lambda s: last_success(s, collector) > since, f"a {collector} update {what}", timeout)
+    stamp = last_success(first, collector)
+    return wait_for_samples(url, lambda s: last_success(s, collector) > stamp, f"another {collector} update", timeout)
+
+
+class Child:
+    """tests/workloads/train.py (a JAX training loop with jaxmon embedded or publishing) driven line by line."""
+
+    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.stderr_path = tmp / f"child-{time.monotonic_ns()}.log"
+        self._stderr = open(self.stderr_path, "w")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(TRAIN), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "JAX_NUM_CPU_DEVICES": "8", **(env or {})},
+        )
+        self.hello = self.read_ok()
+
+    def read_ok(self, timeout: float = 60.0) -> dict[str, Any]:
+        """The next `OK <json>` answer; AssertionError (with the child's stderr) on anything else."""
+        stdout = self.proc.stdout
+        assert stdout is not None
+        result: list[str] = []
+        reader = threading.Thread(target=lambda: result.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        line = result[0] if result else ""
+        assert line.startswith("OK "), f"child said {line!r}; stderr:\n{self.log()}"
+        return dict(json.loads(line[3:]))
+
+    def send(self, command: str) -> dict[str, Any]:
+        """Send one command line and return its answer."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.read_ok()
+
+    def log(self) -> str:
+        """The child's stderr so far."""
+        self._stderr.flush()
+        return self.stderr_path.read_text()
+
+    def close(self) -> None:
+        """Kill the child (if it still runs) and reap it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._stderr.close()
+
+
+def promtool() -> str:
+    """The path of promtool (Debian package 'prometheus'); AssertionError when it is missing."""
+    path = shutil.which("promtool")
+    if path is None:
+        raise AssertionError("promtool not found: install the Debian package 'prometheus' (.ci/run does)")
+    return path

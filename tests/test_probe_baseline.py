@@ -1,0 +1,140 @@
+"""The probe's baseline: persisted and restored across restarts, provisional while a device-wide source says busy."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+from jaxmon.logsetup import ErrorLog
+from jaxmon.model import DeviceInfo
+from jaxmon.probe import DeviceProbe, ProbeConfig
+from jaxmon.probe_baseline import SCHEMA, Baseline, BaselineStore
+from tests.conftest import StartDaemon, sample
+
+DEVICE = DeviceInfo(id=5, platform="gpu", device_kind="fake")
+KEY = "gpu:5:fake|test"
+
+
+class CountingKernel:
+    """A kernel that takes 0.1 ms per step and records the step counts it was asked for."""
+
+    flops_per_step = 100.0
+    footprint_bytes = 1024
+
+    def __init__(self) -> None:
+        self.steps_asked: list[int] = []
+
+    def run(self, steps: int) -> None:
+        self.steps_asked.append(steps)
+        threading.Event().wait(steps * 1e-4)
+
+
+Make = Callable[..., tuple[DeviceProbe, CountingKernel]]
+
+
+@pytest.fixture
+def make() -> Iterator[Make]:
+    probes: list[DeviceProbe] = []
+
+    def build(
+        store: BaselineStore | None = None, busy: Callable[[], bool] = lambda: False
+    ) -> tuple[DeviceProbe, CountingKernel]:
+        kernel = CountingKernel()
+        probe = DeviceProbe(
+            DEVICE,
+            lambda: kernel,
+            ProbeConfig(size=8, timeout_seconds=10.0, target_seconds=0.002),
+            ErrorLog(structlog.get_logger("jaxmon.test"), 60.0),
+            threading.Lock(),
+            store=store,
+            store_key=KEY,
+            busy=busy,
+        )
+        probes.append(probe)
+        return probe, kernel
+
+    yield build
+    for p in probes:
+        p.stop()
+        p.join(2)
+
+
+def test_a_calibration_is_saved_and_a_restart_restores_it_without_calibrating(make: Make, tmp_path: Path) -> None:
+    path = tmp_path / "baseline.json"
+    first, _ = make(BaselineStore(path))
+    first.run_once()
+    st = first.status()
+    assert st.baseline_origin == "calibrated"
+    saved = json.loads(path.read_text())
+    assert saved["schema"] == SCHEMA
+    assert saved["entries"][KEY]["steps"] == st.steps
+    seeds_median = saved["entries"][KEY]["seconds"]
+    assert seeds_median > 0
+
+    restarted, kernel = make(BaselineStore(path))
+    restarted.run_once()
+    again = restarted.status()
+    assert again.baseline_origin == "restored"
+    assert again.steps == st.steps
+    # One warm-up run and one measured run at the saved step count: no calibration timings at all.
+    assert kernel.steps_asked == [st.steps, st.steps]
+    assert again.baseline_seconds is not None and again.baseline_seconds <= seeds_median
+    assert again.utilization_ratio is not None
+
+
+def test_a_store_under_another_key_or_a_broken_file_is_not_used(make: Make, tmp_path: Path) -> None:
+    path = tmp_path / "baseline.json"
+    BaselineStore(path).put("gpu:5:fake|other-jax", Baseline(steps=7, seconds=0.5))
+    probe, _ = make(BaselineStore(path))
+    probe.run_once()
+    assert probe.status().baseline_origin == "calibrated"
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    assert BaselineStore(broken).get(KEY) is None
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text(json.dumps({"schema": "x", "entries": {KEY: {"steps": 3, "seconds": 0.1}}}))
+    assert BaselineStore(foreign).get(KEY) is None
+
+
+def test_a_busy_device_gets_a_provisional_baseline_and_no_estimate_until_it_is_idle(make: Make, tmp_path: Path) -> None:
+    busy = [True]
+    path = tmp_path / "baseline.json"
+    probe, _ = make(BaselineStore(path), busy=lambda: busy[0])
+    probe.run_once()
+    st = probe.status()
+    assert st.baseline_origin == "provisional"
+    assert st.up is True  # health still works
+    assert st.utilization_ratio is None
+    assert not path.exists()  # a baseline taken under load is never persisted
+    probe.run_once()
+    assert probe.status().baseline_origin == "provisional"
+    busy[0] = False
+    probe.run_once()  # idle now: recalibrated
+    st = probe.status()
+    assert st.baseline_origin == "calibrated"
+    assert st.utilization_ratio is not None
+    assert KEY in json.loads(path.read_text())["entries"]
+
+
+def test_the_daemon_restores_every_devices_baseline_after_a_restart(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    path = tmp_path / "baseline.json"
+    args = ("--probe.baseline-file", str(path), "--probe.size", "32", "--probe.interval", "30s")
+
+    def all_with_origin(origin: str) -> Callable[[dict[tuple[str, frozenset[tuple[str, str]]], float]], bool]:
+        return lambda s: all(
+            sample(s, "jaxmon_probe_baseline_info", device=str(i), platform="cpu", origin=origin) == 1.0
+            for i in range(8)
+        )
+
+    first = start_daemon(*args)
+    first.wait_for(all_with_origin("calibrated"), what="every device calibrated")
+    first.stop()
+    assert len(json.loads(path.read_text())["entries"]) == 8
+    second = start_daemon(*args)
+    s = second.wait_for(all_with_origin("restored"), what="every device restored")
+    assert all(sample(s, "jaxmon_device_up", device=str(i), platform="cpu") == 1.0 for i in range(8))

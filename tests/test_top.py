@@ -1,0 +1,334 @@
+"""`jaxmon top`: parsing and rendering of literal expositions, and --once against real replay daemons (HTTP, HTTPS)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from rich.console import Console
+
+from jaxmon.top import main as top_main
+from jaxmon.topfetch import EndpointState, display_name, healthz_url, metrics_url
+from jaxmon.topmodel import ExpositionError, next_sort, parse_exposition, sort_rows
+from jaxmon.topview import ASCII, frame
+from tests.conftest import FIXTURES, ROOT, StartDaemon
+from tests.tls_helpers import bcrypt_hash, make_certs
+
+GiB = 1 << 30
+SHAPES = FIXTURES / "shapes.json"
+REPLAY = ("--replay", str(SHAPES), "--poll.interval", "1s")
+
+# Two devices of one daemon plus a spooled workload on device 0, and NVML's device-wide numbers for device 0 and for a
+# device no JAX client holds (2). Every value is chosen so the expected cells can be written out by hand below.
+EXPOSITION = """\
+# TYPE jaxmon_memory_bytes_in_use gauge
+jaxmon_memory_bytes_in_use{device="0",platform="gpu"} 3221225472
+jaxmon_memory_bytes_in_use{device="1",platform="gpu"} 1073741824
+jaxmon_memory_bytes_in_use{device="0",platform="gpu",workload="trainer"} 536870912
+# TYPE jaxmon_memory_limit_bytes gauge
+jaxmon_memory_limit_bytes{device="0",platform="gpu"} 10737418240
+jaxmon_memory_limit_bytes{device="1",platform="gpu"} 2147483648
+# TYPE jaxmon_memory_free_bytes gauge
+jaxmon_memory_free_bytes{device="0",platform="gpu"} 7516192768
+jaxmon_memory_free_bytes{device="1",platform="gpu"} 1073741824
+# TYPE jaxmon_memory_fragmentation_ratio gauge
+jaxmon_memory_fragmentation_ratio{device="0",platform="gpu"} 0.125
+# TYPE jaxmon_memory_largest_allocatable_bytes gauge
+jaxmon_memory_largest_allocatable_bytes{device="0",platform="gpu"} 6442450944
+# TYPE jaxmon_memory_read_success gauge
+jaxmon_memory_read_success{device="0",platform="gpu"} 1
+jaxmon_memory_read_success{device="1",platform="gpu"} 0
+# TYPE jaxmon_device_up gauge
+jaxmon_device_up{device="0",platform="gpu"} 1
+jaxmon_device_up{device="1",platform="gpu"} 0
+# TYPE jaxmon_device_utilization_ratio gauge
+jaxmon_device_utilization_ratio{device="0",platform="gpu"} 0.4
+# TYPE jaxmon_device_info gauge
+jaxmon_device_info{device="0",device_kind="NVIDIA H100",platform="gpu",source="local"} 1
+# TYPE jaxmon_device_duty_cycle_ratio gauge
+jaxmon_device_duty_cycle_ratio{device="0",platform="gpu",source="nvml"} 0.875
+jaxmon_device_duty_cycle_ratio{device="2",platform="gpu",source="nvml"} 0.5
+# TYPE jaxmon_device_memory_used_bytes gauge
+jaxmon_device_memory_used_bytes{device="0",platform="gpu",source="nvml"} 64424509440
+# TYPE jaxmon_device_memory_total_bytes gauge
+jaxmon_device_memory_total_bytes{device="0",platform="gpu",source="nvml"} 85899345920
+# TYPE jaxmon_device_source_up gauge
+jaxmon_device_source_up{device="0",platform="gpu",source="nvml"} 1
+jaxmon_device_source_up{device="1",platform="gpu",source="nvml"} 0
+jaxmon_device_source_up{device="2",platform="gpu",source="nvml"} 1
+# TYPE jaxmon_collector_success gauge
+jaxmon_collector_success{collector="memory"} 0
+jaxmon_collector_success{collector="probe"} 1
+"""
+
+
+def _cells(text: str, device: str, workload: str | None = None) -> list[str]:
+    """The whitespace-separated cells of the row of `device` (and `workload`) in a plain frame."""
+    for line in text.splitlines():
+        cells = line.split()
+        if len(cells) > 1 and cells[1] == device and (workload is None or workload in cells):
+            return cells
+    raise AssertionError(f"no row for {device} in:\n{text}")
+
+
+def _plain(state: EndpointState, sort: str = "device") -> str:
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=200, force_terminal=False, no_color=True)
+    console.print(frame([state], sort, 0.0, 10.0, ASCII, False, console))
+    return buffer.getvalue()
+
+
+def _state(text: str) -> EndpointState:
+    exposition = parse_exposition(text, "h:1")
+    return EndpointState("http://h:1/metrics", "h:1", exposition, health="ok: fresh", healthy=True, last_ok=0.0)
+
+
+def test_each_device_and_workload_becomes_a_row_with_the_numbers_of_its_series() -> None:
+    exp = parse_exposition(EXPOSITION, "h:1")
+    rows = {(r.key.device, r.key.workload): r for r in exp.rows}
+    assert set(rows) == {("0", ""), ("1", ""), ("0", "trainer"), ("2", "")}
+    d0 = rows[("0", "")]
+    assert (d0.in_use, d0.limit, d0.free) == (3 * GiB, 10 * GiB, 7 * GiB)
+    assert (d0.fragmentation, d0.allocatable, d0.up, d0.probe) == (0.125, 6 * GiB, 1, 0.4)
+    assert d0.kind == "NVIDIA H100"
+    # NVML's numbers are device-wide: on every row of device 0, and device 2 gets a row of its own.
+    for row in (d0, rows[("0", "trainer")]):
+        assert (row.duty, row.duty_source, row.device_used, row.device_total) == (0.875, "nvml", 60 * GiB, 80 * GiB)
+    assert (rows[("2", "")].duty, rows[("2", "")].in_use) == (0.5, None)
+    assert rows[("0", "trainer")].in_use == 512 * 1024 * 1024
+    assert rows[("0", "trainer")].limit is None  # absent stays absent
+    assert exp.collectors == {"memory": 0, "probe": 1}
+    assert exp.sources == {"nvml": (2, 3)}  # answered for devices 0 and 2, failed for 1
+    assert rows[("1", "")].sources_down == ("nvml",)
+    assert rows[("0", "")].sources_down == ()
+
+
+def test_the_frame_shows_bar_numbers_duty_beside_probe_and_dashes_for_what_is_absent() -> None:
+    text = _plain(_state(EXPOSITION))
+    # gpu:0: 3 of 10 GiB in use -> 3 of 10 bar cells; free 7 GiB; 12.5 % fragmented; NVML 60 of 80 GiB, 87.5 %.
+    assert _cells(text, "gpu:0") == [
+        "h:1", "gpu:0", "-", "###.......", "3.0GiB/10.0GiB", "7.0GiB", "12.5%", "6.0GiB",
+        "60.0GiB/80.0GiB", "87.5%", "nvml", "40.0%", "up",
+    ]  # fmt: skip
+    # gpu:1: half full, no fragmentation or allocatable series, probe down, memory read failed, NVML failed.
+    assert _cells(text, "gpu:1") == [
+        "h:1", "gpu:1", "-", "#####.....", "1.0GiB/2.0GiB", "1.0GiB", "-", "-", "-", "-", "-", "DOWN", "read-error",
+        "nvml-down",
+    ]  # fmt: skip
+    assert _cells(text, "gpu:0", "trainer")[2:5] == ["trainer", "512.0MiB/-", "-"]
+    header = text.splitlines()[0]
+    assert "h:1  healthy (ok: fresh)" in header
+    assert "failing collectors: memory" in header
+    assert "nvml down on 1 of 3 devices" in header
+
+
+def test_each_sort_puts_the_row_to_look_at_first_on_top() -> None:
+    rows = parse_exposition(EXPOSITION, "h:1").rows
+    order = {
+        name: [(r.key.device, r.key.workload) for r in sort_rows(rows, name)]
+        for name in ("device", "memory", "free", "fragmentation", "duty")
+    }
+    assert order["device"] == [("0", ""), ("0", "trainer"), ("1", ""), ("2", "")]
+    assert order["memory"][:2] == [("1", ""), ("0", "")]  # 50 % of the limit before 30 %; no limit: last
+    assert order["free"][:2] == [("1", ""), ("0", "")]  # 1 GiB free before 7 GiB
+    assert order["fragmentation"][0] == ("0", "")
+    assert order["duty"] == [("0", ""), ("0", "trainer"), ("2", ""), ("1", "")]  # 87.5 %, 87.5 %, 50 %, none
+    cycle = ["device"]
+    for _ in range(5):
+        cycle.append(next_sort(cycle[-1]))
+    assert cycle == ["device", "memory", "free", "fragmentation", "duty", "device"]
+
+
+def test_an_unreachable_endpoint_keeps_its_devices_as_rows_that_say_so() -> None:
+    state = _state(EXPOSITION)
+    state.known_rows = state.exposition.rows if state.exposition else []
+    state.error = "connection refused"
+    text = _plain(state)
+    assert _cells(text, "gpu:0")[2:5] == ["-", "connection", "refused"]
+    assert _cells(text, "gpu:1")[-1] == "unreachable"
+    assert "h:1  DOWN: connection refused" in text
+    never = EndpointState("http://h:2/metrics", "h:2", error="timed out")
+    assert "h:2  DOWN: timed out" in _plain(never)
+    assert "unreachable" in _plain(never)
+
+
+def test_an_endpoint_connects_quietly_and_one_silent_past_the_limit_reads_down() -> None:
+    # stale_after is 10 s in _plain; `now` there is 0.
+    fresh = EndpointState("http://h:3/metrics", "h:3", created=-1.0)
+    assert "h:3  connecting…" in _plain(fresh)
+    assert fresh.rows(0.0, 10.0) == []
+    silent = EndpointState("http://h:3/metrics", "h:3", created=-25.0)
+    assert "h:3  DOWN: no answer for 25s" in _plain(silent)
+    hung = _state(EXPOSITION)  # answered once, then its fetch hung past the timeout
+    hung.last_ok = -12.0
+    hung.known_rows = hung.exposition.rows if hung.exposition else []
+    text = _plain(hung)
+    assert "h:1  DOWN: no answer for 12s" in text
+    assert _cells(text, "gpu:0")[-1] == "unreachable"
+
+
+def test_text_that_is_not_an_exposition_is_an_error_naming_it() -> None:
+    with pytest.raises(ExpositionError, match="not a Prometheus exposition"):
+        parse_exposition('jaxmon_memory_bytes_in_use{device="0" 12\n', "h:1")
+
+
+def test_urls_default_to_jaxmons_port_and_path_and_healthz_sits_at_the_root() -> None:
+    assert metrics_url("gpu-node-3") == "http://gpu-node-3:10401/metrics"
+    assert metrics_url("127.0.0.1:9000") == "http://127.0.0.1:9000/metrics"
+    assert metrics_url("https://h:8443/custom/path") == "https://h:8443/custom/path"
+    assert healthz_url("https://h:8443/custom/path") == "https://h:8443/healthz"
+    assert display_name("https://h:8443/metrics") == "https://h:8443"
+    assert display_name("http://h:1/metrics") == "h:1"
+
+
+def _top(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "jaxmon", "top", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.1f}GiB"
+
+
+def _replay_device(device: int) -> dict[str, Any]:
+    doc = json.loads(SHAPES.read_text())
+    return next(d["memory_stats"] for d in doc["devices"] if d["id"] == device)
+
+
+def test_a_peer_that_does_not_speak_http_is_down_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+
+        def answer_garbage() -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    conn, _ = server.accept()
+                    conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+                    conn.close()
+
+        threading.Thread(target=answer_garbage, daemon=True).start()
+        code = top_main([f"127.0.0.1:{server.getsockname()[1]}", "--once", "--timeout", "2s"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "DOWN: not an HTTP answer (BadStatusLine: 'SSH-2.0-OpenSSH_9.2')" in out
+
+
+@pytest.fixture
+def silent_endpoint() -> Iterator[str]:
+    """A loopback port that accepts connections and never answers (a hung daemon)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        yield f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_once_prints_the_replayed_numbers_as_plain_text_and_a_hung_endpoint_times_out(
+    start_daemon: StartDaemon, silent_endpoint: str
+) -> None:
+    d = start_daemon(*REPLAY)
+    result = _top(f"127.0.0.1:{d.port}", "--once", "--timeout", "1s")
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout  # piped: no colour, no cursor movement
+    assert all(line == line.rstrip() for line in result.stdout.splitlines())
+    # gpu:0 is BFC with a pool: fragmentation = 1 - largest free block / (pool - in use).
+    g0 = _replay_device(0)
+    free = g0["bytes_limit"] - g0["bytes_in_use"]
+    frag = 1 - g0["largest_free_block_bytes"] / (g0["pool_bytes"] - g0["bytes_in_use"])
+    allocatable = max(g0["largest_free_block_bytes"], g0["bytes_limit"] - g0["pool_bytes"])
+    filled = round(10 * g0["bytes_in_use"] / g0["bytes_limit"])
+    assert _cells(result.stdout, "gpu:0")[2:8] == [
+        "#" * filled + "." * (10 - filled),
+        f"{_gib(g0['bytes_in_use'])}/{_gib(g0['bytes_limit'])}",
+        _gib(free),
+        f"{frag * 100:.1f}%",
+        _gib(allocatable),
+        "-",  # no NVML on a replay
+    ]
+    # tpu:3 has no pool: the free memory in the allocator is limit - in use.
+    t3 = _replay_device(3)
+    t3_frag = 1 - t3["largest_free_block_bytes"] / (t3["bytes_limit"] - t3["bytes_in_use"])
+    assert _cells(result.stdout, "tpu:3")[4:6] == [
+        _gib(t3["bytes_limit"] - t3["bytes_in_use"]),
+        f"{t3_frag * 100:.1f}%",
+    ]
+    assert _cells(result.stdout, "gpu:2")[5:7] == ["-", "-"]  # cuda_async: fragmentation and headroom absent
+    assert _cells(result.stdout, "gpu:6")[-1] == "read-error"
+    assert f"127.0.0.1:{d.port}  healthy (ok:" in result.stdout
+
+    # With a hung endpoint beside it, the frame still comes (after the timeout) and says which one hung.
+    both = _top(silent_endpoint, f"127.0.0.1:{d.port}", "--once", "--timeout", "500ms")
+    assert both.returncode == 1
+    assert f"{silent_endpoint}  DOWN: timed out" in both.stdout
+    assert _cells(both.stdout, "gpu:0")[3] == f"{_gib(g0['bytes_in_use'])}/{_gib(g0['bytes_limit'])}"
+
+
+def test_bad_arguments_exit_2_naming_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def run(*args: str) -> tuple[int, str]:
+        try:
+            code = top_main(list(args))
+        except SystemExit as exc:  # argparse's own errors
+            code = int(exc.code or 0)
+        return code, capsys.readouterr().err
+
+    for args, message in (
+        (["ftp://h/metrics"], "'ftp://h/metrics': scheme must be http or https, not 'ftp'"),
+        (["--ca-file", str(tmp_path / "missing.pem")], f"--ca-file {tmp_path / 'missing.pem'}: no such file"),
+        (["--password-file", str(SHAPES)], "--password-file needs --user"),
+        (["--interval", "soon"], "argument --interval: not a duration: 'soon'"),
+        (["--timeout", "0"], "argument --timeout: must be positive, got '0'"),
+    ):
+        code, err = run(*args, "--once")
+        assert code == 2, args
+        assert message in err
+    code, err = run("127.0.0.1:1")  # the live view, with pytest's stdin: not a terminal
+    assert code == 2
+    assert "stdin and stdout must be a terminal for the live view; use --once" in err
+
+
+def test_https_with_a_ca_file_and_basic_auth(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    certs = make_certs(tmp_path)
+    web = tmp_path / "web.yml"
+    web.write_text(
+        yaml.safe_dump(
+            {
+                "tls_server_config": {"cert_file": str(certs.server_cert), "key_file": str(certs.server_key)},
+                "basic_auth_users": {"prom": bcrypt_hash("s3cret")},
+            }
+        )
+    )
+    d = start_daemon(
+        *REPLAY,
+        "--web.config.file",
+        str(web),
+        scheme="https",
+        client={"verify": str(certs.server_ca), "auth": ("prom", "s3cret")},
+    )
+    password = tmp_path / "password"
+    password.write_text("s3cret\n")
+    url = f"https://127.0.0.1:{d.port}/metrics"
+    ok = _top(url, "--once", "--ca-file", str(certs.server_ca), "--user", "prom", "--password-file", str(password))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    g0 = _replay_device(0)
+    assert _cells(ok.stdout, "gpu:0")[3] == f"{_gib(g0['bytes_in_use'])}/{_gib(g0['bytes_limit'])}"
+    assert f"https://127.0.0.1:{d.port}  healthy (ok:" in ok.stdout  # /healthz was read with the same credentials
+
+    wrong = tmp_path / "wrong"
+    wrong.write_text("guess")
+    denied = _top(url, "--once", "--ca-file", str(certs.server_ca), "--user", "prom", "--password-file", str(wrong))
+    assert denied.returncode == 1
+    assert "DOWN: HTTP 401: unauthorized" in denied.stdout
+    untrusted = _top(url, "--once", "--user", "prom", "--password-file", str(password))
+    assert untrusted.returncode == 1
+    assert "DOWN: TLS: CERTIFICATE_VERIFY_FAILED" in untrusted.stdout
