@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from typing import Any
 
 import structlog
 
+from jaxmon.finalization import EXIT_WAIT, before_finalization
 from jaxmon.logsetup import ensure_library_logging
+from jaxmon.probe import PROBE_THREAD_PREFIX
 from jaxmon.publisher import default_workload_name
 from jaxmon.settings import Settings, SettingsError, load_settings
 
@@ -35,9 +38,12 @@ class Exporter:
 
         self.settings = settings
         self.workload = workload
+        self._pid = os.getpid()
+        self._stopped = False
         source, in_process = workload_source()  # the trainer's JAX: change none of its settings
         self.runtime = build_runtime(settings, source, workload=workload, in_process=in_process)
         self.runtime.start()
+        before_finalization(self._exit)
         self._server: HttpServer | None = None
         self._thread: threading.Thread | None = None
         try:
@@ -74,6 +80,7 @@ class Exporter:
     def stop(self) -> None:
         """Stop serving and collecting."""
         global _running
+        self._stopped = True
         if self._server is not None and self._thread is not None:
             self._server.stop()
             self._thread.join(timeout=10)
@@ -87,6 +94,19 @@ class Exporter:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def _exit(self) -> None:
+        """At interpreter exit: stop, and let the probe's threads leave JAX before finalization
+        (jaxmon.finalization); the scheduler's workers are joined by concurrent.futures itself."""
+        if os.getpid() != self._pid or self._stopped:
+            return
+        self.stop()
+        deadline = time.monotonic() + EXIT_WAIT
+        for thread in threading.enumerate():
+            if thread.name.startswith(PROBE_THREAD_PREFIX):
+                thread.join(max(deadline - time.monotonic(), 0.0))
+                if thread.is_alive():
+                    log.warning("exiting while a probe is still inside JAX", thread=thread.name)
 
     def _forked(self) -> None:
         """In a forked child: the threads are gone; let go of the port so it is the parent's alone."""

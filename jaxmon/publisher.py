@@ -6,7 +6,6 @@ the sidecar's TTL, and a later publisher of the same workload on the same host r
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
 import os
@@ -20,6 +19,7 @@ from typing import Any
 
 import structlog
 
+from jaxmon.finalization import EXIT_WAIT, before_finalization
 from jaxmon.logsetup import ErrorLog, ensure_library_logging
 from jaxmon.model import DeviceInfo
 from jaxmon.sources import DeviceSource, InProcess
@@ -38,8 +38,6 @@ log = structlog.get_logger("jaxmon.publisher")
 # A predecessor's file (same workload and host, another pid) this old is a crashed run's: 10 x the sidecar's
 # default TTL. Younger ones may belong to a live process in another PID namespace sharing the hostname.
 STALE_AFTER = 300.0
-# How long the interpreter's exit waits for the publisher thread to leave JAX (backend start-up, memory_stats).
-EXIT_WAIT = 60.0
 
 
 def default_workload_name() -> str:
@@ -68,7 +66,7 @@ class Publisher:
         self._errors = ErrorLog(log, max(interval, 60.0))  # a lasting failure: once a minute, not every write
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jaxmon-publisher", daemon=True)
-        _at_exit(self._exit)
+        before_finalization(self._exit)
         self._thread.start()
 
     def _run(self) -> None:
@@ -169,13 +167,8 @@ class Publisher:
                 self.path.unlink()
 
     def _exit(self) -> None:
-        """At interpreter exit: a clean exit removes the file, and the thread must be out of JAX first.
-
-        A daemon thread still inside JAX's C++ code (backend start-up, memory_stats) while the interpreter
-        finalizes is torn down by a forced unwind that the C++ code may not let through: the process aborts
-        with `terminate called after throwing an instance of ''` / `FATAL: exception not rethrown` (exit 134)
-        instead of exiting with the script's status. So wait for it here, before finalization starts.
-        """
+        """At interpreter exit: the thread leaves JAX first (jaxmon.finalization), then a clean exit removes the
+        file."""
         if os.getpid() != self.pid or self._stop.is_set():
             return  # a forked child's copy, or stopped by the caller (who chose whether to keep the file)
         self.stop(remove=True, wait=EXIT_WAIT)
@@ -187,22 +180,6 @@ class Publisher:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _at_exit(callback: Any) -> None:
-    """Run `callback` when the interpreter exits, before daemon threads are abandoned.
-
-    threading._register_atexit callbacks run in threading._shutdown, before the interpreter joins non-daemon
-    threads and finalizes (concurrent.futures uses it to join its workers, Lib/concurrent/futures/thread.py);
-    plain atexit callbacks run later. Fall back to atexit where it is missing or shutdown has begun.
-    """
-    register = getattr(threading, "_register_atexit", None)
-    try:
-        if register is None:
-            raise RuntimeError("no threading._register_atexit")
-        register(callback)
-    except RuntimeError:
-        atexit.register(callback)
 
 
 def _number(value: object) -> bool:

@@ -68,6 +68,32 @@ def test_thirty_short_publishing_scripts_each_exit_with_their_own_status(tmp_pat
     assert sorted(p.name for p in spool.iterdir()) == []
 
 
+EMBEDDED_EXIT_SCRIPT = """
+    import sys, time
+    import jaxmon
+    exporter = jaxmon.start(0, poll={"interval": 0.05}, probe={"interval": 0.2})
+    time.sleep(float(sys.argv[1]))
+    sys.exit(int(sys.argv[2]))
+"""
+
+
+def test_scripts_running_the_embedded_exporter_exit_with_their_own_status(tmp_path: Path) -> None:
+    # The exit hook stops the exporter and joins the probe's threads before finalization (1 run in 16 aborted
+    # with exit 134 before it, with the probe compiling or running at exit).
+    runs = [(delay, status) for delay in (0.0, 0.5, 1.0, 2.0) for status in (0, 3)]
+
+    def one(run: tuple[float, int]) -> tuple[int, int, str]:
+        result = run_script(EMBEDDED_EXIT_SCRIPT, str(run[0]), str(run[1]))
+        return run[1], result.returncode, result.stderr
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(one, runs))
+    wrong = [(want, got, err[-2000:]) for want, got, err in results if got != want]
+    assert not wrong, wrong
+    for _, _, err in results:
+        assert "terminate called" not in err and "FATAL" not in err and "still inside JAX" not in err, err
+
+
 def test_a_clean_exit_removes_the_workload_at_the_next_poll_not_after_the_ttl(
     tmp_path: Path, start_daemon: StartDaemon
 ) -> None:
