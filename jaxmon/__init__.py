@@ -8,10 +8,11 @@ from importlib import metadata
 
 from jaxmon.embedded import Exporter, start
 from jaxmon.publisher import Publisher, publish
+from jaxmon.settings import SettingsError
 
 try:
     __version__ = metadata.version("jaxmon")
 except metadata.PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0"
 
-__all__ = ["Exporter", "Publisher", "__version__", "publish", "start"]
+__all__ = ["Exporter", "Publisher", "SettingsError", "__version__", "publish", "start"]

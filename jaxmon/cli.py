@@ -10,12 +10,13 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 
 from jaxmon.app import build_runtime, package_version
 from jaxmon.logsetup import configure_logging
-from jaxmon.settings import Settings, SettingsError, load_settings
+from jaxmon.settings import Settings, SettingsError, load_settings, warn_unused_environment
 from jaxmon.sources.replay import ReplayError
 from jaxmon.table import format_table, snapshot_json
 
@@ -30,13 +31,14 @@ commands:
 """
 
 
-def _load(argv: Sequence[str], prog: str) -> Settings:
+def _load(argv: Sequence[str], prog: str, **help_options: Any) -> Settings:
     try:
-        settings = load_settings(argv, prog=prog)
+        settings = load_settings(argv, prog=prog, **help_options)
     except SettingsError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     configure_logging(settings.log.level, settings.log.format)
+    warn_unused_environment()
     return settings
 
 
@@ -62,8 +64,9 @@ def serve(argv: Sequence[str]) -> int:
         print(f"jaxmon serve: cannot listen on {settings.web.listen_address}: {exc.strerror or exc}", file=sys.stderr)
         runtime.stop()
         return 1
-    runtime.start()
+    # Bound already (connections wait in the backlog): say so before the first poll can announce "ready".
     log.info("serving", address=settings.web.listen_address, path=settings.web.telemetry_path, scheme=server.scheme)
+    runtime.start()
     serve_until_signalled(runtime, server)
     _exit_despite_hung_calls(deadline=time.monotonic() + 2.0)
     log.info("stopped")
@@ -89,7 +92,12 @@ def _exit_despite_hung_calls(deadline: float) -> None:
 def snapshot(argv: Sequence[str]) -> int:
     """One poll and one probe per device, printed."""
     as_json = "--json" in argv
-    settings = _load([a for a in argv if a != "--json"], "jaxmon snapshot")
+    settings = _load(
+        [a for a in argv if a != "--json"],
+        "jaxmon snapshot",
+        help_extra=[("--json", "print JSON instead of a table")],
+        help_hidden=lambda flag: flag.startswith("--web."),  # nothing is served
+    )
     try:
         runtime = build_runtime(settings)
     except ReplayError as exc:
@@ -112,9 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="jaxmon", usage=USAGE, add_help=False)
     parser.add_argument("command", nargs="?")
-    if not args or args[0] in ("-h", "--help"):
+    if not args:
+        print(USAGE, file=sys.stderr)  # a usage error, as argparse reports one
+        return 2
+    if args[0] in ("-h", "--help"):
         print(USAGE)
-        return 0 if args else 2
+        return 0
     if args[0] == "--version":
         print(f"jaxmon {package_version('jaxmon')}")
         return 0

@@ -9,12 +9,14 @@ import time
 from typing import Any
 
 import structlog
+from pydantic import ValidationError
 
 from jaxmon.finalization import EXIT_WAIT, before_finalization
 from jaxmon.logsetup import ensure_library_logging
 from jaxmon.probe import PROBE_THREAD_PREFIX
 from jaxmon.publisher import default_workload_name
-from jaxmon.settings import Settings, SettingsError, load_settings
+from jaxmon.settings import Settings, SettingsError, load_settings, warn_unused_environment
+from jaxmon.settings_check import describe
 
 log = structlog.get_logger("jaxmon.embedded")
 
@@ -157,7 +159,8 @@ def start(port: int | None = None, *, workload: str | None = None, **overrides: 
             overrides = _merge(overrides, {"web": {"listen_address": f":{port}"}})
         try:
             settings = Settings.model_validate(_merge(base, overrides))
-        except Exception as exc:
-            raise SettingsError(f"jaxmon.start: {exc}") from exc
+        except ValidationError as exc:
+            raise SettingsError(f"jaxmon.start: {describe(exc, 'start')}") from exc
+        warn_unused_environment()
         _running = Exporter(settings, workload or default_workload_name())
         return _running

@@ -13,6 +13,9 @@ import structlog
 
 LogFormat = Literal["auto", "json", "console"]
 
+# A persisting problem (a lost device, a held-up job, an unreadable directory) is logged at most this often.
+REPEAT_INTERVAL = 60.0
+
 
 def configure_logging(level: str = "info", fmt: LogFormat = "auto", stream: Any = None) -> None:
     """One processor chain for everything: JSON when not on a TTY, console otherwise."""
@@ -51,7 +54,7 @@ def configure_logging(level: str = "info", fmt: LogFormat = "auto", stream: Any 
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, root.level))
     scheduler_log = logging.getLogger("apscheduler.scheduler")
     scheduler_log.filters[:] = [f for f in scheduler_log.filters if not isinstance(f, RepeatFilter)]
-    scheduler_log.addFilter(RepeatFilter(60.0))
+    scheduler_log.addFilter(RepeatFilter(REPEAT_INTERVAL))
     # JAX logs every backend it could not start at INFO (a TPU factory exists even without libtpu); jaxmon
     # reports the backends that matter itself.
     logging.getLogger("jax").setLevel(max(logging.WARNING, root.level))
@@ -104,14 +107,18 @@ class RepeatFilter(logging.Filter):
 
 
 class ErrorLog:
-    """Logs a persisting error once, then at most once per `interval`, and once more when it clears."""
+    """Logs a persisting error once, then at most once per `interval` (with how often it recurred meanwhile), and
+    once more when it clears."""
 
-    def __init__(self, logger: Any, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, logger: Any, interval: float = REPEAT_INTERVAL, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._log = logger
         self._interval = interval
         self._clock = clock  # injectable so tests need not sleep through the interval
         self._lock = threading.Lock()
-        self._last: dict[str, tuple[str, float]] = {}
+        # key -> (error, when last logged, occurrences since then that were not logged)
+        self._last: dict[str, tuple[str, float, int]] = {}
 
     def error(self, key: str, event: str, error: str, same: str | None = None, **fields: Any) -> None:
         """Report `error` for `key` (e.g. a device), throttled while the same error persists.
@@ -123,10 +130,15 @@ class ErrorLog:
         now = self._clock()
         with self._lock:
             prev = self._last.get(key)
-            if prev is not None and prev[0] == identity and now - prev[1] < self._interval:
+            repeated = prev is not None and prev[0] == identity
+            if prev is not None and repeated and now - prev[1] < self._interval:
+                self._last[key] = (prev[0], prev[1], prev[2] + 1)
                 return
-            self._last[key] = (identity, now)
-        self._log.warning(event, error=error, repeated=prev is not None and prev[0] == identity, **fields)
+            suppressed = prev[2] if prev is not None and repeated else 0
+            self._last[key] = (identity, now, 0)
+        if repeated:
+            fields["suppressed"] = suppressed  # the same error this many times since the last line
+        self._log.warning(event, error=error, repeated=repeated, **fields)
 
     def ok(self, key: str, message: str, **fields: Any) -> None:
         """Mark `key` healthy again, logging the recovery if it was failing."""

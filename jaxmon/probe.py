@@ -33,6 +33,9 @@ class ProbeConfig:
     size: int
     timeout_seconds: float
     target_seconds: float
+    # Each timing is the fastest of this many back-to-back runs: robust to a preemption and to the cold caches of
+    # a run after a pause, so idle reads idle (BENCHMARKS.md, utilization).
+    repeats: int = 1
 
 
 def _never_busy() -> bool:
@@ -139,7 +142,7 @@ class DeviceProbe:
         saved = self._store.get(self._store_key) if self._store is not None else None
         if saved is not None and self._status.baseline_origin is None:
             self._kernel.run(saved.steps)  # warm-up: first dispatch pays one-off costs
-            self._set_calibration(saved.steps, saved.seconds, [], "restored")
+            self._set_calibration(saved.steps, saved.seconds, [], "restored", 0.0)
             return
         busy = self._busy()
         # Devices that share hardware (CPU devices share cores) must not time each other: one calibration
@@ -150,17 +153,18 @@ class DeviceProbe:
             one = statistics.median(self._time_run(1) for _ in range(5))
             steps = min(max(math.ceil(self._config.target_seconds / max(one, 1e-7)), 1), MAX_STEPS)
             self._time_run(steps)
-            seeds = [self._time_run(steps) for _ in range(7)]
+            timed = [self._fastest(steps) for _ in range(7)]
         finally:
             if locked:
                 self._calibration_lock.release()
+        seeds = [fastest for fastest, _ in timed]
         baseline = statistics.median(seeds)
         origin = "provisional" if busy or self._busy() else "calibrated"
-        self._set_calibration(steps, baseline, seeds, origin)
+        self._set_calibration(steps, baseline, seeds, origin, sum(total for _, total in timed))
         if origin == "calibrated" and self._store is not None:
             self._store.put(self._store_key, Baseline(steps, baseline))
 
-    def _set_calibration(self, steps: int, baseline: float, seeds: list[float], origin: str) -> None:
+    def _set_calibration(self, steps: int, baseline: float, seeds: list[float], origin: str, busy: float) -> None:
         assert self._kernel is not None
         with self._lock:
             self._calibration_baseline = baseline
@@ -171,7 +175,7 @@ class DeviceProbe:
             self._status.steps = steps
             self._status.baseline_seconds = baseline
             self._status.footprint_bytes = self._kernel.footprint_bytes
-            self._status.busy_seconds_total += sum(seeds)
+            self._status.busy_seconds_total += busy
         log.info(
             "probe calibrated",
             device=self.device.name,
@@ -181,10 +185,15 @@ class DeviceProbe:
             footprint_bytes=self._kernel.footprint_bytes,
         )
 
+    def _fastest(self, steps: int) -> tuple[float, float]:
+        """The fastest of `repeats` back-to-back runs, and the time they took together."""
+        runs = [self._time_run(steps) for _ in range(self._config.repeats)]
+        return min(runs), sum(runs)
+
     def _measure(self) -> None:
         assert self._kernel is not None
         steps = self._status.steps
-        latency = self._time_run(steps)
+        latency, busy = self._fastest(steps)
         with self._lock:
             self._samples.append(latency)
             # The calibration (taken idle, we hope) is a floor the window cannot raise: under hours of full
@@ -198,7 +207,7 @@ class DeviceProbe:
             provisional = st.baseline_origin == "provisional"
             st.utilization_ratio = None if provisional else utilization(baseline, latency)
             st.flops_per_second = self._kernel.flops_per_step * steps / latency if latency > 0 else None
-            st.busy_seconds_total += latency
+            st.busy_seconds_total += busy
 
     # -- scheduler side ---------------------------------------------------------------------------------
 
@@ -224,7 +233,12 @@ class DeviceProbe:
         def task() -> None:
             try:
                 if not calibrated or (provisional and not self._busy()):
-                    self._calibrate()  # first run, or the device is idle now: replace a provisional baseline
+                    try:
+                        self._calibrate()  # first run, or the device is idle now: replace a provisional baseline
+                    except Exception:
+                        if not calibrated:
+                            self._kernel = None  # a kernel that failed to calibrate is built anew next time
+                        raise
                 self._measure()
             except Exception as exc:
                 error.append(exc)

@@ -40,7 +40,7 @@ class Runtime:
         self.collectors = list(collectors)
         self.max_staleness = max_staleness
         self._lock = threading.Lock()
-        self._errors = ErrorLog(log, ctx.settings.poll.interval)
+        self._errors = ErrorLog(log)
         self._snapshot = Snapshot(
             devices=tuple(ctx.devices),
             backends=tuple(backends),
@@ -49,6 +49,7 @@ class Runtime:
             workload=ctx.workload,
         )
         self._last_update: dict[str, float] = {}
+        self._announced_ready = False
         for name, reason in sorted((unavailable or {}).items()):
             # Asked for explicitly but impossible here: say so in the exposition and the log, once.
             log.error("collector cannot run", collector=name, reason=reason)
@@ -130,6 +131,11 @@ class Runtime:
         with self._lock:
             self._snapshot = self._snapshot.with_update(name, update, duration)
             self._last_update[name] = time.monotonic()
+            became_ready = not self._announced_ready and self._ready_locked()
+            self._announced_ready = self._announced_ready or became_ready
+        if became_ready:
+            # The moment /readyz turns 200: what an operator watching a starting sidecar waits for.
+            log.info("ready: first poll done", collectors=self._heartbeats())
 
     # -- reading ----------------------------------------------------------------------------------------
 
@@ -142,11 +148,14 @@ class Runtime:
         names = [c.name for c in self.collectors if c.heartbeat]
         return names or [c.name for c in self.collectors]
 
+    def _ready_locked(self) -> bool:
+        return all(name in self._last_update for name in self._heartbeats())
+
     @property
     def ready(self) -> bool:
         """True once every collector /readyz waits on has completed its first update."""
         with self._lock:
-            return all(name in self._last_update for name in self._heartbeats())
+            return self._ready_locked()
 
     def health(self) -> tuple[bool, str]:
         """Healthy means fresh data: the scheduler runs and every heartbeat collector updated recently."""

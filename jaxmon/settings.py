@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -65,6 +65,11 @@ class WebSettings(_Section):
     header_timeout: Duration = Field(
         default=5.0, description="Connections that send no complete request (or TLS handshake) in this time close."
     )
+    enable_profiling: bool = Field(
+        default=False,
+        description="Serve /debug/pprof/device_memory (the workload's live device buffers as a pprof profile; "
+        "embedded exporter only, at most one per 5s).",
+    )
     config: WebConfigFileSettings = WebConfigFileSettings()
 
     @field_validator("listen_address")
@@ -108,17 +113,25 @@ else:
 class PollSettings(_Section):
     """memory_stats() polling."""
 
-    interval: Duration = Field(default=5.0, description="Seconds between memory_stats() polls (or 5s, 1m).")
+    interval: Duration = Field(
+        default=5.0, description="Time between memory_stats() polls (500ms, 5s, 1m; a plain number is seconds)."
+    )
 
 
 class ProbeSettings(_Section):
     """The utilization probe."""
 
-    interval: Duration = Field(default=15.0, description="Seconds between probe runs on each device.")
+    interval: Duration = Field(default=15.0, description="Time between probe runs on each device.")
     timeout: Duration = Field(default=5.0, description="A probe run longer than this marks its device down.")
     size: int = Field(default=256, ge=8, le=2048, description="Probe matrix size n (three n x n float32).")
     target: Duration = Field(
         default=0.002, description="Calibrated length of one idle probe run (steps are chosen to reach it)."
+    )
+    repeats: int = Field(
+        default=3,
+        ge=1,
+        le=10,
+        description="Each probe timing is the fastest of this many back-to-back runs (robust to preemption).",
     )
     baseline_file: Path | None = Field(
         default=None,
@@ -147,11 +160,18 @@ class GpuSettings(_Section):
     )
 
 
+def _lower(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
 class LogSettings(_Section):
     """Logging."""
 
-    level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
-    format: Literal["auto", "json", "console"] = Field(
+    # JAXMON_LOG__LEVEL=DEBUG is how people write levels (Python's own names are upper case).
+    level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = Field(
+        default="info", description="Log level."
+    )
+    format: Annotated[Literal["auto", "json", "console"], BeforeValidator(_lower)] = Field(
         default="auto", description="json, console, or auto (json when stderr is not a TTY)."
     )
 
@@ -277,17 +297,6 @@ def _config_file_from(argv: Sequence[str], environ: Mapping[str, str]) -> Path |
     return Path(value) if value else None
 
 
-def _describe(err: ValidationError, origin: str) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "settings"
-        flag = "--" + loc.replace("_", "-")
-        given = e.get("input")
-        shown = "" if isinstance(given, dict) else f" (got {given!r})"
-        lines.append(f"{loc} ({flag}): {e['msg']}{shown}")
-    return f"invalid settings{origin}:\n  " + "\n  ".join(lines)
-
-
 _COLLECTOR_FLAG = re.compile(r"^--(no-)?collector\.([a-z0-9_]+)(?:=(.*))?$")
 
 
@@ -309,14 +318,27 @@ def collector_flags(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def load_settings(argv: Sequence[str], prog: str = "jaxmon serve") -> Settings:
+def load_settings(
+    argv: Sequence[str],
+    prog: str = "jaxmon serve",
+    help_extra: Sequence[tuple[str, str]] = (),
+    help_hidden: Callable[[str], bool] = lambda flag: False,
+) -> Settings:
     """Build Settings from argv, the environment and the YAML file; raises SettingsError on bad input.
 
-    argparse errors (unknown flags, missing values) exit with status 2 themselves, as argparse does.
+    argparse errors (unknown flags, missing values) exit with status 2 themselves, as argparse does. `help_extra`
+    (flag, help) are the command's own flags, listed in --help (the caller parses them); `help_hidden` flags are
+    accepted but left out of --help.
     """
+    from jaxmon.clihelp import help_hook
+    from jaxmon.settings_check import describe, yaml_problems
+
     argv = collector_flags(argv)
     config_path = _config_file_from(argv, os.environ)
     yaml_data = _read_yaml(config_path) if config_path is not None else {}
+    problems = yaml_problems(yaml_data, Settings)
+    if problems:
+        raise SettingsError(f"invalid settings (config file {config_path}):\n  " + "\n  ".join(problems))
 
     class _Loaded(Settings):
         @classmethod
@@ -328,14 +350,19 @@ def load_settings(argv: Sequence[str], prog: str = "jaxmon serve") -> Settings:
             dotenv_settings: PydanticBaseSettingsSource,
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
-            cli: CliSettingsSource[Any] = CliSettingsSource(settings_cls, cli_prog_name=prog, cli_parse_args=list(argv))
+            cli: CliSettingsSource[Any] = CliSettingsSource(
+                settings_cls,
+                cli_prog_name=prog,
+                cli_parse_args=list(argv),
+                add_argument_method=help_hook(Settings, help_hidden, help_extra),
+            )
             return (cli, env_settings, _YamlSource(settings_cls, yaml_data))
 
     origin = f" (config file {config_path})" if config_path else ""
     try:
         loaded = _Loaded()
     except ValidationError as exc:
-        raise SettingsError(_describe(exc, origin)) from exc
+        raise SettingsError(describe(exc, "cli", origin)) from exc
     except SystemExit:
         if "-h" in argv or "--help" in argv:
             print(collectors_help())
@@ -354,3 +381,14 @@ def collectors_help() -> str:
         lines.append(f"  --collector.{name} / --no-collector.{name}  (default: {shown})")
         lines.append(f"      {cls.description}")
     return "\n".join(lines)
+
+
+def warn_unused_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Log each JAXMON_* variable that sets nothing (a typo, or one underscore where two are needed)."""
+    import structlog
+
+    from jaxmon.settings_check import unused_environment
+
+    log = structlog.get_logger("jaxmon.settings")
+    for variable, hint in unused_environment(os.environ if environ is None else environ, Settings):
+        log.warning("environment variable sets nothing", variable=variable, hint=hint)

@@ -47,6 +47,7 @@ def format_table(snap: Snapshot) -> str:
         "up",
     ]
     rows = [header]
+    errors: list[str] = []  # whole, under the table: a cell would cut them mid-word
     memory = snap.state(MemoryCollector) or MemoryState()
     probes = snap.state(ProbeCollector) or ProbeState()
     for d in snap.devices:
@@ -55,7 +56,8 @@ def format_table(snap: Snapshot) -> str:
         n = reading.numbers if reading else None
         mem: list[str]
         if reading is not None and not reading.ok:
-            mem = [f"error: {reading.error}"[:40], "", "", "", ""]
+            mem = ["error (below)", "-", "-", "-", "-"]
+            errors.append(f"{d.name}: memory_stats failed: {reading.error}")
         elif n is None or not n.supported:
             mem = ["unsupported", "-", "-", "-", "-"]
         else:
@@ -79,6 +81,7 @@ def format_table(snap: Snapshot) -> str:
         rows.append([d.name, d.device_kind, *mem, *pr])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.extend(errors)
     down = [b for b in snap.backends if not b.up]
     for b in down:
         lines.append(f"backend {b.name} is down: {b.error}")

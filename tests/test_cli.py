@@ -6,6 +6,7 @@ Every case here ends before the daemon would serve (bad input, --help, --version
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from importlib import metadata
@@ -31,11 +32,12 @@ def test_version_prints_the_installed_version_and_exits_0(cli: CLI) -> None:
     assert (code, out) == (0, f"jaxmon {metadata.version('jaxmon')}\n")
 
 
-def test_help_exits_0_and_no_command_exits_2_both_with_the_usage(cli: CLI) -> None:
+def test_help_exits_0_on_stdout_and_no_command_is_a_usage_error_on_stderr(cli: CLI) -> None:
+    """--help: usage on stdout, 0. No command: usage on stderr, nothing on stdout, 2 (as argparse reports one)."""
     code, out, _ = cli("--help")
-    assert code == 0 and out.startswith("usage: jaxmon {serve,snapshot}")
-    code, out, _ = cli()
-    assert code == 2 and out.startswith("usage: jaxmon {serve,snapshot}")
+    assert code == 0 and out.startswith("usage: jaxmon {serve,snapshot,top}")
+    code, out, err = cli()
+    assert (code, out) == (2, "") and err.startswith("usage: jaxmon {serve,snapshot,top}")
 
 
 def test_an_unknown_command_exits_2_naming_it(cli: CLI) -> None:
@@ -62,13 +64,46 @@ def test_serve_help_exits_0_and_lists_the_dotted_flags_and_collectors(cli: CLI) 
     assert "collectors (each is also --collector.NAME.enabled {true,false,auto}):" in out
 
 
+def test_serve_help_shows_durations_and_paths_as_the_user_writes_them(cli: CLI) -> None:
+    """Durations read DURATION with a default like 15s, paths PATH, collectors {true,false,auto}: no Python types."""
+    code, out, _ = cli("serve", "--help")
+    assert code == 0
+    out = " ".join(out.split())  # argparse wraps lines wherever the width falls
+    assert "--probe.interval DURATION Time between probe runs on each device. (default: 15s)" in out
+    assert "--probe.target DURATION" in out and "(default: 2ms)" in out
+    assert "--config.file PATH" in out and "--replay PATH" in out
+    assert "--collector.probe.enabled {true,false,auto}" in out
+    for python_word in ("float (", "{Path,None}", "{float,None}", "{bool,auto}", "(default: None)", "15.0"):
+        assert python_word not in out, python_word
+
+
+def test_snapshot_help_lists_json_and_leaves_out_the_server_flags(cli: CLI) -> None:
+    """`jaxmon snapshot --help` names its own --json and none of the --web.* flags, which it would ignore."""
+    code, out, _ = cli("snapshot", "--help")
+    assert code == 0
+    assert "--json" in out and "print JSON instead of a table" in out
+    assert "--web." not in out
+    assert "--probe.interval" in out
+
+
+def test_a_jaxmon_variable_that_sets_nothing_is_warned_about(cli: CLI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`JAXMON_PROBE_INTERVAL=30s` (one underscore) is not silently ignored: the log says what was meant."""
+    monkeypatch.setenv("JAXMON_PROBE_INTERVAL", "30s")
+    code, _, err = cli("snapshot", *REPLAY, "--log.format", "json")
+    assert code == 0, err
+    warnings = [json.loads(line) for line in err.splitlines() if "sets nothing" in line]
+    assert [(w["variable"], w["hint"]) for w in warnings] == [
+        ("JAXMON_PROBE_INTERVAL", "did you mean JAXMON_PROBE__INTERVAL? nested settings take two underscores")
+    ]
+
+
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
         (
             ["serve", "--poll.interval", "soon"],
             {},
-            "poll.interval (--poll.interval): Value error, not a duration",
+            "poll.interval (--poll.interval): not a duration: 'soon' (use e.g. 500ms, 10s, 2m)\n",
         ),
         (["serve", "--bogus"], {}, "unrecognized arguments: --bogus"),
         (["serve"], {"JAXMON_PROBE__TIMEOUT": "-1"}, "probe.timeout"),
@@ -92,7 +127,11 @@ def test_a_bad_replay_file_exits_2_naming_the_field(cli: CLI, tmp_path: Path) ->
     for command in ("serve", "snapshot"):
         code, _, err = cli(command, "--replay", str(bad))
         assert code == 2, command
-        assert f"jaxmon {command}: --replay: " in err and "devices.0.memory_stats" in err, err
+        # The field as the file has it, without pydantic's union tags (dict[str,nullable[union[int,float]]]).
+        assert err == (
+            f"jaxmon {command}: --replay: replay file {bad}: devices.0.memory_stats.bytes_in_use: "
+            "must be a number (got 'lots')\n"
+        )
 
 
 def test_a_bad_web_config_exits_2_naming_the_key(cli: CLI, tmp_path: Path) -> None:

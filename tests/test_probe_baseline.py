@@ -138,3 +138,42 @@ def test_the_daemon_restores_every_devices_baseline_after_a_restart(start_daemon
     second = start_daemon(*args)
     s = second.wait_for(all_with_origin("restored"), what="every device restored")
     assert all(sample(s, "jaxmon_device_up", device=str(i), platform="cpu") == 1.0 for i in range(8))
+
+
+class ScriptedKernel:
+    """A kernel whose measured runs take the scripted durations in turn (calibration runs take 1 ms)."""
+
+    flops_per_step = 100.0
+    footprint_bytes = 1024
+
+    def __init__(self, script: list[float]) -> None:
+        self.script = script
+        self.calibrating = True
+
+    def run(self, steps: int) -> None:
+        threading.Event().wait(0.001 if self.calibrating else self.script.pop(0))
+
+
+def test_a_timing_is_the_fastest_of_its_back_to_back_runs_and_all_of_them_count_as_busy() -> None:
+    kernel = ScriptedKernel([0.300, 0.050, 0.150])
+    probe = DeviceProbe(
+        DEVICE,
+        lambda: kernel,
+        ProbeConfig(size=8, timeout_seconds=10.0, target_seconds=0.001, repeats=3),
+        ErrorLog(structlog.get_logger("jaxmon.test"), 60.0),
+        threading.Lock(),
+    )
+    try:
+        probe.run_once()  # calibration (1 ms runs) and one measurement of 1 ms runs
+        before = probe.status()
+        kernel.calibrating = False
+        probe.run_once()
+        after = probe.status()
+    finally:
+        probe.stop()
+        probe.join(2)
+    assert kernel.script == []  # three runs for one timing
+    assert after.last_duration_seconds is not None
+    assert 0.050 <= after.last_duration_seconds < 0.150  # the fastest of 300, 50 and 150 ms
+    busy = after.busy_seconds_total - before.busy_seconds_total
+    assert 0.500 <= busy < 2.0  # all three runs (500 ms together) are the probe's time on the device

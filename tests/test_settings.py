@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from jaxmon.settings import DEFAULT_PORT, SettingsError, load_settings, parse_duration, parse_listen_address
+import jaxmon
+from jaxmon.settings import (
+    DEFAULT_PORT,
+    Settings,
+    SettingsError,
+    load_settings,
+    parse_duration,
+    parse_listen_address,
+)
+from jaxmon.settings_check import unused_environment
 
 
 @pytest.fixture(autouse=True)
@@ -92,11 +101,68 @@ def test_invalid_values_name_the_setting(argv: list[str], message: str) -> None:
         load_settings(argv)
 
 
-def test_unknown_key_in_the_file_is_rejected(tmp_path: Path) -> None:
+def test_an_unknown_key_in_the_file_is_named_as_a_yaml_key_with_what_was_meant(tmp_path: Path) -> None:
+    """A misspelt YAML key is reported as a key of that file, not as a flag, with the closest setting."""
     cfg = tmp_path / "c.yml"
     cfg.write_text("probe:\n  intervall: 3s\n")
-    with pytest.raises(SettingsError, match=r"probe\.intervall.*(Extra|extra)"):
+    with pytest.raises(SettingsError) as raised:
         load_settings(["--config.file", str(cfg)])
+    assert str(raised.value) == (
+        f"invalid settings (config file {cfg}):\n  probe.intervall: no such setting (did you mean probe.interval?)"
+    )
+
+
+def test_a_flag_spelling_in_the_file_says_yaml_keys_use_underscores(tmp_path: Path) -> None:
+    """`listen-address:` in YAML is the flag's spelling: the error says to write listen_address."""
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("web:\n  listen-address: ':1234'\n")
+    with pytest.raises(SettingsError, match=r"web\.listen-address: YAML keys use underscores: write listen_address"):
+        load_settings(["--config.file", str(cfg)])
+
+
+def test_a_bad_value_is_described_once_without_pydantic_prefixes() -> None:
+    """No "Value error," and the value shown once: the message already quotes it."""
+    with pytest.raises(SettingsError) as raised:
+        load_settings(["--poll.interval", "soon"])
+    assert str(raised.value) == (
+        "invalid settings:\n  poll.interval (--poll.interval): not a duration: 'soon' (use e.g. 500ms, 10s, 2m)"
+    )
+
+
+def test_log_level_and_format_from_the_environment_ignore_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    """JAXMON_LOG__LEVEL=DEBUG is accepted as debug (and JSON as json)."""
+    monkeypatch.setenv("JAXMON_LOG__LEVEL", "DEBUG")
+    monkeypatch.setenv("JAXMON_LOG__FORMAT", "JSON")
+    s = load_settings([])
+    assert (s.log.level, s.log.format) == ("debug", "json")
+
+
+def test_jaxmon_variables_that_set_nothing_are_named_with_what_was_meant() -> None:
+    """One underscore where two are needed, and a typo, are warned about; real settings and jaxmon's own are not."""
+    environ = {
+        "JAXMON_PROBE_INTERVAL": "30s",
+        "JAXMON_POLL__INTERVALL": "1s",
+        "JAXMON_PROBE__INTERVAL": "30s",
+        "JAXMON_COLLECTOR__PROBE": "false",
+        "JAXMON_WEB__CONFIG__FILE": "/w.yml",
+        "JAXMON_FAULTS_FILE": "/f.json",
+        "HOME": "/root",
+    }
+    assert unused_environment(environ, Settings) == [
+        ("JAXMON_POLL__INTERVALL", "did you mean JAXMON_POLL__INTERVAL?"),
+        ("JAXMON_PROBE_INTERVAL", "did you mean JAXMON_PROBE__INTERVAL? nested settings take two underscores"),
+    ]
+
+
+def test_jaxmon_start_reports_bad_settings_in_the_cli_wording() -> None:
+    """jaxmon.start() raises SettingsError with one plain line per setting, not pydantic's multi-line dump."""
+    with pytest.raises(jaxmon.SettingsError) as raised:
+        jaxmon.start(probe={"interval": "soon"}, poll={"intervall": 3})
+    assert str(raised.value) == (
+        "jaxmon.start: invalid settings:\n"
+        "  poll.intervall: no such setting\n"
+        "  probe.interval: not a duration: 'soon' (use e.g. 500ms, 10s, 2m)"
+    )
 
 
 @pytest.mark.parametrize("content", ["[1, 2]", "a: [unclosed", "42"])

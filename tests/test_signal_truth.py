@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.conftest import Samples, sample
-from tests.helpers import Child, scrape, wait_for_samples
+from tests.helpers import Child, wait_for_fresh_samples, wait_for_samples
 
 DEVICES = range(8)
 
@@ -24,7 +24,11 @@ def test_the_probe_adds_nothing_to_live_arrays_or_compilations(tmp_path: Path) -
             child.send("compile 3")
         probed = wait_for_samples(on.hello["url"], _probed_everywhere, "every device probed", timeout=120)
         assert sample(probed, "jaxmon_probe_memory_bytes", device="1", platform="cpu", workload="w")
-        samples = {"on": scrape(on.hello["url"]), "off": scrape(off.hello["url"])}
+        # Memory and compile updates that started after every command above, in both processes.
+        samples = {}
+        for key, child in (("on", on), ("off", off)):
+            wait_for_fresh_samples(child.hello["url"], "compile")
+            samples[key] = wait_for_fresh_samples(child.hello["url"], "memory")
         assert sample(samples["off"], "jaxmon_device_up", device="1", platform="cpu", workload="w") is None
         for i in DEVICES:
             labels = {"device": str(i), "platform": "cpu", "workload": "w"}

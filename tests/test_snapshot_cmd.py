@@ -8,7 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from jaxmon.memory import memory_numbers
+from jaxmon.model import DeviceInfo, MemoryReading
+from jaxmon.table import format_table
 from tests.conftest import CLI, FIXTURES
+from tests.snapshots import make_snapshot
 
 GiB = 1 << 30
 
@@ -48,3 +52,19 @@ def test_snapshot_table_probes_every_cpu_device(cli: CLI) -> None:
         assert r[-1] == "yes"  # the probe answered
         assert float(r[-4]) > 0  # probe ms
         assert 0.0 <= float(r[-2]) <= 1.0  # utilization
+
+
+def test_a_device_error_is_printed_whole_under_the_table() -> None:
+    """A long memory_stats() error is not cut in the memory column: the row points below, where it is whole."""
+    error = "XlaRuntimeError: INTERNAL: CUDA error: an illegal memory access was encountered (device lost)"
+    gpu0 = DeviceInfo(id=0, platform="gpu", device_kind="NVIDIA H100 80GB HBM3")
+    gpu1 = DeviceInfo(id=1, platform="gpu", device_kind="NVIDIA H100 80GB HBM3")
+    snap = make_snapshot(
+        devices=[gpu0, gpu1],
+        memory={gpu0.key: MemoryReading(numbers=None, error=error), gpu1.key: MemoryReading(memory_numbers(None))},
+    )
+    lines = format_table(snap).splitlines()
+    assert lines[1].split()[:5] == ["gpu:0", "NVIDIA", "H100", "80GB", "HBM3"]
+    assert "error (below)" in lines[1] and error not in lines[1]
+    assert "unsupported" in lines[2]
+    assert lines[3] == f"gpu:0: memory_stats failed: {error}"

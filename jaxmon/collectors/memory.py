@@ -153,7 +153,7 @@ class MemoryCollector(Collector[MemoryState]):
 
     def __init__(self, ctx: Context, options: CollectorOptions) -> None:
         super().__init__(ctx, options)
-        self._errors = ErrorLog(log, ctx.settings.poll.interval)
+        self._errors = ErrorLog(log)  # a lost device: once a minute, not every poll
         self._read_errors: dict[DeviceKey, int] = {}
 
     def update(self) -> Update[MemoryState]:

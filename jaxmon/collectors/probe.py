@@ -147,8 +147,8 @@ class ProbeCollector(Collector[ProbeState]):
     def __init__(self, ctx: Context, options: CollectorOptions) -> None:
         super().__init__(ctx, options)
         s = ctx.settings.probe
-        self.config = ProbeConfig(size=s.size, timeout_seconds=s.timeout, target_seconds=s.target)
-        errors = ErrorLog(log, s.interval)
+        self.config = ProbeConfig(size=s.size, timeout_seconds=s.timeout, target_seconds=s.target, repeats=s.repeats)
+        errors = ErrorLog(log)
         calibration_lock = threading.Lock()
         store = BaselineStore(s.baseline_file) if s.baseline_file is not None else None
         self.probes: dict[tuple[str, int], DeviceProbe] = {

@@ -128,10 +128,11 @@ class SpoolCollector(Collector[SpoolState]):
             reads_per_poll=spool.max_reads_per_poll,
             remove_after=spool.remove_after,
         )
-        self._errors = ErrorLog(log, max(ctx.settings.poll.interval, 60.0))
+        self._errors = ErrorLog(log)
         self._last = SpoolState(
             rejected=dict(self.reader.rejected), overflow=dict(self.reader.overflow), removed=dict(self.reader.removed)
         )
+        self._seen: set[tuple[str, int, str, int]] = set()  # (workload, process_index, host, pid) last scan
 
     def update(self) -> Update[SpoolState]:
         """Scan the directory; when it cannot be listed, keep serving the last good workloads and say so."""
@@ -148,7 +149,25 @@ class SpoolCollector(Collector[SpoolState]):
         # Last report time: the file's mtime on this clock, the same time liveness is judged by.
         workloads = tuple(replace(f.value, time=f.mtime) for f in scan.live)
         self._last = SpoolState(workloads, scan.rejected, scan.overflow, scan.removed, scan.stale)
+        self._log_arrivals(self._last.workloads)
         return Update(self._last)
+
+    def _log_arrivals(self, workloads: tuple[WorkloadReport, ...]) -> None:
+        """Log each workload process that started or stopped reporting since the last scan."""
+        now = {(w.workload, w.process_index, w.host, w.pid) for w in workloads}
+        seen = self._seen
+        for workload, process_index, host, pid in sorted(now - seen):
+            log.info("workload appeared", workload=workload, process_index=process_index, host=host, pid=pid)
+        for workload, process_index, host, pid in sorted(seen - now):
+            log.info(
+                "workload gone",
+                workload=workload,
+                process_index=process_index,
+                host=host,
+                pid=pid,
+                reason=f"no report for --spool.ttl ({self.reader.ttl:g}s) or its file was removed",
+            )
+        self._seen = now
 
     def families(self, snap: Snapshot, state: SpoolState) -> Iterator[Metric]:
         """Each workload's devices, compile counters and identity, and the rejected files."""

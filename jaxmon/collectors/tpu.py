@@ -126,8 +126,8 @@ class TpuCollector(Collector[TpuState]):
             return f"tpu-info is not installed ({exc})"
         if ctx.settings.collector_options(cls.name).enabled is True:
             return None
-        if any(d.platform == "tpu" for d in ctx.devices):
-            return None
+        if ctx.source.name == "local" and any(d.platform == "tpu" for d in ctx.devices):
+            return None  # this process's JAX has chips (recorded devices of a replay file are no chips)
         try:
             # Reads /sys/bus/pci/devices/*/{vendor,device,subsystem_device} only (tpu_info/device.py).
             _chip, count = device.get_local_chips()

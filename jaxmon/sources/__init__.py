@@ -41,3 +41,6 @@ class InProcess(Protocol):
 
     def compile_counts(self) -> dict[str, float]:
         """Compile counters since start."""
+
+    def device_memory_profile(self) -> bytes:
+        """The process's live device buffers as a gzipped pprof profile (slow: call off the event loop)."""

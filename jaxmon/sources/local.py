@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import threading
+import weakref
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
@@ -35,6 +37,7 @@ def apply_gpu_env_defaults(environ: MutableMapping[str, str], memory_fraction: f
 # JAX registers a TPU factory even where libtpu is not installed; that is absence, not a failure.
 _NOT_INSTALLED = re.compile(r"cannot open shared object file|No such file or directory|Unknown backend")
 _FAILED_BACKEND = re.compile(r"Unable to initialize backend '([^']+)'")
+_GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
 
 def _coords(device: Any) -> str | None:
@@ -63,8 +66,6 @@ class LocalSource:
         # A sidecar must not preallocate the GPU; inside a workload (embedded, publisher) the trainer's own
         # settings stand and jaxmon changes nothing.
         self.applied_env = apply_gpu_env_defaults(env, gpu_memory_fraction) if sidecar_defaults else {}
-        if self.applied_env:
-            log.info("sidecar GPU defaults set before importing JAX", **self.applied_env)
         import jax  # imported here so the environment above is in place first
 
         self._jax = jax
@@ -116,6 +117,10 @@ class LocalSource:
                 continue
             statuses.append(BackendStatus(name=name, up=False, error=message))
         devices.sort(key=lambda d: (d.platform, d.id))
+        if self.applied_env:
+            # Worth a line only where a GPU backend started: on a CPU-only host the defaults change nothing.
+            gpu = any(d.platform in _GPU_PLATFORMS for d in devices)
+            (log.info if gpu else log.debug)("sidecar GPU defaults set before importing JAX", **self.applied_env)
         return devices, statuses
 
     def read_memory(self, device: DeviceInfo) -> Mapping[str, Any] | None:
@@ -149,14 +154,29 @@ class InProcessWorkload:
         """The running JAX's version."""
         return str(self._jax.__version__)
 
+    def device_memory_profile(self) -> bytes:
+        """The process's live device buffers as a gzipped pprof profile (`jax.profiler.device_memory_profile`)."""
+        return gzipped(bytes(self._jax.profiler.device_memory_profile()))
 
-# The probe's own arrays, kept alive with their kernel for the process's lifetime (so their ids stay theirs):
-# live-array accounting skips them before touching them (reading a scalar's shard can compile).
-_OWN_ARRAYS: set[int] = set()
+
+def gzipped(profile: bytes) -> bytes:
+    """`profile` gzipped, unless it already is (pprof files are gzipped; XLA's heap profile may not be)."""
+    return profile if profile[:2] == b"\x1f\x8b" else gzip.compress(profile, compresslevel=6)
+
+
+# The probe's own arrays, so live-array accounting leaves them out: id -> weak reference (the identity check makes
+# a reused id harmless). An array is registered under _OWN_LOCK in the same step that creates it, and the
+# accounting lists live arrays under the same lock, so it never sees a probe array that is not registered yet.
+_OWN_LOCK = threading.Lock()
+_OWN: dict[int, weakref.ref[Any]] = {}
 
 
 def _own(*arrays: Any) -> None:
-    _OWN_ARRAYS.update(id(arr) for arr in arrays)
+    """Register `arrays` as the probe's (call with _OWN_LOCK held); forget the ones gone since."""
+    for key in [key for key, ref in _OWN.items() if ref() is None]:
+        del _OWN[key]
+    for arr in arrays:
+        _OWN[id(arr)] = weakref.ref(arr)
 
 
 class JaxProbeKernel:
@@ -173,9 +193,10 @@ class JaxProbeKernel:
         rng = np.random.default_rng(0)
         x = rng.standard_normal((size, size), dtype=np.float32)
         w = (rng.standard_normal((size, size), dtype=np.float32) / np.float32(np.sqrt(size))).astype(np.float32)
-        self._x = jax.device_put(x, device)
-        self._w = jax.device_put(w, device)
-        _own(self._x, self._w)
+        with _OWN_LOCK:
+            self._x = jax.device_put(x, device)
+            self._w = jax.device_put(w, device)
+            _own(self._x, self._w)
         self._steps_cache: dict[int, Any] = {}
 
         def chain(x: Any, w: Any, steps: Any) -> Any:
@@ -199,10 +220,13 @@ class JaxProbeKernel:
         """Run the chain `steps` times and wait for the device to finish."""
         arg = self._steps_cache.get(steps)
         if arg is None:
-            arg = self._jax.device_put(np.int32(steps), self._device)
-            _own(arg)
-            self._steps_cache[steps] = arg  # kept: an own id is never reused (1, then each calibrated count)
-        out = self._compiled(self._x, self._w, arg)
+            with _OWN_LOCK:
+                arg = self._jax.device_put(np.int32(steps), self._device)
+                _own(arg)
+            self._steps_cache = {steps: arg}  # keep one: steps changes only at calibration
+        with _OWN_LOCK:  # dispatch is asynchronous: the lock is not held while the device computes
+            out = self._compiled(self._x, self._w, arg)
+            _own(out)
         out.block_until_ready()
         del out  # the result is the probe's own too: never left for live_arrays() to find
 
@@ -215,8 +239,17 @@ def live_array_bytes(jax: Any) -> dict[tuple[str, int], int]:
     """
     totals: dict[tuple[str, int], int] = {}
     seen: set[tuple[tuple[str, int], int]] = set()
-    for arr in jax.live_arrays():
-        if id(arr) in _OWN_ARRAYS:
+    # Bounded: a dispatch stuck on a hung device must not stop the memory poll (then a probe array may count).
+    locked = _OWN_LOCK.acquire(timeout=1.0)
+    try:
+        arrays = jax.live_arrays()
+        own = dict(_OWN)
+    finally:
+        if locked:
+            _OWN_LOCK.release()
+    for arr in arrays:
+        ref = own.get(id(arr))
+        if ref is not None and ref() is arr:
             continue  # the probe's own (jaxmon_probe_memory_bytes), not the workload's
         try:
             shards = arr.addressable_shards

@@ -64,11 +64,35 @@ class ReplayFile(BaseModel):
         return value
 
 
+_NUMBER_ERRORS = ("int_", "float_")
+
+
+def _field_path(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """`loc` without pydantic's union-member tags (`dict[str,nullable[union[int,float]]]`, `int`, `float`)."""
+    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in ("int", "float", "str", "bool"))))
+
+
 def _describe(err: ValidationError) -> str:
-    parts = []
+    """One entry per field of the file: where it is (devices.0.memory_stats.bytes_in_use) and what it must be.
+
+    A value that fits no member of a union gets one error per member; the member that got furthest into the
+    value (the deepest path) is the one the user meant, and int-or-float failures read as "a number".
+    """
+    by_path: dict[tuple[int | str, ...], list[Any]] = {}
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
-        parts.append(f"{loc}: {e['msg']}")
+        by_path.setdefault(_field_path(e["loc"]), []).append(e)
+    deepest = [p for p in by_path if not any(q[: len(p)] == p and len(q) > len(p) for q in by_path)]
+    parts = []
+    for path in deepest:
+        errors = by_path[path]
+        given = errors[0].get("input")
+        if errors[0]["type"] == "extra_forbidden":
+            message = "no such field"
+        elif all(str(e["type"]).startswith(_NUMBER_ERRORS) for e in errors):
+            message = f"must be a number (got {given!r})"
+        else:
+            message = str(errors[0]["msg"]).removeprefix("Value error, ")
+        parts.append(f"{'.'.join(str(p) for p in path) or 'top level'}: {message}")
     return "; ".join(parts)
 
 

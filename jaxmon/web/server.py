@@ -32,6 +32,7 @@ from jaxmon.runtime import Runtime
 from jaxmon.settings import Settings, parse_listen_address
 from jaxmon.web.access import BasicAuth, RateLimiter
 from jaxmon.web.connections import serve as serve_connections
+from jaxmon.web.profiling import PPROF_PATH, DeviceMemoryProfiles
 from jaxmon.web.tls import LiveContext, ServerContext, build_context, live_context
 from jaxmon.web.webconfig import WebConfig, WebConfigError, load_web_config
 
@@ -158,7 +159,14 @@ TEXT = "text/plain; charset=utf-8"
 class App:
     """The ASGI application: GET/HEAD on known paths, 404 elsewhere, 405 for other methods, 503 when full."""
 
-    def __init__(self, runtime: Runtime, telemetry_path: str, web: WebState, max_requests: int) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        telemetry_path: str,
+        web: WebState,
+        max_requests: int,
+        enable_profiling: bool = False,
+    ) -> None:
         self._runtime = runtime
         self._telemetry_path = telemetry_path
         self._web = web
@@ -171,6 +179,8 @@ class App:
             "/readyz": self._readyz,
             "/": self._landing,
         }
+        # Only a workload process (jaxmon.start) holds device buffers worth profiling.
+        self._profiles = DeviceMemoryProfiles(enable_profiling, runtime.ctx.in_process)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -198,10 +208,13 @@ class App:
         if self._web.auth.enabled and not await self._authorized(scope):
             return 401, TEXT, b"unauthorized\n", [(b"www-authenticate", b'Basic realm="jaxmon", charset="UTF-8"')]
         route = self._routes.get(scope["path"])
-        if route is None:
+        profile = scope["path"] == PPROF_PATH
+        if route is None and not profile:
             return 404, TEXT, b"not found\n", []
         if scope["method"] not in ("GET", "HEAD"):
             return 405, TEXT, b"method not allowed\n", [(b"allow", b"GET, HEAD")]
+        if route is None:
+            return await self._profiles.respond()
         return route(scope)
 
     async def _authorized(self, scope: Scope) -> bool:
@@ -266,12 +279,18 @@ class App:
             for b in snap.backends
         )
         path = html.escape(self._telemetry_path)
+        profiling = (
+            f'<li><a href="{PPROF_PATH}">{PPROF_PATH}</a> (live device buffers, pprof)</li>'
+            if self._profiles.available
+            else ""
+        )
         page = (
             "<!doctype html><html><head><title>jaxmon</title></head><body>"
             "<h1>jaxmon</h1><p>Prometheus exporter for JAX devices.</p><ul>"
             f'<li><a href="{path}">{path}</a></li>'
             '<li><a href="/healthz">/healthz</a> (fresh data)</li>'
-            '<li><a href="/readyz">/readyz</a> (first poll done)</li></ul>'
+            '<li><a href="/readyz">/readyz</a> (first poll done)</li>'
+            f"{profiling}</ul>"
             f"<p>{len(snap.devices)} devices from source <code>{html.escape(snap.source)}</code>.</p>"
             f"<h2>Backends</h2><ul>{backends}</ul></body></html>"
         )
@@ -300,8 +319,14 @@ class HttpServer:
         config.errorlog = logging.getLogger("hypercorn.error")
         config.alpn_protocols = ["http/1.1"]
         self._config = config
-        self._app = App(runtime, settings.web.telemetry_path, self.web, settings.web.max_requests)
+        self._app = App(
+            runtime, settings.web.telemetry_path, self.web, settings.web.max_requests, settings.web.enable_profiling
+        )
         self._sockets = config.create_sockets()
+        for sock in self._sockets.insecure_sockets:
+            # Listen now (asyncio would only at start_server): from here a connection waits in the backlog
+            # instead of being refused, so "serving" is true as soon as it is logged.
+            sock.listen(config.backlog)
         if self.web.ssl_context is not None:
             # hypercorn makes TLS sockets only when its config names certificate files; ours come from the web
             # config, so the plain sockets it bound are served with the live context.

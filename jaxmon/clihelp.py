@@ -1,0 +1,106 @@
+"""`--help` in the words a user types: DURATION (default: 15s) and PATH instead of pydantic-settings' type names.
+
+pydantic-settings builds each flag's metavar from the field's Python type (`float`, `{Path,None}`) and prints the
+default as Python prints it (`15.0`). Its `add_argument_method` hook sees every flag before argparse does; this
+rewrites what the user reads there, and nothing that is parsed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, get_args
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+AddArgument = Callable[..., Any]
+_DEFAULT = re.compile(r"\(default: ([^)]*)\)")
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as the duration string a user would write: 15s, 2ms, 5m, 1h."""
+    for unit, size in (("h", 3600.0), ("m", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s" if seconds >= 1 else f"{seconds * 1000:g}ms"
+
+
+def _is_duration(info: FieldInfo) -> bool:
+    from jaxmon.durations import parse_duration
+
+    def has(metadata: Sequence[Any]) -> bool:
+        return any(getattr(m, "func", None) is parse_duration for m in metadata)
+
+    # `Duration` keeps its validator in the field's metadata; `Duration | None` inside the union's Annotated arm.
+    return has(info.metadata) or any(has(getattr(arm, "__metadata__", ())) for arm in get_args(info.annotation))
+
+
+def _is_path(info: FieldInfo) -> bool:
+    return info.annotation is Path or Path in get_args(info.annotation)
+
+
+def _is_enabled(info: FieldInfo) -> bool:
+    args = get_args(info.annotation)
+    return bool in args and any("auto" in get_args(a) for a in args)
+
+
+def flag_kinds(model: type[BaseModel], prefix: str = "--") -> Iterator[tuple[str, str]]:
+    """(flag, kind) for every duration, path and true/false/auto flag of `model`, nested sections included."""
+    for name, info in model.model_fields.items():
+        flag = prefix + name.replace("_", "-")
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield from flag_kinds(annotation, flag + ".")
+        elif _is_duration(info):
+            yield flag, "DURATION"
+        elif _is_path(info):
+            yield flag, "PATH"
+        elif _is_enabled(info):
+            yield flag, "{true,false,auto}"
+
+
+def _default_shown(kind: str, text: str) -> str | None:
+    """The default as the user would write it; None to leave it out (no default: the description says why)."""
+    if text == "None":
+        return None
+    if kind == "DURATION":
+        return format_duration(float(text))
+    if kind == "{true,false,auto}":
+        return text.lower()
+    return text
+
+
+def help_hook(
+    model: type[BaseModel],
+    hidden: Callable[[str], bool] = lambda flag: False,
+    extra: Sequence[tuple[str, str]] = (),
+) -> AddArgument:
+    """An `add_argument_method` for CliSettingsSource: user words for metavars and defaults, `hidden` flags out
+    of the help, and `extra` (flag, help) store-true flags listed after --help (parsed by the caller)."""
+    kinds = dict(flag_kinds(model))
+
+    def add_argument(parser: Any, *names: str, **kwargs: Any) -> Any:
+        flag = names[0] if names else ""
+        kind = kinds.get(flag)
+        if kind is not None:
+            kwargs["metavar"] = kind
+            help_text = kwargs.get("help")
+            if isinstance(help_text, str):
+                match = _DEFAULT.search(help_text)
+                if match:
+                    shown = _default_shown(kind, match.group(1))
+                    replacement = "" if shown is None else f"(default: {shown})"
+                    help_text = (help_text[: match.start()] + replacement + help_text[match.end() :]).rstrip()
+                kwargs["help"] = help_text
+        if flag and hidden(flag):
+            kwargs["help"] = argparse.SUPPRESS
+        action = parser.add_argument(*names, **kwargs)
+        if "--help" in names:
+            for extra_flag, extra_help in extra:
+                parser.add_argument(extra_flag, action="store_true", default=argparse.SUPPRESS, help=extra_help)
+        return action
+
+    return add_argument
