@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every CPU figure of BENCHMARKS.md, one after the other (about 35 minutes; 45 with --soak).
+# Every CPU figure of BENCHMARKS.md, one after the other (about 38 minutes; 48 with --soak).
 #
 #   bash bench/run_all.sh [--soak]
 #
@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-for script in scrape_throughput scrape_cost train_step probe_duty probe_memory daemon_cpu daemon_rss readyz utilization nvml_poll tpu_poll; do
+for script in scrape_throughput scrape_cost train_step probe_duty probe_memory daemon_cpu daemon_rss readyz utilization nvml_poll tpu_poll spool_scale; do
   echo "== bench/$script.py"
   "$PY" "bench/$script.py"
 done

@@ -616,7 +616,34 @@ ROWS = [
                 [Target(f"increase(jaxmon_spool_rejected_files_total{{{INST}}}[$__rate_interval])", "{{reason}}")],
                 "Spool files skipped because they are not what a publisher writes, by reason.",
                 min=0,
-                width=24,
+                width=8,
+                height=6,
+            ),
+            Panel(
+                "Spool files left unread",
+                "timeseries",
+                "short",
+                [Target(f"increase(jaxmon_spool_overflow_files_total{{{INST}}}[$__rate_interval])", "{{reason}}")],
+                "Live spool files left out of polls: past --spool.max-workloads, or past --spool.max-reads-per-poll "
+                "(read later). Anything above 0 means workloads are missing from this dashboard.",
+                min=0,
+                width=8,
+                height=6,
+            ),
+            Panel(
+                "Stale spool files",
+                "timeseries",
+                "short",
+                [
+                    Target(f"jaxmon_spool_stale_files{{{INST}}}", "stale, still there"),
+                    Target(
+                        f"increase(jaxmon_spool_removed_files_total{{{INST}}}[$__rate_interval])", "removed {{kind}}"
+                    ),
+                ],
+                "Files of crashed or stopped publishers past --spool.ttl still in the directory (a read-only mount "
+                "keeps them), and those the sidecar removed.",
+                min=0,
+                width=8,
                 height=6,
             ),
         ],

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+import time
 from typing import Any
 
 import structlog
 from pydantic import ValidationError
 
+from jaxmon.finalization import EXIT_WAIT, before_finalization
 from jaxmon.logsetup import ensure_library_logging
+from jaxmon.probe import PROBE_THREAD_PREFIX
 from jaxmon.publisher import default_workload_name
 from jaxmon.settings import Settings, SettingsError, load_settings, warn_unused_environment
 from jaxmon.settings_check import describe
@@ -36,9 +40,12 @@ class Exporter:
 
         self.settings = settings
         self.workload = workload
+        self._pid = os.getpid()
+        self._stopped = False
         source, in_process = workload_source()  # the trainer's JAX: change none of its settings
         self.runtime = build_runtime(settings, source, workload=workload, in_process=in_process)
         self.runtime.start()
+        before_finalization(self._exit)
         self._server: HttpServer | None = None
         self._thread: threading.Thread | None = None
         try:
@@ -75,6 +82,7 @@ class Exporter:
     def stop(self) -> None:
         """Stop serving and collecting."""
         global _running
+        self._stopped = True
         if self._server is not None and self._thread is not None:
             self._server.stop()
             self._thread.join(timeout=10)
@@ -89,9 +97,48 @@ class Exporter:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def _exit(self) -> None:
+        """At interpreter exit: stop, and let the probe's threads leave JAX before finalization
+        (jaxmon.finalization); the scheduler's workers are joined by concurrent.futures itself."""
+        if os.getpid() != self._pid or self._stopped:
+            return
+        self.stop()
+        deadline = time.monotonic() + EXIT_WAIT
+        for thread in threading.enumerate():
+            if thread.name.startswith(PROBE_THREAD_PREFIX):
+                thread.join(max(deadline - time.monotonic(), 0.0))
+                if thread.is_alive():
+                    log.warning("exiting while a probe is still inside JAX", thread=thread.name)
+
+    def _forked(self) -> None:
+        """In a forked child: the threads are gone; let go of the port so it is the parent's alone."""
+        if self._server is not None:
+            self._server.close_listener()
+        self._thread = None
+
 
 _running: Exporter | None = None
 _running_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (multiprocessing's fork start method, data loader workers) inherits the exporter's
+    listening socket but none of its threads: holding the socket would keep the port bound, and queue scrapes
+    that nobody answers, after the parent stops. Close it and forget the parent's exporter."""
+    global _running, _running_lock
+    parent, _running = _running, None
+    _running_lock = threading.Lock()  # it may have been held by another thread at fork
+    if parent is not None:
+        url = parent.url  # before the sockets it is read from are closed
+        parent._forked()
+        log.warning(
+            "forked child is not monitored: jaxmon serves the parent process only (call jaxmon.start() in the "
+            "child to export it on another port)",
+            parent_url=url,
+        )
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def start(port: int | None = None, *, workload: str | None = None, **overrides: Any) -> Exporter:

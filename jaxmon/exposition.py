@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
+import structlog
 from prometheus_client import gc_collector, platform_collector, process_collector
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
@@ -23,7 +24,10 @@ from prometheus_client.utils import floatToGoString
 
 from jaxmon.collectors.base import Collector, add, family
 from jaxmon.collectors.spool import device_identity_labels
+from jaxmon.logsetup import ErrorLog
 from jaxmon.snapshot import Snapshot
+
+_render_errors = ErrorLog(structlog.get_logger("jaxmon.exposition"), 60.0)
 
 
 def base_families(snap: Snapshot) -> Iterator[Metric]:
@@ -104,11 +108,20 @@ def snapshot_families(snap: Snapshot, collectors: Sequence[Collector[Any]], sele
             names.append(c.name)
             state = snap.states.get(c.name)
             if state is not None:
-                yield from c.families(snap, state)
+                yield from _guarded_families(c, snap, state)
         # Unfiltered: every collector with a status, those that were asked for but cannot run included.
         yield from status_families(snap, names if selected is not None else snap.statuses.keys())
 
     return merged(gen())
+
+
+def _guarded_families(c: Collector[Any], snap: Snapshot, state: object) -> list[Metric]:
+    """One collector's families, or none when building them raises: one bad value never fails a whole scrape."""
+    try:
+        return list(c.families(snap, state))
+    except Exception as exc:
+        _render_errors.error(f"render/{c.name}", "collector's families left out", f"{type(exc).__name__}: {exc}")
+        return []
 
 
 class _Registered(PromCollector):

@@ -120,17 +120,22 @@ class ErrorLog:
         # key -> (error, when last logged, occurrences since then that were not logged)
         self._last: dict[str, tuple[str, float, int]] = {}
 
-    def error(self, key: str, event: str, error: str, **fields: Any) -> None:
-        """Report `error` for `key` (e.g. a device), throttled while the same error persists."""
+    def error(self, key: str, event: str, error: str, same: str | None = None, **fields: Any) -> None:
+        """Report `error` for `key` (e.g. a device), throttled while the same error persists.
+
+        `same` says which errors are the same one (default: the message). Messages that embed a changing detail,
+        such as a random temporary file name, pass e.g. the exception type and errno.
+        """
+        identity = error if same is None else same
         now = self._clock()
         with self._lock:
             prev = self._last.get(key)
-            repeated = prev is not None and prev[0] == error
+            repeated = prev is not None and prev[0] == identity
             if prev is not None and repeated and now - prev[1] < self._interval:
                 self._last[key] = (prev[0], prev[1], prev[2] + 1)
                 return
             suppressed = prev[2] if prev is not None and repeated else 0
-            self._last[key] = (error, now, 0)
+            self._last[key] = (identity, now, 0)
         if repeated:
             fields["suppressed"] = suppressed  # the same error this many times since the last line
         self._log.warning(event, error=error, repeated=repeated, **fields)

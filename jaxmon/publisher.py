@@ -1,10 +1,16 @@
-"""`jaxmon.publish()`: a training process writes its allocator stats to a shared spool directory."""
+"""`jaxmon.publish()`: a training process writes its allocator stats to a shared spool directory.
+
+The file vanishes when the process exits normally (or `stop()` is called); a killed process's file ages out by
+the sidecar's TTL, and a later publisher of the same workload on the same host removes it once it is old.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -13,12 +19,25 @@ from typing import Any
 
 import structlog
 
+from jaxmon.finalization import EXIT_WAIT, before_finalization
 from jaxmon.logsetup import ErrorLog, ensure_library_logging
 from jaxmon.model import DeviceInfo
 from jaxmon.sources import DeviceSource, InProcess
-from jaxmon.sources.spool import SpoolCompile, SpoolDevice, SpoolDocument, safe_name, write_atomically
+from jaxmon.sources.spool import (
+    FILE_NAME,
+    TMP_NAME,
+    SpoolCompile,
+    SpoolDevice,
+    SpoolDocument,
+    safe_name,
+    write_atomically,
+)
 
 log = structlog.get_logger("jaxmon.publisher")
+
+# A predecessor's file (same workload and host, another pid) this old is a crashed run's: 10 x the sidecar's
+# default TTL. Younger ones may belong to a live process in another PID namespace sharing the hostname.
+STALE_AFTER = 300.0
 
 
 def default_workload_name() -> str:
@@ -38,13 +57,16 @@ class Publisher:
         self.interval = interval
         self.host = socket.gethostname()
         self.pid = os.getpid()
-        self.path = directory / f"{safe_name(workload)}.{safe_name(self.host)}.{self.pid}.json"
+        self.prefix = f"{safe_name(workload)}.{safe_name(self.host)}."
+        self.path = directory / f"{self.prefix}{self.pid}.json"
         self.started = time.time()
         self.writes = 0
         self.failures = 0
+        self.removed_stale = 0
         self._errors = ErrorLog(log, max(interval, 60.0))  # a lasting failure: once a minute, not every write
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jaxmon-publisher", daemon=True)
+        before_finalization(self._exit)
         self._thread.start()
 
     def _run(self) -> None:
@@ -56,14 +78,47 @@ class Publisher:
         except Exception as exc:  # never into the training code
             log.error("publisher cannot read JAX devices; not publishing", error=f"{type(exc).__name__}: {exc}")
             return
-        while True:
+        self.remove_stale()
+        while not self._stop.is_set():
             try:
                 self._publish_once(source, devices, in_process)
             except Exception as exc:
                 self.failures += 1
-                self._errors.error("write", "spool write failed", f"{type(exc).__name__}: {exc}", path=str(self.path))
+                # The message names the random temporary file: two failures are the same when type and errno are.
+                same = f"{type(exc).__name__}/{getattr(exc, 'errno', None)}"
+                message = f"{type(exc).__name__}: {exc}"
+                self._errors.error("write", "spool write failed", message, same, path=str(self.path))
             if self._stop.wait(self.interval):
                 return
+
+    def remove_stale(self, now: float | None = None) -> int:
+        """Remove this workload's files on this host that crashed runs left (older than STALE_AFTER)."""
+        now = time.time() if now is None else now
+        removed = 0
+        try:
+            entries = list(os.scandir(self.directory))
+        except OSError:
+            return 0  # not there yet: nothing to clean
+        for entry in entries:
+            name = entry.name
+            own = name.startswith(self.prefix) and FILE_NAME.match(name)
+            own_tmp = name.startswith("." + self.prefix) and TMP_NAME.match(name)
+            if not (own or own_tmp) or entry.path == str(self.path):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode) or now - st.st_mtime <= STALE_AFTER:
+                    continue
+                os.unlink(entry.path)
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    self._errors.error("clean", "cannot remove a stale spool file", str(exc), type(exc).__name__)
+                continue
+            removed += 1
+        if removed:
+            log.info("removed stale spool files of earlier runs", workload=self.workload, files=removed)
+        self.removed_stale += removed
+        return removed
 
     def document(self, source: DeviceSource, devices: list[DeviceInfo], in_process: InProcess) -> SpoolDocument:
         """This process's snapshot: raw `memory_stats()` per device (live arrays where it reports nothing)."""
@@ -102,13 +157,23 @@ class Publisher:
         self.writes += 1
         self._errors.ok("write", "spool writable again", path=str(self.path))
 
-    def stop(self, remove: bool = True) -> None:
+    def stop(self, remove: bool = True, wait: float = 10.0) -> None:
         """Stop publishing; by default remove this process's file so the workload disappears at once."""
         self._stop.set()
-        self._thread.join(timeout=10)
-        if remove:
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=wait)
+        if remove and os.getpid() == self.pid:  # a forked child never removes its parent's file
             with contextlib.suppress(OSError):
                 self.path.unlink()
+
+    def _exit(self) -> None:
+        """At interpreter exit: the thread leaves JAX first (jaxmon.finalization), then a clean exit removes the
+        file."""
+        if os.getpid() != self.pid or self._stop.is_set():
+            return  # a forked child's copy, or stopped by the caller (who chose whether to keep the file)
+        self.stop(remove=True, wait=EXIT_WAIT)
+        if self._thread.is_alive():
+            log.warning("exiting while the publisher thread is still inside JAX", waited_seconds=EXIT_WAIT)
 
     def __enter__(self) -> Publisher:
         return self
@@ -123,6 +188,17 @@ def _number(value: object) -> bool:
 
 _publishers: dict[Path, Publisher] = {}
 _publishers_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a data loader worker) has no publisher thread: it publishes nothing unless it calls
+    publish() itself, and never removes the parent's file (Publisher checks the pid)."""
+    global _publishers_lock
+    _publishers_lock = threading.Lock()  # it may have been held by another thread at fork
+    _publishers.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def publish(directory: str | os.PathLike[str], workload: str | None = None, interval: float = 5.0) -> Publisher:

@@ -180,8 +180,36 @@ class SpoolSettings(_Section):
     """Publisher + sidecar: the shared directory workload processes publish to."""
 
     dir: Path | None = Field(default=None, description="Aggregate workload snapshots published to this directory.")
-    ttl: Duration = Field(default=30.0, description="A workload silent for longer than this disappears.")
+    ttl: Duration = Field(
+        default=30.0, description="A workload whose file was not rewritten for longer than this disappears."
+    )
     max_file_bytes: int = Field(default=1 << 20, ge=1024, description="Larger spool files are rejected.")
+    max_workloads: int = Field(
+        default=128,
+        ge=1,
+        le=100_000,
+        description="At most this many workload processes (live files, in name order) are exported; the rest are "
+        "counted in jaxmon_spool_overflow_files_total.",
+    )
+    max_reads_per_poll: int = Field(
+        default=256,
+        ge=1,
+        le=1_000_000,
+        description="At most this many new or changed spool files are read per poll; the rest wait for the next.",
+    )
+    remove_after: Duration | None = Field(
+        default=None,
+        description="Publisher files and crashed writers' temporary files older than this are removed where the "
+        "sidecar may write (default 10 x ttl).",
+    )
+
+    @field_validator("dir")
+    @classmethod
+    def _check_dir(cls, value: Path | None) -> Path | None:
+        # A missing directory may still appear (the trainer creates it); something else in its place never works.
+        if value is not None and value.exists() and not value.is_dir():
+            raise ValueError(f"{value} exists and is not a directory")
+        return value
 
 
 class ConfigSettings(_Section):

@@ -50,6 +50,9 @@ def test_collect_filter_returns_only_the_named_collectors_families(tmp_path: Pat
         rt.stop()
     assert _families(text) == {
         "jaxmon_spool_rejected_files_total",
+        "jaxmon_spool_overflow_files_total",
+        "jaxmon_spool_removed_files_total",
+        "jaxmon_spool_stale_files",
         "jaxmon_collector_success",
         "jaxmon_collector_duration_seconds",
         "jaxmon_collector_last_success_timestamp_seconds",

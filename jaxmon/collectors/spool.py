@@ -1,13 +1,15 @@
 """The spool collector: what every workload process published (`jaxmon.publish`), labelled by workload.
 
-The reader (`jaxmon.sources.spool`) returns validated documents; this turns them into the same memory and compile
-numbers an embedded exporter has, plus each workload process's identity and the files it had to reject.
+The reader (`jaxmon.sources.spool`) validates each file and, inside the same per-file guard, calls
+`workload_report` here to turn it into the same memory and compile numbers an embedded exporter has; a file that
+fails either step is one rejected file, never a failed poll. This adds each workload process's identity and what
+the reader had to reject, leave unread or remove.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 from prometheus_client.core import Metric
@@ -43,7 +45,7 @@ class WorkloadReport:
     pid: int
     process_index: int
     jax_version: str
-    time: float
+    time: float  # the file's mtime on the reader's clock, set per scan (the document's own `time` is not trusted)
     started: float
     devices: tuple[WorkloadDevice, ...]
     compile: Mapping[str, float]
@@ -81,10 +83,13 @@ def workload_report(doc: SpoolDocument) -> WorkloadReport:
 
 @dataclass(frozen=True)
 class SpoolState:
-    """The latest report of every live workload process, and the rejected files by reason."""
+    """The latest report of every live workload process, and what the reader rejected, skipped and removed."""
 
     workloads: tuple[WorkloadReport, ...] = ()
     rejected: Mapping[str, int] = field(default_factory=dict)
+    overflow: Mapping[str, int] = field(default_factory=dict)
+    removed: Mapping[str, int] = field(default_factory=dict)
+    stale: int | None = None  # None: the directory could not be listed
 
 
 class SpoolOptions(CollectorOptions):
@@ -101,6 +106,9 @@ class SpoolCollector(Collector[SpoolState]):
     description = "Workload processes' snapshots published to --spool.dir (jaxmon.publish)."
     options = SpoolOptions
     order = 40
+    # The spool is other processes' files: a slow or huge directory must not make this process's own liveness
+    # fail (/healthz restarts the sidecar, which fixes nothing). jaxmon_collector_success says how it goes.
+    heartbeat = False
 
     @classmethod
     def unavailable(cls, ctx: Context) -> str | None:
@@ -111,22 +119,36 @@ class SpoolCollector(Collector[SpoolState]):
         super().__init__(ctx, options)
         spool = ctx.settings.spool
         assert spool.dir is not None  # unavailable() otherwise
-        self.reader = SpoolReader(spool.dir, spool.ttl, spool.max_file_bytes)
+        self.reader: SpoolReader[WorkloadReport] = SpoolReader(
+            spool.dir,
+            spool.ttl,
+            workload_report,
+            max_file_bytes=spool.max_file_bytes,
+            max_workloads=spool.max_workloads,
+            reads_per_poll=spool.max_reads_per_poll,
+            remove_after=spool.remove_after,
+        )
         self._errors = ErrorLog(log)
-        self._last = SpoolState(rejected=dict(self.reader.rejected))
+        self._last = SpoolState(
+            rejected=dict(self.reader.rejected), overflow=dict(self.reader.overflow), removed=dict(self.reader.removed)
+        )
         self._seen: set[tuple[str, int, str, int]] = set()  # (workload, process_index, host, pid) last scan
 
     def update(self) -> Update[SpoolState]:
         """Scan the directory; when it cannot be listed, keep serving the last good workloads and say so."""
         directory = str(self.reader.directory)
         try:
-            documents = self.reader.scan()
+            scan = self.reader.scan()
         except OSError as exc:
-            self._errors.error("spool", "spool directory unreadable", str(exc), directory=directory)
-            self._last = SpoolState(self._last.workloads, dict(self.reader.rejected))
+            self._errors.error(
+                "spool", "spool directory unreadable", str(exc), same=type(exc).__name__, directory=directory
+            )
+            self._last = replace(self._last, rejected=dict(self.reader.rejected), stale=None)
             return Update(self._last, success=False)
         self._errors.ok("spool", "spool directory readable again", directory=directory)
-        self._last = SpoolState(tuple(workload_report(d) for d in documents), dict(self.reader.rejected))
+        # Last report time: the file's mtime on this clock, the same time liveness is judged by.
+        workloads = tuple(replace(f.value, time=f.mtime) for f in scan.live)
+        self._last = SpoolState(workloads, scan.rejected, scan.overflow, scan.removed, scan.stale)
         self._log_arrivals(self._last.workloads)
         return Update(self._last)
 
@@ -169,7 +191,7 @@ class SpoolCollector(Collector[SpoolState]):
         workload_info = family("jaxmon_workload_info", "Each workload process reporting to the spool; always 1.")
         last = family(
             "jaxmon_workload_last_report_timestamp_seconds",
-            "Unix time of the workload process's latest spool snapshot.",
+            "Unix time the workload process last wrote its spool file (the file's mtime on the sidecar's clock).",
         )
         for w in state.workloads:
             ident = {"workload": w.workload, "process_index": str(w.process_index)}
@@ -183,6 +205,31 @@ class SpoolCollector(Collector[SpoolState]):
         for reason, count in sorted(state.rejected.items()):
             add(rejected, {"reason": reason}, float(count))
         yield rejected
+        overflow = family(
+            "jaxmon_spool_overflow_files",
+            "Live spool files left unread in a poll: past --spool.max-workloads, or past --spool.max-reads-per-poll "
+            "(read at a later poll); counted every poll they are left out.",
+            True,
+        )
+        for reason, count in sorted(state.overflow.items()):
+            add(overflow, {"reason": reason}, float(count))
+        yield overflow
+        removed = family(
+            "jaxmon_spool_removed_files",
+            "Stale publisher files (json) and crashed writers' temporary files (tmp) the sidecar removed.",
+            True,
+        )
+        for kind, count in sorted(state.removed.items()):
+            add(removed, {"kind": kind}, float(count))
+        yield removed
+        if state.stale is not None:
+            stale = family(
+                "jaxmon_spool_stale_files",
+                "Files in the spool directory past --spool.ttl and not (yet) removed, orphaned temporary files "
+                "included.",
+            )
+            add(stale, {}, float(state.stale))
+            yield stale
 
 
 def device_identity_labels(d: DeviceInfo) -> dict[str, str]:

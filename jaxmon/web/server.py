@@ -375,6 +375,11 @@ class HttpServer:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
 
+    def close_listener(self) -> None:
+        """Close this process's copy of the listening sockets (a forked child, which must not hold the port)."""
+        for sock in [*self._sockets.secure_sockets, *self._sockets.insecure_sockets]:
+            sock.close()
+
 
 def hold_signals_until_serving() -> None:
     """Ignore SIGHUP and SIGUSR1 until serve_until_signalled handles them, so neither kills a starting daemon."""
