@@ -202,7 +202,9 @@ class JaxProbeKernel:
         def chain(x: Any, w: Any, steps: Any) -> Any:
             return lax.fori_loop(0, steps, lambda _, c: jnp.tanh(c @ w), x)
 
-        steps0 = jax.device_put(np.int32(1), device)
+        with _OWN_LOCK:  # used only to lower the program, but alive meanwhile: the probe's too
+            steps0 = jax.device_put(np.int32(1), device)
+            _own(steps0)
         self._compiled = jax.jit(chain).lower(self._x, self._w, steps0).compile()
         cost = self._compiled.cost_analysis()
         if isinstance(cost, list):  # older jaxlib returns one dict per computation
