@@ -310,7 +310,8 @@ def test_a_publisher_on_an_unwritable_directory_keeps_training_and_recovers(
         what="a spool file written",
         detail=child.log,
     )
-    assert "spool writable again" in child.log()
+    # Logged right after the write that made the file appear.
+    wait_until(lambda: "spool writable again" in child.log(), what="the recovery logged", detail=child.log)
     files = [p for p in spool.iterdir() if p.suffix == ".json"]
     assert read_document(files[0], 1 << 20).workload == "w"
     assert child.proc.stdout.readline().startswith("STEP")  # still training
