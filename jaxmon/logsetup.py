@@ -71,6 +71,11 @@ def ensure_library_logging() -> None:
     """
     if structlog.is_configured():
         return
+    route_to_stdlib_logging()
+
+
+def route_to_stdlib_logging(cache_loggers: bool = True) -> None:
+    """structlog events as key=value lines on stdlib loggers named after their modules."""
     structlog.configure(
         processors=[
             structlog.stdlib.add_log_level,
@@ -79,7 +84,7 @@ def ensure_library_logging() -> None:
         ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=cache_loggers,
     )
 
 

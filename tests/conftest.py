@@ -17,6 +17,7 @@ import pytest
 import structlog
 
 from jaxmon.cli import main
+from jaxmon.logsetup import route_to_stdlib_logging
 from tests.helpers import (
     FIXTURES,
     ROOT,
@@ -47,16 +48,7 @@ __all__ = [
 def pytest_configure(config: pytest.Config) -> None:
     """In-process jaxmon events (the probe's, from its own threads) go to stdlib logging, which pytest captures
     per test and shows under "Captured log" of a failing test; unconfigured structlog prints to stdout."""
-    structlog.configure(
-        processors=[
-            structlog.stdlib.add_log_level,
-            structlog.processors.format_exc_info,
-            structlog.processors.KeyValueRenderer(key_order=["event"], drop_missing=True),
-        ],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=False,  # structlog.testing.capture_logs must still see every logger
-    )
+    route_to_stdlib_logging(cache_loggers=False)  # structlog.testing.capture_logs must still see every logger
 
 
 # start_daemon(*args, env=None, ready=True, scheme="http", client=None) -> Daemon
