@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import queue
+import random
 import statistics
 import threading
 import time
@@ -23,7 +24,21 @@ log = structlog.get_logger("jaxmon.probe")
 PROBE_THREAD_PREFIX = "jaxmon-probe-"
 MAX_STEPS = 4096
 BASELINE_WINDOW = 120
-BASELINE_PERCENTILE = 0.1
+# The window lowers the baseline only to its median: a lower quantile sits below most idle runs on a noisy host and
+# reads its noise as load (BENCHMARKS.md, utilization).
+BASELINE_PERCENTILE = 0.5
+CALIBRATION_SEEDS = 7
+# A shot is the faster of two back-to-back runs: the first absorbs a cold start (a thread pool waking, caches) and
+# either may be preempted.
+RUNS_PER_SHOT = 2
+
+
+def longest_pauses(repeats: int, spacing: float) -> float:
+    """The most one timing can pause: up to one spacing before the first shot, 1.5 before each later one."""
+    return spacing * (1.0 + 1.5 * (repeats - 1))
+
+
+_random = random.Random()
 
 
 @dataclass(frozen=True)
@@ -33,13 +48,19 @@ class ProbeConfig:
     size: int
     timeout_seconds: float
     target_seconds: float
-    # Each timing is the fastest of this many back-to-back runs: robust to a preemption and to the cold caches of
-    # a run after a pause, so idle reads idle (BENCHMARKS.md, utilization).
+    # Each timing is the median of this many shots, `spacing_seconds` apart. Back-to-back runs share the host's
+    # momentary speed; shots apart sample it independently, and their median is robust to a preempted one, so
+    # an idle device reads idle (BENCHMARKS.md, utilization).
     repeats: int = 1
+    spacing_seconds: float = 0.0
 
 
 def _never_busy() -> bool:
     return False
+
+
+def _unknown() -> bool | None:
+    return None
 
 
 def utilization(baseline: float, latency: float) -> float:
@@ -49,7 +70,7 @@ def utilization(baseline: float, latency: float) -> float:
     return min(max(1.0 - baseline / latency, 0.0), 1.0)
 
 
-def low_percentile(samples: list[float], q: float = BASELINE_PERCENTILE) -> float:
+def quantile(samples: list[float], q: float = BASELINE_PERCENTILE) -> float:
     """The q-quantile of `samples` by the nearest-rank method (no interpolation, robust on few samples)."""
     ordered = sorted(samples)
     rank = max(math.ceil(q * len(ordered)), 1)
@@ -70,6 +91,7 @@ class DeviceProbe:
         store: BaselineStore | None = None,
         store_key: str = "",
         busy: Callable[[], bool] = _never_busy,
+        idle: Callable[[], bool | None] = _unknown,
     ) -> None:
         self.device = device
         self._make_kernel = make_kernel
@@ -81,6 +103,10 @@ class DeviceProbe:
         self._store_key = store_key
         # True while a device-wide source (NVML, libtpu) says other work keeps the device busy.
         self._busy = busy
+        # True when a device-wide source saw the device idle apart from the probe since the previous call (None:
+        # no source knows). Timings taken idle are the baseline's window, which may then rise as well as fall.
+        self._idle = idle
+        self._idle_samples: deque[float] = deque(maxlen=BASELINE_WINDOW)
         self._lock = threading.Lock()
         self._status = ProbeStatus()
         self._kernel: ProbeKernel | None = None
@@ -153,14 +179,20 @@ class DeviceProbe:
             one = statistics.median(self._time_run(1) for _ in range(5))
             steps = min(max(math.ceil(self._config.target_seconds / max(one, 1e-7)), 1), MAX_STEPS)
             self._time_run(steps)
-            timed = [self._fastest(steps) for _ in range(7)]
+            # Seeds are shots taken as the scheduled timings take them (spaced, each the faster of two runs),
+            # so the baseline is the typical idle shot and idle noise centres on it.
+            timed = self._shots(steps, CALIBRATION_SEEDS)
         finally:
             if locked:
                 self._calibration_lock.release()
-        seeds = [fastest for fastest, _ in timed]
+        seeds, busy_seconds = timed
         baseline = statistics.median(seeds)
         origin = "provisional" if busy or self._busy() else "calibrated"
-        self._set_calibration(steps, baseline, seeds, origin, sum(total for _, total in timed))
+        seen_idle = self._idle() is True
+        self._set_calibration(steps, baseline, seeds, origin, busy_seconds)
+        if origin == "calibrated" and seen_idle:
+            with self._lock:
+                self._idle_samples.extend(seeds)
         if origin == "calibrated" and self._store is not None:
             self._store.put(self._store_key, Baseline(steps, baseline))
 
@@ -170,6 +202,7 @@ class DeviceProbe:
             self._calibration_baseline = baseline
             self._samples.clear()
             self._samples.extend(seeds)
+            self._idle_samples.clear()
             self._status.calibrated = True
             self._status.baseline_origin = origin
             self._status.steps = steps
@@ -185,21 +218,45 @@ class DeviceProbe:
             footprint_bytes=self._kernel.footprint_bytes,
         )
 
-    def _fastest(self, steps: int) -> tuple[float, float]:
-        """The fastest of `repeats` back-to-back runs, and the time they took together."""
-        runs = [self._time_run(steps) for _ in range(self._config.repeats)]
-        return min(runs), sum(runs)
+    def _shots(self, steps: int, count: int, *, first_pause: bool = False) -> tuple[list[float], float]:
+        """`count` shots about `spacing` apart, each the faster of RUNS_PER_SHOT back-to-back runs; and the time
+        all the runs took together (the probe's time on the device).
+
+        The pauses are random (0.5-1.5 x spacing, and 0-1 x before the first shot of a scheduled timing): a
+        workload that repeats at a period the schedule divides would otherwise be sampled at the same phase every
+        time and read as always busy or always idle."""
+        shots: list[float] = []
+        busy = 0.0
+        spacing = self._config.spacing_seconds
+        for i in range(count):
+            pause = spacing * (_random.uniform(0.5, 1.5) if i else _random.uniform(0.0, 1.0) if first_pause else 0.0)
+            if pause > 0 and self._stopping.wait(pause) and shots:
+                break  # shutting down: what was timed so far is enough
+            runs = [self._time_run(steps) for _ in range(RUNS_PER_SHOT)]
+            shots.append(min(runs))
+            busy += sum(runs)
+        return shots, busy
 
     def _measure(self) -> None:
         assert self._kernel is not None
         steps = self._status.steps
-        latency, busy = self._fastest(steps)
+        shots, busy = self._shots(steps, self._config.repeats, first_pause=True)
+        latency = statistics.median(shots)
+        seen_idle = self._idle() is True
         with self._lock:
             self._samples.append(latency)
-            # The calibration (taken idle, we hope) is a floor the window cannot raise: under hours of full
-            # load the window fills with busy latencies and would otherwise read the load as idle.
+            if seen_idle:
+                self._idle_samples.append(latency)
             assert self._calibration_baseline is not None
-            baseline = min(self._calibration_baseline, low_percentile(list(self._samples)))
+            if len(self._idle_samples) >= CALIBRATION_SEEDS:
+                # Enough timings a device-wide source saw idle: the baseline is their median, up or down, so it
+                # follows the host's idle speed (a shared VM's wanders) and load never enters it.
+                baseline = quantile(list(self._idle_samples))
+            else:
+                # The calibration (taken idle, we hope) is a ceiling the window cannot raise: under hours of full
+                # load the window fills with busy latencies and would otherwise read the load as idle. A window
+                # mostly idle lowers it (a calibration taken under load that no device-wide source reported).
+                baseline = min(self._calibration_baseline, quantile(list(self._samples)))
             st = self._status
             st.last_duration_seconds = latency
             st.baseline_seconds = baseline

@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     CliSettingsSource,
@@ -26,6 +35,7 @@ from jaxmon.collectors.base import CollectorOptions
 # parse_duration is re-exported: callers (and tests) have always imported it from here.
 from jaxmon.durations import Duration
 from jaxmon.durations import parse_duration as parse_duration
+from jaxmon.probe import longest_pauses
 
 DEFAULT_PORT = 10401
 
@@ -131,13 +141,30 @@ class ProbeSettings(_Section):
         default=3,
         ge=1,
         le=10,
-        description="Each probe timing is the fastest of this many back-to-back runs (robust to preemption).",
+        description="Each probe timing is the median of this many shots (a shot: the faster of two back-to-back "
+        "runs); robust to preemption and to the host's momentary speed.",
+    )
+    spacing: Duration = Field(
+        default=0.1,
+        le=1.0,
+        description="Pause between the shots of one timing (and between calibration seeds).",
     )
     baseline_file: Path | None = Field(
         default=None,
         description="Keep each device's idle calibration here; a restart reuses a matching one instead of "
         "calibrating while training may already be running.",
     )
+
+    @field_validator("spacing")
+    @classmethod
+    def _timing_fits_the_timeout(cls, spacing: float, info: ValidationInfo) -> float:
+        timeout, repeats = info.data.get("timeout"), info.data.get("repeats")
+        if timeout is not None and repeats is not None and timeout <= longest_pauses(repeats, spacing):
+            raise ValueError(
+                f"the pauses of one timing (up to {longest_pauses(repeats, spacing):g}s: 1 + 1.5 x "
+                f"(probe.repeats - 1) spacings) must be shorter than probe.timeout ({timeout:g}s)"
+            )
+        return spacing
 
 
 class HealthSettings(_Section):

@@ -20,7 +20,7 @@ from jaxmon.collectors.base import Context
 from jaxmon.collectors.probe import ProbeCollector, ProbeOptions
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel
-from jaxmon.probe import DeviceProbe, ProbeConfig, low_percentile, utilization
+from jaxmon.probe import CALIBRATION_SEEDS, RUNS_PER_SHOT, DeviceProbe, ProbeConfig, quantile, utilization
 from jaxmon.settings import Settings
 from jaxmon.sources.local import LocalSource
 from tests.conftest import wait_until
@@ -28,8 +28,10 @@ from tests.conftest import wait_until
 SIZE = 64
 PROBE_DEVICE = 5  # not the default device 0, so implicit placement would show
 FAKE_DEVICE = DeviceInfo(id=3, platform="cpu", device_kind="cpu")
-# Kernel runs of a calibration: warm-up, 5 single steps, one at the calibrated count, 7 seeds (measurement: +1).
-CALIBRATION_CALLS = 1 + 5 + 1 + 7
+# Kernel runs of a calibration: warm-up, 5 single steps, one at the calibrated count, 7 seeds of a shot (two runs)
+# each. A measurement at the engine's default (one shot) is two runs more.
+CALIBRATION_CALLS = 1 + 5 + 1 + 7 * 2
+SHOT = 2
 
 
 # -- pure helpers -----------------------------------------------------------------------------------------
@@ -55,26 +57,31 @@ def test_utilization_of_a_zero_or_negative_latency_is_zero() -> None:
     assert utilization(0.003, -1.0) == 0.0
 
 
-def test_low_percentile_is_the_nearest_rank_without_interpolation() -> None:
-    """q=0.1 of 10 samples is the 1st smallest, of 11 the 2nd (ceil(1.1)), of 20 the 2nd."""
-    assert low_percentile([float(i) for i in range(1, 11)]) == 1.0
-    assert low_percentile([float(i) for i in range(1, 12)]) == 2.0
-    assert low_percentile([float(i) for i in range(1, 21)]) == 2.0
-    assert low_percentile([float(i) for i in range(1, 21)], q=0.25) == 5.0
+def test_quantile_is_the_nearest_rank_without_interpolation() -> None:
+    """The median (the default) of 10 samples is the 5th smallest, of 11 the 6th (ceil(5.5)); q=0.1 of 20 the 2nd."""
+    assert quantile([float(i) for i in range(1, 11)]) == 5.0
+    assert quantile([float(i) for i in range(1, 12)]) == 6.0
+    assert quantile([float(i) for i in range(1, 21)], q=0.1) == 2.0
+    assert quantile([float(i) for i in range(1, 21)], q=0.25) == 5.0
 
 
-def test_low_percentile_sorts_its_input_and_leaves_it_alone() -> None:
+def test_quantile_sorts_its_input_and_leaves_it_alone() -> None:
     """Unsorted samples give the same rank; the caller's list is not reordered."""
     samples = [9.0, 1.0, 5.0, 3.0]
-    assert low_percentile(samples, q=0.5) == 3.0  # sorted 1, 3, 5, 9: rank ceil(2.0) = 2
+    assert quantile(samples, q=0.5) == 3.0  # sorted 1, 3, 5, 9: rank ceil(2.0) = 2
     assert samples == [9.0, 1.0, 5.0, 3.0]
 
 
-def test_low_percentile_extremes() -> None:
-    """One sample is its own percentile; q=0 is the minimum and q=1 the maximum."""
-    assert low_percentile([0.007]) == 0.007
-    assert low_percentile([4.0, 2.0, 8.0], q=0.0) == 2.0
-    assert low_percentile([4.0, 2.0, 8.0], q=1.0) == 8.0
+def test_quantile_extremes() -> None:
+    """One sample is its own quantile; q=0 is the minimum and q=1 the maximum."""
+    assert quantile([0.007]) == 0.007
+    assert quantile([4.0, 2.0, 8.0], q=0.0) == 2.0
+    assert quantile([4.0, 2.0, 8.0], q=1.0) == 8.0
+
+
+def test_the_engine_constants_the_tests_count_runs_by() -> None:
+    """Seven calibration seeds, two runs per shot: CALIBRATION_CALLS above is written from these."""
+    assert (CALIBRATION_SEEDS, RUNS_PER_SHOT) == (7, SHOT)
 
 
 # -- the real JAX kernel on CPU devices ------------------------------------------------------------------
@@ -97,17 +104,32 @@ def pick(devices: list[DeviceInfo], device_id: int) -> DeviceInfo:
 
 
 class RecordingKernel:
-    """Delegates to a real kernel and records the step count of every run."""
+    """Delegates to a real kernel and records the step count and the wall time of every run."""
 
     def __init__(self, inner: ProbeKernel) -> None:
         self._inner = inner
         self.flops_per_step = inner.flops_per_step
         self.footprint_bytes = inner.footprint_bytes
         self.steps_asked: list[int] = []
+        self.seconds: list[float] = []
 
     def run(self, steps: int) -> None:
         self.steps_asked.append(steps)
+        start = time.perf_counter_ns()
         self._inner.run(steps)
+        self.seconds.append((time.perf_counter_ns() - start) / 1e9)
+
+
+def shots_of(runs: list[float]) -> list[float]:
+    """Each shot is the faster of its two back-to-back runs."""
+    return [min(runs[i : i + SHOT]) for i in range(0, len(runs), SHOT)]
+
+
+def median_of_sorted_middle(values: list[float]) -> float:
+    """The median as statistics.median computes it: the mean of the two middle values of an even count."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def quiet_errors() -> ErrorLog:
@@ -148,26 +170,30 @@ def test_a_real_probe_calibrates_and_reports_self_consistent_numbers(
     assert 1 <= st.steps <= 4096
     # Compiled once; warm-up and five timings of one step, then the calibrated count for the rest.
     (kernel,) = kernels
-    assert kernel.steps_asked == [1] * 6 + [st.steps] * (CALIBRATION_CALLS - 6 + 1)
+    assert kernel.steps_asked == [1] * 6 + [st.steps] * (CALIBRATION_CALLS - 6 + SHOT)
     duration, baseline = st.last_duration_seconds, st.baseline_seconds
     assert duration is not None and duration > 0
     assert baseline is not None and baseline > 0
+    # The same numbers from the kernel's own clock (it sits inside the probe's timer: within a percent or two).
+    timed = kernel.seconds[7:]  # after the warm-ups: 7 seed shots, then the measurement's shot
+    seeds, (shot,) = shots_of(timed[: 7 * SHOT]), shots_of(timed[7 * SHOT :])
+    assert duration == pytest.approx(shot, rel=0.03)
+    # Baseline: the lower of the seeds' median and the window's nearest-rank median (8 samples: the 4th smallest).
+    window = sorted([*seeds, shot])
+    assert baseline == pytest.approx(min(median_of_sorted_middle(seeds), window[3]), rel=0.03)
+    assert st.busy_seconds_total == pytest.approx(sum(timed), rel=0.03)  # every timed run, kept or not
     # An n x n matmul is 2 n^3 FLOPs per step (XLA's cost analysis adds 2 for the loop counter: rel 4e-6).
     assert st.flops_per_second == pytest.approx(st.steps * 2 * SIZE**3 / duration, rel=1e-5)
     # x, w and the output are n x n float32 each, plus at most one loop temporary.
     assert st.footprint_bytes is not None
     assert 3 * SIZE * SIZE * 4 <= st.footprint_bytes <= 4 * SIZE * SIZE * 4 + 1024
-    # With 8 samples (7 seeds + this run) the nearest-rank 10th percentile is their minimum, and the baseline
-    # is the lower of it and the seeds' median: so it is at most this run, and the 8 runs add up to >= 8x it.
-    assert baseline <= duration
-    assert st.busy_seconds_total >= 8 * baseline * (1 - 1e-9)
     assert st.utilization_ratio == pytest.approx(max(0.0, 1 - baseline / duration), abs=1e-12)
 
 
-def test_later_real_runs_lower_the_baseline_to_the_fastest_run_and_add_their_busy_time(
+def test_later_real_runs_move_the_baseline_to_the_window_median_below_the_calibration(
     local: tuple[LocalSource, list[DeviceInfo]],
 ) -> None:
-    """Runs 2 and 3 (9 and 10 samples: still rank 1) give baseline = min(previous, this run); one step each."""
+    """Runs 2 and 3: baseline = min(seeds' median, nearest-rank median of seeds + every shot); one shot each."""
     source, devices = local
     dev = pick(devices, 6)
     kernels: list[RecordingKernel] = []
@@ -191,16 +217,24 @@ def test_later_real_runs_lower_the_baseline_to_the_fastest_run_and_add_their_bus
             after = probe.status()
             assert after.runs_total == run
             assert after.up is True
-            assert after.last_duration_seconds is not None and before.baseline_seconds is not None
-            assert after.baseline_seconds == min(before.baseline_seconds, after.last_duration_seconds)
-            assert after.busy_seconds_total == pytest.approx(before.busy_seconds_total + after.last_duration_seconds)
+            (kernel,) = kernels  # calibrated (and compiled) once
+            timed = kernel.seconds[7:]
+            seeds, shots = shots_of(timed[: 7 * SHOT]), shots_of(timed[7 * SHOT :])
+            assert len(shots) == run
+            window = sorted([*seeds, *shots])
+            rank = -(-len(window) // 2)  # nearest rank of the median: ceil(n / 2)
+            expected = min(median_of_sorted_middle(seeds), window[rank - 1])
+            assert after.baseline_seconds == pytest.approx(expected, rel=0.03)
+            assert after.last_duration_seconds == pytest.approx(shots[-1], rel=0.03)
+            busy = after.busy_seconds_total - before.busy_seconds_total
+            assert busy == pytest.approx(sum(timed[-SHOT:]), rel=0.03)
             assert after.steps == before.steps
             before = after
     finally:
         probe.stop()
         probe.join(10)
-    (kernel,) = kernels  # calibrated (and compiled) once
-    assert len(kernel.steps_asked) == CALIBRATION_CALLS + 1 + 2
+    (kernel,) = kernels
+    assert len(kernel.steps_asked) == CALIBRATION_CALLS + 3 * SHOT
 
 
 def test_the_real_kernel_places_its_buffers_on_the_requested_device(
@@ -401,7 +435,7 @@ def test_a_hung_kernel_times_out_skips_while_hung_and_recovers_when_released(
     st = probe.status()
     assert st.last_error is None
     assert (st.runs_total, st.timeouts_total) == (2, 1)
-    assert gated.calls == CALIBRATION_CALLS + 1 + 1  # the released first run, then one measurement
+    assert gated.calls == CALIBRATION_CALLS + SHOT + SHOT  # the released first run, then one measurement
 
 
 def test_stop_releases_a_run_once_that_is_waiting_on_a_hung_device(make_probe: MakeProbe, gated: GatedKernel) -> None:
@@ -443,7 +477,7 @@ class _OneKernelSource:
 @pytest.fixture
 def gated_collector(gated: GatedKernel) -> Iterator[ProbeCollector]:
     """A ProbeCollector over FAKE_DEVICE with a gated kernel and a 0.3 s timeout, stopped afterwards."""
-    settings = Settings.model_validate({"probe": {"timeout": 0.3, "size": 8, "target": 0.0001}})
+    settings = Settings.model_validate({"probe": {"timeout": 0.3, "size": 8, "target": 0.0001, "spacing": 0.01}})
     ctx = Context(settings=settings, source=_OneKernelSource(gated), devices=[FAKE_DEVICE])
     collector = ProbeCollector(ctx, ProbeOptions())
     yield collector

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -81,8 +82,8 @@ def test_a_calibration_is_saved_and_a_restart_restores_it_without_calibrating(ma
     again = restarted.status()
     assert again.baseline_origin == "restored"
     assert again.steps == st.steps
-    # One warm-up run and one measured run at the saved step count: no calibration timings at all.
-    assert kernel.steps_asked == [st.steps, st.steps]
+    # One warm-up run and one measured shot (two runs) at the saved step count: no calibration timings at all.
+    assert kernel.steps_asked == [st.steps] * 3
     assert again.baseline_seconds is not None and again.baseline_seconds <= seeds_median
     assert again.utilization_ratio is not None
 
@@ -136,8 +137,15 @@ def test_the_daemon_restores_every_devices_baseline_after_a_restart(start_daemon
     first.stop()
     assert len(json.loads(path.read_text())["entries"]) == 8
     second = start_daemon(*args)
-    s = second.wait_for(all_with_origin("restored"), what="every device restored")
-    assert all(sample(s, "jaxmon_device_up", device=str(i), platform="cpu") == 1.0 for i in range(8))
+    restored = all_with_origin("restored")
+
+    def restored_and_up(s: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> bool:
+        # The origin is set when the baseline is restored; device_up when that first timing (its shots) ends.
+        return restored(s) and all(
+            sample(s, "jaxmon_device_up", device=str(i), platform="cpu") == 1.0 for i in range(8)
+        )
+
+    second.wait_for(restored_and_up, what="every device restored and probed")
 
 
 class ScriptedKernel:
@@ -154,12 +162,13 @@ class ScriptedKernel:
         threading.Event().wait(0.001 if self.calibrating else self.script.pop(0))
 
 
-def test_a_timing_is_the_fastest_of_its_back_to_back_runs_and_all_of_them_count_as_busy() -> None:
-    kernel = ScriptedKernel([0.300, 0.050, 0.150])
+def test_a_timing_is_the_median_of_spaced_shots_each_the_faster_of_two_runs_and_every_run_counts_as_busy() -> None:
+    # Three shots of two runs: faster of (300, 50) = 50, of (150, 200) = 150, of (20, 400) = 20; median 50 ms.
+    kernel = ScriptedKernel([0.300, 0.050, 0.150, 0.200, 0.020, 0.400])
     probe = DeviceProbe(
         DEVICE,
         lambda: kernel,
-        ProbeConfig(size=8, timeout_seconds=10.0, target_seconds=0.001, repeats=3),
+        ProbeConfig(size=8, timeout_seconds=10.0, target_seconds=0.001, repeats=3, spacing_seconds=0.25),
         ErrorLog(structlog.get_logger("jaxmon.test"), 60.0),
         threading.Lock(),
     )
@@ -167,13 +176,63 @@ def test_a_timing_is_the_fastest_of_its_back_to_back_runs_and_all_of_them_count_
         probe.run_once()  # calibration (1 ms runs) and one measurement of 1 ms runs
         before = probe.status()
         kernel.calibrating = False
+        started = time.monotonic()
         probe.run_once()
+        took = time.monotonic() - started
         after = probe.status()
     finally:
         probe.stop()
         probe.join(2)
-    assert kernel.script == []  # three runs for one timing
+    assert kernel.script == []  # six runs for one timing
     assert after.last_duration_seconds is not None
-    assert 0.050 <= after.last_duration_seconds < 0.150  # the fastest of 300, 50 and 150 ms
+    assert 0.050 <= after.last_duration_seconds < 0.150  # not the fastest (20 ms) nor a slow one
     busy = after.busy_seconds_total - before.busy_seconds_total
-    assert 0.500 <= busy < 2.0  # all three runs (500 ms together) are the probe's time on the device
+    assert 1.120 <= busy < 3.0  # all six runs (1.12 s together) are the probe's time on the device
+    assert took >= 1.120 + 2 * 0.5 * 0.25  # the runs and two pauses (each at least half the spacing)
+
+
+def scripted_probe(kernel: ScriptedKernel, idle: Callable[[], bool | None]) -> DeviceProbe:
+    """One shot per timing, no pauses: each timing is the faster of the next two scripted runs."""
+    return DeviceProbe(
+        DEVICE,
+        lambda: kernel,
+        ProbeConfig(size=8, timeout_seconds=10.0, target_seconds=0.001),
+        ErrorLog(structlog.get_logger("jaxmon.test"), 60.0),
+        threading.Lock(),
+        idle=idle,
+    )
+
+
+@pytest.mark.parametrize(
+    ("seen_idle", "rises"),
+    [(True, True), (False, False), (None, False)],
+    ids=["source-says-idle", "source-says-busy", "no-source"],
+)
+def test_timings_a_device_wide_source_saw_idle_move_the_baseline_up_as_well_as_down(
+    seen_idle: bool | None, rises: bool
+) -> None:
+    """7 seeds and a timing of ~1 ms, then 9 timings of 20 ms: seen idle, the window of 17 has median (9th
+    smallest) 20 ms and the baseline follows the idle host up; seen busy or with no source, the 1 ms calibration
+    stays the ceiling."""
+    kernel = ScriptedKernel([0.020] * 2 * 9)
+    probe = scripted_probe(kernel, lambda: seen_idle)
+    try:
+        probe.run_once()  # calibration (1 ms runs) and one timing of 1 ms runs
+        calibrated = probe.status().baseline_seconds
+        kernel.calibrating = False
+        for _ in range(9):
+            probe.run_once()
+        st = probe.status()
+    finally:
+        probe.stop()
+        probe.join(2)
+    assert kernel.script == []
+    assert calibrated is not None and calibrated < 0.010
+    assert st.baseline_seconds is not None and st.last_duration_seconds is not None
+    assert 0.020 <= st.last_duration_seconds < 0.040
+    if rises:
+        assert 0.020 <= st.baseline_seconds < 0.040
+        assert st.utilization_ratio is not None and st.utilization_ratio < 0.5
+    else:
+        assert st.baseline_seconds < 0.010  # still the ~1 ms calibration's, not the 20 ms timings'
+        assert st.utilization_ratio is not None and st.utilization_ratio > 0.5

@@ -27,10 +27,10 @@ from jaxmon.collectors.base import (
     family,
     sample_name,
 )
-from jaxmon.collectors.devicewide import BUSY_DUTY_CYCLE, DutyCycles
+from jaxmon.collectors.devicewide import BUSY_DUTY_CYCLE, DutyCycles, HostCpuMeter
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
-from jaxmon.probe import DeviceProbe, ProbeConfig
+from jaxmon.probe import RUNS_PER_SHOT, DeviceProbe, ProbeConfig
 from jaxmon.probe_baseline import BaselineStore
 from jaxmon.snapshot import Snapshot
 
@@ -65,12 +65,12 @@ PROBE_METRICS = (
     ),
     ProbeMetric(
         "jaxmon_probe_duration_seconds",
-        "Latency of the last completed probe run.",
+        "Latency of the last completed probe timing (the median of its shots).",
         lambda p: _opt(p.last_duration_seconds),
     ),
     ProbeMetric(
         "jaxmon_probe_baseline_seconds",
-        "Idle probe latency: the lower of the start-up calibration and the 10th percentile of recent runs.",
+        "Idle probe latency: the lower of the start-up calibration and the median of recent timings.",
         lambda p: _opt(p.baseline_seconds),
     ),
     ProbeMetric(
@@ -147,7 +147,13 @@ class ProbeCollector(Collector[ProbeState]):
     def __init__(self, ctx: Context, options: CollectorOptions) -> None:
         super().__init__(ctx, options)
         s = ctx.settings.probe
-        self.config = ProbeConfig(size=s.size, timeout_seconds=s.timeout, target_seconds=s.target, repeats=s.repeats)
+        self.config = ProbeConfig(
+            size=s.size,
+            timeout_seconds=s.timeout,
+            target_seconds=s.target,
+            repeats=s.repeats,
+            spacing_seconds=s.spacing,
+        )
         errors = ErrorLog(log)
         calibration_lock = threading.Lock()
         store = BaselineStore(s.baseline_file) if s.baseline_file is not None else None
@@ -162,6 +168,7 @@ class ProbeCollector(Collector[ProbeState]):
                 store=store,
                 store_key=self._store_key(dev),
                 busy=self._busy_check(dev),
+                idle=self._idle_check(dev),
             )
             for dev in ctx.devices
         }
@@ -172,22 +179,44 @@ class ProbeCollector(Collector[ProbeState]):
         return (
             f"{dev.platform}:{dev.id}:{dev.device_kind}|jax={package_version('jax')}"
             f"|jaxlib={package_version('jaxlib')}|size={self.config.size}|target={self.config.target_seconds:g}"
+            f"|seed=shot{RUNS_PER_SHOT}|spacing={self.config.spacing_seconds:g}"
         )
+
+    def _duty_cycle(self, dev: DeviceInfo) -> float | None:
+        """The device's last duty cycle from a device-wide collector (NVML, libtpu); None when none knows it."""
+        snapshot = self.ctx.snapshot
+        if snapshot is None:
+            return None
+        for state in snapshot().states.values():
+            if isinstance(state, DutyCycles):
+                duty = state.duty_cycle(dev.platform, dev.id)
+                if duty is not None:
+                    return duty
+        return None
 
     def _busy_check(self, dev: DeviceInfo) -> Callable[[], bool]:
         def busy() -> bool:
-            """True when a device-wide source reports the device busy with other work."""
-            snapshot = self.ctx.snapshot
-            if snapshot is None:
-                return False
-            for state in snapshot().states.values():
-                if isinstance(state, DutyCycles):
-                    duty = state.duty_cycle(dev.platform, dev.id)
-                    if duty is not None and duty >= BUSY_DUTY_CYCLE:
-                        return True
-            return False
+            """True when a device-wide source reports the device busy with other work (no calibration now)."""
+            duty = self._duty_cycle(dev)
+            return duty is not None and duty >= BUSY_DUTY_CYCLE
 
         return busy
+
+    def _idle_check(self, dev: DeviceInfo) -> Callable[[], bool | None]:
+        # CPU devices are the host's cores: the host's CPU time outside jaxmon is their device-wide reading (one
+        # meter per device, since a reading covers the time since that device's previous one). It only picks the
+        # timings the baseline follows, never defers a calibration: on a shared host it is rarely quiet enough.
+        meter = HostCpuMeter(exclude_own=self.ctx.in_process is None) if dev.platform == "cpu" else None
+
+        def idle() -> bool | None:
+            """Whether the device was idle apart from the probe since the previous call; None: nothing knows."""
+            duty = self._duty_cycle(dev)
+            if duty is not None:
+                return duty < BUSY_DUTY_CYCLE
+            share = meter.others_share() if meter is not None else None
+            return None if share is None else share < BUSY_DUTY_CYCLE
+
+        return idle
 
     def _kernel_factory(self, dev: DeviceInfo) -> Callable[[], ProbeKernel]:
         def make() -> ProbeKernel:
