@@ -7,12 +7,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
 
 from jaxmon.logsetup import ErrorLog
-from jaxmon.model import DeviceInfo
+from jaxmon.model import DeviceInfo, ProbeKernel
 from jaxmon.probe import DeviceProbe, ProbeConfig
 from jaxmon.probe_baseline import SCHEMA, Baseline, BaselineStore
 from tests.conftest import StartDaemon, sample
@@ -38,6 +39,13 @@ class CountingKernel:
 Make = Callable[..., tuple[DeviceProbe, CountingKernel]]
 
 
+def probe_over(kernel: ProbeKernel, target: float = 0.001, **options: Any) -> DeviceProbe:
+    """A DeviceProbe of DEVICE over `kernel`: 8 x 8, 10 s timeout, one shot per timing unless `config` says."""
+    config = options.pop("config", ProbeConfig(size=8, timeout_seconds=10.0, target_seconds=target))
+    errors = ErrorLog(structlog.get_logger("jaxmon.test"), 60.0)
+    return DeviceProbe(DEVICE, lambda: kernel, config, errors, threading.Lock(), **options)
+
+
 @pytest.fixture
 def make() -> Iterator[Make]:
     probes: list[DeviceProbe] = []
@@ -46,16 +54,7 @@ def make() -> Iterator[Make]:
         store: BaselineStore | None = None, busy: Callable[[], bool] = lambda: False
     ) -> tuple[DeviceProbe, CountingKernel]:
         kernel = CountingKernel()
-        probe = DeviceProbe(
-            DEVICE,
-            lambda: kernel,
-            ProbeConfig(size=8, timeout_seconds=10.0, target_seconds=0.002),
-            ErrorLog(structlog.get_logger("jaxmon.test"), 60.0),
-            threading.Lock(),
-            store=store,
-            store_key=KEY,
-            busy=busy,
-        )
+        probe = probe_over(kernel, 0.002, store=store, store_key=KEY, busy=busy)
         probes.append(probe)
         return probe, kernel
 
@@ -165,13 +164,8 @@ class ScriptedKernel:
 def test_a_timing_is_the_median_of_spaced_shots_each_the_faster_of_two_runs_and_every_run_counts_as_busy() -> None:
     # Three shots of two runs: faster of (300, 50) = 50, of (150, 200) = 150, of (20, 400) = 20; median 50 ms.
     kernel = ScriptedKernel([0.300, 0.050, 0.150, 0.200, 0.020, 0.400])
-    probe = DeviceProbe(
-        DEVICE,
-        lambda: kernel,
-        ProbeConfig(size=8, timeout_seconds=10.0, target_seconds=0.001, repeats=3, spacing_seconds=0.25),
-        ErrorLog(structlog.get_logger("jaxmon.test"), 60.0),
-        threading.Lock(),
-    )
+    config = ProbeConfig(size=8, timeout_seconds=10.0, target_seconds=0.001, repeats=3, spacing_seconds=0.25)
+    probe = probe_over(kernel, config=config)
     try:
         probe.run_once()  # calibration (1 ms runs) and one measurement of 1 ms runs
         before = probe.status()
@@ -191,18 +185,6 @@ def test_a_timing_is_the_median_of_spaced_shots_each_the_faster_of_two_runs_and_
     assert took >= 1.120 + 2 * 0.5 * 0.25  # the runs and two pauses (each at least half the spacing)
 
 
-def scripted_probe(kernel: ScriptedKernel, idle: Callable[[], bool | None]) -> DeviceProbe:
-    """One shot per timing, no pauses: each timing is the faster of the next two scripted runs."""
-    return DeviceProbe(
-        DEVICE,
-        lambda: kernel,
-        ProbeConfig(size=8, timeout_seconds=10.0, target_seconds=0.001),
-        ErrorLog(structlog.get_logger("jaxmon.test"), 60.0),
-        threading.Lock(),
-        idle=idle,
-    )
-
-
 @pytest.mark.parametrize(
     ("seen_idle", "rises"),
     [(True, True), (False, False), (None, False)],
@@ -215,7 +197,7 @@ def test_timings_a_device_wide_source_saw_idle_move_the_baseline_up_as_well_as_d
     smallest) 20 ms and the baseline follows the idle host up; seen busy or with no source, the 1 ms calibration
     stays the ceiling."""
     kernel = ScriptedKernel([0.020] * 2 * 9)
-    probe = scripted_probe(kernel, lambda: seen_idle)
+    probe = probe_over(kernel, idle=lambda: seen_idle)  # one shot per timing: the faster of two runs
     try:
         probe.run_once()  # calibration (1 ms runs) and one timing of 1 ms runs
         calibrated = probe.status().baseline_seconds
