@@ -28,9 +28,8 @@ BASELINE_WINDOW = 120
 # reads its noise as load (BENCHMARKS.md, utilization).
 BASELINE_PERCENTILE = 0.5
 CALIBRATION_SEEDS = 7
-# A shot is the faster of two back-to-back runs: the first absorbs a cold start (a thread pool waking, caches) and
-# either may be preempted.
-RUNS_PER_SHOT = 2
+# A shot is a one-step warm-up run (it pays a cold start: a thread pool waking, cold caches), then the timed run.
+WARMUP_STEPS = 1
 
 
 def longest_pauses(repeats: int, spacing: float) -> float:
@@ -179,8 +178,8 @@ class DeviceProbe:
             one = statistics.median(self._time_run(1) for _ in range(5))
             steps = min(max(math.ceil(self._config.target_seconds / max(one, 1e-7)), 1), MAX_STEPS)
             self._time_run(steps)
-            # Seeds are shots taken as the scheduled timings take them (spaced, each the faster of two runs),
-            # so the baseline is the typical idle shot and idle noise centres on it.
+            # Seeds are shots taken as the scheduled timings take them (spaced, each after a warm-up), so the
+            # baseline is the typical idle shot and idle noise centres on it.
             timed = self._shots(steps, CALIBRATION_SEEDS)
         finally:
             if locked:
@@ -219,8 +218,8 @@ class DeviceProbe:
         )
 
     def _shots(self, steps: int, count: int, *, first_pause: bool = False) -> tuple[list[float], float]:
-        """`count` shots about `spacing` apart, each the faster of RUNS_PER_SHOT back-to-back runs; and the time
-        all the runs took together (the probe's time on the device).
+        """`count` shots about `spacing` apart, each a warm-up of WARMUP_STEPS and the timed run at `steps`; and
+        the time all the runs took together (the probe's time on the device).
 
         The pauses are random (0.5-1.5 x spacing, and 0-1 x before the first shot of a scheduled timing): a
         workload that repeats at a period the schedule divides would otherwise be sampled at the same phase every
@@ -232,9 +231,9 @@ class DeviceProbe:
             pause = spacing * (_random.uniform(0.5, 1.5) if i else _random.uniform(0.0, 1.0) if first_pause else 0.0)
             if pause > 0 and self._stopping.wait(pause) and shots:
                 break  # shutting down: what was timed so far is enough
-            runs = [self._time_run(steps) for _ in range(RUNS_PER_SHOT)]
-            shots.append(min(runs))
-            busy += sum(runs)
+            busy += self._time_run(WARMUP_STEPS)
+            shots.append(self._time_run(steps))
+            busy += shots[-1]
         return shots, busy
 
     def _measure(self) -> None:

@@ -141,8 +141,8 @@ class ProbeSettings(_Section):
         default=3,
         ge=1,
         le=10,
-        description="Each probe timing is the median of this many shots (a shot: the faster of two back-to-back "
-        "runs); robust to preemption and to the host's momentary speed.",
+        description="Each probe timing is the median of this many shots (a shot: a one-step warm-up, then the "
+        "timed run); robust to preemption and to the host's momentary speed.",
     )
     spacing: Duration = Field(
         default=0.1,

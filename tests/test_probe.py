@@ -20,7 +20,7 @@ from jaxmon.collectors.base import Context
 from jaxmon.collectors.probe import ProbeCollector, ProbeOptions
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel
-from jaxmon.probe import CALIBRATION_SEEDS, RUNS_PER_SHOT, DeviceProbe, ProbeConfig, quantile, utilization
+from jaxmon.probe import CALIBRATION_SEEDS, WARMUP_STEPS, DeviceProbe, ProbeConfig, quantile, utilization
 from jaxmon.settings import Settings
 from jaxmon.sources.local import LocalSource
 from tests.conftest import wait_until
@@ -28,8 +28,8 @@ from tests.conftest import wait_until
 SIZE = 64
 PROBE_DEVICE = 5  # not the default device 0, so implicit placement would show
 FAKE_DEVICE = DeviceInfo(id=3, platform="cpu", device_kind="cpu")
-# Kernel runs of a calibration: warm-up, 5 single steps, one at the calibrated count, 7 seeds of a shot (two runs)
-# each. A measurement at the engine's default (one shot) is two runs more.
+# Kernel runs of a calibration: warm-up, 5 single steps, one at the calibrated count, 7 seeds of a shot (a one-step
+# warm-up and the timed run) each. A measurement at the engine's default (one shot) is two runs more.
 CALIBRATION_CALLS = 1 + 5 + 1 + 7 * 2
 SHOT = 2
 
@@ -80,8 +80,8 @@ def test_quantile_extremes() -> None:
 
 
 def test_the_engine_constants_the_tests_count_runs_by() -> None:
-    """Seven calibration seeds, two runs per shot: CALIBRATION_CALLS above is written from these."""
-    assert (CALIBRATION_SEEDS, RUNS_PER_SHOT) == (7, SHOT)
+    """Seven calibration seeds, a one-step warm-up per shot: CALIBRATION_CALLS above is written from these."""
+    assert (CALIBRATION_SEEDS, WARMUP_STEPS) == (7, 1)
 
 
 # -- the real JAX kernel on CPU devices ------------------------------------------------------------------
@@ -121,8 +121,8 @@ class RecordingKernel:
 
 
 def shots_of(runs: list[float]) -> list[float]:
-    """Each shot is the faster of its two back-to-back runs."""
-    return [min(runs[i : i + SHOT]) for i in range(0, len(runs), SHOT)]
+    """Each shot's second run is the timed one (its first is the one-step warm-up)."""
+    return [runs[i + 1] for i in range(0, len(runs), SHOT)]
 
 
 def median_of_sorted_middle(values: list[float]) -> float:
@@ -170,7 +170,7 @@ def test_a_real_probe_calibrates_and_reports_self_consistent_numbers(
     assert 1 <= st.steps <= 4096
     # Compiled once; warm-up and five timings of one step, then the calibrated count for the rest.
     (kernel,) = kernels
-    assert kernel.steps_asked == [1] * 6 + [st.steps] * (CALIBRATION_CALLS - 6 + SHOT)
+    assert kernel.steps_asked == [1] * 6 + [st.steps] + [1, st.steps] * (7 + 1)
     duration, baseline = st.last_duration_seconds, st.baseline_seconds
     assert duration is not None and duration > 0
     assert baseline is not None and baseline > 0

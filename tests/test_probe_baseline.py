@@ -14,7 +14,7 @@ import structlog
 
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel
-from jaxmon.probe import DeviceProbe, ProbeConfig
+from jaxmon.probe import WARMUP_STEPS, DeviceProbe, ProbeConfig
 from jaxmon.probe_baseline import SCHEMA, Baseline, BaselineStore
 from tests.conftest import StartDaemon, sample
 
@@ -81,8 +81,9 @@ def test_a_calibration_is_saved_and_a_restart_restores_it_without_calibrating(ma
     again = restarted.status()
     assert again.baseline_origin == "restored"
     assert again.steps == st.steps
-    # One warm-up run and one measured shot (two runs) at the saved step count: no calibration timings at all.
-    assert kernel.steps_asked == [st.steps] * 3
+    # One warm-up run at the saved step count, then one shot (its one-step warm-up and the timed run): no
+    # calibration timings at all.
+    assert kernel.steps_asked == [st.steps, 1, st.steps]
     assert again.baseline_seconds is not None and again.baseline_seconds <= seeds_median
     assert again.utilization_ratio is not None
 
@@ -148,7 +149,8 @@ def test_the_daemon_restores_every_devices_baseline_after_a_restart(start_daemon
 
 
 class ScriptedKernel:
-    """A kernel whose measured runs take the scripted durations in turn (calibration runs take 1 ms)."""
+    """A kernel whose timed runs take the scripted durations in turn. While calibrating a step takes 0.2 ms, so at
+    a 10 ms target the timed runs have many steps and a shot's one-step warm-up is told apart (and takes no time)."""
 
     flops_per_step = 100.0
     footprint_bytes = 1024
@@ -158,13 +160,16 @@ class ScriptedKernel:
         self.calibrating = True
 
     def run(self, steps: int) -> None:
-        threading.Event().wait(0.001 if self.calibrating else self.script.pop(0))
+        if self.calibrating:
+            threading.Event().wait(steps * 0.0002)
+        elif steps != WARMUP_STEPS:
+            threading.Event().wait(self.script.pop(0))
 
 
-def test_a_timing_is_the_median_of_spaced_shots_each_the_faster_of_two_runs_and_every_run_counts_as_busy() -> None:
-    # Three shots of two runs: faster of (300, 50) = 50, of (150, 200) = 150, of (20, 400) = 20; median 50 ms.
-    kernel = ScriptedKernel([0.300, 0.050, 0.150, 0.200, 0.020, 0.400])
-    config = ProbeConfig(size=8, timeout_seconds=10.0, target_seconds=0.001, repeats=3, spacing_seconds=0.25)
+def test_a_timing_is_the_median_of_spaced_shots_and_every_run_counts_as_busy() -> None:
+    # Three shots, each a one-step warm-up and a timed run of 300, 50 and 150 ms: the median is 150 ms.
+    kernel = ScriptedKernel([0.300, 0.050, 0.150])
+    config = ProbeConfig(size=8, timeout_seconds=10.0, target_seconds=0.010, repeats=3, spacing_seconds=0.25)
     probe = probe_over(kernel, config=config)
     try:
         probe.run_once()  # calibration (1 ms runs) and one measurement of 1 ms runs
@@ -177,12 +182,12 @@ def test_a_timing_is_the_median_of_spaced_shots_each_the_faster_of_two_runs_and_
     finally:
         probe.stop()
         probe.join(2)
-    assert kernel.script == []  # six runs for one timing
+    assert kernel.script == []  # three timed runs for one timing
     assert after.last_duration_seconds is not None
-    assert 0.050 <= after.last_duration_seconds < 0.150  # not the fastest (20 ms) nor a slow one
+    assert 0.150 <= after.last_duration_seconds < 0.300  # neither the fastest (50 ms) nor the slowest
     busy = after.busy_seconds_total - before.busy_seconds_total
-    assert 1.120 <= busy < 3.0  # all six runs (1.12 s together) are the probe's time on the device
-    assert took >= 1.120 + 2 * 0.5 * 0.25  # the runs and two pauses (each at least half the spacing)
+    assert 0.500 <= busy < 2.0  # every run (500 ms together, and the warm-ups) is the probe's time on the device
+    assert took >= 0.500 + 2 * 0.5 * 0.25  # the runs and two pauses (each at least half the spacing)
 
 
 @pytest.mark.parametrize(
@@ -193,11 +198,11 @@ def test_a_timing_is_the_median_of_spaced_shots_each_the_faster_of_two_runs_and_
 def test_timings_a_device_wide_source_saw_idle_move_the_baseline_up_as_well_as_down(
     seen_idle: bool | None, rises: bool
 ) -> None:
-    """7 seeds and a timing of ~1 ms, then 9 timings of 20 ms: seen idle, the window of 17 has median (9th
-    smallest) 20 ms and the baseline follows the idle host up; seen busy or with no source, the 1 ms calibration
+    """7 seeds and a timing of ~10 ms, then 9 timings of 50 ms: seen idle, the window of 17 has median (9th
+    smallest) 50 ms and the baseline follows the idle host up; seen busy or with no source, the 10 ms calibration
     stays the ceiling."""
-    kernel = ScriptedKernel([0.020] * 2 * 9)
-    probe = probe_over(kernel, idle=lambda: seen_idle)  # one shot per timing: the faster of two runs
+    kernel = ScriptedKernel([0.050] * 9)
+    probe = probe_over(kernel, 0.010, idle=lambda: seen_idle)  # one shot per timing
     try:
         probe.run_once()  # calibration (1 ms runs) and one timing of 1 ms runs
         calibrated = probe.status().baseline_seconds
@@ -209,12 +214,12 @@ def test_timings_a_device_wide_source_saw_idle_move_the_baseline_up_as_well_as_d
         probe.stop()
         probe.join(2)
     assert kernel.script == []
-    assert calibrated is not None and calibrated < 0.010
+    assert calibrated is not None and calibrated < 0.030
     assert st.baseline_seconds is not None and st.last_duration_seconds is not None
-    assert 0.020 <= st.last_duration_seconds < 0.040
+    assert 0.050 <= st.last_duration_seconds < 0.080
     if rises:
-        assert 0.020 <= st.baseline_seconds < 0.040
+        assert 0.050 <= st.baseline_seconds < 0.080
         assert st.utilization_ratio is not None and st.utilization_ratio < 0.5
     else:
-        assert st.baseline_seconds < 0.010  # still the ~1 ms calibration's, not the 20 ms timings'
+        assert st.baseline_seconds < 0.030  # still the ~10 ms calibration's, not the 50 ms timings'
         assert st.utilization_ratio is not None and st.utilization_ratio > 0.5

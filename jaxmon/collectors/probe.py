@@ -30,7 +30,7 @@ from jaxmon.collectors.base import (
 from jaxmon.collectors.devicewide import BUSY_DUTY_CYCLE, DutyCycles, HostCpuMeter
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
-from jaxmon.probe import RUNS_PER_SHOT, DeviceProbe, ProbeConfig
+from jaxmon.probe import WARMUP_STEPS, DeviceProbe, ProbeConfig
 from jaxmon.probe_baseline import BaselineStore
 from jaxmon.snapshot import Snapshot
 
@@ -179,7 +179,7 @@ class ProbeCollector(Collector[ProbeState]):
         return (
             f"{dev.platform}:{dev.id}:{dev.device_kind}|jax={package_version('jax')}"
             f"|jaxlib={package_version('jaxlib')}|size={self.config.size}|target={self.config.target_seconds:g}"
-            f"|seed=shot{RUNS_PER_SHOT}|spacing={self.config.spacing_seconds:g}"
+            f"|seed=warmup{WARMUP_STEPS}|spacing={self.config.spacing_seconds:g}"
         )
 
     def _duty_cycle(self, dev: DeviceInfo) -> float | None:
