@@ -70,7 +70,8 @@ PROBE_METRICS = (
     ),
     ProbeMetric(
         "jaxmon_probe_baseline_seconds",
-        "Idle probe latency: the lower of the start-up calibration and the median of recent timings.",
+        "Idle probe latency: the median of recent timings a device-wide source saw idle (CPU devices: the host's "
+        "CPU time), or without one the lower of the start-up calibration and the median of recent timings.",
         lambda p: _opt(p.baseline_seconds),
     ),
     ProbeMetric(
