@@ -7,6 +7,7 @@ import os
 # Eight CPU devices, set before anything imports JAX (jaxmon.sources.local.LocalSource imports it lazily).
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -125,13 +126,6 @@ def shots_of(runs: list[float]) -> list[float]:
     return [runs[i + 1] for i in range(0, len(runs), SHOT)]
 
 
-def median_of_sorted_middle(values: list[float]) -> float:
-    """The median as statistics.median computes it: the mean of the two middle values of an even count."""
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def quiet_errors() -> ErrorLog:
     """An ErrorLog whose output nobody reads."""
     return ErrorLog(structlog.get_logger("jaxmon.test"), 60.0)
@@ -180,7 +174,7 @@ def test_a_real_probe_calibrates_and_reports_self_consistent_numbers(
     assert duration == pytest.approx(shot, rel=0.03)
     # Baseline: the lower of the seeds' median and the window's nearest-rank median (8 samples: the 4th smallest).
     window = sorted([*seeds, shot])
-    assert baseline == pytest.approx(min(median_of_sorted_middle(seeds), window[3]), rel=0.03)
+    assert baseline == pytest.approx(min(statistics.median(seeds), window[3]), rel=0.03)
     assert st.busy_seconds_total == pytest.approx(sum(timed), rel=0.03)  # every timed run, kept or not
     # An n x n matmul is 2 n^3 FLOPs per step (XLA's cost analysis adds 2 for the loop counter: rel 4e-6).
     assert st.flops_per_second == pytest.approx(st.steps * 2 * SIZE**3 / duration, rel=1e-5)
@@ -223,7 +217,7 @@ def test_later_real_runs_move_the_baseline_to_the_window_median_below_the_calibr
             assert len(shots) == run
             window = sorted([*seeds, *shots])
             rank = -(-len(window) // 2)  # nearest rank of the median: ceil(n / 2)
-            expected = min(median_of_sorted_middle(seeds), window[rank - 1])
+            expected = min(statistics.median(seeds), window[rank - 1])
             assert after.baseline_seconds == pytest.approx(expected, rel=0.03)
             assert after.last_duration_seconds == pytest.approx(shots[-1], rel=0.03)
             busy = after.busy_seconds_total - before.busy_seconds_total
