@@ -1,0 +1,1 @@
+"""The dashboard's rows, one module each: a module's ROW is its row."""

@@ -1,0 +1,125 @@
+"""The "Memory" row: each device's allocator statistics (memory_stats()) and live array bytes."""
+
+from __future__ import annotations
+
+from ..panels import DEVICE_LEGEND, MEM, OK_MAPPING, YES_NO_MAPPING, Panel, Row, Target, rate
+
+ROW = Row(
+    "Memory",
+    [
+        Panel(
+            "Memory in use vs limit",
+            "timeseries",
+            "bytes",
+            [
+                Target(f"jaxmon_memory_bytes_in_use{{{MEM}}}", DEVICE_LEGEND + " in use"),
+                Target(f"jaxmon_memory_limit_bytes{{{MEM}}}", DEVICE_LEGEND + " limit"),
+                Target(f"jaxmon_memory_pool_bytes{{{MEM}}}", DEVICE_LEGEND + " pool"),
+            ],
+            "Bytes allocated, the allocator's limit (total x memory fraction) and, with the BFC allocator, the "
+            "pool actually obtained from the driver.",
+            min=0,
+        ),
+        Panel(
+            "Memory in use / limit",
+            "timeseries",
+            "percentunit",
+            [Target(f"jaxmon_memory_bytes_in_use{{{MEM}}} / (jaxmon_memory_limit_bytes{{{MEM}}} > 0)")],
+            "Share of the limit in use; JaxmonMemoryNearLimit fires above 95 % for 15 minutes.",
+            min=0,
+            max=1,
+            thresholds=[(0, "green"), (0.95, "red")],
+        ),
+        Panel(
+            "Peak memory in use",
+            "timeseries",
+            "bytes",
+            [Target(f"jaxmon_memory_peak_bytes_in_use{{{MEM}}}")],
+            "The allocator's high-water mark since it started (never resets).",
+            min=0,
+        ),
+        Panel(
+            "Free memory",
+            "timeseries",
+            "bytes",
+            [Target(f"jaxmon_memory_free_bytes{{{MEM}}}")],
+            "bytes_limit - bytes_in_use.",
+            min=0,
+        ),
+        Panel(
+            "Fragmentation",
+            "timeseries",
+            "percentunit",
+            [Target(f"jaxmon_memory_fragmentation_ratio{{{MEM}}}")],
+            "1 - largest free block / free memory in the pool; absent where the allocator does not track free "
+            "blocks (cuda_async). JaxmonMemoryFragmented fires above 0.5 with under 20 % free.",
+            min=0,
+            max=1,
+            thresholds=[(0, "green"), (0.5, "orange"), (0.8, "red")],
+        ),
+        Panel(
+            "Largest allocatable (OOM headroom)",
+            "timeseries",
+            "bytes",
+            [Target(f"jaxmon_memory_largest_allocatable_bytes{{{MEM}}}")],
+            "Estimated largest single allocation that can still succeed.",
+            min=0,
+        ),
+        Panel(
+            "Largest free block",
+            "timeseries",
+            "bytes",
+            [Target(f"jaxmon_memory_largest_free_block_bytes{{{MEM}}}")],
+            "Largest contiguous free block in the obtained pool.",
+            min=0,
+        ),
+        Panel(
+            "Largest allocation so far",
+            "timeseries",
+            "bytes",
+            [Target(f"jaxmon_memory_largest_alloc_bytes{{{MEM}}}")],
+            "Largest single allocation the allocator has served; compare with the headroom.",
+            min=0,
+        ),
+        Panel(
+            "Allocations per second",
+            "timeseries",
+            "ops",
+            [Target(rate("jaxmon_memory_allocations_total", MEM))],
+            "Rate of allocator allocations (num_allocs).",
+            min=0,
+        ),
+        Panel(
+            "Live array bytes (devices without allocator stats)",
+            "timeseries",
+            "bytes",
+            [Target(f"jaxmon_memory_live_array_bytes{{{MEM}}}")],
+            "Bytes of live jax.Array shards in a workload process, where memory_stats() reports nothing (CPU).",
+            min=0,
+        ),
+        Panel(
+            "memory_stats() supported",
+            "state-timeline",
+            "none",
+            [Target(f"jaxmon_memory_stats_supported{{{MEM}}}")],
+            "Whether the device's allocator reports statistics at all (not on CPU).",
+            mappings=YES_NO_MAPPING,
+        ),
+        Panel(
+            "memory_stats() read success",
+            "state-timeline",
+            "none",
+            [Target(f"jaxmon_memory_read_success{{{MEM}}}")],
+            "Whether the last memory_stats() call returned (0: it raised).",
+            mappings=OK_MAPPING,
+        ),
+        Panel(
+            "memory_stats() errors",
+            "timeseries",
+            "short",
+            [Target(f"increase(jaxmon_memory_read_errors_total{{{MEM}}}[$__rate_interval])")],
+            "memory_stats() calls that raised, per interval.",
+            min=0,
+        ),
+    ],
+)
