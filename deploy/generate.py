@@ -2,10 +2,11 @@
 """Generate the deployment files that must agree with a single source.
 
 - deploy/kubernetes/prometheusrule.yaml: the PrometheusRule, built from deploy/prometheus/alerts.yml (the same rules
-  Prometheus loads in the compose stack), comments included;
-- grafana/dashboards/jaxmon.json: the Grafana dashboard, built from the panel list below.
+  Prometheus loads in the compose stack), comments included, by deploy/generators/rules.py;
+- grafana/dashboards/jaxmon.json: the Grafana dashboard, built by deploy/generators/dashboard.py from the rows of
+  panels in deploy/generators/rows/.
 
-    python deploy/generate.py           # rewrite both
+    python deploy/generate.py           # rewrite those that changed
     python deploy/generate.py --check   # exit 1 if a committed file differs from what would be generated
 
 Needs only the standard library and PyYAML. tests/test_deploy.py runs --check, so edit the sources and regenerate.
@@ -15,19 +16,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 # Run as a script, deploy/ is sys.path[0], so the package beside this file imports by its own name.
-from generators import dashboard, rules
-from generators.paths import ROOT
-
-
-def outputs() -> dict[Path, str]:
-    """Every generated file and its expected content."""
-    return {**rules.outputs(), **dashboard.outputs()}
+from generators import ROOT, outputs
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Write the generated files that differ from what they should be, or with --check list them and return 1."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--check", action="store_true", help="fail if a committed file is out of date")
     args = parser.parse_args(argv)
