@@ -67,7 +67,7 @@ ENV PATH=/opt/jaxmon/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     JAXMON_LOG__FORMAT=json \
-    JAXMON_PROBE__BASELINE_FILE=/var/lib/jaxmon/probe-baseline.json
+    JAXMON_COLLECTOR__PROBE__BASELINE_FILE=/var/lib/jaxmon/probe-baseline.json
 USER 10401:10401
 EXPOSE 10401
 # /healthz is 200 while polls are fresh. Python's urllib, since the slim image has no curl; a changed

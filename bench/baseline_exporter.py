@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, start_http_server
 
-from jaxmon.collectors.memory import MEMORY_METRICS
 from jaxmon.collectors.probe import PROBE_METRICS
+from jaxmon.families.memory import MEMORY_METRICS
 
 disable_created_metrics()
 REG = CollectorRegistry(auto_describe=False)

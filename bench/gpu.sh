@@ -163,7 +163,7 @@ if [ "$SIDECAR_OK" = 1 ]; then
 log "sidecar: jaxmon serve on 127.0.0.1:$PORT (sidecar defaults, probe every 2 s)"
 env -u XLA_PYTHON_CLIENT_PREALLOCATE -u XLA_CLIENT_MEM_FRACTION -u XLA_PYTHON_CLIENT_MEM_FRACTION \
   -u XLA_PYTHON_CLIENT_ALLOCATOR timeout 75 "$PY" -m jaxmon serve --web.listen-address "127.0.0.1:$PORT" \
-  --probe.interval 2s --log.format json > "$OUT/sidecar.log" 2>&1 &
+  --collector.probe.interval 2s --log.format json > "$OUT/sidecar.log" 2>&1 &
 SIDECAR=$!  # timeout's pid; the daemon is its child
 sleep 1
 SIDECAR_PY=$(ps -o pid= --ppid "$SIDECAR" | tr -d ' ' | head -n 1)

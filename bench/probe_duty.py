@@ -16,7 +16,7 @@ import time
 
 from common import Jaxmon, all_calibrated, median, per_device, running, save, scrape, wait_for, wait_ready
 
-INTERVAL = 15.0  # the default --probe.interval
+INTERVAL = 15.0  # the default --collector.probe.interval
 
 
 def main() -> None:

@@ -32,13 +32,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
-from jaxmon.app import build_runtime
+from jaxmon.app import build_runtime, load_settings
 from jaxmon.collectors.base import Collector, Context, Update
 from jaxmon.collectors.probe import ProbeCollector, ProbeOptions, ProbeState
 from jaxmon.exposition import Exposition, TextFormat, snapshot_families
 from jaxmon.logsetup import configure_logging
 from jaxmon.model import ProbeStatus
-from jaxmon.settings import load_settings
 from jaxmon.snapshot import Snapshot
 
 GiB = 2**30

@@ -89,7 +89,9 @@ def main() -> None:
     ap.add_argument("--name", default="soak", help="results name: bench/results/NAME.csv and NAME.json")
     args = ap.parse_args()
 
-    daemon = Jaxmon(["--poll.interval", args.poll_interval, "--probe.interval", args.probe_interval], name=args.name)
+    daemon = Jaxmon(
+        ["--poll.interval", args.poll_interval, "--collector.probe.interval", args.probe_interval], name=args.name
+    )
     csv_path = RESULTS / f"{args.name}.csv"
     rows: list[dict[str, float]] = []
     with running(daemon):

@@ -4,11 +4,12 @@
     .venv/bin/python bench/spool_scale.py --tree /path/to/old   # the same against another checkout (before/after)
 
 For each count (2 000 and 20 000 by default) a fresh directory gets that many valid publisher files, each of 8
-devices with GPU-like memory_stats (what one trainer process on an 8-GPU host writes). `jaxmon serve
---no-collector.probe --spool.dir DIR --spool.ttl 10m` at its other defaults (--spool.max-workloads 128,
---spool.max-reads-per-poll 256, poll every 5 s) reads it; after 4 polls: /metrics size, median of 10 scrapes (plain
-text), the spool collector's duration, /healthz, VmRSS. Then every file is deleted and VmRSS read again after
-3 polls. Targets (issue 13): a scrape under 1 s and RSS bounded whatever lands in the directory.
+devices with GPU-like memory_stats (what one trainer process on an 8-GPU host writes). `jaxmon serve --no-
+collector.probe --collector.spool.dir DIR --collector.spool.ttl 10m` at its other defaults (--collector.spool.max-
+workloads 128, --collector.spool.max-reads-per-poll 256, poll every 5 s) reads it; after 4 polls: /metrics size,
+median of 10 scrapes (plain text), the spool collector's duration, /healthz, VmRSS. Then every file is deleted and
+VmRSS read again after 3 polls. Targets (issue 13): a scrape under 1 s and RSS bounded whatever lands in the
+directory.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def one(count: int, tree: Path | None, polls: int) -> dict[str, object]:
         for i in range(count):
             (spool / f"w{i:05d}.bench-host.{1000 + i}.json").write_text(json.dumps(document(i)))
         d = Jaxmon(
-            ["--no-collector.probe", "--spool.dir", str(spool), "--spool.ttl", "10m"],
+            ["--no-collector.probe", "--collector.spool.dir", str(spool), "--collector.spool.ttl", "10m"],
             name=f"spool-scale-{count}",
             tree=tree,
         )

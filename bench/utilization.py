@@ -3,7 +3,7 @@
     .venv/bin/python bench/utilization.py          # about 5 minutes
     python bench/utilization.py --platform gpu --size 4096 --load-devices 1 --passes 1   # on a GPU (bench/gpu.sh)
 
-`jaxmon serve` on 8 JAX CPU devices, defaults except `--probe.interval 2s` (more probe runs per window; the
+`jaxmon serve` on 8 JAX CPU devices, defaults except `--collector.probe.interval 2s` (more probe runs per window; the
 estimate does not depend on the interval). After its probes calibrate on an idle machine, another process (this
 script with --load) keeps JAX CPU devices busy with a duty cycle: in every 200 ms period it runs `tanh(x @ x)`
 on 256 x 256 float32 back to back on each of its 8 CPU devices (one thread per device) for duty x 200 ms, then
@@ -142,14 +142,14 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=2, help="1: levels once; 2: and again in reverse")
     ap.add_argument("--probe-interval", default="2s")
     ap.add_argument("--out-name", default="utilization", help="results file name")
-    ap.add_argument("--daemon-args", default="", help="more jaxmon serve flags, e.g. '--probe.repeats 1'")
+    ap.add_argument("--daemon-args", default="", help="more jaxmon serve flags, e.g. '--collector.probe.repeats 1'")
     ap.add_argument("--load", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.load is not None:
         load(args.load, args.load_devices, args.size, args.platform)
         return
 
-    daemon = Jaxmon(["--probe.interval", args.probe_interval, *args.daemon_args.split()], name=args.out_name)
+    daemon = Jaxmon(["--collector.probe.interval", args.probe_interval, *args.daemon_args.split()], name=args.out_name)
     windows: list[dict[str, float]] = []
     with running(daemon):
         wait_ready(daemon, daemon.url)

@@ -1,44 +1,68 @@
 """The composition root: settings → device source → collectors → runtime, for every entry point.
 
 `jaxmon serve` and `jaxmon snapshot` (cli), `jaxmon.start()` (embedded) and `jaxmon.publish()` (publisher) build
-what they run here; no library module imports the CLI.
+what they run here; no library module imports the CLI, and no collector imports another or this module. The
+settings model is built here from the registry (each collector owns its options), and the cross-collector
+readings (`jaxmon.exchange`) are wired here.
 """
 
 from __future__ import annotations
 
-import platform
-from importlib import metadata
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import structlog
 
 from jaxmon.collectors import registry
-from jaxmon.collectors.base import Collector, Context
-from jaxmon.runtime import Runtime
-from jaxmon.settings import Settings
+from jaxmon.collectors.base import AnyCollector, Context
+from jaxmon.exchange import WORKLOAD_PIDS, Exchange
+from jaxmon.runtime import Recorder, Runtime
+from jaxmon.settings import Settings, settings_model
+from jaxmon.settings import load_settings as _load
+from jaxmon.settings.errors import unused_environment
+from jaxmon.snapshot import Snapshot
 from jaxmon.sources import DeviceSource, InProcess
 from jaxmon.sources.faults import Faults, FaultySource
 from jaxmon.sources.replay import ReplaySource
+from jaxmon.versions import build_info
 
 log = structlog.get_logger("jaxmon")
 
 
-def package_version(dist: str) -> str:
-    """The installed version of `dist`, or "unknown"."""
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "unknown"
+def model() -> type[Settings]:
+    """The settings model: the core sections and one `collector.<name>` section per registered collector."""
+    return settings_model({name: cls.options for name, cls in registry().items()})
 
 
-def build_info() -> dict[str, str]:
-    """Versions for jaxmon_build_info, read from package metadata (no JAX import needed)."""
-    return {
-        "version": package_version("jaxmon"),
-        "jax_version": package_version("jax"),
-        "jaxlib_version": package_version("jaxlib"),
-        "python_version": platform.python_version(),
-    }
+def load_settings(argv: Sequence[str] = (), **options: Any) -> Settings:
+    """Settings from flags (`argv`), `JAXMON_*` variables and the YAML file (jaxmon.settings.load)."""
+    return _load(model(), argv, help_epilog=collectors_help, **options)
+
+
+def default_settings() -> Settings:
+    """The defaults, with nothing read from the environment."""
+    return model()()
+
+
+def collectors_help() -> str:
+    """The collectors section of --help: node_exporter-style flags and what each collector does."""
+    lines = ["collectors (each is also --collector.NAME.enabled {true,false,auto}):"]
+    for name, cls in registry().items():
+        default = cls.options().enabled
+        shown = "auto" if default == "auto" else str(default).lower()
+        lines.append(f"  --collector.{name} / --no-collector.{name}  (default: {shown})")
+        lines.append(f"      {cls.description}")
+    return "\n".join(lines)
+
+
+def log_settings_notes(settings: Settings, environ: Mapping[str, str] | None = None) -> None:
+    """Once logging is up: old setting names in use, and each JAXMON_* variable that sets nothing."""
+    for note in settings.notes:
+        log.info("old setting name", note=note)
+    for variable, hint in unused_environment(os.environ if environ is None else environ, model()):
+        log.warning("environment variable sets nothing", variable=variable, hint=hint)
 
 
 def _with_faults(source: DeviceSource) -> DeviceSource:
@@ -63,22 +87,39 @@ def workload_source() -> tuple[DeviceSource, InProcess]:
     return _with_faults(local), InProcessWorkload(local)
 
 
-def select_collectors(ctx: Context) -> tuple[list[Collector[Any]], dict[str, str]]:
-    """The collectors to run, and those asked for explicitly that cannot run here (with the reason)."""
-    running: list[Collector[Any]] = []
+def select_collectors(
+    settings: Settings, context: Callable[[str], Context]
+) -> tuple[list[AnyCollector], dict[str, str]]:
+    """The collectors to run, and those asked for explicitly that cannot run here (with the reason).
+
+    An `auto` collector that cannot run here is off; when options of it were given (`--collector.tpu.address`),
+    the `collectors` log line names it and says why.
+    """
+    running: list[AnyCollector] = []
     unavailable: dict[str, str] = {}
+    configured_off: dict[str, str] = {}
     for name, cls in registry().items():
-        options = ctx.settings.collector_options(name)
+        options = settings.collector_options(name)
         if options.enabled is False:
             continue
-        reason = cls.unavailable(ctx)
+        ctx = context(name)
+        reason = cls.unavailable(options, ctx)
         if reason is not None:
             if options.enabled is True:
                 unavailable[name] = reason
+            elif options.configured():
+                given = ", ".join(f"collector.{name}.{option}" for option in options.configured())
+                configured_off[name] = f"{reason} ({given} set; --collector.{name} runs it anyway)"
             else:
                 log.debug("collector off: not available here", collector=name, reason=reason)
             continue
-        running.append(cls(ctx, options))
+        running.append(cls(options, ctx))
+    log.info(
+        "collectors",
+        running=[c.name for c in running],
+        unavailable=unavailable or None,
+        configured_but_off=configured_off or None,
+    )
     return running, unavailable
 
 
@@ -100,7 +141,28 @@ def build_runtime(
         devices=[d.name for d in devices],
         backends={b.name: b.up for b in backends},
     )
-    ctx = Context(settings=settings, source=source, devices=devices, workload=workload, in_process=in_process)
-    collectors, unavailable = select_collectors(ctx)
-    log.info("collectors", running=[c.name for c in collectors], unavailable=unavailable or None)
-    return Runtime(ctx, backends, collectors, build_info(), settings.max_staleness, unavailable)
+    recorder = Recorder(
+        Snapshot(
+            devices=tuple(devices),
+            backends=tuple(backends),
+            source=source.name,
+            build=build_info(),
+            workload=workload,
+        )
+    )
+    exchange = Exchange(recorder.snapshot)
+    if workload is not None:
+        exchange.constant(WORKLOAD_PIDS, {os.getpid(): workload})  # this process is the workload
+    base = Context(
+        source=source,
+        devices=tuple(devices),
+        exchange=exchange,
+        poll_interval=settings.poll.interval,
+        workload=workload,
+        in_process=in_process,
+    )
+    collectors, unavailable = select_collectors(settings, lambda name: replace(base, publish=recorder.publisher(name)))
+    for collector in collectors:
+        for channel, read in collector.offers.items():
+            exchange.offer(channel, collector.name, read)
+    return Runtime(recorder, collectors, settings.max_staleness, unavailable, in_process)

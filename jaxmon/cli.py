@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
+import difflib
 import json
 import logging
 import os
@@ -14,13 +14,16 @@ from typing import Any
 
 import structlog
 
-from jaxmon.app import build_runtime, package_version
+from jaxmon.app import build_runtime, load_settings, log_settings_notes
 from jaxmon.logsetup import configure_logging
-from jaxmon.settings import Settings, SettingsError, load_settings, warn_unused_environment
+from jaxmon.settings import Settings, SettingsError
 from jaxmon.sources.replay import ReplayError
 from jaxmon.table import format_table, snapshot_json
+from jaxmon.versions import package_version
 
 log = structlog.get_logger("jaxmon")
+
+COMMANDS = ("serve", "snapshot", "top")
 
 USAGE = """usage: jaxmon {serve,snapshot,top} [options]
 
@@ -31,21 +34,25 @@ commands:
 """
 
 
-def _load(argv: Sequence[str], prog: str, **help_options: Any) -> Settings:
+def _load(argv: Sequence[str], prog: str, quiet: bool = False, **help_options: Any) -> Settings:
+    """Settings, or exit 2 with what is wrong; then logging (`quiet`: warnings and errors only, unless the
+    user chose a level)."""
     try:
         settings = load_settings(argv, prog=prog, **help_options)
     except SettingsError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
-    configure_logging(settings.log.level, settings.log.format)
-    warn_unused_environment()
+    level = "warning" if quiet and "level" not in settings.log.model_fields_set else settings.log.level
+    configure_logging(level, settings.log.format)
+    log_settings_notes(settings)
     return settings
 
 
 def serve(argv: Sequence[str]) -> int:
     """Run the daemon until SIGTERM/SIGINT."""
-    from jaxmon.web.server import HttpServer, hold_signals_until_serving, serve_until_signalled
-    from jaxmon.web.webconfig import WebConfigError
+    from jaxmon.web.errors import WebConfigError
+    from jaxmon.web.server import HttpServer
+    from jaxmon.web.signals import hold_signals_until_serving, serve_until_signalled
 
     hold_signals_until_serving()
     settings = _load(argv, "jaxmon serve")
@@ -65,7 +72,7 @@ def serve(argv: Sequence[str]) -> int:
         runtime.stop()
         return 1
     # Bound already (connections wait in the backlog): say so before the first poll can announce "ready".
-    log.info("serving", address=settings.web.listen_address, path=settings.web.telemetry_path, scheme=server.scheme)
+    log.info("serving", url=server.metrics_url, listen_address=settings.web.listen_address)
     runtime.start()
     serve_until_signalled(runtime, server)
     _exit_despite_hung_calls(deadline=time.monotonic() + 2.0)
@@ -89,14 +96,24 @@ def _exit_despite_hung_calls(deadline: float) -> None:
             os._exit(0)
 
 
+# What `jaxmon snapshot` accepts (a shared config file may set them) but does not use: it serves nothing, runs no
+# schedule and has no health to report.
+_SERVE_ONLY = ("--web.", "--no-web.", "--health.", "--poll.")
+
+
+def _serve_only(flag: str) -> bool:
+    return flag.startswith(_SERVE_ONLY) or (flag.startswith("--collector.") and flag.endswith(".interval"))
+
+
 def snapshot(argv: Sequence[str]) -> int:
-    """One poll and one probe per device, printed."""
+    """One poll and one probe per device, printed; the log shows warnings and errors only (--log.level for more)."""
     as_json = "--json" in argv
     settings = _load(
         [a for a in argv if a != "--json"],
         "jaxmon snapshot",
+        quiet=True,
         help_extra=[("--json", "print JSON instead of a table")],
-        help_hidden=lambda flag: flag.startswith("--web."),  # nothing is served
+        help_hidden=_serve_only,
     )
     try:
         runtime = build_runtime(settings)
@@ -118,8 +135,6 @@ def snapshot(argv: Sequence[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `jaxmon` console script and `python -m jaxmon`."""
     args = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="jaxmon", usage=USAGE, add_help=False)
-    parser.add_argument("command", nargs="?")
     if not args:
         print(USAGE, file=sys.stderr)  # a usage error, as argparse reports one
         return 2
@@ -138,5 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from jaxmon.top import main as top  # rich and the terminal code only for this command
 
         return top(rest)
-    print(f"jaxmon: unknown command {command!r}\n{USAGE}", file=sys.stderr)
+    close = difflib.get_close_matches(command, COMMANDS, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    print(f"jaxmon: unknown command {command!r}{hint}\n{USAGE}", file=sys.stderr)
     return 2

@@ -9,26 +9,14 @@ import time
 from typing import Any
 
 import structlog
-from pydantic import ValidationError
 
 from jaxmon.finalization import EXIT_WAIT, before_finalization
 from jaxmon.logsetup import ensure_library_logging
-from jaxmon.probe import PROBE_THREAD_PREFIX
+from jaxmon.probe.engine import PROBE_THREAD_PREFIX
 from jaxmon.publisher import default_workload_name
-from jaxmon.settings import Settings, SettingsError, load_settings, warn_unused_environment
-from jaxmon.settings_check import describe
+from jaxmon.settings import Settings
 
 log = structlog.get_logger("jaxmon.embedded")
-
-
-def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 class Exporter:
@@ -57,6 +45,7 @@ class Exporter:
         self._thread = threading.Thread(target=self._serve, name="jaxmon-http", daemon=True)
         self._thread.start()
         self._server.started.wait(10)
+        log.info("jaxmon serving in this process", url=self.public_url, workload=workload)
 
     def _serve(self) -> None:
         assert self._server is not None
@@ -78,6 +67,11 @@ class Exporter:
         if self._server is None:
             return None
         return f"{self._server.scheme}://127.0.0.1:{self._server.port}"
+
+    @property
+    def public_url(self) -> str | None:
+        """The metrics URL as the listen address has it (a host of all interfaces shown as this host's name)."""
+        return None if self._server is None else self._server.metrics_url
 
     def stop(self) -> None:
         """Stop serving and collecting."""
@@ -145,22 +139,32 @@ def start(port: int | None = None, *, workload: str | None = None, **overrides: 
     """Start jaxmon inside this process and return its handle (`stop()`, or use it as a context manager).
 
     Settings come from the arguments, then `JAXMON_*` environment variables (and the YAML file they name), then
-    defaults. `overrides` take the settings' sections as dicts: `start(9400, probe={"interval": "30s"})`.
-    Calling it again while one runs returns the running exporter.
+    defaults. `overrides` take the settings' sections as dicts: `start(9400, collector={"probe": {"interval":
+    "30s"}})` (the old `probe={...}` works too). Calling it again while one runs returns the running exporter and
+    logs a warning when the call asked for something else.
     """
     global _running
     ensure_library_logging()
+    from jaxmon.app import load_settings, log_settings_notes
+
     with _running_lock:
         if _running is not None:
-            log.info("jaxmon already running in this process", url=_running.url)
+            if port is not None or workload is not None or overrides:
+                log.warning(
+                    "jaxmon is already running in this process: returning it, this call's arguments are not applied "
+                    "(stop() it first to start another)",
+                    url=_running.public_url,
+                    workload=_running.workload,
+                    asked_port=port,
+                    asked_workload=workload,
+                )
             return _running
-        base = load_settings([], prog="jaxmon.start").model_dump()
+        arguments = dict(overrides)
         if port is not None:
-            overrides = _merge(overrides, {"web": {"listen_address": f":{port}"}})
-        try:
-            settings = Settings.model_validate(_merge(base, overrides))
-        except ValidationError as exc:
-            raise SettingsError(f"jaxmon.start: {describe(exc, 'start')}") from exc
-        warn_unused_environment()
+            web = dict(arguments.get("web") or {})
+            web["listen_address"] = f":{port}"
+            arguments["web"] = web
+        settings = load_settings([], arguments=arguments, prog="jaxmon.start", title="jaxmon.start: invalid settings")
+        log_settings_notes(settings)
         _running = Exporter(settings, workload or default_workload_name())
         return _running

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gzip
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, cast
+from typing import cast
 
 import structlog
 from prometheus_client import gc_collector, platform_collector, process_collector
@@ -22,8 +22,9 @@ from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from jaxmon.collectors.base import Collector, add, family
-from jaxmon.collectors.spool import device_identity_labels
+from jaxmon.collectors.base import AnyCollector
+from jaxmon.families import add
+from jaxmon.families.shared import DEVICE_INFO
 from jaxmon.logsetup import ErrorLog
 from jaxmon.snapshot import Snapshot
 
@@ -47,9 +48,9 @@ def base_families(snap: Snapshot) -> Iterator[Metric]:
     for b in snap.backends:
         backend_up.add_metric([b.name], 1.0 if b.up else 0.0)
     yield backend_up
-    info = family("jaxmon_device_info", "Identity of each device; always 1.")
+    info = DEVICE_INFO.new()
     for d in snap.devices:
-        add(info, {**snap.device_labels(d), **device_identity_labels(d), "source": snap.source}, 1)
+        add(info, {**snap.device_labels(d), **d.identity_labels(), "source": snap.source}, 1)
     yield info
 
 
@@ -95,7 +96,7 @@ def merged(families: Iterable[Metric]) -> list[Metric]:
     return [f for f in by_name.values() if f.samples]
 
 
-def snapshot_families(snap: Snapshot, collectors: Sequence[Collector[Any]], selected: set[str] | None) -> list[Metric]:
+def snapshot_families(snap: Snapshot, collectors: Sequence[AnyCollector], selected: set[str] | None) -> list[Metric]:
     """Every family of one snapshot; `selected` limits it to those collectors (`collect[]`), without the base."""
 
     def gen() -> Iterator[Metric]:
@@ -115,7 +116,7 @@ def snapshot_families(snap: Snapshot, collectors: Sequence[Collector[Any]], sele
     return merged(gen())
 
 
-def _guarded_families(c: Collector[Any], snap: Snapshot, state: object) -> list[Metric]:
+def _guarded_families(c: AnyCollector, snap: Snapshot, state: object) -> list[Metric]:
     """One collector's families, or none when building them raises: one bad value never fails a whole scrape."""
     try:
         return list(c.families(snap, state))
@@ -146,7 +147,7 @@ _PROCESS = _Registered(
 class Exposition:
     """The /metrics body: rendered once per snapshot version (scrapes never touch devices)."""
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot], collectors: Sequence[Collector[Any]]) -> None:
+    def __init__(self, get_snapshot: Callable[[], Snapshot], collectors: Sequence[AnyCollector]) -> None:
         self._get_snapshot = get_snapshot
         self._collectors = list(collectors)
         self.names = {c.name for c in self._collectors}

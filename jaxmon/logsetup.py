@@ -34,7 +34,9 @@ def configure_logging(level: str = "info", fmt: LogFormat = "auto", stream: Any 
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=True,
+        # Not cached: jaxmon logs seldom, and a logger cached on first use ignores every later configuration
+        # (tests that capture logs after a command configured logging in the same process).
+        cache_logger_on_first_use=False,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from jaxmon.memory import MemoryNumbers
+from jaxmon.allocator import MemoryNumbers
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,15 @@ class DeviceInfo:
             "process_index": self.process_index,
             "coords": self.coords,
             "core_on_chip": self.core_on_chip,
+        }
+
+    def identity_labels(self) -> dict[str, str]:
+        """The labels of jaxmon_device_info besides device, platform, workload and source."""
+        return {
+            "device_kind": self.device_kind,
+            "process_index": str(self.process_index),
+            "coords": self.coords or "",
+            "core_on_chip": "" if self.core_on_chip is None else str(self.core_on_chip),
         }
 
     @property

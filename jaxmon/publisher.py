@@ -19,19 +19,12 @@ from typing import Any
 
 import structlog
 
+from jaxmon.files import write_atomically
 from jaxmon.finalization import EXIT_WAIT, before_finalization
 from jaxmon.logsetup import ErrorLog, ensure_library_logging
 from jaxmon.model import DeviceInfo
 from jaxmon.sources import DeviceSource, InProcess
-from jaxmon.sources.spool import (
-    FILE_NAME,
-    TMP_NAME,
-    SpoolCompile,
-    SpoolDevice,
-    SpoolDocument,
-    safe_name,
-    write_atomically,
-)
+from jaxmon.sources.spool import FILE_NAME, TMP_NAME, SpoolCompile, SpoolDevice, SpoolDocument, safe_name
 
 log = structlog.get_logger("jaxmon.publisher")
 

@@ -1,14 +1,16 @@
 """The running exporter: the collectors' jobs on a scheduler, every update guarded and recorded in one snapshot.
 
-Scrapes read the latest snapshot and never run a job. An update that raises is recorded as a failed run of its
-collector (the last good state stays); one failing collector never stops the others.
+The `Recorder` holds the snapshot and exists before the collectors (they are built with its publish function and
+an exchange over its snapshot); the `Runtime` schedules their jobs. Scrapes read the latest snapshot and never run
+a job. An update that raises is recorded as a failed run of its collector (the last good state stays); one
+failing collector never stops the others.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -16,58 +18,76 @@ import structlog
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from jaxmon.collectors.base import Collector, Context, Job, Update
+from jaxmon.collectors.base import AnyCollector, Job
 from jaxmon.logsetup import ErrorLog
-from jaxmon.model import BackendStatus
-from jaxmon.snapshot import Snapshot
+from jaxmon.snapshot import Snapshot, Update
+from jaxmon.sources import InProcess
 
 log = structlog.get_logger("jaxmon.runtime")
 
 
+class Recorder:
+    """The latest snapshot, replaced whole by every recorded update, and when each collector last recorded one."""
+
+    def __init__(self, initial: Snapshot) -> None:
+        self._lock = threading.Lock()
+        self._snapshot = initial
+        self._last_update: dict[str, float] = {}
+
+    def snapshot(self) -> Snapshot:
+        """The latest snapshot (immutable: safe to read without a lock)."""
+        with self._lock:
+            return self._snapshot
+
+    def publisher(self, name: str) -> Callable[[Update[object]], None]:
+        """A function that records an update of collector `name` (what it is built with)."""
+
+        def publish(update: Update[object]) -> None:
+            self.record(name, update, 0.0)
+
+        return publish
+
+    def record(self, name: str, update: Update[object], duration: float, counts: bool = True) -> None:
+        """Make `update` the latest of collector `name`; `counts`: it is a real update (not a placeholder)."""
+        with self._lock:
+            self._snapshot = self._snapshot.with_update(name, update, duration)
+            if counts:
+                self._last_update[name] = time.monotonic()
+
+    def last_updates(self) -> dict[str, float]:
+        """Monotonic time of each collector's latest update."""
+        with self._lock:
+            return dict(self._last_update)
+
+
 class Runtime:
-    """Owns the scheduler and the snapshot; collectors' jobs write it, scrapes read it."""
+    """Owns the scheduler; collectors' jobs write the recorder's snapshot, scrapes read it."""
 
     def __init__(
         self,
-        ctx: Context,
-        backends: Sequence[BackendStatus],
-        collectors: Sequence[Collector[Any]],
-        build: Mapping[str, str],
+        recorder: Recorder,
+        collectors: Sequence[AnyCollector],
         max_staleness: float,
         unavailable: Mapping[str, str] | None = None,
+        in_process: InProcess | None = None,
     ) -> None:
-        self.ctx = ctx
+        self.recorder = recorder
+        # The workload process's view of itself (embedded), for what the web server serves of it (pprof).
+        self.in_process = in_process
         self.collectors = list(collectors)
         self.max_staleness = max_staleness
-        self._lock = threading.Lock()
         self._errors = ErrorLog(log)
-        self._snapshot = Snapshot(
-            devices=tuple(ctx.devices),
-            backends=tuple(backends),
-            source=ctx.source.name,
-            build=dict(build),
-            workload=ctx.workload,
-        )
-        self._last_update: dict[str, float] = {}
+        self._ready_lock = threading.Lock()
         self._announced_ready = False
         for name, reason in sorted((unavailable or {}).items()):
             # Asked for explicitly but impossible here: say so in the exposition and the log, once.
             log.error("collector cannot run", collector=name, reason=reason)
-            self._snapshot = self._snapshot.with_update(name, Update(None, success=False), 0.0)
-        ctx.snapshot = self.snapshot
-        for collector in self.collectors:
-            collector.publish = self._publisher(collector.name)
+            recorder.record(name, Update(None, success=False), 0.0, counts=False)
         self._scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(max_workers=sum(len(c.jobs()) for c in collectors) + 2)},
             job_defaults={"coalesce": True, "max_instances": 1},
             timezone="UTC",
         )
-
-    def _publisher(self, name: str) -> Any:
-        def publish(update: Update[object]) -> None:
-            self.record(name, update, 0.0)
-
-        return publish
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -101,13 +121,13 @@ class Runtime:
 
     # -- updates ----------------------------------------------------------------------------------------
 
-    def _guarded(self, collector: Collector[Any], job: Job) -> Any:
+    def _guarded(self, collector: AnyCollector, job: Job) -> Any:
         def run() -> None:
             self.run_job(collector, job)
 
         return run
 
-    def run_job(self, collector: Collector[Any], job: Job) -> None:
+    def run_job(self, collector: AnyCollector, job: Job) -> None:
         """Run one job and record what it returned; an exception is a failed run that keeps the last state."""
         started = time.perf_counter()
         try:
@@ -127,11 +147,13 @@ class Runtime:
             self.run_job(collector, Job(collector.name, collector.interval, collector.update))
 
     def record(self, name: str, update: Update[object], duration: float) -> None:
-        """Make `update` the latest of collector `name`."""
-        with self._lock:
-            self._snapshot = self._snapshot.with_update(name, update, duration)
-            self._last_update[name] = time.monotonic()
-            became_ready = not self._announced_ready and self._ready_locked()
+        """Make `update` the latest of collector `name` (and say once when that makes the runtime ready)."""
+        self.recorder.record(name, update, duration)
+        self._maybe_announce_ready()
+
+    def _maybe_announce_ready(self) -> None:
+        with self._ready_lock:
+            became_ready = not self._announced_ready and self.ready
             self._announced_ready = self._announced_ready or became_ready
         if became_ready:
             # The moment /readyz turns 200: what an operator watching a starting sidecar waits for.
@@ -141,29 +163,24 @@ class Runtime:
 
     def snapshot(self) -> Snapshot:
         """The latest snapshot (immutable: safe to read without a lock)."""
-        with self._lock:
-            return self._snapshot
+        return self.recorder.snapshot()
 
     def _heartbeats(self) -> list[str]:
         names = [c.name for c in self.collectors if c.heartbeat]
         return names or [c.name for c in self.collectors]
 
-    def _ready_locked(self) -> bool:
-        return all(name in self._last_update for name in self._heartbeats())
-
     @property
     def ready(self) -> bool:
         """True once every collector /readyz waits on has completed its first update."""
-        with self._lock:
-            return self._ready_locked()
+        last = self.recorder.last_updates()
+        return all(name in last for name in self._heartbeats())
 
     def health(self) -> tuple[bool, str]:
         """Healthy means fresh data: the scheduler runs and every heartbeat collector updated recently."""
         if not self.scheduler_running:
             return False, "scheduler is not running"
         now = time.monotonic()
-        with self._lock:
-            last = dict(self._last_update)
+        last = self.recorder.last_updates()
         ages = []
         for name in self._heartbeats():
             if name not in last:

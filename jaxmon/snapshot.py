@@ -5,14 +5,22 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import Generic, TypeVar
 
 from jaxmon.model import BackendStatus, DeviceInfo
 
-if TYPE_CHECKING:
-    from jaxmon.collectors.base import Collector, Update
-
 T = TypeVar("T")
+S_co = TypeVar("S_co", covariant=True)
+
+
+@dataclass(frozen=True)
+class Update(Generic[S_co]):
+    """What one run of a collector's job produced: its new state, and whether it got all its data."""
+
+    state: S_co
+    success: bool = True
+    # The duration to report; None records the wall time of the run (the probe reports device time instead).
+    duration_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -38,10 +46,11 @@ class Snapshot:
     statuses: Mapping[str, CollectorStatus] = field(default_factory=dict)
     version: int = 0
 
-    def state(self, collector: type[Collector[T]]) -> T | None:
-        """The latest state of `collector`, None before its first update (or when it is not running)."""
-        value = self.states.get(collector.name)
-        return value  # type: ignore[return-value]  # stored under the collector's name by `with_update` only
+    def state(self, name: str, kind: type[T]) -> T | None:
+        """The latest state of collector `name` if it is a `kind`; None before its first update or when it is not
+        running."""
+        value = self.states.get(name)
+        return value if isinstance(value, kind) else None
 
     def device_labels(self, device: DeviceInfo) -> dict[str, str]:
         """The labels of one of this process's own devices (with the workload in embedded mode)."""

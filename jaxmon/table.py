@@ -8,6 +8,7 @@ from typing import Any
 from jaxmon.collectors.memory import MemoryCollector, MemoryState
 from jaxmon.collectors.nvml import NvmlCollector, NvmlState
 from jaxmon.collectors.probe import ProbeCollector, ProbeState
+from jaxmon.model import ProbeStatus
 from jaxmon.snapshot import Snapshot
 
 
@@ -31,6 +32,13 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.3f}"
 
 
+def _probe(state: ProbeState, key: tuple[str, int]) -> ProbeStatus | None:
+    """A device's probe status: its own, or that of the CPU device probed for it."""
+    own = state.statuses.get(key)
+    stand_in = state.shared.get(key)
+    return own if own is not None or stand_in is None else state.statuses.get(stand_in)
+
+
 def format_table(snap: Snapshot) -> str:
     """One row per device: memory, fragmentation, headroom, and the probe."""
     header = [
@@ -48,11 +56,11 @@ def format_table(snap: Snapshot) -> str:
     ]
     rows = [header]
     errors: list[str] = []  # whole, under the table: a cell would cut them mid-word
-    memory = snap.state(MemoryCollector) or MemoryState()
-    probes = snap.state(ProbeCollector) or ProbeState()
+    memory = snap.state(MemoryCollector.name, MemoryState) or MemoryState()
+    probes = snap.state(ProbeCollector.name, ProbeState) or ProbeState()
     for d in snap.devices:
         reading = memory.readings.get(d.key)
-        probe = probes.statuses.get(d.key)
+        probe = _probe(probes, d.key)
         n = reading.numbers if reading else None
         mem: list[str]
         if reading is not None and not reading.ok:
@@ -82,10 +90,12 @@ def format_table(snap: Snapshot) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.extend(errors)
+    for probed in sorted(set(probes.shared.values())):
+        lines.append(f"CPU devices share the host's cores: {probed[0]}:{probed[1]} is probed for all of them")
     down = [b for b in snap.backends if not b.up]
     for b in down:
         lines.append(f"backend {b.name} is down: {b.error}")
-    nvml = snap.state(NvmlCollector)
+    nvml = snap.state(NvmlCollector.name, NvmlState)
     if nvml is not None:
         lines += ["", *_nvml_table(nvml)]
     return "\n".join(lines)
@@ -121,12 +131,12 @@ def _nvml_table(state: NvmlState) -> list[str]:
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
     """JSON-friendly view of the devices, their memory and their probe."""
-    memory = snap.state(MemoryCollector) or MemoryState()
-    probes = snap.state(ProbeCollector) or ProbeState()
+    memory = snap.state(MemoryCollector.name, MemoryState) or MemoryState()
+    probes = snap.state(ProbeCollector.name, ProbeState) or ProbeState()
     out: list[dict[str, Any]] = []
     for dev in snap.devices:
         reading = memory.readings.get(dev.key)
-        probe = probes.statuses.get(dev.key)
+        probe = _probe(probes, dev.key)
         out.append(
             {
                 **dev.identity(),
@@ -134,9 +144,11 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
                 "memory_error": reading.error if reading else None,
                 "live_array_bytes": memory.live_array_bytes.get(dev.key),
                 "probe": vars(probe).copy() if probe else None,
+                # The device whose probe this is: itself, or the CPU device probed for every CPU device.
+                "probed_device": None if probe is None else "{}:{}".format(*probes.shared.get(dev.key, dev.key)),
             }
         )
-    nvml = snap.state(NvmlCollector)
+    nvml = snap.state(NvmlCollector.name, NvmlState)
     return {
         "source": snap.source,
         "build": dict(snap.build),

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector as PromCollector
 
-from jaxmon.collectors.base import Collector, Context
-from jaxmon.collectors.memory import MemoryCollector, MemoryState
+from jaxmon.collectors.base import AnyCollector, standalone_context
+from jaxmon.collectors.memory import MemoryCollector, MemoryOptions, MemoryState
 from jaxmon.collectors.probe import ProbeCollector, ProbeOptions, ProbeState
 from jaxmon.exposition import snapshot_families
 from jaxmon.model import BackendStatus, DeviceInfo, MemoryReading, ProbeStatus
-from jaxmon.settings import Settings
 from jaxmon.snapshot import CollectorStatus, Snapshot
 from jaxmon.sources.replay import ReplaySource
 
@@ -23,10 +21,10 @@ FIXTURES = Path(__file__).parent / "fixtures"
 Key = tuple[str, int]
 
 
-def collectors() -> list[Collector[Any]]:
+def collectors() -> list[AnyCollector]:
     """The memory and probe collectors, built without devices of their own (no probe threads)."""
-    ctx = Context(settings=Settings(), source=ReplaySource(FIXTURES / "shapes.json"), devices=[])
-    return [MemoryCollector(ctx, Settings().collector_options("memory")), ProbeCollector(ctx, ProbeOptions())]
+    ctx = standalone_context(ReplaySource(FIXTURES / "shapes.json"))
+    return [MemoryCollector(MemoryOptions(), ctx), ProbeCollector(ProbeOptions(), ctx)]
 
 
 def make_snapshot(

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from html.parser import HTMLParser
+from pathlib import Path
 from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
-from jaxmon.app import build_runtime
+from jaxmon.app import build_runtime, load_settings
 from jaxmon.runtime import Runtime
-from jaxmon.settings import load_settings
-from jaxmon.web.server import App, WebState
+from jaxmon.web.app import App
+from jaxmon.web.reload import WebState
 from tests.conftest import FIXTURES, parse_samples, sample, wait_until
 
 REPLAY = ["--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1h"]
@@ -178,12 +180,40 @@ def test_the_landing_page_is_html_linking_metrics_healthz_and_readyz(runtime: Ru
     assert "9 devices from source <code>replay</code>" in reply.text  # shapes.json replays 9 devices
 
 
+def test_the_landing_page_shows_the_version_health_collectors_and_devices(tmp_path: Path) -> None:
+    """What a person opening / wants to know: which jaxmon, healthy or not, which collectors run and how, which
+    devices (one device is "1 device", not "1 devices")."""
+    fresh = make_runtime()
+    try:
+        app = make_app(fresh)
+        before = request(app, "GET", "/").text
+        fresh.update_all_once()
+        page = request(app, "GET", "/").text
+    finally:
+        fresh.stop()
+    assert "<code>memory</code>: no update yet" in before and "(first poll done): not ready" in before
+    assert f"<h1>jaxmon {fresh.snapshot().build['version']}</h1>" in page
+    assert "<code>memory</code>: <strong>failing</strong>" in page  # shapes.json's gpu:6 fails on purpose
+    assert "(first poll done): ready" in page
+    for device in ("gpu:0", "tpu:3", "cpu:5", "gpu:8"):
+        assert f"<li><code>{device}</code>" in page
+    replay = tmp_path / "one.json"
+    replay.write_text(json.dumps({"devices": [{"id": 0, "platform": "gpu", "memory_stats": {"bytes_in_use": 1}}]}))
+    one = make_runtime("--replay", str(replay))
+    try:
+        one.update_all_once()
+        single = request(make_app(one), "GET", "/").text
+    finally:
+        one.stop()
+    assert "1 device from source" in single and "<code>memory</code>: ok" in single
+
+
 def test_a_custom_telemetry_path_serves_metrics_there_and_not_at_metrics() -> None:
     """--web.telemetry-path moves the exposition; /metrics is then unknown and the landing page links the new path."""
     rt = make_runtime("--web.telemetry-path", "/custom")
     try:
         rt.update_all_once()
-        app = make_app(rt, telemetry_path=rt.ctx.settings.web.telemetry_path)
+        app = make_app(rt, telemetry_path="/custom")
         reply = request(app, "GET", "/custom")
         assert reply.status == 200
         assert sample(parse_samples(reply.text), "jaxmon_memory_bytes_in_use", device="8", platform="gpu") == 1000
@@ -372,7 +402,7 @@ def test_no_collector_memory_removes_the_memory_families() -> None:
 
 
 def test_an_explicit_collector_that_cannot_run_is_reported_failed_and_logged() -> None:
-    """--collector.spool without --spool.dir: collector_success 0 and an error log line; auto is silently off."""
+    """--collector.spool without a directory: collector_success 0 and an error log line; auto is silently off."""
     with capture_logs() as logs:
         rt = make_runtime("--collector.spool")
     try:
@@ -381,7 +411,7 @@ def test_an_explicit_collector_that_cannot_run_is_reported_failed_and_logged() -
         rt.stop()
     assert sample(s, "jaxmon_collector_success", collector="spool") == 0.0
     (line,) = [e for e in logs if e["event"] == "collector cannot run"]
-    assert line["collector"] == "spool" and "no --spool.dir given" in line["reason"]
+    assert line["collector"] == "spool" and "no --collector.spool.dir given" in line["reason"]
     quiet = make_runtime()
     try:
         assert (

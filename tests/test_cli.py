@@ -40,10 +40,11 @@ def test_help_exits_0_on_stdout_and_no_command_is_a_usage_error_on_stderr(cli: C
     assert (code, out) == (2, "") and err.startswith("usage: jaxmon {serve,snapshot,top}")
 
 
-def test_an_unknown_command_exits_2_naming_it(cli: CLI) -> None:
+def test_an_unknown_command_exits_2_naming_it_with_what_was_meant(cli: CLI) -> None:
     code, _, err = cli("frobnicate", "--x")
     assert code == 2
     assert err.startswith("jaxmon: unknown command 'frobnicate'\nusage: jaxmon")
+    assert cli("serv")[2].startswith("jaxmon: unknown command 'serv' (did you mean serve?)\nusage: jaxmon")
 
 
 def test_serve_help_exits_0_and_lists_the_dotted_flags_and_collectors(cli: CLI) -> None:
@@ -53,7 +54,9 @@ def test_serve_help_exits_0_and_lists_the_dotted_flags_and_collectors(cli: CLI) 
         "--web.listen-address",
         "--web.telemetry-path",
         "--no-collector.probe",
-        "--probe.interval",
+        "--collector.probe.interval",
+        "--collector.spool.dir",
+        "--collector.tpu.address",
         "--poll.interval",
         "--replay",
         "--log.level",
@@ -62,6 +65,23 @@ def test_serve_help_exits_0_and_lists_the_dotted_flags_and_collectors(cli: CLI) 
     ):
         assert flag in out, flag
     assert "collectors (each is also --collector.NAME.enabled {true,false,auto}):" in out
+    assert "--probe." not in out and "--spool." not in out  # the old names work, the help shows the new ones
+
+
+def test_every_flag_in_the_help_has_a_description(cli: CLI) -> None:
+    """Each collector's --collector.X.enabled says what auto means for it (they were once left blank)."""
+    code, out, _ = cli("serve", "--help")
+    assert code == 0
+    lines = out.splitlines()
+    blank = [
+        line.split()[0]
+        for i, line in enumerate(lines)
+        if line.startswith("  --")
+        and len(line.split()) <= 2
+        and (i + 1 == len(lines) or not lines[i + 1].startswith(" " * 10))
+    ]
+    assert blank == []
+    assert "tpu-info is installed" not in out
 
 
 def test_serve_help_shows_durations_and_paths_as_the_user_writes_them(cli: CLI) -> None:
@@ -69,21 +89,36 @@ def test_serve_help_shows_durations_and_paths_as_the_user_writes_them(cli: CLI) 
     code, out, _ = cli("serve", "--help")
     assert code == 0
     out = " ".join(out.split())  # argparse wraps lines wherever the width falls
-    assert "--probe.interval DURATION Time between probe runs on each device. (default: 15s)" in out
-    assert "--probe.target DURATION" in out and "(default: 2ms)" in out
+    assert "--collector.probe.interval DURATION Time between probe runs on each device. (default: 15s)" in out
+    assert "--collector.probe.target DURATION" in out and "(default: 2ms)" in out
+    assert "--collector.nvml.xid-wait DURATION" in out and "(default: 500ms)" in out
     assert "--config.file PATH" in out and "--replay PATH" in out
     assert "--collector.probe.enabled {true,false,auto}" in out
     for python_word in ("float (", "{Path,None}", "{float,None}", "{bool,auto}", "(default: None)", "15.0"):
         assert python_word not in out, python_word
 
 
-def test_snapshot_help_lists_json_and_leaves_out_the_server_flags(cli: CLI) -> None:
-    """`jaxmon snapshot --help` names its own --json and none of the --web.* flags, which it would ignore."""
+def test_snapshot_help_lists_json_and_leaves_out_the_serve_only_flags(cli: CLI) -> None:
+    """`jaxmon snapshot --help` names its own --json and none of the flags it would ignore (it serves nothing and
+    runs once: no web, health, poll or collector intervals); they are still accepted (a shared config sets them)."""
     code, out, _ = cli("snapshot", "--help")
     assert code == 0
     assert "--json" in out and "print JSON instead of a table" in out
-    assert "--web." not in out
-    assert "--probe.interval" in out
+    for serve_only in ("--web.", "--health.", "--poll.", "--collector.probe.interval"):
+        assert serve_only not in out, serve_only
+    assert "--collector.probe.size" in out and "--replay" in out
+    code, out, err = cli("snapshot", *REPLAY, "--poll.interval", "1s", "--web.listen-address", ":1")
+    assert code == 0, err
+
+
+def test_snapshot_prints_its_table_and_no_log_lines(cli: CLI) -> None:
+    """`jaxmon snapshot` is a command, not a daemon: warnings and errors only, unless --log.level says more."""
+    code, out, err = cli("snapshot", *REPLAY, "--log.format", "json")
+    assert code == 0 and out.startswith("device")
+    levels = {json.loads(line)["level"] for line in err.splitlines()}
+    assert levels <= {"warning", "error"}, err  # shapes.json has a failing device: that warning stays
+    code, _, err = cli("snapshot", *REPLAY, "--log.level", "info", "--log.format", "json")
+    assert code == 0 and "devices discovered" in err
 
 
 def test_a_jaxmon_variable_that_sets_nothing_is_warned_about(cli: CLI, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,12 +138,18 @@ def test_a_jaxmon_variable_that_sets_nothing_is_warned_about(cli: CLI, monkeypat
         (
             ["serve", "--poll.interval", "soon"],
             {},
-            "poll.interval (--poll.interval): not a duration: 'soon' (use e.g. 500ms, 10s, 2m)\n",
+            "jaxmon serve: invalid settings:\n  --poll.interval: not a duration: 'soon' (use e.g. 500ms, 10s, 2m)\n",
         ),
-        (["serve", "--bogus"], {}, "unrecognized arguments: --bogus"),
-        (["serve"], {"JAXMON_PROBE__TIMEOUT": "-1"}, "probe.timeout"),
+        (["serve", "--bogus"], {}, "jaxmon serve: invalid settings:\n  --bogus: no such flag\n"),
+        (
+            ["serve", "--web.listen-adress", ":1"],
+            {},
+            "--web.listen-adress: no such flag (did you mean --web.listen-address?)\n",
+        ),
+        (["serve"], {"JAXMON_PROBE__TIMEOUT": "-1"}, "JAXMON_PROBE__TIMEOUT: must be longer than 0s (got -1s)"),
+        (["serve"], {"JAXMON_PROBE__INTERVL": "30s"}, "JAXMON_PROBE__INTERVL: no such setting (did you mean"),
         (["serve", "--replay", "/nonexistent/replay.json"], {}, "replay file /nonexistent/replay.json: cannot read"),
-        (["snapshot", "--log.format", "xml"], {}, "jaxmon snapshot: invalid settings:\n  log.format (--log.format)"),
+        (["snapshot", "--log.format", "xml"], {}, "jaxmon snapshot: invalid settings:\n  --log.format: "),
     ],
 )
 def test_bad_settings_exit_2_with_a_message_naming_the_setting(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from jaxmon.memory import memory_numbers
+from jaxmon.allocator import memory_numbers
 from jaxmon.model import BackendStatus, DeviceInfo, MemoryReading, ProbeStatus
 from jaxmon.snapshot import CollectorStatus, Snapshot
 from tests.snapshots import make_snapshot, registry_for

@@ -347,8 +347,8 @@ def test_image_runs_as_10401_is_ready_healthy_and_stops_on_sigterm(engine: Engin
 # Publisher + sidecar sharing a named volume
 # --------------------------------------------------------------------------------------------------------------
 
-# A trainer that publishes one snapshot and leaves its file (the sidecar keeps it for --spool.ttl): it prints the
-# uid of the spool directory's owner, its mode and the file's owner, and exits 3 if nothing could be written.
+# A trainer that publishes one snapshot and leaves its file (the sidecar keeps it for --collector.spool.ttl): it
+# prints the uid of the spool directory's owner, its mode and the file's owner, and exits 3 if nothing could be written.
 PUBLISH = """
 import glob, os, sys, time
 import jaxmon
@@ -414,9 +414,9 @@ def test_trainers_of_any_uid_publish_into_a_fresh_volume_that_a_read_only_sideca
         f"127.0.0.1:{port}:10401",
         image.tag,
         "serve",
-        "--spool.dir",
+        "--collector.spool.dir",
         SPOOL,
-        "--spool.ttl",
+        "--collector.spool.ttl",
         "1h",
         "--no-collector.probe",
     )

@@ -31,11 +31,29 @@ def _all_probed(s: Samples) -> bool:
     return all(_cpu(s, "jaxmon_probe_duration_seconds", d) is not None for d in DEVICES)
 
 
-def test_probe_metrics_on_every_cpu_device(start_daemon: StartDaemon) -> None:
+@pytest.mark.parametrize("each", [False, True], ids=["one-for-all", "each-cpu-device"])
+def test_probe_metrics_of_the_cpu_devices(start_daemon: StartDaemon, each: bool) -> None:
+    """By default one CPU device (cpu:0) is probed for all: its probe series, and every CPU device's device_up and
+    utilization estimate are its. --collector.probe.each-cpu-device probes all eight, each with its own series."""
     started = time.time()
-    d = start_daemon("--probe.interval", "1s", "--probe.size", str(SIZE), "--poll.interval", "1s")
-    s = d.wait_for(_all_probed, timeout=60, what="a probe on all 8 devices")
+    flags = ["--collector.probe.each-cpu-device"] if each else []
+    d = start_daemon(
+        "--collector.probe.interval", "1s", "--collector.probe.size", str(SIZE), "--poll.interval", "1s", *flags
+    )
+    probed = DEVICES if each else ["0"]
+    s = d.wait_for(
+        lambda s: all(_cpu(s, "jaxmon_probe_duration_seconds", dev) is not None for dev in probed),
+        timeout=60,
+        what=f"a probe on {len(probed)} devices",
+    )
     for dev in DEVICES:
+        assert _cpu(s, "jaxmon_device_up", dev) == 1
+        util = _cpu(s, "jaxmon_device_utilization_ratio", dev)
+        assert util is not None and 0.0 <= util <= 1.0
+        if dev not in probed:  # cpu:0's answer and estimate, and no probe series of its own
+            assert util == _cpu(s, "jaxmon_device_utilization_ratio", "0")
+            assert not [k for k in s if k[0].startswith("jaxmon_probe_") and ("device", dev) in k[1]]
+    for dev in probed:
         assert _cpu(s, "jaxmon_device_up", dev) == 1
         util = _cpu(s, "jaxmon_device_utilization_ratio", dev)
         assert util is not None and 0.0 <= util <= 1.0
@@ -83,7 +101,7 @@ def test_probe_metrics_on_every_cpu_device(start_daemon: StartDaemon) -> None:
     poll_seconds = sample(s, "jaxmon_collector_duration_seconds", collector="memory")
     assert poll_seconds is not None and 0 < poll_seconds < 1.0
     # The probe collector's duration is the device time of one round: the sum of the last latencies.
-    round_seconds = sum(_cpu(s, "jaxmon_probe_duration_seconds", dev) or 0 for dev in DEVICES)
+    round_seconds = sum(_cpu(s, "jaxmon_probe_duration_seconds", dev) or 0 for dev in probed)
     assert sample(s, "jaxmon_collector_duration_seconds", collector="probe") == pytest.approx(round_seconds, rel=0.5)
     versions = {k: v for k, v in next(iter(k for k in s if k[0] == "jaxmon_build_info"))[1]}
     assert versions["jax_version"] == metadata.version("jax")
@@ -94,12 +112,13 @@ def test_probe_metrics_on_every_cpu_device(start_daemon: StartDaemon) -> None:
 def test_a_hung_probe_marks_only_its_device_down_and_it_recovers(start_daemon: StartDaemon, tmp_path: Path) -> None:
     faults = tmp_path / "faults.json"
     d = start_daemon(
-        "--probe.interval",
+        "--collector.probe.interval",
         "0.5s",
-        "--probe.timeout",
+        "--collector.probe.timeout",
         "1s",
-        "--probe.size",
+        "--collector.probe.size",
         str(SIZE),
+        "--collector.probe.each-cpu-device",  # eight probes, to see one hang alone
         env={"JAXMON_FAULTS_FILE": str(faults)},
     )
     d.wait_for(_all_probed, timeout=60, what="calibration on all devices")
@@ -152,15 +171,15 @@ def test_health_turns_503_when_polling_stalls_and_recovers(start_daemon: StartDa
 def test_sigterm_exits_zero_within_five_seconds_even_mid_probe(start_daemon: StartDaemon, tmp_path: Path) -> None:
     faults = tmp_path / "faults.json"
     d = start_daemon(
-        "--probe.interval",
+        "--collector.probe.interval",
         "0.5s",
-        "--probe.timeout",
+        "--collector.probe.timeout",
         "30s",
-        "--probe.size",
+        "--collector.probe.size",
         str(SIZE),
         env={"JAXMON_FAULTS_FILE": str(faults)},
     )
-    d.wait_for(_all_probed, timeout=60, what="calibration")
+    d.wait_for(lambda s: _cpu(s, "jaxmon_probe_duration_seconds", "0") is not None, timeout=60, what="calibration")
     faults.write_text(json.dumps({"probe_delay_seconds": {f"cpu:{i}": 600 for i in range(8)}}))
     # Every device's job records a run every 0.5 s; none for 1.5 s means every probe hangs in its worker thread
     # (and its scheduler thread waits for it: the timeout is 30 s).

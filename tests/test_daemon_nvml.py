@@ -182,7 +182,7 @@ def test_nvml_processes_carry_the_workload_of_the_spool_report_with_their_pid(
             tmp_path / "scenario.json",
             [device(0, processes=[{"pid": trainer.proc.pid, "used": 7 * GIB}, {"pid": 1, "used": GIB}])],
         )
-        d = start(start_daemon, scenario, "--spool.dir", str(spool))
+        d = start(start_daemon, scenario, "--collector.spool.dir", str(spool))
         # This test shares one PID namespace with the trainer, as `--pid=container:trainer` gives a sidecar.
         s = d.wait_for(
             lambda s: (

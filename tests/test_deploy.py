@@ -498,7 +498,7 @@ def test_training_pods_run_the_sidecar_with_probes_and_a_shared_spool() -> None:
         assert jaxmon["securityContext"]["runAsNonRoot"] is True
         assert jaxmon["securityContext"]["runAsUser"] != 0
         # The spool: an emptyDir mounted by both, at the directory the sidecar reads (read-only there).
-        spool_dir = jaxmon["args"][jaxmon["args"].index("--spool.dir") + 1]
+        spool_dir = jaxmon["args"][jaxmon["args"].index("--collector.spool.dir") + 1]
         volumes = {v["name"]: v for v in spec["volumes"]}
         (sidecar_mount,) = [m for m in jaxmon["volumeMounts"] if m["mountPath"] == spool_dir]
         (trainer_mount,) = [m for m in trainer["volumeMounts"] if m["mountPath"] == spool_dir]
@@ -523,7 +523,7 @@ def test_the_gke_tpu_jobset_sidecar_reads_libtpu_with_no_tpu_of_its_own() -> Non
     assert "google.com/tpu" not in sidecar_resources
     assert int(trainer["resources"]["limits"]["google.com/tpu"]) > 0
     # Every flag the sidecar is given is one jaxmon accepts.
-    from jaxmon.settings import load_settings
+    from jaxmon.app import load_settings
 
     settings = load_settings(args[1:])
     assert settings.collector_options("tpu").enabled is True

@@ -17,7 +17,8 @@ import pytest
 import requests
 import yaml
 
-from jaxmon.web.webconfig import WebConfigError, load_web_config
+from jaxmon.web.errors import WebConfigError
+from jaxmon.web.webconfig import load_web_config
 from tests.conftest import FIXTURES, Daemon, StartDaemon
 from tests.tls_helpers import tls_request
 

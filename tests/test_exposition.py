@@ -11,8 +11,8 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
+from jaxmon.allocator import memory_numbers
 from jaxmon.exposition import TextFormat
-from jaxmon.memory import memory_numbers
 from jaxmon.model import DeviceInfo, MemoryReading, ProbeStatus
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.replay import ReplaySource

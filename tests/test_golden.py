@@ -56,7 +56,7 @@ def check_golden(text: str, name: str) -> None:
 
 
 def test_cpu_devices_with_the_probe_match_the_golden_file(start_daemon: StartDaemon) -> None:
-    d = start_daemon("--probe.interval", "2s", "--poll.interval", "0.5s")
+    d = start_daemon("--collector.probe.interval", "2s", "--poll.interval", "0.5s")
     d.wait_for(
         lambda s: (
             all(sample(s, "jaxmon_device_up", device=str(i), platform="cpu") == 1.0 for i in range(8))
@@ -79,7 +79,7 @@ def test_the_spool_sidecar_with_two_publishers_matches_the_golden_file(
     try:
         pubs[0].send("alloc 1 1048576")
         pubs[1].send("alloc 2 2097152")
-        d = start_daemon("--no-collector.probe", "--spool.dir", str(spool), "--poll.interval", "0.3s")
+        d = start_daemon("--no-collector.probe", "--collector.spool.dir", str(spool), "--poll.interval", "0.3s")
         d.wait_for(
             lambda s: (
                 sample(s, "jaxmon_memory_live_array_bytes", device="1", platform="cpu", workload="alpha") == 1048576.0

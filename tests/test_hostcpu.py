@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxmon.collectors.devicewide import HostCpuMeter
+from jaxmon.probe.idle import HostCpuMeter
 from jaxmon.sources.hostcpu import CpuTimes, read_cpu_times
 
 TICKS = os.sysconf("SC_CLK_TCK")

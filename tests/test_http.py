@@ -7,6 +7,8 @@ checks that hypercorn carries them to the wire unchanged (status, headers, gzip 
 from __future__ import annotations
 
 import gzip
+import http.client
+import socket
 
 import requests
 
@@ -53,3 +55,32 @@ def test_the_daemon_serves_routes_head_gzip_and_readiness_over_real_http(start_d
     assert raw[:2] == b"\x1f\x8b"  # the bytes on the wire are compressed
     jaxmon_lines = [line for line in gzip.decompress(raw).splitlines() if b"jaxmon_" in line]
     assert jaxmon_lines == [line for line in plain.content.splitlines() if b"jaxmon_" in line]
+
+
+def _status_line(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        return s.recv(4096).split(b"\r\n", 1)[0]
+
+
+def test_status_lines_carry_their_reason_phrase(start_daemon: StartDaemon) -> None:
+    """`HTTP/1.1 200 OK`, not `HTTP/1.1 200 ` (h11's default when hypercorn builds the response)."""
+    d = start_daemon(*REPLAY)
+    for path, method, line in (
+        (b"/metrics", b"GET", b"HTTP/1.1 200 OK"),
+        (b"/nope", b"GET", b"HTTP/1.1 404 Not Found"),
+        (b"/metrics", b"POST", b"HTTP/1.1 405 Method Not Allowed"),
+    ):
+        assert _status_line(d.port, method + b" " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") == line
+    # An error hypercorn answers itself (a request line h11 refuses) is no different.
+    assert _status_line(d.port, b"\x16\x03\x01\x00 junk\r\n\r\n") == b"HTTP/1.1 400 Bad Request"
+    # Keep-alive: every response on a connection gets its phrase.
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=10)
+    reasons = []
+    for url in ("/readyz", "/nope", "/metrics"):
+        conn.request("GET", url)
+        response = conn.getresponse()
+        response.read()
+        reasons.append((response.status, response.reason))
+    conn.close()
+    assert reasons == [(200, "OK"), (404, "Not Found"), (200, "OK")]

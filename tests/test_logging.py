@@ -15,8 +15,8 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
+from jaxmon.files import write_atomically
 from jaxmon.logsetup import ErrorLog, configure_logging
-from jaxmon.sources.spool import write_atomically
 from tests.conftest import FIXTURES, Daemon, StartDaemon, sample, wait_until
 
 
@@ -249,9 +249,9 @@ def test_the_sidecar_logs_a_workload_appearing_and_going(start_daemon: StartDaem
     d = start_daemon(
         "--replay",
         str(FIXTURES / "shapes.json"),
-        "--spool.dir",
+        "--collector.spool.dir",
         str(spool),
-        "--spool.ttl",
+        "--collector.spool.ttl",
         "1s",
         "--poll.interval",
         "100ms",

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from jaxmon.memory import MemoryNumbers, memory_numbers
+from jaxmon.allocator import MemoryNumbers, memory_numbers
 
 GiB = 1 << 30
 MiB = 1 << 20

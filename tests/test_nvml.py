@@ -16,12 +16,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector as PromCollector
 
-from jaxmon.collectors.base import Context
-from jaxmon.collectors.devicewide import DutyCycles
+from jaxmon.app import default_settings, load_settings
+from jaxmon.collectors.base import Context, standalone_context
 from jaxmon.collectors.nvml import DeviceMatch, NvmlCollector, NvmlOptions, NvmlState, match_devices
-from jaxmon.collectors.spool import SpoolState, WorkloadReport
+from jaxmon.collectors.spool import SpoolCollector, SpoolState, WorkloadReport
+from jaxmon.exchange import DutyCycles
 from jaxmon.model import DeviceInfo
-from jaxmon.settings import Settings, load_settings
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS
 from tests.conftest import ROOT, Samples, parse_samples, sample
@@ -64,11 +64,14 @@ def render(collector: NvmlCollector, snap: Snapshot, state: NvmlState) -> Sample
 
 def context() -> Context:
     """The daemon's context as the nvml collector sees it: JAX on CPU devices only (no device source is read)."""
-    return Context(settings=Settings(), source=None, devices=[DeviceInfo(0, "cpu", "cpu")])  # type: ignore[arg-type]
+    ctx = standalone_context(None, [DeviceInfo(0, "cpu", "cpu")])  # type: ignore[arg-type]
+    for channel, read in SpoolCollector.offers.items():  # as app.py wires a running spool collector
+        ctx.exchange.offer(channel, SpoolCollector.name, read)
+    return ctx
 
 
 def make_collector(xid_wait: float = 0.05) -> NvmlCollector:
-    return NvmlCollector(context(), NvmlOptions(xid_wait=xid_wait))
+    return NvmlCollector(NvmlOptions(xid_wait=xid_wait), context())
 
 
 @pytest.fixture
@@ -247,7 +250,7 @@ def test_nvml_that_does_not_initialise_is_unavailable_with_the_reason(
     scenario = Scenario(tmp_path / "scenario.json", [device(0)], init_error=9)
     for key, value in scenario.env().items():
         monkeypatch.setenv(key, value)
-    reason = NvmlCollector.unavailable(context())
+    reason = NvmlCollector.unavailable(NvmlOptions(), context())
     assert reason == "NVML does not initialise: NVML_ERROR_DRIVER_NOT_LOADED (Driver Not Loaded)"
     collector = make_collector()
     update = collector.update()
@@ -259,13 +262,16 @@ def test_nvml_that_does_not_initialise_is_unavailable_with_the_reason(
 
 def test_without_the_library_the_collector_is_unavailable() -> None:
     # A fresh interpreter with no NVIDIA library on its path (this machine has no driver), as a CPU host is.
-    code = "from tests.test_nvml import NvmlCollector, context; print(NvmlCollector.unavailable(context()))"
+    code = (
+        "from tests.test_nvml import NvmlCollector, NvmlOptions, context; "
+        "print(NvmlCollector.unavailable(NvmlOptions(), context()))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "libnvidia-ml.so.1 does not load (no NVIDIA driver library on the library path)"
 
 
 def test_the_collector_is_auto_by_default_and_the_flags_set_it() -> None:
-    assert Settings().collector_options("nvml").enabled == "auto"
+    assert default_settings().collector_options("nvml").enabled == "auto"
     assert load_settings(["--collector.nvml"]).collector_options("nvml").enabled is True
     assert load_settings(["--no-collector.nvml"]).collector_options("nvml").enabled is False
     options = load_settings(["--collector.nvml.xid-wait", "0.2"]).collector_options("nvml")
@@ -307,8 +313,8 @@ def test_the_probe_gets_nvmls_duty_cycle_only_for_a_matched_device(
     assert state.match.how == "nvml_index"
     assert state.duty_cycle("gpu", 0) is None
     # A daemon whose JAX has the one GPU NVML has: matched, and its duty cycle is the probe's busy signal.
-    ctx = Context(settings=Settings(), source=None, devices=jax_gpus(0))  # type: ignore[arg-type]
-    matched = NvmlCollector(ctx, NvmlOptions(xid_wait=0.05))
+    ctx = standalone_context(None, jax_gpus(0))  # type: ignore[arg-type]
+    matched = NvmlCollector(NvmlOptions(xid_wait=0.05), ctx)
     state = matched.update().state
     assert state.match.how == "only_gpu"
     assert state.duty_cycle("gpu", 0) == 0.73

@@ -11,18 +11,18 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any, cast
 
 import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from jaxmon.collectors.base import Context
+from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.probe import ProbeCollector, ProbeOptions
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel
-from jaxmon.probe import CALIBRATION_SEEDS, WARMUP_STEPS, DeviceProbe, ProbeConfig, quantile, utilization
-from jaxmon.settings import Settings
+from jaxmon.probe.engine import CALIBRATION_SEEDS, WARMUP_STEPS, DeviceProbe, ProbeConfig, nearest_rank, utilization
 from jaxmon.sources.local import LocalSource
 from tests.conftest import wait_until
 
@@ -58,26 +58,26 @@ def test_utilization_of_a_zero_or_negative_latency_is_zero() -> None:
     assert utilization(0.003, -1.0) == 0.0
 
 
-def test_quantile_is_the_nearest_rank_without_interpolation() -> None:
+def test_nearest_rank_is_the_nearest_rank_without_interpolation() -> None:
     """The median (the default) of 10 samples is the 5th smallest, of 11 the 6th (ceil(5.5)); q=0.1 of 20 the 2nd."""
-    assert quantile([float(i) for i in range(1, 11)]) == 5.0
-    assert quantile([float(i) for i in range(1, 12)]) == 6.0
-    assert quantile([float(i) for i in range(1, 21)], q=0.1) == 2.0
-    assert quantile([float(i) for i in range(1, 21)], q=0.25) == 5.0
+    assert nearest_rank([float(i) for i in range(1, 11)]) == 5.0
+    assert nearest_rank([float(i) for i in range(1, 12)]) == 6.0
+    assert nearest_rank([float(i) for i in range(1, 21)], q=0.1) == 2.0
+    assert nearest_rank([float(i) for i in range(1, 21)], q=0.25) == 5.0
 
 
-def test_quantile_sorts_its_input_and_leaves_it_alone() -> None:
+def test_nearest_rank_sorts_its_input_and_leaves_it_alone() -> None:
     """Unsorted samples give the same rank; the caller's list is not reordered."""
     samples = [9.0, 1.0, 5.0, 3.0]
-    assert quantile(samples, q=0.5) == 3.0  # sorted 1, 3, 5, 9: rank ceil(2.0) = 2
+    assert nearest_rank(samples, q=0.5) == 3.0  # sorted 1, 3, 5, 9: rank ceil(2.0) = 2
     assert samples == [9.0, 1.0, 5.0, 3.0]
 
 
-def test_quantile_extremes() -> None:
+def test_nearest_rank_extremes() -> None:
     """One sample is its own quantile; q=0 is the minimum and q=1 the maximum."""
-    assert quantile([0.007]) == 0.007
-    assert quantile([4.0, 2.0, 8.0], q=0.0) == 2.0
-    assert quantile([4.0, 2.0, 8.0], q=1.0) == 8.0
+    assert nearest_rank([0.007]) == 0.007
+    assert nearest_rank([4.0, 2.0, 8.0], q=0.0) == 2.0
+    assert nearest_rank([4.0, 2.0, 8.0], q=1.0) == 8.0
 
 
 def test_the_engine_constants_the_tests_count_runs_by() -> None:
@@ -469,11 +469,16 @@ class _OneKernelSource:
 
 
 @pytest.fixture
-def gated_collector(gated: GatedKernel) -> Iterator[ProbeCollector]:
+def published() -> list[Any]:
+    """What the collector under test published outside its jobs."""
+    return []
+
+
+@pytest.fixture
+def gated_collector(gated: GatedKernel, published: list[Any]) -> Iterator[ProbeCollector]:
     """A ProbeCollector over FAKE_DEVICE with a gated kernel and a 0.3 s timeout, stopped afterwards."""
-    settings = Settings.model_validate({"probe": {"timeout": 0.3, "size": 8, "target": 0.0001, "spacing": 0.01}})
-    ctx = Context(settings=settings, source=_OneKernelSource(gated), devices=[FAKE_DEVICE])
-    collector = ProbeCollector(ctx, ProbeOptions())
+    ctx = replace(standalone_context(_OneKernelSource(gated), [FAKE_DEVICE]), publish=published.append)
+    collector = ProbeCollector(ProbeOptions(timeout=0.3, size=8, target=0.0001, spacing=0.01), ctx)
     yield collector
     gated.gate.set()
     collector.stop()
@@ -492,11 +497,9 @@ def test_a_skipped_run_is_recorded_by_the_probe_job(gated_collector: ProbeCollec
 
 
 def test_a_run_that_finishes_after_its_timeout_is_published(
-    gated_collector: ProbeCollector, gated: GatedKernel
+    gated_collector: ProbeCollector, gated: GatedKernel, published: list[Any]
 ) -> None:
     """The late result of a run that outlived its timeout reaches the runtime through publish()."""
-    published: list[Any] = []
-    gated_collector.publish = published.append
     (job,) = gated_collector.jobs()
     job.run()  # times out while calibrating
     assert published == []

@@ -15,7 +15,7 @@ import structlog
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel
 from jaxmon.probe import WARMUP_STEPS, DeviceProbe, ProbeConfig
-from jaxmon.probe_baseline import SCHEMA, Baseline, BaselineStore
+from jaxmon.probe.baseline import SCHEMA, Baseline, BaselineStore
 from tests.conftest import StartDaemon, sample
 
 DEVICE = DeviceInfo(id=5, platform="gpu", device_kind="fake")
@@ -124,7 +124,15 @@ def test_a_busy_device_gets_a_provisional_baseline_and_no_estimate_until_it_is_i
 
 def test_the_daemon_restores_every_devices_baseline_after_a_restart(start_daemon: StartDaemon, tmp_path: Path) -> None:
     path = tmp_path / "baseline.json"
-    args = ("--probe.baseline-file", str(path), "--probe.size", "32", "--probe.interval", "30s")
+    args = (
+        "--collector.probe.baseline-file",
+        str(path),
+        "--collector.probe.size",
+        "32",
+        "--collector.probe.interval",
+        "30s",
+        "--collector.probe.each-cpu-device",  # one baseline per device in the file
+    )
 
     def all_with_origin(origin: str) -> Callable[[dict[tuple[str, frozenset[tuple[str, str]]], float]], bool]:
         return lambda s: all(

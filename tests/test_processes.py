@@ -71,7 +71,7 @@ def test_thirty_short_publishing_scripts_each_exit_with_their_own_status(tmp_pat
 EMBEDDED_EXIT_SCRIPT = """
     import sys, time
     import jaxmon
-    exporter = jaxmon.start(0, poll={"interval": 0.05}, probe={"interval": 0.2})
+    exporter = jaxmon.start(0, poll={"interval": 0.05}, collector={"probe": {"interval": 0.2}})
     time.sleep(float(sys.argv[1]))
     sys.exit(int(sys.argv[2]))
 """
@@ -99,7 +99,15 @@ def test_a_clean_exit_removes_the_workload_at_the_next_poll_not_after_the_ttl(
 ) -> None:
     spool = tmp_path / "spool"
     spool.mkdir()
-    d = start_daemon("--no-collector.probe", "--spool.dir", str(spool), "--poll.interval", "0.2s", "--spool.ttl", "60s")
+    d = start_daemon(
+        "--no-collector.probe",
+        "--collector.spool.dir",
+        str(spool),
+        "--poll.interval",
+        "0.2s",
+        "--collector.spool.ttl",
+        "60s",
+    )
     code = """
         import sys, time
         import jaxmon
@@ -262,7 +270,7 @@ def test_a_spool_dir_that_is_a_regular_file_is_a_settings_error(tmp_path: Path) 
     blocker = tmp_path / "spool"
     blocker.write_text("not a directory")
     result = subprocess.run(
-        [sys.executable, "-m", "jaxmon", "serve", "--spool.dir", str(blocker)],
+        [sys.executable, "-m", "jaxmon", "serve", "--collector.spool.dir", str(blocker)],
         capture_output=True,
         text=True,
         timeout=60,

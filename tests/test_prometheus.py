@@ -269,10 +269,28 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         daemons.append(shapes)
         demo = Daemon(tmp, ["--replay", str(ROOT / "deploy" / "demo" / "replay.json"), "--poll.interval", "1s"])
         daemons.append(demo)
-        cpu_args = ["--probe.interval", "1s", "--probe.size", "64", "--probe.timeout", "2s", "--poll.interval", "1s"]
+        cpu_args = [
+            "--collector.probe.interval",
+            "1s",
+            "--collector.probe.size",
+            "64",
+            "--collector.probe.timeout",
+            "2s",
+            "--poll.interval",
+            "1s",
+            "--collector.probe.each-cpu-device",  # eight probes, so that one hangs alone
+        ]
         cpu = Daemon(tmp, cpu_args, env={"JAXMON_FAULTS_FILE": str(faults)})
         daemons.append(cpu)
-        spool_args = ["--no-collector.probe", "--spool.dir", str(spool), "--spool.ttl", "3s", "--poll.interval", "0.5s"]
+        spool_args = [
+            "--no-collector.probe",
+            "--collector.spool.dir",
+            str(spool),
+            "--collector.spool.ttl",
+            "3s",
+            "--poll.interval",
+            "0.5s",
+        ]
         nobody = f"127.0.0.1:{free_port()}"
         sidecar = Daemon(
             tmp, [*spool_args, "--collector.tpu", "--collector.tpu.address", nobody], env={"JAX_PLATFORMS": "cpu,tpu"}

@@ -10,10 +10,9 @@ from pathlib import Path
 
 from prometheus_client.core import Metric
 
-from jaxmon.app import build_runtime
+from jaxmon.app import build_runtime, load_settings
 from jaxmon.collectors import registry
-from jaxmon.collectors.base import Collector, CollectorOptions, Update
-from jaxmon.settings import load_settings
+from jaxmon.collectors.base import Collector, CollectorOptions, Update, standalone_context
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.replay import ReplaySource
 from tests.conftest import FIXTURES, StartDaemon, parse_samples, sample
@@ -40,7 +39,7 @@ def test_collect_filter_returns_only_the_named_collectors_families(tmp_path: Pat
     """collect[]=spool: the spool collector's families and its collector_* series, nothing else."""
     spool = tmp_path / "spool"
     spool.mkdir()
-    rt = make_runtime("--spool.dir", str(spool))
+    rt = make_runtime("--collector.spool.dir", str(spool))
     try:
         rt.update_all_once()
         app = make_app(rt)
@@ -78,7 +77,7 @@ def test_the_process_families_are_served(start_daemon: StartDaemon) -> None:
     assert any(name == "python_info" for name, _ in samples)
 
 
-class _Exploding(Collector[int]):
+class _Exploding(Collector[CollectorOptions, int]):
     name = "exploding"
     description = "raises on every second update"
 
@@ -98,7 +97,7 @@ def test_a_raising_update_is_a_failed_run_that_keeps_the_last_state() -> None:
     """The runtime guards every update: success 0, last state kept, last-success time unchanged."""
     settings = load_settings(["--replay", str(FIXTURES / "shapes.json")])
     runtime = build_runtime(settings, ReplaySource(FIXTURES / "shapes.json"))
-    exploding = _Exploding(runtime.ctx, CollectorOptions())
+    exploding = _Exploding(CollectorOptions(), standalone_context(ReplaySource(FIXTURES / "shapes.json")))
     try:
         (job,) = exploding.jobs()
         runtime.run_job(exploding, job)

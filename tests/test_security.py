@@ -6,6 +6,8 @@ import json
 import signal
 import socket
 import ssl
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -73,7 +75,7 @@ def test_mtls_requires_a_client_certificate_from_the_client_ca(start_daemon: Sta
     )
     client = {"verify": str(certs.server_ca), "cert": (str(certs.client_cert), str(certs.client_key))}
     d = start_daemon(*REPLAY, "--web.config.file", str(web), scheme="https", client=client)
-    assert _handshake(d.port, certs.server_ca, (certs.client_cert, certs.client_key)) == "HTTP/1.1 200 "
+    assert _handshake(d.port, certs.server_ca, (certs.client_cert, certs.client_key)) == "HTTP/1.1 200 OK"
     with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
         _handshake(d.port, certs.server_ca)  # no client certificate
     with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
@@ -180,12 +182,12 @@ def test_a_client_of_a_removed_ca_is_refused_after_the_reload(start_daemon: Star
     )
     client_b = {"verify": str(a.server_ca), "cert": (str(b.client_cert), str(b.client_key))}
     d = start_daemon(*REPLAY, "--web.config.file", str(web), scheme="https", client=client_b)
-    assert _handshake(d.port, a.server_ca, (a.client_cert, a.client_key)) == "HTTP/1.1 200 "
+    assert _handshake(d.port, a.server_ca, (a.client_cert, a.client_key)) == "HTTP/1.1 200 OK"
     bundle.write_bytes(b.client_ca.read_bytes())  # CA a is removed
     _wait_log(d, "web config reloaded")
     with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
         _handshake(d.port, a.server_ca, (a.client_cert, a.client_key))
-    assert _handshake(d.port, a.server_ca, (b.client_cert, b.client_key)) == "HTTP/1.1 200 "
+    assert _handshake(d.port, a.server_ca, (b.client_cert, b.client_key)) == "HTTP/1.1 200 OK"
 
 
 def test_an_emptied_or_half_written_web_config_keeps_tls_and_basic_auth(
@@ -235,3 +237,25 @@ def test_sighup_without_a_web_config_keeps_serving(start_daemon: StartDaemon) ->
     d.proc.send_signal(signal.SIGHUP)
     _wait_log(d, "no web config file to reload")
     assert d.proc.poll() is None and d.get("/readyz").status_code == 200
+
+
+def test_unknown_users_cannot_starve_a_valid_scrape(start_daemon: StartDaemon) -> None:
+    """exporter-toolkit's users file (bob's hash costs 18: 12.6 s a check here): 20 concurrent requests for unknown
+    users leave a valid scrape (dave, checked once and cached) answering within 1 s, and are refused themselves."""
+    users = FIXTURES / "etk" / "web_config_users_noTLS.good.yml"
+    d = start_daemon(*REPLAY, "--web.config.file", str(users), client={"auth": ("dave", "dave123")})
+    assert d.get("/metrics").status_code == 200  # dave's password is checked now and cached from here on
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        strangers = [
+            pool.submit(requests.get, d.url + "/metrics", auth=(f"mallory{i}", "guess"), timeout=60) for i in range(20)
+        ]
+        time.sleep(0.3)  # all twenty are in: checking, queued, or refused
+        started = time.monotonic()
+        scrape = d.get("/metrics")
+        elapsed = time.monotonic() - started
+        statuses = sorted(f.result().status_code for f in strangers)
+    assert scrape.status_code == 200 and "jaxmon_memory_bytes_in_use" in scrape.text
+    assert elapsed < 1.0, f"a valid scrape took {elapsed:.2f}s beside 20 unknown users"
+    # At most 8 checks wait for the bcrypt thread; the rest are refused at once (503, retry), none let in.
+    assert set(statuses) <= {401, 503} and statuses.count(401) >= 1, statuses
+    assert requests.get(d.url + "/metrics", auth=("nobody", "x"), timeout=30).status_code == 401

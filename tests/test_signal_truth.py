@@ -16,7 +16,14 @@ def _probed_everywhere(s: Samples) -> bool:
 
 def test_the_probe_adds_nothing_to_live_arrays_or_compilations(tmp_path: Path) -> None:
     """The same trainer with the probe on and off: equal live-array bytes on every device, equal compile counts."""
-    on = Child(tmp_path, "embedded", "--workload", "w", env={"JAXMON_PROBE__SIZE": "64"})
+    # Every CPU device probed on its own: probe arrays and compilations on each of them.
+    on = Child(
+        tmp_path,
+        "embedded",
+        "--workload",
+        "w",
+        env={"JAXMON_COLLECTOR__PROBE__SIZE": "64", "JAXMON_COLLECTOR__PROBE__EACH_CPU_DEVICE": "true"},
+    )
     off = Child(tmp_path, "embedded", "--workload", "w", env={"JAXMON_COLLECTOR__PROBE__ENABLED": "false"})
     try:
         for child in (on, off):

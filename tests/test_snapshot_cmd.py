@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from jaxmon.memory import memory_numbers
+from jaxmon.allocator import memory_numbers
 from jaxmon.model import DeviceInfo, MemoryReading
 from jaxmon.table import format_table
 from tests.conftest import CLI, FIXTURES
@@ -41,7 +41,7 @@ def test_snapshot_json_of_a_replay_holds_the_derived_numbers(cli: CLI) -> None:
 
 @pytest.mark.usefixtures("restore_environ")
 def test_snapshot_table_probes_every_cpu_device(cli: CLI) -> None:
-    code, out, err = cli("snapshot", "--probe.size", "64")
+    code, out, err = cli("snapshot", "--collector.probe.size", "64")
     assert code == 0, err
     lines = out.strip().splitlines()
     assert lines[0].split()[:2] == ["device", "kind"]

@@ -14,11 +14,10 @@ from typing import Any
 
 import requests
 
-from jaxmon.collectors.base import Context
-from jaxmon.collectors.memory import MemoryCollector, MemoryState
-from jaxmon.collectors.spool import SpoolCollector, SpoolState, WorkloadReport
+from jaxmon.collectors.base import standalone_context
+from jaxmon.collectors.memory import MemoryCollector, MemoryOptions, MemoryState
+from jaxmon.collectors.spool import SpoolCollector, SpoolOptions, SpoolState, WorkloadReport
 from jaxmon.exposition import Exposition
-from jaxmon.settings import Settings
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.replay import ReplaySource
 from jaxmon.sources.spool import Rejected, SpoolReader, read_document
@@ -66,7 +65,13 @@ def test_a_json_bomb_non_finite_and_out_of_range_numbers_are_each_one_rejected_f
     write(spool / "future.h.6.json", doc("future", time=1e12))  # year 33658: a broken clock
     write(spool / "nan_time.h.7.json", json.dumps(doc("t", time=12345.5)).replace('"time": 12345.5', '"time": NaN'))
     d = start_daemon(
-        "--no-collector.probe", "--spool.dir", str(spool), "--poll.interval", "0.2s", "--health.max-staleness", "2s"
+        "--no-collector.probe",
+        "--collector.spool.dir",
+        str(spool),
+        "--poll.interval",
+        "0.2s",
+        "--health.max-staleness",
+        "2s",
     )
     s = d.wait_for(lambda s: workloads(s) == {"good"}, timeout=30, what="the good workload")
     labels = {"device": "0", "platform": "gpu", "workload": "good"}
@@ -113,7 +118,15 @@ def test_liveness_is_the_files_mtime_on_the_readers_clock_not_the_documents_time
 ) -> None:
     spool = tmp_path / "spool"
     spool.mkdir()
-    d = start_daemon("--no-collector.probe", "--spool.dir", str(spool), "--poll.interval", "0.2s", "--spool.ttl", "2s")
+    d = start_daemon(
+        "--no-collector.probe",
+        "--collector.spool.dir",
+        str(spool),
+        "--poll.interval",
+        "0.2s",
+        "--collector.spool.ttl",
+        "2s",
+    )
     now = time.time()
     write(spool / "future.h.1.json", doc("future", time=now + 10 * 365 * 86400))  # a clock ten years ahead
     write(spool / "old.h.2.json", doc("old", time=1000.0))  # a clock in 1970, but the file is fresh
@@ -152,13 +165,13 @@ def test_a_directory_of_twenty_thousand_files_is_capped_and_counted(tmp_path: Pa
         (spool / f"w{i:05d}.h.{i}.json").write_text(body.replace('"placeholder"', f'"w{i:05d}"'))
     d = start_daemon(
         "--no-collector.probe",
-        "--spool.dir",
+        "--collector.spool.dir",
         str(spool),
         "--poll.interval",
         "0.3s",
-        "--spool.max-workloads",
+        "--collector.spool.max-workloads",
         "40",
-        "--spool.max-reads-per-poll",
+        "--collector.spool.max-reads-per-poll",
         "25",
     )
     # 25 reads per poll: the first poll shows 25 workloads, the second the first 40 in name order.
@@ -190,9 +203,9 @@ def test_a_slow_spool_scan_does_not_make_the_sidecar_unhealthy(tmp_path: Path, s
         (spool / f"heavy.h.{i}.json").write_text(body)
     d = start_daemon(
         "--no-collector.probe",
-        "--spool.dir",
+        "--collector.spool.dir",
         str(spool),
-        "--spool.max-reads-per-poll",
+        "--collector.spool.max-reads-per-poll",
         "1000",
         "--poll.interval",
         "0.1s",
@@ -231,7 +244,7 @@ def test_the_sidecar_removes_old_stale_publisher_files_and_counts_the_rest(
     spool = tmp_path / "spool"
     spool.mkdir()
     now = time.time()
-    write(spool / "gone.h.1.json", doc("gone"), mtime=now - 1000)  # past --spool.remove-after: removed
+    write(spool / "gone.h.1.json", doc("gone"), mtime=now - 1000)  # past --collector.spool.remove-after: removed
     write(spool / ".gone.h.2.json.abcd1234.tmp", "{", mtime=now - 1000)  # a crashed writer's: removed
     write(spool / "young.h.3.json", doc("young"), mtime=now - 20)  # stale, not old enough: counted
     write(spool / ".young.h.4.json.abcd1234.tmp", "{", mtime=now - 20)  # counted
@@ -240,13 +253,13 @@ def test_the_sidecar_removes_old_stale_publisher_files_and_counts_the_rest(
     write(spool / "live.h.5.json", doc("live"))
     d = start_daemon(
         "--no-collector.probe",
-        "--spool.dir",
+        "--collector.spool.dir",
         str(spool),
         "--poll.interval",
         "0.2s",
-        "--spool.ttl",
+        "--collector.spool.ttl",
         "10s",
-        "--spool.remove-after",
+        "--collector.spool.remove-after",
         "120s",
     )
     s = d.wait_for(
@@ -285,10 +298,9 @@ def test_the_reader_caches_each_files_outcome_and_reads_only_changed_files(tmp_p
 
 def test_a_value_that_cannot_be_rendered_leaves_out_its_collector_not_the_scrape(tmp_path: Path) -> None:
     # The schema keeps such numbers out of the spool; this checks the last line of defence in the exposition.
-    settings = Settings.model_validate({"spool": {"dir": str(tmp_path)}})
-    ctx = Context(settings=settings, source=ReplaySource(FIXTURES / "shapes.json"), devices=[])
-    spool = SpoolCollector(ctx, settings.collector_options("spool"))
-    memory = MemoryCollector(ctx, settings.collector_options("memory"))
+    ctx = standalone_context(ReplaySource(FIXTURES / "shapes.json"))
+    spool = SpoolCollector(SpoolOptions(dir=tmp_path), ctx)
+    memory = MemoryCollector(MemoryOptions(), ctx)
     bad = WorkloadReport("bad", "h", 1, 0, "0", 0.0, 0.0, (), {"compilations": 10**400})
     snap = Snapshot(
         build={"version": "1"},
@@ -304,7 +316,7 @@ def test_a_spool_directory_that_appears_later_is_read_then_and_the_sidecar_stays
     tmp_path: Path, start_daemon: StartDaemon
 ) -> None:
     spool = tmp_path / "not-yet"
-    d = start_daemon("--no-collector.probe", "--spool.dir", str(spool), "--poll.interval", "0.2s")
+    d = start_daemon("--no-collector.probe", "--collector.spool.dir", str(spool), "--poll.interval", "0.2s")
     s = d.wait_for(
         lambda s: sample(s, "jaxmon_collector_success", collector="spool") == 0, timeout=10, what="a failed scan"
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -18,11 +19,12 @@ from structlog.testing import capture_logs
 from tpu_info import metrics as tpu_info_metrics
 from tpu_info.metrics import MetricName
 
-from jaxmon.collectors.base import Context, Update
-from jaxmon.collectors.devicewide import DutyCycles
+from jaxmon.app import load_settings
+from jaxmon.collectors.base import Context, Update, standalone_context
 from jaxmon.collectors.tpu import TpuCollector, TpuOptions, TpuState
+from jaxmon.exchange import DutyCycles
 from jaxmon.model import DeviceInfo
-from jaxmon.settings import Settings, SettingsError, load_settings
+from jaxmon.settings import SettingsError
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.local import LocalSource
 from tests.conftest import Samples, parse_samples, sample
@@ -52,7 +54,7 @@ def scenario_chips() -> dict[int, Chip]:
 def context() -> Context:
     source = LocalSource(environ={})
     devices, _ = source.discover()
-    return Context(settings=Settings(), source=source, devices=devices)
+    return standalone_context(source, devices)
 
 
 @pytest.fixture
@@ -63,7 +65,7 @@ def fake() -> Iterator[FakeLibtpu]:
 
 
 def make(context: Context, address: str, timeout: float = 1.0) -> TpuCollector:
-    return TpuCollector(context, TpuOptions(enabled=True, address=address, timeout=timeout))
+    return TpuCollector(TpuOptions(enabled=True, address=address, timeout=timeout), context)
 
 
 class _Families:
@@ -313,8 +315,8 @@ def test_the_probe_sees_a_duty_cycle_only_where_jax_sees_libtpus_ids(context: Co
 
     def with_jax_tpus(ids: tuple[int, ...]) -> TpuState:
         devices = [DeviceInfo(id=i, platform="tpu", device_kind="TPU v5 lite") for i in ids]
-        ctx = Context(settings=context.settings, source=context.source, devices=devices)
-        collector = TpuCollector(ctx, TpuOptions(enabled=True, address=fake.address, timeout=1.0))
+        ctx = replace(context, devices=tuple(devices))
+        collector = TpuCollector(TpuOptions(enabled=True, address=fake.address, timeout=1.0), ctx)
         try:
             return collector.update().state
         finally:
@@ -330,14 +332,15 @@ def test_the_probe_sees_a_duty_cycle_only_where_jax_sees_libtpus_ids(context: Co
 
 def test_auto_stays_off_on_a_host_without_tpu_chips(context: Context) -> None:
     # This machine has no Google PCI device and its JAX runs on CPU: `auto` must not poll a service that cannot exist.
-    reason = TpuCollector.unavailable(context)
+    reason = TpuCollector.unavailable(TpuOptions(), context)
     assert reason is not None and "no TPU chip" in reason
 
 
 def test_an_explicit_collector_runs_on_a_host_without_tpu_chips(context: Context) -> None:
     # The sidecar's container may show no chip; the service is reachable all the same.
-    explicit = Context(settings=load_settings(["--collector.tpu"]), source=context.source, devices=context.devices)
-    assert TpuCollector.unavailable(explicit) is None
+    explicit = load_settings(["--collector.tpu"]).collector_options("tpu")
+    assert isinstance(explicit, TpuOptions)
+    assert TpuCollector.unavailable(explicit, context) is None
 
 
 def test_flags_set_the_address_the_deadline_and_enable_the_collector() -> None:

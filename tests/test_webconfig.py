@@ -9,8 +9,9 @@ import bcrypt
 import pytest
 import yaml
 
-from jaxmon.web.access import BasicAuth, RateLimiter, decoy_hash
-from jaxmon.web.webconfig import RateLimit, WebConfigError, load_web_config, parse_go_duration
+from jaxmon.web.access import DECOY_COST, BasicAuth, RateLimiter, decoy_hash
+from jaxmon.web.errors import WebConfigError
+from jaxmon.web.webconfig import RateLimit, load_web_config, parse_go_duration
 from tests.tls_helpers import Certs, bcrypt_hash, make_certs
 
 
@@ -225,14 +226,19 @@ def test_relative_certificate_paths_are_relative_to_the_config_file(certs: Certs
     assert config.tls is not None and config.tls.cert_file == certs.server_cert
 
 
-def test_an_unknown_user_is_checked_against_a_decoy_of_the_highest_cost_in_use() -> None:
+def test_an_unknown_user_is_checked_against_a_decoy_of_a_fixed_moderate_cost() -> None:
+    """As exporter-toolkit's decoy (cost 10): never the highest configured cost, which an unauthenticated peer
+    could make the exporter pay for every request (cost 18: 12.6 s a check here)."""
     auth = BasicAuth({"low": bcrypt_hash("a", rounds=4), "high": bcrypt_hash("b", rounds=6)})
-    assert auth.decoy[:7] == b"$2b$06$"  # as the toolkit's maxBcryptCost
+    assert auth.decoy[:7] == b"$2b$10$" and DECOY_COST == 10
     assert auth.check("nobody", "b") is False
     assert auth.check("high", "wrong") is False
+    assert auth.cached("high", "b") is False
     assert auth.check("high", "b") is True
-    assert auth.check("high", "b") is True  # from the cache
+    assert auth.cached("high", "b") is True  # a success is remembered: the next request needs no bcrypt
+    assert auth.check("high", "b") is True
     assert auth.check("low", "b") is False
+    assert auth.cached("nobody", "b") is False and auth.cached("high", "wrong") is False
 
 
 def test_a_decoy_hash_is_well_formed_and_matches_no_password() -> None:
@@ -243,16 +249,16 @@ def test_a_decoy_hash_is_well_formed_and_matches_no_password() -> None:
 
 
 def test_users_load_without_hashing_even_at_cost_31() -> None:
-    # A cost-31 bcrypt check takes days: loading (and the decoy) must only read the cost, as the toolkit does.
+    # A cost-31 bcrypt check takes days: loading must only read the cost, as the toolkit does; the decoy stays 10.
     auth = BasicAuth({"slow": "$2y$31$" + "a" * 53})
-    assert auth.decoy[:7] == b"$2b$31$"
+    assert auth.decoy[:7] == b"$2b$10$"
 
 
 def test_the_toolkit_users_file_loads_at_once(tmp_path: Path) -> None:
-    # bob's hash has cost 18 (~20 s per check here); loading reads the cost only.
+    # bob's hash has cost 18 (~13 s per check here); loading reads the cost only.
     config = load_web_config(Path(__file__).parent / "fixtures" / "etk" / "web_config_users_noTLS.good.yml")
     assert sorted(config.users) == ["alice", "bob", "carol", "dave"]
-    assert BasicAuth(config.users).decoy[:7] == b"$2b$18$"
+    assert BasicAuth(config.users).decoy[:7] == b"$2b$10$"
 
 
 def test_the_rate_limiter_is_a_token_bucket_that_starts_full() -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxmon.sources.spool import Rejected, read_document, write_atomically
+from jaxmon.files import write_atomically
+from jaxmon.sources.spool import Rejected, read_document
 from tests.conftest import ROOT, Samples, StartDaemon, sample
 from tests.helpers import TRAIN, Child, wait_for_fresh_samples, wait_for_samples, wait_until
 
@@ -131,7 +132,15 @@ def test_two_publishers_and_a_sidecar(children: list[Child], tmp_path: Path, sta
     alpha = Child(tmp_path, "publish", "--spool", str(spool), "--workload", "alpha", "--alloc", "8192")
     beta = Child(tmp_path, "publish", "--spool", str(spool), "--workload", "beta", "--alloc", "4096")
     children += [alpha, beta]
-    d = start_daemon("--no-collector.probe", "--spool.dir", str(spool), "--spool.ttl", "2s", "--poll.interval", "0.3s")
+    d = start_daemon(
+        "--no-collector.probe",
+        "--collector.spool.dir",
+        str(spool),
+        "--collector.spool.ttl",
+        "2s",
+        "--poll.interval",
+        "0.3s",
+    )
 
     def both(s: Samples) -> bool:
         return all(
@@ -248,11 +257,11 @@ def test_bad_spool_files_are_rejected_and_counted_while_good_ones_flow(
     children.append(publisher)
     d = start_daemon(
         "--no-collector.probe",
-        "--spool.dir",
+        "--collector.spool.dir",
         str(spool),
         "--poll.interval",
         "0.3s",
-        "--spool.max-file-bytes",
+        "--collector.spool.max-file-bytes",
         "16384",
     )
     s = d.wait_for(

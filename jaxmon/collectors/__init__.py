@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from jaxmon.collectors.base import Collector
+from jaxmon.collectors.base import AnyCollector
 
-C = TypeVar("C", bound=type[Collector[Any]])
+C = TypeVar("C", bound=type[AnyCollector])
 
-_REGISTRY: dict[str, type[Collector[Any]]] = {}
+_REGISTRY: dict[str, type[AnyCollector]] = {}
 
 
 def register(cls: C) -> C:
@@ -26,7 +26,7 @@ def register(cls: C) -> C:
     return cls
 
 
-def registry() -> dict[str, type[Collector[Any]]]:
+def registry() -> dict[str, type[AnyCollector]]:
     """Every collector, in exposition order (imports each module of this package once)."""
     for module in pkgutil.iter_modules(__path__):
         if module.name != "base":

@@ -9,30 +9,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.core import Metric
+from pydantic import Field
 
 from jaxmon.collectors import register
-from jaxmon.collectors.base import Collector, CollectorOptions, Context, Enabled, Update, add, family
+from jaxmon.collectors.base import Collector, Context, Update
+from jaxmon.families.compile import compile_families
+from jaxmon.settings import CollectorOptions, Enabled
 from jaxmon.snapshot import Snapshot
-
-COMPILE_METRICS = (
-    (
-        "jaxmon_jit_compilations",
-        "compilations",
-        "XLA backend compilations in the workload (persistent-cache loads too).",
-    ),
-    ("jaxmon_jit_compile_seconds", "compile_seconds", "Seconds spent in XLA backend compilation in the workload."),
-    ("jaxmon_compilation_cache_hits", "cache_hits", "Persistent compilation cache hits in the workload."),
-    ("jaxmon_compilation_cache_misses", "cache_misses", "Persistent compilation cache misses (entries written)."),
-)
-
-
-def compile_families(rows: list[tuple[dict[str, str], Mapping[str, float]]]) -> Iterator[Metric]:
-    """The compile counter families of (labels, counters) rows."""
-    families = {key: family(name, help_text, counter=True) for name, key, help_text in COMPILE_METRICS}
-    for labels, counters in rows:
-        for key, fam in families.items():
-            add(fam, labels, float(counters.get(key, 0.0)))
-    yield from families.values()
 
 
 @dataclass(frozen=True)
@@ -46,11 +29,13 @@ class CompileState:
 class CompileOptions(CollectorOptions):
     """`--collector.compile`: on inside a workload process (embedded), off in a daemon."""
 
-    enabled: Enabled = "auto"
+    enabled: Enabled = Field(
+        default="auto", description="true, false, or auto (on inside a workload process: jaxmon.start())."
+    )
 
 
 @register
-class CompileCollector(Collector[CompileState]):
+class CompileCollector(Collector[CompileOptions, CompileState]):
     """jax.monitoring compile events of this process."""
 
     name = "compile"
@@ -59,7 +44,7 @@ class CompileCollector(Collector[CompileState]):
     order = 30
 
     @classmethod
-    def unavailable(cls, ctx: Context) -> str | None:
+    def unavailable(cls, opts: CompileOptions, ctx: Context) -> str | None:
         """Only a workload process has compilations of its own to count."""
         return None if ctx.in_process is not None and ctx.workload is not None else "not inside a workload process"
 

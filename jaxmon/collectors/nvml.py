@@ -14,25 +14,29 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Annotated, ClassVar
 
 import pynvml
 import structlog
 from prometheus_client.core import Metric
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from jaxmon.collectors import register
-from jaxmon.collectors.base import (
-    Collector,
-    CollectorOptions,
-    Context,
-    Enabled,
-    Update,
-    add,
-    family,
+from jaxmon.collectors.base import Collector, Context, Offers, Update
+from jaxmon.exchange import DUTY_CYCLES, WORKLOAD_PIDS
+from jaxmon.families import add, family
+from jaxmon.families.shared import (
+    DEVICE_DUTY_CYCLE,
+    DEVICE_INFO,
+    DEVICE_MEMORY_BANDWIDTH,
+    DEVICE_MEMORY_TOTAL,
+    DEVICE_MEMORY_USED,
+    DEVICE_SOURCE_UP,
 )
-from jaxmon.collectors.devicewide import shared_family
-from jaxmon.collectors.spool import SpoolCollector
+from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo
+from jaxmon.settings import CollectorOptions, Enabled, parse_duration
+from jaxmon.settings.durations import bounded
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS, GpuReading, Nvml, NvmlUnavailable, describe, probe_library
 
@@ -85,11 +89,8 @@ class NvmlOptions(CollectorOptions):
     enabled: Enabled = Field(
         default="auto", description="true, false, or auto (on where libnvidia-ml.so.1 loads and NVML initialises)."
     )
-    xid_wait: float = Field(
-        default=0.5,
-        gt=0,
-        le=10,
-        description="Seconds the Xid event thread waits per call (bounds how long stop takes).",
+    xid_wait: Annotated[float, BeforeValidator(parse_duration), bounded(0.0, 10.0)] = Field(
+        default=0.5, description="How long the Xid event thread waits per call (bounds how long stop takes)."
     )
 
 
@@ -114,22 +115,23 @@ class NvmlState:
 
 
 @register
-class NvmlCollector(Collector[NvmlState]):
+class NvmlCollector(Collector[NvmlOptions, NvmlState]):
     """Every GPU's device-wide readings through NVML."""
 
     name = "nvml"
     description = "GPU device-wide memory, duty cycle, power, temperature, clocks, throttling, ECC and Xid via NVML."
     options = NvmlOptions
     order = 50
+    offers: ClassVar[Offers] = {DUTY_CYCLES: lambda state: state}
 
-    def __init__(self, ctx: Context, options: CollectorOptions) -> None:
-        super().__init__(ctx, options)
-        wait = options.xid_wait if isinstance(options, NvmlOptions) else NvmlOptions().xid_wait
-        self._nvml = Nvml(xid_wait_seconds=wait)
-        self._last_error: str | None = None
+    def __init__(self, opts: NvmlOptions, ctx: Context) -> None:
+        super().__init__(opts, ctx)
+        self._nvml = Nvml(xid_wait_seconds=opts.xid_wait)
+        # A failure is logged when it starts or changes, then once a minute, and once more when it clears.
+        self._errors = ErrorLog(log)
 
     @classmethod
-    def unavailable(cls, ctx: Context) -> str | None:
+    def unavailable(cls, opts: NvmlOptions, ctx: Context) -> str | None:
         """Why NVML cannot run here, or None."""
         return probe_library()
 
@@ -138,49 +140,38 @@ class NvmlCollector(Collector[NvmlState]):
         try:
             self._nvml.open()
         except NvmlUnavailable as err:
-            self._log_change(str(err))
+            self._errors.error("nvml", "NVML poll failed", str(err))
             return Update(NvmlState(error=str(err)), success=False)
         try:
             gpus = tuple(self._nvml.read_all())
         except pynvml.NVMLError as err:
             # Not even the GPU count: report no GPUs rather than keep the last readings as if they were fresh.
             error = f"NVML cannot count the GPUs: {describe(err)}"
-            self._log_change(error)
+            self._errors.error("nvml", "NVML poll failed", error)
             return Update(NvmlState(xid=self._nvml.xid_counts(), error=error), success=False)
         failed = [f"gpu {g.index}: {g.error}" for g in gpus if g.error]
-        self._log_change("; ".join(failed) or None)
+        if failed:
+            self._errors.error("nvml", "NVML poll failed", "; ".join(failed))
+        else:
+            self._errors.ok("nvml", "NVML poll works again")
         match = match_devices(self.ctx.devices, len(gpus), os.environ)
         return Update(NvmlState(gpus=gpus, xid=self._nvml.xid_counts(), match=match), success=not failed)
-
-    def _log_change(self, error: str | None) -> None:
-        """Log a failure when it starts or changes, and the recovery; not on every poll."""
-        if error != self._last_error:
-            if error:
-                log.warning("nvml_poll_failed", error=error)
-            else:
-                log.info("nvml_poll_recovered")
-        self._last_error = error
 
     def stop(self) -> None:
         """End the Xid thread and shut NVML down."""
         self._nvml.close()
 
     def families(self, snap: Snapshot, state: NvmlState) -> Iterator[Metric]:
-        """The device-wide families, from the latest poll."""
-        yield from render(state, workloads_by_pid(snap))
+        """The device-wide families, from the latest poll.
 
-
-def workloads_by_pid(snap: Snapshot) -> dict[int, str]:
-    """Workload names by pid: the spool's reports, and this process itself in embedded mode.
-
-    NVML reports pids in its own PID namespace; they equal the workload's pids only where the sidecar shares the
-    trainer's PID namespace (`docker run --pid=container:trainer`, Kubernetes `shareProcessNamespace: true`).
-    """
-    spool = snap.state(SpoolCollector)
-    out = {report.pid: report.workload for report in spool.workloads} if spool is not None else {}
-    if snap.workload is not None:
-        out[os.getpid()] = snap.workload
-    return out
+        NVML reports pids in its own PID namespace; they equal the workloads' pids (WORKLOAD_PIDS: the spool's
+        reports, an embedded workload itself) only where the sidecar shares the trainer's PID namespace (`docker
+        run --pid=container:trainer`, Kubernetes `shareProcessNamespace: true`).
+        """
+        workloads: dict[int, str] = {}
+        for pids in self.ctx.exchange.read(WORKLOAD_PIDS, snap):
+            workloads.update(pids)
+        yield from render(state, workloads)
 
 
 def _labels(gpu: GpuReading, match: DeviceMatch) -> dict[str, str]:
@@ -189,10 +180,10 @@ def _labels(gpu: GpuReading, match: DeviceMatch) -> dict[str, str]:
 
 def render(state: NvmlState, workloads: Mapping[int, str]) -> Iterator[Metric]:
     """Every NVML family for `state`; a number NVML did not report is an absent series."""
-    up = shared_family("jaxmon_device_source_up")
-    # The memory collector renders this family for JAX's devices too: same name, same HELP, merged. For
+    up = DEVICE_SOURCE_UP.new()
+    # The base families render this family for JAX's devices too: same name, same HELP, merged. For
     # source="nvml", device_match says how `device` was assigned (nvml_index: NVML's index, no JAX device id).
-    info = family("jaxmon_device_info", "Identity of each device; always 1.")
+    info = DEVICE_INFO.new()
     for gpu in state.gpus:
         labels = _labels(gpu, state.match)
         add(up, labels, 1.0 if gpu.up else 0.0)
@@ -203,13 +194,13 @@ def render(state: NvmlState, workloads: Mapping[int, str]) -> Iterator[Metric]:
     yield info
 
     ok = [g for g in state.gpus if g.up]
-    for name, attr in (
-        ("jaxmon_device_memory_total_bytes", "memory_total_bytes"),
-        ("jaxmon_device_memory_used_bytes", "memory_used_bytes"),
-        ("jaxmon_device_duty_cycle_ratio", "duty_cycle_ratio"),
-        ("jaxmon_device_memory_bandwidth_utilization_ratio", "memory_bandwidth_utilization_ratio"),
+    for spec, attr in (
+        (DEVICE_MEMORY_TOTAL, "memory_total_bytes"),
+        (DEVICE_MEMORY_USED, "memory_used_bytes"),
+        (DEVICE_DUTY_CYCLE, "duty_cycle_ratio"),
+        (DEVICE_MEMORY_BANDWIDTH, "memory_bandwidth_utilization_ratio"),
     ):
-        yield _gauge(shared_family(name), ok, attr, state.match)
+        yield _gauge(spec.new(), ok, attr, state.match)
     for name, help_text, attr in (
         ("jaxmon_device_power_watts", "Power draw of the device (NVML power usage).", "power_watts"),
         ("jaxmon_device_power_limit_watts", "Enforced power limit of the device (NVML).", "power_limit_watts"),

@@ -1,7 +1,10 @@
 """The probe collector: a jit-compiled kernel timed on every device, for health and a utilization estimate.
 
-The timing engine (one worker thread per device, calibration, timeouts) is `jaxmon.probe`; this module schedules
-it, staggered across the interval so devices that share hardware do not time each other, and renders its status.
+The timing engine (one worker thread per device, calibration, timeouts) is `jaxmon.probe`; this module owns the
+probe's settings (`--collector.probe.*`), schedules the engine and renders its status. CPU devices are the host's
+cores, shared by every CPU device of the process, so one CPU device is probed and its answer stands for all of
+them: every CPU device carries its `jaxmon_device_up` and utilization estimate, and the `jaxmon_probe_*` series
+are on the probed device alone.
 """
 
 from __future__ import annotations
@@ -10,29 +13,27 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
 
 import structlog
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
+from pydantic import BeforeValidator, Field, model_validator
 
 from jaxmon.collectors import register
-from jaxmon.collectors.base import (
-    Collector,
-    CollectorOptions,
-    Context,
-    Enabled,
-    Job,
-    Update,
-    add,
-    family,
-    sample_name,
-)
-from jaxmon.collectors.devicewide import BUSY_DUTY_CYCLE, DutyCycles, HostCpuMeter
+from jaxmon.collectors.base import Collector, Context, Job, Update
+from jaxmon.exchange import DUTY_CYCLES
+from jaxmon.families import add, family, sample_name
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
-from jaxmon.probe import WARMUP_STEPS, DeviceProbe, ProbeConfig
-from jaxmon.probe_baseline import BaselineStore
+from jaxmon.probe import WARMUP_STEPS, DeviceProbe, ProbeConfig, longest_pauses
+from jaxmon.probe.baseline import BaselineStore
+from jaxmon.probe.idle import BUSY_DUTY_CYCLE, HostCpuMeter
+from jaxmon.settings import CollectorOptions, Duration, Enabled, format_duration, parse_duration
+from jaxmon.settings.durations import bounded
 from jaxmon.snapshot import Snapshot
+from jaxmon.versions import package_version
 
 log = structlog.get_logger("jaxmon.collectors.probe")
 
@@ -45,6 +46,8 @@ class ProbeMetric:
     help: str
     value: Callable[[ProbeStatus], float | None]
     counter: bool = False
+    # Rendered on every CPU device from the one probed CPU device (they share the host's cores).
+    shared: bool = False
 
 
 def _opt(v: float | int | bool | None) -> float | None:
@@ -54,14 +57,18 @@ def _opt(v: float | int | bool | None) -> float | None:
 PROBE_METRICS = (
     ProbeMetric(
         "jaxmon_device_up",
-        "1 when the device answered its last probe within the timeout, 0 when it failed or timed out.",
+        "1 when the device answered its last probe within the timeout, 0 when it failed or timed out (CPU "
+        "devices share the host's cores and one probe: each carries the probed CPU device's answer).",
         lambda p: _opt(p.up),
+        shared=True,
     ),
     ProbeMetric(
         "jaxmon_device_utilization_ratio",
         "ESTIMATED share of the device busy with other work, from probe slowdown: "
-        "1 - probe_baseline_seconds / probe_duration_seconds, clamped to [0, 1].",
+        "1 - probe_baseline_seconds / probe_duration_seconds, clamped to [0, 1] (CPU devices: the probed CPU "
+        "device's estimate of the host's cores).",
         lambda p: _opt(p.utilization_ratio) if p.up else None,
+        shared=True,
     ),
     ProbeMetric(
         "jaxmon_probe_duration_seconds",
@@ -117,47 +124,105 @@ PROBE_METRICS = (
 )
 
 
+Spacing = Annotated[float, BeforeValidator(parse_duration), bounded(0.0, 1.0)]
+
+
 @dataclass(frozen=True)
 class ProbeState:
-    """The status of every probed device, copied at one instant."""
+    """The status of every probed device, copied at one instant, and which probed device stands for the others."""
 
     statuses: Mapping[tuple[str, int], ProbeStatus] = field(default_factory=dict)
+    # An unprobed CPU device -> the CPU device whose probe answers for it.
+    shared: Mapping[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
 
 
 class ProbeOptions(CollectorOptions):
-    """`--collector.probe`: on by default wherever the source can run probes (not on replayed devices)."""
+    """`--collector.probe.*` (formerly `--probe.*`)."""
 
-    enabled: Enabled = "auto"
+    enabled: Enabled = Field(
+        default="auto", description="true, false, or auto (on wherever the source can run probes: not on replays)."
+    )
+    interval: Duration = Field(default=15.0, description="Time between probe runs on each device.")
+    timeout: Duration = Field(default=5.0, description="A probe run longer than this marks its device down.")
+    size: int = Field(default=256, ge=8, le=2048, description="Probe matrix size n (three n x n float32).")
+    target: Duration = Field(
+        default=0.002, description="Calibrated length of one idle probe run (steps are chosen to reach it)."
+    )
+    repeats: int = Field(
+        default=3,
+        ge=1,
+        le=10,
+        description="Each probe timing is the median of this many shots (a shot: a one-step warm-up, then the "
+        "timed run); robust to preemption and to the host's momentary speed.",
+    )
+    spacing: Spacing = Field(
+        default=0.1, description="Pause between the shots of one timing (and between calibration seeds); up to 1s."
+    )
+    each_cpu_device: bool = Field(
+        default=False,
+        description="Probe every CPU device on its own (they share the host's cores, so by default one is probed "
+        "for all; this costs one probe per CPU device).",
+    )
+    baseline_file: Path | None = Field(
+        default=None,
+        description="Keep each device's idle calibration here; a restart reuses a matching one instead of "
+        "calibrating while training may already be running.",
+    )
+
+    @model_validator(mode="after")
+    def _timing_fits_the_timeout(self) -> ProbeOptions:
+        pauses = longest_pauses(self.repeats, self.spacing)
+        if self.timeout <= pauses:
+            raise ValueError(
+                f"the probe timeout ({format_duration(self.timeout)}) must be longer than the pauses of one timing "
+                f"(up to {format_duration(pauses)}: 1 + 1.5 x (repeats - 1) spacings, with repeats {self.repeats} "
+                f"and spacing {format_duration(self.spacing)}); raise the timeout or lower the spacing or repeats"
+            )
+        return self
+
+
+def probed_devices(
+    devices: tuple[DeviceInfo, ...], each_cpu_device: bool = False
+) -> tuple[list[DeviceInfo], dict[tuple[str, int], tuple[str, int]]]:
+    """The devices to probe, and each unprobed device's stand-in: CPU devices of one process share its cores, so
+    the first CPU device (lowest id) is probed for all of them (unless `each_cpu_device`); every other device is
+    probed itself."""
+    if each_cpu_device:
+        return sorted(devices, key=lambda d: (d.platform, d.id)), {}
+    cpus = sorted((d for d in devices if d.platform == "cpu"), key=lambda d: d.id)
+    probed = [d for d in devices if d.platform != "cpu"] + cpus[:1]
+    shared = {d.key: cpus[0].key for d in cpus[1:]}
+    return sorted(probed, key=lambda d: (d.platform, d.id)), shared
 
 
 @register
-class ProbeCollector(Collector[ProbeState]):
-    """Per-device probe runs on the scheduler; the state is every device's latest ProbeStatus."""
+class ProbeCollector(Collector[ProbeOptions, ProbeState]):
+    """Per-device probe runs on the scheduler; the state is every probed device's latest ProbeStatus."""
 
     name = "probe"
-    description = "A jit-compiled probe per device: device_up, latency, baseline and a utilization estimate."
+    description = "A jit-compiled probe per device (one for all CPU devices): up, latency, baseline, utilization."
     options = ProbeOptions
     order = 20
     heartbeat = False  # each device's health is jaxmon_device_up; /healthz is about fresh polls
 
     @classmethod
-    def unavailable(cls, ctx: Context) -> str | None:
+    def unavailable(cls, opts: ProbeOptions, ctx: Context) -> str | None:
         """Replayed devices cannot be probed."""
         return None if ctx.source.runs_probes else f"source {ctx.source.name} runs no probes"
 
-    def __init__(self, ctx: Context, options: CollectorOptions) -> None:
-        super().__init__(ctx, options)
-        s = ctx.settings.probe
+    def __init__(self, opts: ProbeOptions, ctx: Context) -> None:
+        super().__init__(opts, ctx)
         self.config = ProbeConfig(
-            size=s.size,
-            timeout_seconds=s.timeout,
-            target_seconds=s.target,
-            repeats=s.repeats,
-            spacing_seconds=s.spacing,
+            size=opts.size,
+            timeout_seconds=opts.timeout,
+            target_seconds=opts.target,
+            repeats=opts.repeats,
+            spacing_seconds=opts.spacing,
         )
         errors = ErrorLog(log)
         calibration_lock = threading.Lock()
-        store = BaselineStore(s.baseline_file) if s.baseline_file is not None else None
+        store = BaselineStore(opts.baseline_file) if opts.baseline_file is not None else None
+        probed, self.shared = probed_devices(ctx.devices, opts.each_cpu_device)
         self.probes: dict[tuple[str, int], DeviceProbe] = {
             dev.key: DeviceProbe(
                 dev,
@@ -171,12 +236,10 @@ class ProbeCollector(Collector[ProbeState]):
                 busy=self._busy_check(dev),
                 idle=self._idle_check(dev),
             )
-            for dev in ctx.devices
+            for dev in probed
         }
 
     def _store_key(self, dev: DeviceInfo) -> str:
-        from jaxmon.app import package_version
-
         return (
             f"{dev.platform}:{dev.id}:{dev.device_kind}|jax={package_version('jax')}"
             f"|jaxlib={package_version('jaxlib')}|size={self.config.size}|target={self.config.target_seconds:g}"
@@ -185,14 +248,10 @@ class ProbeCollector(Collector[ProbeState]):
 
     def _duty_cycle(self, dev: DeviceInfo) -> float | None:
         """The device's last duty cycle from a device-wide collector (NVML, libtpu); None when none knows it."""
-        snapshot = self.ctx.snapshot
-        if snapshot is None:
-            return None
-        for state in snapshot().states.values():
-            if isinstance(state, DutyCycles):
-                duty = state.duty_cycle(dev.platform, dev.id)
-                if duty is not None:
-                    return duty
+        for source in self.ctx.exchange.read(DUTY_CYCLES):
+            duty = source.duty_cycle(dev.platform, dev.id)
+            if duty is not None:
+                return duty
         return None
 
     def _busy_check(self, dev: DeviceInfo) -> Callable[[], bool]:
@@ -204,9 +263,9 @@ class ProbeCollector(Collector[ProbeState]):
         return busy
 
     def _idle_check(self, dev: DeviceInfo) -> Callable[[], bool | None]:
-        # CPU devices are the host's cores: the host's CPU time outside jaxmon is their device-wide reading (one
-        # meter per device, since a reading covers the time since that device's previous one). It only picks the
-        # timings the baseline follows, never defers a calibration: on a shared host it is rarely quiet enough.
+        # CPU devices are the host's cores: the host's CPU time outside jaxmon is their device-wide reading. It only
+        # picks the timings the baseline follows, never defers a calibration: on a shared host it is rarely quiet
+        # enough.
         meter = HostCpuMeter(exclude_own=self.ctx.in_process is None) if dev.platform == "cpu" else None
 
         def idle() -> bool | None:
@@ -231,17 +290,23 @@ class ProbeCollector(Collector[ProbeState]):
     @property
     def interval(self) -> float:
         """Seconds between runs on each device."""
-        return self.ctx.settings.probe.interval
+        return self.opts.interval
 
     def jobs(self) -> list[Job]:
-        """One job per device, each first run at once. Devices that do not share hardware (GPU, TPU) run
-        together; CPU devices share the host's cores, so their runs are a quarter second apart (a run takes
-        milliseconds): none times another's load, and none waits long for its first probe."""
-        shared = any(dev.platform == "cpu" for dev in self.ctx.devices)
-        gap = min(self.interval / max(len(self.probes), 1), 0.25) if shared else 0.0
+        """One job per probed device, each first run at once. Devices that share no hardware (GPU, TPU, the one
+        CPU device probed for all) run together; CPU devices probed each on its own share the host's cores, so
+        their runs are spread over the interval (at most a quarter second apart): none times another's load."""
+        cpus = [p for p in self.probes.values() if p.device.platform == "cpu"]
+        gap = min(self.interval / len(cpus), 0.25) if len(cpus) > 1 else 0.0
+        order = {id(p): i for i, p in enumerate(cpus)}
         return [
-            Job(f"probe-{probe.device.name}", self.interval, self._runner(probe), first_delay=0.2 + i * gap)
-            for i, probe in enumerate(self.probes.values())
+            Job(
+                f"probe-{probe.device.name}",
+                self.interval,
+                self._runner(probe),
+                first_delay=0.2 + order.get(id(probe), 0) * gap,
+            )
+            for probe in self.probes.values()
         ]
 
     def _runner(self, probe: DeviceProbe) -> Callable[[], Update[ProbeState] | None]:
@@ -252,11 +317,11 @@ class ProbeCollector(Collector[ProbeState]):
         return run
 
     def update(self) -> Update[ProbeState]:
-        """One run on every device, one after the other (`jaxmon snapshot`)."""
+        """One run on every probed device, one after the other (`jaxmon snapshot`)."""
         for probe in self.probes.values():
             probe.run_once()
         result = self.current()
-        return result if result is not None else Update(ProbeState(), success=False)
+        return result if result is not None else Update(ProbeState(shared=self.shared), success=False)
 
     def current(self) -> Update[ProbeState] | None:
         """The statuses now; success when every device that ran answered; duration is one round's device time.
@@ -266,7 +331,7 @@ class ProbeCollector(Collector[ProbeState]):
         if not ran:
             return None
         return Update(
-            ProbeState(statuses),
+            ProbeState(statuses, self.shared),
             success=all(st.up for st in ran),
             duration_seconds=sum(st.last_duration_seconds or 0.0 for st in ran),
         )
@@ -275,28 +340,34 @@ class ProbeCollector(Collector[ProbeState]):
         # A run that outlived its timeout finished on the worker thread: record what it changed.
         result = self.current()
         if result is not None:
-            self.publish(result)
+            self.ctx.publish(result)
 
     def families(self, snap: Snapshot, state: ProbeState) -> Iterator[Metric]:
-        """The probe families of every probed device."""
+        """The probe families of every device: its own probe's, or (a CPU device) the shared ones of its stand-in."""
         families = {m.name: family(m.name, m.help, m.counter) for m in PROBE_METRICS}
-        targets = [(m.value, families[m.name].samples.append, sample_name(families[m.name])) for m in PROBE_METRICS]
+        targets = [
+            (m.value, families[m.name].samples.append, sample_name(families[m.name]), m.shared) for m in PROBE_METRICS
+        ]
         origin = family(
             "jaxmon_probe_baseline_info",
             "Where the probe's baseline comes from, always 1: calibrated (now, device idle), restored "
-            "(--probe.baseline-file), provisional (taken while a device-wide source said the device was busy; "
-            "no utilization estimate until an idle recalibration).",
+            "(--collector.probe.baseline-file), provisional (taken while a device-wide source said the device was "
+            "busy; no utilization estimate until an idle recalibration).",
         )
         for dev in snap.devices:
-            status = state.statuses.get(dev.key)
+            own = state.statuses.get(dev.key)
+            stand_in = state.shared.get(dev.key)
+            status = own if own is not None else state.statuses.get(stand_in) if stand_in is not None else None
             if status is None:
                 continue
             labels = snap.device_labels(dev)
-            for read, append, sname in targets:
+            for read, append, sname, shared in targets:
+                if own is None and not shared:
+                    continue
                 value = read(status)
                 if value is not None:
                     append(Sample(sname, labels, value))
-            if status.baseline_origin is not None:
+            if own is not None and status.baseline_origin is not None:
                 add(origin, {**labels, "origin": status.baseline_origin}, 1)
         yield from families.values()
         yield origin

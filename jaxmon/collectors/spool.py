@@ -10,17 +10,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import ClassVar
 
 import structlog
 from prometheus_client.core import Metric
+from pydantic import Field, field_validator
 
+from jaxmon.allocator import memory_numbers
 from jaxmon.collectors import register
-from jaxmon.collectors.base import Collector, CollectorOptions, Context, Enabled, Update, add, family
-from jaxmon.collectors.compile import compile_families
-from jaxmon.collectors.memory import MemoryRow, memory_families
+from jaxmon.collectors.base import Collector, Context, Offers, Update
+from jaxmon.exchange import WORKLOAD_PIDS
+from jaxmon.families import add, family
+from jaxmon.families.compile import compile_families
+from jaxmon.families.memory import MemoryRow, memory_families
+from jaxmon.families.shared import DEVICE_INFO
 from jaxmon.logsetup import ErrorLog
-from jaxmon.memory import memory_numbers
 from jaxmon.model import DeviceInfo, MemoryReading
+from jaxmon.settings import CollectorOptions, Duration, Enabled
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.spool import SpoolDocument, SpoolReader
 
@@ -93,40 +100,76 @@ class SpoolState:
 
 
 class SpoolOptions(CollectorOptions):
-    """`--collector.spool`: on when `--spool.dir` is set."""
+    """`--collector.spool.*` (formerly `--spool.*`): the shared directory workload processes publish to."""
 
-    enabled: Enabled = "auto"
+    enabled: Enabled = Field(default="auto", description="true, false, or auto (on when --collector.spool.dir is set).")
+    dir: Path | None = Field(default=None, description="Aggregate workload snapshots published to this directory.")
+    ttl: Duration = Field(
+        default=30.0, description="A workload whose file was not rewritten for longer than this disappears."
+    )
+    max_file_bytes: int = Field(default=1 << 20, ge=1024, description="Larger spool files are rejected.")
+    max_workloads: int = Field(
+        default=128,
+        ge=1,
+        le=100_000,
+        description="At most this many workload processes (live files, in name order) are exported; the rest are "
+        "counted in jaxmon_spool_overflow_files_total.",
+    )
+    max_reads_per_poll: int = Field(
+        default=256,
+        ge=1,
+        le=1_000_000,
+        description="At most this many new or changed spool files are read per poll; the rest wait for the next.",
+    )
+    remove_after: Duration | None = Field(
+        default=None,
+        description="Publisher files and crashed writers' temporary files older than this are removed where the "
+        "sidecar may write (default 10 x ttl).",
+    )
+
+    @field_validator("dir")
+    @classmethod
+    def _check_dir(cls, value: Path | None) -> Path | None:
+        # A missing directory may still appear (the trainer creates it); something else in its place never works.
+        if value is not None and value.exists() and not value.is_dir():
+            raise ValueError(f"{value} exists and is not a directory")
+        return value
+
+
+def workload_pids(state: SpoolState) -> Mapping[int, str]:
+    """Workload names by pid, from the reports (what NVML's process list is joined on)."""
+    return {report.pid: report.workload for report in state.workloads}
 
 
 @register
-class SpoolCollector(Collector[SpoolState]):
+class SpoolCollector(Collector[SpoolOptions, SpoolState]):
     """Workload snapshots from the spool directory."""
 
     name = "spool"
-    description = "Workload processes' snapshots published to --spool.dir (jaxmon.publish)."
+    description = "Workload processes' snapshots published to --collector.spool.dir (jaxmon.publish)."
     options = SpoolOptions
+    offers: ClassVar[Offers] = {WORKLOAD_PIDS: workload_pids}
     order = 40
     # The spool is other processes' files: a slow or huge directory must not make this process's own liveness
     # fail (/healthz restarts the sidecar, which fixes nothing). jaxmon_collector_success says how it goes.
     heartbeat = False
 
     @classmethod
-    def unavailable(cls, ctx: Context) -> str | None:
+    def unavailable(cls, opts: SpoolOptions, ctx: Context) -> str | None:
         """Needs a spool directory."""
-        return None if ctx.settings.spool.dir is not None else "no --spool.dir given"
+        return None if opts.dir is not None else "no --collector.spool.dir given"
 
-    def __init__(self, ctx: Context, options: CollectorOptions) -> None:
-        super().__init__(ctx, options)
-        spool = ctx.settings.spool
-        assert spool.dir is not None  # unavailable() otherwise
+    def __init__(self, opts: SpoolOptions, ctx: Context) -> None:
+        super().__init__(opts, ctx)
+        assert opts.dir is not None  # unavailable() otherwise
         self.reader: SpoolReader[WorkloadReport] = SpoolReader(
-            spool.dir,
-            spool.ttl,
+            opts.dir,
+            opts.ttl,
             workload_report,
-            max_file_bytes=spool.max_file_bytes,
-            max_workloads=spool.max_workloads,
-            reads_per_poll=spool.max_reads_per_poll,
-            remove_after=spool.remove_after,
+            max_file_bytes=opts.max_file_bytes,
+            max_workloads=opts.max_workloads,
+            reads_per_poll=opts.max_reads_per_poll,
+            remove_after=opts.remove_after,
         )
         self._errors = ErrorLog(log)
         self._last = SpoolState(
@@ -165,13 +208,13 @@ class SpoolCollector(Collector[SpoolState]):
                 process_index=process_index,
                 host=host,
                 pid=pid,
-                reason=f"no report for --spool.ttl ({self.reader.ttl:g}s) or its file was removed",
+                reason=f"no report for --collector.spool.ttl ({self.reader.ttl:g}s) or its file was removed",
             )
         self._seen = now
 
     def families(self, snap: Snapshot, state: SpoolState) -> Iterator[Metric]:
         """Each workload's devices, compile counters and identity, and the rejected files."""
-        info = family("jaxmon_device_info", "Identity of each device; always 1.")
+        info = DEVICE_INFO.new()
         rows: dict[frozenset[tuple[str, str]], tuple[MemoryRow, DeviceInfo]] = {}
         for w in state.workloads:
             for wd in w.devices:
@@ -182,7 +225,7 @@ class SpoolCollector(Collector[SpoolState]):
                     frozenset(labels.items()), (MemoryRow(labels, wd.reading, None, wd.live_array_bytes), wd.info)
                 )
         for row, dev in rows.values():
-            add(info, {**row.labels, **device_identity_labels(dev), "source": "spool"}, 1)
+            add(info, {**row.labels, **dev.identity_labels(), "source": "spool"}, 1)
         yield info
         yield from memory_families([row for row, _ in rows.values()])
         yield from compile_families(
@@ -207,8 +250,8 @@ class SpoolCollector(Collector[SpoolState]):
         yield rejected
         overflow = family(
             "jaxmon_spool_overflow_files",
-            "Live spool files left unread in a poll: past --spool.max-workloads, or past --spool.max-reads-per-poll "
-            "(read at a later poll); counted every poll they are left out.",
+            "Live spool files left unread in a poll: past --collector.spool.max-workloads, or past "
+            "--collector.spool.max-reads-per-poll (read at a later poll); counted every poll they are left out.",
             True,
         )
         for reason, count in sorted(state.overflow.items()):
@@ -225,18 +268,8 @@ class SpoolCollector(Collector[SpoolState]):
         if state.stale is not None:
             stale = family(
                 "jaxmon_spool_stale_files",
-                "Files in the spool directory past --spool.ttl and not (yet) removed, orphaned temporary files "
-                "included.",
+                "Files in the spool directory past --collector.spool.ttl and not (yet) removed, orphaned temporary "
+                "files included.",
             )
             add(stale, {}, float(state.stale))
             yield stale
-
-
-def device_identity_labels(d: DeviceInfo) -> dict[str, str]:
-    """The identity labels of jaxmon_device_info besides device, platform, workload and source."""
-    return {
-        "device_kind": d.device_kind,
-        "process_index": str(d.process_index),
-        "coords": d.coords or "",
-        "core_on_chip": "" if d.core_on_chip is None else str(d.core_on_chip),
-    }

@@ -13,16 +13,25 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 import structlog
 from prometheus_client.core import Metric
 from pydantic import Field, field_validator
 
 from jaxmon.collectors import register
-from jaxmon.collectors.base import Collector, CollectorOptions, Context, Enabled, Update, add, family
-from jaxmon.collectors.devicewide import shared_family
-from jaxmon.durations import Duration
+from jaxmon.collectors.base import Collector, Context, Offers, Update
+from jaxmon.exchange import DUTY_CYCLES
+from jaxmon.families import add, family
+from jaxmon.families.shared import (
+    DEVICE_DUTY_CYCLE,
+    DEVICE_MEMORY_BANDWIDTH,
+    DEVICE_MEMORY_TOTAL,
+    DEVICE_MEMORY_USED,
+    DEVICE_SOURCE_UP,
+)
 from jaxmon.logsetup import ErrorLog
+from jaxmon.settings import CollectorOptions, Duration, Enabled
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources import libtpu
 
@@ -40,7 +49,7 @@ class TpuOptions(CollectorOptions):
     """`--collector.tpu.*`."""
 
     enabled: Enabled = Field(
-        default="auto", description="true, false, or auto (on where this host has TPU chips and tpu-info is installed)."
+        default="auto", description="true, false, or auto (on where this host has TPU chips or JAX sees TPU devices)."
     )
     address: str = Field(default="localhost:8431", description="host:port of libtpu's runtime metrics service.")
     timeout: Duration = Field(default=2.0, description="Deadline of one poll of the service (all calls together).")
@@ -94,18 +103,17 @@ class TpuState:
 
 
 @register
-class TpuCollector(Collector[TpuState]):
+class TpuCollector(Collector[TpuOptions, TpuState]):
     """Polls libtpu's runtime metrics service over one long-lived gRPC channel."""
 
     name = "tpu"
     description = "Device-wide TPU memory, duty cycle and HLO queue from libtpu's runtime metrics (as tpu-info)."
     options = TpuOptions
     order = 60
+    offers: ClassVar[Offers] = {DUTY_CYCLES: lambda state: state}
 
-    def __init__(self, ctx: Context, options: CollectorOptions) -> None:
-        super().__init__(ctx, options)
-        assert isinstance(options, TpuOptions)
-        self.opts: TpuOptions = options
+    def __init__(self, opts: TpuOptions, ctx: Context) -> None:
+        super().__init__(opts, ctx)
         self._client: libtpu.LibtpuClient | None = None
         self._errors = ErrorLog(log, _REMIND_SECONDS)
         # Device-ids seen since the service came up: one missing from a later answer is reported down.
@@ -113,7 +121,7 @@ class TpuCollector(Collector[TpuState]):
         self._mapping_checked = False
 
     @classmethod
-    def unavailable(cls, ctx: Context) -> str | None:
+    def unavailable(cls, opts: TpuOptions, ctx: Context) -> str | None:
         """Without tpu-info nothing can be read; on `auto`, also off where the host has no TPU chip.
 
         An explicit `--collector.tpu` runs wherever tpu-info imports: the service may be reachable from a host (or a
@@ -124,7 +132,7 @@ class TpuCollector(Collector[TpuState]):
             from tpu_info import device
         except ImportError as exc:
             return f"tpu-info is not installed ({exc})"
-        if ctx.settings.collector_options(cls.name).enabled is True:
+        if opts.enabled is True:
             return None
         if ctx.source.name == "local" and any(d.platform == "tpu" for d in ctx.devices):
             return None  # this process's JAX has chips (recorded devices of a replay file are no chips)
@@ -199,11 +207,11 @@ class TpuCollector(Collector[TpuState]):
         return same
 
     def families(self, snap: Snapshot, state: TpuState) -> Iterator[Metric]:
-        up = shared_family("jaxmon_device_source_up")
-        total = shared_family("jaxmon_device_memory_total_bytes")
-        used = shared_family("jaxmon_device_memory_used_bytes")
-        duty = shared_family("jaxmon_device_duty_cycle_ratio")
-        bandwidth = shared_family("jaxmon_device_memory_bandwidth_utilization_ratio")
+        up = DEVICE_SOURCE_UP.new()
+        total = DEVICE_MEMORY_TOTAL.new()
+        used = DEVICE_MEMORY_USED.new()
+        duty = DEVICE_DUTY_CYCLE.new()
+        bandwidth = DEVICE_MEMORY_BANDWIDTH.new()
         queue = family("jaxmon_device_hlo_queue_size", "HLO programs queued for execution on the device (libtpu).")
         timing = family(
             "jaxmon_device_hlo_execution_seconds",

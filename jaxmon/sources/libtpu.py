@@ -212,7 +212,7 @@ def _timings(metrics: Iterable[Any]) -> dict[int, Timing]:
         out[device] = Timing(
             count=int(dist.count),
             mean_seconds=dist.mean / 1e6,
-            quantiles=tuple((q, quantile(q, counts, bounds) / 1e6) for q in QUANTILES),
+            quantiles=tuple((q, bucket_quantile(q, counts, bounds) / 1e6) for q in QUANTILES),
         )
     return out
 
@@ -240,7 +240,7 @@ def _bucket_bounds(options: Any, n: int) -> list[tuple[float, float]] | None:
     return list(zip(lowers, uppers, strict=True))
 
 
-def quantile(q: float, counts: list[int], bounds: list[tuple[float, float]]) -> float:
+def bucket_quantile(q: float, counts: list[int], bounds: list[tuple[float, float]]) -> float:
     """The q-quantile, interpolated linearly inside its bucket (as Prometheus's histogram_quantile and tpu-info do).
 
     A quantile in the overflow bucket is its lower bound: there is no upper one to interpolate to.

@@ -14,7 +14,7 @@ import numpy as np
 import structlog
 
 from jaxmon.model import BackendStatus, DeviceInfo
-from jaxmon.probe import PROBE_THREAD_PREFIX
+from jaxmon.probe.engine import PROBE_THREAD_PREFIX
 
 log = structlog.get_logger("jaxmon.sources.local")
 
@@ -293,7 +293,6 @@ class CompileCounters:
         self.compile_seconds = 0.0
         self.cache_hits = 0
         self.cache_misses = 0
-        self.probe_compilations = 0
 
     @classmethod
     def installed(cls) -> CompileCounters:
@@ -320,14 +319,12 @@ class CompileCounters:
 
     def _on_duration(self, event: str, duration_secs: float, **_: str | int) -> None:
         if event == self.COMPILE_EVENT:
-            # The event fires on the compiling thread: the probe compiles on its own workers.
-            own = threading.current_thread().name.startswith(PROBE_THREAD_PREFIX)
+            # The event fires on the compiling thread: the probe compiles on its own workers, and is not counted.
+            if threading.current_thread().name.startswith(PROBE_THREAD_PREFIX):
+                return
             with self._lock:
-                if own:
-                    self.probe_compilations += 1
-                else:
-                    self.compilations += 1
-                    self.compile_seconds += float(duration_secs)
+                self.compilations += 1
+                self.compile_seconds += float(duration_secs)
 
     def as_dict(self) -> dict[str, float]:
         """A consistent copy."""

@@ -162,7 +162,7 @@ class Nvml:
         try:
             self._events = pynvml.nvmlEventSetCreate()
         except pynvml.NVMLError as err:
-            log.warning("nvml_xid_events_unavailable", error=describe(err))
+            log.warning("NVML Xid events unavailable", error=describe(err))
             return
         self._thread = threading.Thread(target=self._watch, name="jaxmon-nvml-xid", daemon=True)
         self._thread.start()
@@ -180,11 +180,7 @@ class Nvml:
                 pynvml.nvmlEventSetFree(self._events)
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as err:
-            log.warning("nvml_shutdown_failed", error=describe(err))
-
-    def driver_version(self) -> str | None:
-        """The driver's version string."""
-        return _optional(lambda: str(pynvml.nvmlSystemGetDriverVersion()))
+            log.warning("NVML shutdown failed", error=describe(err))
 
     def read_all(self) -> list[GpuReading]:
         """One reading per GPU NVML counts; a failing GPU gives a reading with `error` set."""
@@ -233,7 +229,7 @@ class Nvml:
         try:
             pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, self._events)
         except pynvml.NVMLError as err:
-            log.warning("nvml_xid_events_unavailable", gpu=index, error=describe(err))
+            log.warning("NVML Xid events unavailable for a GPU", gpu=index, error=describe(err))
             return
         with self._lock:
             self._index_of[address] = index
@@ -330,7 +326,7 @@ class Nvml:
             except pynvml.NVMLError as err:
                 if err.value != pynvml.NVML_ERROR_TIMEOUT:
                     # GPU_IS_LOST and friends: keep waiting for the other GPUs, without spinning.
-                    log.warning("nvml_xid_wait_failed", error=describe(err))
+                    log.warning("NVML Xid event wait failed", error=describe(err))
                     self._stop.wait(self.xid_wait_seconds)
                 continue
             if int(data.eventType) & pynvml.nvmlEventTypeXidCriticalError:
@@ -340,7 +336,7 @@ class Nvml:
                         continue
                     key = (index, int(data.eventData))
                     self._xid[key] = self._xid.get(key, 0) + 1
-                log.warning("nvml_xid", gpu=index, xid=int(data.eventData))
+                log.warning("NVML reported a critical Xid event", gpu=index, xid=int(data.eventData))
 
 
 def probe_reason(err: pynvml.NVMLError) -> str:

@@ -7,16 +7,14 @@ that are not what a publisher writes are skipped and counted by reason.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
 import re
 import stat
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Generic, Literal, TypeVar
@@ -117,23 +115,6 @@ class SpoolDocument(BaseModel):
     interval: float = Field(gt=0, le=86400)
     devices: list[SpoolDevice] = Field(max_length=4096)
     compile: SpoolCompile = SpoolCompile()
-
-
-def write_atomically(path: Path, payload: Mapping[str, Any]) -> None:
-    """Replace `path` with `payload` as JSON so that no reader ever sees a partial file."""
-    data = json.dumps(payload, separators=(",", ":")).encode()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 # -- the reader -----------------------------------------------------------------------------------------

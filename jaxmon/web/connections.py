@@ -1,10 +1,13 @@
-"""Connection-level behaviour under hypercorn: junk gets a 400 at once, and accept errors are logged once a second.
+"""Connection-level behaviour under hypercorn: junk gets a 400 at once, status lines carry their reason phrase, and
+accept errors are logged once a second.
 
 jaxmon runs hypercorn's own per-connection server (hypercorn/asyncio/tcp_server.py TCPServer) behind its own
 listeners instead of hypercorn's worker_serve, for one reason: to look at the first bytes of a connection before
 h11 does. h11 only judges a request line once the whole head has arrived (h11/_readers.py
 maybe_read_from_IDLE_client waits for the blank line), so an HTTP/0.9 `GET /` or random bytes without a blank line
-sat until the header timeout (5 s) instead of being answered.
+sat until the header timeout (5 s) instead of being answered. The same place adds the reason phrase that h11 leaves
+empty when hypercorn builds a response (`HTTP/1.1 200 ` -> `HTTP/1.1 200 OK`; RFC 9112 4 allows either, but
+people and older clients read it).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 from socket import socket
 from typing import Any, cast
 
@@ -103,6 +107,34 @@ class FirstRequestGuard:
             return held
 
 
+_STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([1-5][0-9][0-9]) \r\n")
+
+
+class ReasonPhrases:
+    """A StreamWriter view that writes each response's status line with its reason phrase.
+
+    hypercorn hands h11's output over one event at a time, so a response head is one `write` that starts with the
+    status line (hypercorn/protocol/h11.py `_send_h11_event`); bodies are separate writes.
+    """
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+
+    def write(self, data: bytes) -> None:
+        """Write `data`, with the reason phrase put into a status line that lacks one."""
+        match = _STATUS_LINE.match(data)
+        if match is not None:
+            try:
+                phrase = HTTPStatus(int(match.group(1))).phrase.encode()
+            except ValueError:  # a code with no registered phrase stays as it is
+                phrase = b""
+            data = data[: match.end() - 2] + phrase + data[match.end() - 2 :]
+        self._writer.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._writer, name)
+
+
 class AcceptErrorThrottle:
     """An event-loop exception handler that turns asyncio's accept-error flood into one line a second.
 
@@ -160,7 +192,8 @@ async def serve(
             tasks.add(cast("asyncio.Task[None]", task))
             task.add_done_callback(tasks.discard)
         guard = FirstRequestGuard(reader, config.h11_max_incomplete_size)
-        await TCPServer(app, loop, config, worker, {}, cast(asyncio.StreamReader, guard), writer)
+        out = cast(asyncio.StreamWriter, ReasonPhrases(writer))
+        await TCPServer(app, loop, config, worker, {}, cast(asyncio.StreamReader, guard), out)
 
     servers = [
         await asyncio.start_server(

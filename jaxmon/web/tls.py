@@ -15,10 +15,34 @@ import os
 import ssl
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jaxmon.web.webconfig import TLSSettings, WebConfigError
+from jaxmon.web.errors import WebConfigError
+
+
+@dataclass(frozen=True)
+class TLSSettings:
+    """A checked TLS section: where the certificate, key and client CAs come from, and the policy."""
+
+    cert_file: Path | None
+    key_file: Path | None
+    cert_pem: str
+    key_pem: str
+    client_ca_file: Path | None
+    client_ca_pem: str
+    client_auth: str  # NoClientCert, VerifyClientCertIfGiven or RequireAndVerifyClientCert
+    min_version: str
+    max_version: str
+    curve: str | None  # the OpenSSL name of the one curve to offer; None: OpenSSL's defaults
+    prefer_server_ciphers: bool
+    allowed_sans: frozenset[str] | None
+
+    def files(self) -> list[Path]:
+        """The files this TLS config reads."""
+        return [f for f in (self.cert_file, self.key_file, self.client_ca_file) if f is not None]
+
 
 _VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,

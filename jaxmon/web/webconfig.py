@@ -16,6 +16,9 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from jaxmon.web.errors import WebConfigError
+from jaxmon.web.tls import TLSSettings, build_context
+
 TLS_VERSIONS = ("TLS10", "TLS11", "TLS12", "TLS13")
 # exporter-toolkit's curve names (tls_config.go `curves`) and the OpenSSL names Python's ssl takes for them.
 CURVES = {"CurveP256": "prime256v1", "CurveP384": "secp384r1", "CurveP521": "secp521r1", "X25519": "X25519"}
@@ -59,10 +62,6 @@ EXTRA_HEADERS: dict[str, tuple[str, ...] | None] = {
 _BCRYPT = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
 _GO_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-
-
-class WebConfigError(ValueError):
-    """The web config file cannot be used; the message names the file and the key."""
 
 
 class _Strict(BaseModel):
@@ -113,28 +112,6 @@ class WebConfigFile(_Strict):
     http_server_config: HTTPSection = Field(default_factory=HTTPSection)
     rate_limit: RateLimitSection = Field(default_factory=RateLimitSection)
     basic_auth_users: dict[str, str] | None = None
-
-
-@dataclass(frozen=True)
-class TLSSettings:
-    """A checked TLS section: where the certificate, key and client CAs come from, and the policy."""
-
-    cert_file: Path | None
-    key_file: Path | None
-    cert_pem: str
-    key_pem: str
-    client_ca_file: Path | None
-    client_ca_pem: str
-    client_auth: str  # NoClientCert, VerifyClientCertIfGiven or RequireAndVerifyClientCert
-    min_version: str
-    max_version: str
-    curve: str | None  # the OpenSSL name of the one curve to offer; None: OpenSSL's defaults
-    prefer_server_ciphers: bool
-    allowed_sans: frozenset[str] | None
-
-    def files(self) -> list[Path]:
-        """The files this TLS config reads."""
-        return [f for f in (self.cert_file, self.key_file, self.client_ca_file) if f is not None]
 
 
 @dataclass(frozen=True)
@@ -369,8 +346,6 @@ def load_web_config(path: Path | None) -> WebConfig:
         if interval > 0:
             config.rate_limit = RateLimit(interval=interval, burst=spec.rate_limit.burst)
         if tls is not None:
-            from jaxmon.web.tls import build_context  # here: tls imports this module
-
             build_context(tls)  # fail now, naming the file, rather than at the first handshake
     except ValidationError as exc:
         raise WebConfigError(f"web config {path}: {_where(exc)}") from exc

@@ -21,7 +21,7 @@ ROW = Row(
             "stat",
             "none",
             [Target(f"sum(jaxmon_device_up{{{DEV}}})", "up")],
-            "Devices whose last probe finished within --probe.timeout.",
+            "Devices whose last probe finished within --collector.probe.timeout.",
             width=4,
             height=4,
         ),

@@ -85,8 +85,9 @@ ROW = Row(
             "table",
             "none",
             [Target(f"jaxmon_probe_baseline_info{{{DEV}}}", DEVICE_LEGEND + " {{origin}}")],
-            "Where each device's baseline comes from: calibrated (idle, now), restored (--probe.baseline-file) or "
-            "provisional (taken while a device-wide source said busy: no utilization estimate until idle).",
+            "Where each device's baseline comes from: calibrated (idle, now), restored "
+            "(--collector.probe.baseline-file) or provisional (taken while a device-wide source said busy: no "
+            "utilization estimate until idle).",
         ),
     ],
 )

@@ -47,7 +47,7 @@ ROW = Row(
                     "{{workload}} process {{process_index}}",
                 )
             ],
-            "Age of each workload process's latest spool snapshot; it disappears after --spool.ttl.",
+            "Age of each workload process's latest spool snapshot; it disappears after --collector.spool.ttl.",
             min=0,
         ),
         Panel(
@@ -74,8 +74,9 @@ ROW = Row(
             "timeseries",
             "short",
             [Target(f"increase(jaxmon_spool_overflow_files_total{{{INST}}}[$__rate_interval])", "{{reason}}")],
-            "Live spool files left out of polls: past --spool.max-workloads, or past --spool.max-reads-per-poll "
-            "(read later). Anything above 0 means workloads are missing from this dashboard.",
+            "Live spool files left out of polls: past --collector.spool.max-workloads, or past "
+            "--collector.spool.max-reads-per-poll (read later). Anything above 0 means workloads are missing from "
+            "this dashboard.",
             min=0,
             width=8,
             height=6,
@@ -88,8 +89,8 @@ ROW = Row(
                 Target(f"jaxmon_spool_stale_files{{{INST}}}", "stale, still there"),
                 Target(f"increase(jaxmon_spool_removed_files_total{{{INST}}}[$__rate_interval])", "removed {{kind}}"),
             ],
-            "Files of crashed or stopped publishers past --spool.ttl still in the directory (a read-only mount "
-            "keeps them), and those the sidecar removed.",
+            "Files of crashed or stopped publishers past --collector.spool.ttl still in the directory (a read-only "
+            "mount keeps them), and those the sidecar removed.",
             min=0,
             width=8,
             height=6,

@@ -1,4 +1,4 @@
-"""The probe's persisted baselines (`--probe.baseline-file`): a restart reuses a calibration taken idle.
+"""The probe's persisted baselines (`--collector.probe.baseline-file`): a restart reuses a calibration taken idle.
 
 A sidecar restarted beside training that is already running would otherwise calibrate under load and read the
 busy device as idle from then on. Entries are keyed by everything that makes a baseline valid: the device
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import structlog
 
-from jaxmon.sources.spool import write_atomically
+from jaxmon.files import write_atomically
 
 log = structlog.get_logger("jaxmon.probe_baseline")
 

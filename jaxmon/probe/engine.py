@@ -1,4 +1,4 @@
-"""The utilization probe (DESIGN.md section 5): one worker thread per device, calibrated, timed, bounded."""
+"""The utilization probe's engine (DESIGN.md section 5): one worker thread per device, calibrated, timed, bounded."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import structlog
 
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
-from jaxmon.probe_baseline import Baseline, BaselineStore
+from jaxmon.probe.baseline import Baseline, BaselineStore
 
 log = structlog.get_logger("jaxmon.probe")
 
@@ -69,7 +69,7 @@ def utilization(baseline: float, latency: float) -> float:
     return min(max(1.0 - baseline / latency, 0.0), 1.0)
 
 
-def quantile(samples: list[float], q: float = BASELINE_PERCENTILE) -> float:
+def nearest_rank(samples: list[float], q: float = BASELINE_PERCENTILE) -> float:
     """The q-quantile of `samples` by the nearest-rank method (no interpolation, robust on few samples)."""
     ordered = sorted(samples)
     rank = max(math.ceil(q * len(ordered)), 1)
@@ -250,12 +250,12 @@ class DeviceProbe:
             if len(self._idle_samples) >= CALIBRATION_SEEDS:
                 # Enough timings a device-wide source saw idle: the baseline is their median, up or down, so it
                 # follows the host's idle speed (a shared VM's wanders) and load never enters it.
-                baseline = quantile(list(self._idle_samples))
+                baseline = nearest_rank(list(self._idle_samples))
             else:
                 # The calibration (taken idle, we hope) is a ceiling the window cannot raise: under hours of full
                 # load the window fills with busy latencies and would otherwise read the load as idle. A window
                 # mostly idle lowers it (a calibration taken under load that no device-wide source reported).
-                baseline = min(self._calibration_baseline, quantile(list(self._samples)))
+                baseline = min(self._calibration_baseline, nearest_rank(list(self._samples)))
             st = self._status
             st.last_duration_seconds = latency
             st.baseline_seconds = baseline

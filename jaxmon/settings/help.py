@@ -16,21 +16,13 @@ from typing import Any, get_args
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from jaxmon.settings.durations import format_duration, parse_duration
+
 AddArgument = Callable[..., Any]
 _DEFAULT = re.compile(r"\(default: ([^)]*)\)")
 
 
-def format_duration(seconds: float) -> str:
-    """Seconds as the duration string a user would write: 15s, 2ms, 5m, 1h."""
-    for unit, size in (("h", 3600.0), ("m", 60.0)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s" if seconds >= 1 else f"{seconds * 1000:g}ms"
-
-
 def _is_duration(info: FieldInfo) -> bool:
-    from jaxmon.durations import parse_duration
-
     def has(metadata: Sequence[Any]) -> bool:
         return any(getattr(m, "func", None) is parse_duration for m in metadata)
 
