@@ -18,9 +18,9 @@ import yaml
 from rich.console import Console
 
 from jaxmon.top import main as top_main
-from jaxmon.topfetch import EndpointState, display_name, healthz_url, metrics_url
-from jaxmon.topmodel import ExpositionError, next_sort, parse_exposition, sort_rows
-from jaxmon.topview import ASCII, frame
+from jaxmon.top.fetch import EndpointState, display_name, healthz_url, metrics_url
+from jaxmon.top.model import ExpositionError, next_sort, parse_exposition, sort_rows
+from jaxmon.top.view import ASCII, frame
 from tests.conftest import FIXTURES, ROOT, StartDaemon
 from tests.tls_helpers import bcrypt_hash, make_certs
 

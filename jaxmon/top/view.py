@@ -11,8 +11,8 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from jaxmon.topfetch import EndpointState
-from jaxmon.topmodel import Row, sort_rows
+from jaxmon.top.fetch import EndpointState
+from jaxmon.top.model import Row, sort_rows
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 BAR_WIDTH = 10

@@ -14,7 +14,7 @@ from http.client import HTTPException
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from jaxmon.topmodel import Exposition, ExpositionError, Row, RowKey, down_rows, parse_exposition
+from jaxmon.top.model import Exposition, ExpositionError, Row, RowKey, down_rows, parse_exposition
 
 DEFAULT_URL = "http://localhost:10401/metrics"
 # A jaxmon exposition is a few hundred KiB at most; a peer sending more is not one.
