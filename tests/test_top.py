@@ -19,7 +19,7 @@ from rich.console import Console
 
 from jaxmon.top import main as top_main
 from jaxmon.top.fetch import EndpointState, display_name, healthz_url, metrics_url
-from jaxmon.top.model import ExpositionError, next_sort, parse_exposition, sort_rows
+from jaxmon.top.model import ScrapeError, next_sort, parse_exposition, sort_rows
 from jaxmon.top.view import ASCII, frame
 from tests.conftest import FIXTURES, ROOT, StartDaemon
 from tests.tls_helpers import bcrypt_hash, make_certs
@@ -178,7 +178,7 @@ def test_an_endpoint_connects_quietly_and_one_silent_past_the_limit_reads_down()
 
 
 def test_text_that_is_not_an_exposition_is_an_error_naming_it() -> None:
-    with pytest.raises(ExpositionError, match="not a Prometheus exposition"):
+    with pytest.raises(ScrapeError, match="not a Prometheus exposition"):
         parse_exposition('jaxmon_memory_bytes_in_use{device="0" 12\n', "h:1")
 
 

@@ -14,7 +14,7 @@ from http.client import HTTPException
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from jaxmon.top.model import Exposition, ExpositionError, Row, RowKey, down_rows, parse_exposition
+from jaxmon.top.model import Row, RowKey, Scrape, ScrapeError, down_rows, parse_exposition
 
 DEFAULT_URL = "http://localhost:10401/metrics"
 # A jaxmon exposition is a few hundred KiB at most; a peer sending more is not one.
@@ -96,7 +96,7 @@ class EndpointState:
 
     url: str
     name: str
-    exposition: Exposition | None = None  # latest good scrape
+    exposition: Scrape | None = None  # latest good scrape
     error: str | None = None  # why the latest scrape failed; None after a good one
     health: str | None = None  # '/healthz' answer: 'ok: …', 'unhealthy: …', or why it could not be read
     healthy: bool = False
@@ -164,7 +164,7 @@ def scrape(state: EndpointState, config: ClientConfig, ctx: ssl.SSLContext | Non
     try:
         status, body = _get(state.url, config, ctx)
         if status != 200:
-            raise ExpositionError(f"HTTP {status}: {body.strip()[:80]}")
+            raise ScrapeError(f"HTTP {status}: {body.strip()[:80]}")
         exposition = parse_exposition(body, state.name)
     except (OSError, HTTPException, ValueError) as exc:  # HTTPException: not HTTP at all (BadStatusLine)
         state.error = _describe(exc)

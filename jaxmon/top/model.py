@@ -67,7 +67,7 @@ class Row:
 
 
 @dataclass
-class Exposition:
+class Scrape:
     """What one scrape of /metrics says: the rows, and the daemon-wide health series."""
 
     rows: list[Row] = field(default_factory=list)
@@ -76,8 +76,8 @@ class Exposition:
     sources: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
-class ExpositionError(ValueError):
-    """The text is not a Prometheus exposition."""
+class ScrapeError(ValueError):
+    """A scrape that gave no exposition: an HTTP error status, or text that is not one."""
 
 
 def _device_number(device: str) -> tuple[int, str]:
@@ -85,12 +85,12 @@ def _device_number(device: str) -> tuple[int, str]:
     return (int(device), "") if device.isdigit() else (1 << 62, device)
 
 
-def parse_exposition(text: str, endpoint: str) -> Exposition:
+def parse_exposition(text: str, endpoint: str) -> Scrape:
     """Rows and health series of an exposition, parsed with prometheus_client's parser."""
     rows: dict[RowKey, Row] = {}
     device_wide: dict[tuple[str, str], dict[str, tuple[float, str]]] = {}
     source_failures: dict[tuple[str, str], list[str]] = {}
-    out = Exposition()
+    out = Scrape()
 
     def row(labels: dict[str, str]) -> Row:
         key = RowKey(endpoint, labels.get("platform", ""), labels.get("device", ""), labels.get("workload", ""))
@@ -99,7 +99,7 @@ def parse_exposition(text: str, endpoint: str) -> Exposition:
     try:
         families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError) as exc:  # the parser raises ValueError (TypeError for some malformed lines)
-        raise ExpositionError(f"not a Prometheus exposition: {exc}") from exc
+        raise ScrapeError(f"not a Prometheus exposition: {exc}") from exc
     for family in families:
         for s in family.samples:
             if s.name in _ALLOCATOR and "device" in s.labels:
