@@ -21,9 +21,11 @@ from jaxmon.top import main as top_main
 from jaxmon.top.fetch import EndpointState, display_name, healthz_url, metrics_url
 from jaxmon.top.model import ScrapeError, next_sort, parse_exposition, sort_rows
 from jaxmon.top.view import ASCII, frame
-from tests.conftest import FIXTURES, ROOT, StartDaemon
+from tests.conftest import FIXTURES, ROOT, StartDaemon, sample
+from tests.helpers import Child, wait_for_samples
 from tests.tls_helpers import bcrypt_hash, make_certs
 
+MiB = 1 << 20
 GiB = 1 << 30
 SHAPES = FIXTURES / "shapes.json"
 REPLAY = ("--replay", str(SHAPES), "--poll.interval", "1s")
@@ -69,6 +71,12 @@ jaxmon_device_source_up{device="2",platform="gpu",source="nvml"} 1
 # TYPE jaxmon_collector_success gauge
 jaxmon_collector_success{collector="memory"} 0
 jaxmon_collector_success{collector="probe"} 1
+"""
+# A workload's CPU devices, where memory_stats() is None: live jax.Array bytes are the only memory number.
+LIVE_ARRAYS = """\
+# TYPE jaxmon_memory_live_array_bytes gauge
+jaxmon_memory_live_array_bytes{device="0",platform="cpu",workload="toy"} 81788928
+jaxmon_memory_live_array_bytes{device="1",platform="cpu",workload="toy"} 1048576
 """
 
 
@@ -147,6 +155,27 @@ def test_each_sort_puts_the_row_to_look_at_first_on_top() -> None:
     for _ in range(5):
         cycle.append(next_sort(cycle[-1]))
     assert cycle == ["device", "memory", "free", "fragmentation", "duty", "device"]
+
+
+def test_cpu_devices_show_live_array_bytes_in_the_memory_column() -> None:
+    text = _plain(_state(EXPOSITION + LIVE_ARRAYS))
+    # 81788928 B = 78 MiB of live arrays; no limit, so no bar and no free memory to show.
+    assert _cells(text, "cpu:0") == ["h:1", "cpu:0", "toy", "78.0MiB", "live", "-", "-", "-", "-", "-", "-", "-"]
+    assert _cells(text, "cpu:1")[3:5] == ["1.0MiB", "live"]
+    assert _cells(text, "gpu:0")[3:5] == ["###.......", "3.0GiB/10.0GiB"]  # the allocator's numbers where it has them
+
+
+def test_the_memory_sort_puts_rows_without_a_limit_after_the_others_largest_first() -> None:
+    rows = parse_exposition(EXPOSITION + LIVE_ARRAYS, "h:1").rows
+    order = [(r.key.platform, r.key.device, r.key.workload) for r in sort_rows(rows, "memory")]
+    assert order == [
+        ("gpu", "1", ""),  # 50 % of its limit
+        ("gpu", "0", ""),  # 30 %
+        ("gpu", "0", "trainer"),  # 512 MiB in use, no limit
+        ("cpu", "0", "toy"),  # 78 MiB of live arrays
+        ("cpu", "1", "toy"),  # 1 MiB of live arrays
+        ("gpu", "2", ""),  # no memory number at all
+    ]
 
 
 def test_an_unreachable_endpoint_keeps_its_devices_as_rows_that_say_so() -> None:
@@ -272,6 +301,30 @@ def test_once_prints_the_replayed_numbers_as_plain_text_and_a_hung_endpoint_time
     assert both.returncode == 1
     assert f"{silent_endpoint}  DOWN: timed out" in both.stdout
     assert _cells(both.stdout, "gpu:0")[3] == f"{_gib(g0['bytes_in_use'])}/{_gib(g0['bytes_limit'])}"
+
+
+def test_once_shows_a_workloads_live_arrays_on_its_cpu_devices_and_sorts_by_them(tmp_path: Path) -> None:
+    # A training process with jaxmon embedded, on 8 CPU devices: memory_stats() is None, live arrays are all there is.
+    child = Child(tmp_path, "embedded", "--workload", "toy", env={"JAXMON_COLLECTOR__PROBE": "false"})
+    try:
+        child.send(f"alloc 3 {78 * MiB}")
+        child.send(f"alloc 5 {MiB}")
+        url = child.hello["url"]
+        wait_for_samples(
+            url,
+            lambda s: sample(s, "jaxmon_memory_live_array_bytes", device="5", platform="cpu", workload="toy") == MiB,
+            "the arrays in jaxmon_memory_live_array_bytes",
+        )
+        result = _top(url, "--once", "--sort", "memory")
+    finally:
+        child.close()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert _cells(result.stdout, "cpu:3")[2:5] == ["toy", "78.0MiB", "live"]
+    assert _cells(result.stdout, "cpu:5")[2:5] == ["toy", "1.0MiB", "live"]
+    # The toy loop's own state on cpu:0: 4 * (256 * 64 + 256 + 64 + 1) B (tests/test_workloads.py).
+    assert _cells(result.stdout, "cpu:0")[2:5] == ["toy", "65.3KiB", "live"]
+    devices = [cells[1] for line in result.stdout.splitlines() if len(cells := line.split()) > 1 and ":" in cells[1]]
+    assert devices[:3] == ["cpu:3", "cpu:5", "cpu:0"]  # the largest first
 
 
 def test_bad_arguments_exit_2_naming_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 # Allocator numbers, keyed by device, platform and (for spooled or embedded workloads) workload.
 _ALLOCATOR = {
     "jaxmon_memory_bytes_in_use": "in_use",
+    "jaxmon_memory_live_array_bytes": "live",
     "jaxmon_memory_limit_bytes": "limit",
     "jaxmon_memory_free_bytes": "free",
     "jaxmon_memory_fragmentation_ratio": "fragmentation",
@@ -43,6 +44,7 @@ class Row:
     key: RowKey
     kind: str | None = None
     in_use: float | None = None
+    live: float | None = None  # live jax.Array bytes: a workload's only memory number where memory_stats() is None
     limit: float | None = None
     free: float | None = None
     fragmentation: float | None = None
@@ -64,6 +66,11 @@ class Row:
         if self.in_use is None or not self.limit:
             return None
         return self.in_use / self.limit
+
+    @property
+    def memory_bytes(self) -> float | None:
+        """Bytes in use by the allocator, else bytes of live arrays (CPU devices, where memory_stats() is None)."""
+        return self.in_use if self.in_use is not None else self.live
 
 
 @dataclass
@@ -155,7 +162,8 @@ def _by_device(r: Row) -> tuple[object, ...]:
 # Each sort puts the rows a person would look at first on top, ties broken by device.
 SORTS: dict[str, Callable[[Row], tuple[object, ...]]] = {
     "device": _by_device,
-    "memory": lambda r: (_desc(r.used_ratio), *_by_device(r)),
+    # Share of the limit first; rows with no limit (live arrays on CPU devices) after them, by bytes.
+    "memory": lambda r: (_desc(r.used_ratio), _desc(r.memory_bytes), *_by_device(r)),
     "free": lambda r: (_asc(r.free), *_by_device(r)),
     "fragmentation": lambda r: (_desc(r.fragmentation), *_by_device(r)),
     "duty": lambda r: (_desc(r.duty if r.duty is not None else r.probe), *_by_device(r)),

@@ -60,6 +60,8 @@ def memory_cell(row: Row, glyphs: Glyphs) -> Text:
     if row.endpoint_down is not None:
         return Text(row.endpoint_down, style="red")
     if row.in_use is None:
+        if row.live is not None:  # no allocator numbers (CPU devices): the workload's live arrays, and no limit
+            return Text(f"{' ' * (BAR_WIDTH + 1)}{fmt_bytes(row.live)} live")
         return Text(glyphs.absent)
     if row.limit is None:
         return Text(f"{' ' * (BAR_WIDTH + 1)}{fmt_bytes(row.in_use)}/{glyphs.absent}")
@@ -119,7 +121,7 @@ COLUMNS = (
     Column("ENDPOINT", None, lambda r, g: r.key.endpoint),
     Column("DEVICE", "device", _device),
     Column("WORKLOAD", None, lambda r, g: r.key.workload or g.absent),
-    Column("MEMORY in use/limit", "memory", memory_cell),
+    Column("MEMORY in use/limit", "memory", memory_cell),  # or "… live": live arrays where there is no allocator
     Column("FREE", "free", lambda r, g: _num(r.free, "bytes", g)),
     Column("FRAG", "fragmentation", lambda r, g: _num(r.fragmentation, "ratio", g), drop_rank=3),
     Column("ALLOCATABLE", None, lambda r, g: _num(r.allocatable, "bytes", g), drop_rank=5),
