@@ -22,6 +22,7 @@ from jaxmon.top.fetch import EndpointState, display_name, healthz_url, metrics_u
 from jaxmon.top.model import ScrapeError, next_sort, parse_exposition, sort_rows
 from jaxmon.top.view import ASCII, frame
 from tests.conftest import FIXTURES, ROOT, StartDaemon, sample
+from tests.fakenvml import Scenario, device
 from tests.helpers import Child, wait_for_samples
 from tests.tls_helpers import bcrypt_hash, make_certs
 
@@ -78,6 +79,14 @@ LIVE_ARRAYS = """\
 jaxmon_memory_live_array_bytes{device="0",platform="cpu",workload="toy"} 81788928
 jaxmon_memory_live_array_bytes{device="1",platform="cpu",workload="toy"} 1048576
 """
+# NVML's compute processes: the trainer's (its spool report has the pid), and three no workload report claims.
+PROCESSES = """\
+# TYPE jaxmon_process_device_memory_bytes gauge
+jaxmon_process_device_memory_bytes{device="0",pid="4242",platform="gpu",source="nvml",workload="trainer"} 21474836480
+jaxmon_process_device_memory_bytes{device="0",pid="977",platform="gpu",source="nvml"} 1073741824
+jaxmon_process_device_memory_bytes{device="1",pid="5150",platform="gpu",source="nvml"} 9663676416
+jaxmon_process_device_memory_bytes{device="2",pid="31",platform="gpu",source="nvml"} 1073741824
+"""
 
 
 def _cells(text: str, device: str, workload: str | None = None) -> list[str]:
@@ -89,16 +98,26 @@ def _cells(text: str, device: str, workload: str | None = None) -> list[str]:
     raise AssertionError(f"no row for {device} in:\n{text}")
 
 
-def _plain(state: EndpointState, sort: str = "device") -> str:
+def _plain(*states: EndpointState, sort: str = "device", height: int = 25, process_rows: int | None = 10) -> str:
     buffer = io.StringIO()
-    console = Console(file=buffer, width=200, force_terminal=False, no_color=True)
-    console.print(frame([state], sort, 0.0, 10.0, ASCII, False, console))
+    console = Console(file=buffer, width=200, height=height, force_terminal=False, no_color=True)
+    console.print(frame(list(states), sort, 0.0, 10.0, ASCII, False, console, process_rows))
     return buffer.getvalue()
 
 
-def _state(text: str) -> EndpointState:
-    exposition = parse_exposition(text, "h:1")
-    return EndpointState("http://h:1/metrics", "h:1", exposition, health="ok: fresh", healthy=True, last_ok=0.0)
+def _state(text: str, name: str = "h:1") -> EndpointState:
+    exposition = parse_exposition(text, name)
+    return EndpointState(f"http://{name}/metrics", name, exposition, health="ok: fresh", healthy=True, last_ok=0.0)
+
+
+def _process_table(text: str) -> tuple[list[list[str]], str | None]:
+    """The cells of each process row of a plain frame, and the line after them (how many more) or None."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:3] == ["ENDPOINT", "DEVICE", "PID"])
+    rows = [line.split() for line in lines[start + 1 :] if line.strip()]
+    if rows and "more" in rows[-1]:
+        return rows[:-1], " ".join(rows[-1])
+    return rows, None
 
 
 def test_each_device_and_workload_becomes_a_row_with_the_numbers_of_its_series() -> None:
@@ -176,6 +195,50 @@ def test_the_memory_sort_puts_rows_without_a_limit_after_the_others_largest_firs
         ("cpu", "1", "toy"),  # 1 MiB of live arrays
         ("gpu", "2", ""),  # no memory number at all
     ]
+
+
+def test_the_process_table_lists_the_largest_processes_of_every_endpoint_and_counts_the_rest() -> None:
+    one = 'jaxmon_process_device_memory_bytes{device="0",pid="7",platform="gpu",source="nvml"} 12884901888\n'
+    other = _state("# TYPE jaxmon_process_device_memory_bytes gauge\n" + one, "h:2")
+    both = (_state(EXPOSITION + PROCESSES), other)
+    rows, more = _process_table(_plain(*both))
+    assert rows == [
+        ["h:1", "gpu:0", "4242", "trainer", "20.0GiB"],
+        ["h:2", "gpu:0", "7", "-", "12.0GiB"],
+        ["h:1", "gpu:1", "5150", "-", "9.0GiB"],
+        ["h:1", "gpu:0", "977", "-", "1.0GiB"],  # ties by endpoint, then device
+        ["h:1", "gpu:2", "31", "-", "1.0GiB"],
+    ]
+    assert more is None
+    rows, more = _process_table(_plain(*both, process_rows=2))
+    assert [r[2] for r in rows] == ["4242", "7"]
+    assert more == "3 more processes not shown"
+
+
+def test_the_process_table_is_absent_where_no_endpoint_exports_processes() -> None:
+    alone = _plain(_state(EXPOSITION))
+    assert "PID" not in alone
+    assert alone.splitlines()[-1].split()[1] == "gpu:2"  # the device table's last row ends the frame
+    beside = _state(EXPOSITION + PROCESSES, "h:2")
+    beside.error = "connection refused"  # processes of an endpoint that went away are not shown as if current
+    beside.known_rows = beside.exposition.rows if beside.exposition else []
+    assert "PID" not in _plain(_state(EXPOSITION), beside)
+
+
+def test_the_process_table_fills_the_screen_height_below_the_devices() -> None:
+    # Above it: 2 header lines and the device table's heading and 4 rows; then a blank line, its heading, its rows.
+    state = _state(EXPOSITION + PROCESSES)
+    for height, shown in ((10, 0), (11, 1), (12, 2)):
+        text = _plain(state, height=height, process_rows=None)
+        assert len(text.splitlines()) == height
+        rows, more = _process_table(text)
+        assert len(rows) == shown
+        assert more == f"{4 - shown} more process{'es' if 4 - shown > 1 else ''} not shown"
+    for height in (13, 40):  # at 13 the 4th row takes the line the count would have had
+        text = _plain(state, height=height, process_rows=None)
+        rows, more = _process_table(text)
+        assert ([r[2] for r in rows], more) == (["4242", "5150", "977", "31"], None)
+        assert len(text.splitlines()) == 13
 
 
 def test_an_unreachable_endpoint_keeps_its_devices_as_rows_that_say_so() -> None:
@@ -301,6 +364,7 @@ def test_once_prints_the_replayed_numbers_as_plain_text_and_a_hung_endpoint_time
     assert both.returncode == 1
     assert f"{silent_endpoint}  DOWN: timed out" in both.stdout
     assert _cells(both.stdout, "gpu:0")[3] == f"{_gib(g0['bytes_in_use'])}/{_gib(g0['bytes_limit'])}"
+    assert "PID" not in both.stdout  # a replay has no NVML: no process table
 
 
 def test_once_shows_a_workloads_live_arrays_on_its_cpu_devices_and_sorts_by_them(tmp_path: Path) -> None:
@@ -325,6 +389,23 @@ def test_once_shows_a_workloads_live_arrays_on_its_cpu_devices_and_sorts_by_them
     assert _cells(result.stdout, "cpu:0")[2:5] == ["toy", "65.3KiB", "live"]
     devices = [cells[1] for line in result.stdout.splitlines() if len(cells := line.split()) > 1 and ":" in cells[1]]
     assert devices[:3] == ["cpu:3", "cpu:5", "cpu:0"]  # the largest first
+
+
+def test_once_lists_nvml_processes_largest_first_and_says_how_many_more(
+    start_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    # Twelve processes over two GPUs; process k holds k + 1 GiB.
+    procs = [[{"pid": 3000 + k, "used": (k + 1) * GiB} for k in range(12) if k % 2 == gpu] for gpu in (0, 1)]
+    scenario = Scenario(tmp_path / "scenario.json", [device(0, processes=procs[0]), device(1, processes=procs[1])])
+    d = start_daemon("--no-collector.probe", "--poll.interval", "0.3s", "--collector.nvml", env=scenario.env())
+    d.wait_for(lambda s: len([k for k in s if k[0] == "jaxmon_process_device_memory_bytes"]) == 12, what="12 processes")
+    result = _top(f"127.0.0.1:{d.port}", "--once")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows, more = _process_table(result.stdout)
+    assert rows == [
+        [f"127.0.0.1:{d.port}", f"gpu:{k % 2}", str(3000 + k), "-", f"{k + 1}.0GiB"] for k in range(11, 1, -1)
+    ]
+    assert more == "2 more processes not shown"
 
 
 def test_bad_arguments_exit_2_naming_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -157,7 +157,9 @@ def interactive(poller: Poller, sort: str, interval: float, timeout: float) -> i
             while True:
                 now = time.monotonic()
                 if redraw or now >= next_draw:
-                    live.update(frame(poller.snapshot(), sort, now, limit, UNICODE, True, console), refresh=True)
+                    # process_rows=None: as many processes as fit below the devices, on this screen's height
+                    shown = frame(poller.snapshot(), sort, now, limit, UNICODE, True, console, process_rows=None)
+                    live.update(shown, refresh=True)
                     next_draw, redraw = now + interval, False
                 ready, _, _ = select.select([stdin, wake_r], [], [], max(next_draw - time.monotonic(), 0.0))
                 if wake_r in ready:

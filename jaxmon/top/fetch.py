@@ -14,7 +14,7 @@ from http.client import HTTPException
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from jaxmon.top.model import Row, RowKey, Scrape, ScrapeError, down_rows, parse_exposition
+from jaxmon.top.model import ProcessRow, Row, RowKey, Scrape, ScrapeError, down_rows, parse_exposition
 
 DEFAULT_URL = "http://localhost:10401/metrics"
 # A jaxmon exposition is a few hundred KiB at most; a peer sending more is not one.
@@ -119,6 +119,12 @@ class EndpointState:
         if self.known_rows:
             return down_rows(self.known_rows, reason)
         return down_rows([Row(RowKey(self.name, "", "", ""))], reason)
+
+    def processes(self, now: float, stale_after: float) -> list[ProcessRow]:
+        """The latest scrape's compute processes while the endpoint answers (a down one's would be stale)."""
+        if self.exposition is None or self.down_reason(now, stale_after) is not None:
+            return []
+        return self.exposition.processes
 
     def down_reason(self, now: float, stale_after: float) -> str | None:
         """Why the endpoint counts as down now (failed, or silent for too long), or None."""

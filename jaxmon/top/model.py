@@ -73,6 +73,18 @@ class Row:
         return self.in_use if self.in_use is not None else self.live
 
 
+@dataclass(frozen=True)
+class ProcessRow:
+    """One compute process on a device, as NVML lists it (jaxmon_process_device_memory_bytes)."""
+
+    endpoint: str
+    platform: str
+    device: str
+    pid: str
+    workload: str  # '' where no workload report has this pid
+    used: float
+
+
 @dataclass
 class Scrape:
     """What one scrape of /metrics says: the rows, and the daemon-wide health series."""
@@ -81,15 +93,16 @@ class Scrape:
     collectors: dict[str, float] = field(default_factory=dict)  # jaxmon_collector_success{collector}
     # jaxmon_device_source_up{device,platform,source}: per source, (devices it answered for, devices it covers).
     sources: dict[str, tuple[int, int]] = field(default_factory=dict)
+    processes: list[ProcessRow] = field(default_factory=list)  # jaxmon_process_device_memory_bytes (NVML)
 
 
 class ScrapeError(ValueError):
     """A scrape that gave no exposition: an HTTP error status, or text that is not one."""
 
 
-def _device_number(device: str) -> tuple[int, str]:
-    """Sort devices numerically where they are numbers ('10' after '9')."""
-    return (int(device), "") if device.isdigit() else (1 << 62, device)
+def _numeric(label: str) -> tuple[int, str]:
+    """Sort devices and pids numerically where they are numbers ('10' after '9')."""
+    return (int(label), "") if label.isdigit() else (1 << 62, label)
 
 
 def parse_exposition(text: str, endpoint: str) -> Scrape:
@@ -116,6 +129,9 @@ def parse_exposition(text: str, endpoint: str) -> Scrape:
             elif s.name in _DEVICE_WIDE and "device" in s.labels:
                 per_device = device_wide.setdefault((s.labels.get("platform", ""), s.labels["device"]), {})
                 per_device[_DEVICE_WIDE[s.name]] = (s.value, s.labels.get("source", ""))
+            elif s.name == "jaxmon_process_device_memory_bytes" and "pid" in s.labels:
+                platform, device, workload = (s.labels.get(k, "") for k in ("platform", "device", "workload"))
+                out.processes.append(ProcessRow(endpoint, platform, device, s.labels["pid"], workload, s.value))
             elif s.name == "jaxmon_collector_success" and "collector" in s.labels:
                 out.collectors[s.labels["collector"]] = s.value
             elif s.name == "jaxmon_device_source_up" and "source" in s.labels:
@@ -156,7 +172,7 @@ def _asc(value: float | None) -> float:
 
 
 def _by_device(r: Row) -> tuple[object, ...]:
-    return (r.key.endpoint, _device_number(r.key.device), r.key.platform, r.key.workload)
+    return (r.key.endpoint, _numeric(r.key.device), r.key.platform, r.key.workload)
 
 
 # Each sort puts the rows a person would look at first on top, ties broken by device.
@@ -179,3 +195,8 @@ def next_sort(name: str) -> str:
 def sort_rows(rows: Iterable[Row], name: str) -> list[Row]:
     """Rows in the order of the named sort."""
     return sorted(rows, key=SORTS[name])
+
+
+def sort_processes(processes: Iterable[ProcessRow]) -> list[ProcessRow]:
+    """Largest device memory first, ties by endpoint, device and pid."""
+    return sorted(processes, key=lambda p: (-p.used, p.endpoint, _numeric(p.device), p.platform, _numeric(p.pid)))
