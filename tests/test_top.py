@@ -6,19 +6,21 @@ import contextlib
 import io
 import json
 import socket
+import ssl
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 import yaml
 from rich.console import Console
 
 from jaxmon.top import main as top_main
-from jaxmon.top.fetch import EndpointState, display_name, healthz_url, metrics_url
+from jaxmon.top.fetch import EndpointState, clip, display_name, healthz_url, metrics_url
 from jaxmon.top.model import ScrapeError, next_sort, parse_exposition, sort_rows
 from jaxmon.top.view import ASCII, frame
 from tests.conftest import FIXTURES, ROOT, StartDaemon, sample
@@ -241,6 +243,14 @@ def test_the_process_table_fills_the_screen_height_below_the_devices() -> None:
         assert len(text.splitlines()) == 13
 
 
+def test_error_text_is_cut_between_words_never_inside_one() -> None:
+    assert clip("Remote end closed connection without response", 40) == "Remote end closed connection without…"
+    assert clip("unauthorized\n") == "unauthorized"
+    assert clip("<html>\n  <body>a very long page</body>\n</html>", 20) == "<html> <body>a very…"
+    assert clip("x" * 50, 20) == "x" * 50  # one long word stays whole…
+    assert clip("x" * 500, 20) == "x" * 20 + "…"  # …up to a bound
+
+
 def test_an_unreachable_endpoint_keeps_its_devices_as_rows_that_say_so() -> None:
     state = _state(EXPOSITION)
     state.known_rows = state.exposition.rows if state.exposition else []
@@ -298,23 +308,63 @@ def _replay_device(device: int) -> dict[str, Any]:
     return next(d["memory_stats"] for d in doc["devices"] if d["id"] == device)
 
 
-def test_a_peer_that_does_not_speak_http_is_down_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+@contextlib.contextmanager
+def _peer(answer: Callable[[socket.socket], None]) -> Iterator[int]:
+    """A loopback port whose every connection `answer` handles, then closes: a peer that is no jaxmon."""
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(4)
 
-        def answer_garbage() -> None:
-            with contextlib.suppress(OSError):
+        def serve() -> None:
+            with contextlib.suppress(OSError):  # the socket closed under accept(): the test is over
                 while True:
                     conn, _ = server.accept()
-                    conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
-                    conn.close()
+                    with conn, contextlib.suppress(OSError):  # ssl.SSLError is one: the client gave up
+                        answer(conn)
 
-        threading.Thread(target=answer_garbage, daemon=True).start()
-        code = top_main([f"127.0.0.1:{server.getsockname()[1]}", "--once", "--timeout", "2s"])
-    out = capsys.readouterr().out
-    assert code == 1
-    assert "DOWN: not an HTTP answer (BadStatusLine: 'SSH-2.0-OpenSSH_9.2')" in out
+        threading.Thread(target=serve, daemon=True).start()
+        yield server.getsockname()[1]
+
+
+def _says(answer: bytes) -> Callable[[socket.socket], None]:
+    """Read the request, then send `answer` (closing with the request unread would reset the connection)."""
+
+    def answer_it(conn: socket.socket) -> None:
+        conn.recv(65536)
+        conn.sendall(answer)
+
+    return answer_it
+
+
+def _header(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """The first endpoint's header line of `jaxmon top --once ARGS`, run in this process; it must be down."""
+    assert top_main([*args, "--once", "--timeout", "5s"]) == 1
+    return capsys.readouterr().out.splitlines()[0]
+
+
+def test_a_peer_that_does_not_speak_http_is_down_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    with _peer(_says(b"SSH-2.0-OpenSSH_9.2\r\n")) as port:
+        line = _header(capsys, f"127.0.0.1:{port}")
+    assert line == f"127.0.0.1:{port}  DOWN: not an HTTP answer (BadStatusLine: 'SSH-2.0-OpenSSH_9.2')"
+    # A TLS alert (protocol_version) in answer to plain HTTP: a TLS server, so the hint to use https.
+    with _peer(_says(b"\x15\x03\x01\x00\x02\x02\x46")) as port:
+        line = _header(capsys, f"127.0.0.1:{port}")
+    hint = f"if it serves HTTPS, use https://127.0.0.1:{port}"
+    assert line == f"127.0.0.1:{port}  DOWN: answered in TLS, not plain HTTP: {hint}"
+
+
+def test_a_certificate_for_another_name_is_reported_as_that_not_as_an_untrusted_ca(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("other.example").configure_cert(server)
+    with _peer(lambda conn: server.wrap_socket(conn, server_side=True).close()) as port:
+        by_ip = _header(capsys, f"https://127.0.0.1:{port}", "--ca-file", str(tmp_path / "ca.pem"))
+        by_name = _header(capsys, f"https://localhost:{port}", "--ca-file", str(tmp_path / "ca.pem"))
+    assert by_ip.endswith("DOWN: TLS: IP address mismatch, certificate is not valid for '127.0.0.1'.")
+    assert by_name.endswith("DOWN: TLS: Hostname mismatch, certificate is not valid for 'localhost'.")
 
 
 @pytest.fixture
@@ -362,9 +412,13 @@ def test_once_prints_the_replayed_numbers_as_plain_text_and_a_hung_endpoint_time
     # With a hung endpoint beside it, the frame still comes (after the timeout) and says which one hung.
     both = _top(silent_endpoint, f"127.0.0.1:{d.port}", "--once", "--timeout", "500ms")
     assert both.returncode == 1
-    assert f"{silent_endpoint}  DOWN: timed out" in both.stdout
+    assert f"{silent_endpoint}  DOWN: timed out after 0.5s" in both.stdout
     assert _cells(both.stdout, "gpu:0")[3] == f"{_gib(g0['bytes_in_use'])}/{_gib(g0['bytes_limit'])}"
     assert "PID" not in both.stdout  # a replay has no NVML: no process table
+
+    # https:// to this plain HTTP endpoint: the TLS handshake reads an HTTP answer.
+    tls = _top(f"https://127.0.0.1:{d.port}", "--once")
+    assert f"DOWN: TLS: WRONG_VERSION_NUMBER: if it serves plain HTTP, use http://127.0.0.1:{d.port}" in tls.stdout
 
 
 def test_once_shows_a_workloads_live_arrays_on_its_cpu_devices_and_sorts_by_them(tmp_path: Path) -> None:
@@ -431,7 +485,9 @@ def test_bad_arguments_exit_2_naming_what_is_wrong(tmp_path: Path, capsys: pytes
     assert "stdin and stdout must be a terminal for the live view; use --once" in err
 
 
-def test_https_with_a_ca_file_and_basic_auth(start_daemon: StartDaemon, tmp_path: Path) -> None:
+def test_https_with_a_ca_file_and_basic_auth_and_what_each_mistake_says(
+    start_daemon: StartDaemon, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     certs = make_certs(tmp_path)
     web = tmp_path / "web.yml"
     web.write_text(
@@ -458,11 +514,22 @@ def test_https_with_a_ca_file_and_basic_auth(start_daemon: StartDaemon, tmp_path
     assert _cells(ok.stdout, "gpu:0")[3] == f"{_gib(g0['bytes_in_use'])}/{_gib(g0['bytes_limit'])}"
     assert f"https://127.0.0.1:{d.port}  healthy (ok:" in ok.stdout  # /healthz was read with the same credentials
 
+    def reason(*args: str) -> str:
+        """What the endpoint's header line says after DOWN."""
+        return _header(capsys, *args).split("  DOWN: ", 1)[1]
+
     wrong = tmp_path / "wrong"
     wrong.write_text("guess")
-    denied = _top(url, "--once", "--ca-file", str(certs.server_ca), "--user", "prom", "--password-file", str(wrong))
-    assert denied.returncode == 1
-    assert "DOWN: HTTP 401: unauthorized" in denied.stdout
-    untrusted = _top(url, "--once", "--user", "prom", "--password-file", str(password))
-    assert untrusted.returncode == 1
-    assert "DOWN: TLS: CERTIFICATE_VERIFY_FAILED" in untrusted.stdout
+    auth = ("--user", "prom", "--password-file")
+    ca = ("--ca-file", str(certs.server_ca))
+    assert reason(url, *ca, *auth, str(wrong)) == "HTTP 401: unauthorized (check --user and the password)"
+    assert reason(url, *ca) == "HTTP 401: unauthorized (it needs --user and --password-file)"
+    untrusted = "TLS: certificate not trusted (unable to get local issuer certificate)"
+    assert reason(url, *auth, str(password)) == f"{untrusted}: pass its CA with --ca-file"
+    assert reason(url, "--ca-file", str(certs.client_ca), *auth, str(password)) == (
+        f"{untrusted}: --ca-file {certs.client_ca} did not sign it"
+    )
+    # A plain http:// request to the TLS port: the server hangs up without a word, which says nothing by itself.
+    assert reason(f"127.0.0.1:{d.port}", *auth, str(password)) == (
+        f"the connection was closed without an HTTP answer: if it serves HTTPS, use https://127.0.0.1:{d.port}"
+    )
