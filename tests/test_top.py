@@ -259,6 +259,11 @@ def test_an_unreachable_endpoint_keeps_its_devices_as_rows_that_say_so() -> None
     assert _cells(text, "gpu:0")[2:5] == ["-", "connection", "refused"]
     assert _cells(text, "gpu:1")[-1] == "unreachable"
     assert "h:1  DOWN: connection refused" in text
+    # A long reason is whole in the header; in the rows it is cut to the memory column's width, between words.
+    state.error = "the connection was closed without an HTTP answer: if it serves HTTPS, use https://h:1"
+    text = _plain(state)
+    assert f"h:1  DOWN: {state.error}" in text
+    assert _cells(text, "gpu:0")[2:8] == ["-", "the", "connection", "was", "closed…", "-"]
     never = EndpointState("http://h:2/metrics", "h:2", error="timed out")
     assert "h:2  DOWN: timed out" in _plain(never)
     assert "unreachable" in _plain(never)

@@ -11,11 +11,12 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from jaxmon.top.fetch import EndpointState
+from jaxmon.top.fetch import EndpointState, clip
 from jaxmon.top.model import ProcessRow, Row, sort_processes, sort_rows
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 BAR_WIDTH = 10
+DOWN_CELL = BAR_WIDTH + 16  # a down row's reason gets the width of "[bar] 20.0GiB/60.0GiB"; the header has it whole
 ONCE_PROCESS_ROWS = 10  # --once has no screen to fit: the largest ten, then how many more
 
 
@@ -59,7 +60,7 @@ def _pressure_style(ratio: float) -> str:
 def memory_cell(row: Row, glyphs: Glyphs) -> Text:
     """`[bar] in_use/limit`, or what is known; the reason when the endpoint is down."""
     if row.endpoint_down is not None:
-        return Text(row.endpoint_down, style="red")
+        return Text(clip(row.endpoint_down, DOWN_CELL), style="red")
     if row.in_use is None:
         if row.live is not None:  # no allocator numbers (CPU devices): the workload's live arrays, and no limit
             return Text(f"{' ' * (BAR_WIDTH + 1)}{fmt_bytes(row.live)} live")
