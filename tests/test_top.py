@@ -6,24 +6,29 @@ import contextlib
 import io
 import json
 import socket
+import ssl
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 import yaml
 from rich.console import Console
 
 from jaxmon.top import main as top_main
-from jaxmon.topfetch import EndpointState, display_name, healthz_url, metrics_url
-from jaxmon.topmodel import ExpositionError, next_sort, parse_exposition, sort_rows
-from jaxmon.topview import ASCII, frame
-from tests.conftest import FIXTURES, ROOT, StartDaemon
+from jaxmon.top.fetch import EndpointState, clip, display_name, healthz_url, metrics_url
+from jaxmon.top.model import ScrapeError, next_sort, parse_exposition, sort_rows
+from jaxmon.top.view import ASCII, frame
+from tests.conftest import FIXTURES, ROOT, StartDaemon, sample
+from tests.fakenvml import Scenario, device
+from tests.helpers import Child, wait_for_samples
 from tests.tls_helpers import bcrypt_hash, make_certs
 
+MiB = 1 << 20
 GiB = 1 << 30
 SHAPES = FIXTURES / "shapes.json"
 REPLAY = ("--replay", str(SHAPES), "--poll.interval", "1s")
@@ -70,6 +75,20 @@ jaxmon_device_source_up{device="2",platform="gpu",source="nvml"} 1
 jaxmon_collector_success{collector="memory"} 0
 jaxmon_collector_success{collector="probe"} 1
 """
+# A workload's CPU devices, where memory_stats() is None: live jax.Array bytes are the only memory number.
+LIVE_ARRAYS = """\
+# TYPE jaxmon_memory_live_array_bytes gauge
+jaxmon_memory_live_array_bytes{device="0",platform="cpu",workload="toy"} 81788928
+jaxmon_memory_live_array_bytes{device="1",platform="cpu",workload="toy"} 1048576
+"""
+# NVML's compute processes: the trainer's (its spool report has the pid), and three no workload report claims.
+PROCESSES = """\
+# TYPE jaxmon_process_device_memory_bytes gauge
+jaxmon_process_device_memory_bytes{device="0",pid="4242",platform="gpu",source="nvml",workload="trainer"} 21474836480
+jaxmon_process_device_memory_bytes{device="0",pid="977",platform="gpu",source="nvml"} 1073741824
+jaxmon_process_device_memory_bytes{device="1",pid="5150",platform="gpu",source="nvml"} 9663676416
+jaxmon_process_device_memory_bytes{device="2",pid="31",platform="gpu",source="nvml"} 1073741824
+"""
 
 
 def _cells(text: str, device: str, workload: str | None = None) -> list[str]:
@@ -81,16 +100,26 @@ def _cells(text: str, device: str, workload: str | None = None) -> list[str]:
     raise AssertionError(f"no row for {device} in:\n{text}")
 
 
-def _plain(state: EndpointState, sort: str = "device") -> str:
+def _plain(*states: EndpointState, sort: str = "device", height: int = 25, process_rows: int | None = 10) -> str:
     buffer = io.StringIO()
-    console = Console(file=buffer, width=200, force_terminal=False, no_color=True)
-    console.print(frame([state], sort, 0.0, 10.0, ASCII, False, console))
+    console = Console(file=buffer, width=200, height=height, force_terminal=False, no_color=True)
+    console.print(frame(list(states), sort, 0.0, 10.0, ASCII, False, console, process_rows))
     return buffer.getvalue()
 
 
-def _state(text: str) -> EndpointState:
-    exposition = parse_exposition(text, "h:1")
-    return EndpointState("http://h:1/metrics", "h:1", exposition, health="ok: fresh", healthy=True, last_ok=0.0)
+def _state(text: str, name: str = "h:1") -> EndpointState:
+    exposition = parse_exposition(text, name)
+    return EndpointState(f"http://{name}/metrics", name, exposition, health="ok: fresh", healthy=True, last_ok=0.0)
+
+
+def _process_table(text: str) -> tuple[list[list[str]], str | None]:
+    """The cells of each process row of a plain frame, and the line after them (how many more) or None."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:3] == ["ENDPOINT", "DEVICE", "PID"])
+    rows = [line.split() for line in lines[start + 1 :] if line.strip()]
+    if rows and "more" in rows[-1]:
+        return rows[:-1], " ".join(rows[-1])
+    return rows, None
 
 
 def test_each_device_and_workload_becomes_a_row_with_the_numbers_of_its_series() -> None:
@@ -149,6 +178,79 @@ def test_each_sort_puts_the_row_to_look_at_first_on_top() -> None:
     assert cycle == ["device", "memory", "free", "fragmentation", "duty", "device"]
 
 
+def test_cpu_devices_show_live_array_bytes_in_the_memory_column() -> None:
+    text = _plain(_state(EXPOSITION + LIVE_ARRAYS))
+    # 81788928 B = 78 MiB of live arrays; no limit, so no bar and no free memory to show.
+    assert _cells(text, "cpu:0") == ["h:1", "cpu:0", "toy", "78.0MiB", "live", "-", "-", "-", "-", "-", "-", "-"]
+    assert _cells(text, "cpu:1")[3:5] == ["1.0MiB", "live"]
+    assert _cells(text, "gpu:0")[3:5] == ["###.......", "3.0GiB/10.0GiB"]  # the allocator's numbers where it has them
+
+
+def test_the_memory_sort_puts_rows_without_a_limit_after_the_others_largest_first() -> None:
+    rows = parse_exposition(EXPOSITION + LIVE_ARRAYS, "h:1").rows
+    order = [(r.key.platform, r.key.device, r.key.workload) for r in sort_rows(rows, "memory")]
+    assert order == [
+        ("gpu", "1", ""),  # 50 % of its limit
+        ("gpu", "0", ""),  # 30 %
+        ("gpu", "0", "trainer"),  # 512 MiB in use, no limit
+        ("cpu", "0", "toy"),  # 78 MiB of live arrays
+        ("cpu", "1", "toy"),  # 1 MiB of live arrays
+        ("gpu", "2", ""),  # no memory number at all
+    ]
+
+
+def test_the_process_table_lists_the_largest_processes_of_every_endpoint_and_counts_the_rest() -> None:
+    one = 'jaxmon_process_device_memory_bytes{device="0",pid="7",platform="gpu",source="nvml"} 12884901888\n'
+    other = _state("# TYPE jaxmon_process_device_memory_bytes gauge\n" + one, "h:2")
+    both = (_state(EXPOSITION + PROCESSES), other)
+    rows, more = _process_table(_plain(*both))
+    assert rows == [
+        ["h:1", "gpu:0", "4242", "trainer", "20.0GiB"],
+        ["h:2", "gpu:0", "7", "-", "12.0GiB"],
+        ["h:1", "gpu:1", "5150", "-", "9.0GiB"],
+        ["h:1", "gpu:0", "977", "-", "1.0GiB"],  # ties by endpoint, then device
+        ["h:1", "gpu:2", "31", "-", "1.0GiB"],
+    ]
+    assert more is None
+    rows, more = _process_table(_plain(*both, process_rows=2))
+    assert [r[2] for r in rows] == ["4242", "7"]
+    assert more == "3 more processes not shown"
+
+
+def test_the_process_table_is_absent_where_no_endpoint_exports_processes() -> None:
+    alone = _plain(_state(EXPOSITION))
+    assert "PID" not in alone
+    assert alone.splitlines()[-1].split()[1] == "gpu:2"  # the device table's last row ends the frame
+    beside = _state(EXPOSITION + PROCESSES, "h:2")
+    beside.error = "connection refused"  # processes of an endpoint that went away are not shown as if current
+    beside.known_rows = beside.exposition.rows if beside.exposition else []
+    assert "PID" not in _plain(_state(EXPOSITION), beside)
+
+
+def test_the_process_table_fills_the_screen_height_below_the_devices() -> None:
+    # Above it: 2 header lines and the device table's heading and 4 rows; then a blank line, its heading, its rows.
+    state = _state(EXPOSITION + PROCESSES)
+    for height, shown in ((10, 0), (11, 1), (12, 2)):
+        text = _plain(state, height=height, process_rows=None)
+        assert len(text.splitlines()) == height
+        rows, more = _process_table(text)
+        assert len(rows) == shown
+        assert more == f"{4 - shown} more process{'es' if 4 - shown > 1 else ''} not shown"
+    for height in (13, 40):  # at 13 the 4th row takes the line the count would have had
+        text = _plain(state, height=height, process_rows=None)
+        rows, more = _process_table(text)
+        assert ([r[2] for r in rows], more) == (["4242", "5150", "977", "31"], None)
+        assert len(text.splitlines()) == 13
+
+
+def test_error_text_is_cut_between_words_never_inside_one() -> None:
+    assert clip("Remote end closed connection without response", 40) == "Remote end closed connection without…"
+    assert clip("unauthorized\n") == "unauthorized"
+    assert clip("<html>\n  <body>a very long page</body>\n</html>", 20) == "<html> <body>a very…"
+    assert clip("x" * 50, 20) == "x" * 50  # one long word stays whole…
+    assert clip("x" * 500, 20) == "x" * 20 + "…"  # …up to a bound
+
+
 def test_an_unreachable_endpoint_keeps_its_devices_as_rows_that_say_so() -> None:
     state = _state(EXPOSITION)
     state.known_rows = state.exposition.rows if state.exposition else []
@@ -157,6 +259,11 @@ def test_an_unreachable_endpoint_keeps_its_devices_as_rows_that_say_so() -> None
     assert _cells(text, "gpu:0")[2:5] == ["-", "connection", "refused"]
     assert _cells(text, "gpu:1")[-1] == "unreachable"
     assert "h:1  DOWN: connection refused" in text
+    # A long reason is whole in the header; in the rows it is cut to the memory column's width, between words.
+    state.error = "the connection was closed without an HTTP answer: if it serves HTTPS, use https://h:1"
+    text = _plain(state)
+    assert f"h:1  DOWN: {state.error}" in text
+    assert _cells(text, "gpu:0")[2:8] == ["-", "the", "connection", "was", "closed…", "-"]
     never = EndpointState("http://h:2/metrics", "h:2", error="timed out")
     assert "h:2  DOWN: timed out" in _plain(never)
     assert "unreachable" in _plain(never)
@@ -178,7 +285,7 @@ def test_an_endpoint_connects_quietly_and_one_silent_past_the_limit_reads_down()
 
 
 def test_text_that_is_not_an_exposition_is_an_error_naming_it() -> None:
-    with pytest.raises(ExpositionError, match="not a Prometheus exposition"):
+    with pytest.raises(ScrapeError, match="not a Prometheus exposition"):
         parse_exposition('jaxmon_memory_bytes_in_use{device="0" 12\n', "h:1")
 
 
@@ -206,23 +313,63 @@ def _replay_device(device: int) -> dict[str, Any]:
     return next(d["memory_stats"] for d in doc["devices"] if d["id"] == device)
 
 
-def test_a_peer_that_does_not_speak_http_is_down_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+@contextlib.contextmanager
+def _peer(answer: Callable[[socket.socket], None]) -> Iterator[int]:
+    """A loopback port whose every connection `answer` handles, then closes: a peer that is no jaxmon."""
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(4)
 
-        def answer_garbage() -> None:
-            with contextlib.suppress(OSError):
+        def serve() -> None:
+            with contextlib.suppress(OSError):  # the socket closed under accept(): the test is over
                 while True:
                     conn, _ = server.accept()
-                    conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
-                    conn.close()
+                    with conn, contextlib.suppress(OSError):  # ssl.SSLError is one: the client gave up
+                        answer(conn)
 
-        threading.Thread(target=answer_garbage, daemon=True).start()
-        code = top_main([f"127.0.0.1:{server.getsockname()[1]}", "--once", "--timeout", "2s"])
-    out = capsys.readouterr().out
-    assert code == 1
-    assert "DOWN: not an HTTP answer (BadStatusLine: 'SSH-2.0-OpenSSH_9.2')" in out
+        threading.Thread(target=serve, daemon=True).start()
+        yield server.getsockname()[1]
+
+
+def _says(answer: bytes) -> Callable[[socket.socket], None]:
+    """Read the request, then send `answer` (closing with the request unread would reset the connection)."""
+
+    def answer_it(conn: socket.socket) -> None:
+        conn.recv(65536)
+        conn.sendall(answer)
+
+    return answer_it
+
+
+def _header(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """The first endpoint's header line of `jaxmon top --once ARGS`, run in this process; it must be down."""
+    assert top_main([*args, "--once", "--timeout", "5s"]) == 1
+    return capsys.readouterr().out.splitlines()[0]
+
+
+def test_a_peer_that_does_not_speak_http_is_down_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    with _peer(_says(b"SSH-2.0-OpenSSH_9.2\r\n")) as port:
+        line = _header(capsys, f"127.0.0.1:{port}")
+    assert line == f"127.0.0.1:{port}  DOWN: not an HTTP answer (BadStatusLine: 'SSH-2.0-OpenSSH_9.2')"
+    # A TLS alert (protocol_version) in answer to plain HTTP: a TLS server, so the hint to use https.
+    with _peer(_says(b"\x15\x03\x01\x00\x02\x02\x46")) as port:
+        line = _header(capsys, f"127.0.0.1:{port}")
+    hint = f"if it serves HTTPS, use https://127.0.0.1:{port}"
+    assert line == f"127.0.0.1:{port}  DOWN: answered in TLS, not plain HTTP: {hint}"
+
+
+def test_a_certificate_for_another_name_is_reported_as_that_not_as_an_untrusted_ca(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("other.example").configure_cert(server)
+    with _peer(lambda conn: server.wrap_socket(conn, server_side=True).close()) as port:
+        by_ip = _header(capsys, f"https://127.0.0.1:{port}", "--ca-file", str(tmp_path / "ca.pem"))
+        by_name = _header(capsys, f"https://localhost:{port}", "--ca-file", str(tmp_path / "ca.pem"))
+    assert by_ip.endswith("DOWN: TLS: IP address mismatch, certificate is not valid for '127.0.0.1'.")
+    assert by_name.endswith("DOWN: TLS: Hostname mismatch, certificate is not valid for 'localhost'.")
 
 
 @pytest.fixture
@@ -270,8 +417,54 @@ def test_once_prints_the_replayed_numbers_as_plain_text_and_a_hung_endpoint_time
     # With a hung endpoint beside it, the frame still comes (after the timeout) and says which one hung.
     both = _top(silent_endpoint, f"127.0.0.1:{d.port}", "--once", "--timeout", "500ms")
     assert both.returncode == 1
-    assert f"{silent_endpoint}  DOWN: timed out" in both.stdout
+    assert f"{silent_endpoint}  DOWN: timed out after 0.5s" in both.stdout
     assert _cells(both.stdout, "gpu:0")[3] == f"{_gib(g0['bytes_in_use'])}/{_gib(g0['bytes_limit'])}"
+    assert "PID" not in both.stdout  # a replay has no NVML: no process table
+
+    # https:// to this plain HTTP endpoint: the TLS handshake reads an HTTP answer.
+    tls = _top(f"https://127.0.0.1:{d.port}", "--once")
+    assert f"DOWN: TLS: WRONG_VERSION_NUMBER: if it serves plain HTTP, use http://127.0.0.1:{d.port}" in tls.stdout
+
+
+def test_once_shows_a_workloads_live_arrays_on_its_cpu_devices_and_sorts_by_them(tmp_path: Path) -> None:
+    # A training process with jaxmon embedded, on 8 CPU devices: memory_stats() is None, live arrays are all there is.
+    child = Child(tmp_path, "embedded", "--workload", "toy", env={"JAXMON_COLLECTOR__PROBE": "false"})
+    try:
+        child.send(f"alloc 3 {78 * MiB}")
+        child.send(f"alloc 5 {MiB}")
+        url = child.hello["url"]
+        wait_for_samples(
+            url,
+            lambda s: sample(s, "jaxmon_memory_live_array_bytes", device="5", platform="cpu", workload="toy") == MiB,
+            "the arrays in jaxmon_memory_live_array_bytes",
+        )
+        result = _top(url, "--once", "--sort", "memory")
+    finally:
+        child.close()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert _cells(result.stdout, "cpu:3")[2:5] == ["toy", "78.0MiB", "live"]
+    assert _cells(result.stdout, "cpu:5")[2:5] == ["toy", "1.0MiB", "live"]
+    # The toy loop's own state on cpu:0: 4 * (256 * 64 + 256 + 64 + 1) B (tests/test_workloads.py).
+    assert _cells(result.stdout, "cpu:0")[2:5] == ["toy", "65.3KiB", "live"]
+    devices = [cells[1] for line in result.stdout.splitlines() if len(cells := line.split()) > 1 and ":" in cells[1]]
+    assert devices[:3] == ["cpu:3", "cpu:5", "cpu:0"]  # the largest first
+
+
+def test_once_lists_nvml_processes_largest_first_and_says_how_many_more(
+    start_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    # Twelve processes over two GPUs; process k holds k + 1 GiB.
+    procs = [[{"pid": 3000 + k, "used": (k + 1) * GiB} for k in range(12) if k % 2 == gpu] for gpu in (0, 1)]
+    scenario = Scenario(tmp_path / "scenario.json", [device(0, processes=procs[0]), device(1, processes=procs[1])])
+    d = start_daemon("--no-collector.probe", "--poll.interval", "0.3s", "--collector.nvml", env=scenario.env())
+    d.wait_for(lambda s: len([k for k in s if k[0] == "jaxmon_process_device_memory_bytes"]) == 12, what="12 processes")
+    result = _top(f"127.0.0.1:{d.port}", "--once")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows, more = _process_table(result.stdout)
+    assert rows == [
+        [f"127.0.0.1:{d.port}", f"gpu:{k % 2}", str(3000 + k), "-", f"{k + 1}.0GiB"] for k in range(11, 1, -1)
+    ]
+    assert more == "2 more processes not shown"
 
 
 def test_bad_arguments_exit_2_naming_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -297,7 +490,9 @@ def test_bad_arguments_exit_2_naming_what_is_wrong(tmp_path: Path, capsys: pytes
     assert "stdin and stdout must be a terminal for the live view; use --once" in err
 
 
-def test_https_with_a_ca_file_and_basic_auth(start_daemon: StartDaemon, tmp_path: Path) -> None:
+def test_https_with_a_ca_file_and_basic_auth_and_what_each_mistake_says(
+    start_daemon: StartDaemon, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     certs = make_certs(tmp_path)
     web = tmp_path / "web.yml"
     web.write_text(
@@ -324,11 +519,22 @@ def test_https_with_a_ca_file_and_basic_auth(start_daemon: StartDaemon, tmp_path
     assert _cells(ok.stdout, "gpu:0")[3] == f"{_gib(g0['bytes_in_use'])}/{_gib(g0['bytes_limit'])}"
     assert f"https://127.0.0.1:{d.port}  healthy (ok:" in ok.stdout  # /healthz was read with the same credentials
 
+    def reason(*args: str) -> str:
+        """What the endpoint's header line says after DOWN."""
+        return _header(capsys, *args).split("  DOWN: ", 1)[1]
+
     wrong = tmp_path / "wrong"
     wrong.write_text("guess")
-    denied = _top(url, "--once", "--ca-file", str(certs.server_ca), "--user", "prom", "--password-file", str(wrong))
-    assert denied.returncode == 1
-    assert "DOWN: HTTP 401: unauthorized" in denied.stdout
-    untrusted = _top(url, "--once", "--user", "prom", "--password-file", str(password))
-    assert untrusted.returncode == 1
-    assert "DOWN: TLS: CERTIFICATE_VERIFY_FAILED" in untrusted.stdout
+    auth = ("--user", "prom", "--password-file")
+    ca = ("--ca-file", str(certs.server_ca))
+    assert reason(url, *ca, *auth, str(wrong)) == "HTTP 401: unauthorized (check --user and the password)"
+    assert reason(url, *ca) == "HTTP 401: unauthorized (it needs --user and --password-file)"
+    untrusted = "TLS: certificate not trusted (unable to get local issuer certificate)"
+    assert reason(url, *auth, str(password)) == f"{untrusted}: pass its CA with --ca-file"
+    assert reason(url, "--ca-file", str(certs.client_ca), *auth, str(password)) == (
+        f"{untrusted}: --ca-file {certs.client_ca} did not sign it"
+    )
+    # A plain http:// request to the TLS port: the server hangs up without a word, which says nothing by itself.
+    assert reason(f"127.0.0.1:{d.port}", *auth, str(password)) == (
+        f"the connection was closed without an HTTP answer: if it serves HTTPS, use https://127.0.0.1:{d.port}"
+    )

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURES, ROOT, StartDaemon, free_port
+from tests.fakenvml import Scenario, device
 
 REPLAY = ("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s")
 DEVICE = re.compile(r"\b(?:gpu|tpu|cpu):\d+\b")
@@ -176,3 +177,32 @@ def test_top_restores_the_terminal_when_terminated(tmux: Tmux) -> None:
     screen = tmux.wait_screen(lambda s: "stty done" in s, "top's exit")
     assert "top exited rc=0" in screen
     assert re.search(r"^icanon$", screen, re.M) and re.search(r"^echo$", screen, re.M), screen
+
+
+def test_the_live_process_table_fills_the_screen_below_the_devices_and_counts_the_rest(
+    start_daemon: StartDaemon, tmux: Tmux, tmp_path: Path
+) -> None:
+    # Forty processes over two GPUs, process k holding k + 1 GiB: far more than a 30-line screen holds.
+    procs = [[{"pid": 3000 + k, "used": (k + 1) << 30} for k in range(40) if k % 2 == gpu] for gpu in (0, 1)]
+    scenario = Scenario(tmp_path / "scenario.json", [device(0, processes=procs[0]), device(1, processes=procs[1])])
+    d = start_daemon("--no-collector.probe", "--poll.interval", "0.3s", "--collector.nvml", env=scenario.env())
+    tmux.start(_top(f"127.0.0.1:{d.port}"), width=120, height=30)
+
+    def processes(screen: str) -> tuple[list[str], str]:
+        """The pids shown, in screen order, and the screen's last line."""
+        pids = [m.group(1) for line in screen.splitlines() if (m := re.search(r" gpu:[01] +(30\d\d) ", line))]
+        return pids, screen.rstrip("\n").splitlines()[-1].strip()
+
+    screen = tmux.wait_screen(lambda s: "more processes not shown" in s, "the process table")
+    pids, last = processes(screen)
+    assert len(screen.splitlines()) == 30
+    assert pids == [str(3000 + k) for k in range(39, 39 - len(pids), -1)]  # the largest, in order
+    assert last == f"{40 - len(pids)} more processes not shown"  # on the screen's last line
+    assert len(pids) >= 5
+
+    # Ten lines taller: ten more processes.
+    tmux("resize-window", "-t", "top", "-x", "120", "-y", "40")
+    screen = tmux.wait_screen(lambda s: len(processes(s)[0]) == len(pids) + 10, "ten more processes on a taller screen")
+    assert processes(screen)[1] == f"{30 - len(pids)} more processes not shown"
+    tmux("send-keys", "-t", "top", "q")
+    assert "top exited rc=0" in tmux.wait_screen(lambda s: "stty done" in s, "top's exit")

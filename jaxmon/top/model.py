@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 # Allocator numbers, keyed by device, platform and (for spooled or embedded workloads) workload.
 _ALLOCATOR = {
     "jaxmon_memory_bytes_in_use": "in_use",
+    "jaxmon_memory_live_array_bytes": "live",
     "jaxmon_memory_limit_bytes": "limit",
     "jaxmon_memory_free_bytes": "free",
     "jaxmon_memory_fragmentation_ratio": "fragmentation",
@@ -43,6 +44,7 @@ class Row:
     key: RowKey
     kind: str | None = None
     in_use: float | None = None
+    live: float | None = None  # live jax.Array bytes: a workload's only memory number where memory_stats() is None
     limit: float | None = None
     free: float | None = None
     fragmentation: float | None = None
@@ -65,32 +67,50 @@ class Row:
             return None
         return self.in_use / self.limit
 
+    @property
+    def memory_bytes(self) -> float | None:
+        """Bytes in use by the allocator, else bytes of live arrays (CPU devices, where memory_stats() is None)."""
+        return self.in_use if self.in_use is not None else self.live
+
+
+@dataclass(frozen=True)
+class ProcessRow:
+    """One compute process on a device, as NVML lists it (jaxmon_process_device_memory_bytes)."""
+
+    endpoint: str
+    platform: str
+    device: str
+    pid: str
+    workload: str  # '' where no workload report has this pid
+    used: float
+
 
 @dataclass
-class Exposition:
+class Scrape:
     """What one scrape of /metrics says: the rows, and the daemon-wide health series."""
 
     rows: list[Row] = field(default_factory=list)
     collectors: dict[str, float] = field(default_factory=dict)  # jaxmon_collector_success{collector}
     # jaxmon_device_source_up{device,platform,source}: per source, (devices it answered for, devices it covers).
     sources: dict[str, tuple[int, int]] = field(default_factory=dict)
+    processes: list[ProcessRow] = field(default_factory=list)  # jaxmon_process_device_memory_bytes (NVML)
 
 
-class ExpositionError(ValueError):
-    """The text is not a Prometheus exposition."""
+class ScrapeError(ValueError):
+    """A scrape that gave no exposition: an HTTP error status, or text that is not one."""
 
 
-def _device_number(device: str) -> tuple[int, str]:
-    """Sort devices numerically where they are numbers ('10' after '9')."""
-    return (int(device), "") if device.isdigit() else (1 << 62, device)
+def _numeric(label: str) -> tuple[int, str]:
+    """Sort devices and pids numerically where they are numbers ('10' after '9')."""
+    return (int(label), "") if label.isdigit() else (1 << 62, label)
 
 
-def parse_exposition(text: str, endpoint: str) -> Exposition:
+def parse_exposition(text: str, endpoint: str) -> Scrape:
     """Rows and health series of an exposition, parsed with prometheus_client's parser."""
     rows: dict[RowKey, Row] = {}
     device_wide: dict[tuple[str, str], dict[str, tuple[float, str]]] = {}
     source_failures: dict[tuple[str, str], list[str]] = {}
-    out = Exposition()
+    out = Scrape()
 
     def row(labels: dict[str, str]) -> Row:
         key = RowKey(endpoint, labels.get("platform", ""), labels.get("device", ""), labels.get("workload", ""))
@@ -99,7 +119,7 @@ def parse_exposition(text: str, endpoint: str) -> Exposition:
     try:
         families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError) as exc:  # the parser raises ValueError (TypeError for some malformed lines)
-        raise ExpositionError(f"not a Prometheus exposition: {exc}") from exc
+        raise ScrapeError(f"not a Prometheus exposition: {exc}") from exc
     for family in families:
         for s in family.samples:
             if s.name in _ALLOCATOR and "device" in s.labels:
@@ -109,6 +129,9 @@ def parse_exposition(text: str, endpoint: str) -> Exposition:
             elif s.name in _DEVICE_WIDE and "device" in s.labels:
                 per_device = device_wide.setdefault((s.labels.get("platform", ""), s.labels["device"]), {})
                 per_device[_DEVICE_WIDE[s.name]] = (s.value, s.labels.get("source", ""))
+            elif s.name == "jaxmon_process_device_memory_bytes" and "pid" in s.labels:
+                platform, device, workload = (s.labels.get(k, "") for k in ("platform", "device", "workload"))
+                out.processes.append(ProcessRow(endpoint, platform, device, s.labels["pid"], workload, s.value))
             elif s.name == "jaxmon_collector_success" and "collector" in s.labels:
                 out.collectors[s.labels["collector"]] = s.value
             elif s.name == "jaxmon_device_source_up" and "source" in s.labels:
@@ -149,13 +172,14 @@ def _asc(value: float | None) -> float:
 
 
 def _by_device(r: Row) -> tuple[object, ...]:
-    return (r.key.endpoint, _device_number(r.key.device), r.key.platform, r.key.workload)
+    return (r.key.endpoint, _numeric(r.key.device), r.key.platform, r.key.workload)
 
 
 # Each sort puts the rows a person would look at first on top, ties broken by device.
 SORTS: dict[str, Callable[[Row], tuple[object, ...]]] = {
     "device": _by_device,
-    "memory": lambda r: (_desc(r.used_ratio), *_by_device(r)),
+    # Share of the limit first; rows with no limit (live arrays on CPU devices) after them, by bytes.
+    "memory": lambda r: (_desc(r.used_ratio), _desc(r.memory_bytes), *_by_device(r)),
     "free": lambda r: (_asc(r.free), *_by_device(r)),
     "fragmentation": lambda r: (_desc(r.fragmentation), *_by_device(r)),
     "duty": lambda r: (_desc(r.duty if r.duty is not None else r.probe), *_by_device(r)),
@@ -171,3 +195,8 @@ def next_sort(name: str) -> str:
 def sort_rows(rows: Iterable[Row], name: str) -> list[Row]:
     """Rows in the order of the named sort."""
     return sorted(rows, key=SORTS[name])
+
+
+def sort_processes(processes: Iterable[ProcessRow]) -> list[ProcessRow]:
+    """Largest device memory first, ties by endpoint, device and pid."""
+    return sorted(processes, key=lambda p: (-p.used, p.endpoint, _numeric(p.device), p.platform, _numeric(p.pid)))

@@ -6,16 +6,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from jaxmon.topfetch import EndpointState
-from jaxmon.topmodel import Row, sort_rows
+from jaxmon.top.fetch import EndpointState, clip
+from jaxmon.top.model import ProcessRow, Row, sort_processes, sort_rows
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 BAR_WIDTH = 10
+DOWN_CELL = BAR_WIDTH + 16  # a down row's reason gets the width of "[bar] 20.0GiB/60.0GiB"; the header has it whole
+ONCE_PROCESS_ROWS = 10  # --once has no screen to fit: the largest ten, then how many more
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,10 @@ def _pressure_style(ratio: float) -> str:
 def memory_cell(row: Row, glyphs: Glyphs) -> Text:
     """`[bar] in_use/limit`, or what is known; the reason when the endpoint is down."""
     if row.endpoint_down is not None:
-        return Text(row.endpoint_down, style="red")
+        return Text(clip(row.endpoint_down, DOWN_CELL), style="red")
     if row.in_use is None:
+        if row.live is not None:  # no allocator numbers (CPU devices): the workload's live arrays, and no limit
+            return Text(f"{' ' * (BAR_WIDTH + 1)}{fmt_bytes(row.live)} live")
         return Text(glyphs.absent)
     if row.limit is None:
         return Text(f"{' ' * (BAR_WIDTH + 1)}{fmt_bytes(row.in_use)}/{glyphs.absent}")
@@ -99,10 +103,14 @@ def _device_memory(row: Row, glyphs: Glyphs) -> str:
     return used if row.device_total is None else f"{used}/{fmt_bytes(row.device_total)}"
 
 
-def _device(row: Row, glyphs: Glyphs) -> str:
-    if not row.key.device:
+def _place(platform: str, device: str, glyphs: Glyphs) -> str:
+    if not device:
         return glyphs.absent
-    return f"{row.key.platform}:{row.key.device}" if row.key.platform else row.key.device
+    return f"{platform}:{device}" if platform else device
+
+
+def _device(row: Row, glyphs: Glyphs) -> str:
+    return _place(row.key.platform, row.key.device, glyphs)
 
 
 @dataclass(frozen=True)
@@ -119,7 +127,7 @@ COLUMNS = (
     Column("ENDPOINT", None, lambda r, g: r.key.endpoint),
     Column("DEVICE", "device", _device),
     Column("WORKLOAD", None, lambda r, g: r.key.workload or g.absent),
-    Column("MEMORY in use/limit", "memory", memory_cell),
+    Column("MEMORY in use/limit", "memory", memory_cell),  # or "… live": live arrays where there is no allocator
     Column("FREE", "free", lambda r, g: _num(r.free, "bytes", g)),
     Column("FRAG", "fragmentation", lambda r, g: _num(r.fragmentation, "ratio", g), drop_rank=3),
     Column("ALLOCATABLE", None, lambda r, g: _num(r.allocatable, "bytes", g), drop_rank=5),
@@ -166,6 +174,41 @@ def table(rows: list[Row], sort: str, glyphs: Glyphs, console: Console | None = 
     return t
 
 
+PROCESS_COLUMNS: tuple[tuple[str, Callable[[ProcessRow, Glyphs], str]], ...] = (
+    ("ENDPOINT", lambda p, g: p.endpoint),
+    ("DEVICE", lambda p, g: _place(p.platform, p.device, g)),
+    ("PID", lambda p, g: p.pid),
+    ("WORKLOAD", lambda p, g: p.workload or g.absent),
+    ("DEVICE MEM", lambda p, g: fmt_bytes(p.used)),
+)
+
+
+def process_section(processes: list[ProcessRow], shown: int, glyphs: Glyphs) -> Group:
+    """A blank line, then the `shown` largest processes as a table and a line counting the rest."""
+    ordered = sort_processes(processes)
+    t = Table(box=box.SIMPLE_HEAD if glyphs is UNICODE else None, pad_edge=False, show_edge=False)
+    for heading, _ in PROCESS_COLUMNS:
+        t.add_column(heading, no_wrap=True, overflow="ellipsis", justify="right" if heading == "DEVICE MEM" else "left")
+    for p in ordered[:shown]:
+        t.add_row(*(cell(p, glyphs) for _, cell in PROCESS_COLUMNS))
+    parts: list[RenderableType] = [Text(""), t]
+    hidden = len(ordered) - min(shown, len(ordered))
+    if hidden:
+        parts.append(Text(f"{hidden} more process{'' if hidden == 1 else 'es'} not shown", style="dim"))
+    return Group(*parts)
+
+
+def _lines(console: Console, renderable: RenderableType) -> int:
+    return len(console.render_lines(renderable, console.options, pad=False))
+
+
+def fitted_process_rows(console: Console, above: RenderableType, processes: list[ProcessRow], glyphs: Glyphs) -> int:
+    """How many process rows fit on `console`'s screen below `above`, keeping a line to count the rest."""
+    # The section with no rows is its blank line, heading and the "more" line: what any number of rows costs.
+    room = console.height - _lines(console, above) - _lines(console, process_section(processes, 0, glyphs))
+    return len(processes) if len(processes) <= room + 1 else max(room, 0)  # all shown: no "more" line needed
+
+
 def header(states: list[EndpointState], now: float, stale_after: float, sort: str, interactive: bool) -> Text:
     """One line per endpoint (reachable, /healthz, failing collectors, device-wide sources) and the key help."""
     out = Text()
@@ -204,7 +247,14 @@ def frame(
     glyphs: Glyphs,
     interactive: bool,
     console: Console | None = None,
+    process_rows: int | None = ONCE_PROCESS_ROWS,
 ) -> Group:
-    """Header and table together, the table fitted to `console`'s width when one is given."""
+    """Header, device table and process table, fitted to `console`'s width (and height when `process_rows` is None)."""
     rows = [r for s in states for r in s.rows(now, stale_after)]
-    return Group(header(states, now, stale_after, sort, interactive), table(rows, sort, glyphs, console))
+    top = Group(header(states, now, stale_after, sort, interactive), table(rows, sort, glyphs, console))
+    processes = [p for s in states for p in s.processes(now, stale_after)]
+    if not processes:  # no endpoint exports any (no NVML, or nothing runs): no process table at all
+        return top
+    if process_rows is None:
+        process_rows = ONCE_PROCESS_ROWS if console is None else fitted_process_rows(console, top, processes, glyphs)
+    return Group(top, process_section(processes, process_rows, glyphs))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+import socket
 import ssl
 import threading
 import time
@@ -10,11 +12,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from http import HTTPStatus
 from http.client import HTTPException
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from jaxmon.topmodel import Exposition, ExpositionError, Row, RowKey, down_rows, parse_exposition
+from jaxmon.top.model import ProcessRow, Row, RowKey, Scrape, ScrapeError, down_rows, parse_exposition
 
 DEFAULT_URL = "http://localhost:10401/metrics"
 # A jaxmon exposition is a few hundred KiB at most; a peer sending more is not one.
@@ -96,7 +99,7 @@ class EndpointState:
 
     url: str
     name: str
-    exposition: Exposition | None = None  # latest good scrape
+    exposition: Scrape | None = None  # latest good scrape
     error: str | None = None  # why the latest scrape failed; None after a good one
     health: str | None = None  # '/healthz' answer: 'ok: …', 'unhealthy: …', or why it could not be read
     healthy: bool = False
@@ -119,6 +122,12 @@ class EndpointState:
         if self.known_rows:
             return down_rows(self.known_rows, reason)
         return down_rows([Row(RowKey(self.name, "", "", ""))], reason)
+
+    def processes(self, now: float, stale_after: float) -> list[ProcessRow]:
+        """The latest scrape's compute processes while the endpoint answers (a down one's would be stale)."""
+        if self.exposition is None or self.down_reason(now, stale_after) is not None:
+            return []
+        return self.exposition.processes
 
     def down_reason(self, now: float, stale_after: float) -> str | None:
         """Why the endpoint counts as down now (failed, or silent for too long), or None."""
@@ -143,20 +152,74 @@ def _get(url: str, config: ClientConfig, ctx: ssl.SSLContext | None) -> tuple[in
         return int(exc.code), body
 
 
-def _describe(exc: BaseException) -> str:
-    """A short reason for a failed fetch: 'connection refused', 'timed out', the TLS error."""
+def clip(text: str, limit: int = 80) -> str:
+    """`text` on one line, cut after the last whole word within `limit` characters (…); a longer first word stays."""
+    words = text.split()
+    kept: list[str] = []
+    for word in words:
+        if kept and len(" ".join([*kept, word])) > limit:
+            break
+        kept.append(word)
+    if kept and len(kept[0]) > 4 * limit:  # one endless "word" (binary garbage): even that is bounded
+        return kept[0][:limit] + "…"
+    return " ".join(kept) + ("…" if len(kept) < len(words) else "")
+
+
+def _other_scheme(url: str, scheme: str) -> str:
+    return f"{scheme}://{urlsplit(url).netloc}"
+
+
+# What OpenSSL says when the peer answers a TLS handshake with plain HTTP and it reads "HTTP/1.1 400" as a record:
+# WRONG_VERSION_NUMBER (OpenSSL 3.0, checked by the tests); the other two are what later versions may say instead.
+_NOT_TLS = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"})
+# X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH: the certificate is trusted, not for this name.
+_NAME_MISMATCH = frozenset({62, 64})
+
+
+def describe(exc: BaseException, url: str, config: ClientConfig) -> str:
+    """A short reason for a failed fetch of `url`, with what to do where the cause is likely a wrong option."""
     if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError):
         exc = exc.reason if isinstance(exc.reason, BaseException) else exc
+    plain = urlsplit(url).scheme == "http"
+    https_hint = f": if it serves HTTPS, use {_other_scheme(url, 'https')}" if plain else ""
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
     if isinstance(exc, TimeoutError):
-        return "timed out"
+        return f"timed out after {config.timeout:g}s"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve {urlsplit(url).hostname}: {exc.strerror}"
+    # http.client's RemoteDisconnected is one: what an HTTPS server does with a plain HTTP request is hang up.
+    if isinstance(exc, ConnectionResetError):
+        return "the connection was closed without an HTTP answer" + https_hint
     if isinstance(exc, HTTPException):  # e.g. BadStatusLine from a peer that does not speak HTTP
-        return f"not an HTTP answer ({type(exc).__name__}: {str(exc).strip()[:40]!r})"
+        line = str(exc).strip()
+        if line[:1] in ("\x15", "\x16"):  # a TLS record (alert, handshake) where a status line should be
+            return "answered in TLS, not plain HTTP" + https_hint
+        return f"not an HTTP answer ({type(exc).__name__}: {clip(line, 40)!r})"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        if exc.verify_code in _NAME_MISMATCH:
+            return f"TLS: {exc.verify_message}"
+        trust = f"--ca-file {config.ca_file} did not sign it" if config.ca_file else "pass its CA with --ca-file"
+        return f"TLS: certificate not trusted ({exc.verify_message}): {trust}"
     if isinstance(exc, ssl.SSLError):
-        return f"TLS: {exc.reason or exc}"
+        reason = exc.reason or str(exc)
+        if reason in _NOT_TLS:
+            return f"TLS: {reason}: if it serves plain HTTP, use {_other_scheme(url, 'http')}"
+        return f"TLS: {reason}"
     text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-    return str(text)
+    return clip(str(text))
+
+
+def status_error(status: int, body: str, config: ClientConfig) -> str:
+    """'HTTP 401: unauthorized (…)': the status, its phrase where the body says nothing, the body cut at a word."""
+    text = clip(body)
+    if not text:
+        with contextlib.suppress(ValueError):
+            text = HTTPStatus(status).phrase
+    reason = f"HTTP {status}: {text}" if text else f"HTTP {status}"
+    if status == HTTPStatus.UNAUTHORIZED:
+        reason += " (check --user and the password)" if config.user else " (it needs --user and --password-file)"
+    return reason
 
 
 def scrape(state: EndpointState, config: ClientConfig, ctx: ssl.SSLContext | None) -> None:
@@ -164,10 +227,11 @@ def scrape(state: EndpointState, config: ClientConfig, ctx: ssl.SSLContext | Non
     try:
         status, body = _get(state.url, config, ctx)
         if status != 200:
-            raise ExpositionError(f"HTTP {status}: {body.strip()[:80]}")
+            raise ScrapeError(status_error(status, body, config))
         exposition = parse_exposition(body, state.name)
     except (OSError, HTTPException, ValueError) as exc:  # HTTPException: not HTTP at all (BadStatusLine)
-        state.error = _describe(exc)
+        # A ScrapeError's text is already a reason (an HTTP status, a parse error); the limit only bounds the latter.
+        state.error = clip(str(exc), 160) if isinstance(exc, ScrapeError) else describe(exc, state.url, config)
         state.health = None
         state.healthy = False
         state.last_attempt_done = time.monotonic()
@@ -177,7 +241,7 @@ def scrape(state: EndpointState, config: ClientConfig, ctx: ssl.SSLContext | Non
         state.health = hbody.strip() or f"HTTP {hstatus}"
         state.healthy = hstatus == 200
     except (OSError, HTTPException, ValueError) as exc:
-        state.health, state.healthy = f"/healthz: {_describe(exc)}", False
+        state.health, state.healthy = f"/healthz: {describe(exc, state.url, config)}", False
     state.exposition, state.error = exposition, None
     state.known_rows = exposition.rows
     state.last_ok = state.last_attempt_done = time.monotonic()

@@ -1,4 +1,4 @@
-"""`jaxmon top`: a live view of one or more running jaxmon endpoints in the terminal (or one frame with --once)."""
+"""`jaxmon top`'s command line: arguments, --once, and the live loop (keys, resize, signals)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from typing import TextIO
 from rich.console import Console
 from rich.live import Live
 
-from jaxmon.settings import parse_duration
-from jaxmon.topfetch import DEFAULT_URL, ClientConfig, EndpointError, Poller, metrics_url
-from jaxmon.topmodel import SORT_NAMES, next_sort
-from jaxmon.topview import ASCII, UNICODE, frame
+from jaxmon.durations import parse_duration
+from jaxmon.top.fetch import DEFAULT_URL, ClientConfig, EndpointError, Poller, metrics_url
+from jaxmon.top.model import SORT_NAMES, next_sort
+from jaxmon.top.view import ASCII, UNICODE, frame
 
 PROG = "jaxmon top"
 PASSWORD_ENV = "JAXMON_TOP_PASSWORD"
@@ -157,7 +157,9 @@ def interactive(poller: Poller, sort: str, interval: float, timeout: float) -> i
             while True:
                 now = time.monotonic()
                 if redraw or now >= next_draw:
-                    live.update(frame(poller.snapshot(), sort, now, limit, UNICODE, True, console), refresh=True)
+                    # process_rows=None: as many processes as fit below the devices, on this screen's height
+                    shown = frame(poller.snapshot(), sort, now, limit, UNICODE, True, console, process_rows=None)
+                    live.update(shown, refresh=True)
                     next_draw, redraw = now + interval, False
                 ready, _, _ = select.select([stdin, wake_r], [], [], max(next_draw - time.monotonic(), 0.0))
                 if wake_r in ready:
