@@ -21,7 +21,7 @@ from typing import TextIO
 from rich.console import Console
 from rich.live import Live
 
-from jaxmon.durations import parse_duration
+from jaxmon.settings.durations import parse_duration
 from jaxmon.top.fetch import DEFAULT_URL, ClientConfig, EndpointError, Poller, metrics_url
 from jaxmon.top.model import SORT_NAMES, next_sort
 from jaxmon.top.view import ASCII, UNICODE, frame
