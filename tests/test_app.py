@@ -22,7 +22,7 @@ from jaxmon.app import build_runtime, load_settings
 from jaxmon.runtime import Runtime
 from jaxmon.web.app import App
 from jaxmon.web.reload import WebState
-from tests.conftest import FIXTURES, parse_samples, sample, wait_until
+from tests.conftest import FIXTURES, ROOT, parse_samples, sample, wait_until
 
 REPLAY = ["--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1h"]
 Message = MutableMapping[str, Any]
@@ -424,3 +424,31 @@ def test_an_explicit_collector_that_cannot_run_is_reported_failed_and_logged() -
         )
     finally:
         quiet.stop()
+
+
+def test_an_auto_collector_configured_but_off_is_named_with_the_reason() -> None:
+    """--collector.tpu.address on a host without TPU chips: tpu stays off (auto), and the collectors log line says
+    it is configured, why it is off and how to run it anyway."""
+    with capture_logs() as logs:
+        rt = make_runtime("--collector.tpu.address", "127.0.0.1:8431")
+    rt.stop()
+    (line,) = [e for e in logs if e["event"] == "collectors"]
+    assert "tpu" not in line["running"]
+    off = line["configured_but_off"]["tpu"]
+    assert "no TPU chip on this host" in off and "collector.tpu.address set" in off and "--collector.tpu" in off
+    with capture_logs() as logs:
+        make_runtime().stop()
+    assert next(e for e in logs if e["event"] == "collectors")["configured_but_off"] is None
+
+
+def test_the_replay_demo_looks_healthy() -> None:
+    """The README's demo (deploy/demo/replay.json): every collector succeeds; tests/fixtures/shapes.json is the
+    suite's hard case, with a device that fails on purpose."""
+    demo = build_runtime(load_settings(["--replay", str(ROOT / "deploy" / "demo" / "replay.json")]))
+    try:
+        demo.update_all_once()
+        s = parse_samples(request(make_app(demo), "GET", "/metrics").text)
+    finally:
+        demo.stop()
+    statuses = {dict(k[1])["collector"]: v for k, v in s.items() if k[0] == "jaxmon_collector_success"}
+    assert statuses == {"memory": 1.0}

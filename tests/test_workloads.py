@@ -104,12 +104,16 @@ def test_persistent_compilation_cache_hits_and_misses_are_counted(children: list
     wait_for_samples(url, lambda s: counters(s) == (misses0 + 4, 4), "four hits")
 
 
-def test_embedded_start_twice_returns_the_running_exporter(tmp_path: Path) -> None:
+def test_embedded_start_twice_returns_the_running_exporter_and_says_so(tmp_path: Path) -> None:
+    """The second start() returns the first exporter; asking for another port is not silent. Serving is logged
+    with the URL (the application's logging shows jaxmon's lines: jaxmon never prints on its own)."""
     code = (
-        "import os; os.environ['JAX_NUM_CPU_DEVICES']='8'\n"
+        "import logging, os; os.environ['JAX_NUM_CPU_DEVICES']='8'\n"
+        "logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')\n"
         "import jaxmon\n"
         "a = jaxmon.start(0, collector={'probe': False})\n"
-        "b = jaxmon.start(0)\n"
+        "print('port', a.port, flush=True)\n"
+        "b = jaxmon.start(10413)\n"
         "assert a is b, 'two exporters'\n"
         "with jaxmon.start() as c:\n"
         "    assert c is a\n"
@@ -121,6 +125,11 @@ def test_embedded_start_twice_returns_the_running_exporter(tmp_path: Path) -> No
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("fine")
+    port = result.stdout.split()[1]
+    serving = [line for line in result.stderr.splitlines() if "jaxmon serving in this process" in line]
+    assert len(serving) == 2 and f":{port}/metrics" in serving[0], result.stderr
+    (warning,) = [line for line in result.stderr.splitlines() if "already running" in line]
+    assert warning.startswith("WARNING") and "asked_port=10413" in warning and f":{port}/metrics" in warning
 
 
 def _workload_series(s: Samples, workload: str) -> list[tuple[str, frozenset[tuple[str, str]]]]:
