@@ -118,6 +118,7 @@ def test_the_settings_import_no_collector() -> None:
 
 
 def test_only_the_local_source_imports_jax() -> None:
+    """jaxmon.sources.local is the one place that touches JAX; everything else receives plain data."""
     for module, path in MODULES.items():
         tree = ast.parse(path.read_text())
         jax = [
@@ -126,7 +127,7 @@ def test_only_the_local_source_imports_jax() -> None:
             if (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "jax" for a in n.names))
             or (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "jax")
         ]
-        assert not jax or module == "jaxmon.sources.local", module
+        assert not jax or module.startswith("jaxmon.sources.local."), module
 
 
 def test_no_module_is_over_400_lines() -> None:

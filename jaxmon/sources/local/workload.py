@@ -1,0 +1,146 @@
+"""A workload process's view of itself (embedded, publisher): its live arrays, compilations and device memory."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from typing import Any
+
+from jaxmon.probe.engine import PROBE_THREAD_PREFIX
+from jaxmon.sources.local.devices import LocalSource
+from jaxmon.sources.local.probe import _OWN, _OWN_LOCK
+
+
+class InProcessWorkload:
+    """Embedded mode's view of its own process: live arrays and compile counters."""
+
+    def __init__(self, source: LocalSource) -> None:
+        self._jax = source._jax
+        self.process_index = int(self._jax.process_index())
+        self._counters = CompileCounters.installed()
+
+    def live_array_bytes(self) -> dict[tuple[str, int], int]:
+        """Bytes of live arrays per device in this process."""
+        return live_array_bytes(self._jax)
+
+    def compile_counts(self) -> dict[str, float]:
+        """Compile counters since the listeners were installed."""
+        return self._counters.as_dict()
+
+    @property
+    def jax_version(self) -> str:
+        """The running JAX's version."""
+        return str(self._jax.__version__)
+
+    def device_memory_profile(self) -> bytes:
+        """The process's live device buffers as a gzipped pprof profile (`jax.profiler.device_memory_profile`)."""
+        return gzipped(bytes(self._jax.profiler.device_memory_profile()))
+
+
+def gzipped(profile: bytes) -> bytes:
+    """`profile` gzipped, unless it already is (pprof files are gzipped; XLA's heap profile may not be)."""
+    return profile if profile[:2] == b"\x1f\x8b" else gzip.compress(profile, compresslevel=6)
+
+
+def live_array_bytes(jax: Any) -> dict[tuple[str, int], int]:
+    """Bytes of live arrays per device in this process (DESIGN.md section 2).
+
+    `arr.nbytes` is the global size, so count each addressable shard on its own device, and each buffer once:
+    arrays can share buffers (a replicated array's shard, views), so dedupe by (device, buffer pointer).
+    """
+    totals: dict[tuple[str, int], int] = {}
+    seen: set[tuple[tuple[str, int], int]] = set()
+    # Bounded: a dispatch stuck on a hung device must not stop the memory poll (then a probe array may count).
+    locked = _OWN_LOCK.acquire(timeout=1.0)
+    try:
+        arrays = jax.live_arrays()
+        own = dict(_OWN)
+    finally:
+        if locked:
+            _OWN_LOCK.release()
+    for arr in arrays:
+        ref = own.get(id(arr))
+        if ref is not None and ref() is arr:
+            continue  # the probe's own (jaxmon_probe_memory_bytes), not the workload's
+        try:
+            shards = arr.addressable_shards
+        except Exception:  # deleted between listing and reading
+            continue
+        for shard in shards:
+            dev = shard.device
+            key = (str(dev.platform), int(dev.id))
+            try:
+                data = shard.data
+                pointer = int(data.unsafe_buffer_pointer())
+                nbytes = int(data.nbytes)
+            except Exception:  # deleted or donated meanwhile
+                continue
+            if (key, pointer) in seen:
+                continue
+            seen.add((key, pointer))
+            totals[key] = totals.get(key, 0) + nbytes
+    return totals
+
+
+class CompileCounters:
+    """JIT compilations, compile time and persistent-cache hits/misses, from `jax.monitoring` events.
+
+    Listeners are process-wide in JAX and cannot be scoped, so one instance is installed per process. Event
+    names are looked up in the installed JAX; a version that emits fewer simply leaves those counters at 0.
+    """
+
+    COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+    CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+    CACHE_MISS_EVENT = "/jax/compilation_cache/cache_misses"
+
+    _instance: CompileCounters | None = None
+    _instance_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.compilations = 0
+        self.compile_seconds = 0.0
+        self.cache_hits = 0
+        self.cache_misses = 0
+
+    @classmethod
+    def installed(cls) -> CompileCounters:
+        """The process's counters, registering the JAX listeners on first use."""
+        with cls._instance_lock:
+            if cls._instance is None:
+                from jax import monitoring
+
+                counters = cls()
+                monitoring.register_event_listener(counters._on_event)
+                monitoring.register_event_duration_secs_listener(counters._on_duration)
+                cls._instance = counters
+            return cls._instance
+
+    def _on_event(self, event: str, **_: str | int) -> None:
+        if threading.current_thread().name.startswith(PROBE_THREAD_PREFIX):
+            return  # the probe's own cache traffic is not the workload's
+        if event == self.CACHE_HIT_EVENT:
+            with self._lock:
+                self.cache_hits += 1
+        elif event == self.CACHE_MISS_EVENT:
+            with self._lock:
+                self.cache_misses += 1
+
+    def _on_duration(self, event: str, duration_secs: float, **_: str | int) -> None:
+        if event == self.COMPILE_EVENT:
+            # The event fires on the compiling thread: the probe compiles on its own workers, and is not counted.
+            if threading.current_thread().name.startswith(PROBE_THREAD_PREFIX):
+                return
+            with self._lock:
+                self.compilations += 1
+                self.compile_seconds += float(duration_secs)
+
+    def as_dict(self) -> dict[str, float]:
+        """A consistent copy."""
+        with self._lock:
+            return {
+                "compilations": self.compilations,
+                "compile_seconds": self.compile_seconds,
+                "cache_hits": self.cache_hits,
+                "cache_misses": self.cache_misses,
+            }
