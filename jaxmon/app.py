@@ -79,12 +79,20 @@ def make_source(settings: Settings) -> DeviceSource:
     return _with_faults(LocalSource(settings.gpu.memory_fraction))
 
 
-def workload_source() -> tuple[DeviceSource, InProcess]:
-    """Inside a training process: its own JAX (none of its settings changed) and its live arrays and compiles."""
+def workload_source(settings: Settings) -> tuple[DeviceSource, InProcess]:
+    """Inside a training process: its own JAX (none of its settings changed), its live arrays and compiles, and
+    the training tracker that jaxmon.step() feeds (made with the training collector's options)."""
+    from jaxmon import training
     from jaxmon.sources.local import InProcessWorkload, LocalSource
+    from jaxmon.sources.local.training import JaxTraining
 
     local = LocalSource(sidecar_defaults=False)
-    return _with_faults(local), InProcessWorkload(local)
+    options = settings.collector_options("training")
+    tracker = None
+    if options.enabled is not False:
+        config = options.tracker_config()  # type: ignore[attr-defined]  # TrainingOptions
+        tracker = training.activate(lambda: JaxTraining(local), config)
+    return _with_faults(local), InProcessWorkload(local, tracker)
 
 
 def select_collectors(

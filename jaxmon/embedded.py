@@ -30,7 +30,7 @@ class Exporter:
         self.workload = workload
         self._pid = os.getpid()
         self._stopped = False
-        source, in_process = workload_source()  # the trainer's JAX: change none of its settings
+        source, in_process = workload_source(settings)  # the trainer's JAX: change none of its settings
         self.runtime = build_runtime(settings, source, workload=workload, in_process=in_process)
         self.runtime.start()
         before_finalization(self._exit)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import gzip
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import cast
 
 import structlog
 from prometheus_client import gc_collector, platform_collector, process_collector
@@ -20,10 +19,9 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.registry import CollectorRegistry
-from prometheus_client.utils import floatToGoString
 
 from jaxmon.collectors.base import AnyCollector
-from jaxmon.families import add
+from jaxmon.families import add, go_float
 from jaxmon.families.shared import DEVICE_INFO
 from jaxmon.logsetup import ErrorLog
 from jaxmon.snapshot import Snapshot
@@ -187,10 +185,6 @@ class _OneFamily(PromCollector):
         return iter((self._family,))
 
 
-# The value format of generate_latest (Go's float formatting: 1.0, 2.147483648e+10, +Inf, NaN); untyped upstream.
-_float_text = cast(Callable[[float], str], floatToGoString)
-
-
 def _label_value(value: str) -> str:
     # prometheus_client escapes label values this way whatever the name escaping (openmetrics._escape, ALLOWUTF8).
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
@@ -245,7 +239,7 @@ class TextFormat:
                 # cached. NaN is not stored (it equals nothing).
                 text = value_cache.get(value) if value else None
                 if text is None:
-                    text = _float_text(value)
+                    text = go_float(value)
                     if value and value == value:
                         value_cache[value] = text
                 append(f"{name}{labels} {text}\n")

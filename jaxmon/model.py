@@ -18,6 +18,8 @@ class DeviceInfo:
     process_index: int = 0
     coords: str | None = None
     core_on_chip: int | None = None
+    # TensorCores this device is (TPU: 2 for a megacore v4/v5p device, 1 for a v3 or 7x one); None elsewhere.
+    num_cores: int | None = None
 
     @property
     def key(self) -> tuple[str, int]:

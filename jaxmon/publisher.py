@@ -14,6 +14,7 @@ import stat
 import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,19 @@ from jaxmon.files import write_atomically
 from jaxmon.finalization import EXIT_WAIT, before_finalization
 from jaxmon.logsetup import ErrorLog, ensure_library_logging
 from jaxmon.model import DeviceInfo
+from jaxmon.settings import Settings
 from jaxmon.sources import DeviceSource, InProcess
-from jaxmon.sources.spool import FILE_NAME, TMP_NAME, SpoolCompile, SpoolDevice, SpoolDocument, safe_name
+from jaxmon.sources.spool import (
+    FILE_NAME,
+    SCHEMA,
+    TMP_NAME,
+    SpoolCompile,
+    SpoolDevice,
+    SpoolDocument,
+    SpoolTraining,
+    safe_name,
+)
+from jaxmon.training.reading import TrainingReading
 
 log = structlog.get_logger("jaxmon.publisher")
 
@@ -42,7 +54,7 @@ def default_workload_name() -> str:
 class Publisher:
     """A daemon thread that writes this process's snapshot every interval; it never raises into the caller."""
 
-    def __init__(self, directory: Path, workload: str, interval: float) -> None:
+    def __init__(self, directory: Path, workload: str, interval: float, settings: Settings | None = None) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
         self.directory = directory
@@ -58,15 +70,23 @@ class Publisher:
         self.removed_stale = 0
         self._errors = ErrorLog(log, max(interval, 60.0))  # a lasting failure: once a minute, not every write
         self._stop = threading.Event()
+        self._workload: tuple[DeviceSource, InProcess] | None = None
+        try:
+            from jaxmon.app import default_settings, workload_source
+
+            # Here, not on the thread: the training tracker must exist before the caller's first jaxmon.step().
+            self._workload = workload_source(settings or default_settings())
+        except Exception as exc:  # never into the training code
+            log.error("publisher cannot read JAX devices; not publishing", error=f"{type(exc).__name__}: {exc}")
         self._thread = threading.Thread(target=self._run, name="jaxmon-publisher", daemon=True)
         before_finalization(self._exit)
         self._thread.start()
 
     def _run(self) -> None:
-        from jaxmon.app import workload_source
-
+        if self._workload is None:
+            return
+        source, in_process = self._workload
         try:
-            source, in_process = workload_source()
             devices, _ = source.discover()
         except Exception as exc:  # never into the training code
             log.error("publisher cannot read JAX devices; not publishing", error=f"{type(exc).__name__}: {exc}")
@@ -129,8 +149,9 @@ class Publisher:
             except Exception as exc:
                 fields["error"] = f"{type(exc).__name__}: {exc}"[:4096]
             entries.append(SpoolDevice.model_validate(fields))
+        reading = in_process.training()
         return SpoolDocument(
-            schema="jaxmon.spool/1",
+            schema=SCHEMA,
             workload=self.workload,
             host=self.host,
             pid=self.pid,
@@ -141,6 +162,7 @@ class Publisher:
             interval=self.interval,
             devices=entries,
             compile=SpoolCompile.model_validate(in_process.compile_counts()),
+            training=None if reading is None else spool_training(reading),
         )
 
     def _publish_once(self, source: DeviceSource, devices: list[DeviceInfo], in_process: InProcess) -> None:
@@ -179,6 +201,14 @@ def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def spool_training(reading: TrainingReading) -> SpoolTraining:
+    """The training reading as a spool document carries it (the +Inf bucket is the count: JSON has no inf)."""
+    finite = [(bound, count) for bound, count in reading.duration_buckets if bound != float("inf")]
+    fields = asdict(reading)
+    fields.update(duration_buckets=finite, duration_count=reading.duration_count)
+    return SpoolTraining.model_validate(fields)
+
+
 _publishers: dict[Path, Publisher] = {}
 _publishers_lock = threading.Lock()
 
@@ -194,18 +224,28 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def publish(directory: str | os.PathLike[str], workload: str | None = None, interval: float = 5.0) -> Publisher:
-    """Publish this process's device snapshots to `directory` every `interval` seconds, in the background.
+def publish(
+    directory: str | os.PathLike[str], workload: str | None = None, interval: float = 5.0, **overrides: Any
+) -> Publisher:
+    """Publish this process's device snapshots (and its training telemetry, once it calls jaxmon.step()) to
+    `directory` every `interval` seconds, in the background.
 
-    Calling it again for the same directory returns the running publisher. Errors while writing (a missing,
-    unwritable or full directory) are logged and retried every interval; they never reach the caller.
+    `overrides` are settings sections, as for jaxmon.start(): `training={"peak_flops": 2e14}`; bad ones raise
+    SettingsError. Calling it again for the same directory returns the running publisher. Errors while writing (a
+    missing, unwritable or full directory) are logged and retried every interval; they never reach the caller.
     """
     ensure_library_logging()
+    from jaxmon.app import load_settings, log_settings_notes
+
     path = Path(directory).absolute()
     with _publishers_lock:
         running = _publishers.get(path)
         if running is not None and running._thread.is_alive():
             return running
-        publisher = Publisher(path, workload or default_workload_name(), interval)
+        settings = load_settings(
+            [], arguments=overrides, prog="jaxmon.publish", title="jaxmon.publish: invalid settings"
+        )
+        log_settings_notes(settings)
+        publisher = Publisher(path, workload or default_workload_name(), interval, settings)
         _publishers[path] = publisher
         return publisher

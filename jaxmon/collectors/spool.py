@@ -25,11 +25,13 @@ from jaxmon.families import add, family
 from jaxmon.families.compile import compile_families
 from jaxmon.families.memory import MemoryRow, memory_families
 from jaxmon.families.shared import DEVICE_INFO
+from jaxmon.families.training import training_families
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, MemoryReading
 from jaxmon.settings import CollectorOptions, Duration, Enabled
 from jaxmon.snapshot import Snapshot
-from jaxmon.sources.spool import SpoolDocument, SpoolReader
+from jaxmon.sources.spool import SpoolDocument, SpoolReader, SpoolTraining
+from jaxmon.training.reading import DeviceTraining, TrainingReading
 
 log = structlog.get_logger("jaxmon.collectors.spool")
 
@@ -56,6 +58,7 @@ class WorkloadReport:
     started: float
     devices: tuple[WorkloadDevice, ...]
     compile: Mapping[str, float]
+    training: TrainingReading | None = None
 
 
 def workload_report(doc: SpoolDocument) -> WorkloadReport:
@@ -85,7 +88,21 @@ def workload_report(doc: SpoolDocument) -> WorkloadReport:
         started=doc.started,
         devices=tuple(devices),
         compile=doc.compile.model_dump(),
+        training=None if doc.training is None else training_reading(doc.training),
     )
+
+
+def training_reading(spooled: SpoolTraining) -> TrainingReading:
+    """A published training section as the reading it was made from (+Inf bucket from the count)."""
+    fields = spooled.model_dump()
+    fields["duration_buckets"] = (
+        (*((b, c) for b, c in spooled.duration_buckets), (float("inf"), spooled.duration_count))
+        if spooled.duration_count or spooled.duration_buckets
+        else ()
+    )
+    del fields["duration_count"]
+    fields["devices"] = tuple(DeviceTraining(**d) for d in fields["devices"])
+    return TrainingReading(**fields)
 
 
 @dataclass(frozen=True)
@@ -230,6 +247,13 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
         yield from memory_families([row for row, _ in rows.values()])
         yield from compile_families(
             [({"workload": w.workload, "process_index": str(w.process_index)}, w.compile) for w in state.workloads]
+        )
+        yield from training_families(
+            [
+                ({"workload": w.workload, "process_index": str(w.process_index)}, w.training)
+                for w in state.workloads
+                if w.training is not None
+            ]
         )
         workload_info = family("jaxmon_workload_info", "Each workload process reporting to the spool; always 1.")
         last = family(

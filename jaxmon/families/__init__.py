@@ -7,10 +7,16 @@ process's devices and spooled workloads.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
+
+# The value format of generate_latest (Go's float formatting: 1.0, 2.147483648e+10, +Inf, NaN); untyped upstream.
+go_float = cast(Callable[[float], str], floatToGoString)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,11 @@ Path_ = tuple[str, ...]
 SECTIONS: dict[str, Path_] = {
     "probe": ("collector", "probe"),
     "spool": ("collector", "spool"),
+    # Not an old name: the training telemetry's documented spelling, `jaxmon.start(training={...})`.
+    "training": ("collector", "training"),
 }
+# The ones that are old names (noted once in the log when used).
+OLD = frozenset({"probe", "spool"})
 
 
 def current_path(path: Path_) -> Path_:

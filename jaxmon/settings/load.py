@@ -127,7 +127,7 @@ def _flags(model: type[BaseModel], argv: Sequence[str], passthrough: Sequence[st
                 i += 1  # its value, most likely: not a second problem
             continue
         read.origins[path] = Given("flag", name)
-        if path != written:
+        if path != written and written[0] in aliases.OLD:
             read.notes.append(f"{name} is the old name of {flag(path)} (both work)")
     return out, read
 
@@ -169,7 +169,7 @@ def _environment(model: type[BaseModel], environ: Mapping[str, str]) -> _Read:
             value = _json_or_text(value)
         _set(read.data, path, value)
         read.origins[path] = Given("environment", var)
-        if path != written:
+        if path != written and written[0] in aliases.OLD:
             read.notes.append(f"{var} is the old name of {variable(path)} (both work)")
     return read
 
@@ -190,7 +190,7 @@ def _nested(
         path = aliases.current_path(written)
         _set(read.data, path, value)
         _record(model, value, written, path, source, spell, read.origins)
-        if path != written:
+        if path != written and written[0] in aliases.OLD:
             read.notes.append(f"{spell(written)}: {dotted(written)} is the old name of {dotted(path)} (both work)")
     return read
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from jaxmon.model import BackendStatus, DeviceInfo, ProbeKernel
+from jaxmon.training.reading import TrainingReading
 
 
 class DeviceSource(Protocol):
@@ -44,3 +45,6 @@ class InProcess(Protocol):
 
     def device_memory_profile(self) -> bytes:
         """The process's live device buffers as a gzipped pprof profile (slow: call off the event loop)."""
+
+    def training(self) -> TrainingReading | None:
+        """The training tracker's reading (jaxmon.step()), None without a tracker."""

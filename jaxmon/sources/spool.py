@@ -20,13 +20,15 @@ from pathlib import Path
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from jaxmon.logsetup import ErrorLog
 
 log = structlog.get_logger("jaxmon.sources.spool")
 
-SCHEMA = "jaxmon.spool/1"
+# What publishers write now, and every schema the reader still reads (a sidecar newer than its trainers).
+SCHEMA: Literal["jaxmon.spool/2"] = "jaxmon.spool/2"
+SCHEMAS = ("jaxmon.spool/1", SCHEMA)
 DEFAULT_MAX_FILE_BYTES = 1 << 20
 REJECT_REASONS = (
     "symlink",
@@ -86,6 +88,7 @@ class SpoolDevice(BaseModel):
     memory_stats: dict[StatKey, Int64 | Float64 | None] | None = Field(default=None, max_length=64)
     error: str | None = Field(default=None, max_length=4096)
     live_array_bytes: Count | None = None
+    num_cores: Count | None = None  # schema 2
 
 
 class SpoolCompile(BaseModel):
@@ -99,12 +102,63 @@ class SpoolCompile(BaseModel):
     cache_misses: Count = 0
 
 
+NonNegative = Annotated[float, Field(ge=0, le=2.0**63)]
+Kind = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class SpoolDeviceTraining(BaseModel):
+    """One device's training FLOPs and utilization (schema 2)."""
+
+    model_config = _MODEL
+
+    platform: str = Field(min_length=1, max_length=64)
+    id: Count
+    model_flops_total: NonNegative | None = None
+    hardware_flops_total: NonNegative | None = None
+    hardware_bytes_total: NonNegative | None = None
+    peak_flops: NonNegative | None = None
+    peak_source: Literal["table", "setting"] | None = None
+    mfu: NonNegative | None = None
+    hfu: NonNegative | None = None
+
+
+class SpoolTraining(BaseModel):
+    """A workload process's training telemetry (schema 2; jaxmon.training.reading.TrainingReading)."""
+
+    model_config = _MODEL
+
+    steps_total: Count = 0
+    step: Int64 | None = None
+    last_step_timestamp: Timestamp | None = None
+    # (upper bound, cumulative count) of the finite buckets; the +Inf bucket is duration_count (JSON has no inf).
+    duration_buckets: list[tuple[Annotated[float, Field(gt=0)], Count]] = Field(default_factory=list, max_length=64)
+    duration_count: Count = 0
+    duration_sum: NonNegative = 0.0
+    examples_total: NonNegative = 0.0
+    tokens_total: NonNegative = 0.0
+    host_wait_seconds_total: NonNegative = 0.0
+    elapsed_seconds: NonNegative = 0.0
+    productive_seconds_total: NonNegative = 0.0
+    badput_seconds_total: dict[Kind, NonNegative] = Field(default_factory=dict, max_length=64)
+    devices: list[SpoolDeviceTraining] = Field(default_factory=list, max_length=4096)
+    problems: dict[Kind, Count] = Field(default_factory=dict, max_length=16)
+
+    @model_validator(mode="after")
+    def _a_histogram(self) -> SpoolTraining:
+        # Bounds rise and counts never fall: anything else is no histogram (promtool check metrics refuses it).
+        bounds = [b for b, _ in self.duration_buckets]
+        counts = [c for _, c in self.duration_buckets] + [self.duration_count]
+        if bounds != sorted(set(bounds)) or counts != sorted(counts):
+            raise ValueError("duration_buckets must rise in bound and never fall in count, up to duration_count")
+        return self
+
+
 class SpoolDocument(BaseModel):
     """What a publisher writes."""
 
     model_config = _MODEL
 
-    schema_: Literal["jaxmon.spool/1"] = Field(alias="schema")
+    schema_: Literal["jaxmon.spool/1", "jaxmon.spool/2"] = Field(alias="schema")
     workload: str = Field(min_length=1, max_length=200)
     host: str = Field(min_length=1, max_length=255)
     pid: Count
@@ -115,6 +169,7 @@ class SpoolDocument(BaseModel):
     interval: float = Field(gt=0, le=86400)
     devices: list[SpoolDevice] = Field(max_length=4096)
     compile: SpoolCompile = SpoolCompile()
+    training: SpoolTraining | None = None  # schema 2: absent before the process's first jaxmon.step()
 
 
 # -- the reader -----------------------------------------------------------------------------------------
@@ -164,8 +219,9 @@ def read_document(path: Path, max_bytes: int) -> SpoolDocument:
         raise Rejected("bad_json", str(exc)) from exc
     if not isinstance(data, dict):
         raise Rejected("bad_schema", "top level is not an object")
-    if data.get("schema") != SCHEMA:
-        raise Rejected("schema_version", f"schema {str(data.get('schema'))[:64]!r}, expected {SCHEMA!r}")
+    if data.get("schema") not in SCHEMAS:
+        expected = " or ".join(repr(s) for s in SCHEMAS)
+        raise Rejected("schema_version", f"schema {str(data.get('schema'))[:64]!r}, expected {expected}")
     try:
         return SpoolDocument.model_validate(data)
     except ValidationError as exc:

@@ -102,6 +102,7 @@ class LocalSource:
                     process_index=int(dev.process_index),
                     coords=_coords(dev),
                     core_on_chip=getattr(dev, "core_on_chip", None),
+                    num_cores=num_cores if isinstance(num_cores := getattr(dev, "num_cores", None), int) else None,
                 )
                 if info.key not in self._devices:
                     self._devices[info.key] = dev

@@ -9,15 +9,22 @@ from typing import Any
 from jaxmon.probe.engine import PROBE_THREAD_PREFIX
 from jaxmon.sources.local.devices import LocalSource
 from jaxmon.sources.local.probe import _OWN, _OWN_LOCK
+from jaxmon.training.reading import TrainingReading
+from jaxmon.training.tracker import Tracker
 
 
 class InProcessWorkload:
-    """Embedded mode's view of its own process: live arrays and compile counters."""
+    """A workload process's view of itself: live arrays, compile counters, the training tracker."""
 
-    def __init__(self, source: LocalSource) -> None:
+    def __init__(self, source: LocalSource, tracker: Tracker | None = None) -> None:
         self._jax = source._jax
         self.process_index = int(self._jax.process_index())
         self._counters = CompileCounters.installed()
+        self._tracker = tracker
+
+    def training(self) -> TrainingReading | None:
+        """The training tracker's reading, None without one."""
+        return None if self._tracker is None else self._tracker.reading()
 
     def live_array_bytes(self) -> dict[tuple[str, int], int]:
         """Bytes of live arrays per device in this process."""

@@ -1,0 +1,72 @@
+"""The training collector: step time, throughput, FLOPs, MFU and goodput of the workload process itself.
+
+Only inside a workload (embedded `jaxmon.start()`), where `jaxmon.step()` feeds the tracker (jaxmon/training);
+spooled workloads' training series come with the spool collector. Its options are the tracker's: they apply in
+the workload process (`jaxmon.start(training={...})`, `jaxmon.publish(..., training={...})`, `JAXMON_*`, YAML).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import Metric
+from pydantic import Field
+
+from jaxmon.collectors import register
+from jaxmon.collectors.base import Collector, Context, Update
+from jaxmon.families.training import training_families
+from jaxmon.settings import CollectorOptions, Enabled
+from jaxmon.snapshot import Snapshot
+from jaxmon.training.reading import TrainingReading
+from jaxmon.training.tracker import TrackerConfig
+
+
+class TrainingOptions(CollectorOptions):
+    """`--collector.training.*` (also `training:` / `start(training=...)`)."""
+
+    enabled: Enabled = Field(
+        default="auto", description="true, false, or auto (on inside a workload process that calls jaxmon.step())."
+    )
+    peak_flops: float | None = Field(
+        default=None,
+        gt=0,
+        description="Dense bf16 peak FLOP/s of one device, overriding the table (needed for MFU on a device kind "
+        "the table does not know, such as CPU).",
+    )
+    window: int = Field(default=100, ge=2, le=100_000, description="Steps MFU, HFU and the stall median cover.")
+    stall_factor: float = Field(
+        default=3.0, gt=1, le=1000, description="A step longer than this x the window's median is a stall."
+    )
+    max_pending: int = Field(
+        default=1024, ge=1, le=1_000_000, description="Steps waiting to complete, at most; more are not tracked."
+    )
+
+    def tracker_config(self) -> TrackerConfig:
+        """What the tracker takes of these options."""
+        return TrackerConfig(self.peak_flops, self.window, self.stall_factor, self.max_pending)
+
+
+@register
+class TrainingCollector(Collector[TrainingOptions, TrainingReading | None]):
+    """The tracker's reading, every poll."""
+
+    name = "training"
+    description = "Training steps, step time, throughput, FLOPs, MFU/HFU and goodput of the workload (jaxmon.step)."
+    options = TrainingOptions
+    order = 35
+
+    @classmethod
+    def unavailable(cls, opts: TrainingOptions, ctx: Context) -> str | None:
+        """Only a workload process has steps of its own."""
+        return None if ctx.in_process is not None and ctx.workload is not None else "not inside a workload process"
+
+    def update(self) -> Update[TrainingReading | None]:
+        """The tracker's numbers now (None until the workload's first jaxmon.step())."""
+        assert self.ctx.in_process is not None  # unavailable() otherwise
+        return Update(self.ctx.in_process.training())
+
+    def families(self, snap: Snapshot, state: TrainingReading | None) -> Iterator[Metric]:
+        """One set of series for this workload process, once it steps."""
+        assert self.ctx.in_process is not None
+        labels = {"workload": self.ctx.workload or "", "process_index": str(self.ctx.in_process.process_index)}
+        return training_families([(labels, state)] if state is not None else [])

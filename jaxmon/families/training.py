@@ -1,0 +1,131 @@
+"""The training families: rendered for an embedded workload (training collector) and for spooled workloads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import Metric
+from prometheus_client.samples import Sample
+
+from jaxmon.families import Spec, add, go_float
+from jaxmon.training.reading import TrainingReading
+
+STEPS = Spec("jaxmon_training_steps", "Training steps completed (jaxmon.step() calls seen through).", counter=True)
+STEP = Spec("jaxmon_training_step", "The number of the last step jaxmon.step() reported and saw complete.")
+LAST_STEP = Spec(
+    "jaxmon_training_last_step_timestamp_seconds", "Unix time the last step completed (as jaxmon's waiter saw it)."
+)
+DURATION = Spec(
+    "jaxmon_training_step_duration_seconds",
+    "Completion to completion of consecutive training steps (what a step costs the job, host time included); the "
+    "same buckets in every process, so histograms sum across a job.",
+)
+EXAMPLES = Spec("jaxmon_training_examples", "Examples the steps processed (step(examples=...)).", counter=True)
+TOKENS = Spec("jaxmon_training_tokens", "Tokens the steps processed (step(tokens=...)).", counter=True)
+MODEL_FLOPS = Spec(
+    "jaxmon_training_model_flops",
+    "Model FLOPs of the steps on this device: step(model_flops=...) (the whole job's) / jax.device_count().",
+    counter=True,
+)
+HARDWARE_FLOPS = Spec(
+    "jaxmon_training_hardware_flops",
+    "FLOPs XLA counts for the tracked functions' programs on this device (cost analysis per compiled program, per "
+    "device after SPMD; remat and replicated work included, a scan body counted once).",
+    counter=True,
+)
+HARDWARE_BYTES = Spec(
+    "jaxmon_training_hardware_bytes_accessed",
+    "Bytes XLA counts as accessed by the tracked functions' programs on this device (cost analysis).",
+    counter=True,
+)
+PEAK = Spec(
+    "jaxmon_device_peak_flops_per_second",
+    "Dense bf16 peak FLOP/s of the device (label source: table, by device kind; or setting: "
+    "collector.training.peak_flops).",
+)
+MFU = Spec(
+    "jaxmon_training_model_flops_utilization_ratio",
+    "MFU over the last window of steps: model FLOPs on this device / (the steps' duration x the device's peak).",
+)
+HFU = Spec(
+    "jaxmon_training_hardware_flops_utilization_ratio",
+    "HFU over the last window of steps: XLA's FLOPs on this device / (the steps' duration x the device's peak).",
+)
+HOST_WAIT = Spec(
+    "jaxmon_training_host_wait_seconds",
+    "Time the devices waited for the host: how much later a step was handed to jaxmon.step() than the previous "
+    "one completed (the host-bound signal).",
+    counter=True,
+)
+ELAPSED = Spec("jaxmon_training_elapsed_seconds", "Seconds since the workload's jaxmon started (start() or publish()).")
+PRODUCTIVE = Spec(
+    "jaxmon_training_productive_seconds",
+    "The sum of step durations less the badput inside them (goodput = its rate, or it / elapsed).",
+    counter=True,
+)
+BADPUT = Spec(
+    "jaxmon_training_badput_seconds",
+    "Time that was not training, by kind: startup (to the first completed step, less other kinds), compile, "
+    "checkpoint, data, eval, the user's badput() kinds, restart (around a step number that went back), stall (a "
+    "step's excess over stall_factor x the window median).",
+    counter=True,
+)
+PROBLEMS = Spec(
+    "jaxmon_training_tracking_problems",
+    "What the training tracker could not use, by reason: back and jump (step numbers that do not follow), unready "
+    "(a ready array deleted or donated first), dropped (too many steps pending), cost (no cost analysis).",
+    counter=True,
+)
+
+
+def _histogram(fam: Metric, labels: dict[str, str], reading: TrainingReading) -> None:
+    name = fam.name
+    for bound, count in reading.duration_buckets:
+        fam.samples.append(Sample(name + "_bucket", {**labels, "le": go_float(bound)}, float(count)))
+    fam.samples.append(Sample(name + "_count", labels, float(reading.duration_count)))
+    fam.samples.append(Sample(name + "_sum", labels, reading.duration_sum))
+
+
+def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Iterator[Metric]:
+    """The training families of (labels of the workload process, its reading) rows; per-device series add
+    `device` and `platform`. A number that is not known is an absent series."""
+    steps, step, last, examples, tokens = STEPS.new(), STEP.new(), LAST_STEP.new(), EXAMPLES.new(), TOKENS.new()
+    duration = Metric(DURATION.name, DURATION.help, "histogram")
+    model, hardware, nbytes, peak, mfu, hfu = (
+        s.new() for s in (MODEL_FLOPS, HARDWARE_FLOPS, HARDWARE_BYTES, PEAK, MFU, HFU)
+    )
+    host_wait, elapsed, productive, badput, problems = (
+        s.new() for s in (HOST_WAIT, ELAPSED, PRODUCTIVE, BADPUT, PROBLEMS)
+    )
+    for labels, r in rows:
+        add(steps, labels, r.steps_total)
+        if r.step is not None:
+            add(step, labels, r.step)
+        if r.last_step_timestamp is not None:
+            add(last, labels, r.last_step_timestamp)
+        if r.duration_buckets:
+            _histogram(duration, labels, r)
+        add(examples, labels, r.examples_total)
+        add(tokens, labels, r.tokens_total)
+        add(host_wait, labels, r.host_wait_seconds_total)
+        add(elapsed, labels, r.elapsed_seconds)
+        add(productive, labels, r.productive_seconds_total)
+        for kind, seconds in sorted(r.badput_seconds_total.items()):
+            add(badput, {**labels, "kind": kind}, seconds)
+        for reason, count in sorted(r.problems.items()):
+            add(problems, {**labels, "reason": reason}, count)
+        for d in r.devices:
+            per_device = {**labels, "device": str(d.id), "platform": d.platform}
+            for fam, value in (
+                (model, d.model_flops_total),
+                (hardware, d.hardware_flops_total),
+                (nbytes, d.hardware_bytes_total),
+                (mfu, d.mfu),
+                (hfu, d.hfu),
+            ):
+                if value is not None:
+                    add(fam, per_device, value)
+            if d.peak_flops is not None:
+                add(peak, {**per_device, "source": d.peak_source or "table"}, d.peak_flops)
+    yield from (steps, step, last, duration, examples, tokens, model, hardware, nbytes, peak, mfu, hfu)
+    yield from (host_wait, elapsed, productive, badput, problems)

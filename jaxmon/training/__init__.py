@@ -1,0 +1,158 @@
+"""Training telemetry from inside the job: step time, throughput, MFU and goodput, with no device sync added.
+
+    jaxmon.start(10401, workload="llama")            # or jaxmon.publish("/run/jaxmon", workload="llama")
+    step_fn = jaxmon.track(jax.jit(train_step, donate_argnums=0))   # optional: XLA's FLOPs per call
+    for n in range(first_step, last_step):
+        state, loss = step_fn(state, batch)
+        jaxmon.step(n, loss, examples=batch_size, tokens=batch_size * seq_len, model_flops=flops_per_step)
+        if n % 1000 == 0:
+            with jaxmon.badput("checkpoint"):
+                save(state)
+
+`step()` returns at once and never raises: a waiter thread of jaxmon's sees each step complete (tracker.py).
+Without a running `jaxmon.start()` or `jaxmon.publish()` the three calls do nothing (one warning).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+import warnings
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any, Generic, ParamSpec, TypeVar
+
+import structlog
+
+from jaxmon.finalization import EXIT_WAIT, before_finalization
+from jaxmon.training.tracker import Program, Tracker, TrackerConfig, TrainingOps
+
+log = structlog.get_logger("jaxmon.training")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_tracker: Tracker | None = None
+_lock = threading.Lock()
+_warned = False
+
+
+def activate(ops: Callable[[], TrainingOps], config: TrackerConfig) -> Tracker:
+    """The process's tracker, made on first use (jaxmon.start() and jaxmon.publish() call this)."""
+    global _tracker
+    with _lock:
+        if _tracker is None:
+            _tracker = Tracker(ops(), config)
+            tracker = _tracker
+            # The waiter thread waits inside JAX: let it leave before the interpreter finalizes.
+            before_finalization(lambda: tracker.stop(EXIT_WAIT))
+        return _tracker
+
+
+def current() -> Tracker | None:
+    """The running tracker, None before start() or publish()."""
+    return _tracker
+
+
+def _not_running(what: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(
+            f"jaxmon.{what}() does nothing before jaxmon.start() or jaxmon.publish(): call one of them first",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def step(
+    n: int,
+    *ready: Any,
+    examples: float | None = None,
+    tokens: float | None = None,
+    model_flops: float | None = None,
+) -> None:
+    """Mark the end of training step `n`: it is complete when the arrays in `ready` (any pytree: the loss, the
+    metrics, never a donated buffer) are; without `ready`, when a tiny barrier on every local device is (a few
+    dispatches per step on the training thread). `examples` and `tokens` are this step's; `model_flops` the whole
+    job's model FLOPs of the step (6·N·tokens for a transformer), split evenly over jax.device_count() devices.
+    Returns at once; never raises into training."""
+    tracker = _tracker
+    if tracker is None:
+        _not_running("step")
+        return
+    try:
+        tracker.step(n, ready, examples, tokens, model_flops)
+    except Exception as exc:  # never into training
+        log.warning("jaxmon.step failed; the step is not tracked", error=f"{type(exc).__name__}: {exc}")
+
+
+@contextlib.contextmanager
+def badput(kind: str) -> Iterator[None]:
+    """Time in this block is not training: `checkpoint`, `data`, `eval`, or a kind of your own."""
+    tracker = _tracker
+    if tracker is None:
+        _not_running("badput")
+        yield
+        return
+    interval = tracker.interval(str(kind), tracker.now())  # open: a step completing meanwhile is charged for it
+    try:
+        yield
+    finally:
+        tracker.close(interval)
+
+
+class Tracked(Generic[P, R]):
+    """A jitted function whose calls add XLA's per-device FLOPs (cost analysis, once per compiled program) to the
+    step they run in. It compiles nothing itself: the cost is read after the call compiled the program."""
+
+    def __init__(self, fn: Callable[P, R]) -> None:
+        self._fn = fn
+        self._programs: dict[Hashable, Program] = {}
+        self._only: Program | None = None  # while the function holds one compiled program: that one
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        out = self._fn(*args, **kwargs)
+        tracker = _tracker
+        if tracker is None:
+            _not_running("track")
+            return out
+        try:
+            tracker.called(self._program(tracker.ops, args, kwargs))
+        except Exception as exc:
+            log.warning("jaxmon.track could not note a call", error=f"{type(exc).__name__}: {exc}")
+        return out
+
+    def _program(self, ops: TrainingOps, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Program:
+        # One compiled program and one known: the call ran it (no signature to compute on the training thread).
+        size = ops.cache_size(self._fn)
+        if self._only is not None and size == 1:
+            return self._only
+        key = ops.signature(args, kwargs)  # after the call: donated arguments keep their shapes and shardings
+        program = self._programs.get(key)
+        if program is None:
+            program = self._programs[key] = Program(self._fn, ops.avals(args, kwargs))
+        self._only = program if len(self._programs) == 1 and size == 1 else None
+        return program
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fn, name)  # lower, trace, eval_shape... of the jitted function
+
+
+def track(fn: Callable[P, R]) -> Tracked[P, R]:
+    """Wrap a jitted function so that each call adds its XLA FLOPs (per device) to the current step."""
+    return Tracked(fn)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has no waiter thread: it tracks nothing unless it calls start() or publish() itself."""
+    global _tracker, _lock
+    _tracker = None
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+__all__ = ["Tracked", "TrackerConfig", "activate", "badput", "current", "step", "track"]

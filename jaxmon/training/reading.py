@@ -1,0 +1,48 @@
+"""What a training process reports: plain numbers, the same whether rendered in-process or published to a spool."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class DeviceTraining:
+    """One local device's FLOPs and utilization; None where it is not known."""
+
+    platform: str
+    id: int
+    model_flops_total: float | None = None
+    hardware_flops_total: float | None = None
+    hardware_bytes_total: float | None = None
+    peak_flops: float | None = None
+    peak_source: str | None = None  # "table" or "setting"
+    mfu: float | None = None
+    hfu: float | None = None
+
+
+@dataclass(frozen=True)
+class TrainingReading:
+    """A training process's telemetry at one instant (counters since its tracker started)."""
+
+    steps_total: int = 0
+    step: int | None = None
+    last_step_timestamp: float | None = None
+    # (upper bound, cumulative count), +Inf last; the step durations' sum.
+    duration_buckets: tuple[tuple[float, int], ...] = ()
+    duration_sum: float = 0.0
+    examples_total: float = 0.0
+    tokens_total: float = 0.0
+    host_wait_seconds_total: float = 0.0
+    elapsed_seconds: float = 0.0
+    productive_seconds_total: float = 0.0
+    badput_seconds_total: Mapping[str, float] = field(default_factory=dict)
+    devices: tuple[DeviceTraining, ...] = ()
+    # What the tracker could not use, by reason: back, jump (step numbers), unready (a deleted buffer), dropped
+    # (the waiter fell too far behind), cost (no cost analysis).
+    problems: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def duration_count(self) -> int:
+        """Step durations observed."""
+        return self.duration_buckets[-1][1] if self.duration_buckets else 0

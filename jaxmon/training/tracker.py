@@ -1,0 +1,330 @@
+"""The training tracker: `step()` on the training thread, a waiter thread that sees each step complete.
+
+`step()` only notes the time and queues the step's ready arrays (a deque append under a lock): it never blocks and
+never raises. The waiter blocks on each step's arrays in order (`block_until_ready` releases the GIL, so training
+goes on dispatching), notes when they are ready, and does the bookkeeping (`accounting.py`). Nothing here imports
+JAX: `ops` (jaxmon.sources.local.training.JaxTraining) does that.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from jaxmon.logsetup import ErrorLog
+from jaxmon.model import DeviceInfo
+from jaxmon.training.accounting import Accounting, Interval
+from jaxmon.training.peaks import device_peak
+from jaxmon.training.reading import DeviceTraining, TrainingReading
+
+log = structlog.get_logger("jaxmon.training")
+
+# jax.monitoring duration events that are time not training: XLA compilations, and Orbax's (and Flax/Paxml's)
+# blocking checkpoint writes.
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+CHECKPOINT_EVENTS = (
+    "/jax/checkpoint/write/async/blocking_duration_secs",
+    "/jax/checkpoint/write/blocking_duration_secs",
+    "/jax/checkpoint/write/durations_sec",
+)
+# Badput intervals kept for attribution: older ones than the last completed step are dropped as steps complete.
+MAX_INTERVALS = 10_000
+
+
+class TrainingOps(Protocol):
+    """What the tracker needs of JAX (jaxmon.sources.local.training.JaxTraining)."""
+
+    def devices(self) -> list[DeviceInfo]: ...
+    def device_count(self) -> int: ...
+    def leaves(self, tree: Any) -> list[Any]: ...
+    def barrier(self) -> list[Any]: ...
+    def wait(self, array: Any) -> None: ...
+    def signature(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Hashable: ...
+    def avals(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any: ...
+    def cost(self, fn: Any, avals: Any) -> Any: ...
+    def cache_size(self, fn: Any) -> int | None: ...
+    def on_event_duration(self, callback: Callable[[str, float], None]) -> Callable[[], None]: ...
+
+
+@dataclass(frozen=True)
+class TrackerConfig:
+    """The training collector's options, as the tracker uses them."""
+
+    peak_flops: float | None = None  # per device; overrides the table
+    window: int = 100
+    stall_factor: float = 3.0
+    max_pending: int = 1024
+
+
+@dataclass
+class Program:
+    """One compiled program of a tracked function: its abstract arguments, and its cost once known."""
+
+    fn: Any
+    avals: Any
+    cost: Any = None
+    failed: bool = False
+
+
+@dataclass
+class _Pending:
+    number: int
+    arrays: list[Any]
+    handed: float
+    examples: float | None
+    tokens: float | None
+    model_flops: float | None
+    programs: dict[int, tuple[Program, int]] = field(default_factory=dict)
+
+
+class Tracker:
+    """One training process's step telemetry."""
+
+    def __init__(self, ops: TrainingOps, config: TrackerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ops = ops
+        self.config = config
+        self._clock = clock
+        self._errors = ErrorLog(log, 3600.0)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._pending: deque[_Pending] = deque()
+        self._calls: dict[int, tuple[Program, int]] = {}  # tracked calls since the last step()
+        self._intervals: deque[Interval] = deque(maxlen=MAX_INTERVALS)
+        self._devices = ops.devices()
+        self._device_count = max(ops.device_count(), 1)
+        self._peaks = self._peak_table()
+        self._acct = Accounting(started=clock(), window=config.window, stall_factor=config.stall_factor)
+        self._last: tuple[int, float | None] | None = None  # (number, completion) of the last step seen
+        self._steps = 0
+        self._last_wall: float | None = None
+        self._examples = 0.0
+        self._tokens = 0.0
+        self._model: dict[tuple[str, int], float] = {}
+        self._hardware: dict[tuple[str, int], float] = {}
+        self._bytes: dict[tuple[str, int], float] = {}
+        self._problems: dict[str, int] = {}
+        self._problems_lock = threading.Lock()
+        self._stepping = False  # step() was called: a process that never does exports no training series
+        self._stopping = False
+        self._unlisten = ops.on_event_duration(self._on_event)
+        self._thread = threading.Thread(target=self._wait_loop, name="jaxmon-training", daemon=True)
+        self._thread.start()
+
+    # -- the training thread ------------------------------------------------------------------------------
+
+    def step(self, number: int, ready: tuple[Any, ...], examples: Any, tokens: Any, model_flops: Any) -> None:
+        """Step `number` is dispatched; it is complete when `ready` is (or, without it, a barrier on every device)."""
+        handed = self._clock()
+        arrays = self.ops.leaves(ready) if ready else self.ops.barrier()
+        with self._lock:
+            self._stepping = True
+            calls, self._calls = self._calls, {}
+            if len(self._pending) >= self.config.max_pending:
+                self._problem("dropped", "training steps not tracked: the waiter is far behind", number=number)
+                return
+            self._pending.append(
+                _Pending(int(number), arrays, handed, _number(examples), _number(tokens), _number(model_flops), calls)
+            )
+            self._wake.notify()
+
+    def called(self, program: Program) -> None:
+        """A tracked function ran `program` once in the current step."""
+        with self._lock:
+            _, count = self._calls.get(id(program), (program, 0))
+            self._calls[id(program)] = (program, count + 1)
+
+    def interval(self, kind: str, start: float, end: float = float("inf")) -> Interval:
+        """Time that was not training, from `start` (and until `end`, or `close()`: a `badput()` block)."""
+        interval = Interval(kind, start, end)
+        with self._lock:
+            self._intervals.append(interval)
+        return interval
+
+    def close(self, interval: Interval) -> None:
+        """The interval ends now."""
+        with self._lock:
+            interval.end = self._clock()
+
+    def now(self) -> float:
+        """The tracker's clock."""
+        return self._clock()
+
+    def _on_event(self, event: str, seconds: float) -> None:
+        kind = "compile" if event == COMPILE_EVENT else "checkpoint" if event in CHECKPOINT_EVENTS else None
+        if kind is not None and seconds > 0:
+            end = self._clock()
+            self.interval(kind, end - seconds, end)
+
+    # -- the waiter thread --------------------------------------------------------------------------------
+
+    def _wait_loop(self) -> None:
+        while not self._stopping:
+            try:
+                self._wait_one()
+            except Exception as exc:  # a bug here must not end the telemetry (nor reach training)
+                self._problem("error", "the training waiter failed on a step", detail=f"{type(exc).__name__}: {exc}")
+
+    def _wait_one(self) -> None:
+        with self._lock:
+            while not self._pending and not self._stopping:
+                self._wake.wait()
+            if self._stopping:
+                return
+            item = self._pending[0]
+        ok = True
+        for array in item.arrays:
+            try:
+                self.ops.wait(array)
+            except Exception as exc:  # deleted or donated before it was waited for
+                ok = False
+                self._problem("unready", "a step's ready array was deleted or donated", detail=str(exc)[:200])
+        done = self._clock() if ok else None
+        item.arrays = []  # hold no array longer than needed
+        costs = {key: self._cost(program) for key, (program, _) in item.programs.items()}
+        with self._lock:
+            self._pending.popleft()
+            self._complete(item, done, costs)
+
+    def _cost(self, program: Program) -> Any:
+        if program.cost is None and not program.failed:
+            try:
+                program.cost = self.ops.cost(program.fn, program.avals)
+            except Exception as exc:
+                program.failed = True
+                self._problem("cost", "no cost analysis for a tracked function", detail=f"{type(exc).__name__}: {exc}")
+        return program.cost
+
+    def _complete(self, item: _Pending, done: float | None, costs: Mapping[int, Any]) -> None:
+        """Book step `item`, completed at `done` (None: unknown), with the lock held."""
+        self._steps += 1
+        self._last_wall = time.time()
+        self._examples += item.examples or 0.0
+        self._tokens += item.tokens or 0.0
+        model: dict[tuple[str, int], float] = {}
+        if item.model_flops is not None:
+            share = item.model_flops / self._device_count
+            model = {d.key: share for d in self._devices}
+        hardware: dict[tuple[str, int], float] = {}
+        for key, (_, count) in item.programs.items():
+            cost = costs.get(key)
+            if cost is None:
+                continue
+            for device in cost.devices:
+                if cost.flops is not None:
+                    hardware[device] = hardware.get(device, 0.0) + cost.flops * count
+                if cost.bytes_accessed is not None:
+                    self._bytes[device] = self._bytes.get(device, 0.0) + cost.bytes_accessed * count
+        for totals, add in ((self._model, model), (self._hardware, hardware)):
+            for device, flops in add.items():
+                totals[device] = totals.get(device, 0.0) + flops
+        previous, self._last = self._last, (item.number, done)
+        if done is None:
+            return
+        if previous is None or previous[1] is None:
+            if self._acct.first_done is None:
+                self._acct.first(done, self._intervals)
+            self._forget_intervals(done)
+            return
+        number, previous_done = previous[0], previous[1]
+        if item.number == number + 1:
+            self._acct.step(previous_done, done, item.handed, self._intervals, model, hardware)
+        else:
+            restart = item.number <= number
+            reason = "back" if restart else "jump"
+            self._problem(reason, "training step numbers do not follow", previous=number, number=item.number)
+            self._acct.gap(previous_done, done, self._intervals, restart)
+        self._forget_intervals(done)
+
+    def _forget_intervals(self, done: float) -> None:
+        """Drop the intervals that ended by `done`: every later step interval starts after it."""
+        kept = [i for i in self._intervals if i.end > done]
+        if len(kept) != len(self._intervals):
+            self._intervals = deque(kept, maxlen=MAX_INTERVALS)
+
+    def _problem(self, reason: str, event: str, **fields: Any) -> None:
+        with self._problems_lock:  # its own lock: called with the main one held and without
+            self._problems[reason] = self._problems.get(reason, 0) + 1
+        self._errors.error(reason, event, reason, **fields)  # once an hour per reason, with the count since
+
+    # -- reading ------------------------------------------------------------------------------------------
+
+    def _peak_table(self) -> dict[tuple[str, int], tuple[float, str]]:
+        peaks: dict[tuple[str, int], tuple[float, str]] = {}
+        unknown: set[str] = set()
+        for d in self._devices:
+            if self.config.peak_flops is not None:
+                peaks[d.key] = (self.config.peak_flops, "setting")
+            elif (peak := device_peak(d.device_kind, d.num_cores)) is not None:
+                peaks[d.key] = (peak, "table")
+            else:
+                unknown.add(d.device_kind)
+        for kind in sorted(unknown):
+            log.warning(
+                "no peak FLOP/s known for this device kind: no MFU or HFU series (set collector.training.peak_flops)",
+                device_kind=kind,
+            )
+        return peaks
+
+    def reading(self) -> TrainingReading | None:
+        """The telemetry now; None before the first step()."""
+        with self._lock:
+            if not self._stepping:
+                return None
+            mfu, hfu = self._acct.utilization({k: p for k, (p, _) in self._peaks.items()})
+            devices = tuple(
+                DeviceTraining(
+                    platform=d.platform,
+                    id=d.id,
+                    model_flops_total=self._model.get(d.key),
+                    hardware_flops_total=self._hardware.get(d.key),
+                    hardware_bytes_total=self._bytes.get(d.key),
+                    peak_flops=self._peaks[d.key][0] if d.key in self._peaks else None,
+                    peak_source=self._peaks[d.key][1] if d.key in self._peaks else None,
+                    mfu=mfu.get(d.key),
+                    hfu=hfu.get(d.key),
+                )
+                for d in self._devices
+            )
+            return TrainingReading(
+                steps_total=self._steps,
+                step=self._last[0] if self._last is not None else None,
+                last_step_timestamp=self._last_wall,
+                duration_buckets=tuple(self._acct.histogram.cumulative()),
+                duration_sum=self._acct.histogram.total,
+                examples_total=self._examples,
+                tokens_total=self._tokens,
+                host_wait_seconds_total=self._acct.host_wait,
+                elapsed_seconds=self._clock() - self._acct.started,
+                productive_seconds_total=self._acct.productive,
+                badput_seconds_total=dict(self._acct.badput),
+                devices=devices,
+                problems=self._problem_counts(),
+            )
+
+    def _problem_counts(self) -> dict[str, int]:
+        with self._problems_lock:
+            return dict(self._problems)
+
+    def stop(self, timeout: float) -> None:
+        """End the waiter after the step it waits for (a hung device keeps it: it is a daemon thread)."""
+        self._unlisten()
+        with self._lock:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+
+def _number(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None

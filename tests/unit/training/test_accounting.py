@@ -1,0 +1,109 @@
+"""The training bookkeeping on literal timelines: attribution of badput, stalls, gaps, the histogram, MFU/HFU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from jaxmon.training.accounting import (
+    DURATION_BUCKETS,
+    RESTART,
+    STALL,
+    STALL_MIN_STEPS,
+    STARTUP,
+    Accounting,
+    Histogram,
+    Interval,
+    attribute,
+)
+
+CPU0, CPU1 = ("cpu", 0), ("cpu", 1)
+
+
+def test_overlapping_intervals_count_each_instant_once_for_the_one_that_started_first() -> None:
+    intervals = [Interval("data", 1.0, 3.0), Interval("checkpoint", 2.0, 5.0), Interval("eval", 10.0, 11.0)]
+    assert attribute(0.0, 4.0, intervals) == {"data": 2.0, "checkpoint": 1.0}
+    assert attribute(4.0, 10.5, intervals) == {"checkpoint": 1.0, "eval": 0.5}
+    assert attribute(5.0, 10.0, intervals) == {}  # touching is not overlapping
+    # One that is still open (end +inf) is charged up to the end of the span asked about.
+    assert attribute(0.0, 2.0, [Interval("checkpoint", 1.5)]) == {"checkpoint": 0.5}
+    # Nested: the outer one started first and takes the whole of it.
+    assert attribute(0.0, 10.0, [Interval("eval", 1.0, 9.0), Interval("data", 2.0, 3.0)]) == {"eval": 8.0}
+
+
+def test_the_histogram_counts_a_value_at_a_bound_in_that_bucket_and_cumulates() -> None:
+    h = Histogram()
+    for value in (0.001, 0.0011, 0.5, 1000.0):
+        h.observe(value)
+    cumulative = dict(h.cumulative())
+    assert cumulative[0.001] == 1  # le is "less than or equal"
+    assert cumulative[0.0025] == 2 and cumulative[0.5] == 3 and cumulative[600.0] == 3
+    assert cumulative[math.inf] == 4 == h.count
+    assert h.total == pytest.approx(1000.5021)
+    assert [b for b, _ in h.cumulative()] == [*DURATION_BUCKETS, math.inf]
+
+
+def test_startup_is_the_time_to_the_first_completed_step_less_what_other_kinds_name() -> None:
+    acct = Accounting(started=100.0)
+    acct.first(130.0, [Interval("compile", 110.0, 118.0), Interval("checkpoint", 120.0, 125.0)])
+    assert acct.badput == {"compile": 8.0, "checkpoint": 5.0, STARTUP: 17.0}
+    assert acct.productive == 0.0
+
+
+def _steady(acct: Accounting, start: float, n: int, every: float, flops: float = 0.0) -> float:
+    done = start
+    for _ in range(n):
+        acct.step(done, done + every, done, [], {CPU0: flops}, {CPU0: 2 * flops})
+        done += every
+    return done
+
+
+def test_steps_are_productive_less_badput_inside_them_and_the_host_wait_counts_late_hand_overs() -> None:
+    acct = Accounting(started=0.0)
+    acct.first(1.0, [])
+    # Step 1: 1.0 -> 2.0, handed 0.5 (the host was ahead): no wait. Step 2: 2.0 -> 4.0, handed at 3.0 (1 s after
+    # step 1 completed: the devices waited), with a data interval of 0.5 s inside it.
+    acct.step(1.0, 2.0, 0.5, [], {}, {})
+    acct.step(2.0, 4.0, 3.0, [Interval("data", 2.5, 3.0)], {}, {})
+    assert acct.productive == pytest.approx(1.0 + 1.5)
+    assert acct.badput == {STARTUP: 1.0, "data": 0.5}
+    assert acct.host_wait == pytest.approx(1.0)
+    assert acct.histogram.count == 2 and acct.histogram.total == pytest.approx(3.0)
+
+
+def test_a_step_far_longer_than_the_window_median_is_a_stall_for_its_excess() -> None:
+    acct = Accounting(started=0.0, stall_factor=3.0)
+    acct.first(0.0, [])
+    done = _steady(acct, 0.0, STALL_MIN_STEPS, 0.1)
+    acct.step(done, done + 1.0, done, [], {}, {})  # 10 x the median: 3 x is usual, 0.7 s is a stall
+    assert acct.badput[STALL] == pytest.approx(0.7)
+    assert acct.productive == pytest.approx(STALL_MIN_STEPS * 0.1 + 0.3)
+    # Fewer steps than STALL_MIN_STEPS: nothing to judge by.
+    early = Accounting(started=0.0)
+    early.first(0.0, [])
+    _steady(early, 0.0, STALL_MIN_STEPS - 1, 0.1)
+    early.step(0.4, 1.4, 0.4, [], {}, {})
+    assert STALL not in early.badput
+
+
+def test_a_restore_charges_the_gap_to_restart_and_restarts_the_window_and_a_jump_stays_productive() -> None:
+    acct = Accounting(started=0.0)
+    acct.first(0.0, [])
+    done = _steady(acct, 0.0, 3, 0.1)
+    acct.gap(done, done + 5.0, [Interval("checkpoint", done + 1.0, done + 3.0)], restart=True)
+    assert acct.badput == pytest.approx({STARTUP: 0.0, "checkpoint": 2.0, RESTART: 3.0})
+    assert len(acct.recent) == 0 and acct.histogram.count == 3  # no duration for the gap
+    acct.gap(10.0, 12.0, [], restart=False)
+    assert acct.productive == pytest.approx(0.3 + 2.0)
+
+
+def test_mfu_and_hfu_are_the_windows_flops_over_its_duration_times_the_peak() -> None:
+    acct = Accounting(started=0.0, window=4)
+    acct.first(0.0, [])
+    _steady(acct, 0.0, 6, 0.5, flops=1e12)  # the window keeps the last 4 steps: 2 s, 4e12 model FLOPs on cpu:0
+    assert len(acct.recent) == 4
+    mfu, hfu = acct.utilization({CPU0: 4e12, CPU1: 4e12})
+    assert mfu == {CPU0: pytest.approx(4e12 / (2.0 * 4e12))}
+    assert hfu == {CPU0: pytest.approx(8e12 / (2.0 * 4e12))}  # cpu:1 ran nothing the window knows of: no series
+    assert Accounting(started=0.0).utilization({CPU0: 1e12}) == ({}, {})

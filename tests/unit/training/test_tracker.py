@@ -1,0 +1,332 @@
+"""The training tracker in this process on real JAX CPU devices: durations, FLOPs, MFU, badput, gaps, donation,
+no sync added. Each number is checked against what the test measures or computes itself."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import jaxmon
+from jaxmon import training
+from jaxmon.sources.local import CompileCounters, LocalSource
+from jaxmon.sources.local.training import JaxTraining, cost_numbers
+from jaxmon.training.reading import TrainingReading
+from jaxmon.training.tracker import Tracker, TrackerConfig
+from tests.helpers import wait_until
+
+PEAK = 1e12
+
+
+@pytest.fixture(scope="module")
+def source() -> LocalSource:
+    return LocalSource(sidecar_defaults=False)
+
+
+MakeTracker = Callable[..., Tracker]
+
+
+@pytest.fixture
+def make_tracker(source: LocalSource, monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeTracker]:
+    """A tracker of this process, made the current one (as start() or publish() would), stopped afterwards."""
+    made: list[Tracker] = []
+
+    def make(**config: Any) -> Tracker:
+        tracker = Tracker(JaxTraining(source), TrackerConfig(**{"peak_flops": PEAK, **config}))
+        monkeypatch.setattr(training, "_tracker", tracker)
+        made.append(tracker)
+        return tracker
+
+    yield make
+    for tracker in made:
+        tracker.stop(10)
+
+
+def settled(tracker: Tracker, steps: int) -> TrainingReading:
+    """The reading once the waiter has seen `steps` steps."""
+    wait_until(lambda: (r := tracker.reading()) is not None and r.steps_total >= steps, what=f"{steps} steps seen")
+    reading = tracker.reading()
+    assert reading is not None
+    return reading
+
+
+def slow_step(size: int = 384, repeat: int = 20) -> Callable[[jax.Array], jax.Array]:
+    """A jitted step of tens of milliseconds on a CPU device (the device must be slower than the host)."""
+    return jax.jit(lambda x: jax.lax.fori_loop(0, repeat, lambda _, c: jnp.tanh(c @ c) / size, x))
+
+
+def test_step_durations_are_what_a_loop_timing_its_own_completions_measures(make_tracker: MakeTracker) -> None:
+    """The loop syncs on each step and notes when it completed (jaxmon must not, and does not need to)."""
+    tracker = make_tracker()
+    f = slow_step()
+    x = jnp.ones((384, 384))
+    done = []
+    for n in range(12):
+        x = f(x)
+        jaxmon.step(n, x)
+        x.block_until_ready()
+        done.append(time.monotonic())
+        if n == 5:
+            time.sleep(0.05)  # one longer step: its interval includes the host's pause
+    reading = settled(tracker, 12)
+    assert reading.duration_count == 11 and reading.steps_total == 12 and reading.step == 11
+    # Completion to completion, summed: the first and the last completion, as the loop saw them (both threads
+    # wake on the same event; each observation lags it by at most a GIL switch interval).
+    assert reading.duration_sum == pytest.approx(done[-1] - done[0], abs=0.01)
+    longest = max(b - a for a, b in zip(done, done[1:], strict=False))
+    assert longest > 0.05
+    buckets = dict(reading.duration_buckets)
+    assert buckets[float("inf")] == 11 and buckets[0.01] < 11  # the long step is past 10 ms
+
+
+def test_hardware_flops_are_xla_cost_analysis_per_device_per_call(make_tracker: MakeTracker) -> None:
+    """One device, and eight: each call adds the compiled program's per-device FLOPs to each device it runs on."""
+    tracker = make_tracker()
+    single = jaxmon.track(jax.jit(lambda w, x: jnp.tanh(x @ w).sum()))
+    w, x = jnp.ones((128, 64)), jnp.ones((32, 128))
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    batch = jax.device_put(jnp.ones((64, 128)), NamedSharding(mesh, PartitionSpec("d")))
+    sharded = jaxmon.track(jax.jit(lambda w, b: (b @ w).sum()))
+    for n in range(3):
+        loss = single(w, x)
+        other = sharded(w, batch)
+        jaxmon.step(n, loss, other)
+    reading = settled(tracker, 3)
+    one = single.lower(w, x).compile().cost_analysis()["flops"]
+    eight = sharded.lower(w, batch).compile().cost_analysis()["flops"]
+    per_device = {(d.platform, d.id): d.hardware_flops_total for d in reading.devices}
+    default = jax.devices()[0].id
+    for device in range(8):
+        expected = 3 * eight + (3 * one if device == default else 0)
+        assert per_device[("cpu", device)] == pytest.approx(expected), device
+    # The sharded program is the per-device count: global / 8 here (a batch-sharded matmul).
+    assert eight == pytest.approx(sharded.lower(w, batch).cost_analysis()["flops"] / 8, rel=0.01)
+
+
+def test_mfu_and_hfu_are_the_flops_over_the_window_time_and_the_peak(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker(window=100)
+    f = jaxmon.track(slow_step(256, 5))
+    x = jnp.ones((256, 256))
+    model_flops = 8 * 1e9  # the whole job's: 1e9 per device
+    for n in range(6):
+        x = f(x)
+        jaxmon.step(n, x, model_flops=model_flops)
+    reading = settled(tracker, 6)
+    cost = f.lower(x).compile().cost_analysis()["flops"]
+    window = reading.duration_sum  # every step is in the window
+    device = next(d for d in reading.devices if d.id == x.sharding._device.id)  # type: ignore[attr-defined]
+    assert device.model_flops_total == pytest.approx(6e9)
+    assert device.peak_flops == PEAK and device.peak_source == "setting"
+    # The first step opens the window (no interval of its own): 5 steps of model FLOPs over their 5 durations.
+    assert device.mfu == pytest.approx(5 * 1e9 / (window * PEAK))
+    assert device.hfu == pytest.approx(5 * cost / (window * PEAK))
+    idle = next(d for d in reading.devices if d.id != device.id)
+    assert idle.hfu is None and idle.mfu == pytest.approx(device.mfu)  # model FLOPs are split over every device
+
+
+def test_badput_blocks_are_charged_by_kind_and_the_time_adds_up(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    f = slow_step(256, 5)
+    x = jnp.ones((256, 256))
+    for n in range(8):
+        x = f(x)
+        jaxmon.step(n, x)
+        if n in (2, 4, 6):
+            with jaxmon.badput("data"):
+                time.sleep(0.05)
+    x.block_until_ready()
+    reading = settled(tracker, 8)
+    assert reading.badput_seconds_total["data"] == pytest.approx(0.15, abs=0.02)
+    # Everything from the tracker's start to the last completion is productive or badput of some kind.
+    elapsed_at_last = reading.productive_seconds_total + sum(reading.badput_seconds_total.values())
+    assert 0 < elapsed_at_last <= reading.elapsed_seconds
+    assert reading.badput_seconds_total["startup"] > 0
+
+
+def test_compile_badput_is_the_compile_collectors_seconds(make_tracker: MakeTracker) -> None:
+    """Both listen to jax.monitoring's backend compile events of the workload's threads."""
+    counters = CompileCounters.installed()
+    before = counters.as_dict()["compile_seconds"]
+    tracker = make_tracker()
+    x = jnp.ones((8,))
+    for n in range(4):
+        fresh = jax.jit(lambda v, k=n: v * (k + 2.0) + 1.0)  # a new program each step: one compilation each
+        x = fresh(x)
+        jaxmon.step(n, x)
+    x = x + 1  # one more op, after the last compilation
+    jaxmon.step(4, x)
+    reading = settled(tracker, 5)
+    seconds = counters.as_dict()["compile_seconds"] - before
+    assert seconds > 0
+    assert reading.badput_seconds_total.get("compile", 0.0) == pytest.approx(seconds, rel=0.05, abs=0.002)
+
+
+def test_orbax_blocking_checkpoint_events_count_as_checkpoint_badput(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    f = slow_step(128, 5)
+    x = f(jnp.ones((128, 128)))
+    jaxmon.step(0, x)
+    time.sleep(0.1)  # a blocking save, as Orbax reports it: the event fires at its end with its duration
+    jax.monitoring.record_event_duration_secs("/jax/checkpoint/write/async/blocking_duration_secs", 0.1)
+    x = f(x)
+    jaxmon.step(1, x)
+    reading = settled(tracker, 2)
+    assert reading.badput_seconds_total["checkpoint"] == pytest.approx(0.1, abs=0.01)
+
+
+def test_a_donated_ready_array_is_counted_and_training_goes_on(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    update = jax.jit(lambda s: s + 1.0, donate_argnums=0)
+    state = jnp.zeros((16,))
+    for n in range(3):
+        old = state
+        state = update(old)  # `old` is donated: deleted now
+        jaxmon.step(n, old)  # the mistake the docs warn of: never raises into training
+    jaxmon.step(3, state)
+    reading = settled(tracker, 4)
+    assert reading.problems["unready"] == 3
+    assert float(state[0]) == 3.0
+
+
+def test_a_step_counter_that_goes_back_or_jumps_is_counted_and_its_gap_is_no_step(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    f = slow_step(128, 2)
+    x = jnp.ones((128, 128))
+    numbers = [0, 1, 2, 3, 4, 2, 3, 4, 10, 11]  # restored from step 2, then ten reported as one
+    for n in numbers:
+        x = f(x)
+        jaxmon.step(n, x)
+    reading = settled(tracker, len(numbers))
+    assert reading.problems == {"back": 1, "jump": 1}
+    assert reading.duration_count == len(numbers) - 1 - 2  # no duration across either gap
+    assert reading.badput_seconds_total.get("restart", 0.0) >= 0.0 and "restart" in reading.badput_seconds_total
+    assert reading.step == 11 and reading.steps_total == len(numbers)
+
+
+def test_without_ready_arrays_a_barrier_on_every_device_marks_the_completion(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    f = slow_step()
+    x = jnp.ones((384, 384))
+    done = []
+    for n in range(5):
+        x = f(x)
+        jaxmon.step(n)
+        x.block_until_ready()
+        done.append(time.monotonic())
+    reading = settled(tracker, 5)
+    assert reading.duration_count == 4
+    assert reading.duration_sum == pytest.approx(done[-1] - done[0], abs=0.01)
+
+
+def test_the_host_stays_as_far_ahead_of_the_device_with_step_as_without(make_tracker: MakeTracker) -> None:
+    """step() adds no sync: right after dispatching six slow steps, as few of them are done with it as without."""
+    f = slow_step()
+    x0 = jnp.ones((384, 384))
+    f(x0).block_until_ready()
+
+    def ready_after_dispatch(with_step: bool) -> int:
+        outs, x = [], x0
+        for n in range(6):
+            x = f(x)
+            if with_step:
+                jaxmon.step(n, x)
+            outs.append(x)
+        ready = sum(o.is_ready() for o in outs)
+        x.block_until_ready()
+        return ready
+
+    without = ready_after_dispatch(False)
+    tracker = make_tracker()
+    with_step = ready_after_dispatch(True)
+    assert with_step <= without + 1 and with_step <= 2
+    settled(tracker, 6)
+
+
+def test_more_pending_steps_than_allowed_are_dropped_and_counted(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker(max_pending=2)
+    f = slow_step(384, 40)
+    x = jnp.ones((384, 384))
+    for n in range(5):
+        x = f(x)
+        jaxmon.step(n, x)  # the device is busy with the first: the third, fourth and fifth find two pending
+    x.block_until_ready()
+    reading = settled(tracker, 2)
+    assert reading.problems.get("dropped") == 3 and reading.steps_total == 2
+
+
+def test_a_tracked_function_compiles_nothing_more_than_an_untracked_one(make_tracker: MakeTracker) -> None:
+    counters = CompileCounters.installed()
+    start = jnp.ones((32, 32))
+
+    def run(fn: Callable[..., Any], with_step: bool) -> float:
+        before = counters.as_dict()["compilations"]
+        x = start
+        for n in range(4):
+            x = fn(x, x)
+            if with_step:
+                jaxmon.step(n, x)
+        x.block_until_ready()
+        return counters.as_dict()["compilations"] - before
+
+    plain = run(jax.jit(lambda a, b: jnp.tanh(a @ b)), False)
+    tracker = make_tracker()
+    tracked = jaxmon.track(jax.jit(lambda a, b: jnp.tanh(a @ b)))
+    counted = run(tracked, True)
+    reading = settled(tracker, 4)
+    assert any(d.hardware_flops_total for d in reading.devices)  # the cost was read...
+    assert counted == plain == 1  # ...from the program the first call compiled
+
+
+def test_without_start_or_publish_step_track_and_badput_do_nothing_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(training, "_tracker", None)
+    monkeypatch.setattr(training, "_warned", False)
+    f = jaxmon.track(jax.jit(lambda v: v + 1))
+    with pytest.warns(RuntimeWarning, match=r"jaxmon\.step\(\) does nothing before jaxmon\.start\(\)"):
+        jaxmon.step(0, jnp.ones(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second warning would raise here
+        jaxmon.step(1)
+        with jaxmon.badput("data"):
+            pass
+        assert float(f(jnp.ones(2))[0]) == 2.0
+
+
+@pytest.mark.parametrize(
+    ("analysis", "numbers"),
+    [
+        ({"flops": 12.0, "bytes accessed": 40.0, "utilization0{}": 1.0}, (12.0, 40.0)),  # jax >= 0.4.38
+        ([{"flops": 12.0, "bytes accessed": 40.0}], (12.0, 40.0)),  # one dict per computation, before
+        ([{"flops": 1.0}, {"flops": 2.0}], (None, None)),  # several computations: no one figure
+        (None, (None, None)),  # unsupported
+        ({"flops": -1.0, "bytes accessed": 8}, (None, 8.0)),  # older GPU builds: -1 is missing
+        ({"flops": True}, (None, None)),
+        ("not a mapping", (None, None)),
+    ],
+)
+def test_every_shape_cost_analysis_returns_is_read(analysis: Any, numbers: tuple[float | None, ...]) -> None:
+    assert cost_numbers(analysis) == numbers
+
+
+def test_a_cost_analysis_that_raises_is_counted_once_and_the_calls_go_on(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    not_jitted = jaxmon.track(lambda v: v * 2)  # no .lower(): no cost analysis to read
+    x = jnp.ones((4,))
+    for n in range(3):
+        x = not_jitted(x)
+        jaxmon.step(n, x)
+    reading = settled(tracker, 3)
+    assert reading.problems["cost"] == 1 and float(x[0]) == 8.0
+    assert all(d.hardware_flops_total is None for d in reading.devices)
