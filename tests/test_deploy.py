@@ -55,11 +55,14 @@ METRIC_TOKEN = re.compile(r"\bjaxmon_[a-z0-9_]+\b")
 
 
 def readme_metrics() -> dict[str, str]:
-    """The metrics reference of README.md (the names there are the truth): name -> type."""
+    """The metrics reference of README.md (the names there are the truth): name -> type; a histogram's row stands
+    for its _bucket, _sum and _count series."""
     out: dict[str, str] = {}
     for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():
         m = re.match(r"^\| `(jaxmon_[a-z0-9_]+)` \| ([a-z]+)", line)
-        if m:
+        if m and m.group(2) == "histogram":
+            out.update({m.group(1) + suffix: "histogram" for suffix in ("_bucket", "_sum", "_count")})
+        elif m:
             out[m.group(1)] = m.group(2)
     assert len(out) > 30, "the README metrics table was not found"
     return out
@@ -208,7 +211,8 @@ def test_prometheusrule_carries_exactly_the_rules_file() -> None:
 # --------------------------------------------------------------------------------------------------------------
 
 # Units by metric: what a panel showing that metric (plainly, or aggregated) must be set to.
-RATE_UNITS = {"percentunit", "ops", "cpm", "short", "cps"}
+# Per second: counts, shares, FLOP/s and bytes/s.
+RATE_UNITS = {"percentunit", "ops", "cpm", "short", "cps", "flops", "Bps"}
 
 
 def expected_unit(expr: str) -> str | None:
@@ -281,7 +285,9 @@ def test_every_panel_has_a_datasource_variable_queries_and_a_unit() -> None:
             assert want is None or unit == want, f"{title}: unit {unit!r}, but {t['expr']!r} is in {want!r}"
             if "rate(" in t["expr"] or "increase(" in t["expr"]:
                 assert "$__rate_interval" in t["expr"], f"{title}: use $__rate_interval in rate windows"
-                assert unit in RATE_UNITS, f"{title}: unit {unit!r} for a rate"
+                # A quantile of bucket rates, or a ratio of two rates, is in the histogram's own unit.
+                quantity = "histogram_quantile(" in t["expr"] or "_sum{" in t["expr"]
+                assert quantity or unit in RATE_UNITS, f"{title}: unit {unit!r} for a rate"
 
 
 def test_every_readme_metric_family_has_a_panel() -> None:

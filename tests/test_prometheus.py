@@ -58,6 +58,10 @@ QUIET_ALERTS = {
     # It watches accelerators (platform!="cpu") on a jaxmon where a workload reports: here only CPU devices are
     # probed, and the probing daemon has no workload (the spool sidecar runs without the probe).
     "JaxmonAcceleratorIdle",
+    # The trainer stepped seconds ago (the threshold is 5 minutes at least), and there are no 6 hours of steps to
+    # compare with.
+    "JaxmonTrainingStalled",
+    "JaxmonTrainingStepTimeRegression",
 }
 
 # Identifying labels of what each other alert's expression must return, and why.
@@ -107,6 +111,9 @@ FIRING: dict[str, list[dict[str, str]]] = {
     "JaxmonGpuPowerCapped": [{"job": "jaxmon-nvml", "device": "0", "reason": "sw_power_cap"}],
     "JaxmonGpuEccUncorrected": [{"job": "jaxmon-nvml", "device": "1", "kind": "uncorrected"}],
     "JaxmonGpuXidError": [{"job": "jaxmon-nvml", "device": "1", "xid": "79"}],
+    # The trainer stepped for a fraction of a second in the last minutes, with a peak of 1e12 FLOP/s per CPU device.
+    "JaxmonTrainingGoodputLow": [{"workload": "trainer"}],
+    "JaxmonTrainingMfuLow": [{"workload": "trainer"}],
     "JaxmonDeviceMemoryNearFull": [
         {"job": "jaxmon-nvml", "platform": "gpu", "device": "1"},  # 78 of 80 GiB
         {"job": "jaxmon-tpu", "platform": "tpu", "device": "9"},  # 97 % of its HBM (libtpu)
@@ -305,10 +312,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # The children finish their start-up compilations before Prometheus sees them, so that the only
         # compilations it watches are the ones this test asks for.
         for name in ("trainer", "ephemeral"):
-            child = Child(tmp, "publish", "--spool", str(spool), "--workload", name, "--interval", "0.3")
+            child = Child(
+                tmp, "publish", "--spool", str(spool), "--workload", name, "--interval", "0.3", "--peak-flops", "1e12"
+            )
             children.append(child)
             child.send("train 2")
         trainer, ephemeral = children
+        # The trainer reports steps (jaxmon.step), then restarts from an earlier one: every training family has data.
+        trainer.send("steps 6 5")
+        trainer.send("restore 2")
+        trainer.send("steps 3")
         for d in daemons:
             d.wait_ready()
         instances = {

@@ -9,7 +9,7 @@ from typing import Any
 
 from .panels import INST, Panel, Row
 from .paths import ROOT
-from .rows import devicewide, health, hosts, memory, overview, probe, workloads
+from .rows import devicewide, health, hosts, memory, overview, probe, training, workloads
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
@@ -237,7 +237,7 @@ JAXMON = Dashboard(
     description="Memory, fragmentation, OOM headroom, utilization estimate, device health and compilation "
     "of JAX accelerators, from jaxmon (a Prometheus exporter).",
     tags=["jaxmon", "jax", "accelerators"],
-    rows=[overview.ROW, memory.ROW, probe.ROW, devicewide.ROW, workloads.ROW, hosts.ROW, health.ROW],
+    rows=[overview.ROW, training.ROW, memory.ROW, probe.ROW, devicewide.ROW, workloads.ROW, hosts.ROW, health.ROW],
 )
 
 # Every generated dashboard; another (its own file, uid and rows) is one more entry.

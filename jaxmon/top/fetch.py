@@ -17,7 +17,16 @@ from http.client import HTTPException
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from jaxmon.top.model import ProcessRow, Row, RowKey, Scrape, ScrapeError, down_rows, parse_exposition
+from jaxmon.top.model import (
+    ProcessRow,
+    Row,
+    RowKey,
+    Scrape,
+    ScrapeError,
+    down_rows,
+    parse_exposition,
+    recent_step_times,
+)
 
 DEFAULT_URL = "http://localhost:10401/metrics"
 # A jaxmon exposition is a few hundred KiB at most; a peer sending more is not one.
@@ -242,6 +251,7 @@ def scrape(state: EndpointState, config: ClientConfig, ctx: ssl.SSLContext | Non
         state.healthy = hstatus == 200
     except (OSError, HTTPException, ValueError) as exc:
         state.health, state.healthy = f"/healthz: {describe(exc, state.url, config)}", False
+    recent_step_times(exposition, state.exposition)
     state.exposition, state.error = exposition, None
     state.known_rows = exposition.rows
     state.last_ok = state.last_attempt_done = time.monotonic()

@@ -19,6 +19,12 @@ _ALLOCATOR = {
     "jaxmon_device_up": "up",
     "jaxmon_device_utilization_ratio": "probe",
 }
+# A training workload process's numbers (jaxmon.step()), shown on the rows of its devices.
+_TRAINING = {
+    "jaxmon_training_step": "step",
+    "jaxmon_training_step_duration_seconds_sum": "sum",
+    "jaxmon_training_step_duration_seconds_count": "count",
+}
 # Device-wide numbers (NVML, libtpu): one per physical device, shown on every row of that device.
 _DEVICE_WIDE = {
     "jaxmon_device_duty_cycle_ratio": "duty",
@@ -56,6 +62,13 @@ class Row:
     duty_source: str | None = None
     device_used: float | None = None
     device_total: float | None = None
+    # Training (jaxmon.step() in the row's workload): its process's last step, the step time (mean of the steps
+    # since the previous scrape, else since start) and this device's MFU.
+    step: float | None = None
+    step_sum: float | None = None
+    step_count: float | None = None
+    step_time: float | None = None
+    mfu: float | None = None
     sources_down: tuple[str, ...] = ()  # device-wide sources that failed for this device in their last poll
     # Set when the endpoint did not answer: the row is the last known device, its numbers cleared.
     endpoint_down: str | None = None
@@ -109,6 +122,9 @@ def parse_exposition(text: str, endpoint: str) -> Scrape:
     """Rows and health series of an exposition, parsed with prometheus_client's parser."""
     rows: dict[RowKey, Row] = {}
     device_wide: dict[tuple[str, str], dict[str, tuple[float, str]]] = {}
+    # (workload, process_index) -> the training numbers of that process; which process a row's device is in.
+    training: dict[tuple[str, str], dict[str, float]] = {}
+    process_of: dict[RowKey, str] = {}
     source_failures: dict[tuple[str, str], list[str]] = {}
     out = Scrape()
 
@@ -125,7 +141,14 @@ def parse_exposition(text: str, endpoint: str) -> Scrape:
             if s.name in _ALLOCATOR and "device" in s.labels:
                 setattr(row(s.labels), _ALLOCATOR[s.name], s.value)
             elif s.name == "jaxmon_device_info" and "device" in s.labels:
-                row(s.labels).kind = s.labels.get("device_kind") or None
+                r = row(s.labels)
+                r.kind = s.labels.get("device_kind") or None
+                process_of[r.key] = s.labels.get("process_index", "")
+            elif s.name in _TRAINING and "workload" in s.labels:
+                per_process = training.setdefault((s.labels["workload"], s.labels.get("process_index", "")), {})
+                per_process[_TRAINING[s.name]] = s.value
+            elif s.name == "jaxmon_training_model_flops_utilization_ratio" and "device" in s.labels:
+                row(s.labels).mfu = s.value
             elif s.name in _DEVICE_WIDE and "device" in s.labels:
                 per_device = device_wide.setdefault((s.labels.get("platform", ""), s.labels["device"]), {})
                 per_device[_DEVICE_WIDE[s.name]] = (s.value, s.labels.get("source", ""))
@@ -152,8 +175,31 @@ def parse_exposition(text: str, endpoint: str) -> Scrape:
                 setattr(r, attr, value)
                 if attr == "duty":
                     r.duty_source = source or None
+    for r in rows.values():
+        if not r.key.workload:
+            continue
+        # The row's own process where jaxmon_device_info says which; else the workload's one process.
+        mine = [v for (w, p), v in training.items() if w == r.key.workload and p == process_of.get(r.key, p)]
+        if len(mine) == 1:
+            r.step, r.step_sum, r.step_count = (mine[0].get(k) for k in ("step", "sum", "count"))
+            if r.step_sum is not None and r.step_count:
+                r.step_time = r.step_sum / r.step_count
     out.rows = sorted(rows.values(), key=SORTS["device"])
     return out
+
+
+def recent_step_times(new: Scrape, old: Scrape | None) -> None:
+    """Each row's step time over the steps completed since `old` (the previous scrape), where there were some."""
+    if old is None:
+        return
+    before = {r.key: (r.step_sum, r.step_count) for r in old.rows}
+    for r in new.rows:
+        was_sum, was_count = before.get(r.key, (None, None))
+        if None in (r.step_sum, r.step_count, was_sum, was_count):
+            continue
+        assert r.step_sum is not None and r.step_count is not None and was_sum is not None and was_count is not None
+        if r.step_count > was_count:
+            r.step_time = (r.step_sum - was_sum) / (r.step_count - was_count)
 
 
 def down_rows(last_known: Iterable[Row], reason: str) -> list[Row]:

@@ -42,6 +42,18 @@ def fmt_bytes(value: float) -> str:
     return f"{size:.0f}B" if unit == 0 else f"{size:.1f}{_UNITS[unit]}"
 
 
+def fmt_seconds(value: float) -> str:
+    """A duration for people: 850us, 12.3ms, 1.25s, 3m05s."""
+    if value < 1e-3:
+        return f"{value * 1e6:.0f}us"
+    if value < 1:
+        return f"{value * 1e3:.1f}ms"
+    if value < 60:
+        return f"{value:.2f}s"
+    minutes, seconds = divmod(round(value), 60)
+    return f"{minutes}m{seconds:02d}s"
+
+
 def fmt_ratio(value: float) -> str:
     """A 0-1 ratio as a percentage with one decimal."""
     return f"{value * 100:.1f}%"
@@ -134,6 +146,9 @@ COLUMNS = (
     Column("DEVICE MEM", None, _device_memory, drop_rank=6),
     Column("DUTY", "duty", _duty, drop_rank=2),
     Column("PROBE", None, lambda r, g: _num(r.probe, "ratio", g), drop_rank=4),
+    Column("STEP", None, lambda r, g: g.absent if r.step is None else f"{r.step:.0f}", drop_rank=8),
+    Column("STEP TIME", None, lambda r, g: g.absent if r.step_time is None else fmt_seconds(r.step_time), drop_rank=9),
+    Column("MFU", None, lambda r, g: _num(r.mfu, "ratio", g), drop_rank=7),
     Column("STATE", None, state_cell),
 )
 
@@ -143,6 +158,10 @@ def _columns(rows: list[Row]) -> list[Column]:
     hidden = set()
     if not any(r.key.workload for r in rows):
         hidden.add("WORKLOAD")
+    if not any(r.step is not None for r in rows):
+        hidden |= {"STEP", "STEP TIME"}
+    if not any(r.mfu is not None for r in rows):
+        hidden.add("MFU")
     if not any(r.device_used is not None or r.device_total is not None for r in rows):
         hidden.add("DEVICE MEM")
     return [c for c in COLUMNS if c.heading not in hidden]

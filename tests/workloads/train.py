@@ -9,6 +9,10 @@ answered on stdout with `OK <json>`:
   recompile                clear JAX's in-memory caches and call every compiled function again (with a
                            persistent compilation cache configured, each is a cache hit)
   train N                  run N training steps, answer with the median step time
+  steps N [DATA_MS]        run N training steps reported with jaxmon.step() (numbered on from the last), each synced
+                           by this loop after step(), with DATA_MS of badput("data") before each; answer with the
+                           loop's own completion times (time.monotonic) and the step program's XLA FLOPs
+  restore N                number the next `steps` from N (as a restart from a checkpoint of step N does)
   exit
 With --train-forever the loop trains until killed and prints `STEP n` lines instead of reading stdin.
 """
@@ -66,18 +70,20 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=0.3)
     ap.add_argument("--train-forever", action="store_true")
     ap.add_argument("--alloc", type=int, default=0, help="bytes to keep alive on device 0 at start")
+    ap.add_argument("--peak-flops", type=float, help="collector.training.peak_flops (per device)")
     args = ap.parse_args()
+    training = {"peak_flops": args.peak_flops} if args.peak_flops else {}
     configure_logging("info", "json", stream=sys.stderr)
 
     if args.alloc:
         kept.append(jax.device_put(np.zeros(args.alloc // 4, np.float32), jax.devices()[0]))
     handle: object = None
     if args.mode == "embedded":
-        exporter = jaxmon.start(args.port, workload=args.workload, poll={"interval": args.interval})
+        exporter = jaxmon.start(args.port, workload=args.workload, poll={"interval": args.interval}, training=training)
         handle = exporter
         answer(url=exporter.url, pid=os.getpid())
     elif args.mode == "publish":
-        handle = jaxmon.publish(args.spool, workload=args.workload, interval=args.interval)
+        handle = jaxmon.publish(args.spool, workload=args.workload, interval=args.interval, training=training)
         answer(pid=os.getpid())
     else:
         answer(pid=os.getpid())
@@ -95,6 +101,8 @@ def main() -> None:
 
     compiled = 0
     functions: list[Any] = []
+    tracked: Any = jaxmon.track(step)  # type: ignore[arg-type]
+    number = 0
     for line in sys.stdin:
         cmd, *rest = line.split()
         if cmd == "alloc":
@@ -127,6 +135,24 @@ def main() -> None:
                 jax.block_until_ready(params)
                 times.append(time.perf_counter() - start)
             answer(median=statistics.median(times))
+        elif cmd == "steps":
+            data = float(rest[1]) / 1000 if len(rest) > 1 else 0.0
+            done = []
+            for _ in range(int(rest[0])):
+                if data:
+                    with jaxmon.badput("data"):
+                        time.sleep(data)
+                params = tracked(params, x, y)
+                jaxmon.step(number, params["b"], examples=256, tokens=2560, model_flops=8e6)
+                jax.block_until_ready(params)
+                done.append(time.monotonic())
+                number += 1
+            flops = step.lower(params, x, y).compile().cost_analysis()["flops"]  # type: ignore[attr-defined]
+            (device,) = params["b"].devices()
+            answer(done=done, flops=flops, device=int(device.id))
+        elif cmd == "restore":
+            number = int(rest[0])  # as after restoring a checkpoint of that step
+            answer(number=number)
         elif cmd == "exit":
             break
     if handle is not None:

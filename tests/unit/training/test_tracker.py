@@ -7,6 +7,7 @@ import os
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
+import itertools
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -84,7 +85,7 @@ def test_step_durations_are_what_a_loop_timing_its_own_completions_measures(make
     # Completion to completion, summed: the first and the last completion, as the loop saw them (both threads
     # wake on the same event; each observation lags it by at most a GIL switch interval).
     assert reading.duration_sum == pytest.approx(done[-1] - done[0], abs=0.01)
-    longest = max(b - a for a, b in zip(done, done[1:], strict=False))
+    longest = max(b - a for a, b in itertools.pairwise(done))
     assert longest > 0.05
     buckets = dict(reading.duration_buckets)
     assert buckets[float("inf")] == 11 and buckets[0.01] < 11  # the long step is past 10 ms
@@ -96,7 +97,7 @@ def test_hardware_flops_are_xla_cost_analysis_per_device_per_call(make_tracker: 
     single = jaxmon.track(jax.jit(lambda w, x: jnp.tanh(x @ w).sum()))
     w, x = jnp.ones((128, 64)), jnp.ones((32, 128))
     mesh = Mesh(np.array(jax.devices()), ("d",))
-    batch = jax.device_put(jnp.ones((64, 128)), NamedSharding(mesh, PartitionSpec("d")))
+    batch = jax.device_put(jnp.ones((64, 128)), NamedSharding(mesh, PartitionSpec("d")))  # type: ignore[no-untyped-call]
     sharded = jaxmon.track(jax.jit(lambda w, b: (b @ w).sum()))
     for n in range(3):
         loss = single(w, x)
@@ -242,7 +243,7 @@ def test_the_host_stays_as_far_ahead_of_the_device_with_step_as_without(make_tra
             if with_step:
                 jaxmon.step(n, x)
             outs.append(x)
-        ready = sum(o.is_ready() for o in outs)
+        ready = sum(o.is_ready() for o in outs)  # type: ignore[attr-defined]
         x.block_until_ready()
         return ready
 

@@ -1,0 +1,157 @@
+"""The "Training" row: step time, throughput, MFU and goodput from jaxmon.step() inside each workload process."""
+
+from __future__ import annotations
+
+from ..panels import INST, WL, Panel, Row, Target, rate
+
+PROCESS = "{{workload}} process {{process_index}}"
+DEVICE = "{{workload}} process {{process_index}} {{platform}}:{{device}}"
+BUCKETS = f"rate(jaxmon_training_step_duration_seconds_bucket{{{WL}}}[$__rate_interval])"
+
+ROW = Row(
+    "Training",
+    [
+        Panel(
+            "Step time (p50, p90)",
+            "timeseries",
+            "s",
+            [
+                Target(f"histogram_quantile(0.5, sum by (workload, le) ({BUCKETS}))", "{{workload}} p50"),
+                Target(f"histogram_quantile(0.9, sum by (workload, le) ({BUCKETS}))", "{{workload}} p90"),
+                Target(
+                    f"sum by (workload) ({rate('jaxmon_training_step_duration_seconds_sum', WL)}) / sum by (workload) "
+                    f"({rate('jaxmon_training_step_duration_seconds_count', WL)})",
+                    "{{workload}} mean",
+                ),
+            ],
+            "Completion to completion of consecutive steps, all processes of a workload together (a synchronous "
+            "job's step costs the slowest process's time).",
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "Steps per second",
+            "timeseries",
+            "ops",
+            [Target(rate("jaxmon_training_steps_total", WL), PROCESS)],
+            "Completed training steps per second, per process.",
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "Tokens and examples per second",
+            "timeseries",
+            "short",
+            [
+                Target(f"sum by (workload) ({rate('jaxmon_training_tokens_total', WL)})", "{{workload}} tokens/s"),
+                Target(f"sum by (workload) ({rate('jaxmon_training_examples_total', WL)})", "{{workload}} examples/s"),
+            ],
+            "What jaxmon.step(examples=, tokens=) was told, per second, summed over the workload's processes.",
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "MFU and HFU per device",
+            "timeseries",
+            "percentunit",
+            [
+                Target(f"jaxmon_training_model_flops_utilization_ratio{{{WL}}}", DEVICE + " MFU"),
+                Target(f"jaxmon_training_hardware_flops_utilization_ratio{{{WL}}}", DEVICE + " HFU"),
+            ],
+            "Model (and XLA's hardware) FLOPs over the last window of steps, divided by the steps' time and the "
+            "device's dense bf16 peak. HFU above MFU is remat or replicated work.",
+            min=0,
+            max=1,
+        ),
+        Panel(
+            "Goodput, and badput by kind",
+            "timeseries",
+            "percentunit",
+            [
+                Target(
+                    f"avg by (workload) ({rate('jaxmon_training_productive_seconds_total', WL)})",
+                    "{{workload}} goodput",
+                ),
+                Target(
+                    f"avg by (workload, kind) ({rate('jaxmon_training_badput_seconds_total', WL)})",
+                    "{{workload}} {{kind}}",
+                ),
+            ],
+            "Share of wall time that was productive training, and what took the rest (startup, compile, checkpoint, "
+            "data, eval, restart, stall, your own kinds), averaged over the workload's processes.",
+            min=0,
+        ),
+        Panel(
+            "Host wait",
+            "timeseries",
+            "percentunit",
+            [Target(rate("jaxmon_training_host_wait_seconds_total", WL), PROCESS)],
+            "Share of time the devices waited for the host to hand over the next step: a host-bound loop (input "
+            "pipeline, Python overhead) reads high.",
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "FLOP/s per device",
+            "timeseries",
+            "flops",
+            [
+                Target(rate("jaxmon_training_model_flops_total", WL), DEVICE + " model"),
+                Target(rate("jaxmon_training_hardware_flops_total", WL), DEVICE + " XLA"),
+                Target(f"jaxmon_device_peak_flops_per_second{{{WL}}}", DEVICE + " peak ({{source}})"),
+            ],
+            "Model FLOPs (jaxmon.step(model_flops=) / device count) and XLA's counted FLOPs (jaxmon.track) per "
+            "second, beside the device's peak.",
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "Bytes accessed per second",
+            "timeseries",
+            "Bps",
+            [Target(rate("jaxmon_training_hardware_bytes_accessed_total", WL), DEVICE)],
+            "Bytes XLA counts as accessed by the tracked functions, per second, per device.",
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "Last completed step",
+            "table",
+            "none",
+            [Target(f"jaxmon_training_step{{{WL}}}", table=True)],
+            "Each process's last completed step number.",
+            width=8,
+            height=6,
+        ),
+        Panel(
+            "Seconds since the last step, and since start",
+            "timeseries",
+            "s",
+            [
+                Target(f"time() - jaxmon_training_last_step_timestamp_seconds{{{WL}}}", PROCESS + " since last step"),
+                Target(f"jaxmon_training_elapsed_seconds{{{WL}}}", PROCESS + " running"),
+            ],
+            "How long ago each process completed its last step (a stalled one climbs), and how long its jaxmon has "
+            "run.",
+            min=0,
+            width=8,
+            height=6,
+        ),
+        Panel(
+            "Tracking problems",
+            "timeseries",
+            "short",
+            [
+                Target(
+                    f"increase(jaxmon_training_tracking_problems_total{{{INST}}}[$__rate_interval])",
+                    "{{workload}} {{reason}}",
+                )
+            ],
+            "What the tracker could not use: step numbers that go back or jump, a donated ready array, too many "
+            "steps pending, no cost analysis. Anything above 0 means some steps are missing from these panels.",
+            min=0,
+            width=8,
+            height=6,
+        ),
+    ],
+)

@@ -1,0 +1,107 @@
+"""Training telemetry end to end: a real trainer process calling jaxmon.step(), embedded and through the spool to a
+sidecar, checked against the trainer's own completion times and XLA's cost analysis, and promtool-clean."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.conftest import ROOT, Samples, StartDaemon, promtool, sample
+from tests.helpers import Child, wait_for_samples
+
+PEAK = 1e11
+STEPS = 10
+DATA_MS = 20
+
+
+@pytest.fixture
+def children() -> Iterator[list[Child]]:
+    started: list[Child] = []
+    yield started
+    for c in started:
+        c.close()
+
+
+def _check_against_the_loop(s: Samples, answer: dict[str, Any], **labels: str) -> None:
+    """What the trainer's loop measured and computed itself, against what was exported."""
+    done, flops, device = answer["done"], answer["flops"], str(answer["device"])
+    per_device = {**labels, "device": device, "platform": "cpu"}
+    assert sample(s, "jaxmon_training_steps_total", **labels) == STEPS
+    assert sample(s, "jaxmon_training_step", **labels) == STEPS - 1
+    assert sample(s, "jaxmon_training_step_duration_seconds_count", **labels) == STEPS - 1
+    total = sample(s, "jaxmon_training_step_duration_seconds_sum", **labels)
+    assert total == pytest.approx(done[-1] - done[0], abs=0.02)
+    assert sample(s, "jaxmon_training_examples_total", **labels) == 256 * STEPS
+    assert sample(s, "jaxmon_training_tokens_total", **labels) == 2560 * STEPS
+    assert sample(s, "jaxmon_training_hardware_flops_total", **per_device) == pytest.approx(STEPS * flops)
+    # model_flops=8e6 per step for the whole job: 1e6 on each of the 8 devices.
+    for d in range(8):
+        assert sample(s, "jaxmon_training_model_flops_total", **{**per_device, "device": str(d)}) == 1e6 * STEPS
+    assert sample(s, "jaxmon_device_peak_flops_per_second", **per_device, source="setting") == PEAK
+    # The window holds the 9 step intervals: their model FLOPs (the first step opens it) over their time.
+    assert total is not None
+    mfu = sample(s, "jaxmon_training_model_flops_utilization_ratio", **per_device)
+    assert mfu == pytest.approx((STEPS - 1) * 1e6 / (total * PEAK))
+    hfu = sample(s, "jaxmon_training_hardware_flops_utilization_ratio", **per_device)
+    assert hfu == pytest.approx((STEPS - 1) * flops / (total * PEAK))
+    assert sample(s, "jaxmon_training_badput_seconds_total", **labels, kind="data") == pytest.approx(
+        STEPS * DATA_MS / 1000, abs=0.03
+    )
+    productive = sample(s, "jaxmon_training_productive_seconds_total", **labels)
+    assert productive is not None and 0 < productive < total
+
+
+def _lint(text: str) -> None:
+    check = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_an_embedded_trainer_exports_its_steps_flops_mfu_and_badput(children: list[Child], tmp_path: Path) -> None:
+    child = Child(
+        tmp_path, "embedded", "--workload", "toy", "--interval", "0.2", "--peak-flops", str(PEAK),
+        env={"JAXMON_COLLECTOR__PROBE": "false"},
+    )  # fmt: skip
+    children.append(child)
+    url = child.hello["url"]
+    before = requests.get(url + "/metrics", timeout=10).text
+    assert "jaxmon_training_" not in before  # no step() yet: no training series at all
+    answer = child.send(f"steps {STEPS} {DATA_MS}")
+    labels = {"workload": "toy", "process_index": "0"}
+    s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, "every step seen")
+    _check_against_the_loop(s, answer, **labels)
+    _lint(requests.get(url + "/metrics", timeout=10).text)
+    # jaxmon top shows the workload's step, step time and MFU on the row of the device the step ran on.
+    top = subprocess.run(
+        [sys.executable, "-m", "jaxmon", "top", "--once", url], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    header = next(line for line in top.stdout.splitlines() if line.startswith("ENDPOINT"))
+    assert "STEP" in header and "STEP TIME" in header and "MFU" in header, top.stdout
+    (row,) = [line for line in top.stdout.splitlines() if f" cpu:{answer['device']} " in line]
+    cells = row.split()
+    assert str(STEPS - 1) in cells and any(c.endswith("%") for c in cells), row
+
+
+def test_a_publishing_trainers_steps_reach_the_sidecar(
+    children: list[Child], tmp_path: Path, start_daemon: StartDaemon
+) -> None:
+    spool = tmp_path / "spool"
+    child = Child(
+        tmp_path, "publish", "--spool", str(spool), "--workload", "pub", "--interval", "0.2",
+        "--peak-flops", str(PEAK), env={"JAXMON_COLLECTOR__PROBE": "false"},
+    )  # fmt: skip
+    children.append(child)
+    d = start_daemon("--no-collector.probe", "--collector.spool.dir", str(spool), "--poll.interval", "0.2s")
+    answer = child.send(f"steps {STEPS} {DATA_MS}")
+    labels = {"workload": "pub", "process_index": "0"}
+    s = d.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, what="the sidecar's steps")
+    _check_against_the_loop(s, answer, **labels)
+    _lint(d.get("/metrics").text)
+    assert child.send("exit") == {"stopped": True}
+    # The trainer's clean exit removes its file: its training series go with it at the next poll.
+    d.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) is None, what="the workload gone")

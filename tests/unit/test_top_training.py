@@ -1,0 +1,65 @@
+"""`jaxmon top`'s training columns from literal expositions: the step, the recent step time and MFU per device."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from jaxmon.top.model import parse_exposition, recent_step_times
+from jaxmon.top.view import ASCII, fmt_seconds, table
+
+EXPOSITION = """\
+jaxmon_device_info{device="0",device_kind="cpu",platform="cpu",process_index="0",source="spool",workload="llama"} 1
+jaxmon_device_info{device="1",device_kind="cpu",platform="cpu",process_index="1",source="spool",workload="llama"} 1
+jaxmon_device_info{device="0",device_kind="cpu",platform="cpu",process_index="0",source="spool",workload="idle"} 1
+jaxmon_memory_live_array_bytes{device="0",platform="cpu",workload="llama"} 1024
+jaxmon_memory_live_array_bytes{device="1",platform="cpu",workload="llama"} 1024
+jaxmon_memory_live_array_bytes{device="0",platform="cpu",workload="idle"} 1024
+jaxmon_training_step{process_index="0",workload="llama"} 41
+jaxmon_training_step{process_index="1",workload="llama"} 40
+jaxmon_training_step_duration_seconds_sum{process_index="0",workload="llama"} {sum0}
+jaxmon_training_step_duration_seconds_count{process_index="0",workload="llama"} {count0}
+jaxmon_training_step_duration_seconds_sum{process_index="1",workload="llama"} 4.0
+jaxmon_training_step_duration_seconds_count{process_index="1",workload="llama"} 40
+jaxmon_training_model_flops_utilization_ratio{device="0",platform="cpu",process_index="0",workload="llama"} 0.375
+"""
+
+
+def _scrape(sum0: float, count0: int) -> str:
+    return EXPOSITION.replace("{sum0}", str(sum0)).replace("{count0}", str(count0))
+
+
+def test_each_row_gets_its_own_processs_step_and_its_devices_mfu() -> None:
+    rows = {(r.key.workload, r.key.device): r for r in parse_exposition(_scrape(8.0, 40), "h:1").rows}
+    llama0, llama1, idle = rows[("llama", "0")], rows[("llama", "1")], rows[("idle", "0")]
+    assert (llama0.step, llama0.step_time, llama0.mfu) == (41, 0.2, 0.375)
+    assert (llama1.step, llama1.step_time, llama1.mfu) == (40, 0.1, None)  # process 1: its own step and time
+    assert (idle.step, idle.step_time, idle.mfu) == (None, None, None)  # no jaxmon.step() there: dashes
+
+
+def test_the_step_time_is_that_of_the_steps_since_the_previous_scrape() -> None:
+    old = parse_exposition(_scrape(8.0, 40), "h:1")
+    new = parse_exposition(_scrape(9.5, 43), "h:1")  # 3 more steps took 1.5 s: 0.5 s each (mean since start 0.22)
+    recent_step_times(new, old)
+    llama0 = next(r for r in new.rows if (r.key.workload, r.key.device) == ("llama", "0"))
+    assert llama0.step_time == 0.5
+    same = parse_exposition(_scrape(9.5, 43), "h:1")
+    recent_step_times(same, new)  # no step since: the mean since start stays
+    assert next(r for r in same.rows if r.key.device == "0" and r.key.workload == "llama").step_time == 9.5 / 43
+
+
+def test_the_training_columns_show_only_where_a_workload_steps() -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=300, force_terminal=False, no_color=True)
+    console.print(table(parse_exposition(_scrape(8.0, 40), "h:1").rows, "device", ASCII))
+    text = buffer.getvalue()
+    assert "STEP" in text and "STEP TIME" in text and "MFU" in text
+    llama0 = next(line for line in text.splitlines() if "llama" in line and "cpu:0" in line)
+    assert "41" in llama0 and "200.0ms" in llama0 and "37.5%" in llama0
+    buffer = io.StringIO()
+    Console(file=buffer, width=300, no_color=True).print(
+        table(parse_exposition('jaxmon_device_up{device="0",platform="cpu"} 1\n', "h:1").rows, "device", ASCII)
+    )
+    assert "STEP" not in buffer.getvalue() and "MFU" not in buffer.getvalue()
+    assert [fmt_seconds(v) for v in (0.0005, 0.0123, 1.25, 185)] == ["500us", "12.3ms", "1.25s", "3m05s"]
