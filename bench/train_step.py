@@ -1,6 +1,16 @@
-"""Training-step time of a small JAX loop on CPU with the embedded exporter on vs off (A/B interleaved, median).
+"""Training-step time of a small JAX loop on CPU: the embedded exporter on vs off, and jaxmon.step() every step vs
+none (A/B interleaved, medians).
 
-    .venv/bin/python bench/train_step.py           # about 2 minutes
+    .venv/bin/python bench/train_step.py                 # both, about 4 minutes
+    .venv/bin/python bench/train_step.py --what step     # jaxmon.step() only, about 2 minutes
+
+The step part (issue 20) runs one embedded trainer (the probe off, so that only step() differs) through
+`loop N 0|1 SIZE` of tests/workloads/train.py: an asynchronous loop of N steps of a SIZE x SIZE matmul (synced only
+at the end, as a training loop that lets the host run ahead), without and with `jaxmon.step(n, loss)` every step,
+in alternating rounds. It reports the throughput difference at SIZE 1024 (about 5 ms a step on these 2 cores) and
+256 (about 0.15 ms: the overhead per step in microseconds shows there), and the median time of one step() call on
+the training thread. Targets: throughput within 1 % at a step of milliseconds, step() <= 20 us median. On CPU
+devices the waiter thread shares the cores that compute the steps, the worst case for its cost.
 
 Two copies of tests/workloads/train.py run side by side on 8 JAX CPU devices: `none` (no exporter) and
 `embedded` (`jaxmon.start()` at the default poll interval of 5 s, probes every 15 s on all 8 devices, which on
@@ -30,10 +40,11 @@ from tests.helpers import Child
 class Trainer(Child):
     """tests/workloads/train.py in one mode, driven line by line (tests/helpers.py's Child), stderr in results/."""
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, probe: bool = True) -> None:
         self.mode = mode
         RESULTS.mkdir(parents=True, exist_ok=True)
-        super().__init__(RESULTS, mode, "--interval", "5", env=base_env())
+        env = base_env() if probe else {**base_env(), "JAXMON_COLLECTOR__PROBE": "false"}
+        super().__init__(RESULTS, mode, "--interval", "5", env=env)
 
     def command(self, text: str) -> dict[str, Any]:
         return self.send(text)
@@ -91,11 +102,57 @@ def wait_calibrated(url: str, timeout: float = 120.0) -> None:
     wait_for(url, all_calibrated(), timeout=timeout, what="embedded probes calibrated")
 
 
+def step_overhead(rounds: int) -> dict[str, Any]:
+    """jaxmon.step() every step vs none, in one embedded trainer, at two step sizes."""
+    trainer = Trainer("embedded", probe=False)
+    out: dict[str, Any] = {}
+    try:
+        for size, steps in ((1024, 400), (256, 4000)):
+            trainer.command(f"loop 50 0 {size}")  # compile and warm up
+            trainer.command(f"loop 50 1 {size}")
+            walls: dict[str, list[float]] = {"without": [], "with": []}
+            calls: list[float] = []
+            for i in range(rounds):
+                for name in ("without", "with") if i % 2 == 0 else ("with", "without"):
+                    answer = trainer.command(f"loop {steps} {1 if name == 'with' else 0} {size}")
+                    walls[name].append(float(answer["wall"]))
+                    if answer["step_call_ns"] is not None:
+                        calls.append(float(answer["step_call_ns"]))
+            per_step = {k: median(v) / steps for k, v in walls.items()}
+            paired = [100 * (a / b - 1) for a, b in zip(walls["with"], walls["without"], strict=True)]
+            out[str(size)] = {
+                "steps_per_round": steps,
+                "step_s": per_step,
+                "slower_percent": 100 * (per_step["with"] / per_step["without"] - 1),
+                "slower_percent_paired_median": median(paired),
+                "overhead_per_step_us": 1e6 * (per_step["with"] - per_step["without"]),
+                "step_call_median_us": median(calls) / 1000,
+                "rounds_detail": walls,
+            }
+            print(
+                f"size {size}: step {per_step['without'] * 1e3:.3f} ms -> {per_step['with'] * 1e3:.3f} ms with "
+                f"step() ({out[str(size)]['slower_percent']:+.2f} %, paired {median(paired):+.2f} %), "
+                f"step() call {median(calls) / 1000:.2f} us median",
+                flush=True,
+            )
+    finally:
+        trainer.stop()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=12, help="rounds per mode")
     ap.add_argument("--steps", type=int, default=40000, help="steps per round")
+    ap.add_argument("--what", choices=["exporter", "step", "both"], default="both")
     args = ap.parse_args()
+    if args.what in ("step", "both"):
+        result = step_overhead(args.rounds)
+        big = result["1024"]
+        met = big["slower_percent"] <= 1 and big["step_call_median_us"] <= 20
+        save("train_step_call", {"command": "python bench/train_step.py --what step", **result, "met": met})
+    if args.what == "step":
+        return
 
     off = Trainer("none")
     on = Trainer("embedded")

@@ -13,6 +13,9 @@ answered on stdout with `OK <json>`:
                            by this loop after step(), with DATA_MS of badput("data") before each; answer with the
                            loop's own completion times (time.monotonic) and the step program's XLA FLOPs
   restore N                number the next `steps` from N (as a restart from a checkpoint of step N does)
+  loop N WITH_STEP [SIZE]  an asynchronous loop of N steps of a SIZE x SIZE matmul step (256; synced only at the
+                           end), with jaxmon.step(n, loss) each step when WITH_STEP is 1; answer with the wall time
+                           and the median time of one jaxmon.step() call on this thread
   exit
 With --train-forever the loop trains until killed and prints `STEP n` lines instead of reading stdin.
 """
@@ -103,6 +106,7 @@ def main() -> None:
     functions: list[Any] = []
     tracked: Any = jaxmon.track(step)  # type: ignore[arg-type]
     number = 0
+    heavy = jax.jit(lambda a, b: (jnp.tanh(a @ b), jnp.sum(a)))
     for line in sys.stdin:
         cmd, *rest = line.split()
         if cmd == "alloc":
@@ -150,6 +154,22 @@ def main() -> None:
             flops = step.lower(params, x, y).compile().cost_analysis()["flops"]  # type: ignore[attr-defined]
             (device,) = params["b"].devices()
             answer(done=done, flops=flops, device=int(device.id))
+        elif cmd == "loop":
+            count, with_step = int(rest[0]), rest[1] == "1"
+            size = int(rest[2]) if len(rest) > 2 else 256
+            a = b = jnp.ones((size, size)) / size
+            calls = []
+            start = time.perf_counter()
+            for _ in range(count):
+                a, loss = heavy(a, b)
+                if with_step:
+                    t0 = time.perf_counter_ns()
+                    jaxmon.step(number, loss)
+                    calls.append(time.perf_counter_ns() - t0)
+                    number += 1
+            jax.block_until_ready(a)
+            wall = time.perf_counter() - start
+            answer(wall=wall, step_call_ns=statistics.median(calls) if calls else None)
         elif cmd == "restore":
             number = int(rest[0])  # as after restoring a checkpoint of that step
             answer(number=number)
