@@ -34,14 +34,13 @@ WARMUP = 20
 
 CHILD = """
 import json, statistics, time
-from jaxmon.collectors.base import Context
+from jaxmon.collectors.base import standalone_context
 from jaxmon.snapshot import Snapshot
 from jaxmon.collectors.nvml import NvmlCollector, NvmlOptions
-from jaxmon.settings import Settings
 from prometheus_client.exposition import generate_latest
 from prometheus_client import CollectorRegistry
 
-collector = NvmlCollector(Context(settings=Settings(), source=None, devices=[]), NvmlOptions())
+collector = NvmlCollector(NvmlOptions(), standalone_context(None))
 polls, walls, renders = [], [], []
 for i in range(WARMUP + POLLS):
     t0, w0 = time.thread_time(), time.perf_counter()

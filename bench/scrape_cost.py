@@ -32,8 +32,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
-from jaxmon.app import build_runtime, load_settings
-from jaxmon.collectors.base import Collector, Context, Update
+from jaxmon.app import build_runtime, load_settings, make_source
+from jaxmon.collectors.base import AnyCollector, Update, standalone_context
 from jaxmon.collectors.probe import ProbeCollector, ProbeOptions, ProbeState
 from jaxmon.exposition import Exposition, TextFormat, snapshot_families
 from jaxmon.logsetup import configure_logging
@@ -88,11 +88,11 @@ class ReplayRuntime:
     def __init__(self, path: Path, probes: bool = False) -> None:
         settings = load_settings(["--replay", str(path)])
         self.runtime = build_runtime(settings)
-        self.collectors: list[Collector[Any]] = list(self.runtime.collectors)
+        self.collectors: list[AnyCollector] = list(self.runtime.collectors)
         self._probes = probes
         if probes:
-            ctx = Context(settings=settings, source=self.runtime.ctx.source, devices=[])
-            self.collectors.append(ProbeCollector(ctx, ProbeOptions()))
+            ctx = standalone_context(make_source(settings))
+            self.collectors.append(ProbeCollector(ProbeOptions(), ctx))
         self._rng = random.Random(0)
 
     def poll(self) -> None:
@@ -113,7 +113,7 @@ class ReplayRuntime:
                 runs_total=r.randrange(1000),
                 busy_seconds_total=r.uniform(0, 100),
             )
-            for d in self.runtime.ctx.devices
+            for d in self.runtime.snapshot().devices
         }
         self.runtime.record("probe", Update(ProbeState(statuses)), 0.0)
 

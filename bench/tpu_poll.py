@@ -108,9 +108,8 @@ def measure(rounds: int, delay: float) -> tuple[list[float], list[float], list[f
     from tpu_info.proto import tpu_metric_service_pb2 as pb
     from tpu_info.proto import tpu_metric_service_pb2_grpc as pb_grpc
 
-    from jaxmon.collectors.base import Context
+    from jaxmon.collectors.base import standalone_context
     from jaxmon.collectors.tpu import TpuCollector, TpuOptions
-    from jaxmon.settings import Settings
     from jaxmon.sources import libtpu
     from jaxmon.sources.local import LocalSource
 
@@ -121,8 +120,8 @@ def measure(rounds: int, delay: float) -> tuple[list[float], list[float], list[f
         assert child.stdout is not None
         address = f"127.0.0.1:{int(child.stdout.readline())}"
         source = LocalSource(environ={})
-        ctx = Context(settings=Settings(), source=source, devices=source.discover()[0])
-        collector = TpuCollector(ctx, TpuOptions(enabled=True, address=address, timeout=2.0))
+        ctx = standalone_context(source, source.discover()[0])
+        collector = TpuCollector(TpuOptions(enabled=True, address=address, timeout=2.0), ctx)
         for _ in range(20):  # connect, list the supported metrics, warm the channel
             assert collector.update().success
         assert len(collector.update().state.devices) == len(CHIPS)
