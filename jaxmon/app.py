@@ -19,12 +19,13 @@ from jaxmon.collectors import registry
 from jaxmon.collectors.base import AnyCollector, Context
 from jaxmon.exchange import WORKLOAD_PIDS, Exchange
 from jaxmon.runtime import Recorder, Runtime
-from jaxmon.settings import Settings, settings_model
+from jaxmon.settings import Settings, SettingsError, settings_model
 from jaxmon.settings import load_settings as _load
 from jaxmon.settings.errors import unused_environment
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources import DeviceSource, InProcess
 from jaxmon.sources.faults import Faults, FaultySource
+from jaxmon.sources.node import NodeSource
 from jaxmon.sources.replay import ReplaySource
 from jaxmon.versions import build_info
 
@@ -37,8 +38,21 @@ def model() -> type[Settings]:
 
 
 def load_settings(argv: Sequence[str] = (), **options: Any) -> Settings:
-    """Settings from flags (`argv`), `JAXMON_*` variables and the YAML file (jaxmon.settings.load)."""
-    return _load(model(), argv, help_epilog=collectors_help, **options)
+    """Settings from flags (`argv`), `JAXMON_*` variables and the YAML file (jaxmon.settings.load); `--node` turns
+    the collectors that read this process's JAX devices off."""
+    settings = _load(model(), argv, help_epilog=collectors_help, **options)
+    if settings.node:
+        for name, cls in registry().items():
+            if not cls.needs_jax:
+                continue
+            collector = settings.collector_options(name)
+            if collector.enabled is True and "enabled" in collector.model_fields_set:
+                raise SettingsError(
+                    f"invalid settings:\n  --node: node mode runs no collector that needs JAX, and collector "
+                    f"{name} does: drop --collector.{name} (or --node)"
+                )
+            collector.enabled = False
+    return settings
 
 
 def default_settings() -> Settings:
@@ -70,10 +84,21 @@ def _with_faults(source: DeviceSource) -> DeviceSource:
     return source if faults.inactive else FaultySource(source, faults)
 
 
+def needs_jax(settings: Settings) -> bool:
+    """Whether a collector that reads this process's own JAX devices may run."""
+    return any(
+        cls.needs_jax and settings.collector_options(name).enabled is not False for name, cls in registry().items()
+    )
+
+
 def make_source(settings: Settings) -> DeviceSource:
-    """Replay file when one is given, else this process's JAX devices with a sidecar's GPU defaults."""
+    """Replay file when one is given; this process's JAX devices (with a sidecar's GPU defaults) where a collector
+    reads them; else no devices at all, and JAX is never imported (node mode)."""
     if settings.replay is not None:
         return _with_faults(ReplaySource(settings.replay))
+    if not needs_jax(settings):
+        log.info("node mode: no collector reads JAX devices, so JAX is not imported")
+        return NodeSource()
     from jaxmon.sources.local import LocalSource  # imports JAX: only when local devices are wanted
 
     return _with_faults(LocalSource(settings.gpu.memory_fraction))

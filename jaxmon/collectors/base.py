@@ -95,6 +95,8 @@ class Collector(ABC, Generic[O, S]):
     offers: ClassVar[Offers] = {}
     # Whether /healthz and /readyz wait on this collector's updates (the probe's own health is jaxmon_device_up).
     heartbeat: ClassVar[bool] = True
+    # Whether it reads this process's own JAX devices: where none that does runs, JAX is never imported (node mode).
+    needs_jax: ClassVar[bool] = False
     # Family order in the exposition: collectors render in ascending `order`.
     order: ClassVar[int] = 100
 

@@ -53,6 +53,7 @@ class MemoryCollector(Collector[MemoryOptions, MemoryState]):
     description = "memory_stats() of every device: allocator numbers, fragmentation, OOM headroom."
     options = MemoryOptions
     order = 10
+    needs_jax = True
 
     def __init__(self, opts: MemoryOptions, ctx: Context) -> None:
         super().__init__(opts, ctx)

@@ -203,6 +203,7 @@ class ProbeCollector(Collector[ProbeOptions, ProbeState]):
     description = "A jit-compiled probe per device (one for all CPU devices): up, latency, baseline, utilization."
     options = ProbeOptions
     order = 20
+    needs_jax = True
     heartbeat = False  # each device's health is jaxmon_device_up; /healthz is about fresh polls
 
     @classmethod

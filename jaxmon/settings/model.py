@@ -166,6 +166,11 @@ class Settings(BaseSettings):
     log: LogSettings = LogSettings()
     config: ConfigSettings = ConfigSettings()
     replay: Path | None = Field(default=None, description="Serve recorded devices from this JSON file.")
+    node: bool = Field(
+        default=False,
+        description="Node mode: only the device-wide collectors (NVML, libtpu, the kubelet's pods), the memory and "
+        "probe collectors off, so JAX is never imported (a DaemonSet on every accelerator node).",
+    )
 
     @classmethod
     def settings_customise_sources(

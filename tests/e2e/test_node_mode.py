@@ -1,0 +1,96 @@
+"""Node mode: a daemon that reads only device-wide sources never imports JAX (its sys.modules and its mapped
+libraries say so), and still serves every NVML series."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT, sample, wait_until
+from tests.fakenvml import Scenario, device
+from tests.helpers import Process, free_port, jaxmon_env, scrape
+
+# The daemon as `jaxmon serve` runs it, plus a SIGUSR2 handler (jaxmon leaves that signal alone) that writes the
+# interpreter's imported modules to a file: what the daemon itself imported, read from inside it.
+WRAPPER = """
+import json, signal, sys
+def dump(signum, frame):
+    with open(sys.argv[1], "w") as fh:
+        json.dump(sorted(sys.modules), fh)
+signal.signal(signal.SIGUSR2, dump)
+from jaxmon.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _node_daemon(tmp_path: Path, *flags: str) -> tuple[Process, str, Path]:
+    scenario = Scenario(tmp_path / "nvml.json", [device(i) for i in range(8)])
+    port = free_port()
+    modules = tmp_path / "modules.json"
+    argv = [sys.executable, "-c", WRAPPER, str(modules), "serve", "--web.listen-address", f"127.0.0.1:{port}"]
+    proc = Process([*argv, *flags], tmp_path / "node.log", jaxmon_env(scenario.env()), ROOT)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: proc.alive() and bool(_try_scrape(url)), timeout=60, what="node daemon serving", detail=proc.log)
+    return proc, url, modules
+
+
+def _try_scrape(url: str) -> bool:
+    try:
+        s = scrape(url)
+    except OSError:
+        return False
+    return sample(s, "jaxmon_collector_success", collector="nvml") == 1
+
+
+def _imported(proc: Process, modules: Path) -> list[str]:
+    proc.proc.send_signal(signal.SIGUSR2)
+    wait_until(modules.exists, timeout=10, what="the module list written")
+    names: list[str] = json.loads(modules.read_text())
+    return names
+
+
+def test_node_mode_never_imports_jax_and_serves_nvml(tmp_path: Path) -> None:
+    proc, url, modules = _node_daemon(tmp_path, "--node")
+    try:
+        s = scrape(url)
+        names = _imported(proc, modules)
+        assert not [m for m in names if m.split(".")[0] in ("jax", "jaxlib")], "node mode imported JAX"
+        assert "jaxmon.sources.local" not in names and "numpy" not in names
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert "jaxlib" not in maps and "xla_extension" not in maps  # no JAX shared library mapped either
+        for gpu in range(8):
+            labels = {"device": str(gpu), "platform": "gpu", "source": "nvml"}
+            assert sample(s, "jaxmon_device_source_up", **labels) == 1
+            assert sample(s, "jaxmon_device_memory_used_bytes", **labels) == (10 + gpu) * (1 << 30)
+        assert not [k for k in s if k[0].startswith(("jaxmon_memory_", "jaxmon_probe_", "jaxmon_device_up"))]
+        assert sample(s, "jaxmon_collector_success", collector="memory") is None
+        build = [dict(k[1]) for k in s if k[0] == "jaxmon_build_info"]
+        assert build and build[0]["jax_version"]  # read from package metadata, not from an import
+    finally:
+        assert proc.stop() == 0
+
+
+def test_the_same_daemon_without_node_mode_imports_jax(tmp_path: Path) -> None:
+    """A check on the check: the default daemon does import JAX, and the same dump shows it."""
+    proc, _, modules = _node_daemon(tmp_path, "--no-collector.probe")
+    try:
+        assert "jax" in _imported(proc, modules)
+    finally:
+        proc.stop()
+
+
+def test_node_mode_refuses_a_collector_that_needs_jax(tmp_path: Path) -> None:
+    from jaxmon.app import load_settings
+    from jaxmon.settings import SettingsError
+
+    try:
+        load_settings(["--node", "--collector.memory"])
+    except SettingsError as exc:
+        assert "--node: node mode runs no collector that needs JAX, and collector memory does" in str(exc)
+    else:
+        raise AssertionError("--node --collector.memory was accepted")
+    settings = load_settings(["--node"])
+    assert settings.collector_options("memory").enabled is False
+    assert settings.collector_options("probe").enabled is False
