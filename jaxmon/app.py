@@ -18,6 +18,7 @@ import structlog
 from jaxmon.collectors import registry
 from jaxmon.collectors.base import AnyCollector, Context
 from jaxmon.exchange import WORKLOAD_PIDS, Exchange
+from jaxmon.identity import host_name, scheduler_labels
 from jaxmon.runtime import Recorder, Runtime
 from jaxmon.settings import Settings, SettingsError, settings_model
 from jaxmon.settings import load_settings as _load
@@ -174,6 +175,16 @@ def build_runtime(
         devices=[d.name for d in devices],
         backends={b.name: b.up for b in backends},
     )
+    workload_info: dict[str, str] = {}
+    if workload is not None and in_process is not None:
+        workload_info = {
+            "workload": workload,
+            "process_index": str(in_process.process_index),
+            "host": host_name(),
+            "pid": str(os.getpid()),
+            "jax_version": in_process.jax_version,
+            **scheduler_labels(),
+        }
     recorder = Recorder(
         Snapshot(
             devices=tuple(devices),
@@ -181,6 +192,7 @@ def build_runtime(
             source=source.name,
             build=build_info(),
             workload=workload,
+            workload_info=workload_info,
         )
     )
     exchange = Exchange(recorder.snapshot)

@@ -22,7 +22,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from jaxmon.collectors.base import AnyCollector
 from jaxmon.families import add, go_float
-from jaxmon.families.shared import DEVICE_INFO
+from jaxmon.families.shared import DEVICE_INFO, WORKLOAD_INFO
 from jaxmon.logsetup import ErrorLog
 from jaxmon.snapshot import Snapshot
 
@@ -50,6 +50,10 @@ def base_families(snap: Snapshot) -> Iterator[Metric]:
     for d in snap.devices:
         add(info, {**snap.device_labels(d), **d.identity_labels(), "source": snap.source}, 1)
     yield info
+    if snap.workload_info:
+        workload = WORKLOAD_INFO.new()
+        add(workload, dict(snap.workload_info), 1)
+        yield workload
 
 
 def status_families(snap: Snapshot, names: Iterable[str]) -> Iterator[Metric]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import socket
 import stat
 import sys
 import threading
@@ -22,6 +21,7 @@ import structlog
 
 from jaxmon.files import write_atomically
 from jaxmon.finalization import EXIT_WAIT, before_finalization
+from jaxmon.identity import host_name, scheduler_labels
 from jaxmon.logsetup import ErrorLog, ensure_library_logging
 from jaxmon.model import DeviceInfo
 from jaxmon.settings import Settings
@@ -60,7 +60,7 @@ class Publisher:
         self.directory = directory
         self.workload = workload
         self.interval = interval
-        self.host = socket.gethostname()
+        self.host = host_name()
         self.pid = os.getpid()
         self.prefix = f"{safe_name(workload)}.{safe_name(self.host)}."
         self.path = directory / f"{self.prefix}{self.pid}.json"
@@ -163,6 +163,8 @@ class Publisher:
             devices=entries,
             compile=SpoolCompile.model_validate(in_process.compile_counts()),
             training=None if reading is None else spool_training(reading),
+            process_count=in_process.process_count,
+            scheduler=scheduler_labels(),
         )
 
     def _publish_once(self, source: DeviceSource, devices: list[DeviceInfo], in_process: InProcess) -> None:

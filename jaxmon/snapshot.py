@@ -40,8 +40,9 @@ class Snapshot:
     backends: tuple[BackendStatus, ...] = ()
     source: str = "local"
     build: Mapping[str, str] = field(default_factory=dict)
-    # Embedded mode: the workload this process's own devices are labelled with.
+    # Embedded mode: the workload this process's own devices are labelled with, and its jaxmon_workload_info labels.
     workload: str | None = None
+    workload_info: Mapping[str, str] = field(default_factory=dict)
     states: Mapping[str, object] = field(default_factory=dict)
     statuses: Mapping[str, CollectorStatus] = field(default_factory=dict)
     version: int = 0
@@ -74,6 +75,7 @@ class Snapshot:
             source=self.source,
             build=self.build,
             workload=self.workload,
+            workload_info=self.workload_info,
             states={**self.states, name: update.state},
             statuses={**self.statuses, name: status},
             version=self.version + 1,

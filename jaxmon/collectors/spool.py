@@ -24,8 +24,8 @@ from jaxmon.exchange import WORKLOAD_PIDS
 from jaxmon.families import add, family
 from jaxmon.families.compile import compile_families
 from jaxmon.families.memory import MemoryRow, memory_families
-from jaxmon.families.shared import DEVICE_INFO
-from jaxmon.families.training import training_families
+from jaxmon.families.shared import DEVICE_INFO, WORKLOAD_INFO
+from jaxmon.families.training import training_families, training_labels
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, MemoryReading
 from jaxmon.settings import CollectorOptions, Duration, Enabled
@@ -59,6 +59,8 @@ class WorkloadReport:
     devices: tuple[WorkloadDevice, ...]
     compile: Mapping[str, float]
     training: TrainingReading | None = None
+    process_count: int | None = None
+    scheduler: Mapping[str, str] = field(default_factory=dict)
 
 
 def workload_report(doc: SpoolDocument) -> WorkloadReport:
@@ -89,6 +91,8 @@ def workload_report(doc: SpoolDocument) -> WorkloadReport:
         devices=tuple(devices),
         compile=doc.compile.model_dump(),
         training=None if doc.training is None else training_reading(doc.training),
+        process_count=doc.process_count,
+        scheduler=dict(doc.scheduler),
     )
 
 
@@ -249,20 +253,18 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
             [({"workload": w.workload, "process_index": str(w.process_index)}, w.compile) for w in state.workloads]
         )
         yield from training_families(
-            [
-                ({"workload": w.workload, "process_index": str(w.process_index)}, w.training)
-                for w in state.workloads
-                if w.training is not None
-            ]
-        )
-        workload_info = family("jaxmon_workload_info", "Each workload process reporting to the spool; always 1.")
+            [(training_labels(w.workload, w.process_index, w.process_count, w.host), w.training)
+             for w in state.workloads if w.training is not None]
+        )  # fmt: skip
+        workload_info = WORKLOAD_INFO.new()
         last = family(
             "jaxmon_workload_last_report_timestamp_seconds",
             "Unix time the workload process last wrote its spool file (the file's mtime on the sidecar's clock).",
         )
         for w in state.workloads:
             ident = {"workload": w.workload, "process_index": str(w.process_index)}
-            add(workload_info, {**ident, "host": w.host, "pid": str(w.pid), "jax_version": w.jax_version}, 1)
+            identity = {"host": w.host, "pid": str(w.pid), "jax_version": w.jax_version, **w.scheduler}
+            add(workload_info, {**ident, **identity}, 1)
             add(last, ident, w.time)
         yield workload_info
         yield last

@@ -14,7 +14,8 @@ from pydantic import Field
 
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Update
-from jaxmon.families.training import training_families
+from jaxmon.families.training import training_families, training_labels
+from jaxmon.identity import host_name
 from jaxmon.settings import CollectorOptions, Enabled
 from jaxmon.snapshot import Snapshot
 from jaxmon.training.reading import TrainingReading
@@ -68,5 +69,6 @@ class TrainingCollector(Collector[TrainingOptions, TrainingReading | None]):
     def families(self, snap: Snapshot, state: TrainingReading | None) -> Iterator[Metric]:
         """One set of series for this workload process, once it steps."""
         assert self.ctx.in_process is not None
-        labels = {"workload": self.ctx.workload or "", "process_index": str(self.ctx.in_process.process_index)}
+        me = self.ctx.in_process
+        labels = training_labels(self.ctx.workload or "", me.process_index, me.process_count, host_name())
         return training_families([(labels, state)] if state is not None else [])

@@ -32,3 +32,10 @@ DEVICE_MEMORY_BANDWIDTH = Spec(
     "jaxmon_device_memory_bandwidth_utilization_ratio",
     "Share of the last sample period in which device memory was read or written (0-1); device-wide.",
 )
+
+# A workload process's identity: the spool's workloads, and an embedded workload itself (the base families).
+WORKLOAD_INFO = Spec(
+    "jaxmon_workload_info",
+    "Each workload process reporting (to the spool, or an embedded exporter itself), with where the scheduler put "
+    "it (pod, namespace, node, slurm_job_id where set); always 1.",
+)

@@ -78,6 +78,15 @@ PROBLEMS = Spec(
 )
 
 
+def training_labels(workload: str, process_index: int, process_count: int | None, host: str) -> dict[str, str]:
+    """The labels of a workload process's training series: a job is `workload`, a member `process_index` (of
+    `process_count`), on `host`."""
+    labels = {"workload": workload, "process_index": str(process_index), "host": host}
+    if process_count is not None:
+        labels["process_count"] = str(process_count)
+    return labels
+
+
 def _histogram(fam: Metric, labels: dict[str, str], reading: TrainingReading) -> None:
     name = fam.name
     for bound, count in reading.duration_buckets:

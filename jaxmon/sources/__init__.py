@@ -32,6 +32,7 @@ class InProcess(Protocol):
     """A workload process's view of itself (embedded mode, publisher): live arrays and compile counters."""
 
     process_index: int
+    process_count: int
 
     @property
     def jax_version(self) -> str:

@@ -170,6 +170,11 @@ class SpoolDocument(BaseModel):
     devices: list[SpoolDevice] = Field(max_length=4096)
     compile: SpoolCompile = SpoolCompile()
     training: SpoolTraining | None = None  # schema 2: absent before the process's first jaxmon.step()
+    process_count: Count | None = None  # schema 2: jax.process_count()
+    # schema 2: where the scheduler put the process (jaxmon.identity.scheduler_labels: pod, namespace, node, ...)
+    scheduler: dict[Annotated[str, Field(pattern=r"^[a-z_]{1,32}$")], Annotated[str, Field(max_length=253)]] = Field(
+        default_factory=dict, max_length=8
+    )
 
 
 # -- the reader -----------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ sidecar, checked against the trainer's own completion times and XLA's cost analy
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,9 @@ from tests.conftest import ROOT, Samples, StartDaemon, promtool, sample
 from tests.helpers import Child, wait_for_samples
 
 PEAK = 1e11
+# What a pod spec's Downward API (and Slurm) put in the trainer's environment.
+SCHEDULER = {"POD_NAME": "llama-0-abc", "POD_NAMESPACE": "research", "NODE_NAME": "gpu-node-7", "SLURM_JOB_ID": "4242"}
+SCHEDULER_LABELS = {"pod": "llama-0-abc", "namespace": "research", "node": "gpu-node-7", "slurm_job_id": "4242"}
 STEPS = 10
 DATA_MS = 20
 
@@ -31,6 +35,10 @@ def children() -> Iterator[list[Child]]:
 def _check_against_the_loop(s: Samples, answer: dict[str, Any], **labels: str) -> None:
     """What the trainer's loop measured and computed itself, against what was exported."""
     done, flops, device = answer["done"], answer["flops"], str(answer["device"])
+    # The process's identity, with where the scheduler put it, for group_left joins.
+    info = [dict(k[1]) for k in s if k[0] == "jaxmon_workload_info" and ("workload", labels["workload"]) in k[1]]
+    assert len(info) == 1 and SCHEDULER_LABELS.items() <= info[0].items(), info
+    assert info[0]["host"] == labels["host"] and info[0]["process_index"] == "0"
     per_device = {**labels, "device": device, "platform": "cpu"}
     assert sample(s, "jaxmon_training_steps_total", **labels) == STEPS
     assert sample(s, "jaxmon_training_step", **labels) == STEPS - 1
@@ -65,14 +73,14 @@ def _lint(text: str) -> None:
 def test_an_embedded_trainer_exports_its_steps_flops_mfu_and_badput(children: list[Child], tmp_path: Path) -> None:
     child = Child(
         tmp_path, "embedded", "--workload", "toy", "--interval", "0.2", "--peak-flops", str(PEAK),
-        env={"JAXMON_COLLECTOR__PROBE": "false"},
+        env={"JAXMON_COLLECTOR__PROBE": "false", **SCHEDULER},
     )  # fmt: skip
     children.append(child)
     url = child.hello["url"]
     before = requests.get(url + "/metrics", timeout=10).text
     assert "jaxmon_training_" not in before  # no step() yet: no training series at all
     answer = child.send(f"steps {STEPS} {DATA_MS}")
-    labels = {"workload": "toy", "process_index": "0"}
+    labels = {"workload": "toy", "process_index": "0", "process_count": "1", "host": socket.gethostname()}
     s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, "every step seen")
     _check_against_the_loop(s, answer, **labels)
     _lint(requests.get(url + "/metrics", timeout=10).text)
@@ -93,12 +101,12 @@ def test_a_publishing_trainers_steps_reach_the_sidecar(
     spool = tmp_path / "spool"
     child = Child(
         tmp_path, "publish", "--spool", str(spool), "--workload", "pub", "--interval", "0.2",
-        "--peak-flops", str(PEAK), env={"JAXMON_COLLECTOR__PROBE": "false"},
+        "--peak-flops", str(PEAK), env={"JAXMON_COLLECTOR__PROBE": "false", **SCHEDULER},
     )  # fmt: skip
     children.append(child)
     d = start_daemon("--no-collector.probe", "--collector.spool.dir", str(spool), "--poll.interval", "0.2s")
     answer = child.send(f"steps {STEPS} {DATA_MS}")
-    labels = {"workload": "pub", "process_index": "0"}
+    labels = {"workload": "pub", "process_index": "0", "process_count": "1", "host": socket.gethostname()}
     s = d.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, what="the sidecar's steps")
     _check_against_the_loop(s, answer, **labels)
     _lint(d.get("/metrics").text)

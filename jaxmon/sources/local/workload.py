@@ -19,6 +19,7 @@ class InProcessWorkload:
     def __init__(self, source: LocalSource, tracker: Tracker | None = None) -> None:
         self._jax = source._jax
         self.process_index = int(self._jax.process_index())
+        self.process_count = int(self._jax.process_count())
         self._counters = CompileCounters.installed()
         self._tracker = tracker
 
