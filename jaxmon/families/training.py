@@ -12,6 +12,11 @@ from jaxmon.training.reading import TrainingReading
 
 STEPS = Spec("jaxmon_training_steps", "Training steps completed (jaxmon.step() calls seen through).", counter=True)
 STEP = Spec("jaxmon_training_step", "The number of the last step jaxmon.step() reported and saw complete.")
+DISPATCHED = Spec(
+    "jaxmon_training_dispatched_step",
+    "The number of the last step handed to jaxmon.step(), complete or not: in a synchronous job, a process whose "
+    "number is behind the others' is the one they wait for.",
+)
 LAST_STEP = Spec(
     "jaxmon_training_last_step_timestamp_seconds", "Unix time the last step completed (as jaxmon's waiter saw it)."
 )
@@ -99,6 +104,7 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
     """The training families of (labels of the workload process, its reading) rows; per-device series add
     `device` and `platform`. A number that is not known is an absent series."""
     steps, step, last, examples, tokens = STEPS.new(), STEP.new(), LAST_STEP.new(), EXAMPLES.new(), TOKENS.new()
+    dispatched = DISPATCHED.new()
     duration = Metric(DURATION.name, DURATION.help, "histogram")
     model, hardware, nbytes, peak, mfu, hfu = (
         s.new() for s in (MODEL_FLOPS, HARDWARE_FLOPS, HARDWARE_BYTES, PEAK, MFU, HFU)
@@ -110,6 +116,8 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
         add(steps, labels, r.steps_total)
         if r.step is not None:
             add(step, labels, r.step)
+        if r.dispatched_step is not None:
+            add(dispatched, labels, r.dispatched_step)
         if r.last_step_timestamp is not None:
             add(last, labels, r.last_step_timestamp)
         if r.duration_buckets:
@@ -136,5 +144,5 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
                     add(fam, per_device, value)
             if d.peak_flops is not None:
                 add(peak, {**per_device, "source": d.peak_source or "table"}, d.peak_flops)
-    yield from (steps, step, last, duration, examples, tokens, model, hardware, nbytes, peak, mfu, hfu)
+    yield from (steps, step, dispatched, last, duration, examples, tokens, model, hardware, nbytes, peak, mfu, hfu)
     yield from (host_wait, elapsed, productive, badput, problems)

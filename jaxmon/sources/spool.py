@@ -129,6 +129,7 @@ class SpoolTraining(BaseModel):
 
     steps_total: Count = 0
     step: Int64 | None = None
+    dispatched_step: Int64 | None = None
     last_step_timestamp: Timestamp | None = None
     # (upper bound, cumulative count) of the finite buckets; the +Inf bucket is duration_count (JSON has no inf).
     duration_buckets: list[tuple[Annotated[float, Field(gt=0)], Count]] = Field(default_factory=list, max_length=64)

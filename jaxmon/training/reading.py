@@ -27,6 +27,9 @@ class TrainingReading:
 
     steps_total: int = 0
     step: int | None = None
+    # The last step number handed to jaxmon.step(), complete or not: in a synchronous job the others wait for the
+    # process that is behind.
+    dispatched_step: int | None = None
     last_step_timestamp: float | None = None
     # (upper bound, cumulative count), +Inf last; the step durations' sum.
     duration_buckets: tuple[tuple[float, int], ...] = ()

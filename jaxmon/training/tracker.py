@@ -111,6 +111,7 @@ class Tracker:
         self._problems: dict[str, int] = {}
         self._problems_lock = threading.Lock()
         self._stepping = False  # step() was called: a process that never does exports no training series
+        self._dispatched: int | None = None  # the last step number handed to step()
         self._stopping = False
         self._unlisten = ops.on_event_duration(self._on_event)
         self._thread = threading.Thread(target=self._wait_loop, name="jaxmon-training", daemon=True)
@@ -124,6 +125,7 @@ class Tracker:
         arrays = self.ops.leaves(ready) if ready else self.ops.barrier()
         with self._lock:
             self._stepping = True
+            self._dispatched = int(number)
             calls, self._calls = self._calls, {}
             if len(self._pending) >= self.config.max_pending:
                 self._problem("dropped", "training steps not tracked: the waiter is far behind", number=number)
@@ -294,6 +296,7 @@ class Tracker:
             return TrainingReading(
                 steps_total=self._steps,
                 step=self._last[0] if self._last is not None else None,
+                dispatched_step=self._dispatched,
                 last_step_timestamp=self._last_wall,
                 duration_buckets=tuple(self._acct.histogram.cumulative()),
                 duration_sum=self._acct.histogram.total,

@@ -115,11 +115,15 @@ ROW = Row(
             width=8,
         ),
         Panel(
-            "Last completed step",
+            "Last completed and dispatched step",
             "table",
             "none",
-            [Target(f"jaxmon_training_step{{{WL}}}", table=True)],
-            "Each process's last completed step number.",
+            [
+                Target(f"jaxmon_training_step{{{WL}}}", table=True),
+                Target(f"jaxmon_training_dispatched_step{{{WL}}}", table=True),
+            ],
+            "Each process's last completed step, and the last it handed to jaxmon.step() (a process behind the "
+            "others in dispatching is the one a synchronous job waits for).",
             width=8,
             height=6,
         ),

@@ -82,6 +82,7 @@ def test_step_durations_are_what_a_loop_timing_its_own_completions_measures(make
             time.sleep(0.05)  # one longer step: its interval includes the host's pause
     reading = settled(tracker, 12)
     assert reading.duration_count == 11 and reading.steps_total == 12 and reading.step == 11
+    assert reading.dispatched_step == 11
     # Completion to completion, summed: the first and the last completion, as the loop saw them (both threads
     # wake on the same event; each observation lags it by at most a GIL switch interval).
     assert reading.duration_sum == pytest.approx(done[-1] - done[0], abs=0.01)
