@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Generate the deployment files that must agree with a single source.
 
-- deploy/kubernetes/prometheusrule.yaml: the PrometheusRule, built from deploy/prometheus/alerts.yml (the same rules
-  Prometheus loads in the compose stack), comments included, by deploy/generators/rules.py;
-- grafana/dashboards/jaxmon.json: the Grafana dashboard, built by deploy/generators/dashboard.py from the rows of
-  panels in deploy/generators/rows/.
+- deploy/kubernetes/prometheusrule*.yaml and gmp-rules*.yaml: the Prometheus Operator's PrometheusRule and Google
+  Managed Prometheus's Rules of deploy/prometheus/alerts.yml and job.yml (the same rules Prometheus loads in the
+  compose stack), comments included, by deploy/generators/rules.py;
+- grafana/dashboards/jaxmon.json and jaxmon-job.json: the Grafana dashboards, built by deploy/generators/dashboard.py
+  from the rows of panels in deploy/generators/rows/ (job.py: the Job dashboard's).
 
     python deploy/generate.py           # rewrite those that changed
     python deploy/generate.py --check   # exit 1 if a committed file differs from what would be generated

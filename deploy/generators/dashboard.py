@@ -9,15 +9,16 @@ from typing import Any
 
 from .panels import INST, Panel, Row
 from .paths import ROOT
-from .rows import devicewide, health, hosts, memory, overview, probe, training, workloads
+from .rows import devicewide, health, hosts, job, memory, overview, probe, training, workloads
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 DEVICES = '__name__=~"jaxmon_device_info|jaxmon_device_source_up"'
 
 
-def _variable(name: str, label: str, query: str, all_value: str | None = None) -> dict[str, Any]:
-    """A query variable over `query`: multi-valued, refreshed with the time range, "All" selected."""
+def _variable(name: str, label: str, query: str, all_value: str | None = None, *, multi: bool = True) -> dict[str, Any]:
+    """A query variable over `query`, refreshed with the time range: multi-valued with "All" selected, or (not
+    `multi`) one value, the first."""
     variable: dict[str, Any] = {
         "name": name,
         "label": label,
@@ -37,23 +38,28 @@ def _variable(name: str, label: str, query: str, all_value: str | None = None) -
     if all_value is not None:
         # Without it, "All" is the alternation of the listed values (Grafana's default).
         variable["allValue"] = all_value
+    if not multi:
+        variable.update({"includeAll": False, "multi": False, "current": {}})
     return variable
+
+
+DATASOURCE_VARIABLE = {
+    "name": "datasource",
+    "label": "Data source",
+    "type": "datasource",
+    "query": "prometheus",
+    "current": {},
+    "options": [],
+    "refresh": 1,
+    "regex": "",
+    "hide": 0,
+}
 
 
 def templating() -> list[dict[str, Any]]:
     """The dashboard's variables: data source, then job, instance, platform, device and workload, chained."""
     return [
-        {
-            "name": "datasource",
-            "label": "Data source",
-            "type": "datasource",
-            "query": "prometheus",
-            "current": {},
-            "options": [],
-            "refresh": 1,
-            "regex": "",
-            "hide": 0,
-        },
+        DATASOURCE_VARIABLE,
         _variable("job", "Job", "label_values(jaxmon_build_info, job)"),
         # From `up`, so that an exporter that is down still shows (and counts) as a host.
         _variable("instance", "Host (instance)", 'label_values(up{job=~"$job"}, instance)'),
@@ -67,6 +73,33 @@ def templating() -> list[dict[str, Any]]:
         ),
         # All = ".*", which also matches series without the label: a sidecar's own devices have no workload.
         _variable("workload", "Workload", f"label_values(jaxmon_device_info{{{INST}}}, workload)", all_value=".*"),
+    ]
+
+
+def job_templating() -> list[dict[str, Any]]:
+    """The Job dashboard's variables: data source, the one workload (a job) it shows, and k, how many of the worst
+    processes or devices each panel lists."""
+    return [
+        DATASOURCE_VARIABLE,
+        _variable(
+            "workload",
+            "Workload (job)",
+            "label_values(jaxmon_training_last_step_timestamp_seconds, workload)",
+            multi=False,
+        ),
+        {
+            "name": "k",
+            "label": "Show the worst",
+            "type": "custom",
+            "query": "5,10,20,50",
+            "current": {"selected": True, "text": "10", "value": "10"},
+            "options": [
+                {"selected": value == "10", "text": value, "value": value} for value in ("5", "10", "20", "50")
+            ],
+            "multi": False,
+            "includeAll": False,
+            "hide": 0,
+        },
     ]
 
 
@@ -104,6 +137,8 @@ def _panel_json(p: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
         }
         if t.table:
             target.update({"format": "table", "instant": True, "range": False})
+        elif p.kind == "heatmap":
+            target.update({"format": "heatmap", "instant": False, "range": True})
         elif p.kind in ("stat", "bargauge"):
             target.update({"instant": True, "range": False})
         else:
@@ -137,6 +172,16 @@ def _panel_json(p: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
             "displayMode": "basic",
             "orientation": "horizontal",
         }
+    elif p.kind == "heatmap":
+        # The series are already buckets (format: heatmap turns cumulative `le` buckets into counts per bucket).
+        panel["options"] = {
+            "calculate": False,
+            "yAxis": {"unit": p.unit, "axisPlacement": "left"},
+            "cellGap": 1,
+            "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64},
+            "tooltip": {"show": True, "yHistogram": True},
+            "legend": {"show": True},
+        }
     elif p.kind == "state-timeline":
         panel["options"] = {"mergeValues": True, "showValue": "auto", "legend": {"showLegend": False}}
     elif p.kind == "table":
@@ -158,6 +203,8 @@ class Dashboard:
     tags: list[str]
     rows: list[Row]
     variables: list[dict[str, Any]] = field(default_factory=templating)
+    # Other dashboards to link to from the top bar: (title, uid).
+    links: list[tuple[str, str]] = field(default_factory=list)
 
 
 def layout(rows: list[Row]) -> list[dict[str, Any]]:
@@ -206,7 +253,10 @@ def dashboard_json(d: Dashboard) -> dict[str, Any]:
         "time": {"from": "now-3h", "to": "now"},
         "timepicker": {},
         "timezone": "browser",
-        "links": [],
+        "links": [
+            {"title": title, "type": "link", "url": f"/d/{uid}", "keepTime": True, "icon": "dashboard"}
+            for title, uid in d.links
+        ],
         "annotations": {
             "list": [
                 {
@@ -238,10 +288,24 @@ JAXMON = Dashboard(
     "of JAX accelerators, from jaxmon (a Prometheus exporter).",
     tags=["jaxmon", "jax", "accelerators"],
     rows=[overview.ROW, training.ROW, memory.ROW, probe.ROW, devicewide.ROW, workloads.ROW, hosts.ROW, health.ROW],
+    links=[("Training job (stragglers, skew)", "jaxmon-job")],
+)
+
+JOB = Dashboard(
+    file=ROOT / "grafana" / "dashboards" / "jaxmon-job.json",
+    uid="jaxmon-job",
+    title="jaxmon: training job",
+    description="One training job (a workload) across its processes and devices: stragglers, stalled processes, "
+    "slow devices and memory skew, from the recording rules of deploy/prometheus/job.yml. Panels show the $k "
+    "worst, so the dashboard reads the same at 4 processes as at 4,096.",
+    tags=["jaxmon", "jax", "training"],
+    rows=job.ROWS,
+    variables=job_templating(),
+    links=[("Devices (jaxmon)", "jaxmon")],
 )
 
 # Every generated dashboard; another (its own file, uid and rows) is one more entry.
-DASHBOARDS = [JAXMON]
+DASHBOARDS = [JAXMON, JOB]
 
 
 def outputs() -> dict[Path, str]:

@@ -31,7 +31,7 @@ class Panel:
     """One dashboard panel: its kind, unit and queries."""
 
     title: str
-    kind: str  # timeseries, stat, state-timeline, table, bargauge
+    kind: str  # timeseries, stat, state-timeline, table, bargauge, heatmap
     unit: str
     targets: list[Target]
     description: str = ""
