@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
@@ -16,9 +15,8 @@ from jaxmon.exposition import TextFormat
 from jaxmon.model import DeviceInfo, MemoryReading, ProbeStatus
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.replay import ReplaySource
+from tests.helpers import FIXTURES
 from tests.snapshots import make_snapshot, render_families
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 class _Families(Collector):

@@ -17,9 +17,7 @@ import pytest
 from jaxmon.files import write_atomically
 from jaxmon.sources.spool import Rejected, read_document
 from tests.conftest import ROOT, Samples, StartDaemon, sample
-from tests.helpers import TRAIN, Child, wait_for_fresh_samples, wait_for_samples, wait_until
-
-__all__ = ["TRAIN", "Child"]  # other test modules import Child from here
+from tests.helpers import FIXTURES, Child, wait_for_fresh_samples, wait_for_samples, wait_until
 
 # What the toy loop keeps on the default device (cpu:0): x (256 x 64), y (256 x 1), w (64 x 1), b (1), float32.
 TRAINING_STATE_BYTES = 4 * (256 * 64 + 256 + 64 + 1)
@@ -218,7 +216,7 @@ def test_two_publishers_and_a_sidecar(children: list[Child], tmp_path: Path, sta
 
 def test_a_reader_racing_a_writer_never_sees_a_torn_file(tmp_path: Path) -> None:
     path = tmp_path / "w.json"
-    good = json.loads((Path(__file__).parent / "fixtures" / "spool_document.json").read_text())
+    good = json.loads((FIXTURES / "spool_document.json").read_text())
     stop = threading.Event()
     writes = 0
 
@@ -253,7 +251,7 @@ def test_bad_spool_files_are_rejected_and_counted_while_good_ones_flow(
 ) -> None:
     spool = tmp_path / "spool"
     spool.mkdir()
-    good = json.loads((Path(__file__).parent / "fixtures" / "spool_document.json").read_text())
+    good = json.loads((FIXTURES / "spool_document.json").read_text())
     (spool / "bad_json.json").write_text('{"schema": "jaxmon.spool/1", "devices": [')
     (spool / "old_schema.json").write_text(json.dumps({**good, "schema": "jaxmon.spool/0"}))
     (spool / "bad_schema.json").write_text(json.dumps({**good, "pid": "not a pid"}))

@@ -16,7 +16,7 @@ from jaxmon.collectors.base import Collector, CollectorOptions, Update, standalo
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.replay import ReplaySource
 from tests.conftest import FIXTURES, StartDaemon, parse_samples, sample
-from tests.test_app import make_app, make_runtime, request
+from tests.unit.test_web_app import make_app, make_runtime, request
 
 REPLAY = ("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1h")
 

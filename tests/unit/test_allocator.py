@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from jaxmon.allocator import MemoryNumbers, memory_numbers
+from tests.helpers import FIXTURES
 
 GiB = 1 << 30
 MiB = 1 << 20
-SHAPES = {
-    (d["platform"], d["id"]): d
-    for d in json.loads((Path(__file__).parent / "fixtures/shapes.json").read_text())["devices"]
-}
+SHAPES = {(d["platform"], d["id"]): d for d in json.loads((FIXTURES / "shapes.json").read_text())["devices"]}
 
 
 def stats(platform: str, device: int) -> Any:

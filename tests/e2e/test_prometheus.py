@@ -37,7 +37,8 @@ from tests.conftest import FIXTURES, ROOT, Daemon, free_port, wait_until
 from tests.fake_libtpu import Chip, FakeLibtpu, Timing
 from tests.fake_libtpu import Scenario as LibtpuScenario
 from tests.fakenvml import GPU_IS_LOST, Scenario, device
-from tests.test_deploy import (
+from tests.helpers import Child
+from tests.unit.test_deploy import (
     RULES,
     alert_rules,
     dashboard_targets,
@@ -45,7 +46,6 @@ from tests.test_deploy import (
     readme_metrics,
     variable_query,
 )
-from tests.test_workloads import Child
 
 SCRAPE_INTERVAL = 1.0
 # $__rate_interval as Grafana computes it for a 1s scrape interval is 4s; 10s leaves room for a missed scrape.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT, Daemon, Samples, StartDaemon, parse_samples, sample
 from tests.fakenvml import GPU_IS_LOST, Scenario, device
-from tests.test_workloads import Child
+from tests.helpers import Child
 
 GIB = 1 << 30
 FAST = ("--no-collector.probe", "--poll.interval", "0.3s")

@@ -12,6 +12,7 @@ import yaml
 from jaxmon.web.access import DECOY_COST, BasicAuth, RateLimiter, decoy_hash
 from jaxmon.web.errors import WebConfigError
 from jaxmon.web.webconfig import RateLimit, load_web_config, parse_go_duration
+from tests.helpers import FIXTURES
 from tests.tls_helpers import Certs, bcrypt_hash, make_certs
 
 
@@ -256,7 +257,7 @@ def test_users_load_without_hashing_even_at_cost_31() -> None:
 
 def test_the_toolkit_users_file_loads_at_once(tmp_path: Path) -> None:
     # bob's hash has cost 18 (~13 s per check here); loading reads the cost only.
-    config = load_web_config(Path(__file__).parent / "fixtures" / "etk" / "web_config_users_noTLS.good.yml")
+    config = load_web_config(FIXTURES / "etk" / "web_config_users_noTLS.good.yml")
     assert sorted(config.users) == ["alice", "bob", "carol", "dave"]
     assert BasicAuth(config.users).decoy[:7] == b"$2b$10$"
 

@@ -263,7 +263,7 @@ def test_nvml_that_does_not_initialise_is_unavailable_with_the_reason(
 def test_without_the_library_the_collector_is_unavailable() -> None:
     # A fresh interpreter with no NVIDIA library on its path (this machine has no driver), as a CPU host is.
     code = (
-        "from tests.test_nvml import NvmlCollector, NvmlOptions, context; "
+        "from tests.e2e.collectors.test_nvml import NvmlCollector, NvmlOptions, context; "
         "print(NvmlCollector.unavailable(NvmlOptions(), context()))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)

@@ -23,7 +23,7 @@ from jaxmon.sources.replay import ReplaySource
 from jaxmon.sources.spool import Rejected, SpoolReader, read_document
 from tests.conftest import FIXTURES, Samples, StartDaemon, parse_samples, sample
 
-GOOD = json.loads((Path(__file__).parent / "fixtures" / "spool_document.json").read_text())
+GOOD = json.loads((FIXTURES / "spool_document.json").read_text())
 # The fixture's device 0, as the workload reported it.
 STATS = GOOD["devices"][0]["memory_stats"]
 

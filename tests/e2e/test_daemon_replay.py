@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, Daemon, Samples, StartDaemon, sample
-from tests.test_golden import check_golden
+from tests.conftest import FIXTURES, ROOT, Daemon, Samples, StartDaemon, sample
+from tests.e2e.test_golden import check_golden
 
 GiB = 1 << 30
 MiB = 1 << 20
-GOLDEN = Path(__file__).parent / "golden" / "replay.prom"
+GOLDEN = ROOT / "tests" / "golden" / "replay.prom"
 
 
 def _gpu(samples: Samples, name: str, device: int, platform: str = "gpu") -> float | None:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import requests
 
-from tests.conftest import StartDaemon, promtool, sample
+from tests.conftest import ROOT, StartDaemon, promtool, sample
 from tests.helpers import Child, wait_for_fresh_samples, wait_for_samples
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = ROOT / "tests" / "golden"
 
 # Series whose values are not reproducible; their label sets still are.
 _UNSTABLE_VALUE = re.compile(
