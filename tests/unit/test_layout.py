@@ -10,7 +10,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "jaxmon"
+from tests.helpers import ROOT
+
+PACKAGE = ROOT / "jaxmon"
 MAX_LINES = 400
 
 
