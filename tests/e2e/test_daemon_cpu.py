@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
@@ -215,3 +216,37 @@ def test_sigterm_exits_zero_within_five_seconds_while_a_poll_hangs(start_daemon:
     assert d.stop(signal.SIGTERM, timeout=10) == 0
     assert time.monotonic() - started < 5.0
     assert "exiting with a device call still running" in d.log()
+
+
+def test_the_daemon_restores_every_devices_baseline_after_a_restart(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    path = tmp_path / "baseline.json"
+    args = (
+        "--collector.probe.baseline-file",
+        str(path),
+        "--collector.probe.size",
+        "32",
+        "--collector.probe.interval",
+        "30s",
+        "--collector.probe.each-cpu-device",  # one baseline per device in the file
+    )
+
+    def all_with_origin(origin: str) -> Callable[[dict[tuple[str, frozenset[tuple[str, str]]], float]], bool]:
+        return lambda s: all(
+            sample(s, "jaxmon_probe_baseline_info", device=str(i), platform="cpu", origin=origin) == 1.0
+            for i in range(8)
+        )
+
+    first = start_daemon(*args)
+    first.wait_for(all_with_origin("calibrated"), what="every device calibrated")
+    first.stop()
+    assert len(json.loads(path.read_text())["entries"]) == 8
+    second = start_daemon(*args)
+    restored = all_with_origin("restored")
+
+    def restored_and_up(s: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> bool:
+        # The origin is set when the baseline is restored; device_up when that first timing (its shots) ends.
+        return restored(s) and all(
+            sample(s, "jaxmon_device_up", device=str(i), platform="cpu") == 1.0 for i in range(8)
+        )
+
+    second.wait_for(restored_and_up, what="every device restored and probed")

@@ -1,9 +1,11 @@
-"""The real daemon on a replay file with every allocator shape: exact values, golden exposition, promtool."""
+"""The real daemon on a replay file with every allocator shape: exact values, golden exposition, promtool, and its
+own process_* families."""
 
 from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +114,17 @@ def test_a_replayed_list_advances_one_entry_per_poll(start_daemon: StartDaemon) 
 
 def test_exposition_matches_the_golden_file_and_passes_promtool(replay_daemon: Daemon) -> None:
     check_golden(replay_daemon.get("/metrics").text, "replay.prom")
+
+
+def test_the_process_families_are_served(replay_daemon: Daemon) -> None:
+    """process_* of the daemon itself, read per scrape: RSS and open fds match /proc."""
+    d = replay_daemon
+    samples = d.scrape()
+    rss = sample(samples, "process_resident_memory_bytes")
+    assert rss is not None
+    status = Path(f"/proc/{d.proc.pid}/status").read_text()
+    vm_rss = next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
+    assert abs(rss - vm_rss) < 64 * 2**20  # the same process, read moments apart
+    assert sample(samples, "process_open_fds") is not None
+    assert sample(samples, "process_start_time_seconds") is not None
+    assert any(name == "python_info" for name, _ in samples)

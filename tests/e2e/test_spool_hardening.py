@@ -1,7 +1,8 @@
 """The spool reader against hostile and overwhelming directories: every file isolated, every cost bounded.
 
 Each test runs the real daemon as a child process on a spool directory the test fills itself, and checks the
-exported numbers against the files it wrote.
+exported numbers against the files it wrote. read_document and the reader in-process are
+tests/unit/sources/test_spool.py.
 """
 
 from __future__ import annotations
@@ -14,13 +15,6 @@ from typing import Any
 
 import requests
 
-from jaxmon.collectors.base import standalone_context
-from jaxmon.collectors.memory import MemoryCollector, MemoryOptions, MemoryState
-from jaxmon.collectors.spool import SpoolCollector, SpoolOptions, SpoolState, WorkloadReport
-from jaxmon.exposition import Exposition
-from jaxmon.snapshot import Snapshot
-from jaxmon.sources.replay import ReplaySource
-from jaxmon.sources.spool import Rejected, SpoolReader, read_document
 from tests.conftest import FIXTURES, Samples, StartDaemon, parse_samples, sample
 
 GOOD = json.loads((FIXTURES / "spool_document.json").read_text())
@@ -93,24 +87,6 @@ def test_a_json_bomb_non_finite_and_out_of_range_numbers_are_each_one_rejected_f
     log = d.log()
     assert log.count("spool file rejected") == 6
     assert "nested too deeply" in log and "non-finite number Infinity" in log and "non-finite number NaN" in log
-
-
-def test_read_document_names_what_is_wrong_with_each_bad_number(tmp_path: Path) -> None:
-    cases: dict[str, tuple[dict[str, Any] | str, str]] = {
-        "huge": ({**GOOD, "pid": 10**400}, "pid: Input should be less than or equal to 9223372036854775807"),
-        "inf_float": (json.dumps(GOOD).replace('"compile_seconds": 0.5', '"compile_seconds": 1e400'), "finite"),
-        "negative_time": ({**GOOD, "time": -5}, "time: Input should be greater than or equal to 0"),
-    }
-    for name, (payload, message) in cases.items():
-        path = tmp_path / f"{name}.json"
-        write(path, payload)
-        try:
-            read_document(path, 1 << 20)
-        except Rejected as exc:
-            assert exc.reason == "bad_schema", name
-            assert message in str(exc), (name, str(exc))
-        else:
-            raise AssertionError(f"{name} was accepted")
 
 
 def test_liveness_is_the_files_mtime_on_the_readers_clock_not_the_documents_time(
@@ -271,45 +247,6 @@ def test_the_sidecar_removes_old_stale_publisher_files_and_counts_the_rest(
     assert sorted(p.name for p in spool.iterdir()) == sorted(
         [".young.h.4.json.abcd1234.tmp", "young.h.3.json", "notes.json", ".hidden", "live.h.5.json"]
     )
-
-
-def test_the_reader_caches_each_files_outcome_and_reads_only_changed_files(tmp_path: Path) -> None:
-    reads: list[str] = []
-
-    def derive(d: Any) -> str:
-        reads.append(d.workload)
-        if d.workload == "raises":
-            raise OverflowError("derived number too large")
-        return str(d.workload)
-
-    write(tmp_path / "a.h.1.json", doc("a"))
-    write(tmp_path / "raises.h.2.json", doc("raises"))
-    reader = SpoolReader(tmp_path, ttl=30.0, derive=derive)
-    first = reader.scan()
-    assert [f.value for f in first.live] == ["a"]
-    assert first.rejected["error"] == 1
-    second = reader.scan()
-    assert [f.value for f in second.live] == ["a"] and second.rejected["error"] == 1
-    assert reads == ["a", "raises"]  # unchanged files are not read again
-    write(tmp_path / "a.h.1.json", doc("a", pid=7))
-    reader.scan()
-    assert reads == ["a", "raises", "a"]
-
-
-def test_a_value_that_cannot_be_rendered_leaves_out_its_collector_not_the_scrape(tmp_path: Path) -> None:
-    # The schema keeps such numbers out of the spool; this checks the last line of defence in the exposition.
-    ctx = standalone_context(ReplaySource(FIXTURES / "shapes.json"))
-    spool = SpoolCollector(SpoolOptions(dir=tmp_path), ctx)
-    memory = MemoryCollector(MemoryOptions(), ctx)
-    bad = WorkloadReport("bad", "h", 1, 0, "0", 0.0, 0.0, (), {"compilations": 10**400})
-    snap = Snapshot(
-        build={"version": "1"},
-        states={"spool": SpoolState(workloads=(bad,)), "memory": MemoryState()},
-    )
-    text = Exposition(lambda: snap, [memory, spool]).render(want_gzip=False).decode()
-    s = parse_samples(text)
-    assert sample(s, "jaxmon_build_info", version="1", jax_version="", jaxlib_version="", python_version="") == 1
-    assert not [k for k in s if k[0].startswith(("jaxmon_workload", "jaxmon_spool", "jaxmon_jit"))]
 
 
 def test_a_spool_directory_that_appears_later_is_read_then_and_the_sidecar_stays_healthy(

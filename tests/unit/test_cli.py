@@ -1,14 +1,13 @@
 """`jaxmon.cli.main(argv)` in-process: exit codes and the messages that name what is wrong.
 
 Every case here ends before the daemon would serve (bad input, --help, --version); the daemon as a real process
-(signals, exit 0 on SIGTERM) is tested in test_daemon_cpu.py.
+(signals, exit 0 on SIGTERM) is tested in tests/e2e/test_daemon_cpu.py, a port already taken in tests/e2e/test_cli.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 from importlib import metadata
 from pathlib import Path
 
@@ -184,13 +183,3 @@ def test_a_bad_web_config_exits_2_naming_the_key(cli: CLI, tmp_path: Path) -> No
     assert code == 2
     assert "jaxmon serve: --web.config.file: " in err
     assert "tls_server_config.min_version: unknown TLS version 'SSL3'" in err
-
-
-def test_a_port_in_use_exits_1_naming_the_address(cli: CLI) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        address = f"127.0.0.1:{taken.getsockname()[1]}"
-        code, _, err = cli("serve", *REPLAY, "--web.listen-address", address)
-    assert code == 1
-    assert f"jaxmon serve: cannot listen on {address}: " in err

@@ -1,6 +1,7 @@
-"""The collector registry: flags per collector, collect[] filtering, guarded updates, the process families.
+"""The collector registry: flags per collector, collect[] filtering, guarded updates.
 
---no-collector.memory and an explicit collector that cannot run are tested in-process in test_app.py.
+--no-collector.memory and an explicit collector that cannot run are tested in tests/unit/test_web_app.py; the
+daemon's own process_* families in tests/e2e/test_daemon_replay.py.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ from jaxmon.collectors import registry
 from jaxmon.collectors.base import Collector, CollectorOptions, Update, standalone_context
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.replay import ReplaySource
-from tests.conftest import FIXTURES, StartDaemon, parse_samples, sample
+from tests.conftest import FIXTURES, parse_samples, sample
 from tests.unit.test_web_app import make_app, make_runtime, request
-
-REPLAY = ("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1h")
 
 
 def _families(text: str) -> set[str]:
@@ -61,20 +60,6 @@ def test_collect_filter_returns_only_the_named_collectors_families(tmp_path: Pat
     assert sample(samples, "jaxmon_collector_success", collector="memory") is None
     assert sample(both, "jaxmon_memory_bytes_in_use", device="8", platform="gpu") == 1000.0
     assert sample(both, "jaxmon_build_info") is None
-
-
-def test_the_process_families_are_served(start_daemon: StartDaemon) -> None:
-    """process_* of the daemon itself, read per scrape: RSS and open fds match /proc."""
-    d = start_daemon(*REPLAY)
-    samples = d.scrape()
-    rss = sample(samples, "process_resident_memory_bytes")
-    assert rss is not None
-    status = Path(f"/proc/{d.proc.pid}/status").read_text()
-    vm_rss = next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
-    assert abs(rss - vm_rss) < 64 * 2**20  # the same process, read moments apart
-    assert sample(samples, "process_open_fds") is not None
-    assert sample(samples, "process_start_time_seconds") is not None
-    assert any(name == "python_info" for name, _ in samples)
 
 
 class _Exploding(Collector[CollectorOptions, int]):

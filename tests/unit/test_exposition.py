@@ -1,4 +1,5 @@
-"""jaxmon's cached text renderer writes exactly what prometheus_client's generate_latest writes."""
+"""The exposition: jaxmon's cached text renderer writes exactly what prometheus_client's generate_latest writes, and
+the families every scrape carries whatever the collectors (device identity, backends, build, collector status)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from prometheus_client.registry import Collector
 from jaxmon.allocator import memory_numbers
 from jaxmon.exposition import TextFormat
 from jaxmon.model import DeviceInfo, MemoryReading, ProbeStatus
-from jaxmon.snapshot import Snapshot
+from jaxmon.snapshot import CollectorStatus, Snapshot
 from jaxmon.sources.replay import ReplaySource
 from tests.helpers import FIXTURES
-from tests.snapshots import make_snapshot, render_families
+from tests.snapshots import BUILD, GPU0, TPU2, labels, make_snapshot, memory_snapshot, registry_for, render_families
 
 
 class _Families(Collector):
@@ -88,3 +89,47 @@ def test_changing_values_do_not_leave_stale_text_behind() -> None:
         snap = make_snapshot(devices=snap.devices, memory={key: reading}, source="replay")
         families = render_families(snap)
         assert fmt.render(families) == _reference(families)
+
+
+def test_device_info_carries_identity_labels_with_empty_strings_for_unknowns() -> None:
+    """jaxmon_device_info is 1 with kind, process, coords, core and source; None becomes ""."""
+    reg = registry_for([make_snapshot(devices=[GPU0, TPU2], source="local")])
+    gpu = {**labels(GPU0), "device_kind": "NVIDIA H100 80GB HBM3", "process_index": "0"}
+    assert reg.get_sample_value("jaxmon_device_info", {**gpu, "coords": "", "core_on_chip": "", "source": "local"}) == 1
+    tpu = {**labels(TPU2), "device_kind": "TPU v5 lite", "process_index": "1", "coords": "1,0,0", "core_on_chip": "0"}
+    assert reg.get_sample_value("jaxmon_device_info", {**tpu, "source": "local"}) == 1
+
+
+def test_backend_up_is_one_for_started_backends_and_zero_for_failed_ones() -> None:
+    """Each backend tried gets jaxmon_backend_up 1 or 0."""
+    reg = registry_for([memory_snapshot()])
+    assert reg.get_sample_value("jaxmon_backend_up", {"backend": "gpu"}) == 1
+    assert reg.get_sample_value("jaxmon_backend_up", {"backend": "tpu"}) == 0
+    assert reg.get_sample_value("jaxmon_backend_up", {"backend": "cpu"}) is None
+
+
+def test_build_info_is_one_with_every_version_label() -> None:
+    """jaxmon_build_info carries the four versions as labels; a missing one is an empty string."""
+    reg = registry_for([memory_snapshot()])
+    assert reg.get_sample_value("jaxmon_build_info", BUILD) == 1
+    partial = registry_for([make_snapshot(build={"version": "0.1.0"})])
+    empty = {"version": "0.1.0", "jax_version": "", "jaxlib_version": "", "python_version": ""}
+    assert partial.get_sample_value("jaxmon_build_info", empty) == 1
+
+
+def test_collector_series_report_success_duration_and_last_success() -> None:
+    """jaxmon_collector_* per collector; no last-success timestamp for one that never succeeded."""
+    snap = make_snapshot(
+        statuses={
+            "memory": CollectorStatus(success=True, duration_seconds=0.125, last_success_timestamp=1700000000.5),
+            "probe": CollectorStatus(success=False, duration_seconds=0.5, last_success_timestamp=None),
+        }
+    )
+    reg = registry_for([snap])
+    memory, probe = {"collector": "memory"}, {"collector": "probe"}
+    assert reg.get_sample_value("jaxmon_collector_success", memory) == 1
+    assert reg.get_sample_value("jaxmon_collector_duration_seconds", memory) == 0.125
+    assert reg.get_sample_value("jaxmon_collector_last_success_timestamp_seconds", memory) == 1700000000.5
+    assert reg.get_sample_value("jaxmon_collector_success", probe) == 0
+    assert reg.get_sample_value("jaxmon_collector_duration_seconds", probe) == 0.5
+    assert reg.get_sample_value("jaxmon_collector_last_success_timestamp_seconds", probe) is None

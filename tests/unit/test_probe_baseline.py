@@ -1,4 +1,6 @@
-"""The probe's baseline: persisted and restored across restarts, provisional while a device-wide source says busy."""
+"""The probe's baseline: persisted and restored across restarts, provisional while a device-wide source says busy.
+
+The daemon restoring every device's baseline after a restart is in tests/e2e/test_daemon_cpu.py."""
 
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel
 from jaxmon.probe import WARMUP_STEPS, DeviceProbe, ProbeConfig
 from jaxmon.probe.baseline import SCHEMA, Baseline, BaselineStore
-from tests.conftest import StartDaemon, sample
 
 DEVICE = DeviceInfo(id=5, platform="gpu", device_kind="fake")
 KEY = "gpu:5:fake|test"
@@ -120,40 +121,6 @@ def test_a_busy_device_gets_a_provisional_baseline_and_no_estimate_until_it_is_i
     assert st.baseline_origin == "calibrated"
     assert st.utilization_ratio is not None
     assert KEY in json.loads(path.read_text())["entries"]
-
-
-def test_the_daemon_restores_every_devices_baseline_after_a_restart(start_daemon: StartDaemon, tmp_path: Path) -> None:
-    path = tmp_path / "baseline.json"
-    args = (
-        "--collector.probe.baseline-file",
-        str(path),
-        "--collector.probe.size",
-        "32",
-        "--collector.probe.interval",
-        "30s",
-        "--collector.probe.each-cpu-device",  # one baseline per device in the file
-    )
-
-    def all_with_origin(origin: str) -> Callable[[dict[tuple[str, frozenset[tuple[str, str]]], float]], bool]:
-        return lambda s: all(
-            sample(s, "jaxmon_probe_baseline_info", device=str(i), platform="cpu", origin=origin) == 1.0
-            for i in range(8)
-        )
-
-    first = start_daemon(*args)
-    first.wait_for(all_with_origin("calibrated"), what="every device calibrated")
-    first.stop()
-    assert len(json.loads(path.read_text())["entries"]) == 8
-    second = start_daemon(*args)
-    restored = all_with_origin("restored")
-
-    def restored_and_up(s: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> bool:
-        # The origin is set when the baseline is restored; device_up when that first timing (its shots) ends.
-        return restored(s) and all(
-            sample(s, "jaxmon_device_up", device=str(i), platform="cpu") == 1.0 for i in range(8)
-        )
-
-    second.wait_for(restored_and_up, what="every device restored and probed")
 
 
 class ScriptedKernel:

@@ -1,54 +1,16 @@
-"""SnapshotCollector on hand-built snapshots, read back through a fresh prometheus_client registry."""
+"""The memory collector's families on hand-built snapshots, read back through a fresh prometheus_client registry.
+
+The probe collector's families are in tests/unit/collectors/test_probe.py, the identity, backend, build and
+collector families every scrape carries in tests/unit/test_exposition.py.
+"""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from jaxmon.allocator import memory_numbers
-from jaxmon.model import BackendStatus, DeviceInfo, MemoryReading, ProbeStatus
-from jaxmon.snapshot import CollectorStatus, Snapshot
-from tests.snapshots import make_snapshot, registry_for
-
-GPU0 = DeviceInfo(id=0, platform="gpu", device_kind="NVIDIA H100 80GB HBM3")
-GPU1 = DeviceInfo(id=1, platform="gpu", device_kind="NVIDIA H100 80GB HBM3")
-TPU2 = DeviceInfo(id=2, platform="tpu", device_kind="TPU v5 lite", process_index=1, coords="1,0,0", core_on_chip=0)
-CPU0 = DeviceInfo(id=0, platform="cpu", device_kind="cpu")
-
-# A BFC allocator with a grown pool; every derived number is worked out by hand below.
-BFC_STATS = {
-    "num_allocs": 12,
-    "bytes_in_use": 300,
-    "peak_bytes_in_use": 500,
-    "largest_alloc_size": 128,
-    "bytes_reserved": 0,
-    "peak_bytes_reserved": 0,
-    "largest_free_block_bytes": 150,
-    "bytes_limit": 1000,
-    "pool_bytes": 600,
-    "peak_pool_bytes": 600,
-}
-BUILD = {"version": "1.2.3", "jax_version": "0.9.0", "jaxlib_version": "0.9.1", "python_version": "3.12.1"}
-
-
-def labels(dev: DeviceInfo) -> dict[str, str]:
-    """The device labels every per-device series carries."""
-    return {"device": str(dev.id), "platform": dev.platform}
-
-
-def memory_snapshot() -> Snapshot:
-    """GPU 0 readable, GPU 1 raising, CPU 0 without allocator stats."""
-    return make_snapshot(
-        devices=[GPU0, GPU1, CPU0],
-        backends=[BackendStatus("gpu", True), BackendStatus("tpu", False, "no libtpu")],
-        memory={
-            GPU0.key: MemoryReading(numbers=memory_numbers(BFC_STATS)),
-            GPU1.key: MemoryReading(numbers=None, error="XlaRuntimeError: INTERNAL: device lost"),
-            CPU0.key: MemoryReading(numbers=memory_numbers(None)),
-        },
-        read_errors={GPU1.key: 3},
-        source="replay",
-        build=BUILD,
-    )
+from jaxmon.model import MemoryReading
+from tests.snapshots import CPU0, GPU0, GPU1, labels, make_snapshot, memory_snapshot, registry_for
 
 
 def test_memory_numbers_are_exported_with_hand_computed_values() -> None:
@@ -146,127 +108,3 @@ def test_a_device_that_disappears_from_the_snapshot_disappears_from_the_output()
     assert reg.get_sample_value("jaxmon_device_info", {**info, "source": "replay"}) is None
     # The devices that stayed are still there.
     assert reg.get_sample_value("jaxmon_memory_bytes_in_use", labels(GPU0)) == 300
-
-
-def test_device_info_carries_identity_labels_with_empty_strings_for_unknowns() -> None:
-    """jaxmon_device_info is 1 with kind, process, coords, core and source; None becomes ""."""
-    reg = registry_for([make_snapshot(devices=[GPU0, TPU2], source="local")])
-    gpu = {**labels(GPU0), "device_kind": "NVIDIA H100 80GB HBM3", "process_index": "0"}
-    assert reg.get_sample_value("jaxmon_device_info", {**gpu, "coords": "", "core_on_chip": "", "source": "local"}) == 1
-    tpu = {**labels(TPU2), "device_kind": "TPU v5 lite", "process_index": "1", "coords": "1,0,0", "core_on_chip": "0"}
-    assert reg.get_sample_value("jaxmon_device_info", {**tpu, "source": "local"}) == 1
-
-
-def test_backend_up_is_one_for_started_backends_and_zero_for_failed_ones() -> None:
-    """Each backend tried gets jaxmon_backend_up 1 or 0."""
-    reg = registry_for([memory_snapshot()])
-    assert reg.get_sample_value("jaxmon_backend_up", {"backend": "gpu"}) == 1
-    assert reg.get_sample_value("jaxmon_backend_up", {"backend": "tpu"}) == 0
-    assert reg.get_sample_value("jaxmon_backend_up", {"backend": "cpu"}) is None
-
-
-def test_build_info_is_one_with_every_version_label() -> None:
-    """jaxmon_build_info carries the four versions as labels; a missing one is an empty string."""
-    reg = registry_for([memory_snapshot()])
-    assert reg.get_sample_value("jaxmon_build_info", BUILD) == 1
-    partial = registry_for([make_snapshot(build={"version": "0.1.0"})])
-    empty = {"version": "0.1.0", "jax_version": "", "jaxlib_version": "", "python_version": ""}
-    assert partial.get_sample_value("jaxmon_build_info", empty) == 1
-
-
-def probed_snapshot(status: ProbeStatus) -> Snapshot:
-    """One GPU device whose probe has `status`."""
-    return make_snapshot(devices=[GPU0], probes={GPU0.key: status})
-
-
-UP_STATUS = ProbeStatus(
-    calibrated=True,
-    up=True,
-    steps=40,
-    last_duration_seconds=0.004,
-    baseline_seconds=0.003,
-    utilization_ratio=0.25,
-    flops_per_second=2.5e12,
-    footprint_bytes=786432,
-    runs_total=9,
-    failures_total=2,
-    timeouts_total=1,
-    skipped_total=4,
-    busy_seconds_total=0.75,
-)
-
-
-def test_probe_series_carry_the_status_values() -> None:
-    """A calibrated, answering probe exports every gauge and counter from its status."""
-    reg = registry_for([probed_snapshot(UP_STATUS)])
-    g0 = labels(GPU0)
-    expected = {
-        "jaxmon_device_up": 1,
-        "jaxmon_device_utilization_ratio": 0.25,
-        "jaxmon_probe_duration_seconds": 0.004,
-        "jaxmon_probe_baseline_seconds": 0.003,
-        "jaxmon_probe_flops_per_second": 2.5e12,
-        "jaxmon_probe_memory_bytes": 786432,
-        "jaxmon_probe_steps": 40,
-        "jaxmon_probe_runs_total": 9,
-        "jaxmon_probe_failures_total": 2,
-        "jaxmon_probe_timeouts_total": 1,
-        "jaxmon_probe_skipped_total": 4,
-        "jaxmon_probe_busy_seconds_total": 0.75,
-    }
-    for name, value in expected.items():
-        assert reg.get_sample_value(name, g0) == value, name
-
-
-def test_utilization_is_absent_while_the_device_is_down() -> None:
-    """A probe that failed exports up 0 and no utilization estimate, though the status still holds one."""
-    down = replace(UP_STATUS, up=False, last_error="probe did not finish within 5s")
-    reg = registry_for([probed_snapshot(down)])
-    g0 = labels(GPU0)
-    assert reg.get_sample_value("jaxmon_device_up", g0) == 0
-    assert reg.get_sample_value("jaxmon_device_utilization_ratio", g0) is None
-    assert reg.get_sample_value("jaxmon_probe_duration_seconds", g0) == 0.004
-
-
-def test_a_probe_that_never_ran_exports_only_its_counters() -> None:
-    """Before calibration: no up, utilization, steps or latency series, and counters at 0."""
-    reg = registry_for([probed_snapshot(ProbeStatus())])
-    g0 = labels(GPU0)
-    for name in (
-        "jaxmon_device_up",
-        "jaxmon_device_utilization_ratio",
-        "jaxmon_probe_duration_seconds",
-        "jaxmon_probe_baseline_seconds",
-        "jaxmon_probe_flops_per_second",
-        "jaxmon_probe_memory_bytes",
-        "jaxmon_probe_steps",
-    ):
-        assert reg.get_sample_value(name, g0) is None, name
-    assert reg.get_sample_value("jaxmon_probe_runs_total", g0) == 0
-    assert reg.get_sample_value("jaxmon_probe_busy_seconds_total", g0) == 0
-
-
-def test_a_snapshot_without_probes_has_no_probe_series() -> None:
-    """A source that runs no probes (replay) exports no probe family at all."""
-    reg = registry_for([memory_snapshot()])
-    names = {s.name for family in reg.collect() for s in family.samples}
-    assert not any(n.startswith("jaxmon_probe_") or n.startswith("jaxmon_device_up") for n in names)
-    assert "jaxmon_memory_bytes_in_use" in names
-
-
-def test_collector_series_report_success_duration_and_last_success() -> None:
-    """jaxmon_collector_* per collector; no last-success timestamp for one that never succeeded."""
-    snap = make_snapshot(
-        statuses={
-            "memory": CollectorStatus(success=True, duration_seconds=0.125, last_success_timestamp=1700000000.5),
-            "probe": CollectorStatus(success=False, duration_seconds=0.5, last_success_timestamp=None),
-        }
-    )
-    reg = registry_for([snap])
-    memory, probe = {"collector": "memory"}, {"collector": "probe"}
-    assert reg.get_sample_value("jaxmon_collector_success", memory) == 1
-    assert reg.get_sample_value("jaxmon_collector_duration_seconds", memory) == 0.125
-    assert reg.get_sample_value("jaxmon_collector_last_success_timestamp_seconds", memory) == 1700000000.5
-    assert reg.get_sample_value("jaxmon_collector_success", probe) == 0
-    assert reg.get_sample_value("jaxmon_collector_duration_seconds", probe) == 0.5
-    assert reg.get_sample_value("jaxmon_collector_last_success_timestamp_seconds", probe) is None

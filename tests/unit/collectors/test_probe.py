@@ -1,4 +1,6 @@
-"""The utilization probe: pure helpers, a real JAX kernel on CPU devices, and fakes at the device boundary."""
+"""The utilization probe: pure helpers, a real JAX kernel on CPU devices, fakes at the device boundary, and the probe
+collector's jobs and families. The persisted baseline is tests/unit/test_probe_baseline.py, the kernel's placement
+on its device tests/unit/sources/test_local.py."""
 
 from __future__ import annotations
 
@@ -21,10 +23,12 @@ from structlog.testing import capture_logs
 from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.probe import ProbeCollector, ProbeOptions
 from jaxmon.logsetup import ErrorLog
-from jaxmon.model import DeviceInfo, ProbeKernel
+from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
 from jaxmon.probe.engine import CALIBRATION_SEEDS, WARMUP_STEPS, DeviceProbe, ProbeConfig, nearest_rank, utilization
+from jaxmon.snapshot import Snapshot
 from jaxmon.sources.local import LocalSource
 from tests.conftest import wait_until
+from tests.snapshots import GPU0, labels, make_snapshot, memory_snapshot, registry_for
 
 SIZE = 64
 PROBE_DEVICE = 5  # not the default device 0, so implicit placement would show
@@ -229,33 +233,6 @@ def test_later_real_runs_move_the_baseline_to_the_window_median_below_the_calibr
         probe.join(10)
     (kernel,) = kernels
     assert len(kernel.steps_asked) == CALIBRATION_CALLS + 3 * SHOT
-
-
-def test_the_real_kernel_places_its_buffers_on_the_requested_device(
-    local: tuple[LocalSource, list[DeviceInfo]],
-) -> None:
-    """Every array the kernel keeps alive lives on the device it was made for, not on the default device."""
-    import jax
-
-    source, devices = local
-    dev = pick(devices, PROBE_DEVICE)
-    (target,) = [d for d in jax.devices("cpu") if d.id == PROBE_DEVICE]
-    live_arrays = cast(Callable[[], list[Any]], jax.live_arrays)
-    before = live_arrays()  # held, so no id is reused while we compare
-
-    def new_arrays() -> list[Any]:
-        return [a for a in live_arrays() if not any(a is b for b in before)]
-
-    kernel = source.make_probe(dev, SIZE)
-    made = new_arrays()
-    # x and w: two n x n float32 matrices, committed to the target device.
-    assert sorted((a.shape, str(a.dtype)) for a in made) == [((SIZE, SIZE), "float32")] * 2
-    assert all(a.devices() == {target} for a in made)
-    kernel.run(3)
-    after_run = new_arrays()
-    assert len(after_run) >= 2
-    assert all(a.devices() == {target} for a in after_run)
-    del kernel
 
 
 # -- fakes at the device boundary -------------------------------------------------------------------------
@@ -505,3 +482,86 @@ def test_a_run_that_finishes_after_its_timeout_is_published(
     assert published == []
     gated.gate.set()  # the device answers late
     wait_until(lambda: bool(published), what="the late result published")
+
+
+# -- the probe collector's families on hand-built snapshots -----------------------------------------------------
+
+
+def probed_snapshot(status: ProbeStatus) -> Snapshot:
+    """One GPU device whose probe has `status`."""
+    return make_snapshot(devices=[GPU0], probes={GPU0.key: status})
+
+
+UP_STATUS = ProbeStatus(
+    calibrated=True,
+    up=True,
+    steps=40,
+    last_duration_seconds=0.004,
+    baseline_seconds=0.003,
+    utilization_ratio=0.25,
+    flops_per_second=2.5e12,
+    footprint_bytes=786432,
+    runs_total=9,
+    failures_total=2,
+    timeouts_total=1,
+    skipped_total=4,
+    busy_seconds_total=0.75,
+)
+
+
+def test_probe_series_carry_the_status_values() -> None:
+    """A calibrated, answering probe exports every gauge and counter from its status."""
+    reg = registry_for([probed_snapshot(UP_STATUS)])
+    g0 = labels(GPU0)
+    expected = {
+        "jaxmon_device_up": 1,
+        "jaxmon_device_utilization_ratio": 0.25,
+        "jaxmon_probe_duration_seconds": 0.004,
+        "jaxmon_probe_baseline_seconds": 0.003,
+        "jaxmon_probe_flops_per_second": 2.5e12,
+        "jaxmon_probe_memory_bytes": 786432,
+        "jaxmon_probe_steps": 40,
+        "jaxmon_probe_runs_total": 9,
+        "jaxmon_probe_failures_total": 2,
+        "jaxmon_probe_timeouts_total": 1,
+        "jaxmon_probe_skipped_total": 4,
+        "jaxmon_probe_busy_seconds_total": 0.75,
+    }
+    for name, value in expected.items():
+        assert reg.get_sample_value(name, g0) == value, name
+
+
+def test_utilization_is_absent_while_the_device_is_down() -> None:
+    """A probe that failed exports up 0 and no utilization estimate, though the status still holds one."""
+    down = replace(UP_STATUS, up=False, last_error="probe did not finish within 5s")
+    reg = registry_for([probed_snapshot(down)])
+    g0 = labels(GPU0)
+    assert reg.get_sample_value("jaxmon_device_up", g0) == 0
+    assert reg.get_sample_value("jaxmon_device_utilization_ratio", g0) is None
+    assert reg.get_sample_value("jaxmon_probe_duration_seconds", g0) == 0.004
+
+
+def test_a_probe_that_never_ran_exports_only_its_counters() -> None:
+    """Before calibration: no up, utilization, steps or latency series, and counters at 0."""
+    reg = registry_for([probed_snapshot(ProbeStatus())])
+    g0 = labels(GPU0)
+    for name in (
+        "jaxmon_device_up",
+        "jaxmon_device_utilization_ratio",
+        "jaxmon_probe_duration_seconds",
+        "jaxmon_probe_baseline_seconds",
+        "jaxmon_probe_flops_per_second",
+        "jaxmon_probe_memory_bytes",
+        "jaxmon_probe_steps",
+    ):
+        assert reg.get_sample_value(name, g0) is None, name
+    assert reg.get_sample_value("jaxmon_probe_runs_total", g0) == 0
+    assert reg.get_sample_value("jaxmon_probe_busy_seconds_total", g0) == 0
+
+
+def test_a_snapshot_without_probes_has_no_probe_series() -> None:
+    """A source that runs no probes (replay) exports no probe family at all."""
+    reg = registry_for([memory_snapshot()])
+    names = {s.name for family in reg.collect() for s in family.samples}
+    assert not any(n.startswith("jaxmon_probe_") or n.startswith("jaxmon_device_up") for n in names)
+    assert "jaxmon_memory_bytes_in_use" in names
