@@ -16,6 +16,10 @@ from tests.conftest import Samples, StartDaemon, sample, wait_until
 
 DEVICES = [str(i) for i in range(8)]
 SIZE = 64
+# A calibration times seven seeds `spacing` apart on each device in turn (100 ms by default: about a second per
+# device). These tests check what the probes report, not their pacing (tests/unit/collectors/test_probe.py does),
+# so they wait for a shorter one.
+SPACING = ("--collector.probe.spacing", "10ms")
 
 
 def _cpu(s: Samples, name: str, device: str) -> float | None:
@@ -39,7 +43,14 @@ def test_probe_metrics_of_the_cpu_devices(start_daemon: StartDaemon, each: bool)
     started = time.time()
     flags = ["--collector.probe.each-cpu-device"] if each else []
     d = start_daemon(
-        "--collector.probe.interval", "1s", "--collector.probe.size", str(SIZE), "--poll.interval", "1s", *flags
+        "--collector.probe.interval",
+        "1s",
+        "--collector.probe.size",
+        str(SIZE),
+        "--poll.interval",
+        "1s",
+        *SPACING,
+        *flags,
     )
     probed = DEVICES if each else ["0"]
     s = d.wait_for(
@@ -119,6 +130,7 @@ def test_a_hung_probe_marks_only_its_device_down_and_it_recovers(start_daemon: S
         "1s",
         "--collector.probe.size",
         str(SIZE),
+        *SPACING,
         "--collector.probe.each-cpu-device",  # eight probes, to see one hang alone
         env={"JAXMON_FAULTS_FILE": str(faults)},
     )
@@ -178,6 +190,7 @@ def test_sigterm_exits_zero_within_five_seconds_even_mid_probe(start_daemon: Sta
         "30s",
         "--collector.probe.size",
         str(SIZE),
+        *SPACING,
         env={"JAXMON_FAULTS_FILE": str(faults)},
     )
     d.wait_for(lambda s: _cpu(s, "jaxmon_probe_duration_seconds", "0") is not None, timeout=60, what="calibration")
@@ -225,6 +238,7 @@ def test_the_daemon_restores_every_devices_baseline_after_a_restart(start_daemon
         str(path),
         "--collector.probe.size",
         "32",
+        *SPACING,
         "--collector.probe.interval",
         "30s",
         "--collector.probe.each-cpu-device",  # one baseline per device in the file

@@ -164,13 +164,15 @@ def test_a_forked_child_lets_go_of_the_exporters_port(tmp_path: Path) -> None:
         port = int(sys.argv[1])
         exporter = jaxmon.start(port, collector={"probe": False}, poll={"interval": 0.2})
         assert exporter.serving
+        up_r, up_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: a data loader worker that lives on after the parent stops its exporter
             child = jaxmon.start(0, collector={"memory": False, "probe": False, "compile": False})
             print(json.dumps({"child_new_exporter": child is not exporter, "child_port": child.port}), flush=True)
+            os.write(up_w, b"u")
             time.sleep(30)
             os._exit(0)
-        time.sleep(1.0)  # the child is up (and printed)
+        assert os.read(up_r, 1) == b"u"  # the child is up (and printed)
         exporter.stop()
         probe = socket.socket()
         probe.settimeout(2)

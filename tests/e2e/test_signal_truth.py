@@ -22,7 +22,13 @@ def test_the_probe_adds_nothing_to_live_arrays_or_compilations(tmp_path: Path) -
         "embedded",
         "--workload",
         "w",
-        env={"JAXMON_COLLECTOR__PROBE__SIZE": "64", "JAXMON_COLLECTOR__PROBE__EACH_CPU_DEVICE": "true"},
+        env={
+            "JAXMON_COLLECTOR__PROBE__SIZE": "64",
+            "JAXMON_COLLECTOR__PROBE__EACH_CPU_DEVICE": "true",
+            # Calibrations 10 ms between seeds, not 100 ms: what is checked is where the probe's arrays and
+            # compilations go, not its pacing.
+            "JAXMON_COLLECTOR__PROBE__SPACING": "10ms",
+        },
     )
     off = Child(tmp_path, "embedded", "--workload", "w", env={"JAXMON_COLLECTOR__PROBE__ENABLED": "false"})
     try:
