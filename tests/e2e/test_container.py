@@ -470,7 +470,7 @@ def _compose_command(engine: Engine) -> list[str]:
 
 def test_compose_demo_jaxmon_services_come_up_on_loopback(engine: Engine, image: Image, tmp_path: Path) -> None:
     """The jaxmon services of the demo, with this run's image: the replay jaxmon serves 8 recorded GPUs, the
-    sidecar exports the demo trainer. Prometheus and Grafana come from Docker Hub: tests/test_deploy.py checks
+    sidecar exports the demo trainer. Prometheus and Grafana come from Docker Hub: tests/unit/test_deploy.py checks
     their part of the file."""
     services = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))["services"]
     for service in JAXMON_SERVICES:

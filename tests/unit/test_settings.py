@@ -1,7 +1,7 @@
 """Settings: flags, JAXMON_* environment, YAML file and start() arguments, precedence, old names, and errors that
 name the setting as the user wrote it.
 
-What the command line makes of bad settings (exit 2 and the message) is tested in test_cli.py.
+What the command line makes of bad settings (exit 2 and the message) is tested in tests/unit/test_cli.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The ASGI app in-process over a replay runtime: routing, methods, HEAD, gzip, collect[], readiness, 503 when full.
 
 The app is driven through the ASGI protocol itself (scope, receive, send), the way hypercorn calls it; the daemon
-over real HTTP is tested in test_http.py and the test_daemon_* files.
+over real HTTP is tested in tests/e2e/test_http.py and the tests/e2e/test_daemon_*.py files.
 """
 
 from __future__ import annotations
