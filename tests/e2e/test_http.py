@@ -1,8 +1,9 @@
 """The HTTP surface of the real daemon over loopback: what tests/unit/test_web_app.py checks in-process reaches a
 real client.
 
-Routing, methods, gzip negotiation, collect[] and readiness are tested in-process (tests/unit/test_web_app.py); this one daemon
-checks that hypercorn carries them to the wire unchanged (status, headers, gzip bytes, HEAD without a body).
+Routing, methods, gzip negotiation, collect[] and readiness are tested in-process (tests/unit/test_web_app.py);
+this one daemon checks that hypercorn carries them to the wire unchanged (status, headers, gzip bytes, HEAD without
+a body).
 """
 
 from __future__ import annotations
