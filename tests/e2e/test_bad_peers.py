@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
 import socket
 import subprocess
 import sys
@@ -240,17 +239,29 @@ def test_at_the_descriptor_limit_accept_errors_are_logged_once_a_second_and_scra
     port = free_port()
     log_path = tmp_path / "daemon.log"
 
-    def limit_descriptors() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-
+    # The limit is set by a small interpreter that then execs the daemon, not by a preexec_fn: that would make
+    # Popen fork this test process, which has JAX's threads running (the unit tests imported it).
+    limited = (
+        "import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)); "
+        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+    )
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jaxmon", "serve", "--web.listen-address", f"127.0.0.1:{port}", *BASE[:4]],
+            [
+                sys.executable,
+                "-c",
+                limited,
+                "-m",
+                "jaxmon",
+                "serve",
+                "--web.listen-address",
+                f"127.0.0.1:{port}",
+                *BASE[:4],
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "JAX_NUM_CPU_DEVICES": "8"},
             cwd=ROOT,
-            preexec_fn=limit_descriptors,
         )
     url = f"http://127.0.0.1:{port}"
     try:
