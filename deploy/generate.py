@@ -10,7 +10,7 @@
     python deploy/generate.py           # rewrite those that changed
     python deploy/generate.py --check   # exit 1 if a committed file differs from what would be generated
 
-Needs only the standard library and PyYAML. tests/test_deploy.py runs --check, so edit the sources and regenerate.
+Needs only the standard library and PyYAML. tests/e2e/test_deploy.py runs --check, so edit the sources and regenerate.
 """
 
 from __future__ import annotations

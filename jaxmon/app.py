@@ -108,16 +108,16 @@ def make_source(settings: Settings) -> DeviceSource:
 def workload_source(settings: Settings) -> tuple[DeviceSource, InProcess]:
     """Inside a training process: its own JAX (none of its settings changed), its live arrays and compiles, and
     the training tracker that jaxmon.step() feeds (made with the training collector's options)."""
-    from jaxmon import training
     from jaxmon.sources.local import InProcessWorkload, LocalSource
     from jaxmon.sources.local.training import JaxTraining
+    from jaxmon.training import activate
 
     local = LocalSource(sidecar_defaults=False)
     options = settings.collector_options("training")
     tracker = None
     if options.enabled is not False:
         config = options.tracker_config()  # type: ignore[attr-defined]  # TrainingOptions
-        tracker = training.activate(lambda: JaxTraining(local), config)
+        tracker = activate(lambda: JaxTraining(local), config)
     return _with_faults(local), InProcessWorkload(local, tracker)
 
 

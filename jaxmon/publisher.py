@@ -26,16 +26,8 @@ from jaxmon.logsetup import ErrorLog, ensure_library_logging
 from jaxmon.model import DeviceInfo
 from jaxmon.settings import Settings
 from jaxmon.sources import DeviceSource, InProcess
-from jaxmon.sources.spool import (
-    FILE_NAME,
-    SCHEMA,
-    TMP_NAME,
-    SpoolCompile,
-    SpoolDevice,
-    SpoolDocument,
-    SpoolTraining,
-    safe_name,
-)
+from jaxmon.sources.spool import FILE_NAME, TMP_NAME, safe_name
+from jaxmon.sources.spool_document import SCHEMA, SpoolCompile, SpoolDevice, SpoolDocument, SpoolTraining
 from jaxmon.training.reading import TrainingReading
 
 log = structlog.get_logger("jaxmon.publisher")

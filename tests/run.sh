@@ -1,15 +1,39 @@
 #!/usr/bin/env bash
-# Install everything the suite needs and run it: lint, format, types, tests.
+# Install everything the suite needs and run it: lint, format, types, tests (unit, then end-to-end).
 # Used by the README's test command and by CI (.ci/run).
+#
+#   bash tests/run.sh           the whole suite, as CI runs it (installs Debian packages and the venv)
+#   bash tests/run.sh --unit    the unit tests only (tests/unit): makes or updates the venv when pyproject.toml
+#                               changed, no apt-get, no lint; the fast loop while writing code
+#
+# Arguments after these go to pytest, e.g. `bash tests/run.sh --unit -k spool -x`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+# The venv, installed from this checkout with the test extra; the stamp records which pyproject.toml it was for.
+STAMP=.venv/.jaxmon-test-install
+install_venv() {
+  [ -x .venv/bin/python ] || "$PY" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e '.[test]'
+  sha256sum pyproject.toml >"$STAMP"
+}
+
+if [ "${1:-}" = "--unit" ]; then
+  shift
+  if ! [ -x .venv/bin/python ] || ! sha256sum --check --status "$STAMP" 2>/dev/null; then
+    install_venv
+  fi
+  JAX_NUM_CPU_DEVICES=8 exec .venv/bin/python -m pytest tests/unit "$@"
+fi
 
 # Debian packages, installed when missing:
 # - prometheus: promtool lints the exposition; later tests also run a real Prometheus. The package starts a
 #   Prometheus service where systemd runs; the tests start their own on loopback.
 # - tmux: the `jaxmon top` tests run it in a real terminal and read the screen.
 # - gcc and the C headers build tests/fakenvml/fakenvml.c, the fake libnvidia-ml.so.1 the NVML tests load.
-# - podman and runc build and run the image in tests/test_container.py, unless a docker daemon answers;
+# - podman and runc build and run the image in tests/e2e/test_container.py, unless a docker daemon answers;
 #   mmdebstrap and eatmydata make its base image where Docker Hub cannot be reached.
 #   podman's recommended packages are needed too (container networking: containernetworking-plugins).
 need=() engine=()
@@ -30,12 +54,10 @@ if [ "${#need[@]}" -gt 0 ] || [ "${#engine[@]}" -gt 0 ]; then
   [ "${#engine[@]}" -eq 0 ] || $SUDO apt-get install -y -qq "${engine[@]}" >/dev/null
 fi
 
-PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test]'
+install_venv
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+# pyproject.toml's testpaths: tests/unit, then tests/e2e.
 JAX_NUM_CPU_DEVICES=8 .venv/bin/python -m pytest "$@"

@@ -1,4 +1,5 @@
-"""Hand-built snapshots for unit tests of the exposition, rendered by the real collectors."""
+"""Hand-built snapshots for unit tests of the exposition, rendered by the real collectors, and the devices and
+allocator stats they are built from."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector as PromCollector
 
+from jaxmon.allocator import memory_numbers
 from jaxmon.collectors.base import AnyCollector, standalone_context
 from jaxmon.collectors.memory import MemoryCollector, MemoryOptions, MemoryState
 from jaxmon.collectors.probe import ProbeCollector, ProbeOptions, ProbeState
@@ -76,3 +78,47 @@ def registry_for(holder: list[Snapshot]) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(lambda: holder[0]))
     return registry
+
+
+# Devices and a memory snapshot shared by the memory collector's, the probe collector's and the exposition's tests.
+
+GPU0 = DeviceInfo(id=0, platform="gpu", device_kind="NVIDIA H100 80GB HBM3")
+GPU1 = DeviceInfo(id=1, platform="gpu", device_kind="NVIDIA H100 80GB HBM3")
+TPU2 = DeviceInfo(id=2, platform="tpu", device_kind="TPU v5 lite", process_index=1, coords="1,0,0", core_on_chip=0)
+CPU0 = DeviceInfo(id=0, platform="cpu", device_kind="cpu")
+
+# A BFC allocator with a grown pool; every derived number is worked out by hand in tests/unit/collectors/test_memory.py.
+BFC_STATS = {
+    "num_allocs": 12,
+    "bytes_in_use": 300,
+    "peak_bytes_in_use": 500,
+    "largest_alloc_size": 128,
+    "bytes_reserved": 0,
+    "peak_bytes_reserved": 0,
+    "largest_free_block_bytes": 150,
+    "bytes_limit": 1000,
+    "pool_bytes": 600,
+    "peak_pool_bytes": 600,
+}
+BUILD = {"version": "1.2.3", "jax_version": "0.9.0", "jaxlib_version": "0.9.1", "python_version": "3.12.1"}
+
+
+def labels(dev: DeviceInfo) -> dict[str, str]:
+    """The device labels every per-device series carries."""
+    return {"device": str(dev.id), "platform": dev.platform}
+
+
+def memory_snapshot() -> Snapshot:
+    """GPU 0 readable, GPU 1 raising, CPU 0 without allocator stats."""
+    return make_snapshot(
+        devices=[GPU0, GPU1, CPU0],
+        backends=[BackendStatus("gpu", True), BackendStatus("tpu", False, "no libtpu")],
+        memory={
+            GPU0.key: MemoryReading(numbers=memory_numbers(BFC_STATS)),
+            GPU1.key: MemoryReading(numbers=None, error="XlaRuntimeError: INTERNAL: device lost"),
+            CPU0.key: MemoryReading(numbers=memory_numbers(None)),
+        },
+        read_errors={GPU1.key: 3},
+        source="replay",
+        build=BUILD,
+    )

@@ -30,7 +30,8 @@ from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, MemoryReading
 from jaxmon.settings import CollectorOptions, Duration, Enabled
 from jaxmon.snapshot import Snapshot
-from jaxmon.sources.spool import SpoolDocument, SpoolReader, SpoolTraining
+from jaxmon.sources.spool import SpoolReader
+from jaxmon.sources.spool_document import SpoolDocument, SpoolTraining
 from jaxmon.training.reading import DeviceTraining, TrainingReading
 
 log = structlog.get_logger("jaxmon.collectors.spool")

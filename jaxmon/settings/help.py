@@ -39,8 +39,18 @@ def _is_enabled(info: FieldInfo) -> bool:
     return bool in args and any("auto" in get_args(a) for a in args)
 
 
+def _optional_number(info: FieldInfo) -> str | None:
+    """float or int for `float | None` and `int | None` (pydantic-settings would print `{float,None}`)."""
+    args = set(get_args(info.annotation))
+    if type(None) not in args or len(args) != 2:
+        return None
+    (kind,) = args - {type(None)}
+    return {float: "float", int: "int"}.get(kind)
+
+
 def flag_kinds(model: type[BaseModel], prefix: str = "--") -> Iterator[tuple[str, str]]:
-    """(flag, kind) for every duration, path and true/false/auto flag of `model`, nested sections included."""
+    """(flag, kind) for every duration, path, true/false/auto and optional number flag of `model`, nested sections
+    included."""
     for name, info in model.model_fields.items():
         flag = prefix + name.replace("_", "-")
         annotation = info.annotation
@@ -52,6 +62,8 @@ def flag_kinds(model: type[BaseModel], prefix: str = "--") -> Iterator[tuple[str
             yield flag, "PATH"
         elif _is_enabled(info):
             yield flag, "{true,false,auto}"
+        elif (number := _optional_number(info)) is not None:
+            yield flag, number
 
 
 def _default_shown(kind: str, text: str) -> str | None:

@@ -1,0 +1,303 @@
+"""The nvml collector in-process, through NVML's real C ABI: pynvml loads the fake libnvidia-ml.so.1 (tests/fakenvml)
+by its soname, and every number is checked against the scenario the test wrote. Building the fake takes gcc, so
+these are end-to-end tests; the flags and the device matching, which need no NVML, are in
+tests/unit/collectors/test_nvml.py."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector as PromCollector
+
+from jaxmon.collectors.base import Context, standalone_context
+from jaxmon.collectors.nvml import NvmlCollector, NvmlOptions, NvmlState
+from jaxmon.collectors.spool import SpoolCollector, SpoolState, WorkloadReport
+from jaxmon.exchange import DutyCycles
+from jaxmon.model import DeviceInfo
+from jaxmon.snapshot import Snapshot
+from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS
+from tests.conftest import ROOT, Samples, parse_samples, sample
+from tests.fakenvml import GPU_IS_LOST, SONAME, Scenario, build, device
+
+GIB = 1 << 30
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_library() -> None:
+    """Load the fake once: pynvml's `CDLL("libnvidia-ml.so.1")` then finds it by its soname, as it finds a driver's."""
+    ctypes.CDLL(str(build() / SONAME))
+
+
+@dataclass
+class Rig:
+    scenario: Scenario
+    collector: NvmlCollector
+
+    def poll(self, snap: Snapshot | None = None) -> tuple[bool, Samples]:
+        """One update, rendered to text and parsed back."""
+        update = self.collector.update()
+        snap = snap or Snapshot()
+        return update.success, render(self.collector, snap, update.state)
+
+
+class _Families(PromCollector):
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from (f for f in self.families if f.samples)
+
+
+def render(collector: NvmlCollector, snap: Snapshot, state: NvmlState) -> Samples:
+    registry = CollectorRegistry()
+    registry.register(_Families(list(collector.families(snap, state))))
+    return parse_samples(generate_latest(registry).decode())
+
+
+def context() -> Context:
+    """The daemon's context as the nvml collector sees it: JAX on CPU devices only (no device source is read)."""
+    ctx = standalone_context(None, [DeviceInfo(0, "cpu", "cpu")])  # type: ignore[arg-type]
+    for channel, read in SpoolCollector.offers.items():  # as app.py wires a running spool collector
+        ctx.exchange.offer(channel, SpoolCollector.name, read)
+    return ctx
+
+
+def make_collector(xid_wait: float = 0.05) -> NvmlCollector:
+    return NvmlCollector(NvmlOptions(xid_wait=xid_wait), context())
+
+
+@pytest.fixture
+def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
+    scenario = Scenario(tmp_path / "scenario.json", [device(0), device(1)])
+    for key, value in scenario.env().items():
+        monkeypatch.setenv(key, value)
+    collector = make_collector()
+    yield Rig(scenario, collector)
+    collector.stop()
+
+
+def gpu(index: int, **extra: str) -> dict[str, str]:
+    return {"device": str(index), "platform": "gpu", "source": "nvml", **extra}
+
+
+def test_every_metric_is_the_scenarios_value(rig: Rig) -> None:
+    rig.scenario.update(
+        1,
+        memory={"total": 40 * GIB, "reserved": GIB, "used": 30 * GIB},
+        utilization={"gpu": 97, "memory": 41},
+        power_mw=612_345,
+        power_limit_mw=650_000,
+        temperature_c=83,
+        sm_clock_mhz=1410,
+        clocks_event_reasons=0x4 | 0x40,  # SW power cap + HW thermal slowdown
+        ecc={"enabled": True, "corrected": 12, "uncorrected": 2},
+        processes=[{"pid": 4242, "used": 20 * GIB}, {"pid": 4343, "used": 9 * GIB}],
+    )
+    success, s = rig.poll()
+    assert success
+    g = gpu(1)
+    assert sample(s, "jaxmon_device_source_up", **g) == 1
+    assert sample(s, "jaxmon_device_memory_total_bytes", **g) == 40 * GIB
+    # NVML v2 memory info: `used` is what processes use, the driver's reservation apart.
+    assert sample(s, "jaxmon_device_memory_used_bytes", **g) == 30 * GIB
+    assert sample(s, "jaxmon_device_duty_cycle_ratio", **g) == 0.97
+    assert sample(s, "jaxmon_device_memory_bandwidth_utilization_ratio", **g) == 0.41
+    assert sample(s, "jaxmon_device_power_watts", **g) == 612.345
+    assert sample(s, "jaxmon_device_power_limit_watts", **g) == 650.0
+    assert sample(s, "jaxmon_device_temperature_celsius", **g) == 83
+    assert sample(s, "jaxmon_device_sm_clock_hertz", **g) == 1410e6
+    active = {r for r in CLOCKS_EVENT_REASONS if sample(s, "jaxmon_device_throttled", **g, reason=r) == 1}
+    assert active == {"sw_power_cap", "hw_thermal_slowdown"}
+    for reason in CLOCKS_EVENT_REASONS:
+        assert sample(s, "jaxmon_device_throttled", **g, reason=reason) is not None
+    assert sample(s, "jaxmon_device_ecc_errors_total", **g, kind="corrected") == 12
+    assert sample(s, "jaxmon_device_ecc_errors_total", **g, kind="uncorrected") == 2
+    assert sample(s, "jaxmon_process_device_memory_bytes", **g, pid="4242") == 20 * GIB
+    assert sample(s, "jaxmon_process_device_memory_bytes", **g, pid="4343") == 9 * GIB
+    info = gpu(
+        1,
+        uuid=device(1)["uuid"],
+        pci_bus_id="00000000:19:00.0",
+        name="NVIDIA H100 80GB HBM3",
+        device_match="nvml_index",
+    )
+    assert s.get(("jaxmon_device_info", frozenset(info.items()))) == 1  # a `name` label: not through sample()
+    # GPU 0 keeps its own values: nothing leaks across devices.
+    assert sample(s, "jaxmon_device_memory_used_bytes", **gpu(0)) == 10 * GIB
+    assert sample(s, "jaxmon_device_temperature_celsius", **gpu(0)) == 40
+    assert sample(s, "jaxmon_device_ecc_errors_total", **gpu(0), kind="corrected") == 0
+
+
+def test_a_changed_scenario_shows_on_the_next_poll(rig: Rig) -> None:
+    _, before = rig.poll()
+    assert sample(before, "jaxmon_device_duty_cycle_ratio", **gpu(0)) == 0.10
+    rig.scenario.update(0, utilization={"gpu": 55, "memory": 3}, temperature_c=71)
+    _, after = rig.poll()
+    assert sample(after, "jaxmon_device_duty_cycle_ratio", **gpu(0)) == 0.55
+    assert sample(after, "jaxmon_device_temperature_celsius", **gpu(0)) == 71
+
+
+def test_a_lost_gpu_is_down_while_the_others_keep_flowing_and_comes_back(rig: Rig) -> None:
+    rig.poll()
+    rig.scenario.update(1, error=GPU_IS_LOST)
+    success, s = rig.poll()
+    assert not success
+    assert sample(s, "jaxmon_device_source_up", **gpu(1)) == 0
+    assert sample(s, "jaxmon_device_source_up", **gpu(0)) == 1
+    assert sample(s, "jaxmon_device_memory_used_bytes", **gpu(0)) == 10 * GIB
+    # Nothing is invented for the lost GPU; its identity (read before it was lost) stays in jaxmon_device_info.
+    lost = {k for k in s if ("device", "1") in k[1]}
+    assert {name for name, _ in lost} == {"jaxmon_device_source_up", "jaxmon_device_info"}
+    rig.scenario.update(1, error=None, temperature_c=50)
+    success, s = rig.poll()
+    assert success
+    assert sample(s, "jaxmon_device_source_up", **gpu(1)) == 1
+    assert sample(s, "jaxmon_device_temperature_celsius", **gpu(1)) == 50
+
+
+def test_when_nvml_cannot_count_the_gpus_their_readings_go_and_the_xid_counts_stay(rig: Rig) -> None:
+    rig.poll()
+    rig.scenario.xid(0, 79)
+    deadline = time.monotonic() + 10
+    while rig.collector._nvml.xid_counts() != {(0, 79): 1} and time.monotonic() < deadline:
+        time.sleep(0.02)
+    rig.scenario.data["count_error"] = 999
+    rig.scenario.write()
+    update = rig.collector.update()
+    assert not update.success
+    assert update.state.error == "NVML cannot count the GPUs: NVML_ERROR_UNKNOWN (Unknown Error)"
+    s = render(rig.collector, Snapshot(), update.state)
+    assert s == {("jaxmon_device_xid_errors_total", frozenset(gpu(0, xid="79").items())): 1}
+
+
+def test_a_gpu_whose_handle_does_not_open_is_down_without_identity(rig: Rig) -> None:
+    rig.scenario.update(0, handle_error=GPU_IS_LOST)
+    success, s = rig.poll()
+    assert not success
+    assert sample(s, "jaxmon_device_source_up", **gpu(0)) == 0
+    assert not [k for k in s if k[0] == "jaxmon_device_info" and ("device", "0") in k[1]]
+    assert sample(s, "jaxmon_device_source_up", **gpu(1)) == 1
+
+
+def test_fields_the_gpu_does_not_support_are_absent_not_zero(rig: Rig) -> None:
+    unsupported = ["power", "power_limit", "temperature", "clock", "clocks_event_reasons", "utilization", "processes"]
+    rig.scenario.update(0, not_supported=unsupported, ecc=None, processes=[{"pid": 1, "used": 5}])
+    rig.scenario.update(1, ecc={"enabled": False, "corrected": 3, "uncorrected": 3})
+    success, s = rig.poll()
+    assert success, "an unsupported field is not a failure"
+    present = {name for name, labels in s if ("device", "0") in labels}
+    assert present == {
+        "jaxmon_device_source_up",
+        "jaxmon_device_info",
+        "jaxmon_device_memory_total_bytes",
+        "jaxmon_device_memory_used_bytes",
+    }
+    # ECC turned off: no ECC series, although the counters hold numbers.
+    assert not [k for k in s if k[0] == "jaxmon_device_ecc_errors_total" and ("device", "1") in k[1]]
+
+
+def test_a_process_without_a_memory_figure_is_absent_and_known_pids_carry_their_workload(rig: Rig) -> None:
+    # The spool collector's state as it holds the reports of two workload processes.
+    def report(workload: str, pid: int) -> WorkloadReport:
+        return WorkloadReport(workload, "host", pid, 0, "0.10", 0.0, 0.0, (), {})
+
+    rig.scenario.update(
+        0, processes=[{"pid": 100, "used": 7 * GIB}, {"pid": 200, "used": None}, {"pid": 300, "used": 1}]
+    )
+    snap = Snapshot(states={"spool": SpoolState((report("trainer", 100), report("other", 999)))})
+    _, s = rig.poll(snap)
+    procs = {k: v for k, v in s.items() if k[0] == "jaxmon_process_device_memory_bytes"}
+    assert procs == {
+        ("jaxmon_process_device_memory_bytes", frozenset(gpu(0, pid="100", workload="trainer").items())): 7 * GIB,
+        ("jaxmon_process_device_memory_bytes", frozenset(gpu(0, pid="300").items())): 1,
+    }
+
+
+def test_xid_events_are_counted_per_device_and_xid_and_stop_ends_the_thread(rig: Rig) -> None:
+    rig.poll()  # opens the handles and registers both GPUs for Xid events
+    for index, xid in ((0, 79), (1, 48), (0, 79), (0, 13)):
+        rig.scenario.xid(index, xid)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        _, s = rig.poll()
+        xids = {
+            (dict(k[1])["device"], dict(k[1])["xid"]): v for k, v in s.items() if k[0].startswith("jaxmon_device_xid")
+        }
+        if sum(xids.values()) >= 4:
+            break
+        time.sleep(0.05)
+    assert xids == {("0", "79"): 2, ("1", "48"): 1, ("0", "13"): 1}
+    assert sample(s, "jaxmon_device_xid_errors_total", **gpu(0, xid="79")) == 2
+    thread = rig.collector._nvml._thread
+    assert thread is not None and thread.is_alive()
+    started = time.monotonic()
+    rig.collector.stop()
+    assert not thread.is_alive()
+    assert time.monotonic() - started < 2
+
+
+def test_nvml_that_does_not_initialise_is_unavailable_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scenario = Scenario(tmp_path / "scenario.json", [device(0)], init_error=9)
+    for key, value in scenario.env().items():
+        monkeypatch.setenv(key, value)
+    reason = NvmlCollector.unavailable(NvmlOptions(), context())
+    assert reason == "NVML does not initialise: NVML_ERROR_DRIVER_NOT_LOADED (Driver Not Loaded)"
+    collector = make_collector()
+    update = collector.update()
+    assert not update.success
+    assert update.state.error is not None and "DRIVER_NOT_LOADED" in update.state.error
+    assert render(collector, Snapshot(), update.state) == {}
+    collector.stop()
+
+
+def test_without_the_library_the_collector_is_unavailable() -> None:
+    # A fresh interpreter with no NVIDIA library on its path (this machine has no driver), as a CPU host is.
+    code = (
+        "from tests.e2e.collectors.test_nvml import NvmlCollector, NvmlOptions, context; "
+        "print(NvmlCollector.unavailable(NvmlOptions(), context()))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "libnvidia-ml.so.1 does not load (no NVIDIA driver library on the library path)"
+
+
+def jax_gpus(*ids: int, process_index: int = 0) -> list[DeviceInfo]:
+    return [DeviceInfo(i, "gpu", "NVIDIA H100 80GB HBM3", process_index=process_index) for i in ids]
+
+
+def test_the_probe_gets_nvmls_duty_cycle_only_for_a_matched_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scenario = Scenario(tmp_path / "scenario.json", [device(0, utilization={"gpu": 73, "memory": 1})])
+    for key, value in scenario.env().items():
+        monkeypatch.setenv(key, value)
+    # This daemon's JAX has CPU devices only: NVML's GPU is nobody's JAX device.
+    unmatched = make_collector()
+    state = unmatched.update().state
+    unmatched.stop()
+    assert isinstance(state, DutyCycles)
+    assert state.match.how == "nvml_index"
+    assert state.duty_cycle("gpu", 0) is None
+    # A daemon whose JAX has the one GPU NVML has: matched, and its duty cycle is the probe's busy signal.
+    ctx = standalone_context(None, jax_gpus(0))  # type: ignore[arg-type]
+    matched = NvmlCollector(NvmlOptions(xid_wait=0.05), ctx)
+    state = matched.update().state
+    assert state.match.how == "only_gpu"
+    assert state.duty_cycle("gpu", 0) == 0.73
+    assert state.duty_cycle("gpu", 1) is None
+    assert state.duty_cycle("tpu", 0) is None
+    s = render(matched, Snapshot(), state)
+    assert [dict(k[1])["device_match"] for k in s if k[0] == "jaxmon_device_info"] == ["only_gpu"]
+    scenario.update(0, error=GPU_IS_LOST)
+    assert matched.update().state.duty_cycle("gpu", 0) is None  # a lost GPU says nothing about busy
+    matched.stop()

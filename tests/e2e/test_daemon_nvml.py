@@ -1,0 +1,222 @@
+"""The real daemon with the fake libnvidia-ml.so.1 on its LD_LIBRARY_PATH (tests/fakenvml), scraped over HTTP on
+loopback: every NVML series against the scenario the test writes and changes, Xid delivery, a lost GPU, a hung
+NVML call, an old driver's library, no library at all, and the join of NVML's processes with spool reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import ROOT, Daemon, Samples, StartDaemon, parse_samples, sample
+from tests.fakenvml import GPU_IS_LOST, Scenario, device
+from tests.helpers import Child
+
+GIB = 1 << 30
+FAST = ("--no-collector.probe", "--poll.interval", "0.3s")
+
+
+def gpu(index: int, **extra: str) -> dict[str, str]:
+    return {"device": str(index), "platform": "gpu", "source": "nvml", **extra}
+
+
+def nvml_success(s: Samples) -> float | None:
+    return sample(s, "jaxmon_collector_success", collector="nvml")
+
+
+def start(start_daemon: StartDaemon, scenario: Scenario, *args: str, legacy: bool = False) -> Daemon:
+    return start_daemon(*FAST, "--collector.nvml", *args, env=scenario.env(legacy))
+
+
+def test_the_daemon_exports_every_nvml_series_with_the_scenarios_values(
+    start_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    gpus = [device(i) for i in range(8)]
+    gpus[2].update(
+        memory={"total": 24 * GIB, "reserved": GIB, "used": 20 * GIB},
+        utilization={"gpu": 88, "memory": 33},
+        power_mw=301_500,
+        power_limit_mw=350_000,
+        temperature_c=79,
+        sm_clock_mhz=1755,
+        clocks_event_reasons=0x20 | 0x80,  # SW thermal slowdown + HW power brake
+        ecc={"enabled": True, "corrected": 5, "uncorrected": 1},
+        processes=[{"pid": 31337, "used": 19 * GIB}],
+    )
+    d = start(start_daemon, Scenario(tmp_path / "scenario.json", gpus))
+    s = d.wait_for(lambda s: nvml_success(s) == 1, what="an nvml poll")
+    g = gpu(2)
+    assert sample(s, "jaxmon_device_source_up", **g) == 1
+    assert sample(s, "jaxmon_device_memory_total_bytes", **g) == 24 * GIB
+    assert sample(s, "jaxmon_device_memory_used_bytes", **g) == 20 * GIB
+    assert sample(s, "jaxmon_device_duty_cycle_ratio", **g) == 0.88
+    assert sample(s, "jaxmon_device_memory_bandwidth_utilization_ratio", **g) == 0.33
+    assert sample(s, "jaxmon_device_power_watts", **g) == 301.5
+    assert sample(s, "jaxmon_device_power_limit_watts", **g) == 350.0
+    assert sample(s, "jaxmon_device_temperature_celsius", **g) == 79
+    assert sample(s, "jaxmon_device_sm_clock_hertz", **g) == 1755e6
+    throttled = {k: v for k, v in s.items() if k[0] == "jaxmon_device_throttled" and ("device", "2") in k[1]}
+    assert len(throttled) == 9
+    assert {dict(k[1])["reason"] for k, v in throttled.items() if v == 1} == {
+        "sw_thermal_slowdown",
+        "hw_power_brake_slowdown",
+    }
+    assert sample(s, "jaxmon_device_ecc_errors_total", **g, kind="corrected") == 5
+    assert sample(s, "jaxmon_device_ecc_errors_total", **g, kind="uncorrected") == 1
+    assert sample(s, "jaxmon_process_device_memory_bytes", **g, pid="31337") == 19 * GIB
+    info = gpu(2, uuid=gpus[2]["uuid"], pci_bus_id="00000000:1A:00.0", name=gpus[2]["name"], device_match="nvml_index")
+    assert s.get(("jaxmon_device_info", frozenset(info.items()))) == 1
+    # The seven others report their own, distinct values.
+    assert sorted(int(dict(k[1])["device"]) for k in s if k[0] == "jaxmon_device_source_up") == list(range(8))
+    for i in (0, 1, 3, 4, 5, 6, 7):
+        assert sample(s, "jaxmon_device_memory_used_bytes", **gpu(i)) == (10 + i) * GIB
+        assert sample(s, "jaxmon_device_temperature_celsius", **gpu(i)) == 40 + i
+        assert sample(s, "jaxmon_device_power_watts", **gpu(i)) == 200 + i
+        assert sample(s, "jaxmon_device_sm_clock_hertz", **gpu(i)) == (1980 - i) * 1e6
+    # The daemon's own JAX devices (CPU) are still there beside the GPUs.
+    assert any(k[0] == "jaxmon_device_info" and ("platform", "cpu") in k[1] for k in s)
+
+    # /metrics?collect[]=nvml selects the nvml collector's families only.
+    selected = d.get("/metrics", params={"collect[]": "nvml"}).text
+    assert "jaxmon_device_temperature_celsius" in selected
+    assert "jaxmon_memory_stats_supported" not in selected
+    assert "jaxmon_device_temperature_celsius" not in d.get("/metrics", params={"collect[]": "memory"}).text
+
+
+def test_changed_values_xid_events_and_a_lost_gpu_reach_the_scrape(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    scenario = Scenario(tmp_path / "scenario.json", [device(0), device(1)])
+    d = start(start_daemon, scenario)
+    d.wait_for(lambda s: nvml_success(s) == 1, what="an nvml poll")
+
+    scenario.update(0, utilization={"gpu": 64, "memory": 2}, power_mw=123_000)
+    s = d.wait_for(lambda s: sample(s, "jaxmon_device_duty_cycle_ratio", **gpu(0)) == 0.64, what="new duty cycle")
+    assert sample(s, "jaxmon_device_power_watts", **gpu(0)) == 123.0
+
+    scenario.xid(1, 79)
+    scenario.xid(0, 48)
+    scenario.xid(1, 79)
+    s = d.wait_for(
+        lambda s: (
+            sample(s, "jaxmon_device_xid_errors_total", **gpu(1, xid="79")) == 2
+            and sample(s, "jaxmon_device_xid_errors_total", **gpu(0, xid="48")) == 1
+        ),
+        what="three Xid events counted",
+    )
+    assert {k for k in s if k[0] == "jaxmon_device_xid_errors_total"} == {
+        ("jaxmon_device_xid_errors_total", frozenset(gpu(1, xid="79").items())),
+        ("jaxmon_device_xid_errors_total", frozenset(gpu(0, xid="48").items())),
+    }
+
+    scenario.update(1, error=GPU_IS_LOST)
+    s = d.wait_for(lambda s: sample(s, "jaxmon_device_source_up", **gpu(1)) == 0, what="GPU 1 down")
+    assert nvml_success(s) == 0
+    assert sample(s, "jaxmon_device_source_up", **gpu(0)) == 1
+    assert sample(s, "jaxmon_device_memory_used_bytes", **gpu(1)) is None
+    # The other GPU keeps flowing: a change on GPU 0 still arrives while GPU 1 is lost.
+    scenario.update(0, temperature_c=66)
+    d.wait_for(lambda s: sample(s, "jaxmon_device_temperature_celsius", **gpu(0)) == 66, what="GPU 0 still read")
+    # Xid counts survive the loss of their GPU.
+    assert sample(d.scrape(), "jaxmon_device_xid_errors_total", **gpu(1, xid="79")) == 2
+    assert "GPU_IS_LOST" in d.log()
+
+    scenario.update(1, error=None)
+    s = d.wait_for(lambda s: sample(s, "jaxmon_device_source_up", **gpu(1)) == 1, what="GPU 1 back")
+    assert nvml_success(s) == 1
+
+
+def test_a_hung_nvml_call_never_blocks_a_scrape(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    scenario = Scenario(tmp_path / "scenario.json", [device(0), device(1)])
+    d = start(start_daemon, scenario)
+    d.wait_for(lambda s: nvml_success(s) == 1, what="an nvml poll")
+    scenario.update(1, delay_ms=4000, temperature_c=99)
+    time.sleep(0.6)  # a poll is now inside GPU 1's four-second call
+    for _ in range(5):
+        # A scrape answers from the last snapshot, within a timeout far shorter than the hung call.
+        r = d.get("/metrics", timeout=1.5)
+        assert r.status_code == 200
+        assert sample(parse_samples(r.text), "jaxmon_device_temperature_celsius", **gpu(1)) == 41
+        time.sleep(0.2)
+    scenario.update(1, delay_ms=None)
+    d.wait_for(lambda s: sample(s, "jaxmon_device_temperature_celsius", **gpu(1)) == 99, what="the poll to finish")
+
+
+def test_an_old_driver_library_is_read_through_its_older_calls(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    scenario = Scenario(
+        tmp_path / "scenario.json", [device(0, clocks_event_reasons=0x8, processes=[{"pid": 5, "used": GIB}])]
+    )
+    d = start(start_daemon, scenario, legacy=True)
+    s = d.wait_for(lambda s: nvml_success(s) == 1, what="an nvml poll")
+    # v1 memory info counts the driver's reservation as used.
+    assert sample(s, "jaxmon_device_memory_used_bytes", **gpu(0)) == 10 * GIB + (512 << 20)
+    assert sample(s, "jaxmon_device_throttled", **gpu(0, reason="hw_slowdown")) == 1
+    assert sample(s, "jaxmon_process_device_memory_bytes", **gpu(0, pid="5")) == GIB
+
+
+def test_without_the_library_auto_is_silently_off_and_an_explicit_flag_reports_failure(
+    start_daemon: StartDaemon,
+) -> None:
+    auto = start_daemon(*FAST)
+    s = auto.wait_for(lambda s: sample(s, "jaxmon_collector_success", collector="memory") is not None, what="a poll")
+    assert nvml_success(s) is None
+    assert not [k for k in s if ("source", "nvml") in k[1]]
+    assert "libnvidia-ml.so.1" not in auto.log()
+
+    explicit = start_daemon(*FAST, "--collector.nvml")
+    explicit.wait_for(lambda s: nvml_success(s) == 0, what="nvml reported failing")
+    errors = [json.loads(line) for line in explicit.log().splitlines() if '"collector cannot run"' in line]
+    assert [(e["level"], e["collector"]) for e in errors] == [("error", "nvml")], "logged once, as an error"
+    assert errors[0]["reason"] == "libnvidia-ml.so.1 does not load (no NVIDIA driver library on the library path)"
+
+
+def test_nvml_processes_carry_the_workload_of_the_spool_report_with_their_pid(
+    start_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+    trainer = Child(tmp_path, "publish", "--spool", str(spool), "--workload", "trainer", "--interval", "0.3")
+    try:
+        trainer.send("train 1")
+        scenario = Scenario(
+            tmp_path / "scenario.json",
+            [device(0, processes=[{"pid": trainer.proc.pid, "used": 7 * GIB}, {"pid": 1, "used": GIB}])],
+        )
+        d = start(start_daemon, scenario, "--collector.spool.dir", str(spool))
+        # This test shares one PID namespace with the trainer, as `--pid=container:trainer` gives a sidecar.
+        s = d.wait_for(
+            lambda s: (
+                sample(s, "jaxmon_process_device_memory_bytes", **gpu(0, pid=str(trainer.proc.pid))) is None
+                and sample(
+                    s, "jaxmon_process_device_memory_bytes", **gpu(0, pid=str(trainer.proc.pid), workload="trainer")
+                )
+                == 7 * GIB
+            ),
+            what="the trainer's process joined with its report",
+        )
+        assert sample(s, "jaxmon_process_device_memory_bytes", **gpu(0, pid="1")) == GIB
+    finally:
+        trainer.close()
+
+
+def test_jaxmon_snapshot_prints_what_nvml_reads(tmp_path: Path) -> None:
+    scenario = Scenario(tmp_path / "scenario.json", [device(0), device(1, error=GPU_IS_LOST)])
+    command = [sys.executable, "-m", "jaxmon", "snapshot", "--no-collector.probe", "--collector.nvml"]
+    env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", **scenario.env()}
+    result = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr
+    nvml = json.loads(result.stdout)["nvml"]
+    assert nvml["error"] is None
+    first, lost = nvml["gpus"]
+    assert (first["index"], first["memory_used_bytes"], first["power_watts"], first["error"]) == (
+        0,
+        10 * GIB,
+        200.0,
+        None,
+    )
+    assert lost["index"] == 1 and lost["error"].startswith("NVML_ERROR_GPU_IS_LOST")
+    table = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert table.returncode == 0, table.stderr
+    rows = {line.split()[0]: line for line in table.stdout.splitlines()[1:] if line[:1].isdigit()}
+    assert rows["0"].split()[-5:] == ["0.100", "200.0", "700.0", "40", "yes"]
+    assert "NO: NVML_ERROR_GPU_IS_LOST" in rows["1"]

@@ -1,0 +1,545 @@
+"""A real Prometheus scraping real jaxmon daemons evaluates every dashboard query, every dashboard variable and every
+alert expression through its HTTP API: each must parse, and each that should have data must return series.
+
+The scraped setup (one module fixture, all processes killed at teardown):
+- jaxmon-replay: tests/fixtures/shapes.json (every allocator shape, a failing device, a full device) and the compose
+  demo's deploy/demo/replay.json (a fragmented, nearly full GPU);
+- jaxmon-cpu: the 8 JAX CPU devices with the probe every second; cpu:3's probe is then made to hang (faults file);
+- jaxmon-spool: a sidecar reading a spool fed by two `publish` children of tests/workloads/train.py, with the TPU
+  backend requested so that it fails; then one child compiles 40 programs, the other is killed, and a broken
+  file is dropped into the spool; its tpu collector points at an address nobody listens on;
+- jaxmon-tpu: a TPU sidecar (JAX on CPU) reading a loopback libtpu runtime metrics service (tests/fake_libtpu.py)
+  with one idle chip and one nearly full, and the same spool;
+- jaxmon-nvml: the fake libnvidia-ml.so.1 (tests/fakenvml) with three GPUs: GPU 0 hot, thermally throttled and at its
+  power cap, GPU 1 nearly full with uncorrected ECC errors and an Xid 79 delivered after start, GPU 2 lost;
+- jaxmon-gone: a target nobody listens on.
+So almost every alert fires for a known reason, and the rest are listed with why they stay quiet here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+
+from tests.conftest import FIXTURES, ROOT, Daemon, free_port, wait_until
+from tests.deploy_files import (
+    RULES,
+    alert_rules,
+    dashboard_targets,
+    dashboard_variables,
+    readme_metrics,
+    variable_query,
+)
+from tests.fake_libtpu import Chip, FakeLibtpu, Timing
+from tests.fake_libtpu import Scenario as LibtpuScenario
+from tests.fakenvml import GPU_IS_LOST, Scenario, device
+from tests.helpers import Child
+
+SCRAPE_INTERVAL = 1.0
+# $__rate_interval as Grafana computes it for a 1s scrape interval is 4s; 10s leaves room for a missed scrape.
+RATE_INTERVAL = "10s"
+
+# Alerts whose expression legitimately returns nothing in this setup (asserted empty), and why.
+QUIET_ALERTS = {
+    # jaxmon targets exist (six up, one down).
+    "JaxmonExporterAbsent",
+    # It watches accelerators (platform!="cpu") on a jaxmon where a workload reports: here only CPU devices are
+    # probed, and the probing daemon has no workload (the spool sidecar runs without the probe).
+    "JaxmonAcceleratorIdle",
+    # The trainer stepped seconds ago (the threshold is 5 minutes at least), and there are no 6 hours of steps to
+    # compare with.
+    "JaxmonTrainingStalled",
+    "JaxmonTrainingStepTimeRegression",
+}
+
+# Identifying labels of what each other alert's expression must return, and why.
+FIRING: dict[str, list[dict[str, str]]] = {
+    "JaxmonExporterDown": [{"job": "jaxmon-gone"}],  # nobody listens there
+    "JaxmonCollectorFailing": [
+        {"job": "jaxmon-replay", "instance": "shapes", "collector": "memory"},  # gpu:6 raises
+        {"job": "jaxmon-cpu", "collector": "probe"},  # cpu:3 hangs
+        {"job": "jaxmon-nvml", "collector": "nvml"},  # GPU 2 is lost
+    ],
+    "JaxmonBackendDown": [{"job": "jaxmon-spool", "backend": "tpu"}],  # JAX_PLATFORMS=cpu,tpu without libtpu
+    "JaxmonSpoolFilesRejected": [
+        {"job": "jaxmon-spool", "reason": "bad_json"},  # the file the test drops
+        {"job": "jaxmon-tpu", "reason": "bad_json"},  # the same spool
+    ],
+    "JaxmonDeviceDown": [{"job": "jaxmon-cpu", "platform": "cpu", "device": "3"}],  # its probe hangs
+    "JaxmonDeviceMemoryUnreadable": [{"instance": "shapes", "platform": "gpu", "device": "6"}],  # device lost
+    "JaxmonMemoryNearLimit": [
+        {"instance": "shapes", "platform": "gpu", "device": "7"},  # bytes_in_use == bytes_limit
+        {"instance": "demo", "platform": "gpu", "device": "7"},  # 58 of 60 GiB
+    ],
+    "JaxmonMemoryPeakNearLimit": [
+        {"instance": "shapes", "platform": "gpu", "device": "7"},
+        {"instance": "demo", "platform": "gpu", "device": "7"},  # peak 59.5 of 60 GiB
+    ],
+    "JaxmonMemoryFragmented": [{"instance": "demo", "platform": "gpu", "device": "4"}],  # 0.75, 13 % free
+    "JaxmonLargestAllocatableLow": [
+        {"instance": "shapes", "platform": "gpu", "device": "7"},  # nothing allocatable
+        {"instance": "demo", "platform": "gpu", "device": "4"},  # 2 GiB
+        {"instance": "demo", "platform": "gpu", "device": "7"},  # 1.5 GiB
+    ],
+    "JaxmonWorkloadStoppedReporting": [
+        {"job": "jaxmon-spool", "workload": "ephemeral"},  # killed
+        {"job": "jaxmon-tpu", "workload": "ephemeral"},
+    ],
+    "JaxmonRecompilationStorm": [
+        {"job": "jaxmon-spool", "workload": "trainer"},  # 40 compilations
+        {"job": "jaxmon-tpu", "workload": "trainer"},
+    ],
+    "JaxmonTpuIdle": [{"job": "jaxmon-tpu", "platform": "tpu", "device": "8", "source": "libtpu"}],  # 2 % duty cycle
+    # The spool sidecar's tpu collector reads an address nobody listens on while its workloads report.
+    "JaxmonTpuMetricsDown": [{"job": "jaxmon-spool", "collector": "tpu"}],
+    # The fake NVML's GPUs (see nvml_scenario).
+    "JaxmonGpuLost": [{"job": "jaxmon-nvml", "device": "2"}],
+    "JaxmonGpuHot": [{"job": "jaxmon-nvml", "device": "0"}],  # 91 °C
+    "JaxmonGpuThrottled": [{"job": "jaxmon-nvml", "device": "0", "reason": "hw_thermal_slowdown"}],
+    "JaxmonGpuPowerCapped": [{"job": "jaxmon-nvml", "device": "0", "reason": "sw_power_cap"}],
+    "JaxmonGpuEccUncorrected": [{"job": "jaxmon-nvml", "device": "1", "kind": "uncorrected"}],
+    "JaxmonGpuXidError": [{"job": "jaxmon-nvml", "device": "1", "xid": "79"}],
+    # The trainer stepped for a fraction of a second in the last minutes, with a peak of 1e12 FLOP/s per CPU device.
+    "JaxmonTrainingGoodputLow": [{"workload": "trainer"}],
+    "JaxmonTrainingMfuLow": [{"workload": "trainer"}],
+    "JaxmonDeviceMemoryNearFull": [
+        {"job": "jaxmon-nvml", "platform": "gpu", "device": "1"},  # 78 of 80 GiB
+        {"job": "jaxmon-tpu", "platform": "tpu", "device": "9"},  # 97 % of its HBM (libtpu)
+    ],
+}
+
+TPU_IDS = (8, 9, 12, 13)
+
+
+def tpu_chips() -> dict[int, Chip]:
+    """Chip 8 idles (2 % duty cycle), chip 9 has 97 % of its HBM in use; all serve every metric."""
+    timing = Timing(counts=[0, 10, 30, 5], scale=100.0, growth=2.0, mean_us=210.0)
+    return {
+        dev: Chip(
+            total_bytes=16 * (1 << 30),
+            used_bytes=int(16 * (1 << 30) * (0.97 if dev == 9 else 0.5)),
+            duty_cycle_pct=2.0 if dev == 8 else 60.0,
+            hbm_util_pct=30.0,
+            hlo_queue=3,
+            timing=timing,
+        )
+        for dev in TPU_IDS
+    }
+
+
+# Dashboard queries that legitimately return nothing here (with All selected), and why: none. Every panel has data.
+EMPTY_PANEL_QUERIES: set[tuple[str, str]] = set()
+
+# Vector selectors (of dashboard or alert queries) that legitimately match no series here, and why.
+EMPTY_SELECTORS = {
+    # Accelerators only: this machine's probed devices are all CPU devices.
+    'jaxmon_device_utilization_ratio{platform!="cpu"}',
+}
+
+SELECTOR = re.compile(r'\b((?:jaxmon_[a-z0-9_]+|up|scrape_duration_seconds)(?:\{(?:[^}"]|"(?:[^"\\]|\\.)*")*\})?)')
+
+
+class Prometheus:
+    """The Debian `prometheus` binary on loopback with a temporary data directory."""
+
+    def __init__(self, tmp: Path, config: dict[str, Any]) -> None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise AssertionError("prometheus not found: install the Debian package 'prometheus' (tests/run.sh does)")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config_path = tmp / "prometheus.yml"
+        config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        self.log_path = tmp / "prometheus.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config_path}",
+                f"--storage.tsdb.path={tmp / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1h",
+                "--query.max-concurrency=4",
+                "--log.level=warn",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp,
+        )
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        def ready() -> bool:
+            assert self.proc.poll() is None, f"prometheus exited:\n{self.log()}"
+            try:
+                return requests.get(self.url + "/-/ready", timeout=2).status_code == 200
+            except requests.ConnectionError:
+                return False
+
+        wait_until(ready, timeout, "prometheus ready", step=0.1, detail=self.log)
+
+    def api(self, path: str, **params: Any) -> Any:
+        r = requests.get(self.url + "/api/v1/" + path, params=params, timeout=20)
+        body = r.json()
+        assert body.get("status") == "success", f"{path} {params}: {body.get('errorType')}: {body.get('error')}"
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query; fails on a parse or evaluation error."""
+        data = self.api("query", query=expr)
+        if data["resultType"] == "scalar":
+            return [{"metric": {}, "value": data["result"]}]
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def wait_for(
+        self, expr: str, predicate: Callable[[list[dict[str, Any]]], bool], what: str, timeout: float = 60.0
+    ) -> None:
+        result: list[dict[str, Any]] = []
+
+        def holds() -> bool:
+            result[:] = self.query(expr)
+            return predicate(result)
+
+        wait_until(holds, timeout, what, step=0.25, detail=lambda: f"{expr} gave {result}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@dataclass
+class Stack:
+    prometheus: Prometheus
+    instances: dict[str, str]  # short name -> instance label (host:port)
+
+    def named(self, labels: dict[str, str]) -> dict[str, str]:
+        """Labels with the instance written by its short name (shapes, demo, cpu, spool, nvml, gone)."""
+        by_address = {v: k for k, v in self.instances.items()}
+        return {k: by_address.get(v, v) if k == "instance" else v for k, v in labels.items()}
+
+
+def nvml_scenario(path: Path) -> Scenario:
+    """Three GPUs with something for every GPU alert; the Xid event is queued once the daemon runs."""
+    gib = 1 << 30
+    return Scenario(
+        path,
+        [
+            device(0, temperature_c=91, clocks_event_reasons=0x4 | 0x40, utilization={"gpu": 97, "memory": 60}),
+            device(
+                1,
+                memory={"total": 80 * gib, "reserved": 0, "used": 78 * gib},
+                ecc={"enabled": True, "corrected": 4, "uncorrected": 2},
+                processes=[{"pid": 4242, "used": 77 * gib}],
+            ),
+            device(2, error=GPU_IS_LOST),
+        ],
+    )
+
+
+def _value(result: list[dict[str, Any]]) -> float:
+    return float(result[0]["value"][1]) if result else float("nan")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("prometheus")
+    spool = tmp / "spool"
+    faults = tmp / "faults.json"
+    daemons: list[Daemon] = []
+    children: list[Child] = []
+    prometheus: Prometheus | None = None
+    libtpu = FakeLibtpu(LibtpuScenario(chips=tpu_chips())).start()
+    try:
+        shapes = Daemon(tmp, ["--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s"])
+        daemons.append(shapes)
+        demo = Daemon(tmp, ["--replay", str(ROOT / "deploy" / "demo" / "replay.json"), "--poll.interval", "1s"])
+        daemons.append(demo)
+        cpu_args = [
+            "--collector.probe.interval",
+            "1s",
+            "--collector.probe.size",
+            "64",
+            "--collector.probe.timeout",
+            "2s",
+            "--poll.interval",
+            "1s",
+            "--collector.probe.each-cpu-device",  # eight probes, so that one hangs alone
+        ]
+        cpu = Daemon(tmp, cpu_args, env={"JAXMON_FAULTS_FILE": str(faults)})
+        daemons.append(cpu)
+        spool_args = [
+            "--no-collector.probe",
+            "--collector.spool.dir",
+            str(spool),
+            "--collector.spool.ttl",
+            "3s",
+            "--poll.interval",
+            "0.5s",
+        ]
+        nobody = f"127.0.0.1:{free_port()}"
+        sidecar = Daemon(
+            tmp, [*spool_args, "--collector.tpu", "--collector.tpu.address", nobody], env={"JAX_PLATFORMS": "cpu,tpu"}
+        )
+        daemons.append(sidecar)
+        tpu = Daemon(tmp, [*spool_args, "--collector.tpu", "--collector.tpu.address", libtpu.address])
+        daemons.append(tpu)
+        scenario = nvml_scenario(tmp / "nvml.json")
+        nvml_args = ["--no-collector.probe", "--collector.nvml", "--poll.interval", "0.5s"]
+        nvml = Daemon(tmp, nvml_args, env=scenario.env())
+        daemons.append(nvml)
+        # The children finish their start-up compilations before Prometheus sees them, so that the only
+        # compilations it watches are the ones this test asks for.
+        for name in ("trainer", "ephemeral"):
+            child = Child(
+                tmp, "publish", "--spool", str(spool), "--workload", name, "--interval", "0.3", "--peak-flops", "1e12"
+            )
+            children.append(child)
+            child.send("train 2")
+        trainer, ephemeral = children
+        # The trainer reports steps (jaxmon.step), then restarts from an earlier one: every training family has data.
+        trainer.send("steps 6 5")
+        trainer.send("restore 2")
+        trainer.send("steps 3")
+        for d in daemons:
+            d.wait_ready()
+        instances = {
+            "shapes": f"127.0.0.1:{shapes.port}",
+            "demo": f"127.0.0.1:{demo.port}",
+            "cpu": f"127.0.0.1:{cpu.port}",
+            "spool": f"127.0.0.1:{sidecar.port}",
+            "tpu": f"127.0.0.1:{tpu.port}",
+            "nvml": f"127.0.0.1:{nvml.port}",
+            "gone": f"127.0.0.1:{free_port()}",
+        }
+        config = {
+            "global": {
+                "scrape_interval": f"{SCRAPE_INTERVAL:g}s",
+                "scrape_timeout": f"{SCRAPE_INTERVAL:g}s",
+                "evaluation_interval": "1s",
+            },
+            "rule_files": [str(RULES)],
+            "scrape_configs": [
+                {
+                    "job_name": "jaxmon-replay",
+                    "static_configs": [{"targets": [instances["shapes"], instances["demo"]]}],
+                },
+                {"job_name": "jaxmon-cpu", "static_configs": [{"targets": [instances["cpu"]]}]},
+                {"job_name": "jaxmon-spool", "static_configs": [{"targets": [instances["spool"]]}]},
+                {"job_name": "jaxmon-tpu", "static_configs": [{"targets": [instances["tpu"]]}]},
+                {"job_name": "jaxmon-nvml", "static_configs": [{"targets": [instances["nvml"]]}]},
+                {"job_name": "jaxmon-gone", "static_configs": [{"targets": [instances["gone"]]}]},
+            ],
+        }
+        prometheus = Prometheus(tmp, config)
+        prometheus.wait_ready()
+        started = time.monotonic()
+        p = prometheus
+        p.wait_for("sum(up)", lambda r: _value(r) == 6, "six targets up")
+        p.wait_for("count(up == 0)", lambda r: _value(r) == 1, "the dead target down")
+        p.wait_for(
+            'count(jaxmon_probe_duration_seconds{job="jaxmon-cpu"})', lambda r: _value(r) == 8, "probes on 8 devices"
+        )
+        p.wait_for(
+            'count(jaxmon_workload_last_report_timestamp_seconds{job="jaxmon-spool"})',
+            lambda r: _value(r) == 2,
+            "both workloads",
+        )
+        p.wait_for('count(jaxmon_device_source_up{job="jaxmon-tpu"} == 1)', lambda r: _value(r) == 4, "four TPU chips")
+        p.wait_for(
+            'jaxmon_spool_rejected_files_total{job="jaxmon-spool", reason="bad_json"}',
+            lambda r: len(r) == 1,
+            "rejection counter",
+        )
+        compiled = p.query('jaxmon_jit_compilations_total{job="jaxmon-spool", workload="trainer"}')
+        assert compiled, "no compile counter"
+        before = _value(compiled)
+
+        # Now the events the alerts are about.
+        faults.write_text(json.dumps({"probe_delay_seconds": {"cpu:3": 600}}))
+        assert trainer.send("compile 40") == {"compiled": 40}
+        (spool / "broken.json").write_text('{"schema": "jaxmon.spool/1", "devices": [')
+        ephemeral.close()
+        scenario.xid(1, 79)
+        p.wait_for('jaxmon_device_xid_errors_total{job="jaxmon-nvml", xid="79"}', lambda r: _value(r) == 1, "Xid 79")
+        p.wait_for('jaxmon_device_up{job="jaxmon-cpu", device="3"}', lambda r: _value(r) == 0, "cpu:3 down")
+        p.wait_for(
+            'jaxmon_jit_compilations_total{job="jaxmon-spool", workload="trainer"}',
+            lambda r: _value(r) >= before + 40,
+            "40 compilations",
+        )
+        for job in ("jaxmon-spool", "jaxmon-tpu"):  # both sidecars read the spool
+            p.wait_for(
+                f'jaxmon_spool_rejected_files_total{{job="{job}", reason="bad_json"}}', lambda r: _value(r) >= 1, job
+            )
+        p.wait_for(
+            'jaxmon_workload_last_report_timestamp_seconds{workload="ephemeral"}', lambda r: not r, "ephemeral gone"
+        )
+        # Every series has been scraped for a full rate() window.
+        time.sleep(max(0.0, started + float(RATE_INTERVAL[:-1]) - time.monotonic()))
+        yield Stack(prometheus, instances)
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        for c in children:
+            c.close()
+        for d in daemons:
+            d.stop(signal.SIGKILL)
+        libtpu.stop()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Dashboard variables, emulating Grafana: "All" is the variable's allValue, or else the alternation of its values.
+# --------------------------------------------------------------------------------------------------------------
+
+
+def grafana_regex_escape(value: str) -> str:
+    """Grafana's escaping of a value inside a PromQL regex string (the backslash doubled for the string)."""
+    return re.sub(r"[$^*{}\[\]'+?.()|\\]", lambda m: "\\\\" + m.group(0), value)
+
+
+def substitute(expr: str, values: dict[str, str]) -> str:
+    out = expr.replace("${__rate_interval}", RATE_INTERVAL).replace("$__rate_interval", RATE_INTERVAL)
+    for name in sorted(values, key=len, reverse=True):
+        out = out.replace("${" + name + "}", values[name]).replace("$" + name, values[name])
+    assert "$" not in out, f"unsubstituted variable in {out}"
+    return out
+
+
+def label_values(p: Prometheus, query: str) -> list[str]:
+    """What Grafana asks Prometheus for `label_values(selector, label)`: the label's values over the time range."""
+    m = re.fullmatch(r"label_values\((.*),\s*([a-zA-Z_][a-zA-Z0-9_]*)\)", query.strip())
+    assert m, f"not a label_values() query: {query}"
+    now = time.time()
+    values: list[str] = p.api(f"label/{m.group(2)}/values", **{"match[]": m.group(1), "start": now - 3600, "end": now})
+    return values
+
+
+def resolve_variables(p: Prometheus) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Every query variable with "All" selected, in dashboard order (later ones use earlier ones)."""
+    selected: dict[str, str] = {}
+    listed: dict[str, list[str]] = {}
+    for v in dashboard_variables():
+        if v["type"] != "query":
+            continue
+        values = label_values(p, substitute(variable_query(v), selected))
+        listed[v["name"]] = values
+        if "allValue" in v:
+            selected[v["name"]] = v["allValue"]
+        else:
+            assert values, f"variable {v['name']} lists nothing"
+            selected[v["name"]] = "(" + "|".join(grafana_regex_escape(x) for x in values) + ")"
+    return selected, listed
+
+
+def test_dashboard_variables_list_what_is_scraped(stack: Stack) -> None:
+    _, listed = resolve_variables(stack.prometheus)
+    assert set(listed["job"]) == {"jaxmon-replay", "jaxmon-cpu", "jaxmon-spool", "jaxmon-tpu", "jaxmon-nvml"}
+    instances = ("shapes", "demo", "cpu", "spool", "tpu", "nvml")
+    assert set(listed["instance"]) == {stack.instances[k] for k in instances}
+    assert set(listed["platform"]) == {"gpu", "tpu", "cpu"}
+    # JAX's devices, and the TPU chips only libtpu sees (jaxmon_device_source_up).
+    assert set(listed["device"]) == {str(i) for i in range(9)} | {str(i) for i in TPU_IDS}
+    assert {"trainer", "ephemeral"} <= set(listed["workload"])
+
+
+def test_every_dashboard_query_parses_and_returns_series(stack: Stack) -> None:
+    values, _ = resolve_variables(stack.prometheus)
+    empty = []
+    for title, ref, expr in dashboard_targets():
+        result = stack.prometheus.query(substitute(expr, values))
+        if not result:
+            empty.append((title, ref))
+    assert set(empty) == EMPTY_PANEL_QUERIES, f"panel queries without data: {empty}"
+
+
+def test_dashboard_queries_parse_with_one_value_of_each_variable(stack: Stack) -> None:
+    """A concrete selection (the first value of every variable) must still be valid PromQL everywhere."""
+    p = stack.prometheus
+    selected: dict[str, str] = {}
+    for v in dashboard_variables():
+        if v["type"] == "query":
+            values = label_values(p, substitute(variable_query(v), selected)) or [""]
+            selected[v["name"]] = grafana_regex_escape(values[0])
+    for _title, _ref, expr in dashboard_targets():
+        p.query(substitute(expr, selected))
+
+
+def test_every_alert_expression_returns_what_it_should(stack: Stack) -> None:
+    names = {rule["alert"] for rule in alert_rules()}
+    assert names == set(FIRING) | QUIET_ALERTS, "every alert must be listed as firing or quiet here"
+    for rule in alert_rules():
+        result = stack.prometheus.query(rule["expr"])
+        name = rule["alert"]
+        if name in QUIET_ALERTS:
+            assert result == [], f"{name} should stay quiet here: {result}"
+            continue
+        got = [stack.named(r["metric"]) for r in result]
+        for want in FIRING[name]:
+            assert [g for g in got if want.items() <= g.items()], f"{name}: no series with {want} in {got}"
+        for g in got:
+            assert any(w.items() <= g.items() for w in FIRING[name]), f"{name}: unexpected series {g}"
+
+
+def test_prometheus_loaded_the_rules_and_evaluates_them_without_error(stack: Stack) -> None:
+    p = stack.prometheus
+    loaded = {}
+    for group in p.api("rules")["groups"]:
+        for rule in group["rules"]:
+            loaded[rule["name"]] = rule
+    assert set(loaded) == {r["alert"] for r in alert_rules()}
+    for name, rule in loaded.items():
+        assert rule["health"] == "ok", f"{name}: {rule.get('lastError')}"
+    # Alerts become pending (all have a for: duration) within an evaluation or two.
+    active: set[str] = set()
+
+    def all_active() -> bool:
+        active.clear()
+        active.update(
+            a["labels"]["alertname"] for a in p.api("alerts")["alerts"] if a["state"] in ("pending", "firing")
+        )
+        return active == set(FIRING)
+
+    wait_until(all_active, timeout=10, what="every alert pending", step=0.5, detail=lambda: f"active: {sorted(active)}")
+
+
+def test_every_selector_matches_series(stack: Stack) -> None:
+    """Each metric selector of every dashboard query and alert must match series: a renamed metric or a misspelt
+    label matcher that would leave a quiet alert forever quiet fails here."""
+    values, _ = resolve_variables(stack.prometheus)
+    exprs = [substitute(e, values) for _, _, e in dashboard_targets()] + [r["expr"] for r in alert_rules()]
+    selectors = {m for e in exprs for m in SELECTOR.findall(e)}
+    now = time.time()
+    unmatched = set()
+    for selector in sorted(selectors):
+        series = stack.prometheus.api("series", **{"match[]": selector, "start": now - 600, "end": now})
+        if not series:
+            unmatched.add(selector)
+    assert unmatched == EMPTY_SELECTORS
+
+
+def test_every_readme_metric_family_reaches_prometheus(stack: Stack) -> None:
+    names = set(stack.prometheus.api("label/__name__/values"))
+    missing = set(readme_metrics()) - names
+    assert not missing, f"families the setup does not produce (so their panels are untested): {sorted(missing)}"

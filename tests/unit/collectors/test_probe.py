@@ -1,0 +1,567 @@
+"""The utilization probe: pure helpers, a real JAX kernel on CPU devices, fakes at the device boundary, and the probe
+collector's jobs and families. The persisted baseline is tests/unit/test_probe_baseline.py, the kernel's placement
+on its device tests/unit/sources/test_local.py."""
+
+from __future__ import annotations
+
+import os
+
+# Eight CPU devices, set before anything imports JAX (jaxmon.sources.local.LocalSource imports it lazily).
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any, cast
+
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+from jaxmon.collectors.base import standalone_context
+from jaxmon.collectors.probe import ProbeCollector, ProbeOptions
+from jaxmon.logsetup import ErrorLog
+from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
+from jaxmon.probe.engine import CALIBRATION_SEEDS, WARMUP_STEPS, DeviceProbe, ProbeConfig, nearest_rank, utilization
+from jaxmon.snapshot import Snapshot
+from jaxmon.sources.local import LocalSource
+from tests.conftest import wait_until
+from tests.snapshots import GPU0, labels, make_snapshot, memory_snapshot, registry_for
+
+SIZE = 64
+PROBE_DEVICE = 5  # not the default device 0, so implicit placement would show
+FAKE_DEVICE = DeviceInfo(id=3, platform="cpu", device_kind="cpu")
+# Kernel runs of a calibration: warm-up, 5 single steps, one at the calibrated count, 7 seeds of a shot (a one-step
+# warm-up and the timed run) each. A measurement at the engine's default (one shot) is two runs more.
+CALIBRATION_CALLS = 1 + 5 + 1 + 7 * 2
+SHOT = 2
+
+
+# -- pure helpers -----------------------------------------------------------------------------------------
+
+
+def test_utilization_is_one_minus_baseline_over_latency() -> None:
+    """3 ms idle, 4 ms now: the probe got three quarters of the device, so a quarter was busy."""
+    assert utilization(0.003, 0.004) == pytest.approx(0.25)
+    assert utilization(0.001, 0.004) == pytest.approx(0.75)
+    assert utilization(0.004, 0.004) == 0.0
+
+
+def test_utilization_is_clamped_to_zero_and_one() -> None:
+    """A run faster than the baseline reads 0, never negative; a zero or negative baseline reads at most 1."""
+    assert utilization(0.005, 0.004) == 0.0  # 1 - 1.25 = -0.25
+    assert utilization(0.0, 0.004) == 1.0
+    assert utilization(-0.004, 0.004) == 1.0  # 1 + 1 = 2
+
+
+def test_utilization_of_a_zero_or_negative_latency_is_zero() -> None:
+    """No division by zero: a latency of 0 (or a clock glitch below it) reads 0."""
+    assert utilization(0.003, 0.0) == 0.0
+    assert utilization(0.003, -1.0) == 0.0
+
+
+def test_nearest_rank_is_the_nearest_rank_without_interpolation() -> None:
+    """The median (the default) of 10 samples is the 5th smallest, of 11 the 6th (ceil(5.5)); q=0.1 of 20 the 2nd."""
+    assert nearest_rank([float(i) for i in range(1, 11)]) == 5.0
+    assert nearest_rank([float(i) for i in range(1, 12)]) == 6.0
+    assert nearest_rank([float(i) for i in range(1, 21)], q=0.1) == 2.0
+    assert nearest_rank([float(i) for i in range(1, 21)], q=0.25) == 5.0
+
+
+def test_nearest_rank_sorts_its_input_and_leaves_it_alone() -> None:
+    """Unsorted samples give the same rank; the caller's list is not reordered."""
+    samples = [9.0, 1.0, 5.0, 3.0]
+    assert nearest_rank(samples, q=0.5) == 3.0  # sorted 1, 3, 5, 9: rank ceil(2.0) = 2
+    assert samples == [9.0, 1.0, 5.0, 3.0]
+
+
+def test_nearest_rank_extremes() -> None:
+    """One sample is its own quantile; q=0 is the minimum and q=1 the maximum."""
+    assert nearest_rank([0.007]) == 0.007
+    assert nearest_rank([4.0, 2.0, 8.0], q=0.0) == 2.0
+    assert nearest_rank([4.0, 2.0, 8.0], q=1.0) == 8.0
+
+
+def test_the_engine_constants_the_tests_count_runs_by() -> None:
+    """Seven calibration seeds, a one-step warm-up per shot: CALIBRATION_CALLS above is written from these."""
+    assert (CALIBRATION_SEEDS, WARMUP_STEPS) == (7, 1)
+
+
+# -- the real JAX kernel on CPU devices ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def local() -> Iterator[tuple[LocalSource, list[DeviceInfo]]]:
+    """This process's JAX devices; the GPU variables LocalSource sets are removed again afterwards."""
+    source = LocalSource(gpu_memory_fraction=0.02)
+    devices, _ = source.discover()
+    yield source, devices
+    for name in source.applied_env:
+        os.environ.pop(name, None)
+
+
+def pick(devices: list[DeviceInfo], device_id: int) -> DeviceInfo:
+    """The CPU device with `device_id`."""
+    (dev,) = [d for d in devices if d.platform == "cpu" and d.id == device_id]
+    return dev
+
+
+class RecordingKernel:
+    """Delegates to a real kernel and records the step count and the wall time of every run."""
+
+    def __init__(self, inner: ProbeKernel) -> None:
+        self._inner = inner
+        self.flops_per_step = inner.flops_per_step
+        self.footprint_bytes = inner.footprint_bytes
+        self.steps_asked: list[int] = []
+        self.seconds: list[float] = []
+
+    def run(self, steps: int) -> None:
+        self.steps_asked.append(steps)
+        start = time.perf_counter_ns()
+        self._inner.run(steps)
+        self.seconds.append((time.perf_counter_ns() - start) / 1e9)
+
+
+def shots_of(runs: list[float]) -> list[float]:
+    """Each shot's second run is the timed one (its first is the one-step warm-up)."""
+    return [runs[i + 1] for i in range(0, len(runs), SHOT)]
+
+
+def quiet_errors() -> ErrorLog:
+    """An ErrorLog whose output nobody reads."""
+    return ErrorLog(structlog.get_logger("jaxmon.test"), 60.0)
+
+
+def test_a_real_probe_calibrates_and_reports_self_consistent_numbers(
+    local: tuple[LocalSource, list[DeviceInfo]],
+) -> None:
+    """One run_once on a CPU device: calibrated, up, and FLOP/s, footprint and utilization as documented."""
+    source, devices = local
+    assert len([d for d in devices if d.platform == "cpu"]) == 8
+    dev = pick(devices, PROBE_DEVICE)
+    kernels: list[RecordingKernel] = []
+
+    def make() -> ProbeKernel:
+        kernels.append(RecordingKernel(source.make_probe(dev, SIZE)))
+        return kernels[-1]
+
+    probe = DeviceProbe(
+        dev,
+        make,
+        ProbeConfig(size=SIZE, timeout_seconds=30, target_seconds=0.002),
+        quiet_errors(),
+        threading.Lock(),
+    )
+    try:
+        probe.run_once()
+        st = probe.status()
+    finally:
+        probe.stop()
+        probe.join(10)
+    assert st.calibrated
+    assert st.up is True
+    assert st.last_error is None
+    assert (st.runs_total, st.failures_total, st.timeouts_total, st.skipped_total) == (1, 0, 0, 0)
+    assert 1 <= st.steps <= 4096
+    # Compiled once; warm-up and five timings of one step, then the calibrated count for the rest.
+    (kernel,) = kernels
+    assert kernel.steps_asked == [1] * 6 + [st.steps] + [1, st.steps] * (7 + 1)
+    duration, baseline = st.last_duration_seconds, st.baseline_seconds
+    assert duration is not None and duration > 0
+    assert baseline is not None and baseline > 0
+    # The same numbers from the kernel's own clock (it sits inside the probe's timer: within a percent or two).
+    timed = kernel.seconds[7:]  # after the warm-ups: 7 seed shots, then the measurement's shot
+    seeds, (shot,) = shots_of(timed[: 7 * SHOT]), shots_of(timed[7 * SHOT :])
+    assert duration == pytest.approx(shot, rel=0.03)
+    # Baseline: the lower of the seeds' median and the window's nearest-rank median (8 samples: the 4th smallest).
+    window = sorted([*seeds, shot])
+    assert baseline == pytest.approx(min(statistics.median(seeds), window[3]), rel=0.03)
+    assert st.busy_seconds_total == pytest.approx(sum(timed), rel=0.03)  # every timed run, kept or not
+    # An n x n matmul is 2 n^3 FLOPs per step (XLA's cost analysis adds 2 for the loop counter: rel 4e-6).
+    assert st.flops_per_second == pytest.approx(st.steps * 2 * SIZE**3 / duration, rel=1e-5)
+    # x, w and the output are n x n float32 each, plus at most one loop temporary.
+    assert st.footprint_bytes is not None
+    assert 3 * SIZE * SIZE * 4 <= st.footprint_bytes <= 4 * SIZE * SIZE * 4 + 1024
+    assert st.utilization_ratio == pytest.approx(max(0.0, 1 - baseline / duration), abs=1e-12)
+
+
+def test_later_real_runs_move_the_baseline_to_the_window_median_below_the_calibration(
+    local: tuple[LocalSource, list[DeviceInfo]],
+) -> None:
+    """Runs 2 and 3: baseline = min(seeds' median, nearest-rank median of seeds + every shot); one shot each."""
+    source, devices = local
+    dev = pick(devices, 6)
+    kernels: list[RecordingKernel] = []
+
+    def make() -> ProbeKernel:
+        kernels.append(RecordingKernel(source.make_probe(dev, SIZE)))
+        return kernels[-1]
+
+    probe = DeviceProbe(
+        dev,
+        make,
+        ProbeConfig(size=SIZE, timeout_seconds=30, target_seconds=0.002),
+        quiet_errors(),
+        threading.Lock(),
+    )
+    try:
+        probe.run_once()
+        before = probe.status()
+        for run in (2, 3):
+            probe.run_once()
+            after = probe.status()
+            assert after.runs_total == run
+            assert after.up is True
+            (kernel,) = kernels  # calibrated (and compiled) once
+            timed = kernel.seconds[7:]
+            seeds, shots = shots_of(timed[: 7 * SHOT]), shots_of(timed[7 * SHOT :])
+            assert len(shots) == run
+            window = sorted([*seeds, *shots])
+            rank = -(-len(window) // 2)  # nearest rank of the median: ceil(n / 2)
+            expected = min(statistics.median(seeds), window[rank - 1])
+            assert after.baseline_seconds == pytest.approx(expected, rel=0.03)
+            assert after.last_duration_seconds == pytest.approx(shots[-1], rel=0.03)
+            busy = after.busy_seconds_total - before.busy_seconds_total
+            assert busy == pytest.approx(sum(timed[-SHOT:]), rel=0.03)
+            assert after.steps == before.steps
+            before = after
+    finally:
+        probe.stop()
+        probe.join(10)
+    (kernel,) = kernels
+    assert len(kernel.steps_asked) == CALIBRATION_CALLS + 3 * SHOT
+
+
+# -- fakes at the device boundary -------------------------------------------------------------------------
+
+
+class InstantKernel:
+    """Answers at once."""
+
+    flops_per_step = 1000.0
+    footprint_bytes = 4096
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def run(self, steps: int) -> None:
+        self.calls += 1
+
+
+class RaisingKernel:
+    """Raises on every run, like a device that returns an error."""
+
+    flops_per_step = 1000.0
+    footprint_bytes = 4096
+
+    def run(self, steps: int) -> None:
+        raise ValueError("device exploded")
+
+
+class GatedKernel:
+    """Blocks every run until `gate` is set, like a hung device; counts the runs started."""
+
+    flops_per_step = 1000.0
+    footprint_bytes = 4096
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.calls = 0
+
+    def run(self, steps: int) -> None:
+        self.calls += 1
+        self.entered.set()
+        if not self.gate.wait(30):
+            raise RuntimeError("gate never opened")
+
+
+MakeProbe = Callable[..., DeviceProbe]
+
+
+@pytest.fixture
+def make_probe() -> Iterator[MakeProbe]:
+    """DeviceProbes on FAKE_DEVICE over a given kernel factory, stopped afterwards."""
+    probes: list[DeviceProbe] = []
+
+    def make(
+        factory: Callable[[], ProbeKernel],
+        timeout: float = 10.0,
+        errors: ErrorLog | None = None,
+        on_late_result: Callable[[], None] = lambda: None,
+    ) -> DeviceProbe:
+        probe = DeviceProbe(
+            FAKE_DEVICE,
+            factory,
+            ProbeConfig(size=8, timeout_seconds=timeout, target_seconds=0.0001),
+            errors or quiet_errors(),
+            threading.Lock(),
+            on_late_result=on_late_result,
+        )
+        probes.append(probe)
+        return probe
+
+    yield make
+    for probe in probes:
+        probe.stop()
+    for probe in probes:
+        probe.join(10)  # the gated fixture opened its gate first: no worker is left blocked in a device call
+
+
+@pytest.fixture
+def gated() -> Iterator[GatedKernel]:
+    """A GatedKernel whose gate is opened at the end, so no worker thread stays blocked."""
+    kernel = GatedKernel()
+    yield kernel
+    kernel.gate.set()
+
+
+def test_a_raising_kernel_counts_a_failure_and_marks_the_device_down(make_probe: MakeProbe) -> None:
+    """An exception from the device: failures 1, up False, and last_error names the exception."""
+    late: list[int] = []
+    with capture_logs() as logs:
+        errors = ErrorLog(structlog.get_logger("jaxmon.test"), 60.0)
+        probe = make_probe(RaisingKernel, errors=errors, on_late_result=lambda: late.append(1))
+        probe.run_once()
+    st = probe.status()
+    assert st.up is False
+    assert (st.runs_total, st.failures_total, st.timeouts_total) == (1, 1, 0)
+    assert st.last_error == "ValueError: device exploded"
+    assert not st.calibrated
+    assert late == []  # answered within the timeout: the job itself returns the result
+    assert [(e["event"], e["error"], e["device"]) for e in logs] == [
+        ("probe failed", "ValueError: device exploded", "cpu:3")
+    ]
+
+
+def test_a_kernel_that_cannot_be_built_counts_a_failure(make_probe: MakeProbe) -> None:
+    """A compile or placement error in the factory is a failed run too, and is retried on the next one."""
+    attempts: list[int] = []
+
+    def factory() -> ProbeKernel:
+        attempts.append(1)
+        raise RuntimeError("cannot place on cpu:3")
+
+    probe = make_probe(factory)
+    probe.run_once()
+    probe.run_once()
+    st = probe.status()
+    assert (st.up, st.runs_total, st.failures_total) == (False, 2, 2)
+    assert st.last_error == "RuntimeError: cannot place on cpu:3"
+    assert len(attempts) == 2
+
+
+def test_a_failed_device_recovers_and_the_recovery_is_logged(make_probe: MakeProbe) -> None:
+    """After a failing run, a run that works marks up True, clears the error and logs the recovery once."""
+    kernels: list[ProbeKernel] = [RaisingKernel(), InstantKernel()]
+    with capture_logs() as logs:
+        errors = ErrorLog(structlog.get_logger("jaxmon.test"), 60.0)
+        probe = make_probe(lambda: kernels.pop(0), errors=errors)
+        probe.run_once()
+        assert probe.status().up is False
+        probe.run_once()
+    st = probe.status()
+    assert st.up is True
+    assert st.last_error is None
+    assert (st.runs_total, st.failures_total) == (2, 1)
+    assert st.calibrated
+    # The ErrorLog's events (jaxmon.probe's own "probe calibrated" info line may be captured in between).
+    assert [e["event"] for e in logs if e["event"] != "probe calibrated"] == ["probe failed", "probe recovered"]
+
+
+def test_a_hung_kernel_times_out_skips_while_hung_and_recovers_when_released(
+    make_probe: MakeProbe, gated: GatedKernel
+) -> None:
+    """A run blocked past the timeout marks the device down; a second is skipped, not started; release recovers."""
+    probe = make_probe(lambda: gated, timeout=0.3)
+    started = time.monotonic()
+    probe.run_once()
+    waited = time.monotonic() - started
+    assert 0.3 <= waited < 5.0  # gave up at the timeout instead of hanging with the device
+    st = probe.status()
+    assert st.up is False
+    assert (st.runs_total, st.timeouts_total, st.failures_total, st.skipped_total) == (1, 1, 0, 0)
+    assert st.last_error == "probe did not finish within 0.3s"
+    assert gated.entered.wait(10)
+    assert gated.calls == 1
+
+    probe.run_once()  # the first run is still blocked in the device
+    st = probe.status()
+    assert st.skipped_total == 1
+    assert (st.runs_total, st.timeouts_total) == (1, 1)
+    assert st.up is False
+    assert gated.calls == 1  # no second run was started next to the hung one
+
+    gated.gate.set()
+
+    def next_run_is_up() -> bool:
+        probe.run_once()
+        return probe.status().up is True
+
+    # The released run finishes its calibration in the background; until it has, run_once keeps skipping.
+    wait_until(next_run_is_up, what="a run that answers")
+    st = probe.status()
+    assert st.last_error is None
+    assert (st.runs_total, st.timeouts_total) == (2, 1)
+    assert gated.calls == CALIBRATION_CALLS + SHOT + SHOT  # the released first run, then one measurement
+
+
+def test_stop_releases_a_run_once_that_is_waiting_on_a_hung_device(make_probe: MakeProbe, gated: GatedKernel) -> None:
+    """stop() lets a scheduler thread blocked in run_once return, without counting a timeout."""
+    probe = make_probe(lambda: gated, timeout=30.0)
+    waiter = threading.Thread(target=probe.run_once, daemon=True)
+    waiter.start()
+    assert gated.entered.wait(10)
+    probe.stop()
+    waiter.join(timeout=5)
+    assert not waiter.is_alive()
+    st = probe.status()
+    assert (st.runs_total, st.timeouts_total, st.failures_total) == (0, 0, 0)
+    assert st.up is None
+
+
+# -- the probe collector: every run, skip and late result reaches the snapshot ---------------------------------
+
+
+class _OneKernelSource:
+    """A device source of FAKE_DEVICE whose probe is the given kernel."""
+
+    name = "test"
+    runs_probes = True
+
+    def __init__(self, kernel: ProbeKernel) -> None:
+        self._kernel = kernel
+
+    def discover(self) -> tuple[list[DeviceInfo], list[Any]]:
+        return [FAKE_DEVICE], []
+
+    def read_memory(self, device: DeviceInfo) -> None:
+        return None
+
+    def make_probe(self, device: DeviceInfo, size: int) -> ProbeKernel:
+        return self._kernel
+
+
+@pytest.fixture
+def published() -> list[Any]:
+    """What the collector under test published outside its jobs."""
+    return []
+
+
+@pytest.fixture
+def gated_collector(gated: GatedKernel, published: list[Any]) -> Iterator[ProbeCollector]:
+    """A ProbeCollector over FAKE_DEVICE with a gated kernel and a 0.3 s timeout, stopped afterwards."""
+    ctx = replace(standalone_context(_OneKernelSource(gated), [FAKE_DEVICE]), publish=published.append)
+    collector = ProbeCollector(ProbeOptions(timeout=0.3, size=8, target=0.0001, spacing=0.01), ctx)
+    yield collector
+    gated.gate.set()
+    collector.stop()
+
+
+def test_a_skipped_run_is_recorded_by_the_probe_job(gated_collector: ProbeCollector) -> None:
+    """The job returns the state after every run: a timeout (up 0), then a skip (skipped_total 1)."""
+    (job,) = gated_collector.jobs()
+    first = job.run()
+    assert first is not None and first.success is False
+    status = cast(Any, first.state).statuses[FAKE_DEVICE.key]
+    assert (status.up, status.timeouts_total, status.skipped_total) == (False, 1, 0)
+    second = job.run()  # the device is still hung: skipped
+    assert second is not None
+    assert cast(Any, second.state).statuses[FAKE_DEVICE.key].skipped_total == 1
+
+
+def test_a_run_that_finishes_after_its_timeout_is_published(
+    gated_collector: ProbeCollector, gated: GatedKernel, published: list[Any]
+) -> None:
+    """The late result of a run that outlived its timeout reaches the runtime through publish()."""
+    (job,) = gated_collector.jobs()
+    job.run()  # times out while calibrating
+    assert published == []
+    gated.gate.set()  # the device answers late
+    wait_until(lambda: bool(published), what="the late result published")
+
+
+# -- the probe collector's families on hand-built snapshots -----------------------------------------------------
+
+
+def probed_snapshot(status: ProbeStatus) -> Snapshot:
+    """One GPU device whose probe has `status`."""
+    return make_snapshot(devices=[GPU0], probes={GPU0.key: status})
+
+
+UP_STATUS = ProbeStatus(
+    calibrated=True,
+    up=True,
+    steps=40,
+    last_duration_seconds=0.004,
+    baseline_seconds=0.003,
+    utilization_ratio=0.25,
+    flops_per_second=2.5e12,
+    footprint_bytes=786432,
+    runs_total=9,
+    failures_total=2,
+    timeouts_total=1,
+    skipped_total=4,
+    busy_seconds_total=0.75,
+)
+
+
+def test_probe_series_carry_the_status_values() -> None:
+    """A calibrated, answering probe exports every gauge and counter from its status."""
+    reg = registry_for([probed_snapshot(UP_STATUS)])
+    g0 = labels(GPU0)
+    expected = {
+        "jaxmon_device_up": 1,
+        "jaxmon_device_utilization_ratio": 0.25,
+        "jaxmon_probe_duration_seconds": 0.004,
+        "jaxmon_probe_baseline_seconds": 0.003,
+        "jaxmon_probe_flops_per_second": 2.5e12,
+        "jaxmon_probe_memory_bytes": 786432,
+        "jaxmon_probe_steps": 40,
+        "jaxmon_probe_runs_total": 9,
+        "jaxmon_probe_failures_total": 2,
+        "jaxmon_probe_timeouts_total": 1,
+        "jaxmon_probe_skipped_total": 4,
+        "jaxmon_probe_busy_seconds_total": 0.75,
+    }
+    for name, value in expected.items():
+        assert reg.get_sample_value(name, g0) == value, name
+
+
+def test_utilization_is_absent_while_the_device_is_down() -> None:
+    """A probe that failed exports up 0 and no utilization estimate, though the status still holds one."""
+    down = replace(UP_STATUS, up=False, last_error="probe did not finish within 5s")
+    reg = registry_for([probed_snapshot(down)])
+    g0 = labels(GPU0)
+    assert reg.get_sample_value("jaxmon_device_up", g0) == 0
+    assert reg.get_sample_value("jaxmon_device_utilization_ratio", g0) is None
+    assert reg.get_sample_value("jaxmon_probe_duration_seconds", g0) == 0.004
+
+
+def test_a_probe_that_never_ran_exports_only_its_counters() -> None:
+    """Before calibration: no up, utilization, steps or latency series, and counters at 0."""
+    reg = registry_for([probed_snapshot(ProbeStatus())])
+    g0 = labels(GPU0)
+    for name in (
+        "jaxmon_device_up",
+        "jaxmon_device_utilization_ratio",
+        "jaxmon_probe_duration_seconds",
+        "jaxmon_probe_baseline_seconds",
+        "jaxmon_probe_flops_per_second",
+        "jaxmon_probe_memory_bytes",
+        "jaxmon_probe_steps",
+    ):
+        assert reg.get_sample_value(name, g0) is None, name
+    assert reg.get_sample_value("jaxmon_probe_runs_total", g0) == 0
+    assert reg.get_sample_value("jaxmon_probe_busy_seconds_total", g0) == 0
+
+
+def test_a_snapshot_without_probes_has_no_probe_series() -> None:
+    """A source that runs no probes (replay) exports no probe family at all."""
+    reg = registry_for([memory_snapshot()])
+    names = {s.name for family in reg.collect() for s in family.samples}
+    assert not any(n.startswith("jaxmon_probe_") or n.startswith("jaxmon_device_up") for n in names)
+    assert "jaxmon_memory_bytes_in_use" in names

@@ -1,0 +1,54 @@
+"""Host CPU time from /proc: the parser against files in /proc's format, and the meter (jaxmon/probe/idle.py)
+reading this process's own work. A busy child beside the meter is tests/e2e/sources/test_hostcpu.py."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from jaxmon.probe.idle import HostCpuMeter
+from jaxmon.sources.hostcpu import CpuTimes, read_cpu_times
+
+CPUS = os.cpu_count() or 1
+
+
+def test_the_aggregate_line_and_this_processs_ticks_are_read_as_documented(tmp_path: Path) -> None:
+    """busy = user + nice + system + irq + softirq; total adds idle and iowait; steal and guest are left out."""
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 20 30 4000 50 6 7 800 900 0\ncpu0 1 2 3 4 5 6 7 8 9 0\nintr 1\n")
+    self_stat = tmp_path / "self"
+    # A command name with spaces and a ')' of its own: fields are counted from the last ')'.
+    fields = ["S"] + [str(i) for i in range(4, 53)]
+    fields[14 - 3], fields[15 - 3] = "111", "222"
+    self_stat.write_text(f"4242 (a (b) c) {' '.join(fields)}\n")
+    assert read_cpu_times(stat, self_stat) == CpuTimes(busy=100 + 20 + 30 + 6 + 7, total=163 + 4000 + 50, own=333)
+
+
+def test_no_proc_reads_none(tmp_path: Path) -> None:
+    assert read_cpu_times(tmp_path / "missing", tmp_path / "missing") is None
+    odd = tmp_path / "odd"
+    odd.write_text("intr 1 2 3\n")
+    assert read_cpu_times(odd, Path("/proc/self/stat")) is None
+
+
+def test_a_daemon_leaves_its_own_ticks_out_and_a_training_process_keeps_them() -> None:
+    """This process spins for 0.6 s: the two meters differ by its own share (process_time is the truth)."""
+    excluding, including = HostCpuMeter(exclude_own=True), HostCpuMeter(exclude_own=False)
+    cpu0, started = time.process_time(), time.monotonic()
+    while time.monotonic() - started < 0.6:
+        pass
+    own = (time.process_time() - cpu0) / ((time.monotonic() - started) * CPUS)
+    a, b = excluding.others_share(), including.others_share()
+    assert a is not None and b is not None
+    assert own > 0.2
+    assert b - a == pytest.approx(own, abs=0.06)
+
+
+def test_a_reading_too_soon_after_the_last_looks_a_tenth_of_a_second_longer() -> None:
+    meter = HostCpuMeter(exclude_own=True)
+    started = time.monotonic()
+    assert meter.others_share() is not None
+    assert time.monotonic() - started >= 0.1

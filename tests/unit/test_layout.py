@@ -1,0 +1,137 @@
+"""The package's layout rules, read from its source: no import circles, collectors that import no other collector
+nor the composition root, settings that import no collector, and no module over 400 lines.
+
+Imports are read with `ast`, those under `if TYPE_CHECKING:` and inside functions included: a circle through a
+type-only or a lazy import is still a circle in the design.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.helpers import ROOT
+
+PACKAGE = ROOT / "jaxmon"
+MAX_LINES = 400
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _resolve(name: str) -> str | None:
+    """The jaxmon module `name` refers to (a name imported from a module is that module)."""
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def imports(module: str) -> set[str]:
+    """Every jaxmon module `module` imports, anywhere in its source."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        for name in names:
+            target = _resolve(name)
+            if target is not None and target != module:
+                out.add(target)
+    return out
+
+
+GRAPH = {module: imports(module) for module in MODULES}
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_reader_sees_the_imports_it_should() -> None:
+    """A check on the check: known edges are found, a type-only one too."""
+    assert "jaxmon.collectors.base" in GRAPH["jaxmon.collectors.probe"]
+    assert "jaxmon.settings.model" in GRAPH["jaxmon.collectors.base"]
+    assert "jaxmon.collectors" in GRAPH["jaxmon.app"]
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    assert _cycles() == []
+
+
+def test_no_collector_imports_another_collector_or_the_composition_root() -> None:
+    collectors = {m for m in MODULES if m.startswith("jaxmon.collectors.") and m != "jaxmon.collectors.base"}
+    for module in collectors:
+        bad = {t for t in GRAPH[module] if t in collectors or t in ("jaxmon.app", "jaxmon.cli")}
+        assert not bad, f"{module} imports {sorted(bad)}"
+
+
+def test_the_settings_import_no_collector() -> None:
+    for module in (m for m in MODULES if m.startswith("jaxmon.settings")):
+        bad = {t for t in GRAPH[module] if t.startswith("jaxmon.collectors")}
+        assert not bad, f"{module} imports {sorted(bad)}"
+
+
+def test_only_the_local_source_imports_jax() -> None:
+    """jaxmon.sources.local is the one place that touches JAX; everything else receives plain data."""
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        jax = [
+            n
+            for n in ast.walk(tree)
+            if (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "jax" for a in n.names))
+            or (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "jax")
+        ]
+        assert not jax or module.startswith("jaxmon.sources.local."), module
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
