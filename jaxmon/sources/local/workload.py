@@ -54,7 +54,8 @@ def live_array_bytes(jax: Any) -> dict[tuple[str, int], int]:
     """Bytes of live arrays per device in this process (DESIGN.md section 2).
 
     `arr.nbytes` is the global size, so count each addressable shard on its own device, and each buffer once:
-    arrays can share buffers (a replicated array's shard, views), so dedupe by (device, buffer pointer).
+    arrays can share buffers (a replicated array's shard, views), so dedupe by (device, buffer pointer). Never
+    waits for a buffer (a pending one counts without its pointer).
     """
     totals: dict[tuple[str, int], int] = {}
     seen: set[tuple[tuple[str, int], int]] = set()
@@ -79,13 +80,18 @@ def live_array_bytes(jax: Any) -> dict[tuple[str, int], int]:
             key = (str(dev.platform), int(dev.id))
             try:
                 data = shard.data
-                pointer = int(data.unsafe_buffer_pointer())
                 nbytes = int(data.nbytes)
+                # unsafe_buffer_pointer() waits for the buffer, holding the GIL: on a step still in flight (a
+                # collective waiting for another process, forever if that one stalled) it would freeze every
+                # thread of the process, the exporter's included. A buffer not ready yet is a step's fresh
+                # output, shared with no other array: it counts without the dedupe.
+                pointer = int(data.unsafe_buffer_pointer()) if data.is_ready() else None
             except Exception:  # deleted or donated meanwhile
                 continue
-            if (key, pointer) in seen:
-                continue
-            seen.add((key, pointer))
+            if pointer is not None:
+                if (key, pointer) in seen:
+                    continue
+                seen.add((key, pointer))
             totals[key] = totals.get(key, 0) + nbytes
     return totals
 
