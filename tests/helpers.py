@@ -210,13 +210,18 @@ def wait_for_fresh_samples(url: str, collector: str, what: str = "", timeout: fl
 
 
 class Child:
-    """tests/workloads/train.py (a JAX training loop with jaxmon embedded or publishing) driven line by line."""
+    """tests/workloads/train.py (a JAX training loop with jaxmon embedded or publishing), or another workload
+    `script` that answers `OK <json>` lines the same way, driven line by line."""
 
-    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, tmp: Path, *args: str, env: dict[str, str] | None = None, script: Path = TRAIN, hello: bool = True
+    ) -> None:
+        """Start it; with `hello`, wait for its first answer (`self.hello`), else call `greet()` later (processes
+        of one job that answer only once all of them have started)."""
         self.stderr_path = tmp / f"child-{time.monotonic_ns()}.log"
         self._stderr = open(self.stderr_path, "w")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
-            [sys.executable, str(TRAIN), *args],
+            [sys.executable, str(script), *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -224,7 +229,12 @@ class Child:
             cwd=ROOT,
             env={**os.environ, "JAX_NUM_CPU_DEVICES": "8", **(env or {})},
         )
-        self.hello = self.read_ok()
+        self.hello: dict[str, Any] = self.read_ok() if hello else {}
+
+    def greet(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Read the first answer of a child started with `hello=False`."""
+        self.hello = self.read_ok(timeout)
+        return self.hello
 
     def read_ok(self, timeout: float = 60.0) -> dict[str, Any]:
         """The next `OK <json>` answer; AssertionError (with the child's stderr) on anything else."""

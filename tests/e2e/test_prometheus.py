@@ -20,18 +20,14 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import signal
-import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
-import yaml
 
 from tests.conftest import FIXTURES, ROOT, Daemon, free_port, wait_until
 from tests.deploy_files import (
@@ -46,6 +42,7 @@ from tests.fake_libtpu import Chip, FakeLibtpu, Timing
 from tests.fake_libtpu import Scenario as LibtpuScenario
 from tests.fakenvml import GPU_IS_LOST, Scenario, device
 from tests.helpers import Child
+from tests.prometheus import Prometheus
 
 SCRAPE_INTERVAL = 1.0
 # $__rate_interval as Grafana computes it for a 1s scrape interval is 4s; 10s leaves room for a missed scrape.
@@ -149,84 +146,6 @@ EMPTY_SELECTORS = {
 }
 
 SELECTOR = re.compile(r'\b((?:jaxmon_[a-z0-9_]+|up|scrape_duration_seconds)(?:\{(?:[^}"]|"(?:[^"\\]|\\.)*")*\})?)')
-
-
-class Prometheus:
-    """The Debian `prometheus` binary on loopback with a temporary data directory."""
-
-    def __init__(self, tmp: Path, config: dict[str, Any]) -> None:
-        binary = shutil.which("prometheus")
-        if binary is None:
-            raise AssertionError("prometheus not found: install the Debian package 'prometheus' (tests/run.sh does)")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config_path = tmp / "prometheus.yml"
-        config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
-        self.log_path = tmp / "prometheus.log"
-        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config_path}",
-                f"--storage.tsdb.path={tmp / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--storage.tsdb.retention.time=1h",
-                "--query.max-concurrency=4",
-                "--log.level=warn",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=tmp,
-        )
-
-    def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text()
-
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        def ready() -> bool:
-            assert self.proc.poll() is None, f"prometheus exited:\n{self.log()}"
-            try:
-                return requests.get(self.url + "/-/ready", timeout=2).status_code == 200
-            except requests.ConnectionError:
-                return False
-
-        wait_until(ready, timeout, "prometheus ready", step=0.1, detail=self.log)
-
-    def api(self, path: str, **params: Any) -> Any:
-        r = requests.get(self.url + "/api/v1/" + path, params=params, timeout=20)
-        body = r.json()
-        assert body.get("status") == "success", f"{path} {params}: {body.get('errorType')}: {body.get('error')}"
-        return body["data"]
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        """An instant query; fails on a parse or evaluation error."""
-        data = self.api("query", query=expr)
-        if data["resultType"] == "scalar":
-            return [{"metric": {}, "value": data["result"]}]
-        result: list[dict[str, Any]] = data["result"]
-        return result
-
-    def wait_for(
-        self, expr: str, predicate: Callable[[list[dict[str, Any]]], bool], what: str, timeout: float = 60.0
-    ) -> None:
-        result: list[dict[str, Any]] = []
-
-        def holds() -> bool:
-            result[:] = self.query(expr)
-            return predicate(result)
-
-        wait_until(holds, timeout, what, step=0.25, detail=lambda: f"{expr} gave {result}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
 
 
 @dataclass
