@@ -24,6 +24,9 @@ _TRAINING = {
     "jaxmon_training_step": "step",
     "jaxmon_training_step_duration_seconds_sum": "sum",
     "jaxmon_training_step_duration_seconds_count": "count",
+    "jaxmon_training_dispatched_step": "dispatched",
+    "jaxmon_training_host_wait_seconds_total": "wait",
+    "jaxmon_training_elapsed_seconds": "elapsed",
 }
 # Device-wide numbers (NVML, libtpu): one per physical device, shown on every row of that device.
 _DEVICE_WIDE = {
@@ -69,6 +72,14 @@ class Row:
     step_count: float | None = None
     step_time: float | None = None
     mfu: float | None = None
+    # The row's process in its job (jaxmon.step()'s process_index), the last step it handed to step(), and the
+    # share of time its devices waited for its host (since the previous scrape, else since its jaxmon started).
+    process_index: str | None = None
+    dispatched: float | None = None
+    host_wait: float | None = None
+    elapsed: float | None = None
+    host_wait_ratio: float | None = None
+    slowest: bool = False  # the row's process is its job's slowest (jaxmon.top.jobs), set for each frame
     sources_down: tuple[str, ...] = ()  # device-wide sources that failed for this device in their last poll
     # Set when the endpoint did not answer: the row is the last known device, its numbers cleared.
     endpoint_down: str | None = None
@@ -179,21 +190,40 @@ def parse_exposition(text: str, endpoint: str) -> Scrape:
         if not r.key.workload:
             continue
         # The row's own process where jaxmon_device_info says which; else the workload's one process.
-        mine = [v for (w, p), v in training.items() if w == r.key.workload and p == process_of.get(r.key, p)]
+        mine = [(p, v) for (w, p), v in training.items() if w == r.key.workload and p == process_of.get(r.key, p)]
         if len(mine) == 1:
-            r.step, r.step_sum, r.step_count = (mine[0].get(k) for k in ("step", "sum", "count"))
+            r.process_index, numbers = mine[0]
+            r.step, r.step_sum, r.step_count = (numbers.get(k) for k in ("step", "sum", "count"))
+            r.dispatched, r.host_wait, r.elapsed = (numbers.get(k) for k in ("dispatched", "wait", "elapsed"))
             if r.step_sum is not None and r.step_count:
                 r.step_time = r.step_sum / r.step_count
+            if r.host_wait is not None and r.elapsed:
+                r.host_wait_ratio = min(r.host_wait / r.elapsed, 1.0)
     out.rows = sorted(rows.values(), key=SORTS["device"])
     return out
 
 
+def _wait_share(now: tuple[float | None, float | None], before: tuple[float | None, float | None]) -> float | None:
+    """(host wait, elapsed) now and before: the share of the time between that was host wait."""
+    (wait, elapsed), (was_wait, was_elapsed) = now, before
+    if wait is None or elapsed is None or was_wait is None or was_elapsed is None:
+        return None
+    if elapsed <= was_elapsed or wait < was_wait:  # a restarted workload: its counters began again
+        return None
+    return min((wait - was_wait) / (elapsed - was_elapsed), 1.0)
+
+
 def recent_step_times(new: Scrape, old: Scrape | None) -> None:
-    """Each row's step time over the steps completed since `old` (the previous scrape), where there were some."""
+    """Each row's step time over the steps completed since `old` (the previous scrape), where there were some, and
+    its host-wait share over the workload's own clock since then (jaxmon_training_elapsed_seconds)."""
     if old is None:
         return
     before = {r.key: (r.step_sum, r.step_count) for r in old.rows}
+    waited = {r.key: (r.host_wait, r.elapsed) for r in old.rows}
     for r in new.rows:
+        share = _wait_share((r.host_wait, r.elapsed), waited.get(r.key, (None, None)))
+        if share is not None:
+            r.host_wait_ratio = share
         was_sum, was_count = before.get(r.key, (None, None))
         if None in (r.step_sum, r.step_count, was_sum, was_count):
             continue

@@ -12,12 +12,14 @@ from rich.table import Table
 from rich.text import Text
 
 from jaxmon.top.fetch import EndpointState, clip
+from jaxmon.top.jobs import Job, JobProcess, jobs
 from jaxmon.top.model import ProcessRow, Row, sort_processes, sort_rows
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 BAR_WIDTH = 10
 DOWN_CELL = BAR_WIDTH + 16  # a down row's reason gets the width of "[bar] 20.0GiB/60.0GiB"; the header has it whole
 ONCE_PROCESS_ROWS = 10  # --once has no screen to fit: the largest ten, then how many more
+JOB_ROWS = 8  # processes listed per job, the slowest first; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,8 @@ def state_cell(row: Row, glyphs: Glyphs) -> Text:
     if row.read_ok == 0:
         parts.append(Text("read-error", style="red"))
     parts.extend(Text(f"{source}-down", style="yellow") for source in row.sources_down)
+    if row.slowest:
+        parts.append(Text("slowest", style="bold yellow"))
     return Text(" ").join(parts) if parts else Text(glyphs.absent)
 
 
@@ -217,6 +221,46 @@ def process_section(processes: list[ProcessRow], shown: int, glyphs: Glyphs) -> 
     return Group(*parts)
 
 
+JOB_COLUMNS: tuple[tuple[str, Callable[[JobProcess, Glyphs], str]], ...] = (
+    ("PROCESS", lambda p, g: p.process_index),
+    ("ENDPOINT", lambda p, g: p.endpoint),
+    ("STEP", lambda p, g: g.absent if p.step is None else f"{p.step:.0f}"),
+    ("DISPATCHED", lambda p, g: g.absent if p.dispatched is None else f"{p.dispatched:.0f}"),
+    ("STEP TIME", lambda p, g: g.absent if p.step_time is None else fmt_seconds(p.step_time)),
+    ("HOST WAIT", lambda p, g: _num(p.host_wait_ratio, "ratio", g)),
+)
+
+
+def job_section(found: list[Job], glyphs: Glyphs) -> Group:
+    """Each stepping workload's processes across the endpoints, the slowest (most host wait) first and marked."""
+    parts: list[RenderableType] = []
+    for job in found:
+        title = Text("")
+        title.append(f"\njob {job.workload}", style="bold")
+        count = len(job.processes)
+        title.append(f": {count} process{'' if count == 1 else 'es'}")
+        if job.median_step_time is not None:
+            title.append(f", median step {fmt_seconds(job.median_step_time)}")
+        if job.slowest is not None:
+            title.append(
+                f"; slowest: process {job.slowest.process_index} on {job.slowest.endpoint}, its devices wait for "
+                f"its host {_num(job.slowest.host_wait_ratio, 'ratio', glyphs)} of the time",
+                style="yellow",
+            )
+        t = Table(box=box.SIMPLE_HEAD if glyphs is UNICODE else None, pad_edge=False, show_edge=False)
+        for heading, _ in JOB_COLUMNS:
+            t.add_column(heading, no_wrap=True, overflow="ellipsis")
+        t.add_column("")
+        for p in job.processes[:JOB_ROWS]:
+            mark = Text("slowest", style="bold yellow") if p is job.slowest else Text("")
+            t.add_row(*(cell(p, glyphs) for _, cell in JOB_COLUMNS), mark)
+        parts += [title, t]
+        hidden = count - min(JOB_ROWS, count)
+        if hidden:
+            parts.append(Text(f"{hidden} more process{'' if hidden == 1 else 'es'} of {job.workload}", style="dim"))
+    return Group(*parts)
+
+
 def _lines(console: Console, renderable: RenderableType) -> int:
     return len(console.render_lines(renderable, console.options, pad=False))
 
@@ -270,7 +314,13 @@ def frame(
 ) -> Group:
     """Header, device table and process table, fitted to `console`'s width (and height when `process_rows` is None)."""
     rows = [r for s in states for r in s.rows(now, stale_after)]
+    found = jobs(rows)
+    slow = {(j.slowest.endpoint, j.workload, j.slowest.process_index) for j in found if j.slowest is not None}
+    for r in rows:
+        r.slowest = (r.key.endpoint, r.key.workload, r.process_index) in slow
     top = Group(header(states, now, stale_after, sort, interactive), table(rows, sort, glyphs, console))
+    if found:
+        top = Group(top, job_section(found, glyphs))
     processes = [p for s in states for p in s.processes(now, stale_after)]
     if not processes:  # no endpoint exports any (no NVML, or nothing runs): no process table at all
         return top

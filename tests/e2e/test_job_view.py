@@ -16,6 +16,8 @@ The tests of the job run in file order on one job (the stall is last: the others
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -170,6 +172,15 @@ def test_a_host_bound_process_is_the_straggler_and_no_other(view: View) -> None:
             assert result and min(result, key=lambda r: float(r["value"][1]))["metric"]["process_index"] == "2"
         elif "ALERTS" not in expr and "device" not in title.lower() and "memory" not in title.lower():
             assert result, f"{title} {ref}: {expr} returned nothing"
+    # `jaxmon top --once` over the job's endpoints groups them as one job and marks process 2 (its devices have
+    # waited for its host since the delay began; the others' hardly ever).
+    urls = [c.hello["url"] for c in view.job]
+    top = subprocess.run(
+        [sys.executable, "-m", "jaxmon", "top", "--once", *urls], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert top.returncode == 0, top.stderr
+    assert f"job {WORKLOAD}: {PROCESSES} processes" in top.stdout, top.stdout
+    assert "slowest: process 2 on " in top.stdout, top.stdout
     view.job[2].send("delay 0")
 
 
