@@ -127,9 +127,14 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
         An explicit `--collector.tpu` runs wherever tpu-info imports: the service may be reachable from a host (or a
         container) that shows no chip of its own, and the address says where it is.
         """
+        # Found, not imported: grpc's C core costs about 20 MiB of RSS, too much to pay on a node without TPUs
+        # (the node mode's budget); a client made later imports it.
+        import importlib.util
+
+        if importlib.util.find_spec("grpc") is None:
+            return "tpu-info is not installed (no module named 'grpc')"
         try:
-            import grpc  # noqa: F401
-            from tpu_info import device
+            from tpu_info import device  # reads /sys only; imports no grpc
         except ImportError as exc:
             return f"tpu-info is not installed ({exc})"
         if opts.enabled is True:
