@@ -1,4 +1,4 @@
-"""The libtpu source (jaxmon/sources/libtpu.py) without a service: libtpu's messages (tpu-info's generated protobuf
+"""The libtpu source (jaxmon/sources/libtpu/) without a service: libtpu's messages (tpu-info's generated protobuf
 classes, built here as libtpu sends them) turned into device ids, gauges and HLO timing quantiles.
 
 The client against a real gRPC service on loopback (tests/fake_libtpu.py) is tests/e2e/collectors/test_tpu.py.
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 
-from jaxmon.sources.libtpu import _bucket_bounds, _gauges, _timings, bucket_quantile, device_id
+from jaxmon.sources.libtpu.parse import bucket_bounds, bucket_quantile, device_id, gauges, timings
 
 Buckets = pb.Distribution.BucketOptions
 
@@ -49,7 +49,7 @@ def test_gauges_are_per_device_int_or_double_and_a_metric_without_a_device_is_le
         pb.Metric(attribute=device_attr(10, key="chip-id"), gauge=pb.Gauge(as_int=1)),
         pb.Metric(attribute=device_attr(11)),  # no value at all
     ]
-    assert _gauges(metrics) == {8: 17179869184.0, 9: 37.5}
+    assert gauges(metrics) == {8: 17179869184.0, 9: 37.5}
 
 
 def exponential(counts: list[int], mean_us: float, dev: int = 8) -> Any:
@@ -63,7 +63,7 @@ def exponential(counts: list[int], mean_us: float, dev: int = 8) -> Any:
 
 def test_hlo_timings_are_the_distributions_mean_and_interpolated_quantiles_in_seconds() -> None:
     # 1000 executions over [1,2) [2,4) [4,8) [8,16) µs and 5 in the overflow bucket (16 µs and up).
-    (timing,) = _timings([exponential([0, 100, 400, 300, 195, 5], mean_us=4.0)]).items()
+    (timing,) = timings([exponential([0, 100, 400, 300, 195, 5], mean_us=4.0)]).items()
     dev, t = timing
     assert (dev, t.count) == (8, 1000)
     assert t.mean_seconds == pytest.approx(4e-6)
@@ -77,18 +77,18 @@ def test_hlo_timings_are_the_distributions_mean_and_interpolated_quantiles_in_se
 
 
 def test_a_device_with_no_executions_yet_has_no_timing() -> None:
-    assert _timings([exponential([0, 0, 0, 0], mean_us=0.0)]) == {}
+    assert timings([exponential([0, 0, 0, 0], mean_us=0.0)]) == {}
 
 
 def test_bucket_bounds_follow_the_distribution_layout_of_each_bucket_kind() -> None:
     exp = Buckets(exponential_buckets=Buckets.Exponential(num_finite_buckets=2, growth_factor=2.0, scale=1000.0))
-    assert _bucket_bounds(exp, 4) == [(0.0, 1000.0), (1000.0, 2000.0), (2000.0, 4000.0), (4000.0, math.inf)]
+    assert bucket_bounds(exp, 4) == [(0.0, 1000.0), (1000.0, 2000.0), (2000.0, 4000.0), (4000.0, math.inf)]
     linear = Buckets(linear_buckets=Buckets.Linear(num_finite_buckets=2, width=5.0, offset=10.0))
-    assert _bucket_bounds(linear, 4) == [(0.0, 10.0), (10.0, 15.0), (15.0, 20.0), (20.0, math.inf)]
+    assert bucket_bounds(linear, 4) == [(0.0, 10.0), (10.0, 15.0), (15.0, 20.0), (20.0, math.inf)]
     explicit = Buckets(explicit_buckets=Buckets.Explicit(bounds=[1.0, 3.0]))
-    assert _bucket_bounds(explicit, 3) == [(0.0, 1.0), (1.0, 3.0), (3.0, math.inf)]
-    assert _bucket_bounds(explicit, 5) is None  # fewer bounds than the counts need: not guessed
-    assert _bucket_bounds(Buckets(), 3) is None  # no layout at all
+    assert bucket_bounds(explicit, 3) == [(0.0, 1.0), (1.0, 3.0), (3.0, math.inf)]
+    assert bucket_bounds(explicit, 5) is None  # fewer bounds than the counts need: not guessed
+    assert bucket_bounds(Buckets(), 3) is None  # no layout at all
 
 
 def test_a_quantile_is_interpolated_inside_its_bucket() -> None:
