@@ -53,9 +53,7 @@ ROW = Row(
             "ops",
             [
                 Target(rate("jaxmon_megascale_dcn_transfer_latency_seconds_count", INST), SIZED_LEGEND + " out"),
-                Target(
-                    rate("jaxmon_megascale_dcn_inbound_transfer_latency_seconds_count", INST), SIZED_LEGEND + " in"
-                ),
+                Target(rate("jaxmon_megascale_dcn_inbound_transfer_latency_seconds_count", INST), SIZED_LEGEND + " in"),
             ],
             "Buffer transfers over DCN per second, by buffer size: the traffic the latencies are measured on.",
             min=0,
