@@ -3,9 +3,10 @@ host's megascale (multi-slice DCN and gRPC TCP) distributions, from libtpu's run
 
 It reads what tpu-info reads (gRPC to the training process's libtpu, default `localhost:8431`), so it works in a
 sidecar whose own JAX runs on CPU beside a job that holds every chip: it never opens `/dev/accel*` or `/dev/vfio`.
-A metric this libtpu does not serve (not listed, or a megascale one outside a multi-slice job) is asked for no more
-and its series are absent, logged once; one it lists but fails to answer is absent that poll, logged once while it
-fails, and makes the poll partial (`jaxmon_collector_success 0`) without taking the other series with it.
+A metric this libtpu does not list is never asked for; one it does not serve (not listed, or a megascale one it
+refuses outside a multi-slice job) has absent series, logged once; one it lists but fails to answer is absent that
+poll, logged once while it fails, and makes the poll partial (`jaxmon_collector_success 0`) without taking the other
+series with it.
 
 Every series of a chip carries `chip_labels(device)`, and every series of the host `host_labels()`: the one place
 their labels come from.
