@@ -36,12 +36,14 @@ METRIC_TOKEN = re.compile(r"\bjaxmon_[a-z0-9_]+\b")
 
 def readme_metrics() -> dict[str, str]:
     """The metrics reference of README.md (the names there are the truth): name -> type; a histogram's row stands
-    for its _bucket, _sum and _count series."""
+    for its _bucket, _sum and _count series, a summary's for its quantile series, _sum and _count."""
     out: dict[str, str] = {}
     for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():
         m = re.match(r"^\| `(jaxmon_[a-z0-9_]+)` \| ([a-z]+)", line)
         if m and m.group(2) == "histogram":
             out.update({m.group(1) + suffix: "histogram" for suffix in ("_bucket", "_sum", "_count")})
+        elif m and m.group(2) == "summary":
+            out.update({m.group(1) + suffix: "summary" for suffix in ("", "_sum", "_count")})
         elif m:
             out[m.group(1)] = m.group(2)
     assert len(out) > 30, "the README metrics table was not found"

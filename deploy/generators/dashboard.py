@@ -9,7 +9,7 @@ from typing import Any
 
 from .panels import INST, Panel, Row
 from .paths import ROOT
-from .rows import devicewide, health, hosts, job, memory, overview, probe, training, workloads
+from .rows import devicewide, health, hosts, job, megascale, memory, overview, probe, training, workloads
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
@@ -287,7 +287,17 @@ JAXMON = Dashboard(
     description="Memory, fragmentation, OOM headroom, utilization estimate, device health and compilation "
     "of JAX accelerators, from jaxmon (a Prometheus exporter).",
     tags=["jaxmon", "jax", "accelerators"],
-    rows=[overview.ROW, training.ROW, memory.ROW, probe.ROW, devicewide.ROW, workloads.ROW, hosts.ROW, health.ROW],
+    rows=[
+        overview.ROW,
+        training.ROW,
+        memory.ROW,
+        probe.ROW,
+        devicewide.ROW,
+        megascale.ROW,
+        workloads.ROW,
+        hosts.ROW,
+        health.ROW,
+    ],
     links=[("Training job (stragglers, skew)", "jaxmon-job")],
 )
 

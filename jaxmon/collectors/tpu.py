@@ -1,7 +1,15 @@
-"""The `tpu` collector: device-wide HBM, duty cycle and HLO queue from libtpu's runtime metrics service.
+"""The `tpu` collector: device-wide HBM, duty cycle, idle duration and HLO queue and timing of each chip, and the
+host's megascale (multi-slice DCN and gRPC TCP) distributions, from libtpu's runtime metrics service.
 
 It reads what tpu-info reads (gRPC to the training process's libtpu, default `localhost:8431`), so it works in a
 sidecar whose own JAX runs on CPU beside a job that holds every chip: it never opens `/dev/accel*` or `/dev/vfio`.
+A metric this libtpu does not list is never asked for; one it does not serve (not listed, or a megascale one it
+refuses outside a multi-slice job) has absent series, logged once; one it lists but fails to answer is absent that
+poll, logged once while it fails, and makes the poll partial (`jaxmon_collector_success 0`) without taking the other
+series with it.
+
+Every series of a chip carries `chip_labels(device)`, and every series of the host `host_labels()`: the one place
+their labels come from.
 
 Device labels: `device` is libtpu's `device-id`. Where this process's own JAX sees TPU devices, their ids are
 compared with libtpu's; jaxmon cannot verify on its own that the two numberings name the same chip (libtpu's
@@ -11,8 +19,8 @@ service carries no chip identity to join on), so a mismatch is logged once and l
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import structlog
@@ -22,7 +30,15 @@ from pydantic import Field, field_validator
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
 from jaxmon.exchange import DUTY_CYCLES
-from jaxmon.families import add, family
+from jaxmon.families import add
+from jaxmon.families.libtpu import (
+    HLO_EXECUTION,
+    HLO_EXECUTION_MEAN,
+    HLO_QUEUE,
+    IDLE_DURATION,
+    MEGASCALE,
+    summary_family,
+)
 from jaxmon.families.shared import (
     DEVICE_DUTY_CYCLE,
     DEVICE_MEMORY_BANDWIDTH,
@@ -78,15 +94,18 @@ class TpuDevice:
     memory_used_bytes: float | None = None
     duty_cycle_ratio: float | None = None
     bandwidth_utilization_ratio: float | None = None
+    idle_duration_seconds: float | None = None
     hlo_queue_size: float | None = None
     hlo_timing: libtpu.Timing | None = None
 
 
 @dataclass(frozen=True)
 class TpuState:
-    """The devices libtpu reported since the service last came up (empty while it is down)."""
+    """The devices libtpu reported since the service last came up (empty while it is down), and the host's
+    megascale distributions it answered this poll (metric name -> one per buffer size where it has them)."""
 
     devices: tuple[TpuDevice, ...] = ()
+    host: Mapping[str, tuple[libtpu.Summary, ...]] = field(default_factory=dict)
     error: str | None = None
     # True when this process's JAX sees TPU devices with exactly libtpu's ids (embedded in a trainer, or a daemon
     # that owns the chips): only then are a JAX device and a libtpu device-id taken to be the same chip.
@@ -107,7 +126,10 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
     """Polls libtpu's runtime metrics service over one long-lived gRPC channel."""
 
     name = "tpu"
-    description = "Device-wide TPU memory, duty cycle and HLO queue from libtpu's runtime metrics (as tpu-info)."
+    description = (
+        "Device-wide TPU memory, duty cycle, idle duration and HLO queue, and multi-slice DCN latencies, from "
+        "libtpu's runtime metrics (as tpu-info)."
+    )
     options = TpuOptions
     order = 60
     offers: ClassVar[Offers] = {DUTY_CYCLES: lambda state: state}
@@ -119,6 +141,8 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
         # Device-ids seen since the service came up: one missing from a later answer is reported down.
         self._known: set[int] = set()
         self._mapping_checked = False
+        # The optional metrics last logged as not served here (logged again only when the set changes).
+        self._unserved: frozenset[str] = frozenset()
 
     @classmethod
     def unavailable(cls, opts: TpuOptions, ctx: Context) -> str | None:
@@ -165,7 +189,39 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
             self._known.clear()
             return Update(TpuState(error=str(exc)), success=False)
         self._errors.ok("service", "libtpu runtime metrics answer", address=self.opts.address)
+        self._log_metrics(reading)
         return Update(self._state(reading), success=not reading.failed)
+
+    def _log_metrics(self, reading: libtpu.LibtpuReading) -> None:
+        """One line per change: metrics not served here, each failing metric, each metric jaxmon cannot read."""
+        if reading.unserved != self._unserved:
+            self._unserved = reading.unserved
+            if reading.unserved:
+                log.info(
+                    "libtpu does not serve these metrics here; their series are absent",
+                    metrics=sorted(reading.unserved),
+                    address=self.opts.address,
+                )
+        for name in libtpu.OPTIONAL:
+            if name in reading.failed:
+                self._errors.error(
+                    f"metric {name}",
+                    "libtpu metric failed; its series are absent",
+                    reading.failed[name],
+                    metric=name,
+                    address=self.opts.address,
+                )
+            elif name not in reading.unserved:
+                self._errors.ok(f"metric {name}", "libtpu metric answers again", metric=name)
+            if name in reading.unreadable:
+                self._errors.error(
+                    f"shape {name}",
+                    "libtpu answered a metric in a shape jaxmon does not read; its series are absent",
+                    "unreadable",
+                    metric=name,
+                )
+            else:
+                self._errors.ok(f"shape {name}", "libtpu metric readable again", metric=name)
 
     def _state(self, reading: libtpu.LibtpuReading) -> TpuState:
         g = reading.gauges
@@ -188,11 +244,12 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
                     memory_used_bytes=used[dev],
                     duty_cycle_ratio=_ratio(g.get(libtpu.DUTY_CYCLE, {}).get(dev)),
                     bandwidth_utilization_ratio=_ratio(g.get(libtpu.HBM_UTILIZATION, {}).get(dev)),
+                    idle_duration_seconds=g.get(libtpu.IDLE_DURATION, {}).get(dev),
                     hlo_queue_size=g.get(libtpu.HLO_QUEUE, {}).get(dev),
                     hlo_timing=reading.timings.get(dev),
                 )
             )
-        return TpuState(devices=tuple(devices), same_ids_as_jax=same_ids)
+        return TpuState(devices=tuple(devices), host=dict(reading.host), same_ids_as_jax=same_ids)
 
     def _check_mapping(self, libtpu_ids: set[int]) -> bool:
         """Whether this process's JAX TPU ids are libtpu's; logs once when they differ (labels stay libtpu's)."""
@@ -217,21 +274,16 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
         used = DEVICE_MEMORY_USED.new()
         duty = DEVICE_DUTY_CYCLE.new()
         bandwidth = DEVICE_MEMORY_BANDWIDTH.new()
-        queue = family("jaxmon_device_hlo_queue_size", "HLO programs queued for execution on the device (libtpu).")
-        timing = family(
-            "jaxmon_device_hlo_execution_seconds",
-            "HLO program execution time on the device at a percentile (label percentile: 50, 90, 95, 99.9), "
-            "from libtpu's distribution.",
-        )
-        mean = family("jaxmon_device_hlo_execution_mean_seconds", "Mean HLO program execution time (libtpu).")
+        idle, queue, timing, mean = IDLE_DURATION.new(), HLO_QUEUE.new(), HLO_EXECUTION.new(), HLO_EXECUTION_MEAN.new()
         for dev in state.devices:
-            labels = {"device": str(dev.id), "platform": "tpu", "source": "libtpu"}
+            labels = chip_labels(dev.id)
             add(up, labels, 1.0 if dev.up else 0.0)
             for fam, value in (
                 (total, dev.memory_total_bytes),
                 (used, dev.memory_used_bytes),
                 (duty, dev.duty_cycle_ratio),
                 (bandwidth, dev.bandwidth_utilization_ratio),
+                (idle, dev.idle_duration_seconds),
                 (queue, dev.hlo_queue_size),
             ):
                 if value is not None:
@@ -242,12 +294,25 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
                 # distribution gives no count and sum that are known to be counters.
                 for q, seconds in dev.hlo_timing.quantiles:
                     add(timing, {**labels, "percentile": f"{q * 100:g}"}, seconds)
-        yield from (up, total, used, duty, bandwidth, queue, timing, mean)
+        yield from (up, total, used, duty, bandwidth, idle, queue, timing, mean)
+        host = host_labels()
+        for spec in libtpu.MEGASCALE:
+            yield summary_family(MEGASCALE[spec.name], ((host, s) for s in state.host.get(spec.name, ())))
 
     def stop(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def chip_labels(device: int) -> dict[str, str]:
+    """The labels of every series of one libtpu device-id (its `device` is libtpu's id: see the module doc)."""
+    return {"device": str(device), "platform": "tpu", "source": "libtpu"}
+
+
+def host_labels() -> dict[str, str]:
+    """The labels of every series of the host's libtpu (the megascale distributions), before their own."""
+    return {"source": "libtpu"}
 
 
 def _ratio(percent: float | None) -> float | None:

@@ -12,7 +12,9 @@ import grpc
 import pytest
 
 from tests.conftest import Daemon, Samples, StartDaemon, free_port, promtool, sample
-from tests.fake_libtpu import Chip, FakeLibtpu, Scenario, Timing
+from tests.deploy_files import readme_metrics
+from tests.fake_libtpu import MEGASCALE, Chip, Entry, FakeLibtpu, Scenario, Timing, connection, served_without, sized
+from tests.helpers import parse_samples
 
 GIB = 1 << 30
 IDS = (8, 9, 12, 13)
@@ -162,3 +164,100 @@ def test_a_slow_service_never_delays_a_scrape(start_daemon: StartDaemon, fake: F
     assert not tpu_devices(samples)
     fake.update(delay=0.0)
     daemon.wait_for(lambda s: success(s) == 1, what="fast again")
+
+
+def multislice_host() -> dict[str, list[Entry]]:
+    """Every megascale metric of a multi-slice host: the sized ones with 600 + 400 transfers of 8MB+ in [1,2) and
+    [2,4) ms (two streams) and 100 of 1MB+ in [1,2) ms; the gRPC ones over 2 connections."""
+    host = {}
+    for name in MEGASCALE:
+        if "grpc_tcp" in name:
+            host[name] = [connection(c, [0, 300, 200, 0], scale=50.0, mean=80.0) for c in range(2)]
+        else:
+            host[name] = [
+                sized("8MB+", [0, 600, 0, 0], stream=0, scale=1000.0, mean=1500.0),
+                sized("8MB+", [0, 0, 400, 0], stream=1, scale=1000.0, mean=3000.0),
+                sized("1MB+", [0, 100, 0, 0], stream=0, scale=1000.0, mean=1200.0),
+            ]
+    return host
+
+
+def megascale_series(samples: Samples) -> set[str]:
+    return {name for name, _ in samples if name.startswith("jaxmon_megascale_")}
+
+
+def test_the_sidecar_serves_the_idle_duration_and_the_megascale_summaries_of_a_multislice_job(
+    start_daemon: StartDaemon,
+) -> None:
+    scenario = Scenario(chips=chips(), host=multislice_host())
+    for i, chip in enumerate(scenario.chips.values()):
+        chip.idle_s = 3.25 * i
+    server = FakeLibtpu(scenario).start()
+    try:
+        daemon = serve(start_daemon, server.address)
+        samples = daemon.wait_for(lambda s: len(megascale_series(s)) == 24, what="eight megascale summaries")
+        assert success(samples) == 1
+        for i, dev in enumerate(IDS):
+            assert sample(samples, "jaxmon_device_tensorcore_idle_duration_seconds", **labels(dev)) == 3.25 * i
+        families = ("dcn", "dcn_inbound", "host_to_device", "device_to_host")
+        sized_families = [f"jaxmon_megascale_{f}_transfer_latency_seconds" for f in families] + [
+            "jaxmon_megascale_collective_end_to_end_latency_seconds",
+            "jaxmon_megascale_host_compute_latency_seconds",
+        ]
+        for family in sized_families:
+            big = {"source": "libtpu", "buffer_size": "8MB+"}
+            # 1000 transfers: 600 in [1,2) ms and 400 in [2,4) ms. p50 (rank 500) is the 500th of the 600 in
+            # [1,2) ms; p90 (rank 900) the 300th of the 400 in [2,4) ms.
+            assert sample(samples, family, **big, quantile="0.5") == pytest.approx((1 + 500 / 600) * 1e-3), family
+            assert sample(samples, family, **big, quantile="0.9") == pytest.approx((2 + 2 * 300 / 400) * 1e-3)
+            assert sample(samples, family + "_count", **big) == 1000
+            assert sample(samples, family + "_sum", **big) == pytest.approx(600 * 1.5e-3 + 400 * 3e-3)
+            small = {"source": "libtpu", "buffer_size": "1MB+"}
+            assert sample(samples, family, **small, quantile="0.5") == pytest.approx(1.5e-3)
+            assert sample(samples, family + "_sum", **small) == pytest.approx(100 * 1.2e-3)
+        # gRPC: two connections of [0, 300, 200, 0] summed over [0,50) [50,100) [100,200) [200,inf): p50 (rank 500)
+        # is the 500th of the 600 in [50, 100).
+        rtt, rate = (
+            "jaxmon_megascale_grpc_tcp_min_rtt_seconds",
+            "jaxmon_megascale_grpc_tcp_delivery_rate_bytes_per_second",
+        )
+        assert sample(samples, rtt, source="libtpu", quantile="0.5") == pytest.approx((50 + 50 * 500 / 600) * 1e-6)
+        assert sample(samples, rtt + "_count", source="libtpu") == 1000
+        assert sample(samples, rate, source="libtpu", quantile="0.5") == pytest.approx((50 + 50 * 500 / 600) * 125_000)
+        assert sample(samples, rate + "_sum", source="libtpu") == pytest.approx(1000 * 80 * 125_000)
+
+        # The collector's exposition passes Prometheus's lint (summaries included), and every family it exports is
+        # in the README's metrics reference.
+        r = daemon.get("/metrics", params={"collect[]": "tpu"})
+        lint = subprocess.run(
+            [promtool(), "check", "metrics"], input=r.text, capture_output=True, text=True, timeout=30
+        )
+        assert lint.returncode == 0, lint.stdout + lint.stderr
+        exported = {name for name, _ in parse_samples(r.text)}
+        assert exported - set(readme_metrics()) == set()
+
+        # A restarted libtpu whose job runs on one slice: the megascale series go, the rest stay.
+        server.update(failing=dict.fromkeys(MEGASCALE, grpc.StatusCode.NOT_FOUND))
+        samples = daemon.wait_for(lambda s: not megascale_series(s), what="no megascale series")
+        assert success(samples) == 1
+        assert sample(samples, "jaxmon_device_tensorcore_idle_duration_seconds", **labels(13)) == 9.75
+        assert daemon.log().count("libtpu does not serve these metrics here") == 1
+    finally:
+        server.stop()
+
+
+def test_a_single_slice_libtpu_that_lists_no_megascale_metric_is_not_asked_for_them(
+    start_daemon: StartDaemon,
+) -> None:
+    server = FakeLibtpu(Scenario(chips=chips(), host=multislice_host(), supported=served_without(MEGASCALE))).start()
+    try:
+        daemon = serve(start_daemon, server.address)
+        daemon.wait_for(lambda s: len(tpu_devices(s)) == 4, what="four TPU devices")
+        time.sleep(1.0)  # a few more polls
+        samples = daemon.scrape()
+        assert success(samples) == 1
+        assert not megascale_series(samples)
+        assert not MEGASCALE & set(server.scenario.requested)
+        assert daemon.log().count("libtpu does not serve these metrics here") == 1
+    finally:
+        server.stop()

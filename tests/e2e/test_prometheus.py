@@ -9,7 +9,7 @@ The scraped setup (one module fixture, all processes killed at teardown):
   backend requested so that it fails; then one child compiles 40 programs, the other is killed, and a broken
   file is dropped into the spool; its tpu collector points at an address nobody listens on;
 - jaxmon-tpu: a TPU sidecar (JAX on CPU) reading a loopback libtpu runtime metrics service (tests/fake_libtpu.py)
-  with one idle chip and one nearly full, and the same spool;
+  with one idle chip and one nearly full, and every megascale distribution of a multi-slice host, and the same spool;
 - jaxmon-nvml: the fake libnvidia-ml.so.1 (tests/fakenvml) with three GPUs: GPU 0 hot, thermally throttled and at its
   power cap, GPU 1 nearly full with uncorrected ECC errors and an Xid 79 delivered after start, GPU 2 lost;
 - jaxmon-gone: a target nobody listens on.
@@ -38,7 +38,7 @@ from tests.deploy_files import (
     readme_metrics,
     variable_query,
 )
-from tests.fake_libtpu import Chip, FakeLibtpu, Timing
+from tests.fake_libtpu import MEGASCALE, Chip, Entry, FakeLibtpu, Timing, connection, sized
 from tests.fake_libtpu import Scenario as LibtpuScenario
 from tests.fakenvml import GPU_IS_LOST, Scenario, device
 from tests.helpers import Child
@@ -59,6 +59,8 @@ QUIET_ALERTS = {
     # compare with.
     "JaxmonTrainingStalled",
     "JaxmonTrainingStepTimeRegression",
+    # The fake libtpu's DCN transfers keep one latency, and there is no hour of history to compare with.
+    "JaxmonTpuDcnTransferLatencyHigh",
 }
 
 # Identifying labels of what each other alert's expression must return, and why.
@@ -129,11 +131,26 @@ def tpu_chips() -> dict[int, Chip]:
             used_bytes=int(16 * (1 << 30) * (0.97 if dev == 9 else 0.5)),
             duty_cycle_pct=2.0 if dev == 8 else 60.0,
             hbm_util_pct=30.0,
+            idle_s=0.0 if dev != 8 else 95.0,
             hlo_queue=3,
             timing=timing,
         )
         for dev in TPU_IDS
     }
+
+
+def multislice_host() -> dict[str, list[Entry]]:
+    """Every megascale metric, as a multi-slice job's libtpu serves them (two buffer sizes; two connections)."""
+    host = {}
+    for name in MEGASCALE:
+        if "grpc_tcp" in name:
+            host[name] = [connection(c, [0, 30, 20, 0], scale=50.0, mean=90.0) for c in range(2)]
+        else:
+            host[name] = [
+                sized("8MB+", [0, 0, 60, 40, 0], scale=1000.0, mean=3500.0),
+                sized("4MB+", [0, 80, 20, 0, 0], scale=1000.0, mean=1800.0),
+            ]
+    return host
 
 
 # Dashboard queries that legitimately return nothing here (with All selected), and why: none. Every panel has data.
@@ -189,7 +206,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     daemons: list[Daemon] = []
     children: list[Child] = []
     prometheus: Prometheus | None = None
-    libtpu = FakeLibtpu(LibtpuScenario(chips=tpu_chips())).start()
+    libtpu = FakeLibtpu(LibtpuScenario(chips=tpu_chips(), host=multislice_host())).start()
     try:
         shapes = Daemon(tmp, ["--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s"])
         daemons.append(shapes)

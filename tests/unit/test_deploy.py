@@ -168,6 +168,8 @@ def expected_unit(expr: str) -> str | None:
     (name,) = gauges
     if name.endswith("_ratio"):
         return "percentunit"
+    if name.endswith("_bytes_per_second"):
+        return "Bps"
     if "bytes" in name:
         return "bytes"
     if name.endswith("_seconds"):

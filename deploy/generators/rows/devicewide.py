@@ -113,6 +113,14 @@ ROW = Row(
             "Clocks event (throttle) reasons NVML reports as active, idle clocks left out.",
         ),
         Panel(
+            "TensorCore idle duration (TPU)",
+            "timeseries",
+            "s",
+            [Target(f"jaxmon_device_tensorcore_idle_duration_seconds{{{DEV}}}", WIDE_LEGEND)],
+            "The TensorCore idle duration libtpu reports for each TPU device (tpu-info's TensorCore Idle Duration).",
+            min=0,
+        ),
+        Panel(
             "HLO queue size (TPU)",
             "timeseries",
             "none",

@@ -27,7 +27,7 @@ from jaxmon.model import DeviceInfo
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.local import LocalSource
 from tests.conftest import Samples, parse_samples, sample
-from tests.fake_libtpu import Chip, FakeLibtpu, Scenario, Timing
+from tests.fake_libtpu import MEGASCALE, Chip, Entry, FakeLibtpu, Scenario, Timing, connection, served_without, sized
 
 IDS = (8, 9, 12, 13)
 GIB = 1 << 30
@@ -327,3 +327,223 @@ def test_the_probe_sees_a_duty_cycle_only_where_jax_sees_libtpus_ids(context: Co
         other = with_jax_tpus((0, 1, 2, 3))  # ids that are not libtpu's: no guess
     assert other.duty_cycle("tpu", 0) is None and other.duty_cycle("tpu", 8) is None
     assert [e["event"] for e in logs if "differ" in e["event"]], logs
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The tensorcore idle duration and the host's megascale distributions
+# --------------------------------------------------------------------------------------------------------------
+
+# The six sized megascale metrics (tpu-info's short name, libtpu's name, jaxmon's family), each with its own scale.
+SIZED = (
+    ("buffer_transfer_latency", MetricName.BUFFER_TRANSFER_LATENCY_US, "jaxmon_megascale_dcn_transfer_latency_seconds"),
+    (
+        "inbound_buffer_transfer_latency",
+        MetricName.INBOUND_BUFFER_TRANSFER_LATENCY_US,
+        "jaxmon_megascale_dcn_inbound_transfer_latency_seconds",
+    ),
+    (
+        "host_to_device_transfer_latency",
+        MetricName.HOST_TO_DEVICE_TRANSFER_LATENCY_US,
+        "jaxmon_megascale_host_to_device_transfer_latency_seconds",
+    ),
+    (
+        "device_to_host_transfer_latency",
+        MetricName.DEVICE_TO_HOST_TRANSFER_LATENCY_US,
+        "jaxmon_megascale_device_to_host_transfer_latency_seconds",
+    ),
+    (
+        "collective_e2e_latency",
+        MetricName.COLLECTIVE_E2E_LATENCY_US,
+        "jaxmon_megascale_collective_end_to_end_latency_seconds",
+    ),
+    ("host_compute_latency", MetricName.HOST_COMPUTE_LATENCY_US, "jaxmon_megascale_host_compute_latency_seconds"),
+)
+RTT_FAMILY = "jaxmon_megascale_grpc_tcp_min_rtt_seconds"
+RATE_FAMILY = "jaxmon_megascale_grpc_tcp_delivery_rate_bytes_per_second"
+MEGASCALE_FAMILIES = (*(family for _, _, family in SIZED), RTT_FAMILY, RATE_FAMILY)
+DCN = MetricName.BUFFER_TRANSFER_LATENCY_US.value
+
+
+def host_entries() -> dict[str, list[Entry]]:
+    """Every megascale metric: the sized ones with two streams of 8MB+ and one of 4MB+ transfers, in buckets
+    [0,1) [1,2) [2,4) [4,8) [8,16) [16,32) [32,inf) x k ms for the k-th metric; the gRPC ones over 4 connections."""
+    host: dict[str, list[Entry]] = {}
+    for k, (_, name, _) in enumerate(SIZED, start=1):
+        scale = 1000.0 * k
+        host[name.value] = [
+            sized("8MB+", [0, 0, 100, 300, 400, 200, 0], stream=0, scale=scale, mean=9000.0 * k),
+            sized("8MB+", [0, 0, 0, 200, 500, 300, 0], stream=1, scale=scale, mean=11000.0 * k),
+            sized("4MB+", [0, 500, 500, 0, 0, 0, 0], stream=0, scale=scale, mean=2000.0 * k),
+        ]
+    # Buckets [0,10) [10,20) [20,40) [40,80) [80,inf) µs, and the same in Mbps x 100 for the delivery rate.
+    host[MetricName.GRPC_TCP_MIN_RTT_US.value] = [
+        connection(c, [0, 0, 250, 250, 0], scale=10.0, mean=40.0) for c in range(4)
+    ]
+    host[MetricName.GRPC_TCP_DELIVERY_RATE_MBPS.value] = [
+        connection(c, [0, 0, 250, 250, 0], scale=1000.0, mean=4000.0) for c in range(4)
+    ]
+    return host
+
+
+@pytest.fixture
+def multislice() -> Iterator[FakeLibtpu]:
+    """A multi-slice job's libtpu: every chip with an idle duration, every megascale metric with entries."""
+    chips = scenario_chips()
+    for i, chip in enumerate(chips.values()):
+        chip.idle_s = 0.5 + 10 * i
+    server = FakeLibtpu(Scenario(chips=chips, host=host_entries())).start()
+    yield server
+    server.stop()
+
+
+def host(**labels: str) -> dict[str, str]:
+    return {"source": "libtpu", **labels}
+
+
+def test_the_idle_duration_and_every_megascale_distribution_match_what_libtpu_serves(
+    context: Context, multislice: FakeLibtpu
+) -> None:
+    collector = make(context, multislice.address)
+    update = collector.update()
+    assert update.success, update.state.error
+    samples = render(collector, update)
+    for i, dev in enumerate(IDS):
+        assert sample(samples, "jaxmon_device_tensorcore_idle_duration_seconds", **labels(dev)) == 0.5 + 10 * i
+    # By hand, the k-th sized metric, 8MB+: the two streams summed are [0, 0, 100, 500, 900, 500, 0] (2000
+    # transfers). p50: rank 1000 is the 400th of the 900 in [8, 16) k ms; p999: rank 1998 the 498th of the 500 in
+    # [16, 32) k ms. The sum is 1000 x 9 k ms + 1000 x 11 k ms. 4MB+: 1000 transfers, the median at the top of
+    # [1, 2) k ms.
+    for k, (_, _, family) in enumerate(SIZED, start=1):
+        big, small = host(buffer_size="8MB+"), host(buffer_size="4MB+")
+        got = sample(samples, family, **big, quantile="0.5")
+        assert got == pytest.approx((8 + 8 * 400 / 900) * k * 1e-3), family
+        assert sample(samples, family, **big, quantile="0.999") == pytest.approx((16 + 16 * 498 / 500) * k * 1e-3)
+        assert sample(samples, family + "_count", **big) == 2000
+        assert sample(samples, family + "_sum", **big) == pytest.approx(20.0 * k)
+        assert sample(samples, family, **small, quantile="0.5") == pytest.approx(2 * k * 1e-3)
+        assert sample(samples, family + "_count", **small) == 1000
+        assert sample(samples, family + "_sum", **small) == pytest.approx(2.0 * k)
+    # The gRPC ones: 4 connections of [0, 0, 250, 250, 0] summed, one distribution for the host (no buffer_size):
+    # the median at the top of [20, 40) µs, p90 (rank 1800) the 800th of the 1000 in [40, 80) µs.
+    assert sample(samples, RTT_FAMILY, **host(quantile="0.5")) == pytest.approx(40e-6)
+    assert sample(samples, RTT_FAMILY, **host(quantile="0.9")) == pytest.approx(72e-6)
+    assert sample(samples, RTT_FAMILY + "_count", **host()) == 2000
+    assert sample(samples, RTT_FAMILY + "_sum", **host()) == pytest.approx(2000 * 40e-6)
+    # The delivery rate in bytes per second: 4000 Mbps is 5e8 B/s.
+    assert sample(samples, RATE_FAMILY, **host(quantile="0.5")) == pytest.approx(4000 * 125_000)
+    assert sample(samples, RATE_FAMILY + "_sum", **host()) == pytest.approx(2000 * 4000 * 125_000)
+    collector.stop()
+
+
+def test_megascale_percentiles_and_idle_durations_agree_with_tpu_infos_own_client(
+    context: Context, multislice: FakeLibtpu
+) -> None:
+    collector = make(context, multislice.address)
+    samples = render(collector, collector.update())
+    rows = [(arg, family, 1e-6) for arg, _, family in SIZED]
+    rows += [("grpc_tcp_min_rtt", RTT_FAMILY, 1e-6), ("grpc_tcp_delivery_rate", RATE_FAMILY, 125_000.0)]
+    for arg, family, to_base in rows:
+        reference = tpu_info_metrics.get_transfer_latency(arg, addr=multislice.address)
+        assert reference, arg
+        for ref in reference:
+            # tpu-info groups a gRPC metric's entries by their first string attribute: none here, so one group.
+            size = {} if family in (RTT_FAMILY, RATE_FAMILY) else {"buffer_size": ref.transfer_size}
+            for q, want in (("0.5", ref.p50), ("0.9", ref.p90), ("0.95", ref.p95), ("0.999", ref.p999)):
+                got = sample(samples, family, **host(**size), quantile=q)
+                assert got == pytest.approx(want * to_base), (arg, ref.transfer_size, q)
+    idle = dict(tpu_info_metrics.get_tensorcore_idle_duration(addr=multislice.address))
+    assert set(idle) == set(IDS)
+    for dev, seconds in idle.items():
+        assert sample(samples, "jaxmon_device_tensorcore_idle_duration_seconds", **labels(dev)) == seconds
+    collector.stop()
+
+
+def test_metrics_a_libtpu_does_not_list_are_never_asked_for_and_logged_once(
+    context: Context, multislice: FakeLibtpu
+) -> None:
+    new = {*MEGASCALE, MetricName.TENSORCORE_IDLE_DURATION.value}
+    multislice.update(supported=served_without(new))
+    collector = make(context, multislice.address)
+    with capture_logs() as logs:
+        updates = [collector.update() for _ in range(3)]
+    assert all(u.success for u in updates), "a libtpu that serves fewer metrics is no failure"
+    assert not new & set(multislice.scenario.requested)
+    samples = render(collector, updates[-1])
+    assert not [name for name, _ in samples if name.startswith("jaxmon_megascale_") or "idle" in name]
+    assert sample(samples, "jaxmon_device_memory_used_bytes", **labels(8)) == multislice.scenario.chips[8].used_bytes
+    lines = [e for e in logs if e["event"].startswith("libtpu does not serve")]
+    assert len(lines) == 1 and set(lines[0]["metrics"]) == new
+    collector.stop()
+
+
+@pytest.mark.parametrize("status", [grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE])
+def test_megascale_metrics_refused_outside_a_multislice_job_are_absent_not_a_failure(
+    context: Context, multislice: FakeLibtpu, status: grpc.StatusCode
+) -> None:
+    # Listed, but answered as tpu-info says libtpu answers outside a MULTI_SLICE workload.
+    multislice.update(failing=dict.fromkeys(MEGASCALE, status))
+    collector = make(context, multislice.address)
+    with capture_logs() as logs:
+        updates = [collector.update() for _ in range(3)]
+    assert all(u.success for u in updates)
+    samples = render(collector, updates[-1])
+    assert not [name for name, _ in samples if name.startswith("jaxmon_megascale_")]
+    assert sample(samples, "jaxmon_device_tensorcore_idle_duration_seconds", **labels(9)) == 10.5
+    lines = [e for e in logs if e["event"].startswith("libtpu does not serve")]
+    assert len(lines) == 1 and set(lines[0]["metrics"]) == MEGASCALE
+    collector.stop()
+
+
+def test_a_listed_megascale_metric_that_fails_is_absent_alone_and_logged_once(
+    context: Context, multislice: FakeLibtpu
+) -> None:
+    multislice.update(failing={DCN: grpc.StatusCode.INTERNAL})
+    collector = make(context, multislice.address)
+    with capture_logs() as logs:
+        updates = [collector.update() for _ in range(3)]
+        assert not any(u.success for u in updates), "a listed metric that fails makes the poll partial"
+        samples = render(collector, updates[-1])
+        assert not [name for name, _ in samples if name.startswith("jaxmon_megascale_dcn_transfer")]
+        for family in MEGASCALE_FAMILIES[1:]:
+            assert sample(samples, family + "_count", **host(**({} if "grpc" in family else {"buffer_size": "4MB+"})))
+        multislice.update(failing={})
+        update = collector.update()
+    assert update.success
+    assert sample(render(collector, update), SIZED[0][2] + "_count", **host(buffer_size="8MB+")) == 2000
+    failed = [e for e in logs if e["event"] == "libtpu metric failed; its series are absent"]
+    assert [(e["metric"], e["error"]) for e in failed] == [(DCN, "INTERNAL")]
+    assert [e["metric"] for e in logs if e["event"] == "libtpu metric answers again"] == [DCN]
+    collector.stop()
+
+
+def test_a_distribution_shape_jaxmon_does_not_read_is_absent_and_logged_once(
+    context: Context, multislice: FakeLibtpu
+) -> None:
+    entries = host_entries()
+    entries[DCN] = [replace(e, as_summary=True) for e in entries[DCN]]
+    multislice.update(host=entries)
+    collector = make(context, multislice.address)
+    with capture_logs() as logs:
+        updates = [collector.update() for _ in range(3)]
+    assert all(u.success for u in updates)  # libtpu answered what it lists
+    samples = render(collector, updates[-1])
+    assert not [name for name, _ in samples if name.startswith("jaxmon_megascale_dcn_transfer")]
+    assert sample(samples, SIZED[1][2] + "_count", **host(buffer_size="4MB+")) == 1000
+    assert [e["metric"] for e in logs if "shape jaxmon does not read" in e["event"]] == [DCN]
+    collector.stop()
+
+
+def test_every_call_of_a_poll_is_in_flight_at_once(context: Context, multislice: FakeLibtpu) -> None:
+    collector = make(context, multislice.address, timeout=2.0)
+    assert collector.update().success  # connected, metrics listed
+    asked = len(multislice.scenario.requested)
+    assert asked == 15  # 3 core + HBM bandwidth, idle, HLO queue, HLO timing + 8 megascale
+    multislice.update(delay=0.4)
+    started = time.monotonic()
+    update = collector.update()
+    elapsed = time.monotonic() - started
+    # 15 calls of 0.4 s each one after another would take 6 s, past the 2 s deadline.
+    assert update.success, update.state.error
+    assert elapsed < 1.9, elapsed
+    assert len(multislice.scenario.requested) == 2 * asked
+    collector.stop()
