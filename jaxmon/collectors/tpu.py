@@ -21,7 +21,7 @@ from pydantic import Field, field_validator
 
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
-from jaxmon.exchange import DUTY_CYCLES
+from jaxmon.exchange import DEVICE_PODS, DUTY_CYCLES
 from jaxmon.families import add, family
 from jaxmon.families.shared import (
     DEVICE_DUTY_CYCLE,
@@ -219,8 +219,11 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
             "from libtpu's distribution.",
         )
         mean = family("jaxmon_device_hlo_execution_mean_seconds", "Mean HLO program execution time (libtpu).")
+        pods = self.ctx.exchange.read(DEVICE_PODS, snap)[:1]  # the kubernetes collector's, where it runs
         for dev in state.devices:
             labels = {"device": str(dev.id), "platform": "tpu", "source": "libtpu"}
+            for holder in pods:
+                labels.update(holder.tpu(dev.id))
             add(up, labels, 1.0 if dev.up else 0.0)
             for fam, value in (
                 (total, dev.memory_total_bytes),
