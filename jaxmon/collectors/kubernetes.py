@@ -124,7 +124,7 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         if opts.enabled is True:
             return None
         problem = socket_problem(opts.socket)
-        return None if problem is None else f"no kubelet pod-resources socket ({problem})"
+        return None if problem is None else f"no kubelet pod-resources socket ({problem[1]})"
 
     def update(self) -> Update[KubernetesState]:
         """One List call; on failure the last good mapping while it is younger than the ttl, else none."""

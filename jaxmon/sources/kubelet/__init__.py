@@ -60,15 +60,18 @@ def allocations(response: Any) -> tuple[Allocation, ...]:
     return tuple(out)
 
 
-def socket_problem(path: Path) -> str | None:
-    """Why nothing can be listening at `path` (missing, or not a socket), or None."""
+def socket_problem(path: Path) -> tuple[str, str] | None:
+    """Why `path` cannot be dialled, as (code, detail): `missing` (or not a socket), `PERMISSION_DENIED` (a
+    directory on the way this user may not search); None when it is a socket."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        return f"{path} does not exist"
+        return "missing", f"{path} does not exist"
+    except PermissionError as exc:
+        return "PERMISSION_DENIED", f"{path}: {exc.strerror or exc}"
     except OSError as exc:
-        return f"{path}: {exc.strerror or exc}"
-    return None if stat.S_ISSOCK(mode) else f"{path} is not a socket"
+        return "missing", f"{path}: {exc.strerror or exc}"
+    return None if stat.S_ISSOCK(mode) else ("missing", f"{path} is not a socket")
 
 
 class PodResourcesClient:
@@ -91,7 +94,7 @@ class PodResourcesClient:
         problem = socket_problem(self.path)
         if problem is not None:
             self.close()
-            raise KubeletUnavailable("missing", problem)
+            raise KubeletUnavailable(*problem)
         if self._stub is None:
             self._channel = self._grpc.insecure_channel(
                 f"unix:{self.path.absolute()}",
