@@ -137,6 +137,9 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
             return self._failed(exc.code, str(exc), now)
         except StubsUnavailable as exc:
             return self._failed("stubs", str(exc), now)
+        except Exception as exc:
+            # Not left to the runtime's guard, which keeps the last state: that would keep old labels for ever.
+            return self._failed(type(exc).__name__, f"{type(exc).__name__}: {exc}", now)
         self._errors.ok("kubelet", "kubelet pod-resources answer again", socket=str(self.opts.socket))
         gpu, tpu = self.opts.gpu_resources, self.opts.tpu_resources
         kept = accelerators(found, gpu, tpu)

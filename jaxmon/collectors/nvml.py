@@ -52,6 +52,7 @@ class DeviceMatch:
     how: str = "nvml_index"
     jax_ids: Mapping[int, int] = field(default_factory=dict)
     # Set for rendering only: the pods holding each GPU (the kubernetes collector's DEVICE_PODS), where it runs.
+    # `_labels` adds a whole GPU's; a series of one MIG device takes `pods.mig(its MIG UUID)` instead.
     pods: DevicePods | None = None
 
     def device(self, index: int) -> int:
