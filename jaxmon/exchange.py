@@ -25,6 +25,27 @@ class DutyCycles(Protocol):
         """The device's last duty cycle in 0-1, None when this source does not know the device."""
 
 
+@runtime_checkable
+class DevicePods(Protocol):
+    """The pods holding each accelerator of the node (the kubelet's pod-resources): labels for device-wide series.
+
+    Each method gives `namespace`, `pod` and `container` of the device's holders (several holders' values joined by
+    commas), or {} when no pod holds it.
+    """
+
+    def gpu(self, uuid: str | None, minor_number: int | None) -> Mapping[str, str]:
+        """A whole GPU, by its UUID (`GPU-…`) or its minor number (/dev/nvidiaN)."""
+
+    def mig(self, uuid: str) -> Mapping[str, str]:
+        """A MIG device, by its UUID (`MIG-…`)."""
+
+    def tpu(self, device: int) -> Mapping[str, str]:
+        """A TPU device, by libtpu's device-id ({} wherever the chip's holder is not certain)."""
+
+    def tpu_host(self) -> Mapping[str, str]:
+        """The node's libtpu service itself: the holder of its chips ({} where not certain)."""
+
+
 @dataclass(frozen=True, eq=False)
 class Channel(Generic[T]):
     """A kind of reading, typed by what it carries."""
@@ -38,6 +59,10 @@ DUTY_CYCLES: Channel[DutyCycles] = Channel(
 )
 WORKLOAD_PIDS: Channel[Mapping[int, str]] = Channel(
     "workload_pids", "workload name by pid (the spool's reports, an embedded workload itself): NVML's process join"
+)
+
+DEVICE_PODS: Channel[DevicePods] = Channel(
+    "device_pods", "the pods holding each GPU, MIG device and TPU chip (the kubelet): labels of device-wide series"
 )
 
 

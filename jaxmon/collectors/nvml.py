@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, ClassVar
 
 import pynvml
@@ -23,7 +23,7 @@ from pydantic import BeforeValidator, Field
 
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
-from jaxmon.exchange import DUTY_CYCLES, WORKLOAD_PIDS
+from jaxmon.exchange import DEVICE_PODS, DUTY_CYCLES, WORKLOAD_PIDS, DevicePods
 from jaxmon.families import add, family
 from jaxmon.families.shared import (
     DEVICE_DUTY_CYCLE,
@@ -51,6 +51,9 @@ class DeviceMatch:
 
     how: str = "nvml_index"
     jax_ids: Mapping[int, int] = field(default_factory=dict)
+    # Set for rendering only: the pods holding each GPU (the kubernetes collector's DEVICE_PODS), where it runs.
+    # `_labels` adds a whole GPU's; a series of one MIG device takes `pods.mig(its MIG UUID)` instead.
+    pods: DevicePods | None = None
 
     def device(self, index: int) -> int:
         """The `device` label of NVML GPU `index`."""
@@ -171,11 +174,17 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
         workloads: dict[int, str] = {}
         for pids in self.ctx.exchange.read(WORKLOAD_PIDS, snap):
             workloads.update(pids)
+        for pods in self.ctx.exchange.read(DEVICE_PODS, snap)[:1]:
+            state = replace(state, match=replace(state.match, pods=pods))
         yield from render(state, workloads)
 
 
 def _labels(gpu: GpuReading, match: DeviceMatch) -> dict[str, str]:
-    return {"device": str(match.device(gpu.index)), "platform": "gpu", "source": SOURCE}
+    """Every series of one GPU: its device label, and the pod, namespace and container holding it (if any)."""
+    labels = {"device": str(match.device(gpu.index)), "platform": "gpu", "source": SOURCE}
+    if match.pods is not None:
+        labels.update(match.pods.gpu(gpu.uuid, gpu.minor_number))
+    return labels
 
 
 def render(state: NvmlState, workloads: Mapping[int, str]) -> Iterator[Metric]:
@@ -234,8 +243,9 @@ def render(state: NvmlState, workloads: Mapping[int, str]) -> Iterator[Metric]:
         "Critical Xid events NVML delivered since jaxmon started, by xid (see the runbook for 48 and 79).",
         counter=True,
     )
+    by_index = {gpu.index: gpu for gpu in state.gpus}
     for (index, code), count in sorted(state.xid.items()):
-        labels = {"device": str(state.match.device(index)), "platform": "gpu", "source": SOURCE}
+        labels = _labels(by_index.get(index, GpuReading(index=index)), state.match)
         add(xid, {**labels, "xid": str(code)}, count)
     yield xid
 

@@ -19,7 +19,7 @@ service carries no chip identity to join on), so a mismatch is logged once and l
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -29,7 +29,7 @@ from pydantic import Field, field_validator
 
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
-from jaxmon.exchange import DUTY_CYCLES
+from jaxmon.exchange import DEVICE_PODS, DUTY_CYCLES, DevicePods
 from jaxmon.families import add
 from jaxmon.families.libtpu import (
     HLO_EXECUTION,
@@ -275,8 +275,9 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
         duty = DEVICE_DUTY_CYCLE.new()
         bandwidth = DEVICE_MEMORY_BANDWIDTH.new()
         idle, queue, timing, mean = IDLE_DURATION.new(), HLO_QUEUE.new(), HLO_EXECUTION.new(), HLO_EXECUTION_MEAN.new()
+        pods = self.ctx.exchange.read(DEVICE_PODS, snap)[:1]  # the kubernetes collector's, where it runs
         for dev in state.devices:
-            labels = chip_labels(dev.id)
+            labels = chip_labels(dev.id, pods)
             add(up, labels, 1.0 if dev.up else 0.0)
             for fam, value in (
                 (total, dev.memory_total_bytes),
@@ -295,7 +296,7 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
                 for q, seconds in dev.hlo_timing.quantiles:
                     add(timing, {**labels, "percentile": f"{q * 100:g}"}, seconds)
         yield from (up, total, used, duty, bandwidth, idle, queue, timing, mean)
-        host = host_labels()
+        host = host_labels(pods)
         for spec in libtpu.MEGASCALE:
             yield summary_family(MEGASCALE[spec.name], ((host, s) for s in state.host.get(spec.name, ())))
 
@@ -305,14 +306,22 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
             self._client = None
 
 
-def chip_labels(device: int) -> dict[str, str]:
-    """The labels of every series of one libtpu device-id (its `device` is libtpu's id: see the module doc)."""
-    return {"device": str(device), "platform": "tpu", "source": "libtpu"}
+def chip_labels(device: int, pods: Sequence[DevicePods] = ()) -> dict[str, str]:
+    """The labels of every series of one libtpu device-id (its `device` is libtpu's id: see the module doc), with
+    the pod holding it where the kubernetes collector says (`pods`: its attribution, or none)."""
+    labels = {"device": str(device), "platform": "tpu", "source": "libtpu"}
+    for holder in pods:
+        labels.update(holder.tpu(device))
+    return labels
 
 
-def host_labels() -> dict[str, str]:
-    """The labels of every series of the host's libtpu (the megascale distributions), before their own."""
-    return {"source": "libtpu"}
+def host_labels(pods: Sequence[DevicePods] = ()) -> dict[str, str]:
+    """The labels of every series of the host's libtpu (the megascale distributions), before their own: the
+    service belongs to the process holding the chips, so the pod holding them (`pods`) where one does."""
+    labels = {"source": "libtpu"}
+    for holder in pods:
+        labels.update(holder.tpu_host())
+    return labels
 
 
 def _ratio(percent: float | None) -> float | None:

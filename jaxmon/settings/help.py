@@ -1,4 +1,5 @@
-"""`--help` in the words a user types: DURATION (default: 15s) and PATH instead of pydantic-settings' type names.
+"""`--help` in the words a user types: DURATION (default: 15s), PATH and NAMES (default: a,b) instead of
+pydantic-settings' type names.
 
 pydantic-settings builds each flag's metavar from the field's Python type (`float`, `{Path,None}`) and prints the
 default as Python prints it (`15.0`). Its `add_argument_method` hook sees every flag before argparse does; this
@@ -8,6 +9,7 @@ rewrites what the user reads there, and nothing that is parsed.
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -39,6 +41,11 @@ def _is_enabled(info: FieldInfo) -> bool:
     return bool in args and any("auto" in get_args(a) for a in args)
 
 
+def _is_names(info: FieldInfo) -> bool:
+    """A tuple of strings, given comma-separated (`--collector.kubernetes.gpu-resources a,b`)."""
+    return get_args(info.annotation) == (str, ...)
+
+
 def _optional_number(info: FieldInfo) -> str | None:
     """float or int for `float | None` and `int | None` (pydantic-settings would print `{float,None}`)."""
     args = set(get_args(info.annotation))
@@ -62,6 +69,8 @@ def flag_kinds(model: type[BaseModel], prefix: str = "--") -> Iterator[tuple[str
             yield flag, "PATH"
         elif _is_enabled(info):
             yield flag, "{true,false,auto}"
+        elif _is_names(info):
+            yield flag, "NAMES"
         elif (number := _optional_number(info)) is not None:
             yield flag, number
 
@@ -92,7 +101,12 @@ def help_hook(
         if kind is not None:
             kwargs["metavar"] = kind
             help_text = kwargs.get("help")
-            if isinstance(help_text, str):
+            if isinstance(help_text, str) and kind == "NAMES" and "(default: " in help_text:
+                # A tuple's repr holds parentheses the pattern below stops at: it ends the help text.
+                head, _, default = help_text.rpartition("(default: ")
+                values = ast.literal_eval(default.strip().removesuffix(")"))
+                kwargs["help"] = f"{head}(default: {','.join(values)})"
+            elif isinstance(help_text, str):
                 match = _DEFAULT.search(help_text)
                 if match:
                     shown = _default_shown(kind, match.group(1))

@@ -78,6 +78,8 @@ class GpuReading:
     name: str | None = None
     uuid: str | None = None
     pci_bus_id: str | None = None
+    # N of /dev/nvidiaN: how device-name ids (`nvidiaN`, the kubelet's pod-resources on GKE) name the GPU.
+    minor_number: int | None = None
     # Set when the device failed this poll (GPU lost, or any other error): no readings then.
     error: str | None = None
     memory_total_bytes: int | None = None
@@ -104,6 +106,7 @@ class _Identity:
     name: str
     uuid: str
     pci_bus_id: str
+    minor_number: int | None = None
 
 
 def _optional(call: Callable[[], T]) -> T | None:
@@ -205,7 +208,12 @@ class Nvml:
             if known is None:
                 return GpuReading(index=index, error=describe(err))
             return GpuReading(
-                index=index, name=known.name, uuid=known.uuid, pci_bus_id=known.pci_bus_id, error=describe(err)
+                index=index,
+                name=known.name,
+                uuid=known.uuid,
+                pci_bus_id=known.pci_bus_id,
+                minor_number=known.minor_number,
+                error=describe(err),
             )
 
     def _handle(self, index: int) -> Any:
@@ -216,6 +224,7 @@ class Nvml:
                 name=str(pynvml.nvmlDeviceGetName(handle)),
                 uuid=str(pynvml.nvmlDeviceGetUUID(handle)),
                 pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+                minor_number=_optional(lambda: int(pynvml.nvmlDeviceGetMinorNumber(handle))),
             )
             self._handles[index] = handle
             self._register(index, handle)
@@ -248,6 +257,7 @@ class Nvml:
             name=identity.name,
             uuid=identity.uuid,
             pci_bus_id=identity.pci_bus_id,
+            minor_number=identity.minor_number,
             memory_total_bytes=total,
             memory_used_bytes=used,
             duty_cycle_ratio=None if util is None else int(util.gpu) / 100.0,

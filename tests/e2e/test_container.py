@@ -453,6 +453,67 @@ def test_a_volume_the_sidecar_mounts_first_is_writable_by_any_uid_of_another_ima
 
 
 # --------------------------------------------------------------------------------------------------------------
+# Node mode and the kubelet (deploy/kubernetes/daemonset-node.yaml)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _kubernetes(samples: Samples) -> tuple[float | None, set[str]]:
+    success = samples.get(("jaxmon_collector_success", frozenset({("collector", "kubernetes")})))
+    pods = {dict(labels)["pod"] for name, labels in samples if name == "jaxmon_kubernetes_pod_devices"}
+    return success, pods
+
+
+def _wait_kubernetes(engine: Engine, name: str, port: int, want: tuple[float, set[str]], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    got: tuple[float | None, set[str]] = (None, set())
+    while time.monotonic() < deadline:
+        got = _kubernetes(_scrape(port))
+        if got == want:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{name}: kubernetes collector at {got}, not {want}:\n{engine.logs(name)}")
+
+
+def test_node_mode_reads_a_root_only_kubelet_socket_through_a_read_only_directory_mount(
+    engine: Engine, image: Image
+) -> None:
+    """As the DaemonSet runs it: uid 0 with no capabilities, no privilege escalation, a read-only root file system
+    (the stubs are compiled in /tmp), the kubelet's directory mounted read-only; the socket root's alone (0700). A
+    restarted kubelet's new socket is picked up through the same mount; the image's own uid cannot connect."""
+    from tests.fake_kubelet import FakeKubelet, container, pod
+
+    kubelet = FakeKubelet([pod("team-a", "train-0", container("trainer", {"nvidia.com/gpu": ["GPU-1"]}))])
+    try:
+        directory = kubelet.socket.parent
+        directory.chmod(0o700)
+        kubelet.start()
+        runs = {}
+        for role, user in (("node", "0:0"), ("node-unprivileged", f"{IMAGE_USER}:{IMAGE_USER}")):
+            name, port = engine.container(role), free_port()
+            engine(
+                *("run", "-d", "--name", name, "--user", user, "--read-only", "--tmpfs", "/tmp"),
+                *("--cap-drop", "ALL", "--security-opt", "no-new-privileges"),
+                *("-v", f"{directory}:/var/lib/kubelet/pod-resources:ro", "-p", f"127.0.0.1:{port}:10401"),
+                *(image.tag, "serve", "--node", "--collector.kubernetes", "--poll.interval", "0.5s"),
+            )
+            _wait_ready(engine, name, port)
+            runs[role] = (name, port)
+        name, port = runs["node"]
+        _wait_kubernetes(engine, name, port, (1.0, {"train-0"}))
+        # Without uid 0 the socket cannot be opened: the collector fails, the daemon serves on.
+        other, other_port = runs["node-unprivileged"]
+        _wait_kubernetes(engine, other, other_port, (0.0, set()))
+        assert "PERMISSION_DENIED" in engine.logs(other)
+        kubelet.stop()
+        _wait_kubernetes(engine, name, port, (0.0, set()), timeout=60)  # the socket is gone (ttl 15s)
+        kubelet.update(pods=[pod("team-b", "train-1", container("trainer", {"nvidia.com/gpu": ["GPU-2"]}))])
+        kubelet.start()
+        _wait_kubernetes(engine, name, port, (1.0, {"train-1"}))
+    finally:
+        kubelet.close()
+
+
+# --------------------------------------------------------------------------------------------------------------
 # The compose demo
 # --------------------------------------------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from tests.deploy_files import (
     readme_metrics,
     variable_query,
 )
+from tests.fake_kubelet import FakeKubelet, container, pod
 from tests.fake_libtpu import MEGASCALE, Chip, Entry, FakeLibtpu, Timing, connection, sized
 from tests.fake_libtpu import Scenario as LibtpuScenario
 from tests.fakenvml import GPU_IS_LOST, Scenario, device
@@ -207,7 +208,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     children: list[Child] = []
     prometheus: Prometheus | None = None
     libtpu = FakeLibtpu(LibtpuScenario(chips=tpu_chips(), host=multislice_host())).start()
+    # The nvml daemon's kubelet: a pod holds GPU 0, by the UUID the fake NVML gives it.
+    kubelet = FakeKubelet([pod("team-a", "train-0", container("trainer", {"nvidia.com/gpu": [device(0)["uuid"]]}))])
     try:
+        kubelet.start()
         shapes = Daemon(tmp, ["--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s"])
         daemons.append(shapes)
         demo = Daemon(tmp, ["--replay", str(ROOT / "deploy" / "demo" / "replay.json"), "--poll.interval", "1s"])
@@ -243,6 +247,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         daemons.append(tpu)
         scenario = nvml_scenario(tmp / "nvml.json")
         nvml_args = ["--no-collector.probe", "--collector.nvml", "--poll.interval", "0.5s"]
+        nvml_args += ["--collector.kubernetes", "--collector.kubernetes.socket", str(kubelet.socket)]
         nvml = Daemon(tmp, nvml_args, env=scenario.env())
         daemons.append(nvml)
         # The children finish their start-up compilations before Prometheus sees them, so that the only
@@ -343,6 +348,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         for d in daemons:
             d.stop(signal.SIGKILL)
         libtpu.stop()
+        kubelet.close()
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@
  *    "driver_version": "550.54.15",
  *    "devices": [{
  *      "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-...", "pci_bus_id": "00000000:18:00.0",
+ *      "minor_number": 0,                          N of /dev/nvidiaN (default: the device's index)
  *      "error": 15,                                every call on this device returns it (15 = GPU_IS_LOST)
  *      "handle_error": 15,                         nvmlDeviceGetHandleByIndex_v2 returns it
  *      "delay_ms": 0,                              every call on this device sleeps this long first (a hung call)
@@ -383,6 +384,14 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int len
     nvmlReturn_t r = enter_device(device, NULL, &dev);
     if (r) return r;
     return leave(copy_string(jstr(dev, "uuid", "GPU-00000000-0000-0000-0000-000000000000"), uuid, length));
+}
+
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, NULL, &dev);
+    if (r) return r;
+    *minor = (unsigned int)jnum(dev, "minor_number", device->index);
+    return leave(NVML_SUCCESS);
 }
 
 nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {

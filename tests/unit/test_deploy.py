@@ -310,7 +310,7 @@ def _jobset_jobs(jobset: dict[str, Any]) -> Iterator[dict[str, Any]]:
 def test_kubernetes_core_objects_validate_against_the_schema(version: str) -> None:
     docs = k8s_documents()
     core = [d for d in docs if "." not in d["apiVersion"].split("/")[0]]
-    assert [d["kind"] for d in core] == ["Job"]
+    assert [d["kind"] for d in core] == ["DaemonSet", "Job"]
     for doc in core:
         _validate_core(doc, version)
     # The JobSets' pod templates are Jobs' (JobSet's own fields are checked below): the GPU one and the GKE TPU one.
@@ -350,7 +350,13 @@ def _validate_custom(doc: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("kind", "name"), [("PodMonitor", "jaxmon"), ("PrometheusRule", "jaxmon"), ("PrometheusRule", "jaxmon-job")]
+    ("kind", "name"),
+    [
+        ("PodMonitor", "jaxmon"),
+        ("PodMonitor", "jaxmon-node"),
+        ("PrometheusRule", "jaxmon"),
+        ("PrometheusRule", "jaxmon-job"),
+    ],
 )
 def test_prometheus_operator_objects_validate_against_their_crds(kind: str, name: str) -> None:
     (doc,) = [d for d in k8s_documents() if d["kind"] == kind and d["metadata"]["name"] == name]
@@ -398,6 +404,7 @@ def test_kubernetes_manifests_parse_and_have_the_expected_kinds() -> None:
     docs = k8s_documents()
     kinds = {(d["apiVersion"], d["kind"]) for d in docs}
     assert kinds == {
+        ("apps/v1", "DaemonSet"),
         ("batch/v1", "Job"),
         ("jobset.x-k8s.io/v1alpha2", "JobSet"),
         ("monitoring.coreos.com/v1", "PodMonitor"),
@@ -417,9 +424,15 @@ def _probe_port(container: dict[str, Any], probe: str) -> int:
     return int(number)
 
 
+def named(kind: str, name: str) -> dict[str, Any]:
+    """The one manifest object of `kind` called `name`."""
+    (doc,) = [d for d in k8s_documents() if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
 def test_training_pods_run_the_sidecar_with_probes_and_a_shared_spool() -> None:
     docs = k8s_documents()
-    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    monitor = named("PodMonitor", "jaxmon")
     endpoint_ports = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
     pods = [pod for d in docs for pod in pod_specs(d)]
     assert len(pods) == 3
@@ -475,8 +488,7 @@ def test_the_gke_tpu_jobset_sidecar_reads_libtpu_with_no_tpu_of_its_own() -> Non
 
 def test_podmonitoring_scrapes_what_the_podmonitor_scrapes() -> None:
     docs = k8s_documents()
-    (gmp,) = [d for d in docs if d["kind"] == "PodMonitoring"]
-    (operator,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    gmp, operator = named("PodMonitoring", "jaxmon"), named("PodMonitor", "jaxmon")
     assert gmp["metadata"]["name"] == "jaxmon"  # GMP's job label: the exporter alerts select job=~".*jaxmon.*"
     assert gmp["spec"]["selector"] == operator["spec"]["selector"]
     (endpoint,) = gmp["spec"]["endpoints"]
@@ -497,6 +509,83 @@ def test_podmonitoring_scrapes_what_the_podmonitor_scrapes() -> None:
 def _seconds(duration: str) -> float:
     value, unit = re.fullmatch(r"(\d+)(ms|s|m)", duration).groups()  # type: ignore[union-attr]
     return int(value) * {"ms": 0.001, "s": 1, "m": 60}[unit]
+
+
+def test_the_node_daemonset_runs_node_mode_with_nvml_and_the_kubelet_and_holds_no_gpu() -> None:
+    from jaxmon.app import load_settings
+
+    daemonset = named("DaemonSet", "jaxmon-node")
+    template = daemonset["spec"]["template"]
+    assert daemonset["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    spec = template["spec"]
+    (jaxmon,) = spec["containers"]
+    assert jaxmon["args"][0] == "serve"
+    settings = load_settings(jaxmon["args"][1:])  # every flag is one jaxmon accepts
+    assert settings.node
+    assert settings.collector_options("nvml").enabled is True
+    kubernetes = settings.collector_options("kubernetes")
+    assert kubernetes.enabled is True
+    # The kubelet's socket, in its host directory mounted read-only (a kubelet restart replaces the socket).
+    socket = kubernetes.socket  # type: ignore[attr-defined]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    (mount,) = [m for m in jaxmon["volumeMounts"] if m["mountPath"] == str(socket.parent)]
+    assert mount["readOnly"] is True
+    assert volumes[mount["name"]]["hostPath"] == {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}
+    # Every GPU through the container toolkit, NVML only, and none requested (none taken from a trainer).
+    env = {e["name"]: e.get("value") for e in jaxmon["env"]}
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["NVIDIA_DRIVER_CAPABILITIES"]) == ("all", "utility")
+    assert spec["runtimeClassName"] == "nvidia"
+    assert "nvidia.com/gpu" not in json.dumps(jaxmon["resources"])
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(jaxmon["resources"][kind]), kind
+    ports = {p["name"]: p["containerPort"] for p in jaxmon["ports"]}
+    assert ports == {"metrics": DEFAULT_PORT}
+    assert (jaxmon["readinessProbe"]["httpGet"]["path"], jaxmon["livenessProbe"]["httpGet"]["path"]) == (
+        "/readyz",
+        "/healthz",
+    )
+    assert jaxmon["startupProbe"]["httpGet"]["path"] == "/readyz"
+    # Least privilege that opens a root-owned socket: uid 0 with no capability, no escalation, nothing writable but
+    # its own /tmp (where the stubs are compiled), no host namespaces, no API token.
+    security = jaxmon["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
+    assert not security.get("privileged") and security["seccompProfile"] == {"type": "RuntimeDefault"}
+    for key in ("hostPID", "hostNetwork", "hostIPC", "hostUsers", "securityContext"):
+        assert key not in spec, key  # hostUsers: false would map uid 0 away from the socket's owner
+    assert spec["automountServiceAccountToken"] is False
+    (tmp,) = [m for m in jaxmon["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert "emptyDir" in volumes[tmp["name"]] and not tmp.get("readOnly")
+    assert {m["name"] for m in jaxmon["volumeMounts"]} == set(volumes)
+    # GPU nodes only, their taint tolerated.
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}]
+
+
+def test_the_node_monitors_scrape_the_daemonset_alone_and_leave_its_pod_labels_alone() -> None:
+    labels = named("DaemonSet", "jaxmon-node")["spec"]["template"]["metadata"]["labels"]
+    operator, gmp = named("PodMonitor", "jaxmon-node"), named("PodMonitoring", "jaxmon-node")
+    for monitor in (operator, gmp):
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    # Not scraped twice: the training monitors do not select it, and these select no training pod.
+    for monitor in (named("PodMonitor", "jaxmon"), named("PodMonitoring", "jaxmon")):
+        assert not monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    for doc in k8s_documents():
+        for pod_labels, _ in pod_specs(doc):
+            assert not operator["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    (endpoint,) = operator["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "metrics" and not endpoint.get("honorLabels")
+    # The operator's namespace, pod and container target labels (the exporter's own pod) are dropped, so that the
+    # series' own (the pod holding the device) are not renamed exported_*; node names the host.
+    (drop,) = [r for r in endpoint["relabelings"] if r.get("action") == "labeldrop"]
+    dropped = ("namespace", "pod", "container", "node", "instance", "job", "endpoint")
+    assert {n for n in dropped if re.fullmatch(drop["regex"], n)} == {"namespace", "pod", "container"}
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in endpoint["relabelings"]
+    assert "jaxmon" in operator["metadata"]["name"] and "jaxmon" in gmp["metadata"]["name"]  # job=~".*jaxmon.*"
+    (gmp_endpoint,) = gmp["spec"]["endpoints"]
+    assert (gmp_endpoint["port"], gmp_endpoint["interval"]) == ("metrics", endpoint["interval"])
+    assert gmp["spec"]["targetLabels"] == {"metadata": ["node"]}  # no pod or container metadata labels
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -663,6 +752,9 @@ def test_deploy_guide_lists_every_alert_and_panel() -> None:
         "deploy/kubernetes/training-job.yaml",
         "deploy/kubernetes/jobset-tpu.yaml",
         "deploy/kubernetes/podmonitoring.yaml",
+        "deploy/kubernetes/daemonset-node.yaml",
+        "deploy/kubernetes/podmonitor-node.yaml",
+        "deploy/kubernetes/podmonitoring-node.yaml",
     ],
 )
 def test_deploy_guide_links_the_files(path: str) -> None:

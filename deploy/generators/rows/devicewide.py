@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..panels import DEV, DEVICE_LEGEND, MEM, UP_MAPPING, WIDE_LEGEND, Panel, Row, Target
+from ..panels import DEV, DEVICE_LEGEND, INST, MEM, UP_MAPPING, WIDE_LEGEND, Panel, Row, Target
 
 # Device-wide numbers from a source outside JAX (NVML on GPU, libtpu's runtime metrics on TPU): the shared family
 # names with a `source` label, so one row serves both. A sidecar beside a job that holds the chips sees these
@@ -63,6 +63,29 @@ ROW = Row(
             "Each running compute process's device memory (NVML); workload where the pid is a reporting "
             "workload's (needs a shared PID namespace).",
             min=0,
+        ),
+        Panel(
+            "Device memory used by pod (kubelet)",
+            "timeseries",
+            "bytes",
+            [
+                Target(
+                    f'sum by (instance, namespace, pod) (jaxmon_device_memory_used_bytes{{{DEV}, pod!=""}})',
+                    "{{instance}} {{namespace}}/{{pod}}",
+                )
+            ],
+            "Device-wide memory of the devices each pod holds, from a node-mode jaxmon with the kubernetes "
+            "collector; pods that share a time-sliced GPU show as one comma-joined entry, so nothing is counted "
+            "twice.",
+            min=0,
+        ),
+        Panel(
+            "Devices held by pods (kubelet)",
+            "table",
+            "none",
+            [Target(f"jaxmon_kubernetes_pod_devices{{{INST}}}", table=True)],
+            "Each GPU, MIG device and TPU chip the kubelet assigned to a container (device_id as its device "
+            "plugin names it), one row per pod even where pods share a time-sliced GPU.",
         ),
         Panel(
             "Memory bandwidth utilization",

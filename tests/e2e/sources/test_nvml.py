@@ -32,7 +32,7 @@ def fake_library() -> None:
 
 @pytest.fixture
 def scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Scenario:
-    scenario = Scenario(tmp_path / "scenario.json", [device(0), device(1)])
+    scenario = Scenario(tmp_path / "scenario.json", [device(0), device(1, minor_number=6)])
     for key, value in scenario.env().items():
         monkeypatch.setenv(key, value)
     return scenario
@@ -59,6 +59,7 @@ def test_every_gpu_reads_as_the_scenario_has_it(scenario: Scenario, nvml: Nvml) 
         name="NVIDIA H100 80GB HBM3",
         uuid=device(0)["uuid"],
         pci_bus_id="00000000:18:00.0",
+        minor_number=0,  # the fake's default: its index
         memory_total_bytes=80 * GIB,
         memory_used_bytes=10 * GIB,  # v2 memory info: the driver's reservation is not counted as used
         duty_cycle_ratio=0.10,
@@ -73,9 +74,10 @@ def test_every_gpu_reads_as_the_scenario_has_it(scenario: Scenario, nvml: Nvml) 
         processes=(),
     )
     assert zero.up
-    assert (one.index, one.pci_bus_id, one.memory_used_bytes, one.temperature_celsius) == (
+    assert (one.index, one.pci_bus_id, one.minor_number, one.memory_used_bytes, one.temperature_celsius) == (
         1,
         "00000000:19:00.0",
+        6,  # /dev/nvidia6: not NVML's index
         11 * GIB,
         41.0,
     )

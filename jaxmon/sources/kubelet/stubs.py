@@ -1,0 +1,72 @@
+"""The Python stubs of the kubelet's pod-resources v1 API (`api.proto` beside this module), made at first use.
+
+No maintained package ships them, and generated code is not committed: the first call of `stubs()` in a process
+runs grpcio-tools' protoc (in this process, `grpc_tools.protoc.main`) on `api.proto`, into a private temporary
+directory that is removed at once, and executes the two generated files as the modules
+`jaxmon.sources.kubelet.api_pb2` and `jaxmon.sources.kubelet.api_pb2_grpc`. grpcio-tools is a runtime dependency
+rather than a build one because its protoc writes code for the protobuf and grpcio it was released with, and
+both generated files refuse an older runtime: installed in the same environment, pip resolves the three together,
+where a build-time generator would bring its own versions. Nothing is written where the package lives, so a
+read-only root file system only needs a writable temporary directory (the manifests mount one at /tmp).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+PROTO = Path(__file__).with_name("api.proto")
+PACKAGE = __name__.rpartition(".")[0]  # jaxmon.sources.kubelet
+_MODULES = (f"{PACKAGE}.api_pb2", f"{PACKAGE}.api_pb2_grpc")
+
+_lock = threading.Lock()
+
+
+class StubsUnavailable(RuntimeError):
+    """The stubs cannot be generated here (grpcio-tools missing, or protoc failed)."""
+
+
+def stubs() -> tuple[Any, Any]:
+    """The generated `api_pb2` (messages) and `api_pb2_grpc` (stub, servicer) modules; raises StubsUnavailable."""
+    with _lock:
+        if all(name in sys.modules for name in _MODULES):
+            return sys.modules[_MODULES[0]], sys.modules[_MODULES[1]]
+        sources = _generate()
+        modules = []
+        for name in _MODULES:
+            module = ModuleType(name)
+            module.__file__ = str(PROTO)  # the code's source: tracebacks name the .proto, not a removed file
+            # The grpc module imports the messages module by name: it must be importable before the grpc one runs.
+            sys.modules[name] = module
+            try:
+                exec(compile(sources[name], f"<generated from {PROTO.name}: {name}>", "exec"), module.__dict__)
+            except Exception as exc:
+                del sys.modules[name]
+                raise StubsUnavailable(f"the code protoc generated from {PROTO} does not load: {exc}") from exc
+            modules.append(module)
+        return modules[0], modules[1]
+
+
+def _generate() -> dict[str, str]:
+    """protoc --python_out --grpc_python_out for api.proto, named by its path under the package root."""
+    try:
+        from grpc_tools import protoc
+    except ImportError as exc:
+        raise StubsUnavailable(f"grpcio-tools is not installed ({exc})") from exc
+    root = Path(__file__).resolve().parents[len(PACKAGE.split("."))]
+    relative = PROTO.resolve().relative_to(root)
+    with tempfile.TemporaryDirectory(prefix="jaxmon-protoc-") as out:
+        status = protoc.main(
+            ["protoc", f"--proto_path={root}", f"--python_out={out}", f"--grpc_python_out={out}", str(relative)]
+        )
+        if status != 0:
+            raise StubsUnavailable(f"protoc failed on {PROTO} (status {status}; its errors are on stderr)")
+        generated = Path(out) / relative.parent
+        return {
+            _MODULES[0]: (generated / "api_pb2.py").read_text(encoding="utf-8"),
+            _MODULES[1]: (generated / "api_pb2_grpc.py").read_text(encoding="utf-8"),
+        }

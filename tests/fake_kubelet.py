@@ -1,0 +1,154 @@
+"""A kubelet's pod-resources service (v1) on a unix socket, in a child process, answering what a test writes.
+
+It speaks the real protocol: a `grpc.server` bound to `unix:<socket>`, with the servicer base class and messages
+of jaxmon's own generated stubs (jaxmon.sources.kubelet.stubs, from api.proto). Every call re-reads the scenario
+file the test writes (atomically), appends a line to `<scenario>.calls`, waits `delay_seconds` and answers
+`status` (a grpc.StatusCode name) or the pods. Stopping the process removes the socket, as a kubelet restart does;
+starting it again makes a new one at the same path.
+
+    python -m tests.fake_kubelet SOCKET SCENARIO
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+from tests.helpers import ROOT, wait_until
+
+
+def pod(namespace: str, name: str, *containers: dict[str, Any]) -> dict[str, Any]:
+    """A pod of the scenario: its containers (`container()`)."""
+    return {"namespace": namespace, "name": name, "containers": list(containers)}
+
+
+def container(name: str, devices: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """A container holding the device ids of each resource in `devices` (`{"nvidia.com/gpu": ["GPU-..."]}`)."""
+    return {
+        "name": name,
+        "devices": [{"resource_name": resource, "device_ids": ids} for resource, ids in (devices or {}).items()],
+    }
+
+
+class FakeKubelet:
+    """The service as a child process; `socket` is in a short directory of its own (unix paths hold 107 bytes)."""
+
+    def __init__(self, pods: list[dict[str, Any]] | None = None) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="kubelet-"))
+        (self.dir / "pod-resources").mkdir()
+        self.socket = self.dir / "pod-resources" / "kubelet.sock"
+        self.scenario_path = self.dir / "scenario.json"
+        self.scenario: dict[str, Any] = {"pods": pods or [], "delay_seconds": 0, "status": None}
+        self._write()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.dir / "fake-kubelet.log"
+
+    def _write(self) -> None:
+        tmp = self.scenario_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.scenario), encoding="utf-8")
+        os.replace(tmp, self.scenario_path)
+
+    def update(self, **changes: Any) -> None:
+        """Change the scenario (pods, delay_seconds, status); the next call answers it."""
+        self.scenario.update(changes)
+        self._write()
+
+    def calls(self) -> int:
+        """List calls answered or begun so far."""
+        path = self.scenario_path.with_suffix(".calls")
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+    def start(self) -> FakeKubelet:
+        with open(self.log_path, "a") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.fake_kubelet", str(self.socket), str(self.scenario_path)],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        wait_until(
+            lambda: self.socket.exists() and (self.dir / "ready").exists(),
+            timeout=30,
+            what="the fake kubelet listening",
+            detail=lambda: self.log_path.read_text(),
+        )
+        return self
+
+    def stop(self) -> None:
+        """End the process; its socket goes with it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        (self.dir / "ready").unlink(missing_ok=True)
+        self.socket.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.stop()
+        for path in sorted(self.dir.rglob("*"), reverse=True):
+            path.rmdir() if path.is_dir() else path.unlink()
+        self.dir.rmdir()
+
+
+def _serve(socket: Path, scenario: Path) -> None:
+    import grpc
+
+    from jaxmon.sources.kubelet.stubs import stubs
+
+    pb, pb_grpc = stubs()
+    calls = scenario.with_suffix(".calls")
+
+    class Servicer(pb_grpc.PodResourcesListerServicer):  # type: ignore[name-defined,misc]  # generated at run time
+        def List(self, request: Any, context: Any) -> Any:
+            data = json.loads(scenario.read_text(encoding="utf-8"))
+            with open(calls, "a") as out:
+                out.write(f"{time.time()}\n")
+            if data.get("delay_seconds"):
+                time.sleep(data["delay_seconds"])
+            if data.get("status"):
+                context.abort(getattr(grpc.StatusCode, data["status"]), f"fake kubelet answers {data['status']}")
+            return pb.ListPodResourcesResponse(
+                pod_resources=[
+                    pb.PodResources(
+                        name=p["name"],
+                        namespace=p["namespace"],
+                        containers=[
+                            pb.ContainerResources(
+                                name=c["name"],
+                                devices=[pb.ContainerDevices(**d) for d in c["devices"]],
+                                cpu_ids=[2, 3],
+                            )
+                            for c in p["containers"]
+                        ],
+                    )
+                    for p in data["pods"]
+                ]
+            )
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    pb_grpc.add_PodResourcesListerServicer_to_server(Servicer(), server)
+    server.add_insecure_port(f"unix:{socket}")
+    server.start()
+    (socket.parent.parent / "ready").write_text("")
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    stopped.wait()
+    server.stop(grace=None).wait()
+    socket.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    _serve(Path(sys.argv[1]), Path(sys.argv[2]))
