@@ -122,7 +122,10 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
     """Every GPU's device-wide readings through NVML."""
 
     name = "nvml"
-    description = "GPU device-wide memory, duty cycle, power, temperature, clocks, throttling, ECC and Xid via NVML."
+    description = (
+        "GPU device-wide memory, duty cycle, power, energy, temperature, fans, clocks, throttling, ECC, row "
+        "remapping, PCIe, NVLink, MIG devices and Xid via NVML."
+    )
     options = NvmlOptions
     order = 50
     offers: ClassVar[Offers] = {DUTY_CYCLES: lambda state: state}
