@@ -463,8 +463,8 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int len
     jnode *dev, *mig;
     nvmlReturn_t r = enter_handle(device, NULL, &dev, &mig);
     if (r) return r;
-    return leave(copy_string(mig ? jstr(mig, "name", "NVIDIA Fake GPU MIG 1g.18gb") : jstr(dev, "name", "NVIDIA Fake GPU"),
-                             name, length));
+    const char *value = mig ? jstr(mig, "name", "NVIDIA Fake GPU MIG 1g.18gb") : jstr(dev, "name", "NVIDIA Fake GPU");
+    return leave(copy_string(value, name, length));
 }
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
@@ -848,9 +848,10 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldV
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         else if (unsupported(dev, "nvlink_throughput"))
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
-        else if ((v->nvmlReturn = link_node(dev, v->scopeId, &l)) == NVML_SUCCESS)
-            v->value.ullVal =
-                (unsigned long long)jnum(l, v->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ? "tx_kib" : "rx_kib", 0);
+        else if ((v->nvmlReturn = link_node(dev, v->scopeId, &l)) == NVML_SUCCESS) {
+            const char *key = v->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ? "tx_kib" : "rx_kib";
+            v->value.ullVal = (unsigned long long)jnum(l, key, 0);
+        }
     }
     return leave(NVML_SUCCESS);
 }

@@ -15,7 +15,6 @@ from __future__ import annotations
 from jaxmon.sources.nvml.calls import NvmlUnavailable, describe, probe_library, probe_reason
 from jaxmon.sources.nvml.library import Nvml
 from jaxmon.sources.nvml.readings import (
-    CLOCKS,
     CLOCKS_EVENT_REASONS,
     NVLINK_ERROR_KINDS,
     GpuReading,
@@ -26,7 +25,6 @@ from jaxmon.sources.nvml.readings import (
 )
 
 __all__ = [
-    "CLOCKS",
     "CLOCKS_EVENT_REASONS",
     "NVLINK_ERROR_KINDS",
     "GpuReading",

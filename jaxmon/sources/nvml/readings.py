@@ -17,9 +17,6 @@ CLOCKS_EVENT_REASONS = {
     "display_clock_setting": 0x100,
 }
 
-# The clocks jaxmon reads (nvmlClockType_t), by the name its families use.
-CLOCKS = ("graphics", "sm", "memory", "video")
-
 # The NVLink data-link error counters jaxmon reads (nvmlNvLinkErrorCounter_t), by the `kind` label they get.
 NVLINK_ERROR_KINDS = ("replay", "recovery", "crc_flit", "crc_data")
 
