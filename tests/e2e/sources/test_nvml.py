@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from jaxmon.sources.nvml import GpuReading, MigDevice, NvLink, Nvml, Process, RemappedRows, probe_library
@@ -346,3 +347,23 @@ def test_an_old_driver_library_is_read_through_its_older_calls(tmp_path: Path) -
         "mig": [None, None],
         "energy": 3_600_000.0,
     }
+
+
+def test_the_fakes_mig_handles_answer_as_nvmls_do(scenario: Scenario, nvml: Nvml) -> None:
+    """The fake itself, through pynvml: a MIG device handle is one, leads to its GPU's handle, and GPU-wide calls on
+    it are NOT_SUPPORTED (the calls jaxmon makes on MIG handles are checked above)."""
+    scenario.update(1, mig={"current": 1, "devices": [mig_device(1, 0, "1g.18gb", 9)]})
+    gpu = pynvml.nvmlDeviceGetHandleByIndex(1)
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
+    assert pynvml.nvmlDeviceIsMigDeviceHandle(mig).value == 1
+    assert pynvml.nvmlDeviceIsMigDeviceHandle(gpu).value == 0
+    parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+    assert ctypes.cast(parent, ctypes.c_void_p).value == ctypes.cast(gpu, ctypes.c_void_p).value
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetPowerUsage(mig)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetGpuInstanceId(gpu)
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 1)
+    size = ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
+    assert size == 40, f"pynvml's nvmlFieldValue_t is {size} bytes; the fake's is 40"
