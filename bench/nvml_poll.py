@@ -1,19 +1,26 @@
 """Daemon CPU of one NVML poll of 8 GPUs, against the fake libnvidia-ml.so.1 of the tests (no GPU here).
 
-    .venv/bin/python bench/nvml_poll.py          # about 10 seconds; needs gcc (builds tests/fakenvml)
+    .venv/bin/python bench/nvml_poll.py                    # this tree alone, about 15 seconds; needs gcc
+    .venv/bin/python bench/nvml_poll.py --before 838cd00   # and an older tree's jaxmon/, rounds alternating
 
 A child process loads the fake through LD_LIBRARY_PATH exactly as the daemon does, builds the nvml collector and
-runs `update()` 500 times (after 20 warm-up polls): every poll reads memory, utilization, power, limit,
-temperature, SM clock, clocks event reasons, ECC mode and both ECC counts, and the process list of each of 8 GPUs
-(two processes each), about 100 NVML calls through pynvml's ctypes. The figure is the CPU time of the polling
-thread (`time.thread_time()`), median and p99 per poll; the Xid thread waits in its own thread and is not part of
-a poll. Also timed: rendering the families of that state (what a scrape costs for these 8 GPUs).
-The fake does a stat() of its scenario file per call, which a real driver does not: the figure includes that.
+runs `update()` POLLS times (after WARMUP polls) on 8 plausible H200s (tests/fakenvml's defaults: 18 active NVLink
+links, no fans, MIG off; two processes each). The figure is the CPU time of the polling thread
+(`time.thread_time()`), median and p99 per poll; the Xid thread waits in its own thread and is not part of a poll.
+Also timed: rendering the families of that state (what a scrape costs for these 8 GPUs).
+
+With `--before REF`, `git archive REF jaxmon` is unpacked into a temporary directory and the same child runs that
+package (its directory comes first on the child's path), against the same fake and scenario: rounds alternate
+(before, after, after, before, ...) so that the machine's load falls on both sides alike, and each side's figure is
+over all its rounds' polls. The fake does a stat() of its scenario file per call, which a real driver does not,
+and it answers from memory where a driver goes to the kernel (and samples PCIe throughput for 20 ms per call, which
+the fake does not emulate here): the figure bounds jaxmon's Python side, not the driver's.
 Target: <= 5 ms per poll.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -21,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from common import ROOT, median, save
 
@@ -31,14 +39,14 @@ from tests.fakenvml import Scenario, build, device
 GPUS = 8
 POLLS = 500
 WARMUP = 20
+ROUNDS = 6  # per side, with --before
 
 CHILD = """
-import json, statistics, time
+import json, statistics, sys, time
+import jaxmon
 from jaxmon.collectors.base import standalone_context
 from jaxmon.snapshot import Snapshot
 from jaxmon.collectors.nvml import NvmlCollector, NvmlOptions
-from prometheus_client.exposition import generate_latest
-from prometheus_client import CollectorRegistry
 
 collector = NvmlCollector(NvmlOptions(), standalone_context(None))
 polls, walls, renders = [], [], []
@@ -55,11 +63,47 @@ for i in range(WARMUP + POLLS):
         renders.append(time.thread_time() - r0)
 series = sum(len(f.samples) for f in families)
 collector.stop()
-print(json.dumps({"cpu": polls, "wall": walls, "render": renders, "series": series}))
+print(json.dumps({"cpu": polls, "wall": walls, "render": renders, "series": series, "jaxmon": jaxmon.__file__}))
 """
 
 
+def run_child(scenario: Scenario, polls: int, tree: Path | None) -> dict[str, Any]:
+    """One child's polls, from this checkout's jaxmon or from `tree`'s."""
+    code = CHILD.replace("WARMUP", str(WARMUP)).replace("POLLS", str(polls)).replace("GPUS", str(GPUS))
+    env = {**scenario.env(), "PATH": "/usr/bin:/bin"}
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tree or ROOT, capture_output=True, text=True, check=True
+    )
+    data: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    expected = (tree or ROOT) / "jaxmon" / "__init__.py"
+    assert Path(data["jaxmon"]) == expected, f"the child imported {data['jaxmon']}, not {expected}"
+    return data
+
+
+def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    cpu = sorted(x for r in rounds for x in r["cpu"])
+    wall = sorted(x for r in rounds for x in r["wall"])
+    render = sorted(x for r in rounds for x in r["render"])
+    return {
+        "polls": len(cpu),
+        "poll_cpu_ms": {
+            "median": median(cpu) * 1e3,
+            "p99": cpu[int(0.99 * len(cpu))] * 1e3,
+            "mean": statistics.fmean(cpu) * 1e3,
+            "round_medians": [median(r["cpu"]) * 1e3 for r in rounds],
+        },
+        "poll_wall_ms": {"median": median(wall) * 1e3, "p99": wall[int(0.99 * len(wall))] * 1e3},
+        "render_cpu_ms": {"median": median(render) * 1e3},
+        "series": rounds[0]["series"],
+    }
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", help="a git revision whose jaxmon/ to time beside this tree's, alternating")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         devices = [
             device(i, processes=[{"pid": 1000 + i, "used": 1 << 30}, {"pid": 2000 + i, "used": 2 << 30}])
@@ -67,32 +111,31 @@ def main() -> None:
         ]
         scenario = Scenario(Path(tmp) / "scenario.json", devices)
         build()
-        code = CHILD.replace("WARMUP", str(WARMUP)).replace("POLLS", str(POLLS)).replace("GPUS", str(GPUS))
         started = time.time()
-        out = subprocess.run(
-            [sys.executable, "-c", code],
-            env={**scenario.env(), "PATH": "/usr/bin:/bin"},
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    data = json.loads(out.stdout.strip().splitlines()[-1])
-    cpu, wall, render = sorted(data["cpu"]), sorted(data["wall"]), sorted(data["render"])
-    result = {
-        "gpus": GPUS,
-        "polls": POLLS,
-        "poll_cpu_ms": {
-            "median": median(cpu) * 1e3,
-            "p99": cpu[int(0.99 * len(cpu))] * 1e3,
-            "mean": statistics.fmean(cpu) * 1e3,
-        },
-        "poll_wall_ms": {"median": median(wall) * 1e3, "p99": wall[int(0.99 * len(wall))] * 1e3},
-        "render_cpu_ms": {"median": median(render) * 1e3},
-        "series": data["series"],
-        "target_ms": 5.0,
-        "started": started,
-    }
+        if args.before is None:
+            result: dict[str, Any] = {"gpus": GPUS, **summary([run_child(scenario, POLLS, None)])}
+        else:
+            before_tree = Path(tmp) / "before"
+            before_tree.mkdir()
+            archive = subprocess.run(
+                ["git", "archive", args.before, "jaxmon"], cwd=ROOT, capture_output=True, check=True
+            ).stdout
+            subprocess.run(["tar", "-x", "-C", str(before_tree)], input=archive, check=True)
+            per_round = POLLS // ROUNDS
+            sides: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+            order = [("before", "after"), ("after", "before")]
+            for k in range(ROUNDS):
+                for side in order[k % 2]:
+                    tree = before_tree if side == "before" else None
+                    sides[side].append(run_child(scenario, per_round, tree))
+            result = {
+                "gpus": GPUS,
+                "before_revision": args.before,
+                "rounds_per_side": ROUNDS,
+                "before": summary(sides["before"]),
+                "after": summary(sides["after"]),
+            }
+        result.update({"target_ms": 5.0, "started": started})
     save("nvml_poll", result)
 
 

@@ -1,5 +1,6 @@
 """The `nvml` collector: device-wide truth about every GPU through NVML (all processes' memory, duty cycle, power,
-heat, throttling, ECC and Xid), with no JAX GPU backend and no device memory of its own.
+energy, heat, fans, clocks, throttling, ECC, row remapping, PCIe, NVLink, MIG devices and Xid), with no JAX GPU
+backend and no device memory of its own.
 
 Device label: JAX GPU devices expose no UUID or PCI bus id (XLA's xla/pjrt/gpu/se_gpu_topology_description.cc,
 SetupDeviceDescription, gives them only `coords`, `device_vendor`, `slice_index`/`partition_index`,
@@ -25,20 +26,14 @@ from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
 from jaxmon.exchange import DEVICE_PODS, DUTY_CYCLES, WORKLOAD_PIDS, DevicePods
 from jaxmon.families import add, family
-from jaxmon.families.shared import (
-    DEVICE_DUTY_CYCLE,
-    DEVICE_INFO,
-    DEVICE_MEMORY_BANDWIDTH,
-    DEVICE_MEMORY_TOTAL,
-    DEVICE_MEMORY_USED,
-    DEVICE_SOURCE_UP,
-)
+from jaxmon.families.nvml import gpu_families
+from jaxmon.families.shared import DEVICE_INFO, DEVICE_SOURCE_UP
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo
 from jaxmon.settings import CollectorOptions, Enabled, parse_duration
 from jaxmon.settings.durations import bounded
 from jaxmon.snapshot import Snapshot
-from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS, GpuReading, Nvml, NvmlUnavailable, describe, probe_library
+from jaxmon.sources.nvml import GpuReading, MigDevice, Nvml, NvmlUnavailable, describe, probe_library
 
 log = structlog.get_logger("jaxmon.collectors.nvml")
 
@@ -99,7 +94,8 @@ class NvmlOptions(CollectorOptions):
 
 @dataclass(frozen=True)
 class NvmlState:
-    """The latest NVML poll: one reading per GPU, and the Xid events counted since start."""
+    """The latest NVML poll: one reading per GPU (with its UUID and, in MIG mode, its MIG devices' UUIDs: what the
+    kubelet's pod resources name), and the Xid events counted since start."""
 
     gpus: tuple[GpuReading, ...] = ()
     xid: Mapping[tuple[int, int], int] = field(default_factory=dict)
@@ -116,13 +112,23 @@ class NvmlState:
                 return gpu.duty_cycle_ratio
         return None
 
+    def mig_uuids(self, index: int) -> tuple[str, ...]:
+        """The UUIDs (`MIG-…`) of the MIG devices of NVML GPU `index` at the last poll; () when not in MIG mode."""
+        for gpu in self.gpus:
+            if gpu.index == index:
+                return tuple(mig.uuid for mig in gpu.mig_devices or ())
+        return ()
+
 
 @register
 class NvmlCollector(Collector[NvmlOptions, NvmlState]):
     """Every GPU's device-wide readings through NVML."""
 
     name = "nvml"
-    description = "GPU device-wide memory, duty cycle, power, temperature, clocks, throttling, ECC and Xid via NVML."
+    description = (
+        "GPU device-wide memory, duty cycle, power, energy, temperature, fans, clocks, throttling, ECC, row "
+        "remapping, PCIe, NVLink, MIG devices and Xid via NVML."
+    )
     options = NvmlOptions
     order = 50
     offers: ClassVar[Offers] = {DUTY_CYCLES: lambda state: state}
@@ -179,74 +185,55 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
         yield from render(state, workloads)
 
 
-def _labels(gpu: GpuReading, match: DeviceMatch) -> dict[str, str]:
-    """Every series of one GPU: its device label, and the pod, namespace and container holding it (if any)."""
+def _labels(gpu: GpuReading, match: DeviceMatch, mig: MigDevice | None = None) -> dict[str, str]:
+    """The labels of every series about one GPU, or about one of its MIG devices: the ONE place they are made.
+
+    `gpu` carries the GPU's NVML index, UUID and minor number (and `mig` the MIG device's UUID); where the
+    kubernetes collector runs (`match.pods`), the pod, namespace and container holding the GPU (or the MIG device:
+    a MIG device's pod does not label its parent GPU) are added here, so that every nvml series gets them.
+    """
     labels = {"device": str(match.device(gpu.index)), "platform": "gpu", "source": SOURCE}
+    if mig is not None:
+        labels["mig_uuid"] = mig.uuid
+        labels["gpu_instance"] = "" if mig.gpu_instance is None else str(mig.gpu_instance)
+        labels["compute_instance"] = "" if mig.compute_instance is None else str(mig.compute_instance)
+        labels["profile"] = mig.profile or ""
     if match.pods is not None:
-        labels.update(match.pods.gpu(gpu.uuid, gpu.minor_number))
+        labels.update(match.pods.mig(mig.uuid) if mig is not None else match.pods.gpu(gpu.uuid, gpu.minor_number))
     return labels
 
 
 def render(state: NvmlState, workloads: Mapping[int, str]) -> Iterator[Metric]:
     """Every NVML family for `state`; a number NVML did not report is an absent series."""
+
+    def labels(gpu: GpuReading, mig: MigDevice | None = None) -> dict[str, str]:
+        return _labels(gpu, state.match, mig)
+
     up = DEVICE_SOURCE_UP.new()
     # The base families render this family for JAX's devices too: same name, same HELP, merged. For
     # source="nvml", device_match says how `device` was assigned (nvml_index: NVML's index, no JAX device id).
     info = DEVICE_INFO.new()
     for gpu in state.gpus:
-        labels = _labels(gpu, state.match)
-        add(up, labels, 1.0 if gpu.up else 0.0)
+        own = labels(gpu)
+        add(up, own, 1.0 if gpu.up else 0.0)
         if gpu.uuid is not None:
             identity = {"uuid": gpu.uuid, "pci_bus_id": gpu.pci_bus_id or "", "name": gpu.name or ""}
-            add(info, {**labels, **identity, "device_match": state.match.how}, 1.0)
+            add(info, {**own, **identity, "device_match": state.match.how}, 1.0)
     yield up
     yield info
 
     ok = [g for g in state.gpus if g.up]
-    for spec, attr in (
-        (DEVICE_MEMORY_TOTAL, "memory_total_bytes"),
-        (DEVICE_MEMORY_USED, "memory_used_bytes"),
-        (DEVICE_DUTY_CYCLE, "duty_cycle_ratio"),
-        (DEVICE_MEMORY_BANDWIDTH, "memory_bandwidth_utilization_ratio"),
-    ):
-        yield _gauge(spec.new(), ok, attr, state.match)
-    for name, help_text, attr in (
-        ("jaxmon_device_power_watts", "Power draw of the device (NVML power usage).", "power_watts"),
-        ("jaxmon_device_power_limit_watts", "Enforced power limit of the device (NVML).", "power_limit_watts"),
-        ("jaxmon_device_temperature_celsius", "GPU core temperature (NVML).", "temperature_celsius"),
-        ("jaxmon_device_sm_clock_hertz", "Current SM clock (NVML).", "sm_clock_hertz"),
-    ):
-        yield _gauge(family(name, help_text), ok, attr, state.match)
-
-    throttled = family(
-        "jaxmon_device_throttled",
-        "1 when NVML reports this clocks event (throttle) reason as active, else 0; one series per known reason.",
-    )
-    ecc = family(
-        "jaxmon_device_ecc_errors",
-        "Volatile ECC errors (since the driver loaded) by kind; absent where ECC is off or unsupported.",
-        counter=True,
-    )
-    for gpu in ok:
-        labels = _labels(gpu, state.match)
-        if gpu.clocks_event_reasons is not None:
-            for reason, bit in CLOCKS_EVENT_REASONS.items():
-                add(throttled, {**labels, "reason": reason}, 1.0 if gpu.clocks_event_reasons & bit else 0.0)
-        for kind, value in (("corrected", gpu.ecc_corrected_total), ("uncorrected", gpu.ecc_uncorrected_total)):
-            if value is not None:
-                add(ecc, {**labels, "kind": kind}, value)
-    yield throttled
-    yield ecc
+    yield from gpu_families(ok, labels)
 
     xid = family(
         "jaxmon_device_xid_errors",
         "Critical Xid events NVML delivered since jaxmon started, by xid (see the runbook for 48 and 79).",
         counter=True,
     )
+    # Xid counts outlive their GPU's readings (NVML may not even count the GPUs now): the reading, or its index.
     by_index = {gpu.index: gpu for gpu in state.gpus}
     for (index, code), count in sorted(state.xid.items()):
-        labels = _labels(by_index.get(index, GpuReading(index=index)), state.match)
-        add(xid, {**labels, "xid": str(code)}, count)
+        add(xid, {**labels(by_index.get(index) or GpuReading(index=index)), "xid": str(code)}, count)
     yield xid
 
     processes = family(
@@ -258,16 +245,8 @@ def render(state: NvmlState, workloads: Mapping[int, str]) -> Iterator[Metric]:
         for proc in gpu.processes or ():
             if proc.used_bytes is None:
                 continue
-            labels = {**_labels(gpu, state.match), "pid": str(proc.pid)}
+            own = {**labels(gpu), "pid": str(proc.pid)}
             if proc.pid in workloads:
-                labels["workload"] = workloads[proc.pid]
-            add(processes, labels, proc.used_bytes)
+                own["workload"] = workloads[proc.pid]
+            add(processes, own, proc.used_bytes)
     yield processes
-
-
-def _gauge(fam: Metric, gpus: list[GpuReading], attr: str, match: DeviceMatch) -> Metric:
-    for gpu in gpus:
-        value = getattr(gpu, attr)
-        if value is not None:
-            add(fam, _labels(gpu, match), value)
-    return fam

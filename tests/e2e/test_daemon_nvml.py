@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import ROOT, Daemon, Samples, StartDaemon, parse_samples, sample
-from tests.fakenvml import GPU_IS_LOST, Scenario, device
+from tests.fakenvml import GPU_IS_LOST, H200_MAX_CLOCKS_MHZ, Scenario, device, link, mig_device
 from tests.helpers import Child
 
 GIB = 1 << 30
@@ -41,11 +41,21 @@ def test_the_daemon_exports_every_nvml_series_with_the_scenarios_values(
         power_mw=301_500,
         power_limit_mw=350_000,
         temperature_c=79,
-        sm_clock_mhz=1755,
+        clocks_mhz={"graphics": 1770, "sm": 1755, "memory": 2619, "video": 1500},
         clocks_event_reasons=0x20 | 0x80,  # SW thermal slowdown + HW power brake
         ecc={"enabled": True, "corrected": 5, "uncorrected": 1},
         processes=[{"pid": 31337, "used": 19 * GIB}],
+        fans=[55],
+        encoder_util=3,
+        decoder_util=44,
+        power_management_limit_mw=600_000,
+        energy_mj=7_654_321,
+        pcie={"tx_kbps": 31_000, "rx_kbps": 17_000, "replays": 12},
+        remapped_rows={"correctable": 4, "uncorrectable": 2, "pending": False, "failure": True},
+        nvlink=[link(2, n, active=n != 5, crc_flit=n, replay=2 * n, tx_kib=10 * n, rx_kib=20 * n) for n in range(18)],
     )
+    mig = [mig_device(5, 0, "1g.18gb", 13), mig_device(5, 1, "2g.35gb", 5, utilization={"gpu": 22, "memory": 7})]
+    gpus[5].update(mig={"current": 1, "pending": 1, "max_devices": 7, "devices": mig}, not_supported=["utilization"])
     d = start(start_daemon, Scenario(tmp_path / "scenario.json", gpus))
     s = d.wait_for(lambda s: nvml_success(s) == 1, what="an nvml poll")
     g = gpu(2)
@@ -57,7 +67,45 @@ def test_the_daemon_exports_every_nvml_series_with_the_scenarios_values(
     assert sample(s, "jaxmon_device_power_watts", **g) == 301.5
     assert sample(s, "jaxmon_device_power_limit_watts", **g) == 350.0
     assert sample(s, "jaxmon_device_temperature_celsius", **g) == 79
+    assert sample(s, "jaxmon_device_graphics_clock_hertz", **g) == 1770e6
     assert sample(s, "jaxmon_device_sm_clock_hertz", **g) == 1755e6
+    assert sample(s, "jaxmon_device_memory_clock_hertz", **g) == 2619e6
+    assert sample(s, "jaxmon_device_video_clock_hertz", **g) == 1500e6
+    for clock, mhz in H200_MAX_CLOCKS_MHZ.items():
+        assert sample(s, f"jaxmon_device_{clock}_clock_max_hertz", **g) == mhz * 1e6
+    assert sample(s, "jaxmon_device_fan_speed_ratio", **g, fan="0") == 0.55
+    assert sample(s, "jaxmon_device_encoder_utilization_ratio", **g) == 0.03
+    assert sample(s, "jaxmon_device_decoder_utilization_ratio", **g) == 0.44
+    assert sample(s, "jaxmon_device_power_management_limit_watts", **g) == 600.0
+    assert sample(s, "jaxmon_device_energy_joules_total", **g) == 7_654.321
+    assert sample(s, "jaxmon_device_pcie_throughput_bytes_per_second", **g, direction="tx") == 31_000 * 1024
+    assert sample(s, "jaxmon_device_pcie_throughput_bytes_per_second", **g, direction="rx") == 17_000 * 1024
+    assert sample(s, "jaxmon_device_pcie_replays_total", **g) == 12
+    assert sample(s, "jaxmon_device_remapped_rows_total", **g, kind="correctable") == 4
+    assert sample(s, "jaxmon_device_remapped_rows_total", **g, kind="uncorrectable") == 2
+    assert sample(s, "jaxmon_device_row_remapping_pending", **g) == 0
+    assert sample(s, "jaxmon_device_row_remapping_failed", **g) == 1
+    for n in range(18):
+        up = n != 5
+        assert sample(s, "jaxmon_device_nvlink_active", **g, link=str(n)) == (1 if up else 0)
+        tx = sample(s, "jaxmon_device_nvlink_data_bytes_total", **g, link=str(n), direction="tx")
+        rx = sample(s, "jaxmon_device_nvlink_data_bytes_total", **g, link=str(n), direction="rx")
+        flit = sample(s, "jaxmon_device_nvlink_errors_total", **g, link=str(n), kind="crc_flit")
+        replay = sample(s, "jaxmon_device_nvlink_errors_total", **g, link=str(n), kind="replay")
+        assert (tx, rx, flit, replay) == ((10 * n * 1024, 20 * n * 1024, n, 2 * n) if up else (None, None, None, None))
+        assert sample(s, "jaxmon_device_nvlink_errors_total", **g, link=str(n), kind="recovery") == (0 if up else None)
+    # GPU 5 runs in MIG mode: its two MIG devices, by UUID, instance and profile.
+    assert sample(s, "jaxmon_device_mig_enabled", **gpu(5)) == 1
+    assert sample(s, "jaxmon_device_duty_cycle_ratio", **gpu(5)) is None
+    for entry, profile in zip(mig, ("1g.18gb", "2g.35gb"), strict=True):
+        own = gpu(
+            5, mig_uuid=entry["uuid"], gpu_instance=str(entry["gpu_instance"]), compute_instance="0", profile=profile
+        )
+        assert sample(s, "jaxmon_mig_device_memory_total_bytes", **own) == entry["memory"]["total"]
+        assert sample(s, "jaxmon_mig_device_memory_used_bytes", **own) == entry["memory"]["used"]
+        assert sample(s, "jaxmon_mig_device_duty_cycle_ratio", **own) == (0.22 if profile == "2g.35gb" else None)
+        assert s.get(("jaxmon_mig_device_info", frozenset({**own, "name": entry["name"]}.items()))) == 1
+    assert len([k for k in s if k[0] == "jaxmon_mig_device_info"]) == 2
     throttled = {k: v for k, v in s.items() if k[0] == "jaxmon_device_throttled" and ("device", "2") in k[1]}
     assert len(throttled) == 9
     assert {dict(k[1])["reason"] for k, v in throttled.items() if v == 1} == {
@@ -76,6 +124,12 @@ def test_the_daemon_exports_every_nvml_series_with_the_scenarios_values(
         assert sample(s, "jaxmon_device_temperature_celsius", **gpu(i)) == 40 + i
         assert sample(s, "jaxmon_device_power_watts", **gpu(i)) == 200 + i
         assert sample(s, "jaxmon_device_sm_clock_hertz", **gpu(i)) == (1980 - i) * 1e6
+        assert sample(s, "jaxmon_device_energy_joules_total", **gpu(i)) == 3_600_000 + 1000 * i
+        assert sample(s, "jaxmon_device_decoder_utilization_ratio", **gpu(i)) == i / 100
+        assert sample(s, "jaxmon_device_fan_speed_ratio", **gpu(i), fan="0") is None  # SXM boards: no fans
+        assert len([k for k in s if k[0] == "jaxmon_device_nvlink_active" and ("device", str(i)) in k[1]]) == 18
+        if i != 5:
+            assert sample(s, "jaxmon_device_mig_enabled", **gpu(i)) == 0
     # The daemon's own JAX devices (CPU) are still there beside the GPUs.
     assert any(k[0] == "jaxmon_device_info" and ("platform", "cpu") in k[1] for k in s)
 
@@ -94,6 +148,21 @@ def test_changed_values_xid_events_and_a_lost_gpu_reach_the_scrape(start_daemon:
     scenario.update(0, utilization={"gpu": 64, "memory": 2}, power_mw=123_000)
     s = d.wait_for(lambda s: sample(s, "jaxmon_device_duty_cycle_ratio", **gpu(0)) == 0.64, what="new duty cycle")
     assert sample(s, "jaxmon_device_power_watts", **gpu(0)) == 123.0
+
+    # Counters that rise (NVLink errors, PCIe replays, energy) and a link that goes down.
+    links = [link(1, n) for n in range(18)]
+    links[3] = link(1, 3, replay=4, recovery=1)
+    links[7] = link(1, 7, active=False)
+    scenario.update(1, nvlink=links, pcie={"tx_kbps": 1, "rx_kbps": 2, "replays": 9}, energy_mj=4_000_000_000)
+    s = d.wait_for(
+        lambda s: sample(s, "jaxmon_device_nvlink_errors_total", **gpu(1, link="3", kind="replay")) == 4,
+        what="NVLink replays counted",
+    )
+    assert sample(s, "jaxmon_device_nvlink_errors_total", **gpu(1, link="3", kind="recovery")) == 1
+    assert sample(s, "jaxmon_device_nvlink_active", **gpu(1, link="7")) == 0
+    assert sample(s, "jaxmon_device_nvlink_errors_total", **gpu(1, link="7", kind="replay")) is None
+    assert sample(s, "jaxmon_device_pcie_replays_total", **gpu(1)) == 9
+    assert sample(s, "jaxmon_device_energy_joules_total", **gpu(1)) == 4_000_000.0
 
     scenario.xid(1, 79)
     scenario.xid(0, 48)
@@ -144,11 +213,16 @@ def test_a_hung_nvml_call_never_blocks_a_scrape(start_daemon: StartDaemon, tmp_p
 
 
 def test_an_old_driver_library_is_read_through_its_older_calls(start_daemon: StartDaemon, tmp_path: Path) -> None:
-    scenario = Scenario(
-        tmp_path / "scenario.json", [device(0, clocks_event_reasons=0x8, processes=[{"pid": 5, "used": GIB}])]
-    )
+    mig = {"current": 1, "devices": [mig_device(0, 0, "1g.18gb", 9)]}
+    dev = device(0, clocks_event_reasons=0x8, processes=[{"pid": 5, "used": GIB}], fans=[47, 48], mig=mig)
+    scenario = Scenario(tmp_path / "scenario.json", [dev])
     d = start(start_daemon, scenario, legacy=True)
     s = d.wait_for(lambda s: nvml_success(s) == 1, what="an nvml poll")
+    # No per-fan calls: the one-fan call stands in. No row remapper and no MIG in this library: absent series.
+    assert sample(s, "jaxmon_device_fan_speed_ratio", **gpu(0, fan="0")) == 0.47
+    assert sample(s, "jaxmon_device_fan_speed_ratio", **gpu(0, fan="1")) is None
+    assert not [k for k in s if "remap" in k[0] or "mig" in k[0]]
+    assert sample(s, "jaxmon_device_nvlink_active", **gpu(0, link="17")) == 1
     # v1 memory info counts the driver's reservation as used.
     assert sample(s, "jaxmon_device_memory_used_bytes", **gpu(0)) == 10 * GIB + (512 << 20)
     assert sample(s, "jaxmon_device_throttled", **gpu(0, reason="hw_slowdown")) == 1

@@ -43,6 +43,11 @@ HW_THERMAL = 0x40
 JOB_ALERTS = ("JaxmonTrainingStraggler", "JaxmonTrainingProcessStalled", "JaxmonDeviceMemorySkew")
 
 
+def clocks(sm_mhz: int) -> dict[str, int]:
+    """The fake GPU's current clocks with the SM (and graphics) clock at `sm_mhz`."""
+    return {"graphics": sm_mhz, "sm": sm_mhz, "memory": 2619, "video": 1755}
+
+
 def shortened_rules(tmp: Path) -> Path:
     """job.yml with windows of 15 s, `for:` of 4 s and a 6 s stall parameter, for a test that lasts a minute."""
     text = JOB_RULES.read_text(encoding="utf-8")
@@ -88,8 +93,8 @@ def view(tmp_path_factory: pytest.TempPathFactory) -> Iterator[View]:
 
         # The device side: eight fake GPUs, GPU 5 clocked down by a thermal slowdown while the others run at their
         # clock; a publisher of workload "skewed" reports to the same jaxmon (so its GPUs serve that workload).
-        scenario = Scenario(tmp / "nvml.json", [device(i, sm_clock_mhz=1980) for i in range(8)])
-        scenario.update(THROTTLED_GPU, sm_clock_mhz=1200, clocks_event_reasons=HW_THERMAL)
+        scenario = Scenario(tmp / "nvml.json", [device(i, clocks_mhz=clocks(1980)) for i in range(8)])
+        scenario.update(THROTTLED_GPU, clocks_mhz=clocks(1200), clocks_event_reasons=HW_THERMAL)
         spool = tmp / "spool"
         spool.mkdir()
         node = Daemon(

@@ -10,14 +10,17 @@ The scraped setup (one module fixture, all processes killed at teardown):
   file is dropped into the spool; its tpu collector points at an address nobody listens on;
 - jaxmon-tpu: a TPU sidecar (JAX on CPU) reading a loopback libtpu runtime metrics service (tests/fake_libtpu.py)
   with one idle chip and one nearly full, and every megascale distribution of a multi-slice host, and the same spool;
-- jaxmon-nvml: the fake libnvidia-ml.so.1 (tests/fakenvml) with three GPUs: GPU 0 hot, thermally throttled and at its
-  power cap, GPU 1 nearly full with uncorrected ECC errors and an Xid 79 delivered after start, GPU 2 lost;
+- jaxmon-nvml: the fake libnvidia-ml.so.1 (tests/fakenvml) with four GPUs: GPU 0 hot, thermally throttled and at its
+  power cap, with fans; GPU 1 nearly full with uncorrected ECC errors, a failed row remapping, an NVLink down, and after
+  start an Xid 79, NVLink replays, PCIe replays and a row remapped for an uncorrectable error; GPU 2 lost; GPU 3 in
+  MIG mode with two MIG devices;
 - jaxmon-gone: a target nobody listens on.
 So almost every alert fires for a known reason, and the rest are listed with why they stay quiet here.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import signal
@@ -41,7 +44,7 @@ from tests.deploy_files import (
 from tests.fake_kubelet import FakeKubelet, container, pod
 from tests.fake_libtpu import MEGASCALE, Chip, Entry, FakeLibtpu, Timing, connection, sized
 from tests.fake_libtpu import Scenario as LibtpuScenario
-from tests.fakenvml import GPU_IS_LOST, Scenario, device
+from tests.fakenvml import GPU_IS_LOST, Scenario, device, link, mig_device
 from tests.helpers import Child
 from tests.prometheus import Prometheus
 
@@ -111,6 +114,10 @@ FIRING: dict[str, list[dict[str, str]]] = {
     "JaxmonGpuPowerCapped": [{"job": "jaxmon-nvml", "device": "0", "reason": "sw_power_cap"}],
     "JaxmonGpuEccUncorrected": [{"job": "jaxmon-nvml", "device": "1", "kind": "uncorrected"}],
     "JaxmonGpuXidError": [{"job": "jaxmon-nvml", "device": "1", "xid": "79"}],
+    "JaxmonGpuNvlinkErrors": [{"job": "jaxmon-nvml", "device": "1", "link": "4", "kind": "replay"}],
+    "JaxmonGpuPcieReplays": [{"job": "jaxmon-nvml", "device": "1"}],
+    "JaxmonGpuRowsRemappedUncorrectable": [{"job": "jaxmon-nvml", "device": "1", "kind": "uncorrectable"}],
+    "JaxmonGpuRowRemapFailed": [{"job": "jaxmon-nvml", "device": "1"}],
     # The trainer stepped for a fraction of a second in the last minutes, with a peak of 1e12 FLOP/s per CPU device.
     "JaxmonTrainingGoodputLow": [{"workload": "trainer"}],
     "JaxmonTrainingMfuLow": [{"workload": "trainer"}],
@@ -178,21 +185,51 @@ class Stack:
 
 
 def nvml_scenario(path: Path) -> Scenario:
-    """Three GPUs with something for every GPU alert; the Xid event is queued once the daemon runs."""
+    """Four GPUs with something for every GPU alert and panel; the Xid event and the rising error counters come
+    once the daemon runs (nvml_events)."""
     gib = 1 << 30
+    mig = [
+        mig_device(3, 0, "1g.18gb", 9),
+        mig_device(3, 1, "3g.71gb", 2, utilization={"gpu": 45, "memory": 12}),
+    ]
     return Scenario(
         path,
         [
-            device(0, temperature_c=91, clocks_event_reasons=0x4 | 0x40, utilization={"gpu": 97, "memory": 60}),
+            device(
+                0,
+                temperature_c=91,
+                clocks_event_reasons=0x4 | 0x40,
+                utilization={"gpu": 97, "memory": 60},
+                fans=[60, 65],
+            ),
             device(
                 1,
                 memory={"total": 80 * gib, "reserved": 0, "used": 78 * gib},
                 ecc={"enabled": True, "corrected": 4, "uncorrected": 2},
                 processes=[{"pid": 4242, "used": 77 * gib}],
+                remapped_rows={"correctable": 1, "uncorrectable": 0, "pending": False, "failure": True},
+                nvlink=[link(1, n, active=n != 17) for n in range(18)],
             ),
             device(2, error=GPU_IS_LOST),
+            device(
+                3, mig={"current": 1, "pending": 1, "max_devices": 7, "devices": mig}, not_supported=["utilization"]
+            ),
         ],
     )
+
+
+def nvml_events(scenario: Scenario) -> None:
+    """What the GPU alerts watch for, after Prometheus has the counters' earlier values: GPU 1 gets an Xid 79,
+    three replays on NVLink 4, five PCIe replays and a row remapped for an uncorrectable error."""
+    scenario.xid(1, 79)
+    links = [link(1, n, active=n != 17) for n in range(18)]
+    links[4] = link(1, 4, replay=3)
+    remapped = {"correctable": 1, "uncorrectable": 1, "pending": True, "failure": True}
+    scenario.update(1, nvlink=links, pcie={"tx_kbps": 2000, "rx_kbps": 4000, "replays": 5}, remapped_rows=remapped)
+
+
+def _equals(value: float, result: list[dict[str, Any]]) -> bool:
+    return _value(result) == value
 
 
 def _value(result: list[dict[str, Any]]) -> float:
@@ -322,8 +359,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         assert trainer.send("compile 40") == {"compiled": 40}
         (spool / "broken.json").write_text('{"schema": "jaxmon.spool/1", "devices": [')
         ephemeral.close()
-        scenario.xid(1, 79)
+        nvml_events(scenario)
         p.wait_for('jaxmon_device_xid_errors_total{job="jaxmon-nvml", xid="79"}', lambda r: _value(r) == 1, "Xid 79")
+        for counter, value in (
+            ('jaxmon_device_nvlink_errors_total{job="jaxmon-nvml", device="1", link="4", kind="replay"}', 3),
+            ('jaxmon_device_pcie_replays_total{job="jaxmon-nvml", device="1"}', 5),
+            ('jaxmon_device_remapped_rows_total{job="jaxmon-nvml", device="1", kind="uncorrectable"}', 1),
+        ):
+            p.wait_for(counter, functools.partial(_equals, value), counter)
         p.wait_for('jaxmon_device_up{job="jaxmon-cpu", device="3"}', lambda r: _value(r) == 0, "cpu:3 down")
         p.wait_for(
             'jaxmon_jit_compilations_total{job="jaxmon-spool", workload="trainer"}',

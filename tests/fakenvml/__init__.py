@@ -29,8 +29,8 @@ GPU_IS_LOST = 15
 def build(legacy: bool = False) -> Path:
     """Compile the fake once per process; returns the directory holding `libnvidia-ml.so.1`.
 
-    `legacy` leaves out the newer symbols (`_v2` memory info, `_v3` process list, clocks event reasons), as an old
-    driver's library does.
+    `legacy` leaves out the newer symbols (`_v2` memory info, `_v3` process list, clocks event reasons, the fan
+    count and per-fan speed, the row remapper, MIG), as an old driver's library does.
     """
     gcc = shutil.which("gcc")
     if gcc is None:
@@ -47,21 +47,71 @@ def build(legacy: bool = False) -> Path:
     return out
 
 
+# A plausible H200 SXM (141 GB HBM3e, 18 NVLink 4 links, no fans, MIG-capable). No GPU was at hand when these were
+# chosen: the memory total NVML reports (143 771 MiB), the clock maxima (graphics and SM 1980 MHz, memory 2619 MHz,
+# video 1965 MHz) and the MIG profiles' sizes are assumptions from NVIDIA's published specifications and what
+# nvidia-smi is known to show on H100, not readings of a real H200.
+H200_NAME = "NVIDIA H200"
+H200_MEMORY = 143_771 << 20
+H200_MAX_CLOCKS_MHZ = {"graphics": 1980, "sm": 1980, "memory": 2619, "video": 1965}
+H200_LINKS = 18
+# H200 MIG profiles with NVML's approximate memory per GPU instance (assumed).
+MIG_PROFILES = {"1g.18gb": 16_896 << 20, "1g.35gb": 33_280 << 20, "2g.35gb": 33_280 << 20, "3g.71gb": 71_168 << 20}
+
+
+def link(index: int, link_no: int, active: bool = True, **fields: Any) -> dict[str, Any]:
+    """One NVLink of GPU `index`: traffic distinct per GPU and link, no errors; `fields` override."""
+    entry: dict[str, Any] = {
+        "active": active,
+        "tx_kib": 1_000_000 * (index + 1) + 1000 * link_no,
+        "rx_kib": 2_000_000 * (index + 1) + 1000 * link_no,
+        "replay": 0,
+        "recovery": 0,
+        "crc_flit": 0,
+        "crc_data": 0,
+    }
+    entry.update(fields)
+    return entry
+
+
+def mig_device(gpu: int, slot: int, profile: str, gpu_instance: int, **fields: Any) -> dict[str, Any]:
+    """One MIG device of GPU `gpu` at MIG index `slot`, named as NVML names MIG devices (`... MIG 1g.18gb`)."""
+    entry: dict[str, Any] = {
+        "index": slot,
+        "uuid": f"MIG-{gpu:08x}-{slot:04x}-4444-5555-{gpu_instance:012x}",
+        "name": f"{H200_NAME} MIG {profile}",
+        "gpu_instance": gpu_instance,
+        "compute_instance": 0,
+        "memory": {"total": MIG_PROFILES[profile], "reserved": 0, "used": (slot + 1) << 30},
+    }
+    entry.update(fields)
+    return entry
+
+
 def device(index: int, **fields: Any) -> dict[str, Any]:
-    """A healthy GPU's scenario entry, with distinct readings per index; `fields` override any of them."""
+    """A healthy H200's scenario entry, with distinct readings per index; `fields` override any of them."""
     gib = 1 << 30
     entry: dict[str, Any] = {
-        "name": "NVIDIA H100 80GB HBM3",
+        "name": H200_NAME,
         "uuid": f"GPU-{index:08x}-1111-2222-3333-{index:012x}",
         "pci_bus_id": f"00000000:{0x18 + index:02X}:00.0",
-        "memory": {"total": 80 * gib, "reserved": 512 << 20, "used": (10 + index) * gib},
+        "memory": {"total": H200_MEMORY, "reserved": 512 << 20, "used": (10 + index) * gib},
         "utilization": {"gpu": 10 + index, "memory": 5 + index},
+        "encoder_util": 0,
+        "decoder_util": index,
         "power_mw": 200_000 + 1000 * index,
         "power_limit_mw": 700_000,
+        "power_management_limit_mw": 700_000,
+        "energy_mj": 3_600_000_000 + 1_000_000 * index,
         "temperature_c": 40 + index,
-        "sm_clock_mhz": 1980 - index,
+        "clocks_mhz": {"graphics": 1980 - index, "sm": 1980 - index, "memory": 2619, "video": 1755 - index},
+        "max_clocks_mhz": dict(H200_MAX_CLOCKS_MHZ),
         "clocks_event_reasons": 0,
         "ecc": {"enabled": True, "corrected": index, "uncorrected": 0},
+        "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False},
+        "pcie": {"tx_kbps": 1000 * (index + 1), "rx_kbps": 2000 * (index + 1), "replays": 0},
+        "nvlink": [link(index, n) for n in range(H200_LINKS)],
+        "mig": {"current": 0, "pending": 0, "max_devices": 7, "devices": []},
         "processes": [],
     }
     entry.update(fields)

@@ -3,30 +3,52 @@
  * that nvidia-ml-py (pynvml.py) declares, answering from a JSON scenario file the test writes and rewrites.
  *
  * The scenario's path is $FAKENVML_SCENARIO. It is re-read whenever its inode, size or mtime changes, so a test can
- * change readings, lose a GPU or queue Xid events while the daemon runs. Schema (every field optional):
+ * change readings, lose a GPU or queue Xid events while the daemon runs. Schema (every field optional; a reading
+ * whose key is absent is NOT_SUPPORTED unless said otherwise):
  *
  *   {"init_error": 9,                              NVML error code nvmlInitWithFlags returns
  *    "count_error": 999,                           NVML error code nvmlDeviceGetCount_v2 returns
  *    "driver_version": "550.54.15",
  *    "devices": [{
- *      "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-...", "pci_bus_id": "00000000:18:00.0",
+ *      "name": "NVIDIA H200", "uuid": "GPU-...", "pci_bus_id": "00000000:18:00.0",
  *      "minor_number": 0,                          N of /dev/nvidiaN (default: the device's index)
- *      "error": 15,                                every call on this device returns it (15 = GPU_IS_LOST)
+ *      "error": 15,                                every call on this device (and its MIG devices) returns it
  *      "handle_error": 15,                         nvmlDeviceGetHandleByIndex_v2 returns it
  *      "delay_ms": 0,                              every call on this device sleeps this long first (a hung call)
- *      "memory": {"total": 1, "reserved": 0, "used": 0},
- *      "utilization": {"gpu": 0, "memory": 0},     percent
- *      "power_mw": 0, "power_limit_mw": 0, "temperature_c": 0, "sm_clock_mhz": 0,
- *      "clocks_event_reasons": 0,                  the bitmask
- *      "ecc": {"enabled": true, "corrected": 0, "uncorrected": 0},   absent: ECC not supported
+ *      "memory": {"total": 1, "reserved": 0, "used": 0},            (absent: zeros)
+ *      "utilization": {"gpu": 0, "memory": 0},     percent (absent: zeros)
+ *      "encoder_util": 0, "decoder_util": 0,       percent
+ *      "power_mw": 0, "power_limit_mw": 0,         (absent: 0)
+ *      "power_management_limit_mw": 0, "energy_mj": 0, "temperature_c": 0 (absent: 0),
+ *      "fans": [40, 45],                           percent per fan (absent: a board without fans)
+ *      "clocks_mhz": {"graphics": 0, "sm": 0, "memory": 0, "video": 0},       current; a clock left out: unsupported
+ *      "max_clocks_mhz": {"graphics": 0, "sm": 0, "memory": 0, "video": 0},   maxima
+ *      "clocks_event_reasons": 0,                  the bitmask (absent: 0)
+ *      "ecc": {"enabled": true, "corrected": 0, "uncorrected": 0},            absent: ECC not supported
+ *      "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": false, "failure": false},
+ *      "pcie": {"tx_kbps": 0, "rx_kbps": 0, "replays": 0, "sample_ms": 0},    sample_ms: each throughput call
+ *                                                  sleeps this long, as the driver samples for 20 ms
+ *      "nvlink": [{"active": true, "tx_kib": 0, "rx_kib": 0,                  one entry per link; past the last:
+ *                  "replay": 0, "recovery": 0, "crc_flit": 0, "crc_data": 0}], INVALID_ARGUMENT
+ *      "mig": {"current": 1, "pending": 1, "max_devices": 7,                  absent: no MIG on this GPU
+ *              "devices": [{"index": 0, "uuid": "MIG-...", "name": "NVIDIA H200 MIG 1g.18gb",
+ *                           "gpu_instance": 9, "compute_instance": 0, "memory": {...},
+ *                           "utilization": {...},  absent: NOT_SUPPORTED, as current drivers answer for MIG
+ *                           "error": 0, "not_supported": [...]}]},
  *      "processes": [{"pid": 1, "used": 0}],       "used": null is NVML_VALUE_NOT_AVAILABLE
- *      "not_supported": ["power", ...]}],          calls that return NOT_SUPPORTED: memory, utilization, power,
- *                                                  power_limit, temperature, clock, clocks_event_reasons,
- *                                                  processes, events
+ *      "fail": {"nvlink_errors": 999},             calls (named as in not_supported) that return that error
+ *      "not_supported": ["power", ...]}],          calls that return NOT_SUPPORTED: memory, utilization,
+ *                                                  encoder, decoder, power, power_limit, power_management_limit,
+ *                                                  energy, temperature, fans, clock, max_clock,
+ *                                                  clocks_event_reasons, remapped_rows, pcie_throughput,
+ *                                                  pcie_replay, nvlink, nvlink_errors, nvlink_throughput (the
+ *                                                  fields' own return codes), field_values (the whole call),
+ *                                                  mig, processes, events
  *    "events": [{"device": 0, "type": 8, "data": 79}]}   delivered once each, in order, by nvmlEventSetWait_v2
  *
  * Compiled with -DFAKENVML_LEGACY it lacks the newer symbols (nvmlDeviceGetMemoryInfo_v2,
- * nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetCurrentClocksEventReasons), as an old driver does.
+ * nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetCurrentClocksEventReasons, nvmlDeviceGetNumFans,
+ * nvmlDeviceGetFanSpeed_v2, nvmlDeviceGetRemappedRows and the MIG calls), as an old driver does.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -44,10 +66,12 @@ enum {
     NVML_ERROR_UNINITIALIZED = 1,
     NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NO_PERMISSION = 4,
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
     NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_FUNCTION_NOT_FOUND = 13,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
 };
@@ -68,6 +92,25 @@ typedef struct {                                                                
     unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
     char busId[32];
 } nvmlPciInfo_t;
+typedef union {                                                                            /* c_nvmlValue_t */
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    long long sllVal;
+    int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+typedef struct {                                                                           /* c_nvmlFieldValue_t */
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    unsigned int valueType;                                                                /* _nvmlValueType_t */
+    unsigned int nvmlReturn;                                                               /* _nvmlReturn_t */
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+#define NVML_VALUE_TYPE_UNSIGNED_LONG_LONG 3
+#define NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX 138
+#define NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX 139
 struct fake_device;
 typedef struct fake_device *nvmlDevice_t;
 typedef struct {                                                                           /* c_nvmlEventData_t */
@@ -197,8 +240,20 @@ static const char *jstr(const jnode *obj, const char *key, const char *dflt) {
 /* ---- the scenario ------------------------------------------------------------------------------------------- */
 
 #define MAX_DEVICES 64
-struct fake_device { int index; };
+#define MAX_MIG 8
+/* A GPU's handle (mig = -1) or one of its MIG devices' (mig = the MIG device index on the GPU). */
+struct fake_device { int index, mig; };
 static struct fake_device handles[MAX_DEVICES];
+static struct fake_device mig_handles[MAX_DEVICES][MAX_MIG];
+
+static int is_gpu_handle(const struct fake_device *h) {
+    return (uintptr_t)h >= (uintptr_t)handles && (uintptr_t)h < (uintptr_t)(handles + MAX_DEVICES);
+}
+
+static int is_mig_handle(const struct fake_device *h) {
+    uintptr_t first = (uintptr_t)&mig_handles[0][0];
+    return (uintptr_t)h >= first && (uintptr_t)h < first + sizeof mig_handles;
+}
 
 struct fake_event_set { unsigned long long registered[MAX_DEVICES]; };
 
@@ -260,6 +315,16 @@ static int unsupported(const jnode *dev, const char *what) {
     return 0;
 }
 
+/* The MIG device at `index` of a GPU in the scenario ("index" of the entry, else its place in the list). */
+static jnode *mig_node(const jnode *dev, int index) {
+    jnode *list = jget(jget(dev, "mig"), "devices");
+    if (!list || list->type != J_ARR) return NULL;
+    int i = 0;
+    for (jnode *m = list->child; m; m = m->next, i++)
+        if ((int)jnum(m, "index", i) == index) return m;
+    return NULL;
+}
+
 static void sleep_ms(double ms) {
     if (ms <= 0) return;
     struct timespec ts = {(time_t)(ms / 1000), (long)((ms - 1000.0 * (long)(ms / 1000)) * 1e6)};
@@ -267,11 +332,13 @@ static void sleep_ms(double ms) {
 }
 
 /*
- * Every device call starts here: reload, find the device, apply its delay (outside the lock, as a hung driver call
- * would not hold up the other GPUs), its error, and the "not_supported" list. Returns with the lock held on success.
+ * Every device call starts here: reload, find the device (and the MIG device, for a MIG handle), apply its delay
+ * (outside the lock, as a hung driver call would not hold up the other GPUs), its error, and the "not_supported"
+ * list (a MIG device's own). Returns with the lock held on success; *mig is NULL for a GPU's handle.
  */
-static nvmlReturn_t enter_device(nvmlDevice_t handle, const char *what, jnode **dev) {
-    if (!handle || handle < handles || handle >= handles + MAX_DEVICES) return NVML_ERROR_INVALID_ARGUMENT;
+static nvmlReturn_t enter_handle(nvmlDevice_t handle, const char *what, jnode **dev, jnode **mig) {
+    int is_mig = is_mig_handle(handle);
+    if (!handle || (!is_mig && !is_gpu_handle(handle))) return NVML_ERROR_INVALID_ARGUMENT;
     pthread_mutex_lock(&lock);
     if (!initialized) { pthread_mutex_unlock(&lock); return NVML_ERROR_UNINITIALIZED; }
     reload_locked();
@@ -287,8 +354,24 @@ static nvmlReturn_t enter_device(nvmlDevice_t handle, const char *what, jnode **
         if (!*dev) { pthread_mutex_unlock(&lock); return NVML_ERROR_INVALID_ARGUMENT; }
     }
     int err = (int)jnum(*dev, "error", 0);
-    if (!err && what && unsupported(*dev, what)) err = NVML_ERROR_NOT_SUPPORTED;
+    *mig = NULL;
+    if (!err && is_mig) {
+        *mig = mig_node(*dev, handle->mig);
+        if (!*mig) err = NVML_ERROR_INVALID_ARGUMENT; /* the MIG device was destroyed */
+        else err = (int)jnum(*mig, "error", 0);
+    }
+    if (!err && what && unsupported(*mig ? *mig : *dev, what)) err = NVML_ERROR_NOT_SUPPORTED;
+    if (!err && what) err = (int)jnum(jget(*mig ? *mig : *dev, "fail"), what, 0);
     if (err) { pthread_mutex_unlock(&lock); return err; }
+    return NVML_SUCCESS;
+}
+
+/* A call MIG device handles do not take (NOT_SUPPORTED for them, as NVML answers for most GPU-wide readings). */
+static nvmlReturn_t enter_device(nvmlDevice_t handle, const char *what, jnode **dev) {
+    jnode *mig;
+    nvmlReturn_t r = enter_handle(handle, what, dev, &mig);
+    if (r) return r;
+    if (mig) { pthread_mutex_unlock(&lock); return NVML_ERROR_NOT_SUPPORTED; }
     return NVML_SUCCESS;
 }
 
@@ -329,6 +412,10 @@ const char *nvmlErrorString(nvmlReturn_t result) {
         case NVML_SUCCESS: return "Success";
         case 15: return "GPU is lost";
         case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+        case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+        case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+        case NVML_ERROR_NOT_FOUND: return "Not Found";
+        case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
         case NVML_ERROR_TIMEOUT: return "Timeout";
         default: return "Unknown Error";
     }
@@ -360,6 +447,7 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
     int err = (int)jnum(dev, "handle_error", 0);
     if (err) return leave(err);
     handles[index].index = (int)index;
+    handles[index].mig = -1;
     *device = &handles[index];
     return leave(NVML_SUCCESS);
 }
@@ -373,17 +461,19 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
 }
 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
-    jnode *dev;
-    nvmlReturn_t r = enter_device(device, NULL, &dev);
+    jnode *dev, *mig;
+    nvmlReturn_t r = enter_handle(device, NULL, &dev, &mig);
     if (r) return r;
-    return leave(copy_string(jstr(dev, "name", "NVIDIA Fake GPU"), name, length));
+    const char *value = mig ? jstr(mig, "name", "NVIDIA Fake GPU MIG 1g.18gb") : jstr(dev, "name", "NVIDIA Fake GPU");
+    return leave(copy_string(value, name, length));
 }
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
-    jnode *dev;
-    nvmlReturn_t r = enter_device(device, NULL, &dev);
+    jnode *dev, *mig;
+    nvmlReturn_t r = enter_handle(device, NULL, &dev, &mig);
     if (r) return r;
-    return leave(copy_string(jstr(dev, "uuid", "GPU-00000000-0000-0000-0000-000000000000"), uuid, length));
+    const char *dflt = mig ? "MIG-00000000-0000-0000-0000-000000000000" : "GPU-00000000-0000-0000-0000-000000000000";
+    return leave(copy_string(jstr(mig ? mig : dev, "uuid", dflt), uuid, length));
 }
 
 nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
@@ -420,11 +510,11 @@ static void memory_of(const jnode *dev, unsigned long long *total, unsigned long
 
 #ifndef FAKENVML_LEGACY
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
-    jnode *dev;
-    nvmlReturn_t r = enter_device(device, "memory", &dev);
+    jnode *dev, *mig;
+    nvmlReturn_t r = enter_handle(device, "memory", &dev, &mig);
     if (r) return r;
     if (memory->version != NVML_MEMORY_V2) return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
-    memory_of(dev, &memory->total, &memory->reserved, &memory->used);
+    memory_of(mig ? mig : dev, &memory->total, &memory->reserved, &memory->used);
     memory->free = memory->total - memory->reserved - memory->used;
     return leave(NVML_SUCCESS);
 }
@@ -432,21 +522,22 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
 
 /* v1 counts the driver's reservation as used, as the real library does. */
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
-    jnode *dev;
-    nvmlReturn_t r = enter_device(device, "memory", &dev);
+    jnode *dev, *mig;
+    nvmlReturn_t r = enter_handle(device, "memory", &dev, &mig);
     if (r) return r;
     unsigned long long reserved;
-    memory_of(dev, &memory->total, &reserved, &memory->used);
+    memory_of(mig ? mig : dev, &memory->total, &reserved, &memory->used);
     memory->used += reserved;
     memory->free = memory->total - memory->used;
     return leave(NVML_SUCCESS);
 }
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *util) {
-    jnode *dev;
-    nvmlReturn_t r = enter_device(device, "utilization", &dev);
+    jnode *dev, *mig;
+    nvmlReturn_t r = enter_handle(device, "utilization", &dev, &mig);
     if (r) return r;
-    const jnode *u = jget(dev, "utilization");
+    const jnode *u = jget(mig ? mig : dev, "utilization");
+    if (mig && !u) return leave(NVML_ERROR_NOT_SUPPORTED); /* as current drivers answer for MIG devices */
     util->gpu = (unsigned int)jnum(u, "gpu", 0);
     util->memory = (unsigned int)jnum(u, "memory", 0);
     return leave(NVML_SUCCESS);
@@ -473,9 +564,27 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensor, unsigned 
     return read_uint(device, "temperature", "temperature_c", temp);
 }
 
-nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, int type, unsigned int *clock) {
-    if (type != 1) return NVML_ERROR_NOT_SUPPORTED; /* only NVML_CLOCK_SM is in the scenario */
-    return read_uint(device, "clock", "sm_clock_mhz", clock);
+/* NVML_CLOCK_GRAPHICS, _SM, _MEM, _VIDEO; a clock the scenario leaves out is NOT_SUPPORTED. */
+static nvmlReturn_t clock_of(nvmlDevice_t device, const char *what, const char *key, unsigned int type,
+                             unsigned int *clock) {
+    static const char *names[] = {"graphics", "sm", "memory", "video"};
+    jnode *dev;
+    if (!clock) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device, what, &dev);
+    if (r) return r;
+    if (type > 3) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    const jnode *value = jget(jget(dev, key), names[type]);
+    if (!value || value->type != J_NUM) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *clock = (unsigned int)value->num;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, unsigned int type, unsigned int *clock) {
+    return clock_of(device, "clock", "clocks_mhz", type, clock);
+}
+
+nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, unsigned int type, unsigned int *clock) {
+    return clock_of(device, "max_clock", "max_clocks_mhz", type, clock);
 }
 
 static nvmlReturn_t reasons(nvmlDevice_t device, unsigned long long *out) {
@@ -558,6 +667,285 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsign
     return processes(device, count, infos);
 }
 
+/* ---- the readings of issue 22: fans, encoder/decoder, energy, PCIe, row remapper ----------------------------- */
+
+/* A number the scenario must name: absent is NOT_SUPPORTED (unlike read_uint's older readings, absent = 0). */
+static nvmlReturn_t read_present(nvmlDevice_t device, const char *what, const char *key, double *out) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, what, &dev);
+    if (r) return r;
+    const jnode *value = jget(dev, key);
+    if (!value || value->type != J_NUM) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *out = value->num;
+    return leave(NVML_SUCCESS);
+}
+
+static nvmlReturn_t utilization_of(nvmlDevice_t device, const char *what, const char *key, unsigned int *util,
+                                   unsigned int *period_us) {
+    double value;
+    if (!util || !period_us) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = read_present(device, what, key, &value);
+    if (r) return r;
+    *util = (unsigned int)value;
+    *period_us = 167000; /* a sample period of 1/6 s */
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t device, unsigned int *util, unsigned int *period_us) {
+    return utilization_of(device, "encoder", "encoder_util", util, period_us);
+}
+
+nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigned int *util, unsigned int *period_us) {
+    return utilization_of(device, "decoder", "decoder_util", util, period_us);
+}
+
+nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit) {
+    double value;
+    if (!limit) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = read_present(device, "power_management_limit", "power_management_limit_mw", &value);
+    if (!r) *limit = (unsigned int)value;
+    return r;
+}
+
+nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy) {
+    double value;
+    if (!energy) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = read_present(device, "energy", "energy_mj", &value);
+    if (!r) *energy = (unsigned long long)value;
+    return r;
+}
+
+/* The fans of the scenario ("fans": a list of percents); NOT_SUPPORTED for a board without. */
+static nvmlReturn_t fan_speed(nvmlDevice_t device, unsigned int fan, unsigned int *speed) {
+    jnode *dev;
+    if (!speed) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device, "fans", &dev);
+    if (r) return r;
+    const jnode *fans = jget(dev, "fans");
+    if (!fans || fans->type != J_ARR || !fans->child) return leave(NVML_ERROR_NOT_SUPPORTED);
+    unsigned int i = 0;
+    for (const jnode *f = fans->child; f; f = f->next, i++)
+        if (i == fan) {
+            *speed = (unsigned int)f->num;
+            return leave(NVML_SUCCESS);
+        }
+    return leave(NVML_ERROR_INVALID_ARGUMENT);
+}
+
+nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int *speed) { return fan_speed(device, 0, speed); }
+
+#ifndef FAKENVML_LEGACY
+nvmlReturn_t nvmlDeviceGetFanSpeed_v2(nvmlDevice_t device, unsigned int fan, unsigned int *speed) {
+    return fan_speed(device, fan, speed);
+}
+
+nvmlReturn_t nvmlDeviceGetNumFans(nvmlDevice_t device, unsigned int *count) {
+    jnode *dev;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device, "fans", &dev);
+    if (r) return r;
+    const jnode *fans = jget(dev, "fans");
+    if (!fans || fans->type != J_ARR) return leave(NVML_ERROR_NOT_SUPPORTED);
+    unsigned int n = 0;
+    for (const jnode *f = fans->child; f; f = f->next) n++;
+    *count = n;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *correctable, unsigned int *uncorrectable,
+                                       unsigned int *pending, unsigned int *failure) {
+    jnode *dev;
+    if (!correctable || !uncorrectable || !pending || !failure) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device, "remapped_rows", &dev);
+    if (r) return r;
+    const jnode *rows = jget(dev, "remapped_rows");
+    if (!rows) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *correctable = (unsigned int)jnum(rows, "correctable", 0);
+    *uncorrectable = (unsigned int)jnum(rows, "uncorrectable", 0);
+    *pending = jnum(rows, "pending", 0) ? 1 : 0;
+    *failure = jnum(rows, "failure", 0) ? 1 : 0;
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+/* NVML_PCIE_UTIL_TX_BYTES (0) and RX_BYTES (1), in KB/s; "sample_ms" stands for the driver's 20 ms sample. */
+nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, unsigned int counter, unsigned int *value) {
+    jnode *dev;
+    if (!value) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device, "pcie_throughput", &dev);
+    if (r) return r;
+    const jnode *pcie = jget(dev, "pcie");
+    if (!pcie) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (counter > 1) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    double sample = jnum(pcie, "sample_ms", 0);
+    *value = (unsigned int)jnum(pcie, counter == 0 ? "tx_kbps" : "rx_kbps", 0);
+    pthread_mutex_unlock(&lock);
+    sleep_ms(sample);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsigned int *value) {
+    jnode *dev;
+    if (!value) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device, "pcie_replay", &dev);
+    if (r) return r;
+    const jnode *pcie = jget(dev, "pcie");
+    if (!pcie) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *value = (unsigned int)jnum(pcie, "replays", 0);
+    return leave(NVML_SUCCESS);
+}
+
+/* ---- NVLink ------------------------------------------------------------------------------------------------ */
+
+/* The scenario's entry of `link`: NOT_SUPPORTED without "nvlink", INVALID_ARGUMENT past the GPU's last link. */
+static nvmlReturn_t link_node(const jnode *dev, unsigned int link, const jnode **out) {
+    const jnode *links = jget(dev, "nvlink");
+    if (!links || links->type != J_ARR) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int i = 0;
+    for (const jnode *l = links->child; l; l = l->next, i++)
+        if (i == link) {
+            *out = l;
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, unsigned int *active) {
+    jnode *dev;
+    const jnode *l;
+    if (!active) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device, "nvlink", &dev);
+    if (r) return r;
+    if ((r = link_node(dev, link, &l))) return leave(r);
+    *active = jnum(l, "active", 1) ? 1 : 0; /* NVML_FEATURE_ENABLED / DISABLED */
+    return leave(NVML_SUCCESS);
+}
+
+/* NVML_NVLINK_ERROR_DL_REPLAY (0), _RECOVERY (1), _CRC_FLIT (2), _CRC_DATA (3); _ECC_DATA (4) is not offered. */
+nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link, unsigned int counter,
+                                             unsigned long long *value) {
+    static const char *names[] = {"replay", "recovery", "crc_flit", "crc_data"};
+    jnode *dev;
+    const jnode *l;
+    if (!value) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device, "nvlink_errors", &dev);
+    if (r) return r;
+    if ((r = link_node(dev, link, &l))) return leave(r);
+    if (counter == 4) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (counter > 4) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    *value = (unsigned long long)jnum(l, names[counter], 0);
+    return leave(NVML_SUCCESS);
+}
+
+/* The field-values API: NVLink data throughput (KiB, cumulative) per link; every other field is NOT_SUPPORTED in
+ * its own return code, as a driver answers for a field this GPU does not have. */
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldValue_t *values) {
+    jnode *dev;
+    if (count < 0 || (count > 0 && !values)) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device, "field_values", &dev);
+    if (r) return r;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    for (int i = 0; i < count; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        const jnode *l;
+        v->timestamp = (long long)now.tv_sec * 1000000 + now.tv_nsec / 1000;
+        v->latencyUsec = 0;
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        v->value.ullVal = 0;
+        if (v->fieldId != NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX && v->fieldId != NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        else if (unsupported(dev, "nvlink_throughput"))
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        else if ((v->nvmlReturn = link_node(dev, v->scopeId, &l)) == NVML_SUCCESS) {
+            const char *key = v->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ? "tx_kib" : "rx_kib";
+            v->value.ullVal = (unsigned long long)jnum(l, key, 0);
+        }
+    }
+    return leave(NVML_SUCCESS);
+}
+
+/* ---- MIG ---------------------------------------------------------------------------------------------------- */
+
+#ifndef FAKENVML_LEGACY
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
+    jnode *dev;
+    if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device, "mig", &dev);
+    if (r) return r;
+    const jnode *mig = jget(dev, "mig");
+    if (!mig) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *current = (unsigned int)jnum(mig, "current", 0);
+    *pending = (unsigned int)jnum(mig, "pending", *current);
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    jnode *dev;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device, "mig", &dev);
+    if (r) return r;
+    const jnode *mig = jget(dev, "mig");
+    if (!mig) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *count = (unsigned int)jnum(mig, "max_devices", 7);
+    return leave(NVML_SUCCESS);
+}
+
+/* NOT_FOUND where no MIG device holds `index` (the indexes of a GPU's MIG devices need not be contiguous). */
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *mig) {
+    jnode *dev;
+    if (!mig) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device, "mig", &dev);
+    if (r) return r;
+    const jnode *m = jget(dev, "mig");
+    if (!m) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (!jnum(m, "current", 0)) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (index >= (unsigned int)jnum(m, "max_devices", 7) || index >= MAX_MIG) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!mig_node(dev, (int)index)) return leave(NVML_ERROR_NOT_FOUND);
+    mig_handles[device->index][index].index = device->index;
+    mig_handles[device->index][index].mig = (int)index;
+    *mig = &mig_handles[device->index][index];
+    return leave(NVML_SUCCESS);
+}
+
+static nvmlReturn_t instance_id(nvmlDevice_t device, const char *key, unsigned int *id) {
+    jnode *dev, *mig;
+    if (!id) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_handle(device, NULL, &dev, &mig);
+    if (r) return r;
+    if (!mig) return leave(NVML_ERROR_INVALID_ARGUMENT); /* not a MIG device handle */
+    *id = (unsigned int)jnum(mig, key, 0);
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    return instance_id(device, "gpu_instance", id);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    return instance_id(device, "compute_instance", id);
+}
+
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *is_mig) {
+    jnode *dev, *mig;
+    if (!is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_handle(device, NULL, &dev, &mig);
+    if (r) return r;
+    *is_mig = mig ? 1 : 0;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t device, nvmlDevice_t *parent) {
+    jnode *dev, *mig;
+    if (!parent) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_handle(device, NULL, &dev, &mig);
+    if (r) return r;
+    if (!mig) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    *parent = &handles[device->index];
+    return leave(NVML_SUCCESS);
+}
+#endif
+
 /* ---- events ------------------------------------------------------------------------------------------------- */
 
 nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
@@ -602,6 +990,7 @@ static int next_event_locked(nvmlEventSet_t set, nvmlEventData_t *data) {
         if (index < 0 || index >= MAX_DEVICES || !(set->registered[index] & type)) continue;
         memset(data, 0, sizeof *data);
         handles[index].index = index;
+        handles[index].mig = -1;
         data->device = &handles[index];
         data->eventType = type;
         data->eventData = (unsigned long long)jnum(e, "data", 0);

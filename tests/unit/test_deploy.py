@@ -144,8 +144,8 @@ def test_gmp_rules_carry_the_rules_file_with_an_interval_per_group(manifest: str
 # --------------------------------------------------------------------------------------------------------------
 
 # Units by metric: what a panel showing that metric (plainly, or aggregated) must be set to.
-# Per second: counts, shares, FLOP/s and bytes/s.
-RATE_UNITS = {"percentunit", "ops", "cpm", "short", "cps", "flops", "Bps"}
+# Per second: counts, shares, FLOP/s, bytes/s and joules/s (watts: the rate of an energy counter).
+RATE_UNITS = {"percentunit", "ops", "cpm", "short", "cps", "flops", "Bps", "watt"}
 
 
 def expected_unit(expr: str) -> str | None:

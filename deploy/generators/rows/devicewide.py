@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from ..panels import DEV, DEVICE_LEGEND, INST, MEM, UP_MAPPING, WIDE_LEGEND, Panel, Row, Target
+from ..panels import DEV, DEVICE_LEGEND, INST, MEM, UP_MAPPING, WIDE_LEGEND, Panel, Row, Target, rate
+
+# Per-GPU series summed over their links keep these labels (NVML's series carry source="nvml").
+GPU_BY = "instance, platform, device, source"
+GPU_LEGEND = "{{instance}} {{platform}}:{{device}}"
+MIG_LEGEND = "{{instance}} {{platform}}:{{device}} {{profile}} gi {{gpu_instance}} ({{mig_uuid}})"
+ON_OFF_MAPPING = {"1": ("on", "blue"), "0": ("off", "text")}
+YES_RED_MAPPING = {"1": ("yes", "red"), "0": ("no", "green")}
 
 # Device-wide numbers from a source outside JAX (NVML on GPU, libtpu's runtime metrics on TPU): the shared family
 # names with a `source` label, so one row serves both. A sidecar beside a job that holds the chips sees these
@@ -102,9 +109,13 @@ ROW = Row(
             "watt",
             [
                 Target(f"jaxmon_device_power_watts{{{DEV}}}", WIDE_LEGEND + " power"),
-                Target(f"jaxmon_device_power_limit_watts{{{DEV}}}", WIDE_LEGEND + " limit"),
+                Target(f"jaxmon_device_power_limit_watts{{{DEV}}}", WIDE_LEGEND + " enforced limit"),
+                Target(f"jaxmon_device_power_management_limit_watts{{{DEV}}}", WIDE_LEGEND + " management limit"),
+                Target(rate("jaxmon_device_energy_joules_total", DEV), WIDE_LEGEND + " mean power (energy counter)"),
             ],
-            "Power draw and the enforced power limit.",
+            "Power draw, the enforced power limit and the power management limit set on the GPU (the enforced one "
+            "is the lowest of it and the board's constraints), and the mean power over each interval from the "
+            "energy counter (joules per second), which a momentary power reading can miss.",
             min=0,
         ),
         Panel(
@@ -116,11 +127,108 @@ ROW = Row(
             thresholds=[(0, "green"), (85, "red")],
         ),
         Panel(
-            "SM clock",
+            "SM and graphics clocks vs their maxima",
             "timeseries",
             "hertz",
-            [Target(f"jaxmon_device_sm_clock_hertz{{{DEV}}}", WIDE_LEGEND)],
-            "Current SM clock; it drops while a throttle reason is active.",
+            [
+                Target(f"jaxmon_device_sm_clock_hertz{{{DEV}}}", WIDE_LEGEND + " SM"),
+                Target(f"jaxmon_device_graphics_clock_hertz{{{DEV}}}", WIDE_LEGEND + " graphics"),
+                Target(f"jaxmon_device_sm_clock_max_hertz{{{DEV}}}", WIDE_LEGEND + " SM max"),
+                Target(f"jaxmon_device_graphics_clock_max_hertz{{{DEV}}}", WIDE_LEGEND + " graphics max"),
+            ],
+            "Current SM and graphics clocks beside the highest the GPU runs at; they drop while a throttle reason "
+            "is active.",
+            min=0,
+        ),
+        Panel(
+            "Memory and video clocks vs their maxima",
+            "timeseries",
+            "hertz",
+            [
+                Target(f"jaxmon_device_memory_clock_hertz{{{DEV}}}", WIDE_LEGEND + " memory"),
+                Target(f"jaxmon_device_video_clock_hertz{{{DEV}}}", WIDE_LEGEND + " video"),
+                Target(f"jaxmon_device_memory_clock_max_hertz{{{DEV}}}", WIDE_LEGEND + " memory max"),
+                Target(f"jaxmon_device_video_clock_max_hertz{{{DEV}}}", WIDE_LEGEND + " video max"),
+            ],
+            "Current memory and video clocks beside their maxima.",
+            min=0,
+        ),
+        Panel(
+            "Fan speed",
+            "timeseries",
+            "percentunit",
+            [Target(f"jaxmon_device_fan_speed_ratio{{{DEV}}}", WIDE_LEGEND + " fan {{fan}}")],
+            "Each fan's intended speed as a share of its maximum; boards without fans NVML controls (SXM) have none.",
+            min=0,
+        ),
+        Panel(
+            "Video encoder and decoder utilization",
+            "timeseries",
+            "percentunit",
+            [
+                Target(f"jaxmon_device_encoder_utilization_ratio{{{DEV}}}", WIDE_LEGEND + " encoder"),
+                Target(f"jaxmon_device_decoder_utilization_ratio{{{DEV}}}", WIDE_LEGEND + " decoder"),
+            ],
+            "Share of the last sample period the video encoder (NVENC) and decoders (NVDEC) were busy, e.g. "
+            "decoding a video data set on the GPU.",
+            min=0,
+            max=1,
+        ),
+        Panel(
+            "PCIe throughput",
+            "timeseries",
+            "Bps",
+            [
+                Target(
+                    f"jaxmon_device_pcie_throughput_bytes_per_second{{{DEV}}}",
+                    WIDE_LEGEND + " {{direction}}",
+                )
+            ],
+            "PCIe traffic by direction (tx: sent by the GPU), as NVML samples it over 20 ms per poll: host-to-device "
+            "copies, an input pipeline feeding the GPU.",
+            min=0,
+        ),
+        Panel(
+            "PCIe replays",
+            "timeseries",
+            "short",
+            [Target(f"increase(jaxmon_device_pcie_replays_total{{{DEV}}}[$__rate_interval])", WIDE_LEGEND)],
+            "PCIe packets resent after link errors, per interval; JaxmonGpuPcieReplays fires while they rise.",
+            min=0,
+        ),
+        Panel(
+            "Active NVLink links",
+            "timeseries",
+            "none",
+            [Target(f"sum by ({GPU_BY}) (jaxmon_device_nvlink_active{{{DEV}}})", GPU_LEGEND)],
+            "NVLink links up on each GPU (18 on H100 and H200 SXM); a drop is a link down.",
+            min=0,
+        ),
+        Panel(
+            "NVLink traffic",
+            "timeseries",
+            "Bps",
+            [
+                Target(
+                    f"sum by ({GPU_BY}, direction) ({rate('jaxmon_device_nvlink_data_bytes_total', DEV)})",
+                    GPU_LEGEND + " {{direction}}",
+                )
+            ],
+            "Payload bytes per second over all NVLink links of each GPU, by direction (collectives between GPUs).",
+            min=0,
+        ),
+        Panel(
+            "NVLink errors",
+            "timeseries",
+            "short",
+            [
+                Target(
+                    f"sum by ({GPU_BY}, kind) (increase(jaxmon_device_nvlink_errors_total{{{DEV}}}[$__rate_interval]))",
+                    GPU_LEGEND + " {{kind}}",
+                )
+            ],
+            "NVLink data-link errors per interval over each GPU's links, by kind (replay, recovery, CRC flit, CRC "
+            "data); JaxmonGpuNvlinkErrors names the link.",
             min=0,
         ),
         Panel(
@@ -183,12 +291,69 @@ ROW = Row(
             min=0,
         ),
         Panel(
+            "Remapped rows",
+            "timeseries",
+            "none",
+            [Target(f"jaxmon_device_remapped_rows_total{{{DEV}}}", WIDE_LEGEND + " {{kind}}")],
+            "Memory rows replaced by spare rows, by the kind of error that caused it (kept by the GPU across driver "
+            "loads).",
+            min=0,
+        ),
+        Panel(
+            "Row remapping pending or failed",
+            "state-timeline",
+            "none",
+            [
+                Target(f"jaxmon_device_row_remapping_pending{{{DEV}}}", WIDE_LEGEND + " pending (reset needed)"),
+                Target(f"jaxmon_device_row_remapping_failed{{{DEV}}}", WIDE_LEGEND + " failed (replace the GPU)"),
+            ],
+            "A remapping that waits for a GPU reset, and a remapping that failed for want of a spare row.",
+            mappings=YES_RED_MAPPING,
+        ),
+        Panel(
             "Xid errors",
             "timeseries",
             "none",
             [Target(f"jaxmon_device_xid_errors_total{{{DEV}}}", WIDE_LEGEND + " xid {{xid}}")],
             "Critical Xid events counted since jaxmon started, by xid (79: fallen off the bus, 48: DBE).",
             min=0,
+        ),
+        Panel(
+            "MIG mode",
+            "state-timeline",
+            "none",
+            [Target(f"jaxmon_device_mig_enabled{{{DEV}}}", WIDE_LEGEND)],
+            "Whether each GPU runs in MIG mode (absent on GPUs without MIG).",
+            mappings=ON_OFF_MAPPING,
+        ),
+        Panel(
+            "MIG devices",
+            "table",
+            "none",
+            [Target(f"jaxmon_mig_device_info{{{DEV}}}", MIG_LEGEND, table=True)],
+            "Each MIG device with its GPU, UUID (what pods and CUDA_VISIBLE_DEVICES name), GPU and compute "
+            "instance and profile.",
+        ),
+        Panel(
+            "MIG device memory used vs total",
+            "timeseries",
+            "bytes",
+            [
+                Target(f"jaxmon_mig_device_memory_used_bytes{{{DEV}}}", MIG_LEGEND + " used"),
+                Target(f"jaxmon_mig_device_memory_total_bytes{{{DEV}}}", MIG_LEGEND + " total"),
+            ],
+            "Device memory of each MIG device: in use by its processes, and its size.",
+            min=0,
+        ),
+        Panel(
+            "MIG device duty cycle",
+            "timeseries",
+            "percentunit",
+            [Target(f"jaxmon_mig_device_duty_cycle_ratio{{{DEV}}}", MIG_LEGEND)],
+            "Share of the last sample period each MIG device ran a kernel, where the driver reports it for MIG "
+            "devices.",
+            min=0,
+            max=1,
         ),
     ],
 )

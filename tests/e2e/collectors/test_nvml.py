@@ -26,7 +26,7 @@ from jaxmon.model import DeviceInfo
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS
 from tests.conftest import ROOT, Samples, parse_samples, sample
-from tests.fakenvml import GPU_IS_LOST, SONAME, Scenario, build, device
+from tests.fakenvml import GPU_IS_LOST, H200_NAME, SONAME, Scenario, build, device, link, mig_device
 
 GIB = 1 << 30
 
@@ -97,10 +97,22 @@ def test_every_metric_is_the_scenarios_value(rig: Rig) -> None:
         power_mw=612_345,
         power_limit_mw=650_000,
         temperature_c=83,
-        sm_clock_mhz=1410,
+        clocks_mhz={"graphics": 1425, "sm": 1410, "memory": 2600, "video": 1230},
+        max_clocks_mhz={"graphics": 1900, "sm": 1890, "memory": 2610, "video": 1950},
         clocks_event_reasons=0x4 | 0x40,  # SW power cap + HW thermal slowdown
         ecc={"enabled": True, "corrected": 12, "uncorrected": 2},
         processes=[{"pid": 4242, "used": 20 * GIB}, {"pid": 4343, "used": 9 * GIB}],
+        fans=[30, 45],
+        encoder_util=12,
+        decoder_util=34,
+        power_management_limit_mw=675_000,
+        energy_mj=98_765_432,
+        pcie={"tx_kbps": 1500, "rx_kbps": 2500, "replays": 6},
+        remapped_rows={"correctable": 2, "uncorrectable": 1, "pending": True, "failure": False},
+        nvlink=[
+            link(1, 0, replay=3, recovery=1, crc_flit=7, crc_data=2, tx_kib=50, rx_kib=60),
+            link(1, 1, active=False),
+        ],
     )
     success, s = rig.poll()
     assert success
@@ -114,7 +126,36 @@ def test_every_metric_is_the_scenarios_value(rig: Rig) -> None:
     assert sample(s, "jaxmon_device_power_watts", **g) == 612.345
     assert sample(s, "jaxmon_device_power_limit_watts", **g) == 650.0
     assert sample(s, "jaxmon_device_temperature_celsius", **g) == 83
+    assert sample(s, "jaxmon_device_graphics_clock_hertz", **g) == 1425e6
     assert sample(s, "jaxmon_device_sm_clock_hertz", **g) == 1410e6
+    assert sample(s, "jaxmon_device_memory_clock_hertz", **g) == 2600e6
+    assert sample(s, "jaxmon_device_video_clock_hertz", **g) == 1230e6
+    assert sample(s, "jaxmon_device_graphics_clock_max_hertz", **g) == 1900e6
+    assert sample(s, "jaxmon_device_sm_clock_max_hertz", **g) == 1890e6
+    assert sample(s, "jaxmon_device_memory_clock_max_hertz", **g) == 2610e6
+    assert sample(s, "jaxmon_device_video_clock_max_hertz", **g) == 1950e6
+    assert sample(s, "jaxmon_device_fan_speed_ratio", **g, fan="0") == 0.30
+    assert sample(s, "jaxmon_device_fan_speed_ratio", **g, fan="1") == 0.45
+    assert sample(s, "jaxmon_device_encoder_utilization_ratio", **g) == 0.12
+    assert sample(s, "jaxmon_device_decoder_utilization_ratio", **g) == 0.34
+    assert sample(s, "jaxmon_device_power_management_limit_watts", **g) == 675.0
+    assert sample(s, "jaxmon_device_energy_joules_total", **g) == 98_765.432
+    assert sample(s, "jaxmon_device_pcie_throughput_bytes_per_second", **g, direction="tx") == 1500 * 1024
+    assert sample(s, "jaxmon_device_pcie_throughput_bytes_per_second", **g, direction="rx") == 2500 * 1024
+    assert sample(s, "jaxmon_device_pcie_replays_total", **g) == 6
+    assert sample(s, "jaxmon_device_remapped_rows_total", **g, kind="correctable") == 2
+    assert sample(s, "jaxmon_device_remapped_rows_total", **g, kind="uncorrectable") == 1
+    assert sample(s, "jaxmon_device_row_remapping_pending", **g) == 1
+    assert sample(s, "jaxmon_device_row_remapping_failed", **g) == 0
+    assert sample(s, "jaxmon_device_nvlink_active", **g, link="0") == 1
+    assert sample(s, "jaxmon_device_nvlink_active", **g, link="1") == 0
+    assert sample(s, "jaxmon_device_nvlink_data_bytes_total", **g, link="0", direction="tx") == 50 * 1024
+    assert sample(s, "jaxmon_device_nvlink_data_bytes_total", **g, link="0", direction="rx") == 60 * 1024
+    for kind, count in (("replay", 3), ("recovery", 1), ("crc_flit", 7), ("crc_data", 2)):
+        assert sample(s, "jaxmon_device_nvlink_errors_total", **g, link="0", kind=kind) == count
+    # The inactive link has its state alone.
+    assert {k[0] for k in s if ("link", "1") in k[1] and ("device", "1") in k[1]} == {"jaxmon_device_nvlink_active"}
+    assert sample(s, "jaxmon_device_mig_enabled", **g) == 0
     active = {r for r in CLOCKS_EVENT_REASONS if sample(s, "jaxmon_device_throttled", **g, reason=r) == 1}
     assert active == {"sw_power_cap", "hw_thermal_slowdown"}
     for reason in CLOCKS_EVENT_REASONS:
@@ -127,7 +168,7 @@ def test_every_metric_is_the_scenarios_value(rig: Rig) -> None:
         1,
         uuid=device(1)["uuid"],
         pci_bus_id="00000000:19:00.0",
-        name="NVIDIA H100 80GB HBM3",
+        name=H200_NAME,
         device_match="nvml_index",
     )
     assert s.get(("jaxmon_device_info", frozenset(info.items()))) == 1  # a `name` label: not through sample()
@@ -135,6 +176,9 @@ def test_every_metric_is_the_scenarios_value(rig: Rig) -> None:
     assert sample(s, "jaxmon_device_memory_used_bytes", **gpu(0)) == 10 * GIB
     assert sample(s, "jaxmon_device_temperature_celsius", **gpu(0)) == 40
     assert sample(s, "jaxmon_device_ecc_errors_total", **gpu(0), kind="corrected") == 0
+    assert sample(s, "jaxmon_device_energy_joules_total", **gpu(0)) == 3_600_000.0
+    assert sample(s, "jaxmon_device_nvlink_errors_total", **gpu(0), link="0", kind="replay") == 0
+    assert sample(s, "jaxmon_device_fan_speed_ratio", **gpu(0), fan="0") is None  # no fans on GPU 0 (SXM)
 
 
 def test_a_changed_scenario_shows_on_the_next_poll(rig: Rig) -> None:
@@ -189,7 +233,25 @@ def test_a_gpu_whose_handle_does_not_open_is_down_without_identity(rig: Rig) -> 
 
 
 def test_fields_the_gpu_does_not_support_are_absent_not_zero(rig: Rig) -> None:
-    unsupported = ["power", "power_limit", "temperature", "clock", "clocks_event_reasons", "utilization", "processes"]
+    unsupported = [
+        "power",
+        "power_limit",
+        "power_management_limit",
+        "energy",
+        "temperature",
+        "clock",
+        "max_clock",
+        "clocks_event_reasons",
+        "utilization",
+        "encoder",
+        "decoder",
+        "remapped_rows",
+        "pcie_throughput",
+        "pcie_replay",
+        "nvlink",
+        "mig",
+        "processes",
+    ]
     rig.scenario.update(0, not_supported=unsupported, ecc=None, processes=[{"pid": 1, "used": 5}])
     rig.scenario.update(1, ecc={"enabled": False, "corrected": 3, "uncorrected": 3})
     success, s = rig.poll()
@@ -203,6 +265,47 @@ def test_fields_the_gpu_does_not_support_are_absent_not_zero(rig: Rig) -> None:
     }
     # ECC turned off: no ECC series, although the counters hold numbers.
     assert not [k for k in s if k[0] == "jaxmon_device_ecc_errors_total" and ("device", "1") in k[1]]
+
+
+def test_one_failing_call_fails_its_gpu_alone_and_it_comes_back(rig: Rig) -> None:
+    rig.scenario.update(0, fail={"pcie_throughput": 999})
+    success, s = rig.poll()
+    assert not success
+    assert sample(s, "jaxmon_device_source_up", **gpu(0)) == 0
+    assert sample(s, "jaxmon_device_nvlink_active", **gpu(0), link="0") is None
+    assert sample(s, "jaxmon_device_nvlink_active", **gpu(1), link="0") == 1
+    assert sample(s, "jaxmon_device_pcie_throughput_bytes_per_second", **gpu(1), direction="tx") == 2000 * 1024
+    rig.scenario.update(0, fail=None)
+    success, s = rig.poll()
+    assert success and sample(s, "jaxmon_device_pcie_replays_total", **gpu(0)) == 0
+
+
+def test_mig_devices_are_series_of_their_gpu_with_uuid_instances_and_profile(rig: Rig) -> None:
+    small = mig_device(1, 0, "1g.18gb", 9)
+    large = mig_device(1, 2, "3g.71gb", 1, compute_instance=0, utilization={"gpu": 81, "memory": 10})
+    rig.scenario.update(
+        1,
+        mig={"current": 1, "devices": [small, large]},
+        not_supported=["utilization"],  # as on a MIG GPU
+    )
+    success, s = rig.poll()
+    assert success
+    assert rig.collector.update().state.mig_uuids(1) == (small["uuid"], large["uuid"])
+    assert sample(s, "jaxmon_device_mig_enabled", **gpu(1)) == 1
+    assert sample(s, "jaxmon_device_mig_enabled", **gpu(0)) == 0
+    assert sample(s, "jaxmon_device_duty_cycle_ratio", **gpu(1)) is None
+    for entry, gi, profile in ((small, "9", "1g.18gb"), (large, "1", "3g.71gb")):
+        own = gpu(1, mig_uuid=entry["uuid"], gpu_instance=gi, compute_instance="0", profile=profile)
+        info = frozenset({**own, "name": f"{H200_NAME} MIG {profile}"}.items())
+        assert s.get(("jaxmon_mig_device_info", info)) == 1
+        assert sample(s, "jaxmon_mig_device_memory_total_bytes", **own) == entry["memory"]["total"]
+        assert sample(s, "jaxmon_mig_device_memory_used_bytes", **own) == entry["memory"]["used"]
+    large_labels = gpu(1, mig_uuid=large["uuid"], gpu_instance="1", compute_instance="0", profile="3g.71gb")
+    assert sample(s, "jaxmon_mig_device_duty_cycle_ratio", **large_labels) == 0.81
+    small_labels = gpu(1, mig_uuid=small["uuid"], gpu_instance="9", compute_instance="0", profile="1g.18gb")
+    assert sample(s, "jaxmon_mig_device_duty_cycle_ratio", **small_labels) is None  # NVML does not report it
+    # Only GPU 1's MIG devices: GPU 0 has MIG off.
+    assert {dict(k[1])["device"] for k in s if k[0].startswith("jaxmon_mig_device")} == {"1"}
 
 
 def test_a_process_without_a_memory_figure_is_absent_and_known_pids_carry_their_workload(rig: Rig) -> None:

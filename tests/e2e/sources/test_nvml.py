@@ -1,4 +1,4 @@
-"""The NVML source (jaxmon/sources/nvml.py) through NVML's real C ABI: pynvml loads the fake libnvidia-ml.so.1
+"""The NVML source (jaxmon/sources/nvml/) through NVML's real C ABI: pynvml loads the fake libnvidia-ml.so.1
 (tests/fakenvml, built with gcc), and every reading is checked against the scenario the test wrote; an old driver's
 library (the fake built without the newer symbols) is read in a child process, which loads it by its soname.
 
@@ -15,11 +15,23 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pynvml
 import pytest
 
-from jaxmon.sources.nvml import GpuReading, Nvml, Process, probe_library
+from jaxmon.sources.nvml import GpuReading, MigDevice, NvLink, Nvml, Process, RemappedRows, probe_library
 from tests.conftest import ROOT
-from tests.fakenvml import GPU_IS_LOST, SONAME, Scenario, build, device
+from tests.fakenvml import (
+    GPU_IS_LOST,
+    H200_MAX_CLOCKS_MHZ,
+    H200_MEMORY,
+    H200_NAME,
+    SONAME,
+    Scenario,
+    build,
+    device,
+    link,
+    mig_device,
+)
 
 GIB = 1 << 30
 
@@ -54,23 +66,45 @@ def test_every_gpu_reads_as_the_scenario_has_it(scenario: Scenario, nvml: Nvml) 
         processes=[{"pid": 4242, "used": 3 * GIB}, {"pid": 4343, "used": None}],
     )
     zero, one = nvml.read_all()
+    mhz = 1e6
     assert zero == GpuReading(
         index=0,
-        name="NVIDIA H100 80GB HBM3",
+        name=H200_NAME,
         uuid=device(0)["uuid"],
         pci_bus_id="00000000:18:00.0",
         minor_number=0,  # the fake's default: its index
-        memory_total_bytes=80 * GIB,
+        memory_total_bytes=H200_MEMORY,
         memory_used_bytes=10 * GIB,  # v2 memory info: the driver's reservation is not counted as used
         duty_cycle_ratio=0.10,
         memory_bandwidth_utilization_ratio=0.05,
+        encoder_utilization_ratio=0.0,
+        decoder_utilization_ratio=0.0,
         power_watts=200.0,  # NVML reports milliwatts
         power_limit_watts=700.0,
+        power_management_limit_watts=700.0,
+        energy_joules_total=3_600_000.0,  # and millijoules
         temperature_celsius=40.0,
-        sm_clock_hertz=1980e6,  # and MHz
+        fan_speed_ratios=None,  # an SXM board has no fans
+        graphics_clock_hertz=1980 * mhz,  # and MHz
+        sm_clock_hertz=1980 * mhz,
+        memory_clock_hertz=2619 * mhz,
+        video_clock_hertz=1755 * mhz,
+        graphics_clock_max_hertz=H200_MAX_CLOCKS_MHZ["graphics"] * mhz,
+        sm_clock_max_hertz=H200_MAX_CLOCKS_MHZ["sm"] * mhz,
+        memory_clock_max_hertz=H200_MAX_CLOCKS_MHZ["memory"] * mhz,
+        video_clock_max_hertz=H200_MAX_CLOCKS_MHZ["video"] * mhz,
         clocks_event_reasons=0,
         ecc_corrected_total=0,
         ecc_uncorrected_total=0,
+        remapped_rows=RemappedRows(0, 0, pending=False, failed=False),
+        pcie_tx_bytes_per_second=1000 * 1024.0,  # and KB/s (KiB)
+        pcie_rx_bytes_per_second=2000 * 1024.0,
+        pcie_replays_total=0,
+        nvlinks=tuple(
+            NvLink(n, True, (1_000_000 + 1000 * n) * 1024, (2_000_000 + 1000 * n) * 1024, 0, 0, 0, 0) for n in range(18)
+        ),
+        mig_enabled=False,
+        mig_devices=None,
         processes=(),
     )
     assert zero.up
@@ -82,18 +116,169 @@ def test_every_gpu_reads_as_the_scenario_has_it(scenario: Scenario, nvml: Nvml) 
         41.0,
     )
     assert (one.clocks_event_reasons, one.ecc_corrected_total, one.ecc_uncorrected_total) == (0x40, 7, 1)
+    assert (one.decoder_utilization_ratio, one.energy_joules_total, one.video_clock_hertz) == (
+        0.01,
+        3_601_000.0,
+        1754e6,
+    )
     # A process NVML gives no memory figure for is kept, with None (never 0).
     assert one.processes == (Process(4242, 3 * GIB), Process(4343, None))
 
 
+def test_fans_encoder_power_energy_clocks_pcie_and_row_remapping_are_the_scenarios(
+    scenario: Scenario, nvml: Nvml
+) -> None:
+    scenario.update(
+        0,
+        fans=[37, 112],  # NVML's intended speed can exceed 100 %
+        encoder_util=23,
+        decoder_util=71,
+        power_management_limit_mw=650_500,
+        energy_mj=123_456_789,
+        clocks_mhz={"graphics": 1410, "sm": 1395, "memory": 2619, "video": 1215},
+        max_clocks_mhz={"graphics": 1980, "sm": 1980, "memory": 2619, "video": 1965},
+        pcie={"tx_kbps": 12_345, "rx_kbps": 54_321, "replays": 17},
+        remapped_rows={"correctable": 3, "uncorrectable": 1, "pending": True, "failure": True},
+    )
+    r = nvml.read(0)
+    assert r.fan_speed_ratios == ((0, 0.37), (1, 1.12))
+    assert (r.encoder_utilization_ratio, r.decoder_utilization_ratio) == (0.23, 0.71)
+    assert (r.power_management_limit_watts, r.energy_joules_total) == (650.5, 123_456.789)
+    assert (r.graphics_clock_hertz, r.sm_clock_hertz, r.memory_clock_hertz, r.video_clock_hertz) == (
+        1410e6,
+        1395e6,
+        2619e6,
+        1215e6,
+    )
+    assert (r.pcie_tx_bytes_per_second, r.pcie_rx_bytes_per_second, r.pcie_replays_total) == (
+        12_345 * 1024.0,
+        54_321 * 1024.0,
+        17,
+    )
+    assert r.remapped_rows == RemappedRows(3, 1, pending=True, failed=True)
+    # The other GPU keeps its own.
+    other = nvml.read(1)
+    assert (other.fan_speed_ratios, other.pcie_replays_total, other.remapped_rows) == (
+        None,
+        0,
+        RemappedRows(0, 0, False, False),
+    )
+
+
+def test_nvlink_is_read_per_link_inactive_links_have_their_state_alone(scenario: Scenario, nvml: Nvml) -> None:
+    links = [link(0, n) for n in range(4)]
+    links[1] = link(0, 1, active=False, replay=9)  # a down link's counters are not read
+    links[2] = link(0, 2, tx_kib=7, rx_kib=8, replay=1, recovery=2, crc_flit=3, crc_data=4)
+    scenario.update(0, nvlink=links)
+    scenario.update(1, nvlink=None)  # a GPU without NVLink (PCIe only)
+    assert nvml.read(0).nvlinks == (
+        NvLink(0, True, 1_000_000 * 1024, 2_000_000 * 1024, 0, 0, 0, 0),
+        NvLink(1, False),
+        NvLink(2, True, 7 * 1024, 8 * 1024, 1, 2, 3, 4),
+        NvLink(3, True, 1_003_000 * 1024, 2_003_000 * 1024, 0, 0, 0, 0),
+    )
+    assert nvml.read(1).nvlinks is None
+    # The links a GPU has are learnt once per handle; their state, traffic and errors every poll.
+    links[2] = link(0, 2, active=False)
+    links[3] = link(0, 3, tx_kib=100, rx_kib=200, crc_data=12)
+    scenario.update(0, nvlink=links, not_supported=["nvlink_throughput"])
+    read = nvml.read(0).nvlinks
+    assert read is not None
+    assert read[2] == NvLink(2, False)
+    assert read[3] == NvLink(3, True, None, None, 0, 0, 0, 12)  # the throughput fields answered NOT_SUPPORTED
+
+
+def test_mig_devices_carry_their_uuid_instance_ids_profile_memory_and_utilization(
+    scenario: Scenario, nvml: Nvml
+) -> None:
+    small = mig_device(1, 0, "1g.18gb", 9)
+    large = mig_device(1, 3, "3g.71gb", 2, compute_instance=1, utilization={"gpu": 64, "memory": 20})
+    scenario.update(1, mig={"current": 1, "pending": 1, "max_devices": 7, "devices": [small, large]})
+    scenario.update(0, mig=None)  # a GPU without MIG
+    one = nvml.read(1)
+    assert one.mig_enabled is True
+    assert one.mig_devices == (
+        MigDevice(
+            index=0,
+            uuid=small["uuid"],
+            gpu_instance=9,
+            compute_instance=0,
+            profile="1g.18gb",
+            name="NVIDIA H200 MIG 1g.18gb",
+            memory_total_bytes=small["memory"]["total"],
+            memory_used_bytes=GIB,
+            duty_cycle_ratio=None,  # NOT_SUPPORTED for MIG devices, as current drivers answer
+        ),
+        MigDevice(
+            index=3,  # the MIG indexes in between hold nothing (NOT_FOUND)
+            uuid=large["uuid"],
+            gpu_instance=2,
+            compute_instance=1,
+            profile="3g.71gb",
+            name="NVIDIA H200 MIG 3g.71gb",
+            memory_total_bytes=large["memory"]["total"],
+            memory_used_bytes=4 * GIB,
+            duty_cycle_ratio=0.64,
+        ),
+    )
+    zero = nvml.read(0)
+    assert (zero.mig_enabled, zero.mig_devices) == (None, None)
+    # An instance destroyed and another made: the next poll has the new set.
+    made = mig_device(1, 1, "2g.35gb", 5, memory={"total": 35 * GIB, "reserved": 0, "used": 0})
+    scenario.update(1, mig={"current": 1, "max_devices": 7, "devices": [large, made]})
+    assert [(m.index, m.profile, m.memory_used_bytes) for m in nvml.read(1).mig_devices or ()] == [
+        (1, "2g.35gb", 0),
+        (3, "3g.71gb", 4 * GIB),
+    ]
+    # MIG mode turned off: no MIG devices, whatever the instances were.
+    scenario.update(1, mig={"current": 0, "devices": [large]})
+    assert (nvml.read(1).mig_enabled, nvml.read(1).mig_devices) == (False, None)
+
+
 def test_a_field_this_gpu_does_not_offer_is_none_and_the_gpu_stays_up(scenario: Scenario, nvml: Nvml) -> None:
-    scenario.update(0, not_supported=["power", "temperature", "utilization"], ecc={"enabled": False})
+    scenario.update(
+        0,
+        not_supported=[
+            "power",
+            "temperature",
+            "utilization",
+            "encoder",
+            "energy",
+            "max_clock",
+            "pcie_throughput",
+            "nvlink_errors",
+            "remapped_rows",
+            "mig",
+        ],
+        ecc={"enabled": False},
+        clocks_mhz={"sm": 1500},  # the other clocks NOT_SUPPORTED
+    )
     reading = nvml.read(0)
     assert reading.up
     assert (reading.power_watts, reading.temperature_celsius, reading.duty_cycle_ratio) == (None, None, None)
     assert reading.memory_bandwidth_utilization_ratio is None
     assert (reading.ecc_corrected_total, reading.ecc_uncorrected_total) == (None, None)  # ECC off: no counts
+    assert (reading.encoder_utilization_ratio, reading.energy_joules_total, reading.remapped_rows) == (None, None, None)
+    assert (reading.graphics_clock_hertz, reading.sm_clock_hertz, reading.video_clock_hertz) == (None, 1500e6, None)
+    # The maxima are asked once, when the handle opens: here, at this first read.
+    assert reading.sm_clock_max_hertz is None
+    assert (reading.pcie_tx_bytes_per_second, reading.pcie_replays_total) == (None, 0)
+    assert (reading.mig_enabled, reading.mig_devices) == (None, None)
+    assert reading.nvlinks is not None and reading.nvlinks[0] == NvLink(
+        0, True, 1_000_000 * 1024, 2_000_000 * 1024, None, None, None, None
+    )
     assert reading.memory_used_bytes == 10 * GIB and reading.power_limit_watts == 700.0
+    assert reading.decoder_utilization_ratio == 0.0
+
+
+def test_any_other_error_of_one_call_fails_that_gpu_alone(scenario: Scenario, nvml: Nvml) -> None:
+    scenario.update(0, fail={"nvlink_errors": 999})
+    failed = nvml.read(0)
+    assert failed.error is not None and failed.error.startswith("NVML_ERROR_UNKNOWN")
+    assert failed.nvlinks is None and failed.memory_used_bytes is None  # nothing invented
+    assert nvml.read(1).up and nvml.read(1).nvlinks is not None
+    scenario.update(0, fail=None)
+    assert nvml.read(0).up
 
 
 def test_a_lost_gpu_reads_as_its_error_with_the_identity_it_had_and_comes_back(scenario: Scenario, nvml: Nvml) -> None:
@@ -102,7 +287,7 @@ def test_a_lost_gpu_reads_as_its_error_with_the_identity_it_had_and_comes_back(s
     lost = nvml.read(1)
     assert not lost.up
     assert lost.error is not None and lost.error.startswith("NVML_ERROR_GPU_IS_LOST")
-    assert (lost.name, lost.uuid, lost.pci_bus_id) == ("NVIDIA H100 80GB HBM3", device(1)["uuid"], "00000000:19:00.0")
+    assert (lost.name, lost.uuid, lost.pci_bus_id) == (H200_NAME, device(1)["uuid"], "00000000:19:00.0")
     assert lost.memory_used_bytes is None and lost.temperature_celsius is None  # nothing invented
     assert nvml.read(0).up  # the other GPU keeps answering
     scenario.update(1, error=None, temperature_c=77)
@@ -133,14 +318,16 @@ nvml.open()
 r = nvml.read(0)
 nvml.close()
 print(json.dumps({"used": r.memory_used_bytes, "reasons": r.clocks_event_reasons,
-                  "processes": [[p.pid, p.used_bytes] for p in r.processes or ()], "error": r.error}))
+                  "processes": [[p.pid, p.used_bytes] for p in r.processes or ()], "error": r.error,
+                  "fans": r.fan_speed_ratios, "rows": r.remapped_rows, "mig": [r.mig_enabled, r.mig_devices],
+                  "energy": r.energy_joules_total}))
 """
 
 
 def test_an_old_driver_library_is_read_through_its_older_calls(tmp_path: Path) -> None:
-    scenario = Scenario(
-        tmp_path / "scenario.json", [device(0, clocks_event_reasons=0x8, processes=[{"pid": 5, "used": GIB}])]
-    )
+    mig = {"current": 1, "devices": [mig_device(0, 0, "1g.18gb", 9)]}
+    dev = device(0, clocks_event_reasons=0x8, processes=[{"pid": 5, "used": GIB}], fans=[41, 42], mig=mig)
+    scenario = Scenario(tmp_path / "scenario.json", [dev])
     result = subprocess.run(
         [sys.executable, "-c", LEGACY],
         capture_output=True,
@@ -150,11 +337,35 @@ def test_an_old_driver_library_is_read_through_its_older_calls(tmp_path: Path) -
         env={**os.environ, **scenario.env(legacy=True)},
     )
     assert result.returncode == 0, result.stderr
-    # v1 memory info counts the driver's reservation as used; the throttle reasons and v2 process list stand in
-    # for the calls the old library lacks.
+    # v1 memory info counts the driver's reservation as used; the throttle reasons, v2 process list and the one-fan
+    # speed stand in for the calls the old library lacks; the row remapper and MIG it does not have are absent.
     assert json.loads(result.stdout) == {
         "used": 10 * GIB + (512 << 20),
         "reasons": 0x8,
         "processes": [[5, GIB]],
         "error": None,
+        "fans": [[0, 0.41]],
+        "rows": None,
+        "mig": [None, None],
+        "energy": 3_600_000.0,
     }
+
+
+def test_the_fakes_mig_handles_answer_as_nvmls_do(scenario: Scenario, nvml: Nvml) -> None:
+    """The fake itself, through pynvml: a MIG device handle is one, leads to its GPU's handle, and GPU-wide calls on
+    it are NOT_SUPPORTED (the calls jaxmon makes on MIG handles are checked above)."""
+    scenario.update(1, mig={"current": 1, "devices": [mig_device(1, 0, "1g.18gb", 9)]})
+    gpu = pynvml.nvmlDeviceGetHandleByIndex(1)
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
+    assert pynvml.nvmlDeviceIsMigDeviceHandle(mig).value == 1
+    assert pynvml.nvmlDeviceIsMigDeviceHandle(gpu).value == 0
+    parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+    assert ctypes.cast(parent, ctypes.c_void_p).value == ctypes.cast(gpu, ctypes.c_void_p).value
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetPowerUsage(mig)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetGpuInstanceId(gpu)
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 1)
+    size = ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
+    assert size == 40, f"pynvml's nvmlFieldValue_t is {size} bytes; the fake's is 40"

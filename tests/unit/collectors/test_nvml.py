@@ -1,4 +1,6 @@
-"""The nvml collector without NVML: its flags, and how NVML's GPUs are matched to JAX's devices.
+"""The nvml collector without NVML: its flags, how NVML's GPUs are matched to JAX's devices, and the rendering of a
+collector state of literal readings (every family, absent numbers, the labels of NVLink and MIG series, the one label
+function).
 
 Everything that reads NVML goes through the fake libnvidia-ml.so.1, which gcc builds:
 tests/e2e/collectors/test_nvml.py.
@@ -6,9 +8,19 @@ tests/e2e/collectors/test_nvml.py.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+
+import jaxmon.collectors.nvml as nvml_collector
 from jaxmon.app import default_settings, load_settings
-from jaxmon.collectors.nvml import DeviceMatch, NvmlOptions, match_devices
+from jaxmon.collectors.nvml import DeviceMatch, NvmlOptions, NvmlState, match_devices, render
 from jaxmon.model import DeviceInfo
+from jaxmon.sources.nvml import GpuReading, MigDevice, NvLink, Process, RemappedRows
+from tests.deploy_files import readme_metrics
+from tests.helpers import Samples, parse_samples, sample
 
 
 def jax_gpus(*ids: int, process_index: int = 0) -> list[DeviceInfo]:
@@ -38,3 +50,199 @@ def test_nvml_gpus_are_matched_to_jax_devices_only_where_that_is_certain() -> No
     assert match_devices(jax_gpus(0, 1), 4, pci).how == "nvml_index"
     assert match_devices(jax_gpus(4, 5, 6, 7, process_index=1), 4, pci).how == "nvml_index"
     assert match_devices(jax_gpus(0), 2, pci).how == "nvml_index"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Rendering a collector state (literal readings; no NVML)
+# --------------------------------------------------------------------------------------------------------------
+
+MIG_SMALL = MigDevice(
+    index=0,
+    uuid="MIG-aaaaaaaa-0000-4444-5555-000000000009",
+    gpu_instance=9,
+    compute_instance=0,
+    profile="1g.18gb",
+    name="NVIDIA H200 MIG 1g.18gb",
+    memory_total_bytes=17 << 30,
+    memory_used_bytes=3 << 30,
+)
+MIG_LARGE = MigDevice(
+    index=2,
+    uuid="MIG-bbbbbbbb-0002-4444-5555-000000000002",
+    gpu_instance=2,
+    compute_instance=1,
+    profile=None,  # a name without a profile
+    name="NVIDIA H200",
+    memory_total_bytes=71 << 30,
+    memory_used_bytes=None,
+    duty_cycle_ratio=0.5,
+)
+
+FULL = GpuReading(
+    index=3,
+    name="NVIDIA H200",
+    uuid="GPU-33333333-1111-2222-3333-000000000003",
+    pci_bus_id="00000000:1B:00.0",
+    memory_total_bytes=141 << 30,
+    memory_used_bytes=70 << 30,
+    duty_cycle_ratio=0.9,
+    memory_bandwidth_utilization_ratio=0.4,
+    encoder_utilization_ratio=0.05,
+    decoder_utilization_ratio=0.25,
+    power_watts=650.5,
+    power_limit_watts=700.0,
+    power_management_limit_watts=690.0,
+    energy_joules_total=1234.5,
+    temperature_celsius=71.0,
+    fan_speed_ratios=((0, 0.3), (2, 1.05)),
+    graphics_clock_hertz=1.98e9,
+    sm_clock_hertz=1.97e9,
+    memory_clock_hertz=2.619e9,
+    video_clock_hertz=1.755e9,
+    graphics_clock_max_hertz=1.98e9,
+    sm_clock_max_hertz=1.98e9,
+    memory_clock_max_hertz=2.619e9,
+    video_clock_max_hertz=1.965e9,
+    clocks_event_reasons=0x4,
+    ecc_corrected_total=8,
+    ecc_uncorrected_total=1,
+    remapped_rows=RemappedRows(correctable=5, uncorrectable=2, pending=True, failed=False),
+    pcie_tx_bytes_per_second=1.5e9,
+    pcie_rx_bytes_per_second=2.5e9,
+    pcie_replays_total=11,
+    nvlinks=(NvLink(0, True, 100, 200, 1, 2, 3, 4), NvLink(1, False), NvLink(2, True, 300, None, 0, None, 0, 0)),
+    mig_enabled=True,
+    mig_devices=(MIG_SMALL, MIG_LARGE),
+    processes=(Process(77, 5 << 30), Process(78, None)),
+)
+
+
+def rendered(state: NvmlState, workloads: dict[int, str] | None = None) -> Samples:
+    class Families:
+        def collect(self) -> Iterator[Metric]:
+            yield from (f for f in render(state, workloads or {}) if f.samples)
+
+    registry = CollectorRegistry()
+    registry.register(Families())
+    return parse_samples(generate_latest(registry).decode())
+
+
+def gpu(index: int, **extra: str) -> dict[str, str]:
+    return {"device": str(index), "platform": "gpu", "source": "nvml", **extra}
+
+
+def test_every_reading_of_a_gpu_is_its_series_with_its_value() -> None:
+    s = rendered(NvmlState(gpus=(FULL,), xid={(3, 79): 2}))
+    g = gpu(3)
+    expected = {
+        "jaxmon_device_source_up": 1,
+        "jaxmon_device_memory_total_bytes": 141 << 30,
+        "jaxmon_device_memory_used_bytes": 70 << 30,
+        "jaxmon_device_duty_cycle_ratio": 0.9,
+        "jaxmon_device_memory_bandwidth_utilization_ratio": 0.4,
+        "jaxmon_device_encoder_utilization_ratio": 0.05,
+        "jaxmon_device_decoder_utilization_ratio": 0.25,
+        "jaxmon_device_power_watts": 650.5,
+        "jaxmon_device_power_limit_watts": 700.0,
+        "jaxmon_device_power_management_limit_watts": 690.0,
+        "jaxmon_device_energy_joules_total": 1234.5,
+        "jaxmon_device_temperature_celsius": 71.0,
+        "jaxmon_device_graphics_clock_hertz": 1.98e9,
+        "jaxmon_device_sm_clock_hertz": 1.97e9,
+        "jaxmon_device_memory_clock_hertz": 2.619e9,
+        "jaxmon_device_video_clock_hertz": 1.755e9,
+        "jaxmon_device_graphics_clock_max_hertz": 1.98e9,
+        "jaxmon_device_sm_clock_max_hertz": 1.98e9,
+        "jaxmon_device_memory_clock_max_hertz": 2.619e9,
+        "jaxmon_device_video_clock_max_hertz": 1.965e9,
+        "jaxmon_device_pcie_replays_total": 11,
+        "jaxmon_device_row_remapping_pending": 1,
+        "jaxmon_device_row_remapping_failed": 0,
+        "jaxmon_device_mig_enabled": 1,
+    }
+    for name, value in expected.items():
+        assert sample(s, name, **g) == value, name
+    assert sample(s, "jaxmon_device_fan_speed_ratio", **g, fan="0") == 0.3
+    assert sample(s, "jaxmon_device_fan_speed_ratio", **g, fan="2") == 1.05
+    assert sample(s, "jaxmon_device_fan_speed_ratio", **g, fan="1") is None
+    assert sample(s, "jaxmon_device_pcie_throughput_bytes_per_second", **g, direction="tx") == 1.5e9
+    assert sample(s, "jaxmon_device_pcie_throughput_bytes_per_second", **g, direction="rx") == 2.5e9
+    assert sample(s, "jaxmon_device_remapped_rows_total", **g, kind="correctable") == 5
+    assert sample(s, "jaxmon_device_remapped_rows_total", **g, kind="uncorrectable") == 2
+    assert sample(s, "jaxmon_device_throttled", **g, reason="sw_power_cap") == 1
+    assert sample(s, "jaxmon_device_ecc_errors_total", **g, kind="uncorrected") == 1
+    assert sample(s, "jaxmon_device_xid_errors_total", **g, xid="79") == 2
+    assert sample(s, "jaxmon_process_device_memory_bytes", **g, pid="77") == 5 << 30
+    assert sample(s, "jaxmon_process_device_memory_bytes", **g, pid="78") is None
+
+
+def test_nvlink_series_are_per_link_and_an_inactive_link_has_its_state_alone() -> None:
+    s = rendered(NvmlState(gpus=(FULL,)))
+    g = gpu(3)
+    assert [sample(s, "jaxmon_device_nvlink_active", **g, link=str(n)) for n in range(3)] == [1, 0, 1]
+    assert sample(s, "jaxmon_device_nvlink_data_bytes_total", **g, link="0", direction="tx") == 100
+    assert sample(s, "jaxmon_device_nvlink_data_bytes_total", **g, link="0", direction="rx") == 200
+    assert sample(s, "jaxmon_device_nvlink_data_bytes_total", **g, link="2", direction="rx") is None
+    errors = {k: v for k, v in s.items() if k[0] == "jaxmon_device_nvlink_errors_total"}
+    assert {(dict(k[1])["link"], dict(k[1])["kind"]): v for k, v in errors.items()} == {
+        ("0", "replay"): 1,
+        ("0", "recovery"): 2,
+        ("0", "crc_flit"): 3,
+        ("0", "crc_data"): 4,
+        ("2", "replay"): 0,
+        ("2", "crc_flit"): 0,
+        ("2", "crc_data"): 0,
+    }
+    assert {k[0] for k in s if ("link", "1") in k[1]} == {"jaxmon_device_nvlink_active"}
+
+
+def test_mig_devices_carry_their_gpu_labels_and_their_uuid_instances_and_profile() -> None:
+    s = rendered(NvmlState(gpus=(FULL,)))
+    small = gpu(3, mig_uuid=MIG_SMALL.uuid, gpu_instance="9", compute_instance="0", profile="1g.18gb")
+    large = gpu(3, mig_uuid=MIG_LARGE.uuid, gpu_instance="2", compute_instance="1", profile="")
+    assert s.get(("jaxmon_mig_device_info", frozenset({**small, "name": "NVIDIA H200 MIG 1g.18gb"}.items()))) == 1
+    assert s.get(("jaxmon_mig_device_info", frozenset({**large, "name": "NVIDIA H200"}.items()))) == 1
+    assert sample(s, "jaxmon_mig_device_memory_total_bytes", **small) == 17 << 30
+    assert sample(s, "jaxmon_mig_device_memory_used_bytes", **small) == 3 << 30
+    assert sample(s, "jaxmon_mig_device_duty_cycle_ratio", **small) is None
+    assert sample(s, "jaxmon_mig_device_memory_used_bytes", **large) is None
+    assert sample(s, "jaxmon_mig_device_duty_cycle_ratio", **large) == 0.5
+    assert NvmlState(gpus=(FULL,)).mig_uuids(3) == (MIG_SMALL.uuid, MIG_LARGE.uuid)
+    assert NvmlState(gpus=(FULL,)).mig_uuids(0) == ()
+
+
+def test_a_number_nvml_did_not_report_is_an_absent_series_never_zero() -> None:
+    bare = GpuReading(index=0, name="NVIDIA H200", uuid="GPU-0", pci_bus_id="00000000:18:00.0")
+    s = rendered(NvmlState(gpus=(bare,)))
+    assert {name for name, _ in s} == {"jaxmon_device_source_up", "jaxmon_device_info"}
+    lost = GpuReading(index=1, error="NVML_ERROR_GPU_IS_LOST (GPU is lost)")
+    s = rendered(NvmlState(gpus=(lost, FULL)))
+    assert {name for name, labels in s if ("device", "1") in labels} == {"jaxmon_device_source_up"}
+    assert sample(s, "jaxmon_device_source_up", **gpu(1)) == 0
+    assert sample(s, "jaxmon_device_nvlink_active", **gpu(3), link="0") == 1  # the other GPU's series stay
+
+
+def test_every_series_gets_its_gpu_labels_from_the_one_label_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A label added in `_labels` (as pod labels will be) reaches every nvml series, MIG devices' included."""
+    original = nvml_collector._labels
+
+    def with_pod(gpu: GpuReading, match: DeviceMatch, mig: MigDevice | None = None) -> dict[str, str]:
+        owner = mig.uuid if mig is not None else gpu.uuid
+        return {**original(gpu, match, mig), "pod": f"pod-of-{owner}"}
+
+    monkeypatch.setattr(nvml_collector, "_labels", with_pod)
+    s = rendered(NvmlState(gpus=(FULL,), xid={(3, 48): 1}), {77: "trainer"})
+    assert len(s) > 50
+    for name, labels in s:
+        pod = dict(labels).get("pod")
+        want = dict(labels).get("mig_uuid", FULL.uuid)
+        assert pod == f"pod-of-{want}", (name, dict(labels))
+
+
+def test_every_family_the_collector_renders_is_in_the_readme_reference() -> None:
+    names = {name for name, _ in rendered(NvmlState(gpus=(FULL,), xid={(3, 79): 1}))}
+    known = readme_metrics()
+    assert names - set(known) == set()
+    # And the types agree: counters end in _total.
+    for name in names:
+        assert (known[name] == "counter") == name.endswith("_total"), name

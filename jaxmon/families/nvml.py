@@ -1,0 +1,224 @@
+"""The nvml collector's per-GPU families: one spec per NVML reading, rendered with the labels the collector makes.
+
+Every series here gets its labels from `labels(gpu, mig)`, the collector's one label function (`_labels` in
+jaxmon/collectors/nvml.py), plus what names the series within the GPU (`reason`, `kind`, `fan`, `direction`,
+`link`). A number NVML did not report (None in the reading) is an absent series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from prometheus_client.core import Metric
+
+from jaxmon.families import Spec, add
+from jaxmon.families.shared import (
+    DEVICE_DUTY_CYCLE,
+    DEVICE_MEMORY_BANDWIDTH,
+    DEVICE_MEMORY_TOTAL,
+    DEVICE_MEMORY_USED,
+)
+from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS, GpuReading, MigDevice
+
+Labels = Callable[[GpuReading, MigDevice | None], dict[str, str]]
+
+# One series per GPU: (family, GpuReading attribute).
+GPU_VALUES: tuple[tuple[Spec, str], ...] = (
+    (DEVICE_MEMORY_TOTAL, "memory_total_bytes"),
+    (DEVICE_MEMORY_USED, "memory_used_bytes"),
+    (DEVICE_DUTY_CYCLE, "duty_cycle_ratio"),
+    (DEVICE_MEMORY_BANDWIDTH, "memory_bandwidth_utilization_ratio"),
+    (
+        Spec(
+            "jaxmon_device_encoder_utilization_ratio",
+            "Share of the last sample period the video encoder (NVENC) was busy (NVML, 0-1).",
+        ),
+        "encoder_utilization_ratio",
+    ),
+    (
+        Spec(
+            "jaxmon_device_decoder_utilization_ratio",
+            "Share of the last sample period the video decoders (NVDEC) were busy (NVML, 0-1).",
+        ),
+        "decoder_utilization_ratio",
+    ),
+    (Spec("jaxmon_device_power_watts", "Power draw of the device (NVML power usage)."), "power_watts"),
+    (Spec("jaxmon_device_power_limit_watts", "Enforced power limit of the device (NVML)."), "power_limit_watts"),
+    (
+        Spec(
+            "jaxmon_device_power_management_limit_watts",
+            "Power management limit set on the device (NVML; the enforced limit is the lowest of this and the "
+            "board's other constraints).",
+        ),
+        "power_management_limit_watts",
+    ),
+    (
+        Spec(
+            "jaxmon_device_energy_joules",
+            "Energy the device consumed since the driver loaded (NVML total energy consumption).",
+            counter=True,
+        ),
+        "energy_joules_total",
+    ),
+    (Spec("jaxmon_device_temperature_celsius", "GPU core temperature (NVML)."), "temperature_celsius"),
+    (Spec("jaxmon_device_graphics_clock_hertz", "Current graphics clock (NVML)."), "graphics_clock_hertz"),
+    (Spec("jaxmon_device_sm_clock_hertz", "Current SM clock (NVML)."), "sm_clock_hertz"),
+    (Spec("jaxmon_device_memory_clock_hertz", "Current memory clock (NVML)."), "memory_clock_hertz"),
+    (Spec("jaxmon_device_video_clock_hertz", "Current video clock (NVML)."), "video_clock_hertz"),
+    (
+        Spec("jaxmon_device_graphics_clock_max_hertz", "Highest graphics clock of the device (NVML)."),
+        "graphics_clock_max_hertz",
+    ),
+    (Spec("jaxmon_device_sm_clock_max_hertz", "Highest SM clock of the device (NVML)."), "sm_clock_max_hertz"),
+    (
+        Spec("jaxmon_device_memory_clock_max_hertz", "Highest memory clock of the device (NVML)."),
+        "memory_clock_max_hertz",
+    ),
+    (Spec("jaxmon_device_video_clock_max_hertz", "Highest video clock of the device (NVML)."), "video_clock_max_hertz"),
+    (
+        Spec(
+            "jaxmon_device_pcie_replays",
+            "PCIe packets the link had to resend (NVML PCIe replay counter); a rising count is a failing link.",
+            counter=True,
+        ),
+        "pcie_replays_total",
+    ),
+)
+
+THROTTLED = Spec(
+    "jaxmon_device_throttled",
+    "1 when NVML reports this clocks event (throttle) reason as active, else 0; one series per known reason.",
+)
+ECC = Spec(
+    "jaxmon_device_ecc_errors",
+    "Volatile ECC errors (since the driver loaded) by kind; absent where ECC is off or unsupported.",
+    counter=True,
+)
+FAN = Spec(
+    "jaxmon_device_fan_speed_ratio",
+    "Each fan's intended speed as a share of its maximum (NVML; above 1 where driven past it); absent without fans.",
+)
+PCIE_THROUGHPUT = Spec(
+    "jaxmon_device_pcie_throughput_bytes_per_second",
+    "PCIe traffic of the device by direction (tx: sent by the GPU, rx: received), over NVML's 20 ms sample.",
+)
+REMAPPED_ROWS = Spec(
+    "jaxmon_device_remapped_rows",
+    "Memory rows the row remapper replaced with spares, by the kind of error that caused it (NVML; Ampere and newer).",
+    counter=True,
+)
+REMAPPING_PENDING = Spec(
+    "jaxmon_device_row_remapping_pending",
+    "1 while a row remapping waits for a GPU reset to take effect (NVML), else 0.",
+)
+REMAPPING_FAILED = Spec(
+    "jaxmon_device_row_remapping_failed",
+    "1 when a row remapping failed (no spare row left: the GPU needs replacing; NVML), else 0.",
+)
+NVLINK_ACTIVE = Spec("jaxmon_device_nvlink_active", "1 when this NVLink is active, 0 when it is down (NVML).")
+NVLINK_BYTES = Spec(
+    "jaxmon_device_nvlink_data_bytes",
+    "Payload bytes over this NVLink by direction since the driver loaded (NVML NVLink throughput counters); "
+    "active links only.",
+    counter=True,
+)
+NVLINK_ERRORS = Spec(
+    "jaxmon_device_nvlink_errors",
+    "NVLink data-link errors by kind (replay, recovery, crc_flit, crc_data) since the driver loaded (NVML); "
+    "active links only.",
+    counter=True,
+)
+MIG_ENABLED = Spec("jaxmon_device_mig_enabled", "1 when the GPU runs in MIG mode, 0 when not; absent without MIG.")
+MIG_INFO = Spec(
+    "jaxmon_mig_device_info",
+    "Each MIG device of a GPU in MIG mode, by its UUID (what pods and CUDA_VISIBLE_DEVICES name), GPU and compute "
+    "instance and profile; always 1.",
+)
+MIG_MEMORY_TOTAL = Spec("jaxmon_mig_device_memory_total_bytes", "Device memory of the MIG device in total (NVML).")
+MIG_MEMORY_USED = Spec("jaxmon_mig_device_memory_used_bytes", "Device memory in use on the MIG device (NVML).")
+MIG_DUTY_CYCLE = Spec(
+    "jaxmon_mig_device_duty_cycle_ratio",
+    "Share of the last sample period the MIG device ran any kernel (NVML, 0-1); absent where the driver does not "
+    "report it for MIG devices.",
+)
+
+
+def gpu_families(gpus: Sequence[GpuReading], labels: Labels) -> Iterator[Metric]:
+    """Every per-GPU family of the GPUs that answered this poll."""
+    for spec, attr in GPU_VALUES:
+        fam = spec.new()
+        for gpu in gpus:
+            value = getattr(gpu, attr)
+            if value is not None:
+                add(fam, labels(gpu, None), value)
+        yield fam
+    yield from _throttle_and_memory_errors(gpus, labels)
+    yield from _fans_and_pcie(gpus, labels)
+    yield from _nvlink(gpus, labels)
+    yield from _mig(gpus, labels)
+
+
+def _throttle_and_memory_errors(gpus: Iterable[GpuReading], labels: Labels) -> Iterator[Metric]:
+    throttled, ecc = THROTTLED.new(), ECC.new()
+    rows, pending, failed = REMAPPED_ROWS.new(), REMAPPING_PENDING.new(), REMAPPING_FAILED.new()
+    for gpu in gpus:
+        own = labels(gpu, None)
+        if gpu.clocks_event_reasons is not None:
+            for reason, bit in CLOCKS_EVENT_REASONS.items():
+                add(throttled, {**own, "reason": reason}, 1.0 if gpu.clocks_event_reasons & bit else 0.0)
+        for kind, value in (("corrected", gpu.ecc_corrected_total), ("uncorrected", gpu.ecc_uncorrected_total)):
+            if value is not None:
+                add(ecc, {**own, "kind": kind}, value)
+        remapped = gpu.remapped_rows
+        if remapped is not None:
+            add(rows, {**own, "kind": "correctable"}, remapped.correctable)
+            add(rows, {**own, "kind": "uncorrectable"}, remapped.uncorrectable)
+            add(pending, own, 1.0 if remapped.pending else 0.0)
+            add(failed, own, 1.0 if remapped.failed else 0.0)
+    yield from (throttled, ecc, rows, pending, failed)
+
+
+def _fans_and_pcie(gpus: Iterable[GpuReading], labels: Labels) -> Iterator[Metric]:
+    fans, pcie = FAN.new(), PCIE_THROUGHPUT.new()
+    for gpu in gpus:
+        own = labels(gpu, None)
+        for fan, ratio in gpu.fan_speed_ratios or ():
+            add(fans, {**own, "fan": str(fan)}, ratio)
+        for direction, value in (("tx", gpu.pcie_tx_bytes_per_second), ("rx", gpu.pcie_rx_bytes_per_second)):
+            if value is not None:
+                add(pcie, {**own, "direction": direction}, value)
+    yield from (fans, pcie)
+
+
+def _nvlink(gpus: Iterable[GpuReading], labels: Labels) -> Iterator[Metric]:
+    active, data, errors = NVLINK_ACTIVE.new(), NVLINK_BYTES.new(), NVLINK_ERRORS.new()
+    for gpu in gpus:
+        own = labels(gpu, None)
+        for link in gpu.nvlinks or ():
+            per_link = {**own, "link": str(link.link)}
+            add(active, per_link, 1.0 if link.active else 0.0)
+            for direction, value in (("tx", link.tx_bytes_total), ("rx", link.rx_bytes_total)):
+                if value is not None:
+                    add(data, {**per_link, "direction": direction}, value)
+            for kind, count in link.errors().items():
+                add(errors, {**per_link, "kind": kind}, count)
+    yield from (active, data, errors)
+
+
+def _mig(gpus: Iterable[GpuReading], labels: Labels) -> Iterator[Metric]:
+    enabled, info = MIG_ENABLED.new(), MIG_INFO.new()
+    total, used, duty = MIG_MEMORY_TOTAL.new(), MIG_MEMORY_USED.new(), MIG_DUTY_CYCLE.new()
+    for gpu in gpus:
+        if gpu.mig_enabled is not None:
+            add(enabled, labels(gpu, None), 1.0 if gpu.mig_enabled else 0.0)
+        for mig in gpu.mig_devices or ():
+            own = labels(gpu, mig)
+            add(info, {**own, "name": mig.name or ""}, 1.0)
+            for fam, value in (
+                (total, mig.memory_total_bytes),
+                (used, mig.memory_used_bytes),
+                (duty, mig.duty_cycle_ratio),
+            ):
+                if value is not None:
+                    add(fam, own, value)
+    yield from (enabled, info, total, used, duty)

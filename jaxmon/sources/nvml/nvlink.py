@@ -1,0 +1,115 @@
+"""NVLink per link: state (nvmlDeviceGetNvLinkState), data traffic and data-link error counters.
+
+Traffic comes from the field-values API, `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`/`_RX` with the link as the
+field's scope id: cumulative KiB of payload (without protocol overhead) since the driver loaded, every active link
+in one `nvmlDeviceGetFieldValues` call. That is what nvml.h and nvidia-ml-py direct to on Hopper (H100, H200) and
+newer; the older `nvmlDeviceGetNvLinkUtilizationCounter` is deprecated there (nvidia-ml-py: "will be removed in
+CUDA 14.0") and needs a counter configuration only root may set. Errors are `nvmlDeviceGetNvLinkErrorCounter`'s
+replay, recovery, CRC flit and CRC data counters. Inactive links report their state only.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import pynvml
+
+from jaxmon.sources.nvml.calls import ABSENT, optional
+from jaxmon.sources.nvml.readings import NVLINK_ERROR_KINDS, NvLink
+
+# pynvml 13 declares 36 links (Blackwell); 12.535 declared 18 (H100, H200: 18 links).
+MAX_LINKS = int(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18))
+
+_ERROR_COUNTERS = {
+    "replay": pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
+    "recovery": pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+    "crc_flit": pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+    "crc_data": pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
+}
+assert tuple(_ERROR_COUNTERS) == NVLINK_ERROR_KINDS
+
+# nvml.h: NVLink throughput counters, in KiB; scopeId is the link.
+FI_TX = 138  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+FI_RX = 139  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+
+_VALUE = {  # nvmlValueType_t -> the member of nvmlValue_t that holds it
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    getattr(pynvml, "NVML_VALUE_TYPE_UNSIGNED_SHORT", 6): "usVal",
+}
+
+
+def discover(handle: Any) -> tuple[int, ...]:
+    """The links this GPU has (asked once per handle): those whose state NVML reports. A link number past the GPU's
+    last answers INVALID_ARGUMENT; a GPU without NVLink answers NOT_SUPPORTED for every link."""
+    found = []
+    for link in range(MAX_LINKS):
+        try:
+            pynvml.nvmlDeviceGetNvLinkState(handle, link)
+        except pynvml.NVMLError as err:
+            if err.value in (pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                break
+            if err.value in ABSENT:
+                continue
+            raise
+        found.append(link)
+    return tuple(found)
+
+
+def read(handle: Any, links: tuple[int, ...]) -> tuple[NvLink, ...] | None:
+    """Every link's state, and the traffic and error counters of the active ones; None without NVLink."""
+    if not links:
+        return None
+    states = {}
+    for link in links:
+        state = optional(partial(pynvml.nvmlDeviceGetNvLinkState, handle, link))
+        if state is not None:
+            states[link] = int(state) == pynvml.NVML_FEATURE_ENABLED
+    active = [link for link, up in states.items() if up]
+    traffic = _traffic(handle, active)
+    out = []
+    for link, up in states.items():
+        if not up:
+            out.append(NvLink(link, False))
+            continue
+        errors: dict[str, int | None] = {}
+        for kind, counter in _ERROR_COUNTERS.items():
+            count = optional(partial(pynvml.nvmlDeviceGetNvLinkErrorCounter, handle, link, counter))
+            errors[kind] = None if count is None else int(count)
+        out.append(
+            NvLink(
+                link,
+                True,
+                tx_bytes_total=traffic.get((FI_TX, link)),
+                rx_bytes_total=traffic.get((FI_RX, link)),
+                replay_errors_total=errors["replay"],
+                recovery_errors_total=errors["recovery"],
+                crc_flit_errors_total=errors["crc_flit"],
+                crc_data_errors_total=errors["crc_data"],
+            )
+        )
+    return tuple(out)
+
+
+def _traffic(handle: Any, links: list[int]) -> dict[tuple[int, int], int]:
+    """(field, link) -> bytes, for every field NVML answered: one call for all links. A field's own error (an
+    older driver that does not know the field) leaves that field out."""
+    if not links:
+        return {}
+    wanted = [(field, link) for link in links for field in (FI_TX, FI_RX)]
+    values = optional(lambda: pynvml.nvmlDeviceGetFieldValues(handle, wanted))
+    if values is None:
+        return {}
+    out = {}
+    for (field, link), value in zip(wanted, values, strict=True):
+        if int(value.nvmlReturn) != pynvml.NVML_SUCCESS:
+            continue
+        member = _VALUE.get(int(value.valueType))
+        if member is not None:
+            out[(field, link)] = int(getattr(value.value, member)) * 1024
+    return out

@@ -1,0 +1,133 @@
+"""What one NVML poll of one GPU reads: plain frozen dataclasses, None for a number NVML does not report here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# nvml.h nvmlClocksEventReason* (named nvmlClocksThrottleReason* before driver 535): one bit each.
+CLOCKS_EVENT_REASONS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+
+# The NVLink data-link error counters jaxmon reads (nvmlNvLinkErrorCounter_t), by the `kind` label they get.
+NVLINK_ERROR_KINDS = ("replay", "recovery", "crc_flit", "crc_data")
+
+
+@dataclass(frozen=True)
+class Process:
+    """A compute process on a GPU, as NVML reports it (pid in NVML's PID namespace: the host's, usually)."""
+
+    pid: int
+    used_bytes: int | None
+
+
+@dataclass(frozen=True)
+class NvLink:
+    """One NVLink of a GPU: whether it is up, and for an active link its data traffic and its data-link error
+    counters (since the driver loaded). An inactive link has its state alone."""
+
+    link: int
+    active: bool
+    tx_bytes_total: int | None = None
+    rx_bytes_total: int | None = None
+    replay_errors_total: int | None = None
+    recovery_errors_total: int | None = None
+    crc_flit_errors_total: int | None = None
+    crc_data_errors_total: int | None = None
+
+    def errors(self) -> dict[str, int]:
+        """The error counters NVML reported, by kind (NVLINK_ERROR_KINDS)."""
+        out = {}
+        for kind in NVLINK_ERROR_KINDS:
+            value = getattr(self, f"{kind}_errors_total")
+            if value is not None:
+                out[kind] = value
+        return out
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG device of a GPU in MIG mode: its identity (the UUID, `MIG-…`, is what the CUDA_VISIBLE_DEVICES of a
+    container or the kubelet's pod resources name) and what NVML reports of it."""
+
+    index: int  # NVML's MIG device index on the parent GPU
+    uuid: str
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+    # The MIG profile (`1g.18gb`; `1c.3g.71gb` for a compute instance smaller than its GPU instance), from the MIG
+    # device's NVML name; None where the name carries none.
+    profile: str | None = None
+    name: str | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    duty_cycle_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    """The row remapper's state (Ampere and newer): rows remapped for correctable and uncorrectable errors, a
+    remapping that waits for a GPU reset, and whether a remapping failed (no spare row left)."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failed: bool
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One poll of one GPU; None is a number this GPU does not report (an absent series)."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    # N of /dev/nvidiaN: how device-name ids (`nvidiaN`, the kubelet's pod-resources on GKE) name the GPU.
+    minor_number: int | None = None
+    # Set when the device failed this poll (GPU lost, or any other error): no readings then.
+    error: str | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    duty_cycle_ratio: float | None = None
+    memory_bandwidth_utilization_ratio: float | None = None
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    power_management_limit_watts: float | None = None
+    energy_joules_total: float | None = None
+    temperature_celsius: float | None = None
+    # (fan, share of its maximum speed) per fan the driver reports; None on GPUs without fans (SXM boards).
+    fan_speed_ratios: tuple[tuple[int, float], ...] | None = None
+    graphics_clock_hertz: float | None = None
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    video_clock_hertz: float | None = None
+    graphics_clock_max_hertz: float | None = None
+    sm_clock_max_hertz: float | None = None
+    memory_clock_max_hertz: float | None = None
+    video_clock_max_hertz: float | None = None
+    clocks_event_reasons: int | None = None
+    ecc_corrected_total: int | None = None
+    ecc_uncorrected_total: int | None = None
+    remapped_rows: RemappedRows | None = None
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+    pcie_replays_total: int | None = None
+    nvlinks: tuple[NvLink, ...] | None = None
+    mig_enabled: bool | None = None
+    mig_devices: tuple[MigDevice, ...] | None = None
+    processes: tuple[Process, ...] | None = None
+
+    @property
+    def up(self) -> bool:
+        """True when the device answered this poll."""
+        return self.error is None
