@@ -18,7 +18,7 @@ from tests.conftest import Daemon, Samples, StartDaemon, parse_samples, sample
 from tests.fake_kubelet import FakeKubelet, container, pod
 from tests.fake_libtpu import Chip, FakeLibtpu
 from tests.fake_libtpu import Scenario as LibtpuScenario
-from tests.fakenvml import Scenario, device
+from tests.fakenvml import Scenario, device, mig_device
 
 POD_LABELS = ("namespace", "pod", "container")
 UUIDS = [f"GPU-{i:08x}-aaaa-bbbb-cccc-{i:012x}" for i in range(5)]
@@ -35,6 +35,9 @@ PODS = [
     pod("team-e", "tpu-job", container("jax", {"google.com/tpu": ["0", "1"]})),
     pod("team-f", "router", container("nic", {"example.com/nic": ["eth1"]})),
 ]
+# GPU 4 runs in MIG mode with two MIG devices: the first is the mig-job's, the second nobody's.
+MIG_DEVICES = [mig_device(4, 0, "1g.18gb", 7, uuid=MIG), mig_device(4, 2, "3g.71gb", 2)]
+MIG_POD = {"namespace": "team-d", "pod": "mig-job", "container": "worker"}
 # What each device's series carry: NVML index -> labels; GPU 3 nobody's, GPU 4 the MIG device's parent.
 GPU_PODS: dict[str, dict[str, str]] = {
     "0": {"namespace": "team-a", "pod": "train-0", "container": "trainer"},
@@ -81,6 +84,7 @@ def node_daemon(
             for i in range(5)
         ],
     )
+    nvml.update(4, mig={"current": 1, "pending": 1, "max_devices": 7, "devices": MIG_DEVICES})
     daemon = start_daemon(
         "--node",
         "--poll.interval",
@@ -139,7 +143,11 @@ def test_exactly_the_series_of_held_devices_carry_their_pods(
     seen: dict[str, set[str]] = {}
     for name, lbls in s:
         labels = dict(lbls)
-        if labels.get("source") == "nvml":
+        if labels.get("source") == "nvml" and "mig_uuid" in labels:
+            # A MIG device's series carry the pod holding that MIG device, by its UUID; its parent GPU's, none.
+            assert pod_labels(labels) == (MIG_POD if labels["mig_uuid"] == MIG else {}), (name, labels)
+            seen.setdefault(labels["mig_uuid"], set()).add(name)
+        elif labels.get("source") == "nvml":
             assert pod_labels(labels) == GPU_PODS[labels["device"]], (name, labels)
             seen.setdefault(labels["device"], set()).add(name)
         elif labels.get("source") == "libtpu":
@@ -161,6 +169,12 @@ def test_exactly_the_series_of_held_devices_carry_their_pods(
         "jaxmon_device_xid_errors_total",
     } <= seen["0"]
     assert {"jaxmon_device_memory_used_bytes", "jaxmon_device_duty_cycle_ratio"} <= seen["tpu"]
+    mig_families = {
+        "jaxmon_mig_device_info",
+        "jaxmon_mig_device_memory_total_bytes",
+        "jaxmon_mig_device_memory_used_bytes",
+    }
+    assert seen[MIG] == mig_families and seen[MIG_DEVICES[1]["uuid"]] == mig_families
     assert len(seen["0"]) == len(seen["3"]) + 1  # the Xid counter exists for GPU 0 alone
     assert pod_devices(s) == POD_DEVICES
     # One List per poll, however often the daemon is scraped.
