@@ -58,6 +58,9 @@ def test_node_mode_never_imports_jax_and_serves_nvml(tmp_path: Path) -> None:
         names = _imported(proc, modules)
         assert not [m for m in names if m.split(".")[0] in ("jax", "jaxlib")], "node mode imported JAX"
         assert "jaxmon.sources.local" not in names and "numpy" not in names
+        # No TPU chip and no kubelet socket here: the tpu and kubernetes collectors are off, and grpc (about 20 MiB
+        # of RSS) is never loaded for them.
+        assert "grpc" not in names and "grpc" not in Path(f"/proc/{proc.pid}/maps").read_text()
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "jaxlib" not in maps and "xla_extension" not in maps  # no JAX shared library mapped either
         for gpu in range(8):
