@@ -103,9 +103,22 @@ def test_job_dashboard_variables() -> None:
     assert all(v.isdigit() for v in variables["k"]["query"].split(","))
 
 
-# A query that returns one series per process or device must be cut to the k worst; these return one series (or
-# one per bucket) whatever the job's size.
-BOUNDED = re.compile(r"^(count|min|max|quantile)\(|^sum by \(le\) \(|^jaxmon:[a-z_]+:job_median5m\{|^ALERTS\{")
+# A query that returns one series per process or device must be cut to the k worst. These return one series (or
+# one per bucket) whatever the job's size: aggregations, and the records aggregated `by (workload)`.
+PER_WORKLOAD = "|".join(
+    (
+        "jaxmon:training_step_seconds:job_median5m",
+        "jaxmon:training_host_wait_ratio:job_median5m",
+        "jaxmon:workload_energy_joules_per_step:rate5m",
+    )
+)
+BOUNDED = re.compile(rf"^(count|min|max|quantile)\(|^sum by \(le\) \(|^({PER_WORKLOAD})\{{|^ALERTS\{{")
+
+
+def test_the_per_workload_records_are_aggregated_by_workload() -> None:
+    exprs = {r["record"]: r["expr"] for r in recording_rules()}
+    for name in PER_WORKLOAD.split("|"):
+        assert re.match(r"\s*(quantile|sum) by \(workload\)", exprs[name]), name
 
 
 def test_job_dashboard_stays_bounded_at_any_job_size() -> None:

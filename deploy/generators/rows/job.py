@@ -187,6 +187,15 @@ DEVICES = Row(
             min=0,
         ),
         Panel(
+            "Energy per step",
+            "timeseries",
+            "joule",
+            [Target(f"jaxmon:workload_energy_joules_per_step:rate5m{{{JOB}}}", "joules per step")],
+            "The job's GPUs' power (NVML's energy counter, on the jaxmons whose GPUs serve the workload) over its step "
+            "rate: what a step costs. Absent without NVML.",
+            min=0,
+        ),
+        Panel(
             "Job alerts",
             "table",
             "none",
