@@ -7,6 +7,7 @@ here are re-exported.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -95,6 +96,14 @@ def no_probe_thread_outlives_its_test() -> Iterator[None]:
 
 
 TOUCHED_LOGGERS = ("apscheduler", "apscheduler.scheduler", "jax", "hypercorn.error", "hypercorn.access")
+
+
+@pytest.fixture
+def no_jaxmon_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No JAXMON_* variable of the developer's shell reaches the settings the test loads."""
+    for name in list(os.environ):
+        if name.startswith("JAXMON_"):
+            monkeypatch.delenv(name)
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import ROOT, wait_until
+from tests.helpers import ROOT, terminate, wait_until
 
 
 def pod(namespace: str, name: str, *containers: dict[str, Any]) -> dict[str, Any]:
@@ -85,13 +85,8 @@ class FakeKubelet:
 
     def stop(self) -> None:
         """End the process; its socket goes with it."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            terminate(self.proc)
         self.proc = None
         (self.dir / "ready").unlink(missing_ok=True)
         self.socket.unlink(missing_ok=True)

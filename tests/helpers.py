@@ -81,6 +81,18 @@ def jaxmon_env(extra: Mapping[str, str] | None = None, devices: int = 8) -> dict
     return {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices), "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
+def terminate(proc: subprocess.Popen[Any], timeout: float = 10.0, sig: int = signal.SIGTERM) -> int:
+    """Send `sig` to a child that still runs, wait up to `timeout`, then SIGKILL; its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 class Process:
     """A child process with stdout and stderr in its own log file; stop() signals it, then kills it."""
 
@@ -104,15 +116,9 @@ class Process:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
         """Send `sig`, wait up to `timeout`, then SIGKILL; the exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        status = terminate(self.proc, timeout, sig)
         self._log.close()
-        return self.proc.returncode
+        return status
 
 
 class Daemon(Process):

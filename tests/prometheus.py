@@ -4,7 +4,6 @@ the end of the test (tests/e2e/test_prometheus.py, tests/e2e/test_job_view.py)."
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 import requests
 import yaml
 
-from tests.helpers import free_port, wait_until
+from tests.helpers import free_port, terminate, wait_until
 
 
 class Prometheus:
@@ -84,11 +83,5 @@ class Prometheus:
         wait_until(holds, timeout, what, step=0.25, detail=lambda: f"{expr} gave {result}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self._log.close()

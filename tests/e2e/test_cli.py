@@ -5,7 +5,6 @@ The cases that end before the daemon would serve are in tests/unit/test_cli.py.
 
 from __future__ import annotations
 
-import os
 import socket
 
 import pytest
@@ -15,11 +14,7 @@ from tests.conftest import CLI, FIXTURES
 REPLAY = ["--replay", str(FIXTURES / "shapes.json")]
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("JAXMON_"):
-            monkeypatch.delenv(name)
+pytestmark = pytest.mark.usefixtures("no_jaxmon_env")
 
 
 def test_a_port_in_use_exits_1_naming_the_address(cli: CLI) -> None:

@@ -11,26 +11,14 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import requests
 
-from tests.conftest import FIXTURES, Samples, StartDaemon, parse_samples, sample
+from tests.conftest import Samples, StartDaemon, parse_samples, sample
+from tests.spool_files import GOOD, doc, write
 
-GOOD = json.loads((FIXTURES / "spool_document.json").read_text())
 # The fixture's device 0, as the workload reported it.
 STATS = GOOD["devices"][0]["memory_stats"]
-
-
-def doc(workload: str, **overrides: Any) -> dict[str, Any]:
-    """The fixture document for `workload`, written now unless `time` is given."""
-    return {**GOOD, "workload": workload, "time": time.time(), "started": time.time(), **overrides}
-
-
-def write(path: Path, payload: dict[str, Any] | str, mtime: float | None = None) -> None:
-    path.write_text(payload if isinstance(payload, str) else json.dumps(payload))
-    if mtime is not None:
-        os.utime(path, (mtime, mtime))
 
 
 def workloads(s: Samples) -> set[str]:

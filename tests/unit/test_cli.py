@@ -7,7 +7,6 @@ Every case here ends before the daemon would serve (bad input, --help, --version
 from __future__ import annotations
 
 import json
-import os
 from importlib import metadata
 from pathlib import Path
 
@@ -19,11 +18,7 @@ from tests.conftest import CLI, FIXTURES
 REPLAY = ["--replay", str(FIXTURES / "shapes.json")]
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("JAXMON_"):
-            monkeypatch.delenv(name)
+pytestmark = pytest.mark.usefixtures("no_jaxmon_env")
 
 
 def test_version_prints_the_installed_version_and_exits_0(cli: CLI) -> None:

@@ -6,7 +6,6 @@ What the command line makes of bad settings (exit 2 and the message) is tested i
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -16,12 +15,7 @@ from jaxmon.app import default_settings, load_settings, model
 from jaxmon.settings import DEFAULT_PORT, SettingsError, parse_duration, parse_listen_address
 from jaxmon.settings.errors import unused_environment
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("JAXMON_"):
-            monkeypatch.delenv(name)
+pytestmark = pytest.mark.usefixtures("no_jaxmon_env")
 
 
 def _error(argv: list[str] | None = None, **options: object) -> str:

@@ -42,6 +42,17 @@ class Known:
     # The identities of its MIG devices seen at the last poll, by MIG UUID.
     mig_identities: dict[str, MigIdentity] = field(default_factory=dict)
 
+    def reading(self, index: int, **fields: Any) -> GpuReading:
+        """GPU `index`'s reading with this identity and `fields` (its readings, or the error of a failed poll)."""
+        return GpuReading(
+            index=index,
+            name=self.name,
+            uuid=self.uuid,
+            pci_bus_id=self.pci_bus_id,
+            minor_number=self.minor_number,
+            **fields,
+        )
+
 
 def open_known(handle: Any) -> Known:
     """Ask a freshly opened handle for what does not change while it is open."""
@@ -78,12 +89,8 @@ def read(index: int, handle: Any, known: Known, versions: Versions) -> GpuReadin
     corrected, uncorrected = _ecc(handle)
     mig_enabled, mig_devices, known.mig_identities = read_mig(handle, versions, known.mig_identities)
     maxima = known.max_clocks_hertz
-    return GpuReading(
-        index=index,
-        name=known.name,
-        uuid=known.uuid,
-        pci_bus_id=known.pci_bus_id,
-        minor_number=known.minor_number,
+    return known.reading(
+        index,
         memory_total_bytes=total,
         memory_used_bytes=used,
         duty_cycle_ratio=None if util is None else int(util.gpu) / 100.0,

@@ -96,14 +96,7 @@ class Nvml:
             known = self._known.get(index)
             if known is None:
                 return GpuReading(index=index, error=describe(err))
-            return GpuReading(
-                index=index,
-                name=known.name,
-                uuid=known.uuid,
-                pci_bus_id=known.pci_bus_id,
-                minor_number=known.minor_number,
-                error=describe(err),
-            )
+            return known.reading(index, error=describe(err))
 
     def _handle(self, index: int) -> Any:
         handle = self._handles.get(index)

@@ -20,19 +20,7 @@ from jaxmon.files import write_atomically
 from jaxmon.sources.spool import SpoolReader
 from jaxmon.sources.spool_document import Rejected, read_document
 from tests.conftest import FIXTURES
-
-GOOD = json.loads((FIXTURES / "spool_document.json").read_text())
-
-
-def doc(workload: str, **overrides: Any) -> dict[str, Any]:
-    """The fixture document for `workload`, written now unless `time` is given."""
-    return {**GOOD, "workload": workload, "time": time.time(), "started": time.time(), **overrides}
-
-
-def write(path: Path, payload: dict[str, Any] | str, mtime: float | None = None) -> None:
-    path.write_text(payload if isinstance(payload, str) else json.dumps(payload))
-    if mtime is not None:
-        os.utime(path, (mtime, mtime))
+from tests.spool_files import GOOD, doc, write
 
 
 def test_read_document_names_what_is_wrong_with_each_bad_number(tmp_path: Path) -> None:
