@@ -73,6 +73,7 @@ STEP = 0.5  # seconds per training step, job-wide (a synchronous job)
 OMEGA = 2 * math.pi / 300  # the step rate's wobble: +/- 21 % over 5 minutes
 WOBBLE = 20.0
 PROBE_FLOPS = 3.2e13
+POWER = 600.0  # watts per GPU
 GIB = 2**30
 REASONS = tuple(CLOCKS_EVENT_REASONS)
 LE = (*DURATION_BUCKETS, math.inf)
@@ -127,6 +128,7 @@ class Job:
         self.dphase = rng.uniform(0, 2 * math.pi, shape)
         self.clock_mhz = 1980.0 - rng.integers(0, 15, shape)
         self.memory = 62 * GIB * (1 + 0.02 * rng.standard_normal(shape))
+        self.power = POWER * (1 + 0.03 * rng.standard_normal(shape))
 
     # -- labels ----------------------------------------------------------------------------------------------
 
@@ -189,6 +191,9 @@ class Job:
     def last_step(self, ps: slice, t: np.ndarray) -> np.ndarray:
         return (t - np.mod(t - self.begin[ps, None], STEP))[:, None, :]
 
+    def steps_total(self, ps: slice, t: np.ndarray) -> np.ndarray:
+        return (self.steps(ps, t) + 1)[:, None, :]  # steps completed: one more than the durations between them
+
     def dispatched(self, ps: slice, t: np.ndarray) -> np.ndarray:
         return (self.steps(ps, t) + self.behind[ps, None])[:, None, :]
 
@@ -203,6 +208,11 @@ class Job:
 
     def sm_clock(self, ps: slice, t: np.ndarray) -> np.ndarray:
         return (self.clock_mhz[ps, :, None] - np.round(3 * (1 + self._wave(ps, t, 173)))) * 1e6
+
+    def energy(self, ps: slice, t: np.ndarray) -> np.ndarray:
+        """NVML's energy counter since the driver loaded (a day before the job): POWER W, +/- 5 % over 4 minutes."""
+        since = t[:, None, :] - (self.begin[ps, None, None] - 86400)
+        return np.round(self.power[ps, :, None] * (since + 2 * self._wave(ps, t, 241)), 3)
 
     def bytes_in_use(self, ps: slice, t: np.ndarray) -> np.ndarray:
         return np.round(self.memory[ps, :, None] + GIB / 2 * self._wave(ps, t, 211))
@@ -234,6 +244,13 @@ class Job:
                 1,
                 per_process("jaxmon_training_host_wait_seconds_total"),
                 self.host_wait,
+            ),
+            Family(
+                "jaxmon_training_steps",
+                "counter",
+                1,
+                per_process("jaxmon_training_steps_total"),
+                self.steps_total,
             ),
             Family(
                 "jaxmon_training_last_step_timestamp_seconds",
@@ -270,6 +287,13 @@ class Job:
                 DEVICES,
                 lambda p: [prefix("jaxmon_device_sm_clock_hertz", self.nvml(p, i)) for i in range(DEVICES)],
                 self.sm_clock,
+            ),
+            Family(
+                "jaxmon_device_energy_joules",
+                "counter",
+                DEVICES,
+                lambda p: [prefix("jaxmon_device_energy_joules_total", self.nvml(p, i)) for i in range(DEVICES)],
+                self.energy,
             ),
             Family(
                 "jaxmon_device_throttled",
@@ -618,7 +642,7 @@ def stats(runs: list[dict[str, Any]]) -> dict[str, Any]:
 # -- checks -----------------------------------------------------------------------------------------------------
 
 
-def check_answers(prom: Prometheus, job: Job) -> dict[str, Any]:
+def check_answers(prom: Prometheus, job: Job, rules: str) -> dict[str, Any]:
     """The rules' answer at scale: the straggler has the lowest host score, and only it is flagged."""
     n = job.n
 
@@ -645,6 +669,8 @@ def check_answers(prom: Prometheus, job: Job) -> dict[str, Any]:
         ),
         "jaxmon:workload_device_memory_bytes:relative": (count("jaxmon:workload_device_memory_bytes:relative"), 8 * n),
     }
+    records = sorted({key.split("{")[0] for _, key, expr in rule_expressions(rules) if key.startswith("jaxmon:")})
+    empty = [r for r in records if count(r) == 0]
     expected = [("JaxmonTrainingStraggler", "pending", str(job.straggler))]
     result = {
         "straggler": job.straggler,
@@ -653,11 +679,12 @@ def check_answers(prom: Prometheus, job: Job) -> dict[str, Any]:
         ],
         "alerts": [list(a) for a in flagged],
         "series_counts": {k: {"got": g, "expected": e} for k, (g, e) in counts.items()},
+        "recording_rules_without_output": empty,
     }
     lowest_ok = bool(lowest) and lowest[0]["metric"].get("process_index") == str(job.straggler)
     alerts_ok = [tuple(a) for a in flagged] in (expected, [("JaxmonTrainingStraggler", "firing", str(job.straggler))])
     counts_ok = all(g == e for g, e in counts.values())
-    result["ok"] = lowest_ok and alerts_ok and counts_ok
+    result["ok"] = lowest_ok and alerts_ok and counts_ok and not empty
     print(
         f"  check: straggler is process {job.straggler}; lowest host score: "
         + ", ".join(f"process {s['process_index']} = {s['score']:.3f}" for s in result["lowest_host_score"])
@@ -666,6 +693,7 @@ def check_answers(prom: Prometheus, job: Job) -> dict[str, Any]:
     print(f"  check: alerts {flagged} -> {'OK' if alerts_ok else 'WRONG'} (expected {expected})")
     for k, (g, e) in counts.items():
         print(f"  check: count({k}) = {g} (expected {e}) -> {'OK' if g == e else 'WRONG'}")
+    print(f"  check: every recording rule has output -> {'OK' if not empty else f'WRONG: none from {empty}'}")
     return result
 
 
@@ -995,7 +1023,7 @@ def measure(
     scraped = prom.query('sum(scrape_samples_scraped{job="synthetic"})')
     up = prom.query('sum(up{job="synthetic"})')
 
-    answers = check_answers(prom, job)
+    answers = check_answers(prom, job, args.rules)
 
     at = round(time.time() - 5, 3)
     exprs = [(key, expr) for _, key, expr in rule_expressions(args.rules)]
@@ -1018,6 +1046,7 @@ def measure(
         label_values = time_label_values(prom, args.dashboard, args.rounds, at)
         dashboard = {
             "path": str(args.dashboard),
+            **version(args.dashboard),
             "variables": variables,
             "unknown_variables": sorted(unknown),
             "queries": {
