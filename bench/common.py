@@ -146,12 +146,16 @@ def wait_for(url: str, predicate: Any, timeout: float = 120.0, what: str = "cond
 
 
 def all_calibrated(devices: int = 8, platform: str | None = "cpu") -> Any:
-    """Predicate: every device has a probe step count (calibration done) and one completed run."""
+    """Predicate: every device answers the probe (jaxmon_device_up), and every probed device has a step count
+    (calibration done) and one completed run. CPU devices are probed once per process (cpu:0 for all) unless
+    --collector.probe.each-cpu-device; an older jaxmon probed each."""
 
     def check(s: Samples) -> bool:
+        probed = per_device(s, "jaxmon_probe_steps", platform)
         return (
-            len(per_device(s, "jaxmon_probe_steps", platform)) >= devices
-            and len(per_device(s, "jaxmon_probe_duration_seconds", platform)) >= devices
+            len(per_device(s, "jaxmon_device_up", platform)) >= devices
+            and bool(probed)
+            and set(probed) <= set(per_device(s, "jaxmon_probe_duration_seconds", platform))
         )
 
     return check
