@@ -4,19 +4,41 @@ In a training script, `jaxmon.start(port)` serves the trainer's own devices in-p
 `jaxmon.publish(directory)` hands snapshots to a `jaxmon serve --collector.spool.dir` sidecar. With either running,
 `jaxmon.step(n, loss)` each step (and optionally `jaxmon.track(jitted_fn)` and `with jaxmon.badput(kind):`) adds
 step time, throughput, MFU and goodput.
+
+The names are imported on first use (PEP 562), each then bound here, so `jaxmon.step` is a plain attribute from
+then on: the daemon (`jaxmon serve`, which imports this package before jaxmon.cli) loads neither the embedded
+exporter, the publisher nor the training tracker, which only a training script uses.
 """
 
-from importlib import metadata
+from __future__ import annotations
 
-from jaxmon.embedded import Exporter, start
-from jaxmon.publisher import Publisher, publish
-from jaxmon.settings import SettingsError
-from jaxmon.training import Tracked, badput, step, track
+import importlib
+from importlib import metadata
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jaxmon.embedded import Exporter, start
+    from jaxmon.publisher import Publisher, publish
+    from jaxmon.settings import SettingsError
+    from jaxmon.training import Tracked, badput, step, track
 
 try:
     __version__ = metadata.version("jaxmon")
 except metadata.PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0"
+
+# Each public name and the module that defines it.
+_LAZY = {
+    "Exporter": "jaxmon.embedded",
+    "start": "jaxmon.embedded",
+    "Publisher": "jaxmon.publisher",
+    "publish": "jaxmon.publisher",
+    "SettingsError": "jaxmon.settings",
+    "Tracked": "jaxmon.training",
+    "badput": "jaxmon.training",
+    "step": "jaxmon.training",
+    "track": "jaxmon.training",
+}
 
 __all__ = [
     "Exporter",
@@ -30,3 +52,19 @@ __all__ = [
     "step",
     "track",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """A public name's first use: import its module and bind the names it defines here."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jaxmon' has no attribute {name!r}")
+    loaded = importlib.import_module(module)
+    for other, where in _LAZY.items():
+        if where == module:
+            globals()[other] = getattr(loaded, other)
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
