@@ -50,6 +50,8 @@
  *                                                  fields' own return codes), field_values (the whole call),
  *                                                  mig, processes, process_utilization, events
  *    "events": [{"device": 0, "type": 8, "data": 79}]}   delivered once each, in order, by nvmlEventSetWait_v2
+ *                                                  (which blocks, as the driver's does, until the scenario's
+ *                                                  directory changes or the timeout: inotify, not a polling loop)
  *
  * Compiled with -DFAKENVML_LEGACY it lacks the newer symbols (nvmlDeviceGetMemoryInfo_v2,
  * nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetCurrentClocksEventReasons, nvmlDeviceGetNumFans,
@@ -66,9 +68,12 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <poll.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int nvmlReturn_t;
 enum {
@@ -1116,15 +1121,57 @@ static int next_event_locked(nvmlEventSet_t set, nvmlEventData_t *data) {
     return 0;
 }
 
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000.0 + ts.tv_nsec / 1e6;
+}
+
+/* An inotify descriptor watching the scenario's directory (the test replaces the file there), or -1. */
+static int watch_scenario(void) {
+    const char *path = getenv("FAKENVML_SCENARIO");
+    if (!path) return -1;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir) dir[1] = 0;
+    else if (slash) *slash = 0;
+    else snprintf(dir, sizeof dir, ".");
+    int fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    if (fd < 0) return -1;
+    if (inotify_add_watch(fd, dir, IN_MOVED_TO | IN_CLOSE_WRITE | IN_CREATE) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Blocks like the driver's wait (a thread in it costs no CPU): the scenario is re-read whenever its directory
+ * changes, and the call returns the next event or TIMEOUT after `timeoutms`. The watch is set before the first
+ * look, so a change made meanwhile wakes it; without inotify it looks every 10 ms instead. */
 nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
     if (!set || !data) return NVML_ERROR_INVALID_ARGUMENT;
-    for (unsigned int waited = 0;; waited += 10) {
+    int fd = watch_scenario();
+    double deadline = now_ms() + timeoutms;
+    nvmlReturn_t result;
+    for (;;) {
         pthread_mutex_lock(&lock);
-        if (!initialized) return leave(NVML_ERROR_UNINITIALIZED);
+        if (!initialized) { result = leave(NVML_ERROR_UNINITIALIZED); break; }
         reload_locked();
-        if (next_event_locked(set, data)) return leave(NVML_SUCCESS);
+        if (next_event_locked(set, data)) { result = leave(NVML_SUCCESS); break; }
         pthread_mutex_unlock(&lock);
-        if (waited >= timeoutms) return NVML_ERROR_TIMEOUT;
-        sleep_ms(10);
+        double left = deadline - now_ms();
+        if (left <= 0) { result = NVML_ERROR_TIMEOUT; break; }
+        if (fd < 0) {
+            sleep_ms(left < 10 ? left : 10);
+            continue;
+        }
+        struct pollfd pfd = {fd, POLLIN, 0};
+        if (poll(&pfd, 1, (int)left + 1) > 0) {
+            char drain[4096];
+            while (read(fd, drain, sizeof drain) > 0) {}
+        }
     }
+    if (fd >= 0) close(fd);
+    return result;
 }
