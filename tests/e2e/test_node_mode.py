@@ -61,6 +61,11 @@ def test_node_mode_never_imports_jax_and_serves_nvml(tmp_path: Path) -> None:
         # No TPU chip and no kubelet socket here: the tpu and kubernetes collectors are off, and grpc (about 20 MiB
         # of RSS) is never loaded for them.
         assert "grpc" not in names and "grpc" not in Path(f"/proc/{proc.pid}/maps").read_text()
+        # What only a training process, a config file or basic auth needs (issue 22, bench/node_weight.py): the
+        # embedded exporter, the publisher and the training tracker (jaxmon/__init__.py binds them on first use),
+        # PyYAML (about 0.9 MiB) and bcrypt.
+        unneeded = ("jaxmon.embedded", "jaxmon.publisher", "jaxmon.training.tracker", "yaml", "bcrypt")
+        assert [m for m in unneeded if m in names] == []
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "jaxlib" not in maps and "xla_extension" not in maps  # no JAX shared library mapped either
         for gpu in range(8):
