@@ -33,6 +33,9 @@ CPU is utime + stime from /proc/PID/stat over each window (% of one core); at th
 (4), the order of the scrapes within a round alternating (jaxmon first, then nvitop-exporter first, ...); the
 figures are medians over the rounds. The series each exports are counted in one plain scrape at the end.
 
+`--tree DIR` runs the jaxmon sides from another checkout's package (`git archive REV jaxmon | tar -x -C DIR`;
+first on their PYTHONPATH) for a before/after figure, written under `--name`.
+
 `--breakdown` instead imports, in a fresh interpreter per side, what each daemon imports, in layers, and prints
 the RSS each layer adds (what each MiB is); nothing is served.
 
@@ -259,6 +262,8 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=30.0, help="seconds after both serve, before the first window")
     ap.add_argument("--kubernetes", action="store_true", help="also node mode with the kubernetes collector")
     ap.add_argument("--breakdown", action="store_true", help="only the import layers of each side")
+    ap.add_argument("--tree", type=Path, help="run the jaxmon sides from this directory's jaxmon/ package")
+    ap.add_argument("--name", default="node_weight", help="results file name (bench/results/NAME.json)")
     args = ap.parse_args()
     nvitop = args.nvitop.resolve()
     if not nvitop.exists():
@@ -279,13 +284,18 @@ def main() -> None:
     scenario = Scenario(tmp / "nvml.json", devices)
     env = {**os.environ, **scenario.env(), "PYTHONUNBUFFERED": "1"}
     jaxmon_exe = str(Path(sys.executable).with_name("jaxmon"))
+    jaxmon_env = dict(env)
+    if args.tree is not None:
+        jaxmon_env["PYTHONPATH"] = str(args.tree.resolve())
+    where = "import jaxmon; print(jaxmon.__file__)"
+    package = subprocess.run([sys.executable, "-c", where], env=jaxmon_env, capture_output=True, text=True, cwd="/")
+    print(f"jaxmon sides run {package.stdout.strip()}", flush=True)
     kubelet: FakeKubelet | None = None
     sides: list[Side] = []
     try:
         port = free_port()
-        sides.append(
-            Side("jaxmon", [jaxmon_exe, "serve", "--node", "--web.listen-address", f"127.0.0.1:{port}"], env, port)
-        )
+        argv = [jaxmon_exe, "serve", "--node", "--web.listen-address", f"127.0.0.1:{port}"]
+        sides.append(Side("jaxmon", argv, jaxmon_env, port))
         port = free_port()
         argv = [str(nvitop), "--bind-address", "127.0.0.1", "--port", str(port), "--hostname", "bench"]
         sides.append(Side("nvitop_exporter", argv, env, port))
@@ -298,7 +308,7 @@ def main() -> None:
             port = free_port()
             argv = [jaxmon_exe, "serve", "--node", "--web.listen-address", f"127.0.0.1:{port}"]
             argv += ["--collector.kubernetes", "--collector.kubernetes.socket", str(kubelet.socket)]
-            sides.append(Side("jaxmon_kubernetes", argv, env, port))
+            sides.append(Side("jaxmon_kubernetes", argv, jaxmon_env, port))
         expected = {str(i): float((10 + i) * GIB) for i in range(GPUS)}
         for side in sides:
 
@@ -374,8 +384,9 @@ def main() -> None:
             )
         print(f"{rate} goals: {json.dumps(goals[rate])}")
     save(
-        "node_weight",
+        args.name,
         {
+            "jaxmon_package": package.stdout.strip(),
             "command": " ".join(["python", "bench/node_weight.py", *sys.argv[1:]]),
             "nvitop_exporter_version": version,
             "gpus": GPUS,
