@@ -14,6 +14,7 @@ read-only root file system only needs a writable temporary directory (the manife
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import tempfile
@@ -72,14 +73,17 @@ def _generate() -> dict[str, str]:
 
 
 def _protoc(arguments: list[str]) -> int:
-    """grpcio-tools' protoc with `arguments`, in a child interpreter (its stderr is this process's); in this process
-    where there is no interpreter to start (an embedding application without sys.executable)."""
+    """grpcio-tools' protoc with `arguments`, in a child interpreter with this one's module path (its stderr is this
+    process's); in this process where there is no interpreter to start (an embedding application without
+    sys.executable)."""
     if not sys.executable:
         from grpc_tools import protoc
 
         return int(protoc.main(["protoc", *arguments]))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     try:
-        done = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", *arguments], timeout=120, check=False)
+        command = [sys.executable, "-m", "grpc_tools.protoc", *arguments]
+        done = subprocess.run(command, env=env, timeout=120, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise StubsUnavailable(f"protoc did not run: {exc}") from exc
     return done.returncode
