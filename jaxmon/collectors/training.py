@@ -8,6 +8,7 @@ the workload process (`jaxmon.start(training={...})`, `jaxmon.publish(..., train
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
 from pydantic import Field
@@ -19,7 +20,9 @@ from jaxmon.identity import host_name
 from jaxmon.settings import CollectorOptions, Enabled
 from jaxmon.snapshot import Snapshot
 from jaxmon.training.reading import TrainingReading
-from jaxmon.training.tracker import TrackerConfig
+
+if TYPE_CHECKING:
+    from jaxmon.training.tracker import TrackerConfig
 
 
 class TrainingOptions(CollectorOptions):
@@ -43,7 +46,9 @@ class TrainingOptions(CollectorOptions):
     )
 
     def tracker_config(self) -> TrackerConfig:
-        """What the tracker takes of these options."""
+        """What the tracker takes of these options (the tracker itself is loaded only in a training process)."""
+        from jaxmon.training.tracker import TrackerConfig
+
         return TrackerConfig(self.peak_flops, self.window, self.stall_factor, self.max_pending)
 
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import CliSettingsSource
 
@@ -208,6 +207,8 @@ def _record(
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml  # only with a config file: PyYAML is about 1 MiB of RSS a daemon without one does not need
+
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:

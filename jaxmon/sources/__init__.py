@@ -6,10 +6,12 @@ Sources return raw readings (`memory_stats()`-shaped dicts, published documents)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jaxmon.model import BackendStatus, DeviceInfo, ProbeKernel
-from jaxmon.training.reading import TrainingReading
+
+if TYPE_CHECKING:  # a type alone: importing jaxmon.training here would load the tracker in every daemon
+    from jaxmon.training.reading import TrainingReading
 
 
 class DeviceSource(Protocol):

@@ -21,12 +21,14 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Hashable, Iterator
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 import structlog
 
 from jaxmon.finalization import EXIT_WAIT, before_finalization
-from jaxmon.training.tracker import Program, Tracker, TrackerConfig, TrainingOps
+
+if TYPE_CHECKING:  # the tracker is imported when one starts: a daemon reading a spool never loads it
+    from jaxmon.training.tracker import Program, Tracker, TrackerConfig, TrainingOps
 
 log = structlog.get_logger("jaxmon.training")
 
@@ -43,6 +45,8 @@ def activate(ops: Callable[[], TrainingOps], config: TrackerConfig) -> Tracker:
     global _tracker
     with _lock:
         if _tracker is None:
+            from jaxmon.training.tracker import Tracker
+
             _tracker = Tracker(ops(), config)
             tracker = _tracker
             # The waiter thread waits inside JAX: let it leave before the interpreter finalizes.
@@ -133,6 +137,8 @@ class Tracked(Generic[P, R]):
         key = ops.signature(args, kwargs)  # after the call: donated arguments keep their shapes and shardings
         program = self._programs.get(key)
         if program is None:
+            from jaxmon.training.tracker import Program  # loaded already: activate() imported the tracker
+
             program = self._programs[key] = Program(self._fn, ops.avals(args, kwargs))
         self._only = program if len(self._programs) == 1 and size == 1 else None
         return program
@@ -155,4 +161,4 @@ def _after_fork_in_child() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
-__all__ = ["Tracked", "TrackerConfig", "activate", "badput", "current", "step", "track"]
+__all__ = ["Tracked", "activate", "badput", "current", "step", "track"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import os
@@ -13,8 +14,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
-
-import bcrypt
 
 from jaxmon.web.webconfig import RateLimit
 
@@ -33,6 +32,8 @@ def decoy_hash(cost: int = DECOY_COST) -> bytes:
     Checking a password against it costs what checking against a real hash of that cost does (bcrypt.checkpw
     hashes with the salt and cost, then compares).
     """
+    import bcrypt  # only where basic auth is configured (a daemon without users never loads it)
+
     return bcrypt.gensalt(rounds=cost) + bytes(secrets.choice(_BCRYPT_ALPHABET) for _ in range(31))
 
 
@@ -69,11 +70,15 @@ class BasicAuth:
 
     def __init__(self, users: dict[str, str], cache_size: int = 256) -> None:
         self._users = {u: h.encode() for u, h in users.items()}
-        self.decoy = decoy_hash()
         self._key = os.urandom(32)
         self._cache: OrderedDict[bytes, bool] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
+
+    @functools.cached_property
+    def decoy(self) -> bytes:
+        """What an unknown user's password is checked against, made at the first check (or look)."""
+        return decoy_hash()
 
     @property
     def enabled(self) -> bool:
@@ -97,6 +102,8 @@ class BasicAuth:
         """Whether the pair is valid; slow (bcrypt) on a cache miss: run it on a CheckQueue."""
         if self.cached(user, password):
             return True
+        import bcrypt
+
         hashed = self._users.get(user)
         key = self._key_of(user, password)
         ok = bcrypt.checkpw(password.encode(), hashed if hashed is not None else self.decoy) and hashed is not None

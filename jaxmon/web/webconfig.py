@@ -13,7 +13,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from jaxmon.web.errors import WebConfigError
@@ -317,6 +316,8 @@ def load_web_config(path: Path | None) -> WebConfig:
     """Parse and check the file (None: plain HTTP, no auth); certificates, keys and CAs are loaded to check them."""
     if path is None:
         return WebConfig(source=None)
+    import yaml  # only with a web config file (see jaxmon.settings.load)
+
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -61,6 +62,11 @@ def test_node_mode_never_imports_jax_and_serves_nvml(tmp_path: Path) -> None:
         # No TPU chip and no kubelet socket here: the tpu and kubernetes collectors are off, and grpc (about 20 MiB
         # of RSS) is never loaded for them.
         assert "grpc" not in names and "grpc" not in Path(f"/proc/{proc.pid}/maps").read_text()
+        # What only a training process, a config file or basic auth needs (issue 22, bench/node_weight.py): the
+        # embedded exporter, the publisher and the training tracker (jaxmon/__init__.py binds them on first use),
+        # PyYAML (about 0.9 MiB) and bcrypt.
+        unneeded = ("jaxmon.embedded", "jaxmon.publisher", "jaxmon.training.tracker", "yaml", "bcrypt")
+        assert [m for m in unneeded if m in names] == []
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "jaxlib" not in maps and "xla_extension" not in maps  # no JAX shared library mapped either
         for gpu in range(8):
@@ -97,3 +103,26 @@ def test_node_mode_refuses_a_collector_that_needs_jax(tmp_path: Path) -> None:
     settings = load_settings(["--node"])
     assert settings.collector_options("memory").enabled is False
     assert settings.collector_options("probe").enabled is False
+
+
+LAZY_NAMES = """
+import json, sys
+import jaxmon
+before = sorted(m for m in sys.modules if m.startswith("jaxmon"))
+hook_before = "__getattr__" in vars(jaxmon)
+step = jaxmon.step
+bound = {n: n in vars(jaxmon) for n in jaxmon.__all__}
+print(json.dumps({"before": before, "hook_before": hook_before, "hook_after": "__getattr__" in vars(jaxmon),
+                  "bound": bound, "same": step is sys.modules["jaxmon.training"].step}))
+"""
+
+
+def test_import_jaxmon_loads_the_public_names_at_first_use_then_binds_them_all() -> None:
+    """`import jaxmon` (the daemon's first import) loads no embedded exporter, publisher or tracker; the first public
+    name read binds every one and removes the module's __getattr__, so later reads are plain (specialized)
+    attributes and jaxmon.step() costs what it did."""
+    out = subprocess.run([sys.executable, "-c", LAZY_NAMES], capture_output=True, text=True, check=True, cwd=ROOT)
+    result = json.loads(out.stdout)
+    assert result["before"] == ["jaxmon"] and result["hook_before"] is True
+    assert result["hook_after"] is False and result["same"] is True
+    assert result["bound"] == dict.fromkeys(result["bound"], True)

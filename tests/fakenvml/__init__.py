@@ -29,8 +29,9 @@ GPU_IS_LOST = 15
 def build(legacy: bool = False) -> Path:
     """Compile the fake once per process; returns the directory holding `libnvidia-ml.so.1`.
 
-    `legacy` leaves out the newer symbols (`_v2` memory info, `_v3` process list, clocks event reasons, the fan
-    count and per-fan speed, the row remapper, MIG), as an old driver's library does.
+    `legacy` leaves out the newer symbols (`_v2` memory info, `_v3` process lists, clocks event reasons, the fan
+    count and per-fan speed, the row remapper, MIG, the versioned temperature, the `_v2` CUDA driver version), as an
+    old driver's library does.
     """
     gcc = shutil.which("gcc")
     if gcc is None:

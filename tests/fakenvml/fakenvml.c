@@ -9,6 +9,7 @@
  *   {"init_error": 9,                              NVML error code nvmlInitWithFlags returns
  *    "count_error": 999,                           NVML error code nvmlDeviceGetCount_v2 returns
  *    "driver_version": "550.54.15",
+ *    "cuda_driver_version": 12040,                 what nvmlSystemGetCudaDriverVersion{,_v2} answer (absent: 12040)
  *    "devices": [{
  *      "name": "NVIDIA H200", "uuid": "GPU-...", "pci_bus_id": "00000000:18:00.0",
  *      "minor_number": 0,                          N of /dev/nvidiaN (default: the device's index)
@@ -35,7 +36,11 @@
  *                           "gpu_instance": 9, "compute_instance": 0, "memory": {...},
  *                           "utilization": {...},  absent: NOT_SUPPORTED, as current drivers answer for MIG
  *                           "error": 0, "not_supported": [...]}]},
- *      "processes": [{"pid": 1, "used": 0}],       "used": null is NVML_VALUE_NOT_AVAILABLE
+ *      "processes": [{"pid": 1, "used": 0,        compute processes; "used": null is NVML_VALUE_NOT_AVAILABLE
+ *                     "utilization": {"sm": 0, "memory": 0, "encoder": 0, "decoder": 0}}],
+ *                                                  a process with "utilization" has one sample, timestamped at the
+ *                                                  call, in nvmlDeviceGetProcessUtilization (else none)
+ *      "graphics_processes": [{"pid": 1, "used": 0}],  graphics processes (absent: none)
  *      "fail": {"nvlink_errors": 999},             calls (named as in not_supported) that return that error
  *      "not_supported": ["power", ...]}],          calls that return NOT_SUPPORTED: memory, utilization,
  *                                                  encoder, decoder, power, power_limit, power_management_limit,
@@ -43,12 +48,19 @@
  *                                                  clocks_event_reasons, remapped_rows, pcie_throughput,
  *                                                  pcie_replay, nvlink, nvlink_errors, nvlink_throughput (the
  *                                                  fields' own return codes), field_values (the whole call),
- *                                                  mig, processes, events
+ *                                                  mig, processes, process_utilization, events
  *    "events": [{"device": 0, "type": 8, "data": 79}]}   delivered once each, in order, by nvmlEventSetWait_v2
+ *                                                  (which blocks, as the driver's does, until the scenario's
+ *                                                  directory changes or the timeout: inotify, not a polling loop)
  *
  * Compiled with -DFAKENVML_LEGACY it lacks the newer symbols (nvmlDeviceGetMemoryInfo_v2,
  * nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetCurrentClocksEventReasons, nvmlDeviceGetNumFans,
- * nvmlDeviceGetFanSpeed_v2, nvmlDeviceGetRemappedRows and the MIG calls), as an old driver does.
+ * nvmlDeviceGetFanSpeed_v2, nvmlDeviceGetRemappedRows and the MIG calls; nvmlDeviceGetTemperatureV,
+ * nvmlSystemGetCudaDriverVersion_v2 and nvmlDeviceGetGraphicsRunningProcesses_v3), as an old driver does.
+ *
+ * Besides jaxmon's calls it answers those nvitop (nvitop-exporter, bench/node_weight.py) makes: the CUDA driver
+ * version, the versioned temperature, graphics processes, per-process utilization samples and the NVLink link
+ * count field.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -56,9 +68,12 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <poll.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int nvmlReturn_t;
 enum {
@@ -87,6 +102,17 @@ typedef struct {                                                                
     unsigned long long usedGpuMemory;
     unsigned int gpuInstanceId, computeInstanceId;
 } nvmlProcessInfo_t;
+typedef struct {                                                         /* c_nvmlProcessUtilizationSample_t */
+    unsigned int pid;
+    unsigned long long timeStamp;                                                          /* CPU time, in us */
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+typedef struct {                                                                   /* c_nvmlTemperature_v1_t */
+    unsigned int version;
+    int sensorType;                                                                /* _nvmlTemperatureSensors_t */
+    int temperature;
+} nvmlTemperature_v1_t;
+#define NVML_TEMPERATURE_V1 ((unsigned int)(sizeof(nvmlTemperature_v1_t) | (1u << 24)))   /* nvmlTemperature_v1 */
 typedef struct {                                                                           /* nvmlPciInfo_t */
     char busIdLegacy[16];
     unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
@@ -108,7 +134,9 @@ typedef struct {                                                                
     unsigned int nvmlReturn;                                                               /* _nvmlReturn_t */
     nvmlValue_t value;
 } nvmlFieldValue_t;
+#define NVML_VALUE_TYPE_UNSIGNED_INT 1
 #define NVML_VALUE_TYPE_UNSIGNED_LONG_LONG 3
+#define NVML_FI_DEV_NVLINK_LINK_COUNT 91
 #define NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX 138
 #define NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX 139
 struct fake_device;
@@ -428,6 +456,21 @@ nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
     return leave(copy_string(jstr(scenario, "driver_version", "550.54.15"), version, length));
 }
 
+/* CUDA's version as an integer, 1000 * major + 10 * minor (12040 is CUDA 12.4, as a 550 driver reports). */
+static nvmlReturn_t cuda_driver_version(int *version) {
+    if (!version) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&lock);
+    reload_locked();
+    *version = (int)jnum(scenario, "cuda_driver_version", 12040);
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) { return cuda_driver_version(version); }
+
+#ifndef FAKENVML_LEGACY
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) { return cuda_driver_version(version); }
+#endif
+
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     pthread_mutex_lock(&lock);
     if (!initialized) return leave(NVML_ERROR_UNINITIALIZED);
@@ -564,6 +607,20 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensor, unsigned 
     return read_uint(device, "temperature", "temperature_c", temp);
 }
 
+#ifndef FAKENVML_LEGACY
+/* The versioned call: the struct's version must be nvmlTemperature_v1; the sensor NVML_TEMPERATURE_GPU (0). */
+nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_v1_t *temp) {
+    jnode *dev;
+    if (!temp) return NVML_ERROR_INVALID_ARGUMENT;
+    if (temp->version != NVML_TEMPERATURE_V1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (temp->sensorType != 0) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device, "temperature", &dev);
+    if (r) return r;
+    temp->temperature = (int)jnum(dev, "temperature_c", 0);
+    return leave(NVML_SUCCESS);
+}
+#endif
+
 /* NVML_CLOCK_GRAPHICS, _SM, _MEM, _VIDEO; a clock the scenario leaves out is NOT_SUPPORTED. */
 static nvmlReturn_t clock_of(nvmlDevice_t device, const char *what, const char *key, unsigned int type,
                              unsigned int *clock) {
@@ -629,12 +686,14 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int error_type, in
     return leave(NVML_SUCCESS);
 }
 
-/* The two-call protocol pynvml uses: count with a NULL array (INSUFFICIENT_SIZE when there are any), then fill. */
-static nvmlReturn_t processes(nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_t *infos) {
+/* The two-call protocol pynvml uses: count with a NULL array (INSUFFICIENT_SIZE when there are any), then fill.
+ * `key` is the scenario's list: "processes" (compute) or "graphics_processes". */
+static nvmlReturn_t processes_of(nvmlDevice_t device, const char *key, unsigned int *count, nvmlProcessInfo_t *infos) {
     jnode *dev;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     nvmlReturn_t r = enter_device(device, "processes", &dev);
     if (r) return r;
-    const jnode *list = jget(dev, "processes");
+    const jnode *list = jget(dev, key);
     unsigned int n = 0;
     if (list && list->type == J_ARR)
         for (const jnode *p = list->child; p; p = p->next) n++;
@@ -658,13 +717,63 @@ static nvmlReturn_t processes(nvmlDevice_t device, unsigned int *count, nvmlProc
 #ifndef FAKENVML_LEGACY
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
                                                      nvmlProcessInfo_t *infos) {
-    return processes(device, count, infos);
+    return processes_of(device, "processes", count, infos);
+}
+
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
+                                                      nvmlProcessInfo_t *infos) {
+    return processes_of(device, "graphics_processes", count, infos);
 }
 #endif
 
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
                                                      nvmlProcessInfo_t *infos) {
-    return processes(device, count, infos);
+    return processes_of(device, "processes", count, infos);
+}
+
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
+                                                      nvmlProcessInfo_t *infos) {
+    return processes_of(device, "graphics_processes", count, infos);
+}
+
+/*
+ * One sample per compute process that has "utilization", timestamped now, returned when now is after
+ * `last_seen` (CPU time in microseconds, as the caller passes it). The same two-call protocol as the process
+ * lists (a NULL array or a short one: INSUFFICIENT_SIZE and the count); no sample at all is NOT_FOUND, as a
+ * driver answers when no process ran on the GPU since `last_seen`.
+ */
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *samples,
+                                             unsigned int *count, unsigned long long last_seen) {
+    jnode *dev;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device, "process_utilization", &dev);
+    if (r) return r;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    unsigned long long stamp = (unsigned long long)now.tv_sec * 1000000ULL + (unsigned long long)now.tv_nsec / 1000;
+    const jnode *list = jget(dev, "processes");
+    unsigned int n = 0;
+    if (stamp > last_seen && list && list->type == J_ARR)
+        for (const jnode *p = list->child; p; p = p->next) n += jget(p, "utilization") != NULL;
+    if (n == 0) return leave(NVML_ERROR_NOT_FOUND);
+    if (!samples || *count < n) {
+        *count = n;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    unsigned int i = 0;
+    for (const jnode *p = list->child; p; p = p->next) {
+        const jnode *u = jget(p, "utilization");
+        if (!u) continue;
+        samples[i].pid = (unsigned int)jnum(p, "pid", 0);
+        samples[i].timeStamp = stamp;
+        samples[i].smUtil = (unsigned int)jnum(u, "sm", 0);
+        samples[i].memUtil = (unsigned int)jnum(u, "memory", 0);
+        samples[i].encUtil = (unsigned int)jnum(u, "encoder", 0);
+        samples[i].decUtil = (unsigned int)jnum(u, "decoder", 0);
+        i++;
+    }
+    *count = n;
+    return leave(NVML_SUCCESS);
 }
 
 /* ---- the readings of issue 22: fans, encoder/decoder, energy, PCIe, row remapper ----------------------------- */
@@ -837,8 +946,9 @@ nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int l
     return leave(NVML_SUCCESS);
 }
 
-/* The field-values API: NVLink data throughput (KiB, cumulative) per link; every other field is NOT_SUPPORTED in
- * its own return code, as a driver answers for a field this GPU does not have. */
+/* The field-values API: NVLink data throughput (KiB, cumulative) per link and the number of links (an unsigned
+ * int: the length of the scenario's "nvlink"); every other field is NOT_SUPPORTED in its own return code, as a
+ * driver answers for a field this GPU does not have. */
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldValue_t *values) {
     jnode *dev;
     if (count < 0 || (count > 0 && !values)) return NVML_ERROR_INVALID_ARGUMENT;
@@ -853,7 +963,18 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldV
         v->latencyUsec = 0;
         v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
         v->value.ullVal = 0;
-        if (v->fieldId != NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX && v->fieldId != NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)
+        if (v->fieldId == NVML_FI_DEV_NVLINK_LINK_COUNT) {
+            const jnode *links = jget(dev, "nvlink");
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            if (links && links->type == J_ARR && !unsupported(dev, "nvlink")) {
+                unsigned int n = 0;
+                for (const jnode *c = links->child; c; c = c->next) n++;
+                v->value.uiVal = n;
+                v->nvmlReturn = NVML_SUCCESS;
+            }
+        } else if (v->fieldId != NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX &&
+                   v->fieldId != NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         else if (unsupported(dev, "nvlink_throughput"))
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
@@ -1000,15 +1121,57 @@ static int next_event_locked(nvmlEventSet_t set, nvmlEventData_t *data) {
     return 0;
 }
 
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000.0 + ts.tv_nsec / 1e6;
+}
+
+/* An inotify descriptor watching the scenario's directory (the test replaces the file there), or -1. */
+static int watch_scenario(void) {
+    const char *path = getenv("FAKENVML_SCENARIO");
+    if (!path) return -1;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir) dir[1] = 0;
+    else if (slash) *slash = 0;
+    else snprintf(dir, sizeof dir, ".");
+    int fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    if (fd < 0) return -1;
+    if (inotify_add_watch(fd, dir, IN_MOVED_TO | IN_CLOSE_WRITE | IN_CREATE) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Blocks like the driver's wait (a thread in it costs no CPU): the scenario is re-read whenever its directory
+ * changes, and the call returns the next event or TIMEOUT after `timeoutms`. The watch is set before the first
+ * look, so a change made meanwhile wakes it; without inotify it looks every 10 ms instead. */
 nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
     if (!set || !data) return NVML_ERROR_INVALID_ARGUMENT;
-    for (unsigned int waited = 0;; waited += 10) {
+    int fd = watch_scenario();
+    double deadline = now_ms() + timeoutms;
+    nvmlReturn_t result;
+    for (;;) {
         pthread_mutex_lock(&lock);
-        if (!initialized) return leave(NVML_ERROR_UNINITIALIZED);
+        if (!initialized) { result = leave(NVML_ERROR_UNINITIALIZED); break; }
         reload_locked();
-        if (next_event_locked(set, data)) return leave(NVML_SUCCESS);
+        if (next_event_locked(set, data)) { result = leave(NVML_SUCCESS); break; }
         pthread_mutex_unlock(&lock);
-        if (waited >= timeoutms) return NVML_ERROR_TIMEOUT;
-        sleep_ms(10);
+        double left = deadline - now_ms();
+        if (left <= 0) { result = NVML_ERROR_TIMEOUT; break; }
+        if (fd < 0) {
+            sleep_ms(left < 10 ? left : 10);
+            continue;
+        }
+        struct pollfd pfd = {fd, POLLIN, 0};
+        if (poll(&pfd, 1, (int)left + 1) > 0) {
+            char drain[4096];
+            while (read(fd, drain, sizeof drain) > 0) {}
+        }
     }
+    if (fd >= 0) close(fd);
+    return result;
 }

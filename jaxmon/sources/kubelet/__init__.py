@@ -80,22 +80,26 @@ class PodResourcesClient:
     def __init__(self, path: Path, timeout: float) -> None:
         import grpc
 
-        from jaxmon.sources.kubelet.stubs import stubs
-
         self.path = path
         self.timeout = timeout
         self._grpc: Any = grpc
-        self._pb, self._pb_grpc = stubs()
+        self._pb: Any = None  # the generated modules, made when a socket is first there to dial
+        self._pb_grpc: Any = None
         self._channel: Any = None
         self._stub: Any = None
 
     def list(self) -> tuple[Allocation, ...]:
-        """The devices of every container on the node; raises KubeletUnavailable."""
+        """The devices of every container on the node; raises KubeletUnavailable (StubsUnavailable where the stubs
+        cannot be made: they are made at the first dial)."""
         problem = socket_problem(self.path)
         if problem is not None:
             self.close()
             raise KubeletUnavailable(*problem)
         if self._stub is None:
+            if self._pb is None:
+                from jaxmon.sources.kubelet.stubs import stubs
+
+                self._pb, self._pb_grpc = stubs()  # raises StubsUnavailable
             self._channel = self._grpc.insecure_channel(
                 f"unix:{self.path.absolute()}",
                 options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],

@@ -1,7 +1,8 @@
 """The Python stubs of the kubelet's pod-resources v1 API (`api.proto` beside this module), made at first use.
 
 No maintained package ships them, and generated code is not committed: the first call of `stubs()` in a process
-runs grpcio-tools' protoc (in this process, `grpc_tools.protoc.main`) on `api.proto`, into a private temporary
+runs grpcio-tools' protoc on `api.proto` (`python -m grpc_tools.protoc` in a child interpreter: the compiler's
+extension is about 7 MiB of RSS the daemon would otherwise keep mapped for its one use), into a private temporary
 directory that is removed at once, and executes the two generated files as the modules
 `jaxmon.sources.kubelet.api_pb2` and `jaxmon.sources.kubelet.api_pb2_grpc`. grpcio-tools is a runtime dependency
 rather than a build one because its protoc writes code for the protobuf and grpcio it was released with, and
@@ -12,6 +13,9 @@ read-only root file system only needs a writable temporary directory (the manife
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -53,16 +57,12 @@ def stubs() -> tuple[Any, Any]:
 
 def _generate() -> dict[str, str]:
     """protoc --python_out --grpc_python_out for api.proto, named by its path under the package root."""
-    try:
-        from grpc_tools import protoc
-    except ImportError as exc:
-        raise StubsUnavailable(f"grpcio-tools is not installed ({exc})") from exc
+    if importlib.util.find_spec("grpc_tools") is None:
+        raise StubsUnavailable("grpcio-tools is not installed (no module named 'grpc_tools')")
     root = Path(__file__).resolve().parents[len(PACKAGE.split("."))]
     relative = PROTO.resolve().relative_to(root)
     with tempfile.TemporaryDirectory(prefix="jaxmon-protoc-") as out:
-        status = protoc.main(
-            ["protoc", f"--proto_path={root}", f"--python_out={out}", f"--grpc_python_out={out}", str(relative)]
-        )
+        status = _protoc([f"--proto_path={root}", f"--python_out={out}", f"--grpc_python_out={out}", str(relative)])
         if status != 0:
             raise StubsUnavailable(f"protoc failed on {PROTO} (status {status}; its errors are on stderr)")
         generated = Path(out) / relative.parent
@@ -70,3 +70,20 @@ def _generate() -> dict[str, str]:
             _MODULES[0]: (generated / "api_pb2.py").read_text(encoding="utf-8"),
             _MODULES[1]: (generated / "api_pb2_grpc.py").read_text(encoding="utf-8"),
         }
+
+
+def _protoc(arguments: list[str]) -> int:
+    """grpcio-tools' protoc with `arguments`, in a child interpreter with this one's module path (its stderr is this
+    process's); in this process where there is no interpreter to start (an embedding application without
+    sys.executable)."""
+    if not sys.executable:
+        from grpc_tools import protoc
+
+        return int(protoc.main(["protoc", *arguments]))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    try:
+        command = [sys.executable, "-m", "grpc_tools.protoc", *arguments]
+        done = subprocess.run(command, env=env, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise StubsUnavailable(f"protoc did not run: {exc}") from exc
+    return done.returncode

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -369,3 +370,46 @@ def test_the_fakes_mig_handles_answer_as_nvmls_do(scenario: Scenario, nvml: Nvml
         pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 1)
     size = ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
     assert size == 40, f"pynvml's nvmlFieldValue_t is {size} bytes; the fake's is 40"
+
+
+def test_the_fake_answers_the_calls_nvitop_makes_as_nvml_does(scenario: Scenario, nvml: Nvml) -> None:
+    """The calls nvitop-exporter makes beside jaxmon's (bench/node_weight.py runs it on this fake), read through
+    pynvml: the CUDA driver version, the versioned temperature, graphics processes, per-process utilization
+    samples and the NVLink link count field, with the scenario's values and NVML's return codes."""
+    assert pynvml.nvmlSystemGetCudaDriverVersion() == 12040  # the default: CUDA 12.4, as a 550 driver reports
+    scenario.data["cuda_driver_version"] = 12080
+    scenario.write()
+    assert pynvml.nvmlSystemGetCudaDriverVersion() == pynvml.nvmlSystemGetCudaDriverVersion_v2() == 12080
+
+    zero, one = pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlDeviceGetHandleByIndex(1)
+    assert pynvml.nvmlDeviceGetTemperatureV(one, pynvml.NVML_TEMPERATURE_GPU) == 41
+    assert ctypes.sizeof(pynvml.c_nvmlTemperature_v1_t) | (1 << 24) == pynvml.nvmlTemperature_v1
+    wrong = pynvml.c_nvmlTemperature_v1_t(version=pynvml.nvmlTemperature_v1 + 1, sensorType=0)
+    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetTemperatureV")
+    assert fn(one, ctypes.byref(wrong)) == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+
+    assert pynvml.nvmlDeviceGetGraphicsRunningProcesses(zero) == []
+    utilization = {"sm": 61, "memory": 22, "encoder": 3, "decoder": 4}
+    scenario.update(
+        0,
+        processes=[{"pid": 7001, "used": 3 * GIB, "utilization": utilization}, {"pid": 7002, "used": GIB}],
+        graphics_processes=[{"pid": 7003, "used": None}],
+    )
+    graphics = pynvml.nvmlDeviceGetGraphicsRunningProcesses_v3(zero)
+    assert [(p.pid, p.usedGpuMemory) for p in graphics] == [(7003, None)]  # NVML_VALUE_NOT_AVAILABLE
+    samples_after = pynvml.nvmlDeviceGetProcessUtilization  # the samples after a CPU timestamp, in microseconds
+    before = time.time_ns() // 1000 - 1
+    samples = samples_after(zero, before)
+    assert [(s.pid, s.smUtil, s.memUtil, s.encUtil, s.decUtil) for s in samples] == [(7001, 61, 22, 3, 4)]
+    assert before < samples[0].timeStamp <= time.time_ns() // 1000
+    with pytest.raises(pynvml.NVMLError_NotFound):  # none after now, and none on a GPU no process samples
+        samples_after(zero, time.time_ns() // 1000 + 60_000_000)
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        samples_after(one, before)
+
+    scenario.update(1, nvlink=None)
+    count = pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT
+    (links,) = pynvml.nvmlDeviceGetFieldValues(zero, [count])
+    assert (links.nvmlReturn, links.valueType, links.value.uiVal) == (0, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 18)
+    (none,) = pynvml.nvmlDeviceGetFieldValues(one, [count])
+    assert none.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
