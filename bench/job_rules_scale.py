@@ -555,35 +555,6 @@ def summarise(rounds: dict[str, list[dict[str, Any]]], steady: bool) -> dict[str
     return groups
 
 
-# The experiment of --variant split: jaxmon-job's rules, unchanged, in one group per chain of rules that read each
-# other (Prometheus evaluates a group's rules one after another, and groups concurrently).
-SPLIT = (
-    ("jaxmon-job-processes", lambda name, signal: name.startswith("jaxmon:training_") or "instance_workload" in name),
-    ("jaxmon-job-device-probe", lambda name, signal: "probe" in name or signal == "probe"),
-    ("jaxmon-job-device-sm-clock", lambda name, signal: "sm_clock" in name or signal == "sm_clock"),
-    ("jaxmon-job-memory", lambda name, signal: "memory" in name),
-)
-
-
-def rules_text(variant: str) -> str:
-    """job.yml as it is, or (split) with jaxmon-job split by SPLIT."""
-    text = RULES.read_text()
-    if variant == "as-is":
-        return text
-    groups = []
-    for group in yaml.safe_load(text)["groups"]:
-        if group["name"] != "jaxmon-job":
-            groups.append(group)
-            continue
-        parts: dict[str, list[dict[str, Any]]] = {}
-        for rule in group["rules"]:
-            signal = rule.get("labels", {}).get("signal")
-            name = next(g for g, match in SPLIT if match(rule["record"], signal))
-            parts.setdefault(name, []).append(rule)
-        groups += [{"name": name, "rules": rules} for name, rules in parts.items()]
-    return yaml.safe_dump({"groups": groups}, sort_keys=False, width=1000)
-
-
 def rule_expressions(text: str) -> list[tuple[str, str, str]]:
     """(group, rule key, expression) of every rule."""
     out = []
@@ -1132,26 +1103,20 @@ def main() -> None:
     ap.add_argument("--dashboard", type=Path, default=DASHBOARD)
     ap.add_argument("--shard", type=int, default=256, help="processes per live scrape target")
     ap.add_argument("--seed", type=int, default=21)
-    ap.add_argument(
-        "--variant",
-        choices=["as-is", "split"],
-        default="as-is",
-        help="job.yml as it is, or with jaxmon-job split into one group per chain of rules (an experiment)",
-    )
+    ap.add_argument("--rules", type=Path, default=RULES, help="the rules file to measure (a candidate for job.yml)")
     ap.add_argument("--no-budget", action="store_true", help="skip (b), the per-host series count")
     ap.add_argument("--keep", action="store_true", help="keep the TSDB and the configs (printed)")
     ap.add_argument("--out-name", default="job_rules_scale")
     args = ap.parse_args()
     args.dashboard = args.dashboard if args.dashboard.is_absolute() else (Path.cwd() / args.dashboard)
-    args.rules = rules_text(args.variant)
-    if args.variant != "as-is" and args.out_name == "job_rules_scale":
-        args.out_name = f"job_rules_scale_{args.variant}"
+    rules_path = args.rules.resolve()
+    args.rules = rules_path.read_text()
     started = time.time()
     result: dict[str, Any] = {
         "command": " ".join(sys.argv[1:]),
         "started": started,
         "commit": git("rev-parse", "HEAD"),
-        "rules": {"path": str(RULES.relative_to(ROOT)), "variant": args.variant, **version(RULES)},
+        "rules": {"path": str(rules_path), **version(rules_path)},
         "dashboard": {"path": str(args.dashboard), **version(args.dashboard)},
         "prometheus": subprocess.run(["prometheus", "--version"], capture_output=True, text=True).stdout.split("\n")[0],
     }
