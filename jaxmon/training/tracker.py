@@ -35,6 +35,11 @@ CHECKPOINT_EVENTS = (
 )
 # Badput intervals kept for attribution: older ones than the last completed step are dropped as steps complete.
 MAX_INTERVALS = 10_000
+# The kinds of badput intervals (badput() blocks, compilations, checkpoints) a process exports; time of a further
+# kind counts as OTHER_KIND, so a kind made of data (badput(f"eval-{n}")) cannot grow the series without bound. With
+# startup, stall and restart a process has at most 16 badput series.
+MAX_INTERVAL_KINDS = 12
+OTHER_KIND = "other"
 
 
 class TrainingOps(Protocol):
@@ -96,6 +101,7 @@ class Tracker:
         self._pending: deque[_Pending] = deque()
         self._calls: dict[int, tuple[Program, int]] = {}  # tracked calls since the last step()
         self._intervals: deque[Interval] = deque(maxlen=MAX_INTERVALS)
+        self._kinds: set[str] = set()
         self._devices = ops.devices()
         self._device_count = max(ops.device_count(), 1)
         self._peaks = self._peak_table()
@@ -143,8 +149,18 @@ class Tracker:
 
     def interval(self, kind: str, start: float, end: float = float("inf")) -> Interval:
         """Time that was not training, from `start` (and until `end`, or `close()`: a `badput()` block)."""
-        interval = Interval(kind, start, end)
         with self._lock:
+            if kind not in self._kinds:
+                if len(self._kinds) < MAX_INTERVAL_KINDS:
+                    self._kinds.add(kind)
+                else:
+                    self._problem(
+                        "badput_kinds",
+                        f"more than {MAX_INTERVAL_KINDS} kinds of badput: further kinds count as {OTHER_KIND!r}",
+                        kind=kind,
+                    )
+                    kind = OTHER_KIND
+            interval = Interval(kind, start, end)
             self._intervals.append(interval)
         return interval
 

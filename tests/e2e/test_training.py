@@ -22,6 +22,14 @@ SCHEDULER = {"POD_NAME": "llama-0-abc", "POD_NAMESPACE": "research", "NODE_NAME"
 SCHEDULER_LABELS = {"pod": "llama-0-abc", "namespace": "research", "node": "gpu-node-7", "slurm_job_id": "4242"}
 STEPS = 10
 DATA_MS = 20
+# The series one training process adds (README, "Training telemetry"): at most 54 (9 counters and gauges, the
+# step histogram's 21, jaxmon_workload_info, 16 kinds of badput, 7 reasons of tracking problems) + 6 per local
+# device (model and hardware FLOPs, bytes accessed, peak, MFU, HFU).
+TRAINING_FAMILIES = ("jaxmon_training_", "jaxmon_device_peak_flops_per_second", "jaxmon_workload_info")
+
+
+def training_series_budget(devices: int) -> int:
+    return 54 + 6 * devices
 
 
 @pytest.fixture
@@ -83,6 +91,9 @@ def test_an_embedded_trainer_exports_its_steps_flops_mfu_and_badput(children: li
     labels = {"workload": "toy", "process_index": "0", "process_count": "1", "host": socket.gethostname()}
     s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, "every step seen")
     _check_against_the_loop(s, answer, **labels)
+    series = [k for k in s if k[0].startswith(TRAINING_FAMILIES) and ("workload", "toy") in k[1]]
+    per_device = {k for k in series if k[0] == "jaxmon_training_model_flops_utilization_ratio"}
+    assert len(per_device) == 8 and len(series) <= training_series_budget(8), sorted(k[0] for k in series)
     _lint(requests.get(url + "/metrics", timeout=10).text)
     # jaxmon top shows the workload's step, step time and MFU on the row of the device the step ran on.
     top = subprocess.run(
@@ -109,6 +120,9 @@ def test_a_publishing_trainers_steps_reach_the_sidecar(
     labels = {"workload": "pub", "process_index": "0", "process_count": "1", "host": socket.gethostname()}
     s = d.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, what="the sidecar's steps")
     _check_against_the_loop(s, answer, **labels)
+    series = [k for k in s if k[0].startswith(TRAINING_FAMILIES) and ("workload", "toy") in k[1]]
+    per_device = {k for k in series if k[0] == "jaxmon_training_model_flops_utilization_ratio"}
+    assert len(per_device) == 8 and len(series) <= training_series_budget(8), sorted(k[0] for k in series)
     _lint(d.get("/metrics").text)
     assert child.send("exit") == {"stopped": True}
     # The trainer's clean exit removes its file: its training series go with it at the next poll.

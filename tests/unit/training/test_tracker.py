@@ -24,7 +24,7 @@ from jaxmon import training
 from jaxmon.sources.local import CompileCounters, LocalSource
 from jaxmon.sources.local.training import JaxTraining, cost_numbers
 from jaxmon.training.reading import TrainingReading
-from jaxmon.training.tracker import Tracker, TrackerConfig
+from jaxmon.training.tracker import MAX_INTERVAL_KINDS, OTHER_KIND, Tracker, TrackerConfig
 from tests.helpers import wait_until
 
 PEAK = 1e12
@@ -154,6 +154,25 @@ def test_badput_blocks_are_charged_by_kind_and_the_time_adds_up(make_tracker: Ma
     elapsed_at_last = reading.productive_seconds_total + sum(reading.badput_seconds_total.values())
     assert 0 < elapsed_at_last <= reading.elapsed_seconds
     assert reading.badput_seconds_total["startup"] > 0
+
+
+def test_badput_kinds_past_the_twelfth_count_as_other(make_tracker: MakeTracker) -> None:
+    f = slow_step(64, 1)
+    x = f(jnp.ones((64, 64))).block_until_ready()  # compiled before the tracker starts: no compile badput
+    tracker = make_tracker()
+    kinds = [f"eval-{i}" for i in range(MAX_INTERVAL_KINDS + 3)]  # a kind made of data: one per evaluation
+    for n, kind in enumerate(kinds):
+        with jaxmon.badput(kind):
+            time.sleep(0.01)
+        x = f(x)
+        jaxmon.step(n, x)
+    x.block_until_ready()
+    reading = settled(tracker, len(kinds))
+    named = set(reading.badput_seconds_total) - {"startup", "stall", "restart"}
+    assert named == set(kinds[:MAX_INTERVAL_KINDS]) | {OTHER_KIND}, sorted(named)
+    assert reading.badput_seconds_total[OTHER_KIND] == pytest.approx(0.03, abs=0.015)
+    assert reading.problems["badput_kinds"] == 3
+    assert len(reading.badput_seconds_total) <= 16
 
 
 def test_compile_badput_is_the_compile_collectors_seconds(make_tracker: MakeTracker) -> None:
