@@ -15,7 +15,6 @@ Pure bookkeeping on one clock (seconds, monotonic), fed by the tracker's waiter 
 from __future__ import annotations
 
 import bisect
-import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -109,6 +108,8 @@ class Accounting:
     histogram: Histogram = field(default_factory=Histogram)
     first_done: float | None = None
     recent: deque[WindowStep] = field(default_factory=deque)
+    # The rests of `recent`, sorted: the stall check's median at every step without sorting the window each time.
+    _rests: list[float] = field(default_factory=list, repr=False)
 
     def _add(self, kinds: Mapping[str, float]) -> None:
         for kind, seconds in kinds.items():
@@ -138,16 +139,16 @@ class Accounting:
         rest = max(duration - sum(named.values()), 0.0)
         excess = 0.0
         if len(self.recent) >= STALL_MIN_STEPS:
-            usual = statistics.median(s.rest for s in self.recent)
-            excess = max(rest - self.stall_factor * usual, 0.0)
+            excess = max(rest - self.stall_factor * _sorted_median(self._rests), 0.0)
         if excess > 0:
             self._add({STALL: excess})
         self.productive += rest - excess
         self.host_wait += max(handed - previous_done, 0.0)
         self.histogram.observe(duration)
         self.recent.append(WindowStep(duration, rest, dict(model_flops), dict(hardware_flops)))
+        bisect.insort(self._rests, rest)
         while len(self.recent) > self.window:
-            self.recent.popleft()
+            del self._rests[bisect.bisect_left(self._rests, self.recent.popleft().rest)]
         return duration
 
     def gap(self, previous_done: float, done: float, intervals: Iterable[Interval], restart: bool) -> None:
@@ -160,6 +161,7 @@ class Accounting:
         if restart:
             self._add({RESTART: rest})
             self.recent.clear()
+            self._rests.clear()
         else:
             self.productive += rest
 
@@ -178,3 +180,9 @@ class Accounting:
             if any(key in s.hardware_flops for s in self.recent):
                 hfu[key] = hardware / (seconds * peak)
         return mfu, hfu
+
+
+def _sorted_median(values: list[float]) -> float:
+    """statistics.median of an already sorted, non-empty list."""
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2

@@ -71,6 +71,10 @@ def _check_against_the_loop(s: Samples, answer: dict[str, Any], **labels: str) -
     )
     productive = sample(s, "jaxmon_training_productive_seconds_total", **labels)
     assert productive is not None and 0 < productive < total
+    # The series it adds stay within the bound.
+    series = [k for k in s if k[0].startswith(TRAINING_FAMILIES) and ("workload", labels["workload"]) in k[1]]
+    per_device = {k for k in series if k[0] == "jaxmon_training_model_flops_utilization_ratio"}
+    assert len(per_device) == 8 and len(series) <= training_series_budget(8), sorted(k[0] for k in series)
 
 
 def _lint(text: str) -> None:
@@ -91,9 +95,6 @@ def test_an_embedded_trainer_exports_its_steps_flops_mfu_and_badput(children: li
     labels = {"workload": "toy", "process_index": "0", "process_count": "1", "host": socket.gethostname()}
     s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, "every step seen")
     _check_against_the_loop(s, answer, **labels)
-    series = [k for k in s if k[0].startswith(TRAINING_FAMILIES) and ("workload", "toy") in k[1]]
-    per_device = {k for k in series if k[0] == "jaxmon_training_model_flops_utilization_ratio"}
-    assert len(per_device) == 8 and len(series) <= training_series_budget(8), sorted(k[0] for k in series)
     _lint(requests.get(url + "/metrics", timeout=10).text)
     # jaxmon top shows the workload's step, step time and MFU on the row of the device the step ran on.
     top = subprocess.run(
@@ -120,9 +121,6 @@ def test_a_publishing_trainers_steps_reach_the_sidecar(
     labels = {"workload": "pub", "process_index": "0", "process_count": "1", "host": socket.gethostname()}
     s = d.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, what="the sidecar's steps")
     _check_against_the_loop(s, answer, **labels)
-    series = [k for k in s if k[0].startswith(TRAINING_FAMILIES) and ("workload", "toy") in k[1]]
-    per_device = {k for k in series if k[0] == "jaxmon_training_model_flops_utilization_ratio"}
-    assert len(per_device) == 8 and len(series) <= training_series_budget(8), sorted(k[0] for k in series)
     _lint(d.get("/metrics").text)
     assert child.send("exit") == {"stopped": True}
     # The trainer's clean exit removes its file: its training series go with it at the next poll.

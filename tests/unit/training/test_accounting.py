@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import random
+import statistics
 
 import pytest
 
@@ -85,6 +87,26 @@ def test_a_step_far_longer_than_the_window_median_is_a_stall_for_its_excess() ->
     _steady(early, 0.0, STALL_MIN_STEPS - 1, 0.1)
     early.step(0.4, 1.4, 0.4, [], {}, {})
     assert STALL not in early.badput
+
+
+def test_stalls_over_a_long_run_are_the_excess_over_the_median_of_the_last_window_steps() -> None:
+    """Against the definition computed from scratch at every step (statistics.median of the window's rests)."""
+    rng = random.Random(20)
+    acct = Accounting(started=0.0, window=16, stall_factor=2.0)
+    acct.first(0.0, [])
+    done, rests, stalls = 0.0, [], 0.0
+    for n in range(400):
+        if n == 200:  # a restore: the window starts again
+            acct.gap(done, done + 1.0, [], restart=True)
+            done, rests = done + 1.0, []
+        duration = rng.choice((0.1, 0.1, 0.12, 0.09, 0.5, 1.0))
+        if len(rests) >= STALL_MIN_STEPS:
+            stalls += max(duration - 2.0 * statistics.median(rests[-16:]), 0.0)
+        acct.step(done, done + duration, done, [], {}, {})
+        done += duration
+        rests.append(duration)
+    assert stalls > 1.0
+    assert acct.badput[STALL] == pytest.approx(stalls)
 
 
 def test_a_restore_charges_the_gap_to_restart_and_restarts_the_window_and_a_jump_stays_productive() -> None:
