@@ -73,8 +73,8 @@ def _check_against_the_loop(s: Samples, answer: dict[str, Any], **labels: str) -
     assert productive is not None and 0 < productive < total
     # The series it adds stay within the bound.
     series = [k for k in s if k[0].startswith(TRAINING_FAMILIES) and ("workload", labels["workload"]) in k[1]]
-    per_device = {k for k in series if k[0] == "jaxmon_training_model_flops_utilization_ratio"}
-    assert len(per_device) == 8 and len(series) <= training_series_budget(8), sorted(k[0] for k in series)
+    utilization = {k for k in series if k[0] == "jaxmon_training_model_flops_utilization_ratio"}
+    assert len(utilization) == 8 and len(series) <= training_series_budget(8), sorted(k[0] for k in series)
 
 
 def _lint(text: str) -> None:

@@ -94,7 +94,8 @@ def test_stalls_over_a_long_run_are_the_excess_over_the_median_of_the_last_windo
     rng = random.Random(20)
     acct = Accounting(started=0.0, window=16, stall_factor=2.0)
     acct.first(0.0, [])
-    done, rests, stalls = 0.0, [], 0.0
+    done, stalls = 0.0, 0.0
+    rests: list[float] = []
     for n in range(400):
         if n == 200:  # a restore: the window starts again
             acct.gap(done, done + 1.0, [], restart=True)
