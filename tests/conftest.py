@@ -42,6 +42,7 @@ __all__ = [
     "parse_samples",
     "promtool",
     "sample",
+    "sidecar_args",
     "wait_until",
 ]
 
@@ -50,6 +51,11 @@ def pytest_configure(config: pytest.Config) -> None:
     """In-process jaxmon events (the probe's, from its own threads) go to stdlib logging, which pytest captures
     per test and shows under "Captured log" of a failing test; unconfigured structlog prints to stdout."""
     route_to_stdlib_logging(cache_loggers=False)  # structlog.testing.capture_logs must still see every logger
+
+
+def sidecar_args(spool: Path, poll: str = "0.2s") -> list[str]:
+    """The arguments of a spool sidecar reading `spool` every `poll`, without the probe."""
+    return ["--no-collector.probe", "--collector.spool.dir", str(spool), "--poll.interval", poll]
 
 
 # start_daemon(*args, env=None, ready=True, scheme="http", client=None) -> Daemon

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from jaxmon.sources.spool import safe_name
-from tests.conftest import ROOT, StartDaemon, free_port, sample
+from tests.conftest import ROOT, StartDaemon, free_port, sample, sidecar_args
 
 ENV = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "PYTHONUNBUFFERED": "1"}
 
@@ -100,11 +100,7 @@ def test_a_clean_exit_removes_the_workload_at_the_next_poll_not_after_the_ttl(
     spool = tmp_path / "spool"
     spool.mkdir()
     d = start_daemon(
-        "--no-collector.probe",
-        "--collector.spool.dir",
-        str(spool),
-        "--poll.interval",
-        "0.2s",
+        *sidecar_args(spool),
         "--collector.spool.ttl",
         "60s",
     )

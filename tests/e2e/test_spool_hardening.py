@@ -14,7 +14,7 @@ from pathlib import Path
 
 import requests
 
-from tests.conftest import Samples, StartDaemon, parse_samples, sample
+from tests.conftest import Samples, StartDaemon, parse_samples, sample, sidecar_args
 from tests.spool_files import GOOD, doc, write
 
 # The fixture's device 0, as the workload reported it.
@@ -47,11 +47,7 @@ def test_a_json_bomb_non_finite_and_out_of_range_numbers_are_each_one_rejected_f
     write(spool / "future.h.6.json", doc("future", time=1e12))  # year 33658: a broken clock
     write(spool / "nan_time.h.7.json", json.dumps(doc("t", time=12345.5)).replace('"time": 12345.5', '"time": NaN'))
     d = start_daemon(
-        "--no-collector.probe",
-        "--collector.spool.dir",
-        str(spool),
-        "--poll.interval",
-        "0.2s",
+        *sidecar_args(spool),
         "--health.max-staleness",
         "2s",
     )
@@ -83,11 +79,7 @@ def test_liveness_is_the_files_mtime_on_the_readers_clock_not_the_documents_time
     spool = tmp_path / "spool"
     spool.mkdir()
     d = start_daemon(
-        "--no-collector.probe",
-        "--collector.spool.dir",
-        str(spool),
-        "--poll.interval",
-        "0.2s",
+        *sidecar_args(spool),
         "--collector.spool.ttl",
         "2s",
     )
@@ -128,11 +120,7 @@ def test_a_directory_of_twenty_thousand_files_is_capped_and_counted(tmp_path: Pa
     for i in range(20_000):
         (spool / f"w{i:05d}.h.{i}.json").write_text(body.replace('"placeholder"', f'"w{i:05d}"'))
     d = start_daemon(
-        "--no-collector.probe",
-        "--collector.spool.dir",
-        str(spool),
-        "--poll.interval",
-        "0.3s",
+        *sidecar_args(spool, poll="0.3s"),
         "--collector.spool.max-workloads",
         "40",
         "--collector.spool.max-reads-per-poll",
@@ -216,11 +204,7 @@ def test_the_sidecar_removes_old_stale_publisher_files_and_counts_the_rest(
     write(spool / ".hidden", "x", mtime=now - 1000)  # not ours at all: left alone, not counted
     write(spool / "live.h.5.json", doc("live"))
     d = start_daemon(
-        "--no-collector.probe",
-        "--collector.spool.dir",
-        str(spool),
-        "--poll.interval",
-        "0.2s",
+        *sidecar_args(spool),
         "--collector.spool.ttl",
         "10s",
         "--collector.spool.remove-after",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from jaxmon.sources.spool_document import read_document
-from tests.conftest import ROOT, Samples, StartDaemon, sample
+from tests.conftest import ROOT, Samples, StartDaemon, sample, sidecar_args
 from tests.helpers import FIXTURES, Child, wait_for_fresh_samples, wait_for_samples, wait_until
 
 # What the toy loop keeps on the default device (cpu:0): x (256 x 64), y (256 x 1), w (64 x 1), b (1), float32.
@@ -229,11 +229,7 @@ def test_bad_spool_files_are_rejected_and_counted_while_good_ones_flow(
     publisher = Child(tmp_path, "publish", "--spool", str(spool), "--workload", "good", "--alloc", "4096")
     children.append(publisher)
     d = start_daemon(
-        "--no-collector.probe",
-        "--collector.spool.dir",
-        str(spool),
-        "--poll.interval",
-        "0.3s",
+        *sidecar_args(spool, poll="0.3s"),
         "--collector.spool.max-file-bytes",
         "16384",
     )

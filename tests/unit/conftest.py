@@ -14,6 +14,7 @@ channel constructors refuse too. A test that needs any of these belongs in tests
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import traceback
@@ -24,6 +25,8 @@ from typing import Any, NoReturn
 import grpc
 import pytest
 
+from jaxmon.model import DeviceInfo
+from jaxmon.sources.local import LocalSource
 from tests.helpers import ROOT
 
 PROCESS_EVENTS = frozenset(
@@ -121,3 +124,19 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
     with _armed(item):
         return (yield)
+
+
+@pytest.fixture(scope="module")
+def local() -> Iterator[tuple[LocalSource, list[DeviceInfo]]]:
+    """This process's JAX devices; the GPU variables LocalSource sets are removed again afterwards."""
+    source = LocalSource(gpu_memory_fraction=0.02)
+    devices, _ = source.discover()
+    yield source, devices
+    for name in source.applied_env:
+        os.environ.pop(name, None)
+
+
+def pick(devices: list[DeviceInfo], device_id: int) -> DeviceInfo:
+    """The CPU device with `device_id`."""
+    (dev,) = [d for d in devices if d.platform == "cpu" and d.id == device_id]
+    return dev

@@ -29,6 +29,7 @@ from jaxmon.snapshot import Snapshot
 from jaxmon.sources.local import LocalSource
 from tests.conftest import wait_until
 from tests.snapshots import GPU0, labels, make_snapshot, memory_snapshot, registry_for
+from tests.unit.conftest import pick
 
 SIZE = 64
 PROBE_DEVICE = 5  # not the default device 0, so implicit placement would show
@@ -92,20 +93,16 @@ def test_the_engine_constants_the_tests_count_runs_by() -> None:
 # -- the real JAX kernel on CPU devices ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def local() -> Iterator[tuple[LocalSource, list[DeviceInfo]]]:
-    """This process's JAX devices; the GPU variables LocalSource sets are removed again afterwards."""
-    source = LocalSource(gpu_memory_fraction=0.02)
-    devices, _ = source.discover()
-    yield source, devices
-    for name in source.applied_env:
-        os.environ.pop(name, None)
+def recording_probe(source: LocalSource, dev: DeviceInfo) -> tuple[DeviceProbe, list[RecordingKernel]]:
+    """A probe of `dev` with the real kernel (SIZE, a 2 ms target), and the kernels it makes, recording each call."""
+    kernels: list[RecordingKernel] = []
 
+    def make() -> ProbeKernel:
+        kernels.append(RecordingKernel(source.make_probe(dev, SIZE)))
+        return kernels[-1]
 
-def pick(devices: list[DeviceInfo], device_id: int) -> DeviceInfo:
-    """The CPU device with `device_id`."""
-    (dev,) = [d for d in devices if d.platform == "cpu" and d.id == device_id]
-    return dev
+    config = ProbeConfig(size=SIZE, timeout_seconds=30, target_seconds=0.002)
+    return DeviceProbe(dev, make, config, quiet_errors(), threading.Lock()), kernels
 
 
 class RecordingKernel:
@@ -142,19 +139,7 @@ def test_a_real_probe_calibrates_and_reports_self_consistent_numbers(
     source, devices = local
     assert len([d for d in devices if d.platform == "cpu"]) == 8
     dev = pick(devices, PROBE_DEVICE)
-    kernels: list[RecordingKernel] = []
-
-    def make() -> ProbeKernel:
-        kernels.append(RecordingKernel(source.make_probe(dev, SIZE)))
-        return kernels[-1]
-
-    probe = DeviceProbe(
-        dev,
-        make,
-        ProbeConfig(size=SIZE, timeout_seconds=30, target_seconds=0.002),
-        quiet_errors(),
-        threading.Lock(),
-    )
+    probe, kernels = recording_probe(source, dev)
     try:
         probe.run_once()
         st = probe.status()
@@ -194,19 +179,7 @@ def test_later_real_runs_move_the_baseline_to_the_window_median_below_the_calibr
     """Runs 2 and 3: baseline = min(seeds' median, nearest-rank median of seeds + every shot); one shot each."""
     source, devices = local
     dev = pick(devices, 6)
-    kernels: list[RecordingKernel] = []
-
-    def make() -> ProbeKernel:
-        kernels.append(RecordingKernel(source.make_probe(dev, SIZE)))
-        return kernels[-1]
-
-    probe = DeviceProbe(
-        dev,
-        make,
-        ProbeConfig(size=SIZE, timeout_seconds=30, target_seconds=0.002),
-        quiet_errors(),
-        threading.Lock(),
-    )
+    probe, kernels = recording_probe(source, dev)
     try:
         probe.run_once()
         before = probe.status()

@@ -7,32 +7,15 @@ import os
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, cast
-
-import pytest
 
 from jaxmon.model import DeviceInfo
 from jaxmon.sources.local import FRACTION_VARS, PREALLOCATE_VAR, LocalSource, apply_gpu_env_defaults
+from tests.unit.conftest import pick
 
 SIZE = 64
 PROBE_DEVICE = 5  # not the default device 0, so implicit placement would show
-
-
-@pytest.fixture(scope="module")
-def local() -> Iterator[tuple[LocalSource, list[DeviceInfo]]]:
-    """This process's JAX devices; the GPU variables LocalSource sets are removed again afterwards."""
-    source = LocalSource(gpu_memory_fraction=0.02)
-    devices, _ = source.discover()
-    yield source, devices
-    for name in source.applied_env:
-        os.environ.pop(name, None)
-
-
-def pick(devices: list[DeviceInfo], device_id: int) -> DeviceInfo:
-    """The CPU device with `device_id`."""
-    (dev,) = [d for d in devices if d.platform == "cpu" and d.id == device_id]
-    return dev
 
 
 def test_a_sidecar_does_not_preallocate_and_takes_a_small_fraction() -> None:
