@@ -35,15 +35,16 @@ def test_no_proc_reads_none(tmp_path: Path) -> None:
 
 
 def test_a_daemon_leaves_its_own_ticks_out_and_a_training_process_keeps_them() -> None:
-    """This process spins for 0.6 s: the two meters differ by its own share (process_time is the truth)."""
+    """This process spins for 0.6 s of wall time and at least 0.3 s of CPU (longer on a loaded machine, up to 3 s):
+    the two meters differ by its own share (process_time is the truth)."""
     excluding, including = HostCpuMeter(exclude_own=True), HostCpuMeter(exclude_own=False)
     cpu0, started = time.process_time(), time.monotonic()
-    while time.monotonic() - started < 0.6:
+    while time.monotonic() - started < 0.6 or (time.process_time() - cpu0 < 0.3 and time.monotonic() - started < 3):
         pass
     own = (time.process_time() - cpu0) / ((time.monotonic() - started) * CPUS)
     a, b = excluding.others_share(), including.others_share()
     assert a is not None and b is not None
-    assert own > 0.2
+    assert own > 0.1  # a share the 0.06 tolerance below cannot hide (0.5 of 2 cores on a quiet machine)
     assert b - a == pytest.approx(own, abs=0.06)
 
 
