@@ -11,6 +11,8 @@ in alternating rounds. It reports the throughput difference at SIZE 1024 (about 
 256 (about 0.15 ms: the overhead per step in microseconds shows there), and the median time of one step() call on
 the training thread. Targets: throughput within 1 % at a step of milliseconds, step() <= 20 us median. On CPU
 devices the waiter thread shares the cores that compute the steps, the worst case for its cost.
+Last, `cpu 5000 0|1` (tiny steps, each synced, 0.3 ms of sleep between them) in 6 alternating rounds: this
+process's CPU per step without and with step(), so jaxmon's own CPU (step() and the waiter) with the cores free.
 
 Two copies of tests/workloads/train.py run side by side on 8 JAX CPU devices: `none` (no exporter) and
 `embedded` (`jaxmon.start()` at the default poll interval of 5 s, probes every 15 s on all 8 devices, which on
@@ -103,7 +105,8 @@ def wait_calibrated(url: str, timeout: float = 120.0) -> None:
 
 
 def step_overhead(rounds: int) -> dict[str, Any]:
-    """jaxmon.step() every step vs none, in one embedded trainer, at two step sizes."""
+    """jaxmon.step() every step vs none, in one embedded trainer, at two step sizes; then jaxmon's CPU per step
+    (step() and the waiter) on a loop that leaves the cores free."""
     trainer = Trainer("embedded", probe=False)
     out: dict[str, Any] = {}
     try:
@@ -135,6 +138,14 @@ def step_overhead(rounds: int) -> dict[str, Any]:
                 f"step() call {median(calls) / 1000:.2f} us median",
                 flush=True,
             )
+        cpu: dict[str, list[float]] = {"without": [], "with": []}
+        for i in range(6):
+            for name in ("without", "with") if i % 2 == 0 else ("with", "without"):
+                answer = trainer.command(f"cpu 5000 {1 if name == 'with' else 0}")
+                cpu[name].append(float(answer["cpu_per_step_us"]))
+        per = {k: median(v) for k, v in cpu.items()}
+        out["cpu_per_step_us"] = {**per, "jaxmon": per["with"] - per["without"], "rounds_detail": cpu}
+        print(f"CPU per step: {per['without']:.1f} us -> {per['with']:.1f} us with step()", flush=True)
     finally:
         trainer.stop()
     return out
@@ -150,7 +161,8 @@ def main() -> None:
         result = step_overhead(args.rounds)
         big = result["1024"]
         met = big["slower_percent"] <= 1 and big["step_call_median_us"] <= 20
-        save("train_step_call", {"command": "python bench/train_step.py --what step", **result, "met": met})
+        command = f"python bench/train_step.py --what {args.what} --rounds {args.rounds}"
+        save("train_step_call", {"command": command, **result, "met": met})
     if args.what == "step":
         return
 

@@ -79,7 +79,7 @@ PROBLEMS = Spec(
     "jaxmon_training_tracking_problems",
     "What the training tracker could not use, by reason: back and jump (step numbers that do not follow), unready "
     "(a ready array deleted or donated first), dropped (too many steps pending), cost (no cost analysis), "
-    "badput_kinds (badput of a kind past the 12th, counted as other).",
+    "badput_kinds (a badput() block of a kind past the 10th, counted as other).",
     counter=True,
 )
 

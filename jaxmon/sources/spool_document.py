@@ -110,7 +110,7 @@ class SpoolTraining(BaseModel):
     host_wait_seconds_total: NonNegative = 0.0
     elapsed_seconds: NonNegative = 0.0
     productive_seconds_total: NonNegative = 0.0
-    badput_seconds_total: dict[Kind, NonNegative] = Field(default_factory=dict, max_length=16)  # a tracker's bound
+    badput_seconds_total: dict[Kind, NonNegative] = Field(default_factory=dict, max_length=64)
     devices: list[SpoolDeviceTraining] = Field(default_factory=list, max_length=4096)
     problems: dict[Kind, Count] = Field(default_factory=dict, max_length=16)
 

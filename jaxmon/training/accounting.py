@@ -109,7 +109,7 @@ class Accounting:
     first_done: float | None = None
     recent: deque[WindowStep] = field(default_factory=deque)
     # The rests of `recent`, sorted: the stall check's median at every step without sorting the window each time.
-    _rests: list[float] = field(default_factory=list, repr=False)
+    _rests: list[float] = field(default_factory=list, init=False, repr=False)
 
     def _add(self, kinds: Mapping[str, float]) -> None:
         for kind, seconds in kinds.items():

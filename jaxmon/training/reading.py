@@ -42,7 +42,7 @@ class TrainingReading:
     badput_seconds_total: Mapping[str, float] = field(default_factory=dict)
     devices: tuple[DeviceTraining, ...] = ()
     # What the tracker could not use, by reason: back, jump (step numbers), unready (a deleted buffer), dropped
-    # (the waiter fell too far behind), cost (no cost analysis), badput_kinds (a kind past the 12th), error.
+    # (the waiter fell too far behind), cost (no cost analysis), badput_kinds (a badput() kind past the 10th), error.
     problems: Mapping[str, int] = field(default_factory=dict)
 
     @property

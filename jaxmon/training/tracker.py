@@ -35,10 +35,12 @@ CHECKPOINT_EVENTS = (
 )
 # Badput intervals kept for attribution: older ones than the last completed step are dropped as steps complete.
 MAX_INTERVALS = 10_000
-# The kinds of badput intervals (badput() blocks, compilations, checkpoints) a process exports; time of a further
-# kind counts as OTHER_KIND, so a kind made of data (badput(f"eval-{n}")) cannot grow the series without bound. With
-# startup, stall and restart a process has at most 16 badput series.
-MAX_INTERVAL_KINDS = 12
+# The kinds of badput intervals a process exports: compile and checkpoint (from jax.monitoring) always, and this
+# many kinds of badput() blocks; time of a further kind counts as OTHER_KIND, so a kind made of data
+# (badput(f"eval-{n}")) cannot grow the series without bound. With other, startup, stall and restart a process has
+# at most 16 badput series.
+EVENT_KINDS = frozenset({"compile", "checkpoint"})
+MAX_USER_KINDS = 10
 OTHER_KIND = "other"
 
 
@@ -101,7 +103,7 @@ class Tracker:
         self._pending: deque[_Pending] = deque()
         self._calls: dict[int, tuple[Program, int]] = {}  # tracked calls since the last step()
         self._intervals: deque[Interval] = deque(maxlen=MAX_INTERVALS)
-        self._kinds: set[str] = set()
+        self._kinds: set[str] = set()  # the badput() kinds seen, MAX_USER_KINDS at most
         self._devices = ops.devices()
         self._device_count = max(ops.device_count(), 1)
         self._peaks = self._peak_table()
@@ -150,13 +152,13 @@ class Tracker:
     def interval(self, kind: str, start: float, end: float = float("inf")) -> Interval:
         """Time that was not training, from `start` (and until `end`, or `close()`: a `badput()` block)."""
         with self._lock:
-            if kind not in self._kinds:
-                if len(self._kinds) < MAX_INTERVAL_KINDS:
+            if kind not in self._kinds and kind not in EVENT_KINDS:
+                if len(self._kinds) < MAX_USER_KINDS:
                     self._kinds.add(kind)
                 else:
                     self._problem(
                         "badput_kinds",
-                        f"more than {MAX_INTERVAL_KINDS} kinds of badput: further kinds count as {OTHER_KIND!r}",
+                        f"more than {MAX_USER_KINDS} kinds of badput(): further kinds count as {OTHER_KIND!r}",
                         kind=kind,
                     )
                     kind = OTHER_KIND

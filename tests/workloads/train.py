@@ -16,6 +16,9 @@ answered on stdout with `OK <json>`:
   loop N WITH_STEP [SIZE]  an asynchronous loop of N steps of a SIZE x SIZE matmul step (256; synced only at the
                            end), with jaxmon.step(n, loss) each step when WITH_STEP is 1; answer with the wall time
                            and the median time of one jaxmon.step() call on this thread
+  cpu N WITH_STEP          N tiny steps, each synced and followed by 0.3 ms of sleep (the cores stay free), with
+                           jaxmon.step(n, out) each step when WITH_STEP is 1; answer with this process's CPU time
+                           per step (the waiter's included: measured 0.5 s after the last step)
   exit
 With --train-forever the loop trains until killed and prints `STEP n` lines instead of reading stdin.
 """
@@ -107,6 +110,7 @@ def main() -> None:
     tracked: Any = jaxmon.track(step)  # type: ignore[arg-type]
     number = 0
     heavy = jax.jit(lambda a, b: (jnp.tanh(a @ b), jnp.sum(a)))
+    tiny = jax.jit(lambda a: a * 1.0001)
     for line in sys.stdin:
         cmd, *rest = line.split()
         if cmd == "alloc":
@@ -170,6 +174,19 @@ def main() -> None:
             jax.block_until_ready(a)
             wall = time.perf_counter() - start
             answer(wall=wall, step_call_ns=statistics.median(calls) if calls else None)
+        elif cmd == "cpu":
+            count, with_step = int(rest[0]), rest[1] == "1"
+            c = tiny(jnp.ones(4)).block_until_ready()
+            cpu0 = time.process_time()
+            for _ in range(count):
+                c = tiny(c)
+                if with_step:
+                    jaxmon.step(number, c)
+                    number += 1
+                c.block_until_ready()
+                time.sleep(0.0003)
+            time.sleep(0.5)  # the waiter books the last steps
+            answer(cpu_per_step_us=(time.process_time() - cpu0) / count * 1e6)
         elif cmd == "restore":
             number = int(rest[0])  # as after restoring a checkpoint of that step
             answer(number=number)
