@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -28,6 +29,10 @@ PACKAGE = __name__.rpartition(".")[0]  # jaxmon.sources.kubelet
 _MODULES = (f"{PACKAGE}.api_pb2", f"{PACKAGE}.api_pb2_grpc")
 
 _lock = threading.Lock()
+# After a failure to generate them, the stubs are not tried again for this long: a poll that finds the socket does
+# not start protoc (a 20 MiB child) each time, and the error it raises says so.
+RETRY_SECONDS = 600.0
+_failed: tuple[float, str] | None = None  # when (time.monotonic()) and why the last generation failed
 
 
 class StubsUnavailable(RuntimeError):
@@ -39,7 +44,15 @@ def stubs() -> tuple[Any, Any]:
     with _lock:
         if all(name in sys.modules for name in _MODULES):
             return sys.modules[_MODULES[0]], sys.modules[_MODULES[1]]
-        sources = _generate()
+        global _failed
+        if _failed is not None and time.monotonic() - _failed[0] < RETRY_SECONDS:
+            raise StubsUnavailable(f"{_failed[1]} (not tried again until {RETRY_SECONDS:.0f} s after that)")
+        try:
+            sources = _generate()
+        except StubsUnavailable as exc:
+            _failed = (time.monotonic(), str(exc))
+            raise
+        _failed = None
         modules = []
         for name in _MODULES:
             module = ModuleType(name)
