@@ -63,6 +63,10 @@ class Context:
     workload: str | None = None
     in_process: InProcess | None = None
 
+    def not_in_workload(self) -> str | None:
+        """Why a collector of the workload process's own doings cannot run here (None: it can)."""
+        return None if self.in_process is not None and self.workload is not None else "not inside a workload process"
+
 
 def standalone_context(
     source: DeviceSource,

@@ -46,7 +46,7 @@ class CompileCollector(Collector[CompileOptions, CompileState]):
     @classmethod
     def unavailable(cls, opts: CompileOptions, ctx: Context) -> str | None:
         """Only a workload process has compilations of its own to count."""
-        return None if ctx.in_process is not None and ctx.workload is not None else "not inside a workload process"
+        return ctx.not_in_workload()
 
     def update(self) -> Update[CompileState]:
         """The counters now."""

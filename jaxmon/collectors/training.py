@@ -64,7 +64,7 @@ class TrainingCollector(Collector[TrainingOptions, TrainingReading | None]):
     @classmethod
     def unavailable(cls, opts: TrainingOptions, ctx: Context) -> str | None:
         """Only a workload process has steps of its own."""
-        return None if ctx.in_process is not None and ctx.workload is not None else "not inside a workload process"
+        return ctx.not_in_workload()
 
     def update(self) -> Update[TrainingReading | None]:
         """The tracker's numbers now (None until the workload's first jaxmon.step())."""
