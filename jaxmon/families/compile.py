@@ -22,9 +22,22 @@ COMPILE_METRICS = (
         Spec("jaxmon_jit_compile_seconds", "Seconds spent in XLA backend compilation in the workload.", counter=True),
         "compile_seconds",
     ),
-    (Spec("jaxmon_compilation_cache_hits", "Persistent compilation cache hits in the workload.", True), "cache_hits"),
     (
-        Spec("jaxmon_compilation_cache_misses", "Persistent compilation cache misses (entries written).", True),
+        Spec(
+            "jaxmon_compilation_cache_hits",
+            "Compilations in the workload that the persistent compilation cache answered (JAX's cache_hits).",
+            True,
+        ),
+        "cache_hits",
+    ),
+    (
+        Spec(
+            "jaxmon_compilation_cache_misses",
+            "Compilations in the workload that looked in the persistent compilation cache and found nothing "
+            "(JAX's compile_requests_use_cache - cache_hits), whether or not the result was then written "
+            "(jax_persistent_cache_min_compile_time_secs, ..._min_entry_size_bytes).",
+            True,
+        ),
         "cache_misses",
     ),
 )

@@ -62,7 +62,12 @@ class SpoolDevice(BaseModel):
 
 
 class SpoolCompile(BaseModel):
-    """Compile counters of one process since it started publishing."""
+    """Compile counters of one process since it started publishing.
+
+    `cache_misses` counts compilations that found nothing in the persistent cache (JAX's requests - hits,
+    jaxmon.sources.local.workload.CompileCounters). Publishers before that counted JAX's `cache_misses` event,
+    entries written: their documents stay valid and read the same, with that (lower) count.
+    """
 
     model_config = _MODEL
 
@@ -108,7 +113,7 @@ class SpoolTraining(BaseModel):
     examples_total: NonNegative = 0.0
     tokens_total: NonNegative = 0.0
     host_wait_seconds_total: NonNegative = 0.0
-    elapsed_seconds: NonNegative = 0.0
+    elapsed_seconds: NonNegative = 0.0  # seconds from the tracker's start to the document's time
     productive_seconds_total: NonNegative = 0.0
     badput_seconds_total: dict[Kind, NonNegative] = Field(default_factory=dict, max_length=64)
     devices: list[SpoolDeviceTraining] = Field(default_factory=list, max_length=4096)

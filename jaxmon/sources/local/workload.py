@@ -99,13 +99,23 @@ def live_array_bytes(jax: Any) -> dict[tuple[str, int], int]:
 class CompileCounters:
     """JIT compilations, compile time and persistent-cache hits/misses, from `jax.monitoring` events.
 
+    A miss is a compilation that looked in the persistent cache and found nothing: JAX records
+    `compile_requests_use_cache` for every compilation that consults the cache and `cache_hits` for those it finds,
+    so misses are the difference (requests - hits). Each is booked when its compilation ends (the
+    `backend_compile_duration` event, on the same thread, after the request and the hit if any): a lookup still in
+    progress is never counted as a miss, and the counter never goes down. JAX's own `cache_misses` event fires only
+    when an entry is written, after the `jax_persistent_cache_min_compile_time_secs` (1 s by default) and
+    `..._min_entry_size_bytes` thresholds: most misses of a small program write nothing, and counting that event
+    undercounts them (jax/_src/compiler.py, compile_or_get_cached; jax/_src/compilation_cache.py,
+    put_executable_and_time).
+
     Listeners are process-wide in JAX and cannot be scoped, so one instance is installed per process. Event
     names are looked up in the installed JAX; a version that emits fewer simply leaves those counters at 0.
     """
 
     COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+    CACHE_REQUEST_EVENT = "/jax/compilation_cache/compile_requests_use_cache"
     CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
-    CACHE_MISS_EVENT = "/jax/compilation_cache/cache_misses"
 
     _instance: CompileCounters | None = None
     _instance_lock = threading.Lock()
@@ -116,6 +126,7 @@ class CompileCounters:
         self.compile_seconds = 0.0
         self.cache_hits = 0
         self.cache_misses = 0
+        self._looking = threading.local()  # this thread's compilation consulted the cache and found nothing yet
 
     @classmethod
     def installed(cls) -> CompileCounters:
@@ -134,9 +145,17 @@ class CompileCounters:
         if threading.current_thread().name.startswith(PROBE_THREAD_PREFIX):
             return  # the probe's own cache traffic is not the workload's
         if event == self.CACHE_HIT_EVENT:
+            self._looking.request = False
             with self._lock:
                 self.cache_hits += 1
-        elif event == self.CACHE_MISS_EVENT:
+        elif event == self.CACHE_REQUEST_EVENT:
+            self._missed()  # a request whose compilation recorded no end (defensive: JAX records it on errors too)
+            self._looking.request = True
+
+    def _missed(self) -> None:
+        """Book this thread's pending request, if one, as a miss."""
+        if getattr(self._looking, "request", False):
+            self._looking.request = False
             with self._lock:
                 self.cache_misses += 1
 
@@ -145,6 +164,7 @@ class CompileCounters:
             # The event fires on the compiling thread: the probe compiles on its own workers, and is not counted.
             if threading.current_thread().name.startswith(PROBE_THREAD_PREFIX):
                 return
+            self._missed()
             with self._lock:
                 self.compilations += 1
                 self.compile_seconds += float(duration_secs)

@@ -19,6 +19,7 @@ from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.compile import CompileCollector, CompileOptions, CompileState
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.local import InProcessWorkload, LocalSource
+from jaxmon.sources.local.workload import CompileCounters
 from tests.conftest import Samples, parse_samples, sample
 
 LABELS = {"workload": "trainer", "process_index": "0"}
@@ -74,3 +75,55 @@ def test_a_new_program_compiled_here_is_one_more_compilation_with_its_time() -> 
     counted = collector.update().state.counters["compilations"]
     jax.jit(abs)(np.arange(3)).block_until_ready()
     assert collector.update().state.counters["compilations"] == counted
+
+
+# JAX's events of one compilation (jax/_src/compiler.py compile_or_get_cached, wrapped by pxla's
+# backend_compile_duration): a request when the persistent cache is on, a hit when it had the program, the end.
+REQUEST = ("event", CompileCounters.CACHE_REQUEST_EVENT)
+HIT = ("event", CompileCounters.CACHE_HIT_EVENT)
+WRITTEN = ("event", "/jax/compilation_cache/cache_misses")  # JAX's: an entry written (thresholds passed)
+END = ("duration", CompileCounters.COMPILE_EVENT)
+
+
+def replay(counters: CompileCounters, *events: tuple[str, str]) -> dict[str, float]:
+    for kind, name in events:
+        if kind == "event":
+            counters._on_event(name)
+        else:
+            counters._on_duration(name, 0.5, fun_name="f")
+    return counters.as_dict()
+
+
+def test_a_miss_is_a_compilation_that_asked_the_cache_and_found_nothing_written_or_not() -> None:
+    c = CompileCounters()
+    # Missed and written, missed and not written (under the thresholds), found: two misses, one hit.
+    first = {"compilations": 1, "compile_seconds": 0.5, "cache_hits": 0, "cache_misses": 1}
+    assert replay(c, REQUEST, END, WRITTEN) == first
+    assert replay(c, REQUEST, END)["cache_misses"] == 2
+    counts = replay(c, REQUEST, HIT, END)
+    assert (counts["cache_misses"], counts["cache_hits"], counts["compilations"]) == (2, 1, 3)
+    # Without the persistent cache JAX asks nothing: a compilation is neither.
+    counts = replay(c, END)
+    assert (counts["cache_misses"], counts["cache_hits"], counts["compilations"]) == (2, 1, 4)
+
+
+def test_a_lookup_in_progress_is_not_a_miss_and_the_count_never_goes_down() -> None:
+    c = CompileCounters()
+    assert replay(c, REQUEST)["cache_misses"] == 0  # still looking: it may yet be a hit
+    assert replay(c, HIT)["cache_misses"] == 0
+    assert replay(c, END)["cache_misses"] == 0
+    # A request whose compilation recorded no end is booked as a miss at the next request of that thread.
+    replay(c, REQUEST)
+    assert replay(c, REQUEST, END)["cache_misses"] == 2
+
+
+def test_each_thread_has_its_own_lookup() -> None:
+    import threading
+
+    c = CompileCounters()
+    replay(c, REQUEST)  # this thread is looking
+    other = threading.Thread(target=replay, args=(c, REQUEST, HIT, END))
+    other.start()
+    other.join()
+    assert c.as_dict()["cache_hits"] == 1 and c.as_dict()["cache_misses"] == 0
+    assert replay(c, END)["cache_misses"] == 1
