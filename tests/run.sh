@@ -31,6 +31,8 @@ fi
 # Debian packages, installed when missing:
 # - prometheus: promtool lints the exposition; later tests also run a real Prometheus. The package starts a
 #   Prometheus service where systemd runs; the tests start their own on loopback.
+# - prometheus-alertmanager: amtool checks deploy/alertmanager/alertmanager.yml, and tests/e2e/test_alertmanager.py
+#   runs a real Alertmanager behind a real Prometheus (on loopback, like the Prometheus).
 # - tmux: the `jaxmon top` tests run it in a real terminal and read the screen.
 # - gcc and the C headers build tests/fakenvml/fakenvml.c, the fake libnvidia-ml.so.1 the NVML tests load.
 # - podman and runc build and run the image in tests/e2e/test_container.py, unless a docker daemon answers;
@@ -38,6 +40,7 @@ fi
 #   podman's recommended packages are needed too (container networking: containernetworking-plugins).
 need=() engine=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
 { command -v gcc >/dev/null 2>&1 && [ -e /usr/include/stdio.h ]; } || need+=(gcc libc6-dev)
 command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
