@@ -142,6 +142,7 @@ class Publisher:
                 fields["error"] = f"{type(exc).__name__}: {exc}"[:4096]
             entries.append(SpoolDevice.model_validate(fields))
         reading = in_process.training()
+        now = time.time()
         return SpoolDocument(
             schema=SCHEMA,
             workload=self.workload,
@@ -149,12 +150,12 @@ class Publisher:
             pid=self.pid,
             process_index=in_process.process_index,
             jax_version=in_process.jax_version,
-            time=time.time(),
+            time=now,
             started=self.started,
             interval=self.interval,
             devices=entries,
             compile=SpoolCompile.model_validate(in_process.compile_counts()),
-            training=None if reading is None else spool_training(reading),
+            training=None if reading is None else spool_training(reading, now),
             process_count=in_process.process_count,
             scheduler=scheduler_labels(),
         )
@@ -195,11 +196,17 @@ def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def spool_training(reading: TrainingReading) -> SpoolTraining:
-    """The training reading as a spool document carries it (the +Inf bucket is the count: JSON has no inf)."""
+def spool_training(reading: TrainingReading, now: float) -> SpoolTraining:
+    """The training reading as a spool document of time `now` carries it: the +Inf bucket is the count (JSON has no
+    inf), the start is the seconds before `now` (elapsed_seconds, as schema 2 has always had it)."""
     finite = [(bound, count) for bound, count in reading.duration_buckets if bound != float("inf")]
     fields = asdict(reading)
-    fields.update(duration_buckets=finite, duration_count=reading.duration_count)
+    del fields["start_time_seconds"]
+    fields.update(
+        duration_buckets=finite,
+        duration_count=reading.duration_count,
+        elapsed_seconds=max(now - reading.start_time_seconds, 0.0),
+    )
     return SpoolTraining.model_validate(fields)
 
 

@@ -169,7 +169,7 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
 
     def families(self, snap: Snapshot, state: KubernetesState) -> Iterator[Metric]:
         devices = family(
-            "jaxmon_kubernetes_pod_devices",
+            "jaxmon_kubernetes_pod_device_info",
             "1 for each GPU, MIG device or TPU chip the kubelet assigned to a container (device_id as the device "
             "plugin names it); absent while the kubelet does not answer, after the ttl.",
         )

@@ -91,15 +91,17 @@ def workload_report(doc: SpoolDocument) -> WorkloadReport:
         started=doc.started,
         devices=tuple(devices),
         compile=doc.compile.model_dump(),
-        training=None if doc.training is None else training_reading(doc.training),
+        training=None if doc.training is None else training_reading(doc.training, doc.time),
         process_count=doc.process_count,
         scheduler=dict(doc.scheduler),
     )
 
 
-def training_reading(spooled: SpoolTraining) -> TrainingReading:
-    """A published training section as the reading it was made from (+Inf bucket from the count)."""
+def training_reading(spooled: SpoolTraining, time: float) -> TrainingReading:
+    """A published training section of a document written at `time` as the reading it was made from (+Inf bucket
+    from the count, the start from the seconds elapsed by then)."""
     fields = spooled.model_dump()
+    fields["start_time_seconds"] = time - fields.pop("elapsed_seconds")
     fields["duration_buckets"] = (
         (*((b, c) for b, c in spooled.duration_buckets), (float("inf"), spooled.duration_count))
         if spooled.duration_count or spooled.duration_buckets

@@ -25,8 +25,18 @@ DURATION = Spec(
     "Completion to completion of consecutive training steps (what a step costs the job, host time included); the "
     "same buckets in every process, so histograms sum across a job.",
 )
-EXAMPLES = Spec("jaxmon_training_examples", "Examples the steps processed (step(examples=...)).", counter=True)
-TOKENS = Spec("jaxmon_training_tokens", "Tokens the steps processed (step(tokens=...)).", counter=True)
+EXAMPLES = Spec(
+    "jaxmon_training_examples",
+    "This process's share of the examples the job's steps processed: step(examples=...) (the job's global batch) / "
+    "the job's process count, so that sum() over the job is the job's total.",
+    counter=True,
+)
+TOKENS = Spec(
+    "jaxmon_training_tokens",
+    "This process's share of the tokens the job's steps processed: step(tokens=...) (the job's) / the job's process "
+    "count, so that sum() over the job is the job's total.",
+    counter=True,
+)
 MODEL_FLOPS = Spec(
     "jaxmon_training_model_flops",
     "Model FLOPs of the steps on this device: step(model_flops=...) (the whole job's) / jax.device_count().",
@@ -39,13 +49,13 @@ HARDWARE_FLOPS = Spec(
     counter=True,
 )
 HARDWARE_BYTES = Spec(
-    "jaxmon_training_hardware_bytes_accessed",
+    "jaxmon_training_hardware_accessed_bytes",
     "Bytes XLA counts as accessed by the tracked functions' programs on this device (cost analysis).",
     counter=True,
 )
 PEAK = Spec(
     "jaxmon_device_peak_flops_per_second",
-    "Dense bf16 peak FLOP/s of the device (label source: table, by device kind; or setting: "
+    "Dense bf16 peak FLOP/s of the device (label origin: table, by device kind; or setting: "
     "collector.training.peak_flops).",
 )
 MFU = Spec(
@@ -62,17 +72,24 @@ HOST_WAIT = Spec(
     "one completed (the host-bound signal).",
     counter=True,
 )
-ELAPSED = Spec("jaxmon_training_elapsed_seconds", "Seconds since the workload's jaxmon started (start() or publish()).")
+START_TIME = Spec(
+    "jaxmon_training_start_time_seconds",
+    "Unix time the workload's jaxmon started (start() or publish()): the productive seconds and every kind of "
+    "badput add up to jaxmon_training_last_step_timestamp_seconds minus it.",
+)
 PRODUCTIVE = Spec(
     "jaxmon_training_productive_seconds",
-    "The sum of step durations less the badput inside them (goodput = its rate, or it / elapsed).",
+    "Time the devices computed steps, less stalls: the part of each step's interval after the host handed the step "
+    "to jaxmon.step() (goodput = its increase over the increase of it plus every kind of badput).",
     counter=True,
 )
 BADPUT = Spec(
     "jaxmon_training_badput_seconds",
-    "Time that was not training, by kind: startup (to the first completed step, less other kinds), compile, "
-    "checkpoint, data, eval, the user's badput() kinds, restart (around a step number that went back), stall (a "
-    "step's excess over stall_factor x the window median).",
+    "Time that was not training, by kind: startup (to the first completed step, less other kinds); inside the "
+    "devices' idle time (from a step's completion until the next was handed to jaxmon.step()): compile, checkpoint "
+    "(Orbax saves), restore (Orbax restores), the user's badput() kinds (data, eval, ...; other past the 10th), "
+    "and host (the idle time nothing names); restart (around a step number that went back); stall (a step's busy "
+    "time over stall_factor x the window median).",
     counter=True,
 )
 PROBLEMS = Spec(
@@ -110,8 +127,8 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
     model, hardware, nbytes, peak, mfu, hfu = (
         s.new() for s in (MODEL_FLOPS, HARDWARE_FLOPS, HARDWARE_BYTES, PEAK, MFU, HFU)
     )
-    host_wait, elapsed, productive, badput, problems = (
-        s.new() for s in (HOST_WAIT, ELAPSED, PRODUCTIVE, BADPUT, PROBLEMS)
+    host_wait, start_time, productive, badput, problems = (
+        s.new() for s in (HOST_WAIT, START_TIME, PRODUCTIVE, BADPUT, PROBLEMS)
     )
     for labels, r in rows:
         add(steps, labels, r.steps_total)
@@ -126,7 +143,7 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
         add(examples, labels, r.examples_total)
         add(tokens, labels, r.tokens_total)
         add(host_wait, labels, r.host_wait_seconds_total)
-        add(elapsed, labels, r.elapsed_seconds)
+        add(start_time, labels, r.start_time_seconds)
         add(productive, labels, r.productive_seconds_total)
         for kind, seconds in sorted(r.badput_seconds_total.items()):
             add(badput, {**labels, "kind": kind}, seconds)
@@ -144,6 +161,6 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
                 if value is not None:
                     add(fam, per_device, value)
             if d.peak_flops is not None:
-                add(peak, {**per_device, "source": d.peak_source or "table"}, d.peak_flops)
+                add(peak, {**per_device, "origin": d.peak_source or "table"}, d.peak_flops)
     yield from (steps, step, dispatched, last, duration, examples, tokens, model, hardware, nbytes, peak, mfu, hfu)
-    yield from (host_wait, elapsed, productive, badput, problems)
+    yield from (host_wait, start_time, productive, badput, problems)

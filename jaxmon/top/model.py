@@ -26,7 +26,8 @@ _TRAINING = {
     "jaxmon_training_step_duration_seconds_count": "count",
     "jaxmon_training_dispatched_step": "dispatched",
     "jaxmon_training_host_wait_seconds_total": "wait",
-    "jaxmon_training_elapsed_seconds": "elapsed",
+    "jaxmon_training_start_time_seconds": "start",
+    "jaxmon_training_last_step_timestamp_seconds": "last",
 }
 # Device-wide numbers (NVML, libtpu): one per physical device, shown on every row of that device.
 _DEVICE_WIDE = {
@@ -194,7 +195,11 @@ def parse_exposition(text: str, endpoint: str) -> Scrape:
         if len(mine) == 1:
             r.process_index, numbers = mine[0]
             r.step, r.step_sum, r.step_count = (numbers.get(k) for k in ("step", "sum", "count"))
-            r.dispatched, r.host_wait, r.elapsed = (numbers.get(k) for k in ("dispatched", "wait", "elapsed"))
+            r.dispatched, r.host_wait = numbers.get("dispatched"), numbers.get("wait")
+            start, last = numbers.get("start"), numbers.get("last")
+            # The workload's own clock: its accounting's time from the start to the last completion (host wait
+            # is counted at completions too).
+            r.elapsed = last - start if start is not None and last is not None else None
             if r.step_sum is not None and r.step_count:
                 r.step_time = r.step_sum / r.step_count
             if r.host_wait is not None and r.elapsed:
@@ -215,7 +220,7 @@ def _wait_share(now: tuple[float | None, float | None], before: tuple[float | No
 
 def recent_step_times(new: Scrape, old: Scrape | None) -> None:
     """Each row's step time over the steps completed since `old` (the previous scrape), where there were some, and
-    its host-wait share over the workload's own clock since then (jaxmon_training_elapsed_seconds)."""
+    its host-wait share over the workload's own clock since then (its last completion less its start time)."""
     if old is None:
         return
     before = {r.key: (r.step_sum, r.step_count) for r in old.rows}

@@ -79,8 +79,12 @@ def step(
 ) -> None:
     """Mark the end of training step `n`: it is complete when the arrays in `ready` (any pytree: the loss, the
     metrics, never a donated buffer) are; without `ready`, when a tiny barrier on every local device is (a few
-    dispatches per step on the training thread). `examples` and `tokens` are this step's; `model_flops` the whole
-    job's model FLOPs of the step (6·N·tokens for a transformer), split evenly over jax.device_count() devices.
+    dispatches per step on the training thread).
+
+    Every process passes the **job's** figures for the step, what one step of the whole job processes: `examples`
+    the global batch, `tokens` its tokens, `model_flops` its model FLOPs (6·N·tokens for a transformer). Each process
+    exports its share (examples and tokens / jax.process_count(), FLOPs / jax.device_count() on each local device),
+    so sum() over the job's series is the job's total, as with every Prometheus counter.
     Returns at once; never raises into training."""
     tracker = _tracker
     if tracker is None:
@@ -109,7 +113,9 @@ def badput(kind: str) -> Iterator[None]:
 
 class Tracked(Generic[P, R]):
     """A jitted function whose calls add XLA's per-device FLOPs (cost analysis, once per compiled program) to the
-    step they run in. It compiles nothing itself: the cost is read after the call compiled the program."""
+    step they run in. It compiles nothing itself: the cost is read right after the first call of each program, on
+    the calling thread, so it lowers in the loop's own contexts (`with mesh:`, `use_mesh`, Flax's axis rules): one
+    lowering (a cache hit for the compilation) on the training thread per program."""
 
     def __init__(self, fn: Callable[P, R]) -> None:
         self._fn = fn
@@ -124,22 +130,21 @@ class Tracked(Generic[P, R]):
             _not_running("track")
             return out
         try:
-            tracker.called(self._program(tracker.ops, args, kwargs))
+            tracker.called(self._program(tracker, args, kwargs))
         except Exception as exc:
             log.warning("jaxmon.track could not note a call", error=f"{type(exc).__name__}: {exc}")
         return out
 
-    def _program(self, ops: TrainingOps, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Program:
+    def _program(self, tracker: Tracker, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Program:
         # One compiled program and one known: the call ran it (no signature to compute on the training thread).
+        ops = tracker.ops
         size = ops.cache_size(self._fn)
         if self._only is not None and size == 1:
             return self._only
         key = ops.signature(args, kwargs)  # after the call: donated arguments keep their shapes and shardings
         program = self._programs.get(key)
-        if program is None:
-            from jaxmon.training.tracker import Program  # loaded already: activate() imported the tracker
-
-            program = self._programs[key] = Program(self._fn, ops.avals(args, kwargs))
+        if program is None:  # a new program: its cost is read here, in the caller's contexts (mesh, axis rules)
+            program = self._programs[key] = tracker.measure(self._fn, args, kwargs)
         self._only = program if len(self._programs) == 1 and size == 1 else None
         return program
 

@@ -4,12 +4,18 @@ Pure bookkeeping on one clock (seconds, monotonic), fed by the tracker's waiter 
 
 - A step's interval runs from the previous step's completion to its own (completion to completion: what a
   synchronous job's step costs, whatever the host did meanwhile).
-- Badput intervals (`badput()` blocks, compilations, Orbax's blocking checkpoint writes) are attributed to the
-  step interval they overlap, each instant to one kind (the interval that started first).
-- The rest of a step's interval is productive, less a stall: the excess of that rest over `stall_factor` x the
-  median of the window's recent rests.
+- The device is idle in that interval from the previous completion until the step was handed to `step()` (never,
+  when the host handed it over before the previous one completed: a pipelined loop); busy for the rest.
+- Badput intervals (`badput()` blocks, compilations, Orbax's blocking checkpoint saves and restores) are charged
+  only inside the idle window, each instant to one kind (the interval that started first): a data load that
+  overlaps device work costs nothing. The idle time no interval names is `host` badput.
+- The busy part is productive, less a stall: the excess of the busy part over `stall_factor` x the median of the
+  window's recent busy parts.
 - Before the first completed step, the time since the tracker started is `startup` badput, less what overlapping
-  intervals already name (compile, checkpoint restore, ...).
+  intervals already name (compile, restore, ...).
+- Productive time plus every kind of badput is the time from the start to the last known completion, always: a
+  span whose steps' completions are unknown (a ready array deleted first) or whose numbers do not follow is
+  charged as a whole (`gap`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ STALL_MIN_STEPS = 5
 STARTUP = "startup"
 STALL = "stall"
 RESTART = "restart"
+HOST = "host"
 
 
 @dataclass
@@ -87,10 +94,12 @@ class Histogram:
 
 @dataclass(frozen=True)
 class WindowStep:
-    """One step of the window: its interval, the part not named as badput, and its FLOPs per device."""
+    """One step of the window: its interval, its busy part, the part MFU counts (less named badput), and its FLOPs
+    per device."""
 
     duration: float
-    rest: float
+    busy: float
+    counted: float
     model_flops: Mapping[tuple[str, int], float]
     hardware_flops: Mapping[tuple[str, int], float]
 
@@ -107,17 +116,21 @@ class Accounting:
     badput: dict[str, float] = field(default_factory=dict)
     histogram: Histogram = field(default_factory=Histogram)
     first_done: float | None = None
+    last_done: float | None = None  # the last completion booked: productive + badput = last_done - started
     recent: deque[WindowStep] = field(default_factory=deque)
-    # The rests of `recent`, sorted: the stall check's median at every step without sorting the window each time.
-    _rests: list[float] = field(default_factory=list, init=False, repr=False)
+    # The busy parts of `recent`, sorted: the stall check's median at every step without sorting the window.
+    _busy: list[float] = field(default_factory=list, init=False, repr=False)
 
     def _add(self, kinds: Mapping[str, float]) -> None:
         for kind, seconds in kinds.items():
-            self.badput[kind] = self.badput.get(kind, 0.0) + seconds
+            if seconds > 0:
+                self.badput[kind] = self.badput.get(kind, 0.0) + seconds
 
     def first(self, done: float, intervals: Iterable[Interval]) -> None:
         """The first completed step: the time since the start is startup, less what the intervals name."""
-        self.first_done = done
+        self.first_done = self.last_done = done
+        for kind in (STARTUP, HOST, STALL):  # the kinds every step can add to exist from the first step on
+            self.badput.setdefault(kind, 0.0)
         named = attribute(self.started, done, intervals)
         self._add(named)
         self._add({STARTUP: max(done - self.started - sum(named.values()), 0.0)})
@@ -134,40 +147,51 @@ class Accounting:
         """A step that completed at `done` right after the one completed at `previous_done`; `handed` is when the
         host handed it to step(). Returns its duration."""
         duration = done - previous_done
-        named = attribute(previous_done, done, intervals)
+        idle_end = min(max(handed, previous_done), done)
+        idle = idle_end - previous_done
+        busy = duration - idle
+        named = attribute(previous_done, idle_end, intervals)
+        named_total = sum(named.values())
         self._add(named)
-        rest = max(duration - sum(named.values()), 0.0)
+        self._add({HOST: max(idle - named_total, 0.0)})
         excess = 0.0
         if len(self.recent) >= STALL_MIN_STEPS:
-            excess = max(rest - self.stall_factor * _sorted_median(self._rests), 0.0)
-        if excess > 0:
-            self._add({STALL: excess})
-        self.productive += rest - excess
-        self.host_wait += max(handed - previous_done, 0.0)
+            excess = max(busy - self.stall_factor * _sorted_median(self._busy), 0.0)
+        self._add({STALL: excess})
+        self.productive += busy - excess
+        self.host_wait += idle
+        self.last_done = done
         self.histogram.observe(duration)
-        self.recent.append(WindowStep(duration, rest, dict(model_flops), dict(hardware_flops)))
-        bisect.insort(self._rests, rest)
+        self.recent.append(WindowStep(duration, busy, duration - named_total, dict(model_flops), dict(hardware_flops)))
+        bisect.insort(self._busy, busy)
         while len(self.recent) > self.window:
-            del self._rests[bisect.bisect_left(self._rests, self.recent.popleft().rest)]
+            del self._busy[bisect.bisect_left(self._busy, self.recent.popleft().busy)]
         return duration
 
     def gap(self, previous_done: float, done: float, intervals: Iterable[Interval], restart: bool) -> None:
-        """A step whose number does not follow the previous one: its interval is no step duration. After a restore
-        (`restart`) the unnamed rest is `restart` badput and the window starts again; after a jump (steps not
-        reported) it is productive."""
+        """A span that is no step's interval: a step whose number does not follow the previous one, or steps whose
+        completions are unknown. The intervals inside it are charged by kind; after a restore (`restart`) the
+        unnamed rest is `restart` badput and the window starts again, otherwise (steps not reported, or not seen
+        complete) it is productive."""
         named = attribute(previous_done, done, intervals)
         self._add(named)
         rest = max(done - previous_done - sum(named.values()), 0.0)
+        self.last_done = done
         if restart:
             self._add({RESTART: rest})
             self.recent.clear()
-            self._rests.clear()
+            self._busy.clear()
         else:
             self.productive += rest
 
+    def total(self) -> float:
+        """Productive time plus every kind of badput (= last_done - started once a step completed)."""
+        return self.productive + sum(self.badput.values())
+
     def utilization(self, peaks: Mapping[tuple[str, int], float]) -> tuple[dict[tuple[str, int], float], ...]:
-        """(MFU, HFU) per device over the window: its FLOPs / (the window's duration x the device's peak)."""
-        seconds = sum(s.duration for s in self.recent)
+        """(MFU, HFU) per device over the window: its FLOPs / (the window's time less its named badput x the
+        device's peak). Host time and stalls stay in the denominator; a checkpoint does not."""
+        seconds = sum(s.counted for s in self.recent)
         mfu: dict[tuple[str, int], float] = {}
         hfu: dict[tuple[str, int], float] = {}
         if seconds <= 0:

@@ -37,7 +37,8 @@ class TrainingReading:
     examples_total: float = 0.0
     tokens_total: float = 0.0
     host_wait_seconds_total: float = 0.0
-    elapsed_seconds: float = 0.0
+    # Unix time the tracker started (jaxmon.start() or publish()): productive + badput = last_step_timestamp - it.
+    start_time_seconds: float = 0.0
     productive_seconds_total: float = 0.0
     badput_seconds_total: Mapping[str, float] = field(default_factory=dict)
     devices: tuple[DeviceTraining, ...] = ()

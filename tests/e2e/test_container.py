@@ -459,7 +459,7 @@ def test_a_volume_the_sidecar_mounts_first_is_writable_by_any_uid_of_another_ima
 
 def _kubernetes(samples: Samples) -> tuple[float | None, set[str]]:
     success = samples.get(("jaxmon_collector_success", frozenset({("collector", "kubernetes")})))
-    pods = {dict(labels)["pod"] for name, labels in samples if name == "jaxmon_kubernetes_pod_devices"}
+    pods = {dict(labels)["pod"] for name, labels in samples if name == "jaxmon_kubernetes_pod_device_info"}
     return success, pods
 
 

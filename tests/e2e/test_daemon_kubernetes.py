@@ -113,12 +113,12 @@ def pod_labels(labels: dict[str, str]) -> dict[str, str]:
 
 
 def labelled(s: Samples) -> bool:
-    return any("pod" in dict(labels) and name != "jaxmon_kubernetes_pod_devices" for name, labels in s)
+    return any("pod" in dict(labels) and name != "jaxmon_kubernetes_pod_device_info" for name, labels in s)
 
 
 def pod_devices(s: Samples) -> set[tuple[str, ...]]:
     keys = (*POD_LABELS, "resource", "device_id")
-    return {tuple(dict(lbls)[k] for k in keys) for name, lbls in s if name == "jaxmon_kubernetes_pod_devices"}
+    return {tuple(dict(lbls)[k] for k in keys) for name, lbls in s if name == "jaxmon_kubernetes_pod_device_info"}
 
 
 def all_up(s: Samples) -> bool:
@@ -155,7 +155,7 @@ def test_exactly_the_series_of_held_devices_carry_their_pods(
         elif labels.get("source") == "libtpu":
             assert pod_labels(labels) == TPU_POD, (name, labels)
             seen.setdefault("tpu", set()).add(name)
-        elif name != "jaxmon_kubernetes_pod_devices":
+        elif name != "jaxmon_kubernetes_pod_device_info":
             assert pod_labels(labels) == {}, (name, labels)  # the exporter's own series: nobody's
     # Every NVML family of a held GPU carries its pod, the Xid counter and the process list included.
     assert {

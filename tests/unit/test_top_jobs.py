@@ -24,7 +24,8 @@ def _exposition(index: int, waited: float, elapsed: float, dispatched: int, work
             f"jaxmon_training_step_duration_seconds_sum{{{labels}}} 10.0",
             f"jaxmon_training_step_duration_seconds_count{{{labels}}} 100",
             f"jaxmon_training_host_wait_seconds_total{{{labels}}} {waited}",
-            f"jaxmon_training_elapsed_seconds{{{labels}}} {elapsed}",
+            f"jaxmon_training_start_time_seconds{{{labels}}} 1700000000",
+            f"jaxmon_training_last_step_timestamp_seconds{{{labels}}} {1700000000 + elapsed}",
             "",
         ]
     )

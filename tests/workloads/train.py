@@ -11,7 +11,8 @@ answered on stdout with `OK <json>`:
   train N                  run N training steps, answer with the median step time
   steps N [DATA_MS]        run N training steps reported with jaxmon.step() (numbered on from the last), each synced
                            by this loop after step(), with DATA_MS of badput("data") before each; answer with the
-                           loop's own completion times (time.monotonic) and the step program's XLA FLOPs
+                           loop's own completion times (time.monotonic), how long each data block took as it
+                           measured it, and the step program's XLA FLOPs
   restore N                number the next `steps` from N (as a restart from a checkpoint of step N does)
   loop N WITH_STEP [SIZE]  an asynchronous loop of N steps of a SIZE x SIZE matmul step (256; synced only at the
                            end), with jaxmon.step(n, loss) each step when WITH_STEP is 1; answer with the wall time
@@ -145,11 +146,13 @@ def main() -> None:
             answer(median=statistics.median(times))
         elif cmd == "steps":
             data = float(rest[1]) / 1000 if len(rest) > 1 else 0.0
-            done = []
+            done, loads = [], []
             for _ in range(int(rest[0])):
                 if data:
+                    load = time.monotonic()
                     with jaxmon.badput("data"):
                         time.sleep(data)
+                    loads.append(time.monotonic() - load)
                 params = tracked(params, x, y)
                 jaxmon.step(number, params["b"], examples=256, tokens=2560, model_flops=8e6)
                 jax.block_until_ready(params)
@@ -157,7 +160,7 @@ def main() -> None:
                 number += 1
             flops = step.lower(params, x, y).compile().cost_analysis()["flops"]  # type: ignore[attr-defined]
             (device,) = params["b"].devices()
-            answer(done=done, flops=flops, device=int(device.id))
+            answer(done=done, loads=loads, flops=flops, device=int(device.id))
         elif cmd == "loop":
             count, with_step = int(rest[0]), rest[1] == "1"
             size = int(rest[2]) if len(rest) > 2 else 256

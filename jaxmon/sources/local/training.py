@@ -75,6 +75,10 @@ class JaxTraining:
         """Devices of the whole job (model FLOPs are split over them)."""
         return int(self._jax.device_count())
 
+    def process_count(self) -> int:
+        """Processes of the whole job (examples and tokens are split over them)."""
+        return int(self._jax.process_count())
+
     def leaves(self, tree: Any) -> list[Any]:
         """The JAX arrays among `tree`'s leaves (Python numbers and the like are ready by definition)."""
         return [leaf for leaf in self._jax.tree_util.tree_leaves(tree) if hasattr(leaf, "block_until_ready")]
@@ -115,7 +119,8 @@ class JaxTraining:
         return jax.tree.map(aval, tuple(args)), jax.tree.map(aval, dict(kwargs))
 
     def cost(self, fn: Any, avals: tuple[tuple[Any, ...], dict[str, Any]]) -> Cost:
-        """The per-device cost of `fn` at `avals` (the program its first call compiled: a cache hit here)."""
+        """The per-device cost of `fn` at `avals` (the program its first call compiled: a cache hit here). Called on
+        the thread that called `fn`, so it lowers in that thread's contexts (mesh, sharding rules)."""
         args, kwargs = avals
         compiled = fn.lower(*args, **kwargs).compile()
         flops, nbytes = cost_numbers(compiled.cost_analysis())

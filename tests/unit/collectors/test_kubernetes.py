@@ -119,10 +119,10 @@ def test_its_own_family_lists_each_device_of_each_container() -> None:
     state = KubernetesState(devices=kept, attribution=attribute(kept), taken=0.0)
     got = samples(list(collector.families(Snapshot(), state)))
     assert [(name, labels["pod"], labels["resource"], labels["device_id"]) for name, labels, _ in got] == [
-        ("jaxmon_kubernetes_pod_devices", "train", "nvidia.com/gpu", UUIDS[0]),
-        ("jaxmon_kubernetes_pod_devices", "serve", "nvidia.com/gpu", "nvidia6"),
-        ("jaxmon_kubernetes_pod_devices", "job", "google.com/tpu", "0"),
-        ("jaxmon_kubernetes_pod_devices", "job", "google.com/tpu", "1"),
+        ("jaxmon_kubernetes_pod_device_info", "train", "nvidia.com/gpu", UUIDS[0]),
+        ("jaxmon_kubernetes_pod_device_info", "serve", "nvidia.com/gpu", "nvidia6"),
+        ("jaxmon_kubernetes_pod_device_info", "job", "google.com/tpu", "0"),
+        ("jaxmon_kubernetes_pod_device_info", "job", "google.com/tpu", "1"),
     ]
     assert set(got[0][1]) == {"namespace", "pod", "container", "resource", "device_id"}
     assert {value for _, _, value in got} == {1.0}

@@ -10,6 +10,7 @@ import pytest
 
 from jaxmon.training.accounting import (
     DURATION_BUCKETS,
+    HOST,
     RESTART,
     STALL,
     STALL_MIN_STEPS,
@@ -49,11 +50,13 @@ def test_the_histogram_counts_a_value_at_a_bound_in_that_bucket_and_cumulates() 
 def test_startup_is_the_time_to_the_first_completed_step_less_what_other_kinds_name() -> None:
     acct = Accounting(started=100.0)
     acct.first(130.0, [Interval("compile", 110.0, 118.0), Interval("checkpoint", 120.0, 125.0)])
-    assert acct.badput == {"compile": 8.0, "checkpoint": 5.0, STARTUP: 17.0}
+    assert acct.badput == {"compile": 8.0, "checkpoint": 5.0, STARTUP: 17.0, HOST: 0.0, STALL: 0.0}
     assert acct.productive == 0.0
+    assert acct.total() == 30.0
 
 
 def _steady(acct: Accounting, start: float, n: int, every: float, flops: float = 0.0) -> float:
+    """n steps of `every` seconds, each handed as the previous one completed (no idle time)."""
     done = start
     for _ in range(n):
         acct.step(done, done + every, done, [], {CPU0: flops}, {CPU0: 2 * flops})
@@ -61,17 +64,74 @@ def _steady(acct: Accounting, start: float, n: int, every: float, flops: float =
     return done
 
 
-def test_steps_are_productive_less_badput_inside_them_and_the_host_wait_counts_late_hand_overs() -> None:
+def test_the_idle_window_holds_the_named_badput_and_the_host_rest_and_the_busy_part_is_productive() -> None:
     acct = Accounting(started=0.0)
     acct.first(1.0, [])
-    # Step 1: 1.0 -> 2.0, handed 0.5 (the host was ahead): no wait. Step 2: 2.0 -> 4.0, handed at 3.0 (1 s after
-    # step 1 completed: the devices waited), with a data interval of 0.5 s inside it.
+    # Step 1: 1.0 -> 2.0, handed 0.5 (the host was ahead): no idle time, all productive. Step 2: 2.0 -> 4.0, handed
+    # at 3.0 (1 s after step 1 completed: the devices were idle 1 s), with a data interval of 0.5 s inside that.
     acct.step(1.0, 2.0, 0.5, [], {}, {})
     acct.step(2.0, 4.0, 3.0, [Interval("data", 2.5, 3.0)], {}, {})
-    assert acct.productive == pytest.approx(1.0 + 1.5)
-    assert acct.badput == {STARTUP: 1.0, "data": 0.5}
+    assert acct.productive == pytest.approx(1.0 + 1.0)
+    assert acct.badput == pytest.approx({STARTUP: 1.0, "data": 0.5, HOST: 0.5, STALL: 0.0})
     assert acct.host_wait == pytest.approx(1.0)
     assert acct.histogram.count == 2 and acct.histogram.total == pytest.approx(3.0)
+    assert acct.total() == acct.last_done == 4.0
+
+
+def test_badput_that_overlaps_device_work_costs_nothing() -> None:
+    """A pipelined loop: the next batch loads (badput("data")) while the device computes the step handed before."""
+    acct = Accounting(started=0.0)
+    acct.first(1.0, [])
+    # Step 2 was handed at 1.5, before step 1 completed at 2.0; its data block ran 0.6 -> 1.4 and a checkpoint of
+    # the previous state 1.8 -> 2.5, both while the device computed.
+    acct.step(1.0, 2.0, 0.5, [Interval("data", 0.6, 1.4)], {}, {})
+    acct.step(2.0, 3.0, 1.5, [Interval("checkpoint", 1.8, 2.5)], {}, {})
+    assert acct.productive == pytest.approx(2.0)
+    assert acct.badput == {STARTUP: 1.0, HOST: 0.0, STALL: 0.0}
+    # Handed late, the same block is charged for the part of it inside the idle window only.
+    acct.step(3.0, 4.0, 3.5, [Interval("eval", 2.9, 3.2)], {}, {})
+    assert acct.badput["eval"] == pytest.approx(0.2) and acct.badput[HOST] == pytest.approx(0.3)
+    assert acct.productive == pytest.approx(2.5)
+
+
+def test_a_host_bound_loop_with_no_blocks_is_half_host_badput() -> None:
+    acct = Accounting(started=0.0)
+    acct.first(0.0, [])
+    done = 0.0
+    for _ in range(50):  # the host sleeps 0.1 s after each completion, then the device computes 0.1 s
+        acct.step(done, done + 0.2, done + 0.1, [], {}, {})
+        done += 0.2
+    assert acct.productive == pytest.approx(5.0) and acct.badput[HOST] == pytest.approx(5.0)
+    assert acct.badput[STALL] == 0.0
+
+
+def test_productive_and_badput_add_up_to_the_time_to_the_last_completion_to_the_microsecond() -> None:
+    """Random timelines of steps, late and early hand-overs, overlapping and open intervals, restarts, jumps and
+    spans of unknown completions: the total is always the last completion less the start."""
+    rng = random.Random(25)
+    for _ in range(40):
+        acct = Accounting(started=rng.uniform(0, 1e6), window=rng.choice((4, 100)))
+        now = acct.started + rng.uniform(0, 30)
+        intervals: list[Interval] = []
+        acct.first(now, [Interval("compile", acct.started + 0.5, now + 1.0)])
+        for _ in range(rng.randrange(1, 300)):
+            start = now + rng.uniform(-0.5, 0.5)
+            for _ in range(rng.randrange(3)):
+                lo = start + rng.uniform(-1, 1)
+                intervals.append(
+                    Interval(rng.choice(("data", "eval", "checkpoint")), lo, rng.choice((lo + 0.3, math.inf)))
+                )
+            done = now + rng.expovariate(5.0)
+            kind = rng.random()
+            if kind < 0.9:
+                acct.step(now, done, now + rng.uniform(-0.5, 0.5), intervals, {}, {})
+            else:
+                acct.gap(now, done, intervals, restart=kind < 0.95)
+            now = done
+            intervals = [i for i in intervals if i.end > now][-20:]
+        assert acct.last_done == now
+        assert acct.total() == pytest.approx(now - acct.started, abs=1e-6)
+        assert all(v >= 0 for v in acct.badput.values()) and acct.productive >= 0
 
 
 def test_a_step_far_longer_than_the_window_median_is_a_stall_for_its_excess() -> None:
@@ -86,7 +146,7 @@ def test_a_step_far_longer_than_the_window_median_is_a_stall_for_its_excess() ->
     early.first(0.0, [])
     _steady(early, 0.0, STALL_MIN_STEPS - 1, 0.1)
     early.step(0.4, 1.4, 0.4, [], {}, {})
-    assert STALL not in early.badput
+    assert early.badput[STALL] == 0.0
 
 
 def test_stalls_over_a_long_run_are_the_excess_over_the_median_of_the_last_window_steps() -> None:
@@ -115,7 +175,7 @@ def test_a_restore_charges_the_gap_to_restart_and_restarts_the_window_and_a_jump
     acct.first(0.0, [])
     done = _steady(acct, 0.0, 3, 0.1)
     acct.gap(done, done + 5.0, [Interval("checkpoint", done + 1.0, done + 3.0)], restart=True)
-    assert acct.badput == pytest.approx({STARTUP: 0.0, "checkpoint": 2.0, RESTART: 3.0})
+    assert acct.badput == pytest.approx({STARTUP: 0.0, HOST: 0.0, STALL: 0.0, "checkpoint": 2.0, RESTART: 3.0})
     assert len(acct.recent) == 0 and acct.histogram.count == 3  # no duration for the gap
     acct.gap(10.0, 12.0, [], restart=False)
     assert acct.productive == pytest.approx(0.3 + 2.0)
@@ -130,3 +190,15 @@ def test_mfu_and_hfu_are_the_windows_flops_over_its_duration_times_the_peak() ->
     assert mfu == {CPU0: pytest.approx(4e12 / (2.0 * 4e12))}
     assert hfu == {CPU0: pytest.approx(8e12 / (2.0 * 4e12))}  # cpu:1 ran nothing the window knows of: no series
     assert Accounting(started=0.0).utilization({CPU0: 1e12}) == ({}, {})
+
+
+def test_mfu_leaves_the_named_badput_out_of_its_window_but_keeps_host_time_and_stalls() -> None:
+    acct = Accounting(started=0.0, window=10)
+    acct.first(0.0, [])
+    done = _steady(acct, 0.0, 5, 0.5, flops=1e12)
+    # A 10 s checkpoint before step 6 (handed after it), then a step whose host took 0.5 s before handing it over.
+    acct.step(done, done + 10.5, done + 10.0, [Interval("checkpoint", done, done + 10.0)], {CPU0: 1e12}, {})
+    done += 10.5
+    acct.step(done, done + 1.0, done + 0.5, [], {CPU0: 1e12}, {})
+    mfu, _ = acct.utilization({CPU0: 1e12})
+    assert mfu == {CPU0: pytest.approx(7e12 / ((2.5 + 0.5 + 1.0) * 1e12))}

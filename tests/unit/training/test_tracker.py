@@ -8,6 +8,7 @@ import os
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
 import itertools
+import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -137,6 +138,14 @@ def test_mfu_and_hfu_are_the_flops_over_the_window_time_and_the_peak(make_tracke
     assert idle.hfu is None and idle.mfu == pytest.approx(device.mfu)  # model FLOPs are split over every device
 
 
+def adds_up(reading: TrainingReading) -> None:
+    """Productive time and every kind of badput are the time from the start to the last completion, to the us."""
+    assert reading.last_step_timestamp is not None
+    total = reading.productive_seconds_total + sum(reading.badput_seconds_total.values())
+    assert total == pytest.approx(reading.last_step_timestamp - reading.start_time_seconds, abs=1e-6)
+    assert abs(reading.start_time_seconds - time.time()) < 600  # a Unix time
+
+
 def test_badput_blocks_are_charged_by_kind_and_the_time_adds_up(make_tracker: MakeTracker) -> None:
     tracker = make_tracker()
     f = slow_step(256, 5)
@@ -144,16 +153,61 @@ def test_badput_blocks_are_charged_by_kind_and_the_time_adds_up(make_tracker: Ma
     for n in range(8):
         x = f(x)
         jaxmon.step(n, x)
+        x.block_until_ready()  # the device is idle from here until the next step(): the data block is inside
         if n in (2, 4, 6):
             with jaxmon.badput("data"):
                 time.sleep(0.05)
-    x.block_until_ready()
     reading = settled(tracker, 8)
     assert reading.badput_seconds_total["data"] == pytest.approx(0.15, abs=0.02)
-    # Everything from the tracker's start to the last completion is productive or badput of some kind.
-    elapsed_at_last = reading.productive_seconds_total + sum(reading.badput_seconds_total.values())
-    assert 0 < elapsed_at_last <= reading.elapsed_seconds
+    adds_up(reading)
     assert reading.badput_seconds_total["startup"] > 0
+
+
+def goodput(reading: TrainingReading) -> float:
+    """Productive time over the time since the first completed step (startup left out)."""
+    steps = reading.productive_seconds_total + sum(reading.badput_seconds_total.values())
+    return reading.productive_seconds_total / (steps - reading.badput_seconds_total["startup"])
+
+
+def test_a_pipelined_loops_data_blocks_that_overlap_device_work_cost_no_goodput(make_tracker: MakeTracker) -> None:
+    f = slow_step()
+    x = f(jnp.ones((384, 384))).block_until_ready()
+    compute = statistics.median(_timed(f, x) for _ in range(3))
+    tracker = make_tracker()
+    for n in range(16):
+        x = f(x)  # dispatched: the device computes while the host loads the next batch
+        jaxmon.step(n, x)
+        with jaxmon.badput("data"):
+            time.sleep(compute / 2)
+    x.block_until_ready()
+    reading = settled(tracker, 16)
+    assert goodput(reading) >= 0.9, reading
+    assert reading.badput_seconds_total.get("data", 0.0) < 0.1 * reading.productive_seconds_total
+    adds_up(reading)
+
+
+def test_a_loop_whose_host_takes_as_long_as_its_steps_is_half_host_badput(make_tracker: MakeTracker) -> None:
+    f = slow_step()
+    x = f(jnp.ones((384, 384))).block_until_ready()
+    tracker = make_tracker()
+    for n in range(16):
+        start = time.perf_counter()
+        x = f(x)
+        jaxmon.step(n, x)
+        x.block_until_ready()
+        time.sleep(time.perf_counter() - start)  # the host's own work, as long as the step, named by no block
+    reading = settled(tracker, 16)
+    assert goodput(reading) == pytest.approx(0.5, abs=0.1)
+    steps = reading.productive_seconds_total + sum(reading.badput_seconds_total.values())
+    host = reading.badput_seconds_total["host"] / (steps - reading.badput_seconds_total["startup"])
+    assert host == pytest.approx(0.5, abs=0.1)
+    adds_up(reading)
+
+
+def _timed(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> float:
+    start = time.perf_counter()
+    f(x).block_until_ready()
+    return time.perf_counter() - start
 
 
 def test_badput_kinds_past_the_tenth_count_as_other_and_compile_and_checkpoint_keep_their_own(
@@ -168,18 +222,19 @@ def test_badput_kinds_past_the_tenth_count_as_other_and_compile_and_checkpoint_k
             time.sleep(0.01)
         x = f(x)  # the first call compiles: compile badput
         jaxmon.step(n, x)
+        x.block_until_ready()  # the next block is in the device's idle time: charged whole
     with jaxmon.badput("checkpoint"):  # a built-in kind, after the user kinds ran out
         time.sleep(0.01)
     x = f(x)
     jaxmon.step(len(kinds), x)
     x.block_until_ready()
     reading = settled(tracker, len(kinds) + 1)
-    named = set(reading.badput_seconds_total) - {"startup", "stall", "restart"}
+    named = set(reading.badput_seconds_total) - {"startup", "stall", "restart", "host"}
     assert named == set(kinds[:MAX_USER_KINDS]) | {OTHER_KIND, "compile", "checkpoint"}, sorted(named)
     # The three blocks past the tenth kind (10 ms each, and what the waiter's clock adds around them).
     assert 0.03 <= reading.badput_seconds_total[OTHER_KIND] < 0.1
     assert reading.problems["badput_kinds"] == 3
-    assert len(reading.badput_seconds_total) <= 16
+    assert len(reading.badput_seconds_total) <= 18
 
 
 def test_compile_badput_is_the_compile_collectors_seconds(make_tracker: MakeTracker) -> None:
@@ -205,6 +260,7 @@ def test_orbax_blocking_checkpoint_events_count_as_checkpoint_badput(make_tracke
     f = slow_step(128, 5)
     x = f(jnp.ones((128, 128)))
     jaxmon.step(0, x)
+    x.block_until_ready()  # the save below is in the device's idle time
     time.sleep(0.1)  # a blocking save, as Orbax reports it: the event fires at its end with its duration
     jax.monitoring.record_event_duration_secs("/jax/checkpoint/write/async/blocking_duration_secs", 0.1)
     x = f(x)
@@ -225,6 +281,23 @@ def test_a_donated_ready_array_is_counted_and_training_goes_on(make_tracker: Mak
     reading = settled(tracker, 4)
     assert reading.problems["unready"] == 3
     assert float(state[0]) == 3.0
+
+
+def test_steps_whose_completion_is_unknown_leave_no_hole_in_the_time(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    update = jax.jit(lambda s: jnp.tanh(s @ s) / 256, donate_argnums=0)
+    state = jnp.ones((256, 256))
+    for n in range(8):
+        old = state
+        state = update(old)
+        # Steps 3 to 5 are handed a donated buffer: their completions are unknown.
+        jaxmon.step(n, old if 3 <= n <= 5 else state)
+        state.block_until_ready()
+        time.sleep(0.01)
+    reading = settled(tracker, 8)
+    assert reading.problems["unready"] == 3
+    assert reading.duration_count == 8 - 1 - 3 - 1  # no duration into, across or out of the unknown span
+    adds_up(reading)
 
 
 def test_a_step_counter_that_goes_back_or_jumps_is_counted_and_its_gap_is_no_step(make_tracker: MakeTracker) -> None:
@@ -348,6 +421,47 @@ def test_without_start_or_publish_step_track_and_badput_do_nothing_with_one_warn
 )
 def test_every_shape_cost_analysis_returns_is_read(analysis: Any, numbers: tuple[float | None, ...]) -> None:
     assert cost_numbers(analysis) == numbers
+
+
+def test_flops_are_read_in_the_loops_own_mesh_context(make_tracker: MakeTracker) -> None:
+    """A step that constrains shardings with bare PartitionSpecs lowers only inside the loop's mesh context: its
+    cost is read there, on the training thread, without a compilation of its own."""
+    counters = CompileCounters.installed()
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+
+    def make() -> Any:
+        def step(x: jax.Array) -> Any:
+            spec: Any = PartitionSpec("d")  # type: ignore[no-untyped-call]  # bare: the context mesh names the devices
+            constrain: Any = jax.lax.with_sharding_constraint
+            y = constrain(x * 2, spec)
+            return constrain(jnp.tanh(y @ y.T) / 64, spec)
+
+        return jax.jit(step)
+
+    x0 = jax.device_put(jnp.ones((64, 64)), NamedSharding(mesh, PartitionSpec("d")))  # type: ignore[no-untyped-call]
+
+    def run(fn: Any, with_step: bool) -> tuple[jax.Array, float]:
+        before = counters.as_dict()["compilations"]
+        x = x0
+        with jax.set_mesh(mesh):
+            for n in range(4):
+                x = fn(x)
+                if with_step:
+                    jaxmon.step(n, x)
+        return x, counters.as_dict()["compilations"] - before
+
+    _, plain = run(make(), False)
+    tracker = make_tracker()
+    step = make()
+    x, compiled = run(jaxmon.track(step), True)
+    with jax.set_mesh(mesh):
+        truth = step.lower(x).compile().cost_analysis()["flops"]  # in the loop's own context, by the test
+    reading = settled(tracker, 4)
+    assert "cost" not in reading.problems
+    assert compiled == plain == 1  # the loop's own compilation and no other: the cost was read from its program
+    local = {(d.platform, d.id) for d in jax.local_devices()}
+    flops = {(d.platform, d.id): d.hardware_flops_total for d in reading.devices}
+    assert set(flops) == local and all(v == pytest.approx(4 * truth) for v in flops.values()), flops
 
 
 def test_a_cost_analysis_that_raises_is_counted_once_and_the_calls_go_on(make_tracker: MakeTracker) -> None:
