@@ -25,21 +25,30 @@ from jaxmon.training.reading import DeviceTraining, TrainingReading
 
 log = structlog.get_logger("jaxmon.training")
 
-# jax.monitoring duration events that are time not training: XLA compilations, and Orbax's (and Flax/Paxml's)
-# blocking checkpoint writes.
+# jax.monitoring duration events that are time not training: XLA compilations, and Orbax's blocking checkpoint
+# saves and its restores (orbax-checkpoint 0.12: an async save records the first name, a synchronous one the second;
+# a restore records one of the read names, by whether it ran asynchronously).
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CHECKPOINT_EVENTS = (
     "/jax/checkpoint/write/async/blocking_duration_secs",
-    "/jax/checkpoint/write/blocking_duration_secs",
-    "/jax/checkpoint/write/durations_sec",
+    "/jax/orbax/write/total_duration_secs",
+)
+RESTORE_EVENTS = (
+    "/jax/orbax/read/total_duration_secs",
+    "/jax/orbax/read/async/blocking_duration_secs",
+)
+EVENT_KIND = (
+    {COMPILE_EVENT: "compile"}
+    | dict.fromkeys(CHECKPOINT_EVENTS, "checkpoint")
+    | dict.fromkeys(RESTORE_EVENTS, "restore")
 )
 # Badput intervals kept for attribution: older ones than the last completed step are dropped as steps complete.
 MAX_INTERVALS = 10_000
 # The kinds of badput intervals a process exports: compile and checkpoint (from jax.monitoring) always, and this
 # many kinds of badput() blocks; time of a further kind counts as OTHER_KIND, so a kind made of data
-# (badput(f"eval-{n}")) cannot grow the series without bound. With other, startup, stall and restart a process has
-# at most 16 badput series.
-EVENT_KINDS = frozenset({"compile", "checkpoint"})
+# (badput(f"eval-{n}")) cannot grow the series without bound. With other, startup, stall, restart and host a
+# process has at most 18 badput series.
+EVENT_KINDS = frozenset({"compile", "checkpoint", "restore"})
 MAX_USER_KINDS = 10
 OTHER_KIND = "other"
 
@@ -49,6 +58,7 @@ class TrainingOps(Protocol):
 
     def devices(self) -> list[DeviceInfo]: ...
     def device_count(self) -> int: ...
+    def process_count(self) -> int: ...
     def leaves(self, tree: Any) -> list[Any]: ...
     def barrier(self) -> list[Any]: ...
     def wait(self, array: Any) -> None: ...
@@ -71,12 +81,11 @@ class TrackerConfig:
 
 @dataclass
 class Program:
-    """One compiled program of a tracked function: its abstract arguments, and its cost once known."""
+    """One compiled program of a tracked function and its cost, read on the calling thread at its first call (in
+    the loop's own contexts: `with mesh:`, `use_mesh`, Flax's axis rules); None when it could not be read."""
 
     fn: Any
-    avals: Any
     cost: Any = None
-    failed: bool = False
 
 
 @dataclass
@@ -106,8 +115,12 @@ class Tracker:
         self._kinds: set[str] = set()  # the badput() kinds seen, MAX_USER_KINDS at most
         self._devices = ops.devices()
         self._device_count = max(ops.device_count(), 1)
+        self._process_count = max(ops.process_count(), 1)
         self._peaks = self._peak_table()
         self._acct = Accounting(started=clock(), window=config.window, stall_factor=config.stall_factor)
+        # Wall time of the accounting clock's readings: the start and the completions on one clock, so that the
+        # exported timestamps differ by exactly the seconds the accounting counts.
+        self._wall_offset = time.time() - self._acct.started
         self._last: tuple[int, float | None] | None = None  # (number, completion) of the last step seen
         self._steps = 0
         self._last_wall: float | None = None
@@ -143,6 +156,16 @@ class Tracker:
             )
             self._wake.notify()
 
+    def measure(self, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Program:
+        """A new compiled program of a tracked function, just called with `args`: its cost, read here, on the
+        calling thread (lowering it again is a cache hit; a failure is counted and the program has no cost)."""
+        program = Program(fn)
+        try:
+            program.cost = self.ops.cost(fn, self.ops.avals(args, kwargs))
+        except Exception as exc:
+            self._problem("cost", "no cost analysis for a tracked function", detail=f"{type(exc).__name__}: {exc}")
+        return program
+
     def called(self, program: Program) -> None:
         """A tracked function ran `program` once in the current step."""
         with self._lock:
@@ -176,7 +199,7 @@ class Tracker:
         return self._clock()
 
     def _on_event(self, event: str, seconds: float) -> None:
-        kind = "compile" if event == COMPILE_EVENT else "checkpoint" if event in CHECKPOINT_EVENTS else None
+        kind = EVENT_KIND.get(event)
         if kind is not None and seconds > 0:
             end = self._clock()
             self.interval(kind, end - seconds, end)
@@ -206,33 +229,24 @@ class Tracker:
                 self._problem("unready", "a step's ready array was deleted or donated", detail=str(exc)[:200])
         done = self._clock() if ok else None
         item.arrays = []  # hold no array longer than needed
-        costs = {key: self._cost(program) for key, (program, _) in item.programs.items()}
         with self._lock:
             self._pending.popleft()
-            self._complete(item, done, costs)
+            self._complete(item, done)
 
-    def _cost(self, program: Program) -> Any:
-        if program.cost is None and not program.failed:
-            try:
-                program.cost = self.ops.cost(program.fn, program.avals)
-            except Exception as exc:
-                program.failed = True
-                self._problem("cost", "no cost analysis for a tracked function", detail=f"{type(exc).__name__}: {exc}")
-        return program.cost
-
-    def _complete(self, item: _Pending, done: float | None, costs: Mapping[int, Any]) -> None:
+    def _complete(self, item: _Pending, done: float | None) -> None:
         """Book step `item`, completed at `done` (None: unknown), with the lock held."""
         self._steps += 1
-        self._last_wall = time.time()
-        self._examples += item.examples or 0.0
-        self._tokens += item.tokens or 0.0
+        self._last_wall = self._wall_offset + (self._clock() if done is None else done)
+        # step() is given the job's figures: this process's share, so that sum() over the job is the job's.
+        self._examples += (item.examples or 0.0) / self._process_count
+        self._tokens += (item.tokens or 0.0) / self._process_count
         model: dict[tuple[str, int], float] = {}
         if item.model_flops is not None:
             share = item.model_flops / self._device_count
             model = {d.key: share for d in self._devices}
         hardware: dict[tuple[str, int], float] = {}
-        for key, (_, count) in item.programs.items():
-            cost = costs.get(key)
+        for program, count in item.programs.values():
+            cost = program.cost
             if cost is None:
                 continue
             for device in cost.devices:
@@ -246,19 +260,19 @@ class Tracker:
         previous, self._last = self._last, (item.number, done)
         if done is None:
             return
-        if previous is None or previous[1] is None:
-            if self._acct.first_done is None:
-                self._acct.first(done, self._intervals)
-            self._forget_intervals(done)
-            return
-        number, previous_done = previous[0], previous[1]
-        if item.number == number + 1:
-            self._acct.step(previous_done, done, item.handed, self._intervals, model, hardware)
+        last_done = self._acct.last_done
+        follows = previous is not None and item.number == previous[0] + 1
+        if last_done is None:
+            self._acct.first(done, self._intervals)
+        elif follows and previous is not None and previous[1] is not None:
+            self._acct.step(previous[1], done, item.handed, self._intervals, model, hardware)
         else:
-            restart = item.number <= number
-            reason = "back" if restart else "jump"
-            self._problem(reason, "training step numbers do not follow", previous=number, number=item.number)
-            self._acct.gap(previous_done, done, self._intervals, restart)
+            # Since the last known completion: steps not seen complete (unready), or numbers that do not follow.
+            restart = previous is not None and item.number <= previous[0]
+            if previous is not None and not follows:
+                reason = "back" if restart else "jump"
+                self._problem(reason, "training step numbers do not follow", previous=previous[0], number=item.number)
+            self._acct.gap(last_done, done, self._intervals, restart)
         self._forget_intervals(done)
 
     def _forget_intervals(self, done: float) -> None:
@@ -321,7 +335,7 @@ class Tracker:
                 examples_total=self._examples,
                 tokens_total=self._tokens,
                 host_wait_seconds_total=self._acct.host_wait,
-                elapsed_seconds=self._clock() - self._acct.started,
+                start_time_seconds=self._wall_offset + self._acct.started,
                 productive_seconds_total=self._acct.productive,
                 badput_seconds_total=dict(self._acct.badput),
                 devices=devices,
