@@ -26,10 +26,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from common import median, save
-
 import jax
 import jax.numpy as jnp
+from common import median, save
 
 import jaxmon
 from jaxmon import training
