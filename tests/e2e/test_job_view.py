@@ -8,7 +8,12 @@
 - The devices: a node-mode jaxmon (no JAX) reading the NVML fake's eight GPUs, one of them clocked down by a
   thermal slowdown, and the spool of a publishing workload whose memory is skewed onto one device.
 - Prometheus scrapes every second and evaluates the shipped rules with their 5-minute windows shortened to 15 s,
-  their `for:` to 4 s and the stall parameter to 6 s; nothing else in them is changed.
+  their `for:` to 4 s and the stall parameter to 6 s; nothing else in them is changed. alerts.yml is loaded beside
+  them with its `for:` at 4 s and JaxmonTrainingStalled's 300 s floor at 10 s (above the stall parameter, as in
+  the shipped files), so that a stall shows its one page: JaxmonTrainingProcessStalled for the culprit, and no
+  JaxmonTrainingStalled beside it.
+- Every process passes the job's figures to jaxmon.step() (the global batch and its tokens): the job's tokens/s
+  summed over its processes' series must be what the loop measures.
 
 The tests of the job run in file order on one job (the stall is last: the others then wait for process 3 forever).
 """
@@ -27,7 +32,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, Daemon, free_port, wait_until
-from tests.deploy_files import JOB_DASHBOARD, JOB_RULES, dashboard_targets
+from tests.deploy_files import JOB_DASHBOARD, JOB_RULES, RULES, dashboard_targets
 from tests.fakenvml import Scenario, device
 from tests.helpers import Child
 from tests.prometheus import Prometheus
@@ -41,6 +46,7 @@ SKEWED_DEVICE = 3
 # nvml.h: nvmlClocksEventReasonHwThermalSlowdown.
 HW_THERMAL = 0x40
 JOB_ALERTS = ("JaxmonTrainingStraggler", "JaxmonTrainingProcessStalled", "JaxmonDeviceMemorySkew")
+STALL_ALERTS = ("JaxmonTrainingProcessStalled", "JaxmonTrainingStalled")
 
 
 def clocks(sm_mhz: int) -> dict[str, int]:
@@ -56,6 +62,18 @@ def shortened_rules(tmp: Path) -> Path:
     text, stall = re.subn(r"(record: jaxmon:param:process_stall_seconds\n\s+expr: )vector\(\d+\)", r"\1vector(6)", text)
     assert stall == 1 and "[5m]" not in text and "for: 4s" in text
     path = tmp / "job.yml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def shortened_alerts(tmp: Path) -> Path:
+    """alerts.yml with `for:` of 4 s and JaxmonTrainingStalled's 300 s floor at 10 s (the stall parameter is 6 s)."""
+    text = RULES.read_text(encoding="utf-8")
+    text = re.sub(r"\bfor: \d+[mh]\b", "for: 4s", text)
+    floor = "jaxmon_training_step_duration_seconds_count, 300)"
+    assert text.count(floor) == 1
+    text = text.replace(floor, "jaxmon_training_step_duration_seconds_count, 10)")
+    path = tmp / "alerts.yml"
     path.write_text(text, encoding="utf-8")
     return path
 
@@ -112,7 +130,7 @@ def view(tmp_path_factory: pytest.TempPathFactory) -> Iterator[View]:
 
         config: dict[str, Any] = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
-            "rule_files": [str(shortened_rules(tmp))],
+            "rule_files": [str(shortened_rules(tmp)), str(shortened_alerts(tmp))],
             "scrape_configs": [
                 {
                     "job_name": "jaxmon-job",
@@ -153,6 +171,32 @@ def test_a_steady_job_fires_nothing(view: View) -> None:
         time.sleep(0.5)
     scores = {r["metric"]["process_index"]: float(r["value"][1]) for r in p.query("jaxmon:training_host_score")}
     assert set(scores) == {str(i) for i in range(PROCESSES)} and min(scores.values()) > 0.8, scores
+
+
+def test_the_jobs_tokens_per_second_is_the_sum_over_its_processes(view: View) -> None:
+    """Every process passes the job's global batch and tokens to jaxmon.step() and exports its share: sum() over
+    the job's series is the job's tokens/s, as the loop measures it (within 5 %)."""
+    # A minute of steps (and a few scrapes) first: rate() over [1m] of a younger series under-reads.
+    started = float(view.job[0].send("status")["started"])
+    assert started > 0
+    time.sleep(max(0.0, started + 65 - time.time()))
+    status = view.job[0].send("status")
+    measured, at = float(status["tokens_per_second"]), float(status["time"])
+    assert measured > 0, status
+    (result,) = view.prometheus.api(
+        "query", query=f'sum(rate(jaxmon_training_tokens_total{{workload="{WORKLOAD}"}}[1m]))', time=at
+    )["result"]
+    exported = float(result["value"][1])
+    steps = view.prometheus.query(f'rate(jaxmon_training_steps_total{{workload="{WORKLOAD}"}}[1m])')
+    problems = view.prometheus.query("jaxmon_training_tracking_problems_total")
+    assert exported == pytest.approx(measured, rel=0.05), (exported, measured, status, steps, problems)
+    # Each process exports a quarter of it.
+    shares = view.prometheus.api(
+        "query", query=f'rate(jaxmon_training_tokens_total{{workload="{WORKLOAD}"}}[1m])', time=at
+    )["result"]
+    assert len(shares) == PROCESSES
+    for share in shares:
+        assert float(share["value"][1]) == pytest.approx(measured / PROCESSES, rel=0.05), shares
 
 
 def test_a_host_bound_process_is_the_straggler_and_no_other(view: View) -> None:
@@ -226,5 +270,20 @@ def test_a_stalled_process_is_named_and_not_the_ones_waiting_for_it(view: View) 
     assert dispatched["3"] == stalled and all(dispatched[str(i)] > stalled for i in (0, 1, 2)), dispatched
     # The others have completed nothing either since (they wait in the collective), and stay unnamed.
     wait_until(lambda: _indexes(view.alerts("JaxmonTrainingProcessStalled")) == {"3"}, 5, "only process 3")
-    time.sleep(6)
-    assert _indexes(view.alerts("JaxmonTrainingProcessStalled")) == {"3"}
+    # One stall, one page: past JaxmonTrainingStalled's floor (10 s here) and its `for:` (4 s), with every process
+    # stalled by its measure, the only critical stall alert, pending or firing, is process 3's.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        critical = [
+            a
+            for name in STALL_ALERTS
+            for a in view.alerts(name)
+            if a.get("workload") == WORKLOAD and a.get("severity") == "critical"
+        ]
+        assert [(a["alertname"], a.get("process_index")) for a in critical] == [
+            ("JaxmonTrainingProcessStalled", "3")
+        ], critical
+        time.sleep(0.5)
+    # JaxmonTrainingStalled's own condition does hold for the workload's processes: only the culprit silences it.
+    ages = view.prometheus.query(f'time() - jaxmon_training_last_step_timestamp_seconds{{workload="{WORKLOAD}"}} > 10')
+    assert len(ages) == PROCESSES, ages

@@ -5,13 +5,16 @@ Usage: job.py --coordinator HOST:PORT --processes N --process-id I --workload NA
 Joins the job with jax.distributed (CPU devices, gloo collectives over loopback; one CPU device per process),
 starts jaxmon embedded on an ephemeral port and prints `OK {"url": ..., "pid": ...}`. A thread then trains: each
 step is an N-device matmul whose result is summed across the processes (a psum, so every process's step waits
-for every other's, as in a synchronous data-parallel job), handed to jaxmon.step(n, out), and the loop keeps one
+for every other's, as in a synchronous data-parallel job), handed to jaxmon.step(n, out, examples=, tokens=) with
+the JOB's figures (the global batch and its tokens, as every process of a job passes them), and the loop keeps one
 step in flight (it waits for step n-1 after dispatching step n, as a loop that logs the previous loss does).
 
 Commands on stdin, one per line, each answered with `OK <json>`:
   delay MS     sleep MS before dispatching each step from now on (a host-bound process: a slow input pipeline)
   stall        stop dispatching steps; jaxmon keeps serving (a hung input pipeline)
-  status       the last dispatched step number
+  status       the last dispatched step number, and the job's tokens per second over the last minute as this loop
+               measures them (steps it saw complete x the global batch's tokens, over wall time): `tokens_per_second`
+               and the unix `time` it was taken at; `started`: when the first step completed (unix time)
   exit
 """
 
@@ -23,6 +26,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 
 os.environ["JAX_NUM_CPU_DEVICES"] = "1"
 # One XLA thread per process: four processes share the machine's two cores without oversubscribing them.
@@ -46,6 +50,11 @@ def answer(**fields: object) -> None:
     print("OK " + json.dumps(fields), file=ANSWERS, flush=True)
 
 
+# Each row of the global batch stands for a sequence of this many tokens.
+TOKENS_PER_EXAMPLE = 128
+WINDOW = 60.0
+
+
 class Loop:
     """The training thread: dispatch, report, wait for the previous step; `delay` and `stall` steer it."""
 
@@ -53,10 +62,17 @@ class Loop:
         self.delay = 0.0
         self.stalled = threading.Event()
         self.dispatched = -1
+        # (unix time, steps seen complete) after each completion, the last minute's and one before it.
+        self.completions: deque[tuple[float, int]] = deque()
+        self.lock = threading.Lock()
+        self.started = 0.0
         mesh = Mesh(np.array(jax.devices()), ("p",))
         sharded = NamedSharding(mesh, PartitionSpec("p"))
         self.replicated = NamedSharding(mesh, PartitionSpec())
         count = jax.device_count()
+        # The job's figures for one step: the global batch (every process's rows) and its tokens.
+        self.examples = size * count
+        self.tokens = self.examples * TOKENS_PER_EXAMPLE
         # Each process holds its shard of x (its batch) and a replica of w.
         local = np.random.default_rng(jax.process_index()).standard_normal((size, size), dtype=np.float32) / size
         self.x = jax.make_array_from_process_local_data(sharded, local, (size * count, size))
@@ -75,17 +91,35 @@ class Loop:
     def run(self) -> None:
         previous = None
         n = 0
+        completed = 0
         while not self.stalled.is_set():
             if self.delay:
                 time.sleep(self.delay)
             w, loss = self.step(self.x, self.w)
             self.w = w
-            jaxmon.step(n, loss)
+            jaxmon.step(n, loss, examples=self.examples, tokens=self.tokens)
             self.dispatched = n
             if previous is not None:
                 jax.block_until_ready(previous)
+                completed += 1
+                now = time.time()
+                self.started = self.started or now
+                with self.lock:
+                    self.completions.append((now, completed))
+                    while len(self.completions) > 2 and self.completions[1][0] <= now - WINDOW:
+                        self.completions.popleft()
             previous = loss
             n += 1
+
+    def tokens_per_second(self) -> tuple[float, float]:
+        """The job's tokens per second over the last minute, as this loop measures them, and when."""
+        now = time.time()
+        with self.lock:
+            first = next(((t, c) for t, c in self.completions if t >= now - WINDOW), None)
+            last = self.completions[-1] if self.completions else None
+        if first is None or last is None or last[0] <= first[0]:
+            return 0.0, now
+        return (last[1] - first[1]) * self.tokens / (last[0] - first[0]), now
 
 
 def main() -> None:
@@ -119,7 +153,8 @@ def main() -> None:
             loop.stalled.set()
             answer(dispatched=loop.dispatched)
         elif cmd == "status":
-            answer(dispatched=loop.dispatched)
+            rate, at = loop.tokens_per_second()
+            answer(dispatched=loop.dispatched, tokens_per_second=rate, time=at, started=loop.started)
         elif cmd == "exit":
             break
     # The other processes may be blocked in a collective this one no longer joins: leave without waiting for them
