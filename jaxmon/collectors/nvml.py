@@ -38,6 +38,8 @@ from jaxmon.sources.nvml import GpuReading, MigDevice, Nvml, NvmlUnavailable, de
 log = structlog.get_logger("jaxmon.collectors.nvml")
 
 SOURCE = "nvml"
+# Seconds a poll waits for a GPU's reads unless --collector.nvml.timeout says otherwise (or the poll interval is short).
+DEFAULT_TIMEOUT = 2.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,11 @@ class NvmlOptions(CollectorOptions):
     xid_wait: Annotated[float, BeforeValidator(parse_duration), bounded(0.0, 10.0)] = Field(
         default=0.5, description="How long the Xid event thread waits per call (bounds how long stop takes)."
     )
+    timeout: Annotated[float, BeforeValidator(parse_duration), bounded(0.0, 60.0)] | None = Field(
+        default=None,
+        description="How long a poll waits for each GPU's reads (a GPU not answered by then is down that poll, and "
+        "its next read waits for the hung one); default 2s, or half the poll interval where that is shorter.",
+    )
 
 
 @dataclass(frozen=True)
@@ -135,7 +142,7 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
 
     def __init__(self, opts: NvmlOptions, ctx: Context) -> None:
         super().__init__(opts, ctx)
-        self._nvml = Nvml(xid_wait_seconds=opts.xid_wait)
+        self._nvml = Nvml(xid_wait_seconds=opts.xid_wait, timeout_seconds=self.timeout)
         # A failure is logged when it starts or changes, then once a minute, and once more when it clears.
         self._errors = ErrorLog(log)
 
@@ -144,8 +151,14 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
         """Why NVML cannot run here, or None."""
         return probe_library()
 
+    @property
+    def timeout(self) -> float:
+        """Seconds a poll waits for the GPUs' reads: the option, else 2 s or half the poll interval if shorter (a
+        poll must end well within /healthz's staleness limit, 3 poll intervals by default)."""
+        return self.opts.timeout if self.opts.timeout is not None else min(DEFAULT_TIMEOUT, self.ctx.poll_interval / 2)
+
     def update(self) -> Update[NvmlState]:
-        """Poll every GPU (a failing GPU is reported down; the others keep flowing)."""
+        """Poll every GPU, each under the deadline (a failing or hung GPU is reported down; the others keep flowing)."""
         try:
             self._nvml.open()
         except NvmlUnavailable as err:
@@ -158,13 +171,18 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
             error = f"NVML cannot count the GPUs: {describe(err)}"
             self._errors.error("nvml", "NVML poll failed", error)
             return Update(NvmlState(xid=self._nvml.xid_counts(), error=error), success=False)
-        failed = [f"gpu {g.index}: {g.error}" for g in gpus if g.error]
-        if failed:
-            self._errors.error("nvml", "NVML poll failed", "; ".join(failed))
-        else:
-            self._errors.ok("nvml", "NVML poll works again")
+        self._errors.ok("nvml", "NVML poll works again")
+        # Each GPU's failure is logged on its own when it starts or changes (then once a minute while it lasts), so a
+        # second GPU failing does not repeat the first one's line.
+        for g in gpus:
+            if g.error:
+                self._errors.error(f"gpu/{g.index}", "NVML GPU read failed", g.error, gpu=g.index)
+            else:
+                self._errors.ok(f"gpu/{g.index}", "NVML GPU read works again", gpu=g.index)
         match = match_devices(self.ctx.devices, len(gpus), os.environ)
-        return Update(NvmlState(gpus=gpus, xid=self._nvml.xid_counts(), match=match), success=not failed)
+        # The poll succeeded: NVML answered. A lost or wedged GPU is that GPU's jaxmon_device_source_up 0 (and its
+        # JaxmonGpuLost), not a failing collector, which would page for the whole node.
+        return Update(NvmlState(gpus=gpus, xid=self._nvml.xid_counts(), match=match))
 
     def stop(self) -> None:
         """End the Xid thread and shut NVML down."""

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,11 @@ class Scenario:
             else:
                 dev[key] = value
         self.write()
+
+    def hang(self, index: int, seconds: float) -> None:
+        """Wedge device `index` for `seconds` from now: every NVML call on it blocks until then (as calls on a GPU
+        fallen off the bus can), without holding up the other devices' calls; then it answers again by itself."""
+        self.update(index, hang_until=time.time() + seconds)
 
     def xid(self, index: int, xid: int) -> None:
         """Queue one critical Xid event on device `index`."""

@@ -16,6 +16,8 @@
  *      "error": 15,                                every call on this device (and its MIG devices) returns it
  *      "handle_error": 15,                         nvmlDeviceGetHandleByIndex_v2 returns it
  *      "delay_ms": 0,                              every call on this device sleeps this long first (a hung call)
+ *      "hang_until": 0,                            a wedged GPU: every call on this device blocks until this Unix
+ *                                                  time (or until the field goes from the scenario), then answers
  *      "memory": {"total": 1, "reserved": 0, "used": 0},            (absent: zeros)
  *      "utilization": {"gpu": 0, "memory": 0},     percent (absent: zeros)
  *      "encoder_util": 0, "decoder_util": 0,       percent
@@ -376,6 +378,20 @@ static nvmlReturn_t enter_handle(nvmlDevice_t handle, const char *what, jnode **
     if (delay > 0) {
         pthread_mutex_unlock(&lock);
         sleep_ms(delay);
+        pthread_mutex_lock(&lock);
+        reload_locked();
+        *dev = device_node(handle->index);
+        if (!*dev) { pthread_mutex_unlock(&lock); return NVML_ERROR_INVALID_ARGUMENT; }
+    }
+    /* A wedged GPU: block, re-reading the scenario every 50 ms (the test may end the hang early), never holding the
+     * lock that the other GPUs' calls need. */
+    for (;;) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        double left = jnum(*dev, "hang_until", 0) - ((double)now.tv_sec + now.tv_nsec / 1e9);
+        if (left <= 0) break;
+        pthread_mutex_unlock(&lock);
+        sleep_ms(left * 1000 < 50 ? left * 1000 : 50);
         pthread_mutex_lock(&lock);
         reload_locked();
         *dev = device_node(handle->index);

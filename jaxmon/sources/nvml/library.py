@@ -1,9 +1,22 @@
-"""An initialised NVML: the handles of every GPU, each GPU read on its own, and the thread that counts Xid events."""
+"""An initialised NVML: the handles of every GPU, each GPU read on its own thread under a deadline, and the thread
+that counts Xid events.
+
+Around an Xid 79 (a GPU fallen off the bus) NVML calls on that GPU can hang for seconds or longer. Each GPU therefore
+has its own reader thread (`_Reader`), and a poll waits for all of them until one deadline: a GPU whose read has not
+returned by then reads as failed (no values), and its reader is skipped until that read returns. So a wedged GPU
+holds exactly one thread, never a pile of them, and the other GPUs' readings keep arriving at the poll's cadence.
+
+Thread safety: a GPU's handle and what it gave once (`_handles`, `_known`) are written by that GPU's reader only,
+under `_lock` (never held across an NVML call); the Xid watcher's maps are read and written under the same lock.
+`Versions` flags only ever go from True to False (an older call found), whichever reader learns it first.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +31,68 @@ from jaxmon.sources.nvml.readings import GpuReading
 log = structlog.get_logger("jaxmon.sources.nvml")
 
 
+def unresponsive(timeout: float) -> str:
+    """The error of a GPU whose read did not return within the deadline (the same text every poll: logged once)."""
+    return f"NVML did not answer within {timeout:g}s (a call on this GPU hangs; its next read starts once it returns)"
+
+
+@dataclass
+class _Reader:
+    """GPU `index`'s reader thread: one read at a time, begun by `start()`. A read that hangs keeps it busy, and
+    every `start()` refused, until NVML returns."""
+
+    index: int
+    read: Callable[[int], GpuReading]
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _wanted: bool = False
+    _busy: bool = False
+    _stopped: bool = False
+    _result: GpuReading | None = None
+    _thread: threading.Thread | None = None
+
+    def start(self) -> bool:
+        """Begin a read; False while the last one has not returned (nothing is begun then)."""
+        with self._cond:
+            if self._busy or self._stopped:
+                return False
+            self._busy = self._wanted = True
+            self._result = None
+            if self._thread is None:
+                # A daemon thread: a read hung in the driver must not keep the process from exiting.
+                self._thread = threading.Thread(target=self._run, name=f"jaxmon-nvml-gpu{self.index}", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+            return True
+
+    def result(self, deadline: float) -> GpuReading | None:
+        """The reading begun by `start()`, or None when it has not returned by `deadline` (time.monotonic())."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._busy, timeout=max(0.0, deadline - time.monotonic()))
+            return None if self._busy else self._result
+
+    def stop(self) -> None:
+        """End the thread once its current read (if any) returns; does not wait for it."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._wanted or self._stopped)
+                if self._stopped:
+                    return
+                self._wanted = False
+            try:
+                reading = self.read(self.index)
+            except Exception as err:  # read() turns NVML errors into readings; nothing else may end this thread
+                reading = GpuReading(index=self.index, error=f"{type(err).__name__}: {err}")
+            with self._cond:
+                self._result = reading
+                self._busy = False
+                self._cond.notify_all()
+
+
 def _address(handle: Any) -> int:
     """A device handle's pointer value: event data names the device by the same handle."""
     return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
@@ -28,6 +103,9 @@ class Nvml:
     """An initialised NVML: per-GPU reads with fallbacks for older drivers, and the Xid watcher thread."""
 
     xid_wait_seconds: float = 0.5
+    # How long read_all() waits for the GPUs' reads.
+    timeout_seconds: float = 2.0
+    _readers: dict[int, _Reader] = field(default_factory=dict)
     _handles: dict[int, Any] = field(default_factory=dict)
     _known: dict[int, Known] = field(default_factory=dict)
     _versions: Versions = field(default_factory=Versions)
@@ -61,8 +139,11 @@ class Nvml:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop the watcher, free the event set and shut NVML down."""
+        """Stop the watcher and the readers (a hung read is not waited for), free the event set and shut NVML down."""
         self._stop.set()
+        for reader in self._readers.values():
+            reader.stop()
+        self._readers.clear()
         if self._thread is not None:
             self._thread.join(self.xid_wait_seconds + 5.0)
         if not self._open:
@@ -76,9 +157,22 @@ class Nvml:
             log.warning("NVML shutdown failed", error=describe(err))
 
     def read_all(self) -> list[GpuReading]:
-        """One reading per GPU NVML counts; a failing GPU gives a reading with `error` set."""
+        """One reading per GPU NVML counts, each read on the GPU's own thread, all within `timeout_seconds`; a
+        failing GPU, or one whose read has not returned by then (or is still hung from an earlier poll), gives a
+        reading with `error` set and no values."""
         count = int(pynvml.nvmlDeviceGetCount())
-        return [self.read(index) for index in range(count)]
+        deadline = time.monotonic() + self.timeout_seconds
+        started = {}
+        for index in range(count):
+            reader = self._readers.get(index)
+            if reader is None:
+                reader = self._readers[index] = _Reader(index, self.read)
+            started[index] = reader.start()
+        out = []
+        for index in range(count):
+            reading = self._readers[index].result(deadline) if started[index] else None
+            out.append(reading if reading is not None else self._failed(index, unresponsive(self.timeout_seconds)))
+        return out
 
     def xid_counts(self) -> dict[tuple[int, int], int]:
         """Critical Xid events seen since start, per (NVML index, xid)."""
@@ -86,32 +180,41 @@ class Nvml:
             return dict(self._xid)
 
     def read(self, index: int) -> GpuReading:
-        """Every reading of GPU `index`."""
+        """Every reading of GPU `index`, on the calling thread (read_all() calls it on the GPU's reader)."""
         try:
-            handle = self._handle(index)
-            return read_gpu(index, handle, self._known[index], self._versions)
+            handle, known = self._handle(index)
+            return read_gpu(index, handle, known, self._versions)
         except pynvml.NVMLError as err:
             # A lost GPU fails every call, and may fail again once its handle is re-opened: open it afresh next poll.
-            self._handles.pop(index, None)
-            known = self._known.get(index)
-            if known is None:
-                return GpuReading(index=index, error=describe(err))
-            return known.reading(index, error=describe(err))
+            with self._lock:
+                self._handles.pop(index, None)
+            return self._failed(index, describe(err))
 
-    def _handle(self, index: int) -> Any:
-        handle = self._handles.get(index)
-        if handle is None:
+    def _failed(self, index: int, error: str) -> GpuReading:
+        """GPU `index`'s reading with `error`: no values, the identity it had (if its handle ever opened)."""
+        with self._lock:
+            known = self._known.get(index)
+        return GpuReading(index=index, error=error) if known is None else known.reading(index, error=error)
+
+    def _handle(self, index: int) -> tuple[Any, Known]:
+        with self._lock:
+            handle = self._handles.get(index)
+            known = self._known.get(index)
+        if handle is None or known is None:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            self._known[index] = open_known(handle)
-            self._handles[index] = handle
+            known = open_known(handle)
+            with self._lock:
+                self._known[index] = known
+                self._handles[index] = handle
             self._register(index, handle)
-        return handle
+        return handle, known
 
     def _register(self, index: int, handle: Any) -> None:
         """Ask for this GPU's critical Xid events (once per handle; unsupported here means no Xid series)."""
         address = _address(handle)
-        if self._events is None or address in self._registered:
-            return
+        with self._lock:
+            if self._events is None or address in self._registered:
+                return
         try:
             pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, self._events)
         except pynvml.NVMLError as err:
