@@ -176,10 +176,17 @@ def test_a_steady_job_fires_nothing(view: View) -> None:
 def test_the_jobs_tokens_per_second_is_the_sum_over_its_processes(view: View) -> None:
     """Every process passes the job's global batch and tokens to jaxmon.step() and exports its share: sum() over
     the job's series is the job's tokens/s, as the loop measures it (within 5 %)."""
-    # A minute of steps (and a few scrapes) first: rate() over [1m] of a younger series under-reads.
+    # A minute of steps in Prometheus first: rate() over [1m] of a series younger than the window under-reads (it
+    # extrapolates at most a scrape interval past the first sample), and Prometheus's first scrape of the job comes
+    # some seconds after the loop's first step. A sample 62 s old says the window is covered.
     started = float(view.job[0].send("status")["started"])
     assert started > 0
-    time.sleep(max(0.0, started + 65 - time.time()))
+    view.prometheus.wait_for(
+        f'jaxmon_training_tokens_total{{workload="{WORKLOAD}"}} offset 62s',
+        lambda r: len(r) == PROCESSES,
+        "a minute of every process's tokens in Prometheus",
+        timeout=150,
+    )
     status = view.job[0].send("status")
     measured, at = float(status["tokens_per_second"]), float(status["time"])
     assert measured > 0, status

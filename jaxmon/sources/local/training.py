@@ -95,6 +95,14 @@ class JaxTraining:
         """Block until `array` is computed (raises when it was deleted or donated)."""
         array.block_until_ready()
 
+    def is_ready(self, array: Any) -> bool:
+        """Whether `array` is computed, without blocking (False where it cannot say: a deleted buffer, which
+        `wait` then reports)."""
+        try:
+            return bool(array.is_ready())
+        except Exception:
+            return False
+
     def signature(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Hashable:
         """What selects a jitted function's compiled program: the tree and each leaf's type, shape, dtype, sharding."""
         leaves, treedef = self._jax.tree_util.tree_flatten((args, dict(kwargs)))
