@@ -115,14 +115,14 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
 
     @classmethod
     def unavailable(cls, opts: KubernetesOptions, ctx: Context) -> str | None:
-        """Needs grpcio and grpcio-tools (the stubs); on `auto`, also the socket.
+        """Needs grpcio and protobuf (the committed stubs); on `auto`, also the socket.
 
         Found, not imported: grpc's C core costs about 20 MiB of RSS, not to be paid where no kubelet listens (a
         GPU node outside Kubernetes in node mode); the client imports it when it is made.
         """
         import importlib.util
 
-        for module, package in (("grpc", "grpcio"), ("grpc_tools", "grpcio-tools")):
+        for module, package in (("grpc", "grpcio"), ("google.protobuf", "protobuf")):
             if importlib.util.find_spec(module) is None:
                 return f"{package} is not installed (no module named {module!r})"
         if opts.enabled is True:

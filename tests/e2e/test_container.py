@@ -478,7 +478,7 @@ def test_node_mode_reads_a_root_only_kubelet_socket_through_a_read_only_director
     engine: Engine, image: Image
 ) -> None:
     """As the DaemonSet runs it: uid 0 with no capabilities, no privilege escalation, a read-only root file system
-    (the stubs are compiled in /tmp), the kubelet's directory mounted read-only; the socket root's alone (0700). A
+    (a writable /tmp beside it), the kubelet's directory mounted read-only; the socket root's alone (0700). A
     restarted kubelet's new socket is picked up through the same mount; the image's own uid cannot connect."""
     from tests.fake_kubelet import FakeKubelet, container, pod
 

@@ -138,7 +138,7 @@ def test_exactly_the_series_of_held_devices_carry_their_pods(
 ) -> None:
     d, nvml = node_daemon(start_daemon, tmp_path, kubelet, libtpu)
     d.wait_for(lambda s: all_up(s) and labelled(s), what="kubelet, NVML and libtpu read")
-    # The stubs were made by protoc in a child interpreter: the daemon never maps the compiler (about 7 MiB).
+    # The stubs are committed: the daemon never maps the compiler (about 7 MiB), nor needs it installed.
     assert "_protoc_compiler" not in Path(f"/proc/{d.pid}/maps").read_text()
     nvml.xid(0, 79)
     s = d.wait_for(lambda s: any(name == "jaxmon_device_xid_errors_total" for name, _ in s), what="an Xid counted")

@@ -546,7 +546,7 @@ def test_the_node_daemonset_runs_node_mode_with_nvml_and_the_kubelet_and_holds_n
     )
     assert jaxmon["startupProbe"]["httpGet"]["path"] == "/readyz"
     # Least privilege that opens a root-owned socket: uid 0 with no capability, no escalation, nothing writable but
-    # its own /tmp (where the stubs are compiled), no host namespaces, no API token.
+    # its own /tmp, no host namespaces, no API token.
     security = jaxmon["securityContext"]
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True

@@ -4,8 +4,8 @@
 default (GA since Kubernetes 1.28; the kubelet rate-limits it to 100 calls a second, burst 10). A kubelet restart
 replaces the socket, so a container mounts its directory, not the socket itself. Every call has a deadline, and
 the channel is dropped after any failure, so the next call dials the socket afresh (a new kubelet's socket at
-once, without gRPC's reconnect backoff). The stubs are generated at first use (`stubs.py`); grpc is imported
-when a client is made, never at jaxmon import time.
+once, without gRPC's reconnect backoff). The stubs are protoc's output, committed (`stubs.py`); grpc is
+imported when a client is made, never at jaxmon import time.
 """
 
 from __future__ import annotations
