@@ -46,7 +46,8 @@ ROW = Row(
                 Target(f"sum by (workload) ({rate('jaxmon_training_tokens_total', WL)})", "{{workload}} tokens/s"),
                 Target(f"sum by (workload) ({rate('jaxmon_training_examples_total', WL)})", "{{workload}} examples/s"),
             ],
-            "What jaxmon.step(examples=, tokens=) was told, per second, summed over the workload's processes.",
+            "The job's tokens and examples per second: every process passes the job's figures to jaxmon.step() and "
+            "exports its share (÷ process count), so the sum over the workload's processes is the job's.",
             min=0,
             width=8,
         ),
@@ -98,7 +99,7 @@ ROW = Row(
             [
                 Target(rate("jaxmon_training_model_flops_total", WL), DEVICE + " model"),
                 Target(rate("jaxmon_training_hardware_flops_total", WL), DEVICE + " XLA"),
-                Target(f"jaxmon_device_peak_flops_per_second{{{WL}}}", DEVICE + " peak ({{source}})"),
+                Target(f"jaxmon_device_peak_flops_per_second{{{WL}}}", DEVICE + " peak ({{origin}})"),
             ],
             "Model FLOPs (jaxmon.step(model_flops=) / device count) and XLA's counted FLOPs (jaxmon.track) per "
             "second, beside the device's peak.",
@@ -109,7 +110,7 @@ ROW = Row(
             "Bytes accessed per second",
             "timeseries",
             "Bps",
-            [Target(rate("jaxmon_training_hardware_bytes_accessed_total", WL), DEVICE)],
+            [Target(rate("jaxmon_training_hardware_accessed_bytes_total", WL), DEVICE)],
             "Bytes XLA counts as accessed by the tracked functions, per second, per device.",
             min=0,
             width=8,
@@ -133,7 +134,7 @@ ROW = Row(
             "s",
             [
                 Target(f"time() - jaxmon_training_last_step_timestamp_seconds{{{WL}}}", PROCESS + " since last step"),
-                Target(f"jaxmon_training_elapsed_seconds{{{WL}}}", PROCESS + " running"),
+                Target(f"time() - jaxmon_training_start_time_seconds{{{WL}}}", PROCESS + " running"),
             ],
             "How long ago each process completed its last step (a stalled one climbs), and how long its jaxmon has "
             "run.",
