@@ -36,6 +36,10 @@ figures are medians over the rounds. The series each exports are counted in one 
 `--tree DIR` runs the jaxmon sides from another checkout's package (`git archive REV jaxmon | tar -x -C DIR`;
 first on their PYTHONPATH) for a before/after figure, written under `--name`.
 
+`--series` only counts the series (no windows, no nvitop-exporter unless `--nvitop` is given): node mode at its
+defaults and with `--collector.nvml.nvlink-links`, on the same scenario, one plain scrape each once every GPU is
+served (issue 26: the default at or under nvitop-exporter's). Writes bench/results/NAME.json (node_series).
+
 `--breakdown` instead imports, in a fresh interpreter per side, what each daemon imports, in layers, and prints
 the RSS each layer adds (what each MiB is); nothing is served.
 
@@ -46,6 +50,7 @@ Writes bench/results/node_weight.json (node_weight_breakdown.json with --breakdo
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import json
 import os
@@ -254,9 +259,63 @@ def breakdown(nvitop_python: Path) -> dict[str, Any]:
     return result
 
 
+def count_series(args: argparse.Namespace) -> None:
+    """--series: the series of node mode at its defaults and per link (and nvitop-exporter's, with --nvitop), each
+    counted in one plain scrape once it serves the 8 GPUs."""
+    build()
+    sleepers = [subprocess.Popen(["sleep", "infinity"]) for _ in range(GPUS)]
+    tmp = Path(tempfile.mkdtemp(prefix="node-series-"))
+    devices = [device(i, processes=[{"pid": p.pid, "used": (1 + i) * GIB}]) for i, p in enumerate(sleepers)]
+    scenario = Scenario(tmp / "nvml.json", devices)
+    env = {**os.environ, **scenario.env(), "PYTHONUNBUFFERED": "1"}
+    jaxmon_env = dict(env)
+    if args.tree is not None:
+        jaxmon_env["PYTHONPATH"] = str(args.tree.resolve())
+    jaxmon_exe = str(Path(sys.executable).with_name("jaxmon"))
+    wanted: dict[str, list[str]] = {"jaxmon": [], "jaxmon_nvlink_links": ["--collector.nvml.nvlink-links"]}
+    counts: dict[str, dict[str, Any]] = {}
+    expected = {str(i): float((10 + i) * GIB) for i in range(GPUS)}
+    try:
+        for name, flags in wanted.items():
+            port = free_port()
+            argv = [jaxmon_exe, "serve", "--node", "--web.listen-address", f"127.0.0.1:{port}", *flags]
+            sides = [Side(name, argv, jaxmon_env, port)]
+            if name == "jaxmon" and args.nvitop is not None:
+                port = free_port()
+                argv = [str(args.nvitop.resolve()), "--bind-address", "127.0.0.1", "--port", str(port)]
+                sides.append(Side("nvitop_exporter", [*argv, "--hostname", "bench"], env, port))
+            try:
+                for side in sides:
+                    wait_until(functools.partial(_serves, side, expected), 60, f"{side.name} serving the 8 GPUs")
+                    counts[side.name] = series(side)
+            finally:
+                for side in sides:
+                    side.child.stop()
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+    for name, c in counts.items():
+        print(f"{name}: {c['total']} series ({c['gpu']} of GPUs); by prefix {json.dumps(c['by_prefix'])}")
+    save(
+        args.name if args.name != "node_weight" else "node_series",
+        {"command": " ".join(["python", "bench/node_weight.py", *sys.argv[1:]]), "gpus": GPUS, "series": counts},
+    )
+
+
+def _serves(side: Side, expected: dict[str, float]) -> bool:
+    if not side.child.alive():
+        raise RuntimeError(f"{side.name} exited:\n{side.child.log()[-3000:]}")
+    try:
+        return gpus_seen(side) == expected
+    except (OSError, RuntimeError, http.client.HTTPException):
+        return False
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nvitop", type=Path, required=True, help="the nvitop-exporter script of its own venv")
+    ap.add_argument("--nvitop", type=Path, help="the nvitop-exporter script of its own venv")
+    ap.add_argument("--series", action="store_true", help="only count each side's series (nvitop's if --nvitop)")
     ap.add_argument("--window", type=float, default=60.0, help="seconds per window (>= 60 for the figure)")
     ap.add_argument("--rounds", type=int, default=4, help="windows per scrape rate")
     ap.add_argument("--settle", type=float, default=30.0, help="seconds after both serve, before the first window")
@@ -265,6 +324,11 @@ def main() -> None:
     ap.add_argument("--tree", type=Path, help="run the jaxmon sides from this directory's jaxmon/ package")
     ap.add_argument("--name", default="node_weight", help="results file name (bench/results/NAME.json)")
     args = ap.parse_args()
+    if args.series:
+        count_series(args)
+        return
+    if args.nvitop is None:
+        raise SystemExit("--nvitop is needed (all but --series)")
     nvitop = args.nvitop.resolve()
     if not nvitop.exists():
         raise SystemExit(f"{nvitop} not found: python3 -m venv /tmp/nvx && /tmp/nvx/bin/pip install nvitop-exporter")

@@ -13,7 +13,7 @@ that is certain (`match_devices`), and is otherwise labelled by its NVML index;
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Annotated, ClassVar
 
@@ -26,20 +26,22 @@ from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
 from jaxmon.exchange import DEVICE_PODS, DUTY_CYCLES, WORKLOAD_PIDS, DevicePods
 from jaxmon.families import add, family
-from jaxmon.families.nvml import gpu_families
+from jaxmon.families.nvml import NvLinkTotals, gpu_families, sum_links
 from jaxmon.families.shared import DEVICE_INFO, DEVICE_SOURCE_UP
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo
 from jaxmon.settings import CollectorOptions, Enabled, parse_duration
 from jaxmon.settings.durations import bounded
 from jaxmon.snapshot import Snapshot
-from jaxmon.sources.nvml import GpuReading, MigDevice, Nvml, NvmlUnavailable, describe, probe_library
+from jaxmon.sources.nvml import GpuReading, MigDevice, NvLink, Nvml, NvmlUnavailable, describe, probe_library
 
 log = structlog.get_logger("jaxmon.collectors.nvml")
 
 SOURCE = "nvml"
 # Seconds a poll waits for a GPU's reads unless --collector.nvml.timeout says otherwise (or the poll interval is short).
 DEFAULT_TIMEOUT = 2.0
+# Compute processes per GPU with a pid series unless --collector.nvml.max-processes says otherwise.
+DEFAULT_MAX_PROCESSES = 16
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,18 @@ class NvmlOptions(CollectorOptions):
         description="How long a poll waits for each GPU's reads (a GPU not answered by then is down that poll, and "
         "its next read waits for the hung one); default 2s, or half the poll interval where that is shorter.",
     )
+    nvlink_links: bool = Field(
+        default=False,
+        description="Export NVLink traffic and error counters per link (6 series per link: 108 per H200) instead of "
+        "summed per GPU; each link's state is exported either way.",
+    )
+    max_processes: int = Field(
+        default=DEFAULT_MAX_PROCESSES,
+        ge=0,
+        le=4096,
+        description="Compute processes per GPU given their own (pid-labelled) memory series, largest first; the "
+        "rest are counted in jaxmon_process_device_memory_other_bytes and _other_processes.",
+    )
 
 
 @dataclass(frozen=True)
@@ -109,6 +123,8 @@ class NvmlState:
     # Why NVML as a whole is unusable (no devices are listed then).
     error: str | None = None
     match: DeviceMatch = field(default_factory=DeviceMatch)
+    # Each GPU's NVLink counters summed over its links, a link down counting with its last reading (by NVML index).
+    nvlink_totals: Mapping[int, NvLinkTotals] = field(default_factory=dict)
 
     def duty_cycle(self, platform: str, device: int) -> float | None:
         """The duty cycle of this daemon's JAX device `device`, where an NVML GPU is matched to it (DutyCycles)."""
@@ -145,6 +161,8 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
         self._nvml = Nvml(xid_wait_seconds=opts.xid_wait, timeout_seconds=self.timeout)
         # A failure is logged when it starts or changes, then once a minute, and once more when it clears.
         self._errors = ErrorLog(log)
+        # Each GPU's links' last readings while active (by UUID, else NVML index; then link), for the per-GPU sums.
+        self._links: dict[str, dict[int, NvLink]] = {}
 
     @classmethod
     def unavailable(cls, opts: NvmlOptions, ctx: Context) -> str | None:
@@ -182,7 +200,23 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
         match = match_devices(self.ctx.devices, len(gpus), os.environ)
         # The poll succeeded: NVML answered. A lost or wedged GPU is that GPU's jaxmon_device_source_up 0 (and its
         # JaxmonGpuLost), not a failing collector, which would page for the whole node.
-        return Update(NvmlState(gpus=gpus, xid=self._nvml.xid_counts(), match=match))
+        totals = self._nvlink_totals(gpus)
+        return Update(NvmlState(gpus=gpus, xid=self._nvml.xid_counts(), match=match, nvlink_totals=totals))
+
+    def _nvlink_totals(self, gpus: Sequence[GpuReading]) -> dict[int, NvLinkTotals]:
+        """Each answering GPU's NVLink counters summed over its links. A link that goes down keeps counting with
+        its last reading, so that a sum never falls (a fall would read as a counter reset, and increase() as a
+        burst of errors); a link that comes back adds what it counted meanwhile."""
+        out = {}
+        for gpu in gpus:
+            if not gpu.up or gpu.nvlinks is None:
+                continue
+            seen = self._links.setdefault(gpu.uuid or str(gpu.index), {})
+            for link in gpu.nvlinks:
+                if link.active:
+                    seen[link.link] = link
+            out[gpu.index] = sum_links(seen.values())
+        return out
 
     def stop(self) -> None:
         """End the Xid thread and shut NVML down."""
@@ -200,7 +234,7 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
             workloads.update(pids)
         for pods in self.ctx.exchange.read(DEVICE_PODS, snap)[:1]:
             state = replace(state, match=replace(state.match, pods=pods))
-        yield from render(state, workloads)
+        yield from render(state, workloads, nvlink_links=self.opts.nvlink_links, max_processes=self.opts.max_processes)
 
 
 def _labels(gpu: GpuReading, match: DeviceMatch, mig: MigDevice | None = None) -> dict[str, str]:
@@ -221,8 +255,15 @@ def _labels(gpu: GpuReading, match: DeviceMatch, mig: MigDevice | None = None) -
     return labels
 
 
-def render(state: NvmlState, workloads: Mapping[int, str]) -> Iterator[Metric]:
-    """Every NVML family for `state`; a number NVML did not report is an absent series."""
+def render(
+    state: NvmlState,
+    workloads: Mapping[int, str],
+    *,
+    nvlink_links: bool = False,
+    max_processes: int = DEFAULT_MAX_PROCESSES,
+) -> Iterator[Metric]:
+    """Every NVML family for `state`; a number NVML did not report is an absent series. NVLink traffic and errors
+    are per GPU unless `nvlink_links`; at most `max_processes` processes per GPU get a pid series."""
 
     def labels(gpu: GpuReading, mig: MigDevice | None = None) -> dict[str, str]:
         return _labels(gpu, state.match, mig)
@@ -241,7 +282,7 @@ def render(state: NvmlState, workloads: Mapping[int, str]) -> Iterator[Metric]:
     yield info
 
     ok = [g for g in state.gpus if g.up]
-    yield from gpu_families(ok, labels)
+    yield from gpu_families(ok, labels, state.nvlink_totals, nvlink_links)
 
     xid = family(
         "jaxmon_device_xid_errors",
@@ -254,17 +295,46 @@ def render(state: NvmlState, workloads: Mapping[int, str]) -> Iterator[Metric]:
         add(xid, {**labels(by_index.get(index) or GpuReading(index=index)), "xid": str(code)}, count)
     yield xid
 
+    yield from _processes(ok, labels, workloads, max_processes)
+
+
+def _processes(
+    gpus: Sequence[GpuReading],
+    labels: Callable[[GpuReading], dict[str, str]],
+    workloads: Mapping[int, str],
+    bound: int,
+) -> Iterator[Metric]:
+    """Each GPU's `bound` largest compute processes by pid, and the rest counted per GPU: a pid is a new series,
+    and a GPU shared by many short processes must not grow the exposition without bound."""
     processes = family(
         "jaxmon_process_device_memory_bytes",
-        "Device memory used by each running compute process (NVML; pid in NVML's PID namespace). workload is set "
-        "where a workload report has that pid, which needs a shared PID namespace.",
+        "Device memory used by each running compute process (NVML; pid in NVML's PID namespace), the "
+        "--collector.nvml.max-processes largest per GPU. workload is set where a workload report has that pid, "
+        "which needs a shared PID namespace.",
     )
-    for gpu in ok:
-        for proc in gpu.processes or ():
-            if proc.used_bytes is None:
-                continue
-            own = {**labels(gpu), "pid": str(proc.pid)}
-            if proc.pid in workloads:
-                own["workload"] = workloads[proc.pid]
-            add(processes, own, proc.used_bytes)
-    yield processes
+    other_bytes = family(
+        "jaxmon_process_device_memory_other_bytes",
+        "Device memory used by the compute processes of the GPU beyond the --collector.nvml.max-processes largest "
+        "(NVML; 0 when every process has its own series).",
+    )
+    other_count = family(
+        "jaxmon_process_device_memory_other_processes",
+        "Compute processes of the GPU beyond the --collector.nvml.max-processes largest, whose memory is "
+        "jaxmon_process_device_memory_other_bytes (NVML).",
+    )
+    for gpu in gpus:
+        if gpu.processes is None:
+            continue
+        # A process NVML gives no memory figure for has no series (as before the bound) and is not counted.
+        measured = sorted(
+            ((p.used_bytes, p.pid) for p in gpu.processes if p.used_bytes is not None), key=lambda m: (-m[0], m[1])
+        )
+        for used, pid in measured[:bound]:
+            own = {**labels(gpu), "pid": str(pid)}
+            if pid in workloads:
+                own["workload"] = workloads[pid]
+            add(processes, own, used)
+        rest = measured[bound:]
+        add(other_bytes, labels(gpu), sum(used for used, _ in rest))
+        add(other_count, labels(gpu), len(rest))
+    yield from (processes, other_bytes, other_count)

@@ -3,11 +3,16 @@
 Every series here gets its labels from `labels(gpu, mig)`, the collector's one label function (`_labels` in
 jaxmon/collectors/nvml.py), plus what names the series within the GPU (`reason`, `kind`, `fan`, `direction`,
 `link`). A number NVML did not report (None in the reading) is an absent series.
+
+Series a fleet can afford: NVLink traffic and errors are per GPU unless --collector.nvml.nvlink-links (18 links x 6
+counters is 108 series per H200), and the per-pid process memory is bounded by --collector.nvml.max-processes
+(jaxmon/collectors/nvml.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from prometheus_client.core import Metric
 
@@ -18,7 +23,7 @@ from jaxmon.families.shared import (
     DEVICE_MEMORY_TOTAL,
     DEVICE_MEMORY_USED,
 )
-from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS, GpuReading, MigDevice
+from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS, GpuReading, MigDevice, NvLink
 
 Labels = Callable[[GpuReading, MigDevice | None], dict[str, str]]
 
@@ -116,18 +121,47 @@ REMAPPING_FAILED = Spec(
     "1 when a row remapping failed (no spare row left: the GPU needs replacing; NVML), else 0.",
 )
 NVLINK_ACTIVE = Spec("jaxmon_device_nvlink_active", "1 when this NVLink is active, 0 when it is down (NVML).")
+# Traffic and errors are one series per GPU by default, summed over its links (no `link` label); with
+# --collector.nvml.nvlink-links, one per link instead (a `link` label). A daemon exports one shape or the other, never
+# both, so `sum by (device, ...)` over either gives the GPU's total and the name cannot double count.
 NVLINK_BYTES = Spec(
     "jaxmon_device_nvlink_data_bytes",
-    "Payload bytes over this NVLink by direction since the driver loaded (NVML NVLink throughput counters); "
-    "active links only.",
+    "Payload bytes over the GPU's NVLinks by direction since the driver loaded (NVML NVLink throughput counters), "
+    "summed over its links (a link down counts with its last reading); per link (a link label, active links only) "
+    "with --collector.nvml.nvlink-links.",
     counter=True,
 )
 NVLINK_ERRORS = Spec(
     "jaxmon_device_nvlink_errors",
-    "NVLink data-link errors by kind (replay, recovery, crc_flit, crc_data) since the driver loaded (NVML); "
-    "active links only.",
+    "NVLink data-link errors by kind (replay, recovery, crc_flit, crc_data) since the driver loaded (NVML), summed "
+    "over the GPU's links (a link down counts with its last reading); per link (a link label, active links only) "
+    "with --collector.nvml.nvlink-links.",
     counter=True,
 )
+
+
+@dataclass(frozen=True)
+class NvLinkTotals:
+    """One GPU's NVLink counters summed over its links: bytes by direction, errors by kind (a counter no link
+    reported is absent)."""
+
+    bytes: Mapping[str, int] = field(default_factory=dict)
+    errors: Mapping[str, int] = field(default_factory=dict)
+
+
+def sum_links(links: Iterable[NvLink]) -> NvLinkTotals:
+    """The sums of `links`' counters (each link's last reading while it was active: an inactive one has none)."""
+    sent: dict[str, int] = {}
+    errors: dict[str, int] = {}
+    for link in links:
+        for direction, value in (("tx", link.tx_bytes_total), ("rx", link.rx_bytes_total)):
+            if value is not None:
+                sent[direction] = sent.get(direction, 0) + value
+        for kind, count in link.errors().items():
+            errors[kind] = errors.get(kind, 0) + count
+    return NvLinkTotals(sent, errors)
+
+
 MIG_ENABLED = Spec("jaxmon_device_mig_enabled", "1 when the GPU runs in MIG mode, 0 when not; absent without MIG.")
 MIG_INFO = Spec(
     "jaxmon_mig_device_info",
@@ -143,8 +177,14 @@ MIG_DUTY_CYCLE = Spec(
 )
 
 
-def gpu_families(gpus: Sequence[GpuReading], labels: Labels) -> Iterator[Metric]:
-    """Every per-GPU family of the GPUs that answered this poll."""
+def gpu_families(
+    gpus: Sequence[GpuReading],
+    labels: Labels,
+    nvlink_totals: Mapping[int, NvLinkTotals] | None = None,
+    nvlink_links: bool = False,
+) -> Iterator[Metric]:
+    """Every per-GPU family of the GPUs that answered this poll. NVLink traffic and errors are per GPU, from
+    `nvlink_totals` by NVML index (else the sums of the links active now), or per link with `nvlink_links`."""
     for spec, attr in GPU_VALUES:
         fam = spec.new()
         for gpu in gpus:
@@ -154,7 +194,7 @@ def gpu_families(gpus: Sequence[GpuReading], labels: Labels) -> Iterator[Metric]
         yield fam
     yield from _throttle_and_memory_errors(gpus, labels)
     yield from _fans_and_pcie(gpus, labels)
-    yield from _nvlink(gpus, labels)
+    yield from _nvlink(gpus, labels, nvlink_totals or {}, nvlink_links)
     yield from _mig(gpus, labels)
 
 
@@ -190,18 +230,31 @@ def _fans_and_pcie(gpus: Iterable[GpuReading], labels: Labels) -> Iterator[Metri
     yield from (fans, pcie)
 
 
-def _nvlink(gpus: Iterable[GpuReading], labels: Labels) -> Iterator[Metric]:
+def _nvlink(
+    gpus: Iterable[GpuReading], labels: Labels, totals: Mapping[int, NvLinkTotals], per_link: bool
+) -> Iterator[Metric]:
     active, data, errors = NVLINK_ACTIVE.new(), NVLINK_BYTES.new(), NVLINK_ERRORS.new()
     for gpu in gpus:
         own = labels(gpu, None)
         for link in gpu.nvlinks or ():
-            per_link = {**own, "link": str(link.link)}
-            add(active, per_link, 1.0 if link.active else 0.0)
-            for direction, value in (("tx", link.tx_bytes_total), ("rx", link.rx_bytes_total)):
-                if value is not None:
-                    add(data, {**per_link, "direction": direction}, value)
-            for kind, count in link.errors().items():
-                add(errors, {**per_link, "kind": kind}, count)
+            # Each link's state always: a link goes down on its own, and JaxmonGpuNvlinkDown names it.
+            add(active, {**own, "link": str(link.link)}, 1.0 if link.active else 0.0)
+        if gpu.nvlinks is None:
+            continue
+        if per_link:
+            for link in gpu.nvlinks:
+                named = {**own, "link": str(link.link)}
+                for direction, value in (("tx", link.tx_bytes_total), ("rx", link.rx_bytes_total)):
+                    if value is not None:
+                        add(data, {**named, "direction": direction}, value)
+                for kind, count in link.errors().items():
+                    add(errors, {**named, "kind": kind}, count)
+            continue
+        summed = totals.get(gpu.index) or sum_links(gpu.nvlinks)
+        for direction, value in summed.bytes.items():
+            add(data, {**own, "direction": direction}, value)
+        for kind, count in summed.errors.items():
+            add(errors, {**own, "kind": kind}, count)
     yield from (active, data, errors)
 
 

@@ -89,14 +89,15 @@ def test_the_daemon_exports_every_nvml_series_with_the_scenarios_values(
     assert sample(s, "jaxmon_device_row_remapping_pending", **g) == 0
     assert sample(s, "jaxmon_device_row_remapping_failed", **g) == 1
     for n in range(18):
-        up = n != 5
-        assert sample(s, "jaxmon_device_nvlink_active", **g, link=str(n)) == (1 if up else 0)
-        tx = sample(s, "jaxmon_device_nvlink_data_bytes_total", **g, link=str(n), direction="tx")
-        rx = sample(s, "jaxmon_device_nvlink_data_bytes_total", **g, link=str(n), direction="rx")
-        flit = sample(s, "jaxmon_device_nvlink_errors_total", **g, link=str(n), kind="crc_flit")
-        replay = sample(s, "jaxmon_device_nvlink_errors_total", **g, link=str(n), kind="replay")
-        assert (tx, rx, flit, replay) == ((10 * n * 1024, 20 * n * 1024, n, 2 * n) if up else (None, None, None, None))
-        assert sample(s, "jaxmon_device_nvlink_errors_total", **g, link=str(n), kind="recovery") == (0 if up else None)
+        assert sample(s, "jaxmon_device_nvlink_active", **g, link=str(n)) == (0 if n == 5 else 1)
+    # Traffic and errors per GPU by default: summed over the 17 active links (link 5 is down).
+    active = sum(n for n in range(18) if n != 5)
+    assert sample(s, "jaxmon_device_nvlink_data_bytes_total", **g, direction="tx") == 10 * active * 1024
+    assert sample(s, "jaxmon_device_nvlink_data_bytes_total", **g, direction="rx") == 20 * active * 1024
+    assert sample(s, "jaxmon_device_nvlink_errors_total", **g, kind="crc_flit") == active
+    assert sample(s, "jaxmon_device_nvlink_errors_total", **g, kind="replay") == 2 * active
+    assert sample(s, "jaxmon_device_nvlink_errors_total", **g, kind="recovery") == 0
+    assert not [k for k in s if ("link", "0") in k[1] and k[0] != "jaxmon_device_nvlink_active"]
     # GPU 5 runs in MIG mode: its two MIG devices, by UUID, instance and profile.
     assert sample(s, "jaxmon_device_mig_enabled", **gpu(5)) == 1
     assert sample(s, "jaxmon_device_duty_cycle_ratio", **gpu(5)) is None
@@ -118,6 +119,7 @@ def test_the_daemon_exports_every_nvml_series_with_the_scenarios_values(
     assert sample(s, "jaxmon_device_ecc_errors_total", **g, kind="corrected") == 5
     assert sample(s, "jaxmon_device_ecc_errors_total", **g, kind="uncorrected") == 1
     assert sample(s, "jaxmon_process_device_memory_bytes", **g, pid="31337") == 19 * GIB
+    assert sample(s, "jaxmon_process_device_memory_other_bytes", **g) == 0
     info = gpu(2, uuid=gpus[2]["uuid"], pci_bus_id="00000000:1A:00.0", name=gpus[2]["name"], device_match="nvml_index")
     assert s.get(("jaxmon_device_info", frozenset(info.items()))) == 1
     # The seven others report their own, distinct values.
@@ -152,20 +154,26 @@ def test_changed_values_xid_events_and_a_lost_gpu_reach_the_scrape(start_daemon:
     s = d.wait_for(lambda s: sample(s, "jaxmon_device_duty_cycle_ratio", **gpu(0)) == 0.64, what="new duty cycle")
     assert sample(s, "jaxmon_device_power_watts", **gpu(0)) == 123.0
 
-    # Counters that rise (NVLink errors, PCIe replays, energy) and a link that goes down.
+    # Counters that rise (NVLink errors, PCIe replays, energy), summed over the GPU's links.
     links = [link(1, n) for n in range(18)]
     links[3] = link(1, 3, replay=4, recovery=1)
-    links[7] = link(1, 7, active=False)
+    links[7] = link(1, 7, replay=2)
     scenario.update(1, nvlink=links, pcie={"tx_kbps": 1, "rx_kbps": 2, "replays": 9}, energy_mj=4_000_000_000)
     s = d.wait_for(
-        lambda s: sample(s, "jaxmon_device_nvlink_errors_total", **gpu(1, link="3", kind="replay")) == 4,
+        lambda s: sample(s, "jaxmon_device_nvlink_errors_total", **gpu(1, kind="replay")) == 6,
         what="NVLink replays counted",
     )
-    assert sample(s, "jaxmon_device_nvlink_errors_total", **gpu(1, link="3", kind="recovery")) == 1
-    assert sample(s, "jaxmon_device_nvlink_active", **gpu(1, link="7")) == 0
-    assert sample(s, "jaxmon_device_nvlink_errors_total", **gpu(1, link="7", kind="replay")) is None
+    assert sample(s, "jaxmon_device_nvlink_errors_total", **gpu(1, kind="recovery")) == 1
+    tx = sample(s, "jaxmon_device_nvlink_data_bytes_total", **gpu(1, direction="tx"))
+    assert tx == sum(link(1, n)["tx_kib"] for n in range(18)) * 1024
     assert sample(s, "jaxmon_device_pcie_replays_total", **gpu(1)) == 9
     assert sample(s, "jaxmon_device_energy_joules_total", **gpu(1)) == 4_000_000.0
+    # A link goes down: its state says so, and its counts stay in the sums (a sum that fell would read as a reset).
+    links[7] = link(1, 7, active=False)
+    scenario.update(1, nvlink=links)
+    s = d.wait_for(lambda s: sample(s, "jaxmon_device_nvlink_active", **gpu(1, link="7")) == 0, what="link 7 down")
+    assert sample(s, "jaxmon_device_nvlink_errors_total", **gpu(1, kind="replay")) == 6
+    assert sample(s, "jaxmon_device_nvlink_data_bytes_total", **gpu(1, direction="tx")) == tx
 
     scenario.xid(1, 79)
     scenario.xid(0, 48)
@@ -395,3 +403,31 @@ def test_a_wedged_gpu_is_one_dark_gpu_the_others_stay_fresh_and_it_comes_back_by
         assert [e["gpu"] for e in events if e.get("event") == "NVML GPU read works again"] == [WEDGED]
     finally:
         prometheus.stop()
+
+
+def test_per_link_nvlink_series_and_the_process_bound_are_options(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    links = [link(0, n, active=n != 2, replay=n) for n in range(18)]
+    processes = [{"pid": 100 + n, "used": (n + 1) * GIB} for n in range(50)]
+    scenario = Scenario(tmp_path / "scenario.json", [device(0, nvlink=links, processes=processes)])
+    d = start(start_daemon, scenario, "--collector.nvml.nvlink-links", "--collector.nvml.max-processes", "4")
+    s = d.wait_for(lambda s: nvml_success(s) == 1, what="an nvml poll")
+    g = gpu(0)
+    for n in range(18):
+        up = n != 2
+        assert sample(s, "jaxmon_device_nvlink_active", **g, link=str(n)) == (1 if up else 0)
+        replay = sample(s, "jaxmon_device_nvlink_errors_total", **g, link=str(n), kind="replay")
+        tx = sample(s, "jaxmon_device_nvlink_data_bytes_total", **g, link=str(n), direction="tx")
+        assert (replay, tx) == ((n, links[n]["tx_kib"] * 1024) if up else (None, None))
+    # Per link instead of per GPU, never both.
+    assert sample(s, "jaxmon_device_nvlink_errors_total", **g, kind="replay") is None
+    # The 4 largest of 50 processes by pid; the 46 others counted together.
+    pids = {dict(k[1])["pid"]: v for k, v in s.items() if k[0] == "jaxmon_process_device_memory_bytes"}
+    assert pids == {str(100 + n): (n + 1) * GIB for n in range(46, 50)}
+    assert sample(s, "jaxmon_process_device_memory_other_bytes", **g) == sum(n + 1 for n in range(46)) * GIB
+    assert sample(s, "jaxmon_process_device_memory_other_processes", **g) == 46
+    # Processes come and go: the bound holds, the series set stays the same size.
+    scenario.update(0, processes=[{"pid": 900 + n, "used": n * GIB} for n in range(1, 31)])
+    s = d.wait_for(
+        lambda s: sample(s, "jaxmon_process_device_memory_other_processes", **g) == 26, what="the new processes"
+    )
+    assert len([k for k in s if k[0] == "jaxmon_process_device_memory_bytes"]) == 4

@@ -9,6 +9,8 @@ tests/e2e/collectors/test_nvml.py.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -17,6 +19,7 @@ from prometheus_client.core import Metric
 import jaxmon.collectors.nvml as nvml_collector
 from jaxmon.app import default_settings, load_settings
 from jaxmon.collectors.nvml import DeviceMatch, NvmlOptions, NvmlState, match_devices, render
+from jaxmon.families.nvml import NvLinkTotals
 from jaxmon.model import DeviceInfo
 from jaxmon.sources.nvml import GpuReading, MigDevice, NvLink, Process, RemappedRows
 from tests.deploy_files import readme_metrics
@@ -117,14 +120,20 @@ FULL = GpuReading(
 )
 
 
-def rendered(state: NvmlState, workloads: dict[int, str] | None = None) -> Samples:
+def rendered(state: NvmlState, workloads: dict[int, str] | None = None, **options: Any) -> Samples:
     class Families:
         def collect(self) -> Iterator[Metric]:
-            yield from (f for f in render(state, workloads or {}) if f.samples)
+            yield from (f for f in render(state, workloads or {}, **options) if f.samples)
 
     registry = CollectorRegistry()
     registry.register(Families())
     return parse_samples(generate_latest(registry).decode())
+
+
+def nvml_options(*argv: str) -> NvmlOptions:
+    options = load_settings(list(argv)).collector_options("nvml")
+    assert isinstance(options, NvmlOptions)
+    return options
 
 
 def gpu(index: int, **extra: str) -> dict[str, str]:
@@ -176,8 +185,51 @@ def test_every_reading_of_a_gpu_is_its_series_with_its_value() -> None:
     assert sample(s, "jaxmon_process_device_memory_bytes", **g, pid="78") is None
 
 
-def test_nvlink_series_are_per_link_and_an_inactive_link_has_its_state_alone() -> None:
+def test_nvlink_traffic_and_errors_are_summed_per_gpu_by_default_and_each_link_keeps_its_state() -> None:
     s = rendered(NvmlState(gpus=(FULL,)))
+    g = gpu(3)
+    assert [sample(s, "jaxmon_device_nvlink_active", **g, link=str(n)) for n in range(3)] == [1, 0, 1]
+    data = {k: v for k, v in s.items() if k[0] == "jaxmon_device_nvlink_data_bytes_total"}
+    assert data == {
+        ("jaxmon_device_nvlink_data_bytes_total", frozenset({**g, "direction": "tx"}.items())): 400,
+        ("jaxmon_device_nvlink_data_bytes_total", frozenset({**g, "direction": "rx"}.items())): 200,
+    }
+    errors = {dict(k[1])["kind"]: v for k, v in s.items() if k[0] == "jaxmon_device_nvlink_errors_total"}
+    assert errors == {"replay": 1, "recovery": 2, "crc_flit": 3, "crc_data": 4}
+    assert not [k for k in s if "link" in dict(k[1]) and k[0] != "jaxmon_device_nvlink_active"]
+    # The collector's sums (a link down counting with its last reading) are used where the state has them.
+    totals = {3: NvLinkTotals({"tx": 1000}, {"replay": 9})}
+    s = rendered(NvmlState(gpus=(FULL,), nvlink_totals=totals))
+    assert sample(s, "jaxmon_device_nvlink_data_bytes_total", **g, direction="tx") == 1000
+    assert sample(s, "jaxmon_device_nvlink_data_bytes_total", **g, direction="rx") is None
+    assert sample(s, "jaxmon_device_nvlink_errors_total", **g, kind="replay") == 9
+
+
+def test_processes_beyond_the_bound_are_counted_per_gpu_not_given_a_series_each() -> None:
+    many = (*(Process(1000 + n, (n + 1) << 20) for n in range(40)), Process(5, None))
+    bounded = replace(FULL, processes=many)
+    s = rendered(NvmlState(gpus=(bounded,)), {1039: "trainer", 1000: "small"}, max_processes=3)
+    g = gpu(3)
+    procs = {dict(k[1])["pid"]: (dict(k[1]).get("workload"), v) for k, v in s.items() if k[0].endswith("memory_bytes")}
+    assert procs == {"1039": ("trainer", 40 << 20), "1038": (None, 39 << 20), "1037": (None, 38 << 20)}
+    assert sample(s, "jaxmon_process_device_memory_other_bytes", **g) == sum(n << 20 for n in range(1, 38))
+    assert sample(s, "jaxmon_process_device_memory_other_processes", **g) == 37
+    # Within the bound (16 by default): every process has its series, and the others are 0.
+    s = rendered(NvmlState(gpus=(FULL,)))
+    assert sample(s, "jaxmon_process_device_memory_bytes", **g, pid="77") == 5 << 30
+    assert sample(s, "jaxmon_process_device_memory_other_bytes", **g) == 0
+    assert sample(s, "jaxmon_process_device_memory_other_processes", **g) == 0
+    # A GPU whose process list NVML does not report has none of them.
+    s = rendered(NvmlState(gpus=(replace(FULL, processes=None),)))
+    assert not [k for k in s if k[0].startswith("jaxmon_process_")]
+    assert nvml_options().max_processes == 16
+    assert nvml_options("--collector.nvml.max-processes", "0").max_processes == 0
+
+
+def test_nvlink_series_are_per_link_with_the_option_and_an_inactive_link_has_its_state_alone() -> None:
+    assert nvml_options().nvlink_links is False
+    assert nvml_options("--collector.nvml.nvlink-links").nvlink_links is True
+    s = rendered(NvmlState(gpus=(FULL,)), nvlink_links=True)
     g = gpu(3)
     assert [sample(s, "jaxmon_device_nvlink_active", **g, link=str(n)) for n in range(3)] == [1, 0, 1]
     assert sample(s, "jaxmon_device_nvlink_data_bytes_total", **g, link="0", direction="tx") == 100
