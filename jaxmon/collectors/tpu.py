@@ -65,7 +65,9 @@ class TpuOptions(CollectorOptions):
     """`--collector.tpu.*`."""
 
     enabled: Enabled = Field(
-        default="auto", description="true, false, or auto (on where this host has TPU chips or JAX sees TPU devices)."
+        default="auto",
+        description="true, false, or auto (on where this host has TPU chips or JAX sees TPU devices, or where "
+        "collector.tpu.address is given).",
     )
     address: str = Field(default="localhost:8431", description="host:port of libtpu's runtime metrics service.")
     timeout: Duration = Field(default=2.0, description="Deadline of one poll of the service (all calls together).")
@@ -149,7 +151,8 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
         """Without tpu-info nothing can be read; on `auto`, also off where the host has no TPU chip.
 
         An explicit `--collector.tpu` runs wherever tpu-info imports: the service may be reachable from a host (or a
-        container) that shows no chip of its own, and the address says where it is.
+        container) that shows no chip of its own, and the address says where it is. So does `auto` with an address
+        given (`--collector.tpu.address`, its variable or YAML): a user who names a service's address meant it.
         """
         # Found, not imported: grpc's C core costs about 20 MiB of RSS, too much to pay on a node without TPUs
         # (the node mode's budget); a client made later imports it.
@@ -161,7 +164,7 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
             from tpu_info import device  # reads /sys only; imports no grpc
         except ImportError as exc:
             return f"tpu-info is not installed ({exc})"
-        if opts.enabled is True:
+        if opts.enabled is True or "address" in opts.model_fields_set:
             return None
         if ctx.source.name == "local" and any(d.platform == "tpu" for d in ctx.devices):
             return None  # this process's JAX has chips (recorded devices of a replay file are no chips)

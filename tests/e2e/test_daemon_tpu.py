@@ -107,6 +107,16 @@ def test_the_sidecar_serves_every_libtpu_series_the_service_answers(
     )
 
 
+def test_naming_the_address_alone_turns_the_collector_on(start_daemon: StartDaemon, fake: FakeLibtpu) -> None:
+    """This host shows no TPU chip, so `auto` would stay off; the address given says where the service is."""
+    daemon = start_daemon(
+        "--no-collector.probe", "--collector.tpu.address", fake.address, "--collector.tpu.timeout", "300ms",
+        "--poll.interval", "0.3s",
+    )  # fmt: skip
+    samples = daemon.wait_for(lambda s: tpu_devices(s) == {str(d) for d in IDS}, what="four TPU devices")
+    assert success(samples) == 1
+
+
 def test_a_dropped_device_goes_down_alone_and_an_unavailable_service_takes_every_device_series(
     start_daemon: StartDaemon, fake: FakeLibtpu
 ) -> None:

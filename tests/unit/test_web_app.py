@@ -427,15 +427,16 @@ def test_an_explicit_collector_that_cannot_run_is_reported_failed_and_logged() -
 
 
 def test_an_auto_collector_configured_but_off_is_named_with_the_reason() -> None:
-    """--collector.tpu.address on a host without TPU chips: tpu stays off (auto), and the collectors log line says
-    it is configured, why it is off and how to run it anyway."""
+    """--collector.kubernetes.socket where no kubelet listens: kubernetes stays off (auto), and the collectors log
+    line says it is configured, why it is off and how to run it anyway. (--collector.tpu.address turns tpu on.)"""
     with capture_logs() as logs:
-        rt = make_runtime("--collector.tpu.address", "127.0.0.1:8431")
+        rt = make_runtime("--collector.kubernetes.socket", "/nonexistent/kubelet.sock")
     rt.stop()
     (line,) = [e for e in logs if e["event"] == "collectors"]
-    assert "tpu" not in line["running"]
-    off = line["configured_but_off"]["tpu"]
-    assert "no TPU chip on this host" in off and "collector.tpu.address set" in off and "--collector.tpu" in off
+    assert "kubernetes" not in line["running"]
+    off = line["configured_but_off"]["kubernetes"]
+    assert "no kubelet pod-resources socket" in off and "collector.kubernetes.socket set" in off
+    assert "--collector.kubernetes" in off
     with capture_logs() as logs:
         make_runtime().stop()
     assert next(e for e in logs if e["event"] == "collectors")["configured_but_off"] is None

@@ -43,6 +43,27 @@ def test_an_explicit_collector_runs_on_a_host_without_tpu_chips(context: Context
     assert TpuCollector.unavailable(explicit, context) is None
 
 
+@pytest.mark.parametrize(
+    ("argv", "environ"),
+    [
+        (["--collector.tpu.address", "10.0.0.7:8431"], {}),
+        ([], {"JAXMON_COLLECTOR__TPU__ADDRESS": "10.0.0.7:8431"}),
+        (["--collector.tpu.address", "localhost:8431"], {}),  # the default, named: meant all the same
+    ],
+)
+def test_naming_the_address_turns_auto_on_on_a_host_without_tpu_chips(
+    context: Context, argv: list[str], environ: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    opts = load_settings(argv).collector_options("tpu")
+    assert isinstance(opts, TpuOptions) and opts.enabled == "auto"
+    assert TpuCollector.unavailable(opts, context) is None
+    # An explicit false stays off, address or not.
+    off = load_settings([*argv, "--no-collector.tpu"]).collector_options("tpu")
+    assert off.enabled is False
+
+
 def test_flags_set_the_address_the_deadline_and_enable_the_collector() -> None:
     settings = load_settings(
         ["--collector.tpu", "--collector.tpu.address", "127.0.0.1:9", "--collector.tpu.timeout", "250ms"]
