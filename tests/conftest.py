@@ -22,6 +22,7 @@ from jaxmon.logsetup import route_to_stdlib_logging
 from tests.helpers import (
     FIXTURES,
     ROOT,
+    Child,
     Daemon,
     Samples,
     free_port,
@@ -102,6 +103,15 @@ def no_probe_thread_outlives_its_test() -> Iterator[None]:
 
 
 TOUCHED_LOGGERS = ("apscheduler", "apscheduler.scheduler", "jax", "hypercorn.error", "hypercorn.access")
+
+
+@pytest.fixture
+def children() -> Iterator[list[Child]]:
+    """Workload child processes (tests/workloads) a test starts: each closed after it."""
+    started: list[Child] = []
+    yield started
+    for c in started:
+        c.close()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ thresholds (a compilation under 1 s is not written) no toy program is: a miss co
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,14 +22,6 @@ ZERO_THRESHOLDS = {
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
 }
-
-
-@pytest.fixture
-def children() -> Iterator[list[Child]]:
-    started: list[Child] = []
-    yield started
-    for c in started:
-        c.close()
 
 
 def entries(cache: Path) -> int:

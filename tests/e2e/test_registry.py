@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import requests
 
 from tests.conftest import ROOT, parse_samples, promtool, sample
@@ -25,14 +23,6 @@ GRAIN = (
     "grain_python_dataset_source_read_time_ns",
     "grain_python_data_loader_iterator_get_next",
 )
-
-
-@pytest.fixture
-def children() -> Iterator[list[Child]]:
-    started: list[Child] = []
-    yield started
-    for c in started:
-        c.close()
 
 
 def families(text: str) -> list[str]:

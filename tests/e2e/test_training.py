@@ -6,7 +6,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +29,6 @@ TRAINING_FAMILIES = ("jaxmon_training_", "jaxmon_device_peak_flops_per_second", 
 
 def training_series_budget(devices: int) -> int:
     return 56 + 6 * devices
-
-
-@pytest.fixture
-def children() -> Iterator[list[Child]]:
-    started: list[Child] = []
-    yield started
-    for c in started:
-        c.close()
 
 
 def _check_against_the_loop(s: Samples, answer: dict[str, Any], **labels: str) -> None:
@@ -67,10 +58,12 @@ def _check_against_the_loop(s: Samples, answer: dict[str, Any], **labels: str) -
     data = sample(s, "jaxmon_training_badput_seconds_total", **labels, kind="data")
     assert data is not None and data <= sum(answer["loads"]) + 1e-3
     counted = total - (data - answer["loads"][0])
+    # Within 5 %: a millisecond either way of a ~30 ms window (the first block's share, which the loop times from
+    # outside the block); with the data blocks left in (the old denominator) it would be several times lower.
     mfu = sample(s, "jaxmon_training_model_flops_utilization_ratio", **per_device)
-    assert mfu == pytest.approx((STEPS - 1) * 1e6 / (counted * PEAK), rel=0.02)
+    assert mfu == pytest.approx((STEPS - 1) * 1e6 / (counted * PEAK), rel=0.05)
     hfu = sample(s, "jaxmon_training_hardware_flops_utilization_ratio", **per_device)
-    assert hfu == pytest.approx((STEPS - 1) * flops / (counted * PEAK), rel=0.02)
+    assert hfu == pytest.approx((STEPS - 1) * flops / (counted * PEAK), rel=0.05)
     assert sample(s, "jaxmon_training_badput_seconds_total", **labels, kind="data") == pytest.approx(
         STEPS * DATA_MS / 1000, abs=0.03
     )

@@ -8,10 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from jaxmon.sources.spool_document import read_document
 from tests.conftest import ROOT, Samples, StartDaemon, sample, sidecar_args
@@ -19,14 +16,6 @@ from tests.helpers import FIXTURES, Child, wait_for_fresh_samples, wait_for_samp
 
 # What the toy loop keeps on the default device (cpu:0): x (256 x 64), y (256 x 1), w (64 x 1), b (1), float32.
 TRAINING_STATE_BYTES = 4 * (256 * 64 + 256 + 64 + 1)
-
-
-@pytest.fixture
-def children(tmp_path: Path) -> Iterator[list[Child]]:
-    started: list[Child] = []
-    yield started
-    for c in started:
-        c.close()
 
 
 def test_embedded_exporter_reports_live_arrays_and_compilations(children: list[Child], tmp_path: Path) -> None:
