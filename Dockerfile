@@ -5,7 +5,8 @@
 #   docker build -t jaxmon:tpu --build-arg FLAVOUR=tpu .        # + jax[tpu] (libtpu)
 #
 # Runs `jaxmon serve` as an unprivileged user (uid 10401) on port 10401; settings come as flags after the image
-# name or as JAXMON_* environment variables. docs/deploy.md has the compose stack, the sidecar and Kubernetes.
+# name or as JAXMON_* environment variables (the HEALTHCHECK follows them: nothing to pass it). docs/deploy.md has
+# the compose stack, the sidecar and Kubernetes.
 # With podman or buildah, build with `--format docker`: the OCI image format has no HEALTHCHECK and they drop it.
 # No `# syntax=` line: it would make BuildKit fetch a frontend image from Docker Hub, and nothing here needs one.
 ARG PYTHON_VERSION=3.12
@@ -70,9 +71,12 @@ ENV PATH=/opt/jaxmon/bin:$PATH \
     JAXMON_COLLECTOR__PROBE__BASELINE_FILE=/var/lib/jaxmon/probe-baseline.json
 USER 10401:10401
 EXPOSE 10401
-# /healthz is 200 while polls are fresh. Python's urllib, since the slim image has no curl; a changed
-# --web.listen-address or TLS needs its own healthcheck (docker run --health-cmd ...).
-HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:10401/healthz', timeout=4).status == 200 else 1)"]
+# The HEALTHCHECK asks the daemon for /healthz (200 while polls are fresh) on a Unix socket the daemon makes at start
+# (JAXMON_HEALTH__SOCKET: 0600, in a 0700 directory of the daemon's uid), not on its listener: a moved
+# --web.listen-address, TLS, client certificates or basic auth in the web config need nothing passed to the check,
+# and the check holds no credential of the listener's. `jaxmon healthcheck` reads the same JAXMON_* settings as the
+# daemon. With --read-only, give /tmp a tmpfs (--tmpfs /tmp) so that the socket can be made. DESIGN.md section 14.
+ENV JAXMON_HEALTH__SOCKET=/tmp/jaxmon-health/health.sock
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 CMD ["jaxmon", "healthcheck"]
 ENTRYPOINT ["jaxmon"]
 CMD ["serve"]

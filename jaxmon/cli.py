@@ -23,14 +23,16 @@ from jaxmon.versions import package_version
 
 log = structlog.get_logger("jaxmon")
 
-COMMANDS = ("serve", "snapshot", "top")
+COMMANDS = ("serve", "snapshot", "top", "healthcheck")
 
-USAGE = """usage: jaxmon {serve,snapshot,top} [options]
+USAGE = """usage: jaxmon {serve,snapshot,top,healthcheck} [options]
 
 commands:
-  serve      run the exporter (jaxmon serve --help lists every setting)
-  snapshot   poll and probe every device once and print a table (--json for JSON)
-  top        live view of running jaxmon endpoints (jaxmon top --help)
+  serve        run the exporter (jaxmon serve --help lists every setting)
+  snapshot     poll and probe every device once and print a table (--json for JSON)
+  top          live view of running jaxmon endpoints (jaxmon top --help)
+  healthcheck  ask the daemon on this machine for /healthz through its --health.socket: exit 0 when healthy
+               (the image's HEALTHCHECK; it reads the daemon's JAXMON_* settings)
 """
 
 
@@ -50,6 +52,7 @@ def _load(argv: Sequence[str], prog: str, quiet: bool = False, **help_options: A
 
 def serve(argv: Sequence[str]) -> int:
     """Run the daemon until SIGTERM/SIGINT."""
+    from jaxmon.healthcheck import HealthSocket, HealthSocketError
     from jaxmon.web.errors import WebConfigError
     from jaxmon.web.server import HttpServer
     from jaxmon.web.signals import hold_signals_until_serving, serve_until_signalled
@@ -61,18 +64,36 @@ def serve(argv: Sequence[str]) -> int:
     except ReplayError as exc:
         print(f"jaxmon serve: --replay: {exc}", file=sys.stderr)
         return 2
+    health = None
+    if settings.health.socket is not None:
+        try:
+            health = HealthSocket(runtime, settings.health.socket)
+        except HealthSocketError as exc:
+            # Serve on: the metrics matter more than the check, which then says there is no socket.
+            log.error(
+                "no health socket: `jaxmon healthcheck` will fail", socket=str(settings.health.socket), error=str(exc)
+            )
     try:
-        server = HttpServer(runtime, settings)
+        server = HttpServer(runtime, settings, health)
     except WebConfigError as exc:
         print(f"jaxmon serve: --web.config.file: {exc}", file=sys.stderr)
         runtime.stop()
+        if health is not None:
+            health.close()
         return 2
     except OSError as exc:
         print(f"jaxmon serve: cannot listen on {settings.web.listen_address}: {exc.strerror or exc}", file=sys.stderr)
         runtime.stop()
+        if health is not None:
+            health.close()
         return 1
     # Bound already (connections wait in the backlog): say so before the first poll can announce "ready".
-    log.info("serving", url=server.metrics_url, listen_address=settings.web.listen_address)
+    log.info(
+        "serving",
+        url=server.metrics_url,
+        listen_address=settings.web.listen_address,
+        **({"health_socket": str(health.path)} if health is not None else {}),
+    )
     runtime.start()
     serve_until_signalled(runtime, server)
     _exit_despite_hung_calls(deadline=time.monotonic() + 2.0)
@@ -149,6 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(rest)
     if command == "snapshot":
         return snapshot(rest)
+    if command == "healthcheck":
+        from jaxmon.healthcheck import main as healthcheck
+
+        return healthcheck(rest)
     if command == "top":
         from jaxmon.top import main as top  # rich and the terminal code only for this command
 

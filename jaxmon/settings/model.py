@@ -108,6 +108,11 @@ class HealthSettings(Section):
         default=None,
         description="/healthz fails when the last poll is older than this (default 3 x poll interval).",
     )
+    socket: Path | None = Field(
+        default=None,
+        description="Also answer /healthz and /readyz on this Unix socket, for `jaxmon healthcheck` (the image's "
+        "HEALTHCHECK); made 0600 in a directory only the daemon's uid may enter. The image sets it.",
+    )
 
 
 class GpuSettings(Section):

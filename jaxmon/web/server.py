@@ -17,6 +17,7 @@ from typing import Any, cast
 from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.config import Config as HypercornConfig
 
+from jaxmon.healthcheck import HealthSocket
 from jaxmon.runtime import Runtime
 from jaxmon.settings import Settings, parse_listen_address
 from jaxmon.web.app import App
@@ -27,8 +28,9 @@ from jaxmon.web.reload import WebState
 class HttpServer:
     """The bound listener and the app; binding happens here, so a busy port fails at once with OSError."""
 
-    def __init__(self, runtime: Runtime, settings: Settings) -> None:
+    def __init__(self, runtime: Runtime, settings: Settings, health: HealthSocket | None = None) -> None:
         self.web = WebState(settings.web.config.file)
+        self._health = health  # /healthz on a Unix socket too (`jaxmon serve --health.socket`), served with the rest
         host, port = parse_listen_address(settings.web.listen_address)
         config = HypercornConfig()
         config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
@@ -79,6 +81,8 @@ class HttpServer:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         watcher = asyncio.create_task(self._watch_web_config())
+        if self._health is not None:
+            await self._health.start()
         self.started.set()
         try:
             await serve_connections(
@@ -92,6 +96,8 @@ class HttpServer:
         finally:
             watcher.cancel()
             self._app.close()
+            if self._health is not None:
+                self._health.close()
 
     async def _watch_web_config(self) -> None:
         while self.web.path is not None:

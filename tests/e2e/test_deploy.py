@@ -5,18 +5,20 @@ and its HEALTHCHECK against a real daemon. What needs no process is checked in t
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
 import pytest
+import requests
 
-from tests.conftest import FIXTURES, ROOT, StartDaemon, free_port, promtool
+from tests.conftest import ROOT, StartDaemon, promtool
 from tests.deploy_files import (
-    DEFAULT_PORT,
     DEPLOY,
     DOCKERFILE,
     JOB_RULE_TESTS,
@@ -29,6 +31,7 @@ from tests.deploy_files import (
     load_yaml,
     recording_rules,
 )
+from tests.tls_helpers import bcrypt_hash, make_certs
 
 
 def _final(instruction: str) -> list[str]:
@@ -133,14 +136,65 @@ def test_hadolint_finds_nothing_and_every_ignore_says_why() -> None:
                 )
 
 
-def test_dockerfile_healthcheck_command_follows_healthz(start_daemon: StartDaemon) -> None:
+def test_dockerfile_healthcheck_follows_the_daemon_whatever_its_listener(
+    start_daemon: StartDaemon, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The image's HEALTHCHECK command, with the image's JAXMON_HEALTH__SOCKET moved to this test's directory,
+    against a daemon on a moved address behind TLS, client certificates and basic auth: healthy; then stale."""
     (healthcheck,) = _final("HEALTHCHECK")
     assert "--start-period=" in healthcheck and "--interval=" in healthcheck
     exec_form = json.loads(healthcheck[healthcheck.index("CMD") + len("CMD") :].strip())
-    assert exec_form[0] == "python" and f"127.0.0.1:{DEFAULT_PORT}/healthz" in exec_form[-1]
-    d = start_daemon("--replay", str(FIXTURES / "shapes.json"), "--no-collector.probe")
-    # The image's command, with the port of this test's daemon.
-    command = [sys.executable, *exec_form[1:-1], exec_form[-1].replace(str(DEFAULT_PORT), str(d.port))]
-    assert subprocess.run(command, capture_output=True, timeout=30).returncode == 0
-    closed = [sys.executable, *exec_form[1:-1], exec_form[-1].replace(str(DEFAULT_PORT), str(free_port()))]
-    assert subprocess.run(closed, capture_output=True, timeout=30).returncode != 0
+    assert exec_form == ["jaxmon", "healthcheck"]
+    env = " ".join(args for ins, args in dockerfile_stages()[-1] if ins == "ENV")
+    image_socket = re.search(r"JAXMON_HEALTH__SOCKET=(\S+)", env)
+    assert image_socket and image_socket.group(1).startswith("/tmp/"), env  # writable with --read-only --tmpfs /tmp
+    short = tmp_path_factory.mktemp("hc")  # a Unix socket's path has at most 107 bytes
+    socket_env = {"JAXMON_HEALTH__SOCKET": str(short / Path(image_socket.group(1)).relative_to("/tmp"))}
+    certs = make_certs(short)
+    web = short / "web.yml"
+    web.write_text(
+        json.dumps(
+            {
+                "tls_server_config": {
+                    "cert_file": str(certs.server_cert),
+                    "key_file": str(certs.server_key),
+                    "client_ca_file": str(certs.client_ca),
+                    "client_auth_type": "RequireAndVerifyClientCert",
+                },
+                "basic_auth_users": {"scraper": bcrypt_hash("secret")},
+            }
+        )
+    )
+    faults = short / "faults.json"
+    d = start_daemon(
+        *("--web.config.file", str(web), "--no-collector.probe", "--poll.interval", "0.5s"),
+        *("--health.max-staleness", "2s"),
+        env={**socket_env, "JAXMON_FAULTS_FILE": str(faults)},
+        scheme="https",
+        client={
+            "verify": str(certs.server_ca),
+            "cert": (str(certs.client_cert), str(certs.client_key)),
+            "auth": ("scraper", "secret"),
+        },
+    )
+    jaxmon = str(Path(sys.executable).parent / exec_form[0])
+
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [jaxmon, *exec_form[1:]], capture_output=True, text=True, timeout=30, env={**os.environ, **socket_env}
+        )
+
+    # Without credentials the listener refuses: the check does not go through it.
+    with pytest.raises(requests.ConnectionError):  # no client certificate (TLS 1.3: refused after the handshake)
+        requests.get(f"{d.url}/healthz", verify=str(certs.server_ca), timeout=10)
+    result = check()
+    assert result.returncode == 0 and result.stdout.startswith("/healthz 200: ok: "), result
+    faults.write_text(json.dumps({"poll_delay_seconds": 600}))
+    deadline = time.monotonic() + 30
+    while (result := check()).returncode == 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert result.returncode == 1 and "/healthz 503: unhealthy: last memory update completed" in result.stdout, result
+    assert d.get("/healthz").status_code == 503  # the listener says the same
+    d.stop()
+    result = check()
+    assert result.returncode == 1 and result.stdout.startswith("no health socket at "), result

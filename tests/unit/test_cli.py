@@ -29,9 +29,9 @@ def test_version_prints_the_installed_version_and_exits_0(cli: CLI) -> None:
 def test_help_exits_0_on_stdout_and_no_command_is_a_usage_error_on_stderr(cli: CLI) -> None:
     """--help: usage on stdout, 0. No command: usage on stderr, nothing on stdout, 2 (as argparse reports one)."""
     code, out, _ = cli("--help")
-    assert code == 0 and out.startswith("usage: jaxmon {serve,snapshot,top}")
+    assert code == 0 and out.startswith("usage: jaxmon {serve,snapshot,top,healthcheck}")
     code, out, err = cli()
-    assert (code, out) == (2, "") and err.startswith("usage: jaxmon {serve,snapshot,top}")
+    assert (code, out) == (2, "") and err.startswith("usage: jaxmon {serve,snapshot,top,healthcheck}")
 
 
 def test_an_unknown_command_exits_2_naming_it_with_what_was_meant(cli: CLI) -> None:
