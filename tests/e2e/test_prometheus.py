@@ -73,7 +73,6 @@ FIRING: dict[str, list[dict[str, str]]] = {
     "JaxmonCollectorFailing": [
         {"job": "jaxmon-replay", "instance": "shapes", "collector": "memory"},  # gpu:6 raises
         {"job": "jaxmon-cpu", "collector": "probe"},  # cpu:3 hangs
-        {"job": "jaxmon-nvml", "collector": "nvml"},  # GPU 2 is lost
     ],
     "JaxmonBackendDown": [{"job": "jaxmon-spool", "backend": "tpu"}],  # JAX_PLATFORMS=cpu,tpu without libtpu
     "JaxmonSpoolFilesRejected": [
@@ -108,17 +107,22 @@ FIRING: dict[str, list[dict[str, str]]] = {
     # The spool sidecar's tpu collector reads an address nobody listens on while its workloads report.
     "JaxmonTpuMetricsDown": [{"job": "jaxmon-spool", "collector": "tpu"}],
     # The fake NVML's GPUs (see nvml_scenario).
+    # A lost GPU is this alert alone: the nvml collector still succeeds (NVML answers), so no JaxmonCollectorFailing.
     "JaxmonGpuLost": [{"job": "jaxmon-nvml", "device": "2"}],
     "JaxmonGpuHot": [{"job": "jaxmon-nvml", "device": "0"}],  # 91 °C
     "JaxmonGpuThrottled": [{"job": "jaxmon-nvml", "device": "0", "reason": "hw_thermal_slowdown"}],
     "JaxmonGpuPowerCapped": [{"job": "jaxmon-nvml", "device": "0", "reason": "sw_power_cap"}],
     "JaxmonGpuEccUncorrected": [{"job": "jaxmon-nvml", "device": "1", "kind": "uncorrected"}],
     "JaxmonGpuXidError": [{"job": "jaxmon-nvml", "device": "1", "xid": "79"}],
-    "JaxmonGpuNvlinkErrors": [{"job": "jaxmon-nvml", "device": "1", "link": "4", "kind": "replay"}],
+    # Per GPU: the errors are summed over its links unless --collector.nvml.nvlink-links.
+    "JaxmonGpuNvlinkErrors": [{"job": "jaxmon-nvml", "device": "1", "kind": "replay"}],
+    # Link 16 was up and went down; link 17 was never up (an unused link): not it.
+    "JaxmonGpuNvlinkDown": [{"job": "jaxmon-nvml", "device": "1", "link": "16"}],
     "JaxmonGpuPcieReplays": [{"job": "jaxmon-nvml", "device": "1"}],
     "JaxmonGpuRowsRemappedUncorrectable": [{"job": "jaxmon-nvml", "device": "1", "kind": "uncorrectable"}],
     "JaxmonGpuRowRemapFailed": [{"job": "jaxmon-nvml", "device": "1"}],
-    # The trainer stepped for a fraction of a second in the last minutes, with a peak of 1e12 FLOP/s per CPU device.
+    # The trainer stepped for a fraction of a second in the last minutes, with a peak of 1e12 FLOP/s per CPU device;
+    # its last steps, seen by Prometheus, were mostly data loading (badput).
     "JaxmonTrainingGoodputLow": [{"workload": "trainer"}],
     "JaxmonTrainingMfuLow": [{"workload": "trainer"}],
     "JaxmonDeviceMemoryNearFull": [
@@ -212,7 +216,11 @@ def nvml_scenario(path: Path) -> Scenario:
             ),
             device(2, error=GPU_IS_LOST),
             device(
-                3, mig={"current": 1, "pending": 1, "max_devices": 7, "devices": mig}, not_supported=["utilization"]
+                3,
+                mig={"current": 1, "pending": 1, "max_devices": 7, "devices": mig},
+                not_supported=["utilization"],
+                # More processes than --collector.nvml.max-processes (16): the rest are counted together.
+                processes=[{"pid": 5000 + n, "used": (n + 1) << 20} for n in range(20)],
             ),
         ],
     )
@@ -220,9 +228,10 @@ def nvml_scenario(path: Path) -> Scenario:
 
 def nvml_events(scenario: Scenario) -> None:
     """What the GPU alerts watch for, after Prometheus has the counters' earlier values: GPU 1 gets an Xid 79,
-    three replays on NVLink 4, five PCIe replays and a row remapped for an uncorrectable error."""
+    three replays on NVLink 4, NVLink 16 down (17 never came up), five PCIe replays and a row remapped for an
+    uncorrectable error."""
     scenario.xid(1, 79)
-    links = [link(1, n, active=n != 17) for n in range(18)]
+    links = [link(1, n, active=n not in (16, 17)) for n in range(18)]
     links[4] = link(1, 4, replay=3)
     remapped = {"correctable": 1, "uncorrectable": 1, "pending": True, "failure": True}
     scenario.update(1, nvlink=links, pcie={"tx_kbps": 2000, "rx_kbps": 4000, "replays": 5}, remapped_rows=remapped)
@@ -357,17 +366,21 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # Now the events the alerts are about.
         faults.write_text(json.dumps({"probe_delay_seconds": {"cpu:3": 600}}))
         assert trainer.send("compile 40") == {"compiled": 40}
+        trainer.send("steps 4 200")  # 4 steps after 200 ms of badput("data") each: goodput far under a half
         (spool / "broken.json").write_text('{"schema": "jaxmon.spool/1", "devices": [')
         ephemeral.close()
         nvml_events(scenario)
         p.wait_for('jaxmon_device_xid_errors_total{job="jaxmon-nvml", xid="79"}', lambda r: _value(r) == 1, "Xid 79")
         for counter, value in (
-            ('jaxmon_device_nvlink_errors_total{job="jaxmon-nvml", device="1", link="4", kind="replay"}', 3),
+            ('jaxmon_device_nvlink_errors_total{job="jaxmon-nvml", device="1", kind="replay"}', 3),
             ('jaxmon_device_pcie_replays_total{job="jaxmon-nvml", device="1"}', 5),
             ('jaxmon_device_remapped_rows_total{job="jaxmon-nvml", device="1", kind="uncorrectable"}', 1),
         ):
             p.wait_for(counter, functools.partial(_equals, value), counter)
         p.wait_for('jaxmon_device_up{job="jaxmon-cpu", device="3"}', lambda r: _value(r) == 0, "cpu:3 down")
+        p.wait_for(
+            'jaxmon_training_steps_total{job="jaxmon-spool", workload="trainer"}', lambda r: _value(r) >= 13, "13 steps"
+        )
         p.wait_for(
             'jaxmon_jit_compilations_total{job="jaxmon-spool", workload="trainer"}',
             lambda r: _value(r) >= before + 40,

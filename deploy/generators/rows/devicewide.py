@@ -65,10 +65,16 @@ ROW = Row(
                 Target(
                     f"jaxmon_process_device_memory_bytes{{{MEM}}}",
                     "{{instance}} {{platform}}:{{device}} pid {{pid}} {{workload}}",
-                )
+                ),
+                Target(
+                    f"jaxmon_process_device_memory_other_bytes{{{DEV}}} > 0 and on (instance, platform, device) "
+                    f"jaxmon_process_device_memory_other_processes{{{DEV}}} > 0",
+                    "{{instance}} {{platform}}:{{device}} other processes",
+                ),
             ],
-            "Each running compute process's device memory (NVML); workload where the pid is a reporting "
-            "workload's (needs a shared PID namespace).",
+            "Each running compute process's device memory (NVML), the --collector.nvml.max-processes largest per "
+            "GPU, and the rest's together; workload where the pid is a reporting workload's (needs a shared PID "
+            "namespace).",
             min=0,
         ),
         Panel(
@@ -90,7 +96,7 @@ ROW = Row(
             "Devices held by pods (kubelet)",
             "table",
             "none",
-            [Target(f"jaxmon_kubernetes_pod_devices{{{INST}}}", table=True)],
+            [Target(f"jaxmon_kubernetes_pod_device_info{{{INST}}}", table=True)],
             "Each GPU, MIG device and TPU chip the kubelet assigned to a container (device_id as its device "
             "plugin names it), one row per pod even where pods share a time-sliced GPU.",
         ),
