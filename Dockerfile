@@ -16,8 +16,9 @@ ARG FLAVOUR=cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # The dependencies first, from pyproject.toml alone, so that a change to jaxmon's code or README rebuilds only the
-# small layer of jaxmon itself. FLAVOUR picks the pip extra of pyproject.toml: cpu -> none, cuda -> [cuda],
-# tpu -> [tpu]; its requirements are installed with the project's.
+# small layer of jaxmon itself. Every flavour installs the serve extra (the daemon's sources: tpu-info, the kubelet's
+# grpcio and protobuf, rich for jaxmon top); FLAVOUR picks the accelerator extra of pyproject.toml: cpu -> none,
+# cuda -> [cuda], tpu -> [tpu]; its requirements are installed with the project's.
 # Then leave out what is not needed at run time (BENCHMARKS.md has the sizes): the test suites of the
 # dependencies and the symbol tables of jaxlib's libraries (about 100 MB; .dynsym, which loading needs, stays;
 # XLA's crash stack traces show addresses instead of function names); pip, setuptools and wheel go last.
@@ -32,7 +33,7 @@ RUN case "$FLAVOUR" in \
       *) echo "FLAVOUR must be cpu, cuda or tpu, not '$FLAVOUR'" >&2; exit 2 ;; \
     esac \
     && python -m venv /opt/jaxmon \
-    && python -c 'import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; x = sys.argv[1].strip("[]"); print("\n".join(p["dependencies"] + (p["optional-dependencies"][x] if x else [])))' "$extra" > /tmp/requirements.txt \
+    && python -c 'import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; x = sys.argv[1].strip("[]"); print("\n".join(p["dependencies"] + p["optional-dependencies"]["serve"] + (p["optional-dependencies"][x] if x else [])))' "$extra" > /tmp/requirements.txt \
     && /opt/jaxmon/bin/pip install -r /tmp/requirements.txt \
     && apt-get update \
     && apt-get install -y --no-install-recommends binutils \
