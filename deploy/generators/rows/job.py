@@ -191,8 +191,9 @@ DEVICES = Row(
             "timeseries",
             "joule",
             [Target(f"jaxmon:workload_energy_joules_per_step:rate5m{{{JOB}}}", "joules per step")],
-            "The job's GPUs' power (NVML's energy counter, on the jaxmons whose GPUs serve the workload) over its step "
-            "rate: what a step costs. Absent without NVML.",
+            "The job's GPUs' power (NVML's energy counter; a GPU is the job's when a pod of the job holds it, on a "
+            "node DaemonSet, or when the job reports to its jaxmon) over its step rate: what a step costs. Absent "
+            "without NVML.",
             min=0,
         ),
         Panel(
