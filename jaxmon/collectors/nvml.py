@@ -1,6 +1,6 @@
 """The `nvml` collector: device-wide truth about every GPU through NVML (all processes' memory, duty cycle, power,
-energy, heat, fans, clocks, throttling, ECC, row remapping, PCIe, NVLink, MIG devices and Xid), with no JAX GPU
-backend and no device memory of its own.
+energy, heat, fans, clocks, throttling, ECC, row remapping, PCIe, NVLink, MIG devices, Xid, and GPM's SM, tensor,
+DRAM and pipe activity), with no JAX GPU backend and no device memory of its own.
 
 Device label: JAX GPU devices expose no UUID or PCI bus id (XLA's xla/pjrt/gpu/se_gpu_topology_description.cc,
 SetupDeviceDescription, gives them only `coords`, `device_vendor`, `slice_index`/`partition_index`,
@@ -111,6 +111,12 @@ class NvmlOptions(CollectorOptions):
         description="Compute processes per GPU given their own (pid-labelled) memory series, largest first; the "
         "rest are counted in jaxmon_process_device_memory_other_bytes and _other_processes.",
     )
+    gpm: Enabled = Field(
+        default="auto",
+        description="GPM profiling metrics (SM, tensor, DRAM and pipe activity; Hopper and newer): auto (on where "
+        "NVML says a GPU supports them), true (the same, an unsupported GPU logged as a warning), or false (not "
+        "asked: no GPM series).",
+    )
 
 
 @dataclass(frozen=True)
@@ -150,7 +156,7 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
     name = "nvml"
     description = (
         "GPU device-wide memory, duty cycle, power, energy, temperature, fans, clocks, throttling, ECC, row "
-        "remapping, PCIe, NVLink, MIG devices and Xid via NVML."
+        "remapping, PCIe, NVLink, MIG devices, Xid and GPM profiling metrics via NVML."
     )
     options = NvmlOptions
     order = 50
@@ -158,7 +164,7 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
 
     def __init__(self, opts: NvmlOptions, ctx: Context) -> None:
         super().__init__(opts, ctx)
-        self._nvml = Nvml(xid_wait_seconds=opts.xid_wait, timeout_seconds=self.timeout)
+        self._nvml = Nvml(xid_wait_seconds=opts.xid_wait, timeout_seconds=self.timeout, gpm=opts.gpm)
         # A failure is logged when it starts or changes, then once a minute, and once more when it clears.
         self._errors = ErrorLog(log)
         # Each GPU's links' last readings while active (by UUID, else NVML index; then link), for the per-GPU sums.

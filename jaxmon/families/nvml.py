@@ -23,7 +23,7 @@ from jaxmon.families.shared import (
     DEVICE_MEMORY_TOTAL,
     DEVICE_MEMORY_USED,
 )
-from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS, GpuReading, MigDevice, NvLink
+from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS, GPM_METRICS, GpuReading, MigDevice, NvLink
 
 Labels = Callable[[GpuReading, MigDevice | None], dict[str, str]]
 
@@ -196,6 +196,7 @@ def gpu_families(
     yield from _fans_and_pcie(gpus, labels)
     yield from _nvlink(gpus, labels, nvlink_totals or {}, nvlink_links)
     yield from _mig(gpus, labels)
+    yield from _gpm(gpus, labels)
 
 
 def _throttle_and_memory_errors(gpus: Iterable[GpuReading], labels: Labels) -> Iterator[Metric]:
@@ -275,3 +276,77 @@ def _mig(gpus: Iterable[GpuReading], labels: Labels) -> Iterator[Metric]:
                 if value is not None:
                     add(fam, own, value)
     yield from (enabled, info, total, used, duty)
+
+
+# GPM (jaxmon/sources/nvml/gpm.py): each value an average over the interval between the GPU's last two GPM samples
+# (at least 100 ms apart; one poll interval apart normally), NVML's percent / 100. A MIG GPU instance's are the same
+# families with the MIG device's labels (mig_uuid, gpu_instance, compute_instance, profile).
+_OVER = "averaged over the interval between the last two GPM samples (one poll interval)"
+GPM_SUPPORTED = Spec(
+    "jaxmon_device_gpm_supported",
+    "1 when NVML serves GPM profiling metrics for the GPU (Hopper and newer), 0 when not (no GPM series for it then; "
+    "the log says why); absent with --collector.nvml.gpm false.",
+)
+SM_ACTIVE = Spec(
+    "jaxmon_device_sm_active_ratio",
+    f"Share of the SMs that were busy (at least one warp resident), {_OVER} (NVML GPM SM_UTIL / 100; dcgm-exporter's "
+    "DCGM_FI_PROF_SM_ACTIVE).",
+)
+SM_OCCUPANCY = Spec(
+    "jaxmon_device_sm_occupancy_ratio",
+    f"Resident warps as a share of the SMs' theoretical maximum, {_OVER} (NVML GPM SM_OCCUPANCY / 100; "
+    "DCGM_FI_PROF_SM_OCCUPANCY).",
+)
+TENSOR_ACTIVE = Spec(
+    "jaxmon_device_tensor_active_ratio",
+    f"Share of cycles any tensor pipe was active, {_OVER} (NVML GPM ANY_TENSOR_UTIL / 100; "
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE).",
+)
+DRAM_ACTIVE = Spec(
+    "jaxmon_device_dram_active_ratio",
+    f"Device memory bandwidth used as a share of its peak, {_OVER} (NVML GPM DRAM_BW_UTIL / 100; "
+    "DCGM_FI_PROF_DRAM_ACTIVE).",
+)
+GRAPHICS_ENGINE_ACTIVE = Spec(
+    "jaxmon_device_graphics_engine_active_ratio",
+    f"Share of time the graphics/compute engine was active, {_OVER} (NVML GPM GRAPHICS_UTIL / 100; "
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE).",
+)
+PIPE_ACTIVE = Spec(
+    "jaxmon_device_pipe_active_ratio",
+    f"Share of cycles each SM pipe was active, {_OVER}, by pipe: fp64, fp32, fp16 (non-tensor math), tensor_hmma, "
+    "tensor_imma, tensor_dfma, integer (NVML GPM *_UTIL / 100; DCGM_FI_PROF_PIPE_*_ACTIVE).",
+)
+# GPM metric id -> (family, its `pipe` label or None).
+GPM_SERIES: dict[int, tuple[Spec, str | None]] = {
+    1: (GRAPHICS_ENGINE_ACTIVE, None),
+    2: (SM_ACTIVE, None),
+    3: (SM_OCCUPANCY, None),
+    5: (TENSOR_ACTIVE, None),
+    10: (DRAM_ACTIVE, None),
+    11: (PIPE_ACTIVE, "fp64"),
+    12: (PIPE_ACTIVE, "fp32"),
+    13: (PIPE_ACTIVE, "fp16"),
+    7: (PIPE_ACTIVE, "tensor_hmma"),
+    9: (PIPE_ACTIVE, "tensor_imma"),
+    6: (PIPE_ACTIVE, "tensor_dfma"),
+    4: (PIPE_ACTIVE, "integer"),
+}
+assert set(GPM_SERIES) == set(GPM_METRICS)
+
+
+def _gpm(gpus: Iterable[GpuReading], labels: Labels) -> Iterator[Metric]:
+    supported = GPM_SUPPORTED.new()
+    families = {spec.name: spec.new() for spec, _ in GPM_SERIES.values()}
+    for gpu in gpus:
+        if gpu.gpm_supported is not None:
+            add(supported, labels(gpu, None), 1.0 if gpu.gpm_supported else 0.0)
+        owners: list[tuple[MigDevice | None, Iterable[tuple[int, float]]]] = [(None, gpu.gpm or ())]
+        owners += [(mig, mig.gpm or ()) for mig in gpu.mig_devices or ()]
+        for owner, values in owners:
+            own = labels(gpu, owner)
+            for metric, value in values:
+                spec, pipe = GPM_SERIES[metric]  # the source reads these ids alone
+                add(families[spec.name], own if pipe is None else {**own, "pipe": pipe}, value)
+    yield supported
+    yield from families.values()

@@ -20,6 +20,7 @@ from typing import Any
 SOURCE = Path(__file__).resolve().parent / "fakenvml.c"
 SONAME = "libnvidia-ml.so.1"
 SCENARIO_VAR = "FAKENVML_SCENARIO"
+STATE_VAR = "FAKENVML_STATE"
 
 # NVML's event type bit for critical Xid errors (nvml.h nvmlEventTypeXidCriticalError).
 XID_EVENT = 0x8
@@ -31,8 +32,8 @@ def build(legacy: bool = False) -> Path:
     """Compile the fake once per process; returns the directory holding `libnvidia-ml.so.1`.
 
     `legacy` leaves out the newer symbols (`_v2` memory info, `_v3` process lists, clocks event reasons, the fan
-    count and per-fan speed, the row remapper, MIG, the versioned temperature, the `_v2` CUDA driver version), as an
-    old driver's library does.
+    count and per-fan speed, the row remapper, MIG, GPM, the versioned temperature, the `_v2` CUDA driver version),
+    as an old driver's library does.
     """
     gcc = shutil.which("gcc")
     if gcc is None:
@@ -90,6 +91,52 @@ def mig_device(gpu: int, slot: int, profile: str, gpu_instance: int, **fields: A
     return entry
 
 
+# GPM metric ids (nvml.h nvmlGpmMetricId_t) the fake's H200s report, by the series jaxmon gives them.
+GPM_IDS = {
+    "graphics_engine": 1,
+    "sm_active": 2,
+    "sm_occupancy": 3,
+    "pipe_integer": 4,
+    "tensor_active": 5,
+    "pipe_tensor_dfma": 6,
+    "pipe_tensor_hmma": 7,
+    "pipe_tensor_imma": 9,
+    "dram_active": 10,
+    "pipe_fp64": 11,
+    "pipe_fp32": 12,
+    "pipe_fp16": 13,
+}
+
+
+def gpm_metrics(index: int, **percent: float) -> dict[str, float]:
+    """GPU `index`'s GPM percentages by metric id (as the scenario's "metrics" keys them), distinct per GPU: a busy
+    training GPU's. `percent` overrides them by the names of GPM_IDS (`sm_active=20.0`)."""
+    values = {
+        "graphics_engine": 95.5 - index,
+        "sm_active": 80.5 - index,
+        "sm_occupancy": 35.25 + index,
+        "pipe_integer": 5.5 + index,
+        "tensor_active": 60.5 - index,
+        "pipe_tensor_dfma": 0.0,
+        "pipe_tensor_hmma": 55.75 - index,
+        "pipe_tensor_imma": 1.5 + index,
+        "dram_active": 45.5 + index,
+        "pipe_fp64": 0.25,
+        "pipe_fp32": 12.5 + index,
+        "pipe_fp16": 3.5 + index,
+    }
+    values.update(percent)
+    return {str(GPM_IDS[name]): value for name, value in values.items()}
+
+
+def gpm(index: int, errors: dict[str, int] | None = None, **percent: float) -> dict[str, Any]:
+    """A scenario's "gpm" entry for GPU `index` (GPM supported), `errors` by GPM_IDS name (an NVML error each)."""
+    entry: dict[str, Any] = {"supported": True, "metrics": gpm_metrics(index, **percent)}
+    if errors:
+        entry["errors"] = {str(GPM_IDS[name]): code for name, code in errors.items()}
+    return entry
+
+
 def device(index: int, **fields: Any) -> dict[str, Any]:
     """A healthy H200's scenario entry, with distinct readings per index; `fields` override any of them."""
     gib = 1 << 30
@@ -115,6 +162,7 @@ def device(index: int, **fields: Any) -> dict[str, Any]:
         "nvlink": [link(index, n) for n in range(H200_LINKS)],
         "mig": {"current": 0, "pending": 0, "max_devices": 7, "devices": []},
         "processes": [],
+        "gpm": gpm(index),
     }
     entry.update(fields)
     return entry
@@ -125,6 +173,7 @@ class Scenario:
 
     def __init__(self, path: Path, devices: list[dict[str, Any]] | None = None, **top: Any) -> None:
         self.path = path
+        self.state_path = path.with_name(path.stem + ".state.json")
         self.data: dict[str, Any] = {"devices": devices if devices is not None else [], "events": [], **top}
         self.write()
 
@@ -153,8 +202,17 @@ class Scenario:
         self.data["events"].append({"device": index, "type": XID_EVENT, "data": xid})
         self.write()
 
+    def state(self) -> dict[str, int]:
+        """What the fake reports of itself (its GPM sample counts: `gpm_live_samples`, `gpm_allocated`, `gpm_freed`,
+        `gpm_short_intervals`, `gpm_bad_samples`); {} before its first GPM sample."""
+        try:
+            state: dict[str, int] = json.loads(self.state_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        return state
+
     def env(self, legacy: bool = False) -> dict[str, str]:
-        """What a daemon needs in its environment to load the fake and read this scenario."""
+        """What a daemon needs in its environment to load the fake, read this scenario and report its state."""
         previous = os.environ.get("LD_LIBRARY_PATH")
         path = str(build(legacy)) + (f":{previous}" if previous else "")
-        return {"LD_LIBRARY_PATH": path, SCENARIO_VAR: str(self.path)}
+        return {"LD_LIBRARY_PATH": path, SCENARIO_VAR: str(self.path), STATE_VAR: str(self.state_path)}

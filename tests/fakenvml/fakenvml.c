@@ -38,6 +38,17 @@
  *                           "gpu_instance": 9, "compute_instance": 0, "memory": {...},
  *                           "utilization": {...},  absent: NOT_SUPPORTED, as current drivers answer for MIG
  *                           "error": 0, "not_supported": [...]}]},
+ *      "gpm": {"supported": true,                 GPM (absent: isSupportedDevice = 0); per metric id, the percent
+ *              "metrics": {"2": 80.5, ...},        nvmlGpmMetricsGet gives over an interval ending at a sample taken
+ *              "errors": {"12": 999}},             while the scenario said so; "errors": that metric's nvmlReturn.
+ *                                                  A MIG device entry's "gpm" {"metrics", "errors"} is its GPU
+ *                                                  instance's (nvmlGpmMigSampleGet; absent: NOT_SUPPORTED).
+ *                                                  "not_supported": ["gpm"] / "fail": {"gpm": N} apply to every GPM
+ *                                                  call on the device, "fail": {"gpm_metrics": N} to
+ *                                                  nvmlGpmMetricsGet on its samples. Samples under 100 ms apart give
+ *                                                  INVALID_ARGUMENT, as NVML's floor does. $FAKENVML_STATE names a
+ *                                                  JSON file the fake keeps up to date with its GPM sample counts
+ *                                                  (live, allocated, freed, short intervals, bad pointers).
  *      "processes": [{"pid": 1, "used": 0,        compute processes; "used": null is NVML_VALUE_NOT_AVAILABLE
  *                     "utilization": {"sm": 0, "memory": 0, "encoder": 0, "decoder": 0}}],
  *                                                  a process with "utilization" has one sample, timestamped at the
@@ -57,7 +68,7 @@
  *
  * Compiled with -DFAKENVML_LEGACY it lacks the newer symbols (nvmlDeviceGetMemoryInfo_v2,
  * nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetCurrentClocksEventReasons, nvmlDeviceGetNumFans,
- * nvmlDeviceGetFanSpeed_v2, nvmlDeviceGetRemappedRows and the MIG calls; nvmlDeviceGetTemperatureV,
+ * nvmlDeviceGetFanSpeed_v2, nvmlDeviceGetRemappedRows, the MIG calls and GPM; nvmlDeviceGetTemperatureV,
  * nvmlSystemGetCudaDriverVersion_v2 and nvmlDeviceGetGraphicsRunningProcesses_v3), as an old driver does.
  *
  * Besides jaxmon's calls it answers those nvitop (nvitop-exporter, bench/node_weight.py) makes: the CUDA driver
@@ -461,6 +472,7 @@ const char *nvmlErrorString(nvmlReturn_t result) {
         case NVML_ERROR_NOT_FOUND: return "Not Found";
         case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
         case NVML_ERROR_TIMEOUT: return "Timeout";
+        case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
         default: return "Unknown Error";
     }
 }
@@ -1191,3 +1203,239 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
     if (fd >= 0) close(fd);
     return result;
 }
+
+/* ---- GPM ---------------------------------------------------------------------------------------------------- */
+
+#ifndef FAKENVML_LEGACY
+#include <stddef.h>
+
+#define NVML_GPM_SUPPORT_VERSION 1
+#define NVML_GPM_METRICS_GET_VERSION 1
+/* The smallest NVML_GPM_METRIC_MAX a header had (98): a caller's array may be that short, so more metrics than
+ * this in one call are refused, as a driver with that header refuses more than its own maximum. */
+#define GPM_METRICS_LIMIT 98
+/* NVML's floor: two samples closer than this give no values. */
+#define GPM_FLOOR_SECONDS 0.1
+#define GPM_SLOTS 64
+
+typedef struct {                                                                           /* c_nvmlGpmMetric_t */
+    unsigned int metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    struct { const char *shortName, *longName, *unit; } metricInfo;                       /* c_metricInfo_t */
+} nvmlGpmMetric_t;
+struct fake_gpm_sample;
+typedef struct fake_gpm_sample *nvmlGpmSample_t;                                           /* c_nvmlGpmSample_t */
+typedef struct {                                                                           /* c_nvmlGpmMetricsGet_t */
+    unsigned int version, numMetrics;
+    nvmlGpmSample_t sample1, sample2;
+    nvmlGpmMetric_t metrics[GPM_METRICS_LIMIT];   /* NVML_GPM_METRIC_MAX entries in the caller's header */
+} nvmlGpmMetricsGet_t;
+typedef struct { unsigned int version, isSupportedDevice; } nvmlGpmSupport_t;             /* c_nvmlGpmSupport_t */
+_Static_assert(sizeof(nvmlGpmMetric_t) == 40, "nvmlGpmMetric_t is 40 bytes");
+_Static_assert(offsetof(nvmlGpmMetricsGet_t, metrics) == 24, "the metrics array is at offset 24");
+
+/* A sample: what the scenario said of the GPU (gpu_instance -1) or GPU instance when it was taken, and when. */
+struct fake_gpm_sample {
+    struct fake_gpm_sample *next;                  /* the live samples */
+    int device, gpu_instance, taken;
+    double at;                                     /* CLOCK_MONOTONIC, seconds */
+    int count;
+    unsigned int ids[GPM_SLOTS];
+    double values[GPM_SLOTS];
+    int errors[GPM_SLOTS];
+};
+
+static struct fake_gpm_sample *gpm_live;
+static long gpm_live_count, gpm_allocated, gpm_freed, gpm_short_intervals, gpm_bad_samples, gpm_metrics_calls;
+
+/* $FAKENVML_STATE, when set: what the fake saw, rewritten (atomically) whenever a count other than the metrics
+ * calls changes, so a test reads the live samples after polls, a lost GPU and shutdown. */
+static void write_state_locked(void) {
+    const char *path = getenv("FAKENVML_STATE");
+    if (!path) return;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    fprintf(f,
+            "{\"gpm_live_samples\": %ld, \"gpm_allocated\": %ld, \"gpm_freed\": %ld, \"gpm_short_intervals\": %ld, "
+            "\"gpm_bad_samples\": %ld, \"gpm_metrics_calls\": %ld}\n",
+            gpm_live_count, gpm_allocated, gpm_freed, gpm_short_intervals, gpm_bad_samples, gpm_metrics_calls);
+    fclose(f);
+    rename(tmp, path);
+}
+
+static int gpm_is_live(nvmlGpmSample_t sample) {
+    for (struct fake_gpm_sample *s = gpm_live; s; s = s->next)
+        if (s == sample) return 1;
+    return 0;
+}
+
+static double monotonic_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* The scenario's GPM values now: {"metrics": {"2": 80.5, ...}, "errors": {"12": 999}}, percent per metric id. */
+static void gpm_record(struct fake_gpm_sample *s, const jnode *gpm, int device, int gpu_instance) {
+    s->device = device;
+    s->gpu_instance = gpu_instance;
+    s->taken = 1;
+    s->count = 0;
+    const jnode *lists[2] = {jget(gpm, "metrics"), jget(gpm, "errors")};
+    for (int l = 0; l < 2; l++) {
+        if (!lists[l] || lists[l]->type != J_OBJ) continue;
+        for (const jnode *m = lists[l]->child; m && s->count < GPM_SLOTS; m = m->next) {
+            s->ids[s->count] = (unsigned int)strtoul(m->key, NULL, 10);
+            s->values[s->count] = l == 0 ? m->num : 0;
+            s->errors[s->count] = l == 0 ? NVML_SUCCESS : (int)m->num;
+            s->count++;
+        }
+    }
+    s->at = monotonic_s();
+}
+
+nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *out) {
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&lock);
+    if (!initialized) return leave(NVML_ERROR_UNINITIALIZED);
+    struct fake_gpm_sample *s = calloc(1, sizeof *s);
+    s->device = -1;
+    s->next = gpm_live;
+    gpm_live = s;
+    gpm_live_count++;
+    gpm_allocated++;
+    write_state_locked();
+    *out = s;
+    return leave(NVML_SUCCESS);
+}
+
+/* A pointer that is not a live sample (freed twice, never allocated) is counted, and refused. */
+nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
+    pthread_mutex_lock(&lock);
+    for (struct fake_gpm_sample **p = &gpm_live; *p; p = &(*p)->next)
+        if (*p == sample) {
+            *p = sample->next;
+            free(sample);
+            gpm_live_count--;
+            gpm_freed++;
+            write_state_locked();
+            return leave(NVML_SUCCESS);
+        }
+    gpm_bad_samples++;
+    write_state_locked();
+    return leave(NVML_ERROR_INVALID_ARGUMENT);
+}
+
+/* isSupportedDevice: the device has "gpm" and its "supported" is not false. "not_supported": ["gpm"] and
+ * "fail": {"gpm": N} apply to every GPM call on the device (enter_device). */
+nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *support) {
+    jnode *dev;
+    if (!support) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device, "gpm", &dev);
+    if (r) return r;
+    if (support->version != NVML_GPM_SUPPORT_VERSION) return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    const jnode *gpm = jget(dev, "gpm");
+    support->isSupportedDevice = gpm && jnum(gpm, "supported", 1) ? 1 : 0;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t sample) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, "gpm", &dev);
+    if (r) return r;
+    if (!gpm_is_live(sample)) { gpm_bad_samples++; write_state_locked(); return leave(NVML_ERROR_INVALID_ARGUMENT); }
+    const jnode *gpm = jget(dev, "gpm");
+    if (!gpm || !jnum(gpm, "supported", 1)) return leave(NVML_ERROR_NOT_SUPPORTED);
+    gpm_record(sample, gpm, device->index, -1);
+    return leave(NVML_SUCCESS);
+}
+
+/* A GPU instance of a GPU in MIG mode: its MIG device entry's "gpm" (absent: NOT_SUPPORTED); NOT_FOUND where no
+ * MIG device of the GPU has that "gpu_instance". */
+nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId, nvmlGpmSample_t sample) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, "gpm", &dev);
+    if (r) return r;
+    if (!gpm_is_live(sample)) { gpm_bad_samples++; write_state_locked(); return leave(NVML_ERROR_INVALID_ARGUMENT); }
+    const jnode *gpm = jget(dev, "gpm");
+    if (!gpm || !jnum(gpm, "supported", 1)) return leave(NVML_ERROR_NOT_SUPPORTED);
+    const jnode *mig = jget(dev, "mig");
+    const jnode *list = jget(mig, "devices");
+    if (!mig || !jnum(mig, "current", 0) || !list || list->type != J_ARR) return leave(NVML_ERROR_NOT_FOUND);
+    for (const jnode *m = list->child; m; m = m->next) {
+        if ((unsigned int)jnum(m, "gpu_instance", -1) != gpuInstanceId) continue;
+        int err = (int)jnum(m, "error", 0);
+        if (err) return leave(err);
+        const jnode *own = jget(m, "gpm");
+        if (!own) return leave(NVML_ERROR_NOT_SUPPORTED);
+        gpm_record(sample, own, device->index, (int)gpuInstanceId);
+        return leave(NVML_SUCCESS);
+    }
+    return leave(NVML_ERROR_NOT_FOUND);
+}
+
+static const char *gpm_name(unsigned int id) {
+    switch (id) {
+        case 1: return "GRAPHICS_UTIL";
+        case 2: return "SM_UTIL";
+        case 3: return "SM_OCCUPANCY";
+        case 4: return "INTEGER_UTIL";
+        case 5: return "ANY_TENSOR_UTIL";
+        case 6: return "DFMA_TENSOR_UTIL";
+        case 7: return "HMMA_TENSOR_UTIL";
+        case 9: return "IMMA_TENSOR_UTIL";
+        case 10: return "DRAM_BW_UTIL";
+        case 11: return "FP64_UTIL";
+        case 12: return "FP32_UTIL";
+        case 13: return "FP16_UTIL";
+        default: return NULL;
+    }
+}
+
+/* The value of each metric over sample1 -> sample2: the scenario's value when sample2 was taken (the scenario
+ * gives the average directly). Refused: a version other than 1 (ARGUMENT_VERSION_MISMATCH), unknown or untaken
+ * samples, samples of two different GPUs or instances, an interval under 100 ms (counted), more metrics than the
+ * smallest header holds; "fail": {"gpm_metrics": N} on sample2's device returns N. A metric the scenario lacks is
+ * NOT_SUPPORTED in its own nvmlReturn, one in "errors" has that error; both with value 0 (never to be used). */
+nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *request) {
+    if (!request) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&lock);
+    if (!initialized) return leave(NVML_ERROR_UNINITIALIZED);
+    reload_locked();
+    gpm_metrics_calls++;
+    if (request->version != NVML_GPM_METRICS_GET_VERSION) return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (request->numMetrics > GPM_METRICS_LIMIT) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    struct fake_gpm_sample *one = request->sample1, *two = request->sample2;
+    if (!gpm_is_live(one) || !gpm_is_live(two)) {
+        gpm_bad_samples++;
+        write_state_locked();
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    if (!one->taken || !two->taken || one == two || one->device != two->device ||
+        one->gpu_instance != two->gpu_instance)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    int err = (int)jnum(jget(device_node(two->device), "fail"), "gpm_metrics", 0);
+    if (err) return leave(err);
+    if (two->at - one->at < GPM_FLOOR_SECONDS) {
+        gpm_short_intervals++;
+        write_state_locked();
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    for (unsigned int i = 0; i < request->numMetrics; i++) {
+        nvmlGpmMetric_t *m = &request->metrics[i];
+        m->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        m->value = 0;
+        m->metricInfo.shortName = m->metricInfo.longName = gpm_name(m->metricId);
+        m->metricInfo.unit = "%";
+        for (int k = 0; k < two->count; k++)
+            if (two->ids[k] == m->metricId) {
+                m->nvmlReturn = two->errors[k];
+                m->value = two->errors[k] ? 0 : two->values[k];
+            }
+    }
+    return leave(NVML_SUCCESS);
+}
+#endif

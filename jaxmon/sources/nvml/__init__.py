@@ -7,6 +7,7 @@ image monitors GPUs through the driver library the container toolkit mounts.
 - `readings`: what one poll of one GPU holds;
 - `device`: one GPU's reads (what a handle gives once, what every poll asks);
 - `nvlink`, `mig`: NVLink per link, MIG devices;
+- `gpm`: the GPM profiling metrics (SM, tensor and DRAM activity) over the interval between two samples;
 - `library`: the initialised library, its handles and the Xid watcher.
 """
 
@@ -16,7 +17,9 @@ from jaxmon.sources.nvml.calls import NvmlUnavailable, describe, probe_library, 
 from jaxmon.sources.nvml.library import Nvml
 from jaxmon.sources.nvml.readings import (
     CLOCKS_EVENT_REASONS,
+    GPM_METRICS,
     NVLINK_ERROR_KINDS,
+    GpmValues,
     GpuReading,
     MigDevice,
     NvLink,
@@ -26,7 +29,9 @@ from jaxmon.sources.nvml.readings import (
 
 __all__ = [
     "CLOCKS_EVENT_REASONS",
+    "GPM_METRICS",
     "NVLINK_ERROR_KINDS",
+    "GpmValues",
     "GpuReading",
     "MigDevice",
     "NvLink",

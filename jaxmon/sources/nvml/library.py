@@ -7,7 +7,8 @@ returned by then reads as failed (no values), and its reader is skipped until th
 holds exactly one thread, never a pile of them, and the other GPUs' readings keep arriving at the poll's cadence.
 
 Thread safety: a GPU's handle and what it gave once (`_handles`, `_known`) are written by that GPU's reader only,
-under `_lock` (never held across an NVML call); the Xid watcher's maps are read and written under the same lock.
+under `_lock` (never held across an NVML call); the Xid watcher's maps are read and written under the same lock. A
+GPU's GPM samples (`_gpm`, gpm.py) are used by its reader alone, and freed by `close()` once that reader has ended.
 `Versions` flags only ever go from True to False (an older call found), whichever reader learns it first.
 """
 
@@ -17,8 +18,8 @@ import ctypes
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 import pynvml
 import structlog
@@ -26,6 +27,7 @@ import structlog
 from jaxmon.sources.nvml.calls import NvmlUnavailable, Versions, describe, probe_reason
 from jaxmon.sources.nvml.device import Known, open_known
 from jaxmon.sources.nvml.device import read as read_gpu
+from jaxmon.sources.nvml.gpm import GpuGpm
 from jaxmon.sources.nvml.readings import GpuReading
 
 log = structlog.get_logger("jaxmon.sources.nvml")
@@ -76,6 +78,13 @@ class _Reader:
             self._stopped = True
             self._cond.notify_all()
 
+    def join(self, deadline: float) -> bool:
+        """Wait until `deadline` (time.monotonic()) for the stopped thread to end; True when it has (or never ran)."""
+        if self._thread is None:
+            return True
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        return not self._thread.is_alive()
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -105,6 +114,9 @@ class Nvml:
     xid_wait_seconds: float = 0.5
     # How long read_all() waits for the GPUs' reads.
     timeout_seconds: float = 2.0
+    # GPM (gpm.py): "auto" samples it where NVML says a GPU supports it, True the same but an unsupported GPU is
+    # logged as a warning, False never asks.
+    gpm: bool | Literal["auto"] = "auto"
     _readers: dict[int, _Reader] = field(default_factory=dict)
     _handles: dict[int, Any] = field(default_factory=dict)
     _known: dict[int, Known] = field(default_factory=dict)
@@ -112,6 +124,8 @@ class Nvml:
     _open: bool = False
     _events: Any = None
     _registered: set[int] = field(default_factory=set)
+    _gpm: dict[int, GpuGpm] = field(default_factory=dict)
+    _gpm_logged: set[int] = field(default_factory=set)
     _index_of: dict[int, int] = field(default_factory=dict)
     _xid: dict[tuple[int, int], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -141,11 +155,18 @@ class Nvml:
     def close(self) -> None:
         """Stop the watcher and the readers (a hung read is not waited for), free the event set and shut NVML down."""
         self._stop.set()
-        for reader in self._readers.values():
+        readers = list(self._readers.values())
+        for reader in readers:
             reader.stop()
         self._readers.clear()
         if self._thread is not None:
             self._thread.join(self.xid_wait_seconds + 5.0)
+        # An idle reader ends at once; one hung in the driver keeps its GPU's GPM samples (freeing them under a call
+        # that may still use them would be worse than leaving them to the process's exit).
+        deadline = time.monotonic() + 1.0
+        hung = {reader.index for reader in readers if not reader.join(deadline)}
+        for index in [i for i in self._gpm if i not in hung]:
+            self._gpm.pop(index).free()
         if not self._open:
             return
         self._open = False
@@ -183,12 +204,48 @@ class Nvml:
         """Every reading of GPU `index`, on the calling thread (read_all() calls it on the GPU's reader)."""
         try:
             handle, known = self._handle(index)
-            return read_gpu(index, handle, known, self._versions)
+            reading = read_gpu(index, handle, known, self._versions)
+            return reading if self.gpm is False else self._read_gpm(index, handle, reading)
         except pynvml.NVMLError as err:
-            # A lost GPU fails every call, and may fail again once its handle is re-opened: open it afresh next poll.
+            # A lost GPU fails every call, and may fail again once its handle is re-opened: open it afresh next poll,
+            # and its GPM samples with it (freed now: a sample of the GPU before the loss is no interval's start).
             with self._lock:
                 self._handles.pop(index, None)
+            gpm = self._gpm.get(index)
+            if gpm is not None:
+                gpm.free()
             return self._failed(index, describe(err))
+
+    def gpm_samples(self) -> int:
+        """How many GPM samples jaxmon holds now, over all GPUs (two per sampled GPU or GPU instance)."""
+        return sum(gpm.live_samples() for gpm in list(self._gpm.values()))
+
+    def _read_gpm(self, index: int, handle: Any, reading: GpuReading) -> GpuReading:
+        """`reading` with the GPU's GPM values and its GPU instances' (gpm.py), on the GPU's reader thread."""
+        gpm = self._gpm.get(index)
+        if gpm is None:
+            gpm = self._gpm[index] = GpuGpm(index, on_unsupported=self._gpm_unsupported)
+        migs = reading.mig_devices or ()
+        whole, per_instance = gpm.read(handle, {m.gpu_instance for m in migs if m.gpu_instance is not None})
+        if migs:
+            migs = tuple(
+                replace(m, gpm=per_instance.get(m.gpu_instance) if m.gpu_instance is not None else None) for m in migs
+            )
+        return replace(
+            reading,
+            gpm_supported=gpm.supported,
+            gpm=whole,
+            mig_devices=migs if reading.mig_devices is not None else None,
+        )
+
+    def _gpm_unsupported(self, index: int, reason: str) -> None:
+        """Say once per GPU why it has no GPM series (a warning where --collector.nvml.gpm true asked for them)."""
+        with self._lock:
+            if index in self._gpm_logged:
+                return
+            self._gpm_logged.add(index)
+        say = log.warning if self.gpm is True else log.info
+        say("NVML GPM unsupported: no GPM series for this GPU", gpu=index, reason=reason)
 
     def _failed(self, index: int, error: str) -> GpuReading:
         """GPU `index`'s reading with `error`: no values, the identity it had (if its handle ever opened)."""

@@ -20,6 +20,26 @@ CLOCKS_EVENT_REASONS = {
 # The NVLink data-link error counters jaxmon reads (nvmlNvLinkErrorCounter_t), by the `kind` label they get.
 NVLINK_ERROR_KINDS = ("replay", "recovery", "crc_flit", "crc_data")
 
+# The GPM metrics jaxmon asks for (nvml.h nvmlGpmMetricId_t), by their nvml.h names: each a percentage averaged over
+# the interval between two samples (jaxmon divides by 100). DCGM's profiling fields map to the same ids.
+GPM_METRICS = {
+    1: "GRAPHICS_UTIL",  # DCGM_FI_PROF_GR_ENGINE_ACTIVE
+    2: "SM_UTIL",  # DCGM_FI_PROF_SM_ACTIVE
+    3: "SM_OCCUPANCY",  # DCGM_FI_PROF_SM_OCCUPANCY
+    4: "INTEGER_UTIL",  # DCGM_FI_PROF_PIPE_INT_ACTIVE
+    5: "ANY_TENSOR_UTIL",  # DCGM_FI_PROF_PIPE_TENSOR_ACTIVE
+    6: "DFMA_TENSOR_UTIL",  # DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE
+    7: "HMMA_TENSOR_UTIL",  # DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE
+    9: "IMMA_TENSOR_UTIL",  # DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE
+    10: "DRAM_BW_UTIL",  # DCGM_FI_PROF_DRAM_ACTIVE
+    11: "FP64_UTIL",  # DCGM_FI_PROF_PIPE_FP64_ACTIVE
+    12: "FP32_UTIL",  # DCGM_FI_PROF_PIPE_FP32_ACTIVE
+    13: "FP16_UTIL",  # DCGM_FI_PROF_PIPE_FP16_ACTIVE
+}
+
+# (GPM metric id, ratio 0-1) for each metric NVML computed over the last interval; a metric that failed is absent.
+GpmValues = tuple[tuple[int, float], ...]
+
 
 @dataclass(frozen=True)
 class Process:
@@ -69,6 +89,9 @@ class MigDevice:
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None
     duty_cycle_ratio: float | None = None
+    # Its GPU instance's GPM metrics (nvmlGpmMigSampleGet; the same on each compute instance of one GPU instance);
+    # None until two samples at least 100 ms apart exist, or where the GPU has no GPM.
+    gpm: GpmValues | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +149,10 @@ class GpuReading:
     mig_enabled: bool | None = None
     mig_devices: tuple[MigDevice, ...] | None = None
     processes: tuple[Process, ...] | None = None
+    # Whether GPM (nvmlGpmQueryDeviceSupport) serves this GPU; None where jaxmon does not ask (--collector.nvml.gpm
+    # false). `gpm`: the metrics over the interval between its last two samples (None until a second sample exists).
+    gpm_supported: bool | None = None
+    gpm: GpmValues | None = None
 
     @property
     def up(self) -> bool:

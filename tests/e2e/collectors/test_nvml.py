@@ -300,6 +300,7 @@ def test_fields_the_gpu_does_not_support_are_absent_not_zero(rig: Rig) -> None:
         "nvlink",
         "mig",
         "processes",
+        "gpm",
     ]
     rig.scenario.update(0, not_supported=unsupported, ecc=None, processes=[{"pid": 1, "used": 5}])
     rig.scenario.update(1, ecc={"enabled": False, "corrected": 3, "uncorrected": 3})
@@ -311,7 +312,9 @@ def test_fields_the_gpu_does_not_support_are_absent_not_zero(rig: Rig) -> None:
         "jaxmon_device_info",
         "jaxmon_device_memory_total_bytes",
         "jaxmon_device_memory_used_bytes",
+        "jaxmon_device_gpm_supported",  # 0: GPM NOT_SUPPORTED
     }
+    assert sample(s, "jaxmon_device_gpm_supported", **gpu(0)) == 0
     # ECC turned off: no ECC series, although the counters hold numbers.
     assert not [k for k in s if k[0] == "jaxmon_device_ecc_errors_total" and ("device", "1") in k[1]]
 

@@ -107,6 +107,8 @@ def test_every_gpu_reads_as_the_scenario_has_it(scenario: Scenario, nvml: Nvml) 
         mig_enabled=False,
         mig_devices=None,
         processes=(),
+        gpm_supported=True,  # an H200: GPM's values come with a second sample (test_gpm_*)
+        gpm=None,
     )
     assert zero.up
     assert (one.index, one.pci_bus_id, one.minor_number, one.memory_used_bytes, one.temperature_celsius) == (
@@ -321,7 +323,7 @@ nvml.close()
 print(json.dumps({"used": r.memory_used_bytes, "reasons": r.clocks_event_reasons,
                   "processes": [[p.pid, p.used_bytes] for p in r.processes or ()], "error": r.error,
                   "fans": r.fan_speed_ratios, "rows": r.remapped_rows, "mig": [r.mig_enabled, r.mig_devices],
-                  "energy": r.energy_joules_total}))
+                  "energy": r.energy_joules_total, "gpm": [r.gpm_supported, r.gpm]}))
 """
 
 
@@ -338,9 +340,13 @@ def test_an_old_driver_library_is_read_through_its_older_calls(tmp_path: Path) -
         env={**os.environ, **scenario.env(legacy=True)},
     )
     assert result.returncode == 0, result.stderr
+    *logged, last = result.stdout.strip().splitlines()
     # v1 memory info counts the driver's reservation as used; the throttle reasons, v2 process list and the one-fan
-    # speed stand in for the calls the old library lacks; the row remapper and MIG it does not have are absent.
-    assert json.loads(result.stdout) == {
+    # speed stand in for the calls the old library lacks; the row remapper, MIG and GPM it does not have are absent
+    # (GPM unsupported, FUNCTION_NOT_FOUND, said once).
+    assert [line for line in logged if "GPM unsupported" in line and "FUNCTION_NOT_FOUND" in line] == logged
+    assert len(logged) == 1
+    assert json.loads(last) == {
         "used": 10 * GIB + (512 << 20),
         "reasons": 0x8,
         "processes": [[5, GIB]],
@@ -349,6 +355,7 @@ def test_an_old_driver_library_is_read_through_its_older_calls(tmp_path: Path) -
         "rows": None,
         "mig": [None, None],
         "energy": 3_600_000.0,
+        "gpm": [False, None],
     }
 
 
