@@ -35,7 +35,7 @@ fi
 #   runs a real Alertmanager behind a real Prometheus (on loopback, like the Prometheus).
 # - tmux: the `jaxmon top` tests run it in a real terminal and read the screen.
 # - gcc and the C headers build tests/fakenvml/fakenvml.c, the fake libnvidia-ml.so.1 the NVML tests load.
-# - podman and runc build and run the image in tests/e2e/test_container.py, unless a docker daemon answers;
+# - podman and runc build and run the image in tests/e2e/test_container.py (docker instead where a daemon answers);
 #   mmdebstrap and eatmydata make its base image where Docker Hub cannot be reached.
 #   podman's recommended packages are needed too (container networking: containernetworking-plugins).
 need=() engine=()
@@ -45,10 +45,12 @@ command -v tmux >/dev/null 2>&1 || need+=(tmux)
 { command -v gcc >/dev/null 2>&1 && [ -e /usr/include/stdio.h ]; } || need+=(gcc libc6-dev)
 command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
 command -v eatmydata >/dev/null 2>&1 || need+=(eatmydata)
-if ! { command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; }; then
-  command -v podman >/dev/null 2>&1 || engine+=(podman)
-  command -v runc >/dev/null 2>&1 || engine+=(runc)
-fi
+command -v podman >/dev/null 2>&1 || engine+=(podman)
+command -v runc >/dev/null 2>&1 || engine+=(runc)
+# - docker.io (dockerd) and docker-compose: tests/e2e/test_container_engines.py runs the image on a private Docker
+#   daemon as well (root only) and the compose demo with Docker's own docker-compose.
+{ [ -x /usr/sbin/dockerd ] || command -v dockerd >/dev/null 2>&1; } || need+=(docker.io)
+command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 if [ "${#need[@]}" -gt 0 ] || [ "${#engine[@]}" -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
