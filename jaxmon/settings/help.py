@@ -1,9 +1,12 @@
-"""`--help` in the words a user types: DURATION (default: 15s), PATH and NAMES (default: a,b) instead of
-pydantic-settings' type names.
+"""`--help` in the words a user types: an example value (`--collector.probe.interval 15s`, `--web.max-requests 40`),
+PATH and NAMES (default: a,b) instead of pydantic-settings' type names, and the sections that act only inside the
+workload process marked so.
 
-pydantic-settings builds each flag's metavar from the field's Python type (`float`, `{Path,None}`) and prints the
-default as Python prints it (`15.0`). Its `add_argument_method` hook sees every flag before argparse does; this
-rewrites what the user reads there, and nothing that is parsed.
+pydantic-settings builds each flag's metavar from the field's Python type (`str`, `float`, `{Path,None}`) and
+prints the default as Python prints it (`15.0`). Its `add_argument_method` hook sees every flag before argparse
+does, and its `add_argument_group_method` every section; these rewrite what the user reads there, and nothing that
+is parsed. A flag's example is its default as the user would write it, else `EXAMPLES`' (tests/unit/test_cli.py
+passes every example back to the parser).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 import re
+import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, get_args
@@ -21,7 +25,27 @@ from pydantic.fields import FieldInfo
 from jaxmon.settings.durations import format_duration, parse_duration
 
 AddArgument = Callable[..., Any]
+AddGroup = Callable[..., Any]
 _DEFAULT = re.compile(r"\(default: ([^)]*)\)")
+
+# The example a flag without a default shows in place of its type.
+EXAMPLES = {
+    "--collector.training.peak-flops": "989e12",
+    "--collector.nvml.timeout": "2s",
+    "--collector.spool.remove-after": "5m",
+    "--health.max-staleness": "15s",
+}
+# A flag of a new kind without a default or an entry above: an example of its kind.
+_GENERIC = {"DURATION": "30s", "int": "8", "float": "0.5", "str": "TEXT"}
+
+# The sections that act only inside the workload process (jaxmon.start(), jaxmon.publish()): a daemon accepts them
+# and they change nothing there (tests/unit/test_cli.py holds this to each collector's `unavailable`).
+WORKLOAD_ONLY = ("collector.compile", "collector.training", "collector.default-registry")
+WORKLOAD_ONLY_NOTE = (
+    "Workload only: these act inside the training process, set by jaxmon.start(collector={'NAME': {...}}) or "
+    "jaxmon.publish(...) there, or by its JAXMON_COLLECTOR__UPPER__* variables or YAML file. jaxmon serve "
+    "accepts them, and they change nothing there."
+)
 
 
 def _is_duration(info: FieldInfo) -> bool:
@@ -86,6 +110,32 @@ def _default_shown(kind: str, text: str) -> str | None:
     return text
 
 
+def _example(flag: str, metavar: str, help_text: object) -> str:
+    """What a valued flag shows in place of its type: `EXAMPLES`' entry, else its default, else its kind's."""
+    if flag in EXAMPLES:
+        return EXAMPLES[flag]
+    match = _DEFAULT.search(help_text) if isinstance(help_text, str) else None
+    if match and match.group(1) != "None":
+        return match.group(1)
+    return _GENERIC.get(metavar, metavar)
+
+
+def group_hook(add_group: AddGroup) -> AddGroup:
+    """An `add_argument_group_method` for CliSettingsSource: the `WORKLOAD_ONLY` sections' titles say so."""
+
+    def add_argument_group(parser: Any, **kwargs: Any) -> Any:
+        title = kwargs.get("title")
+        section = title.removesuffix(" options") if isinstance(title, str) else ""
+        if section in WORKLOAD_ONLY:
+            name = section.removeprefix("collector.").replace("-", "_")
+            kwargs["title"] = f"{section} options (workload only)"
+            note = WORKLOAD_ONLY_NOTE.replace("NAME", name).replace("UPPER", name.upper())
+            kwargs["description"] = textwrap.fill(note, 76)  # argparse indents it by 2
+        return add_group(parser, **kwargs)
+
+    return add_argument_group
+
+
 def help_hook(
     model: type[BaseModel],
     hidden: Callable[[str], bool] = lambda flag: False,
@@ -113,6 +163,8 @@ def help_hook(
                     replacement = "" if shown is None else f"(default: {shown})"
                     help_text = (help_text[: match.start()] + replacement + help_text[match.end() :]).rstrip()
                 kwargs["help"] = help_text
+        if kwargs.get("metavar") in _GENERIC:  # a duration, a number or text: an example of it
+            kwargs["metavar"] = _example(flag, kwargs["metavar"], kwargs.get("help"))
         if flag and hidden(flag):
             kwargs["help"] = argparse.SUPPRESS
         action = parser.add_argument(*names, **kwargs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from argparse import ArgumentParser
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from pydantic_settings import CliSettingsSource
 import jaxmon.settings.aliases as aliases
 from jaxmon.settings.errors import Given, Origins, config_problems, describe, environment_names, suggestion
 from jaxmon.settings.fields import ENV_PREFIX, Path_, dotted, flag, is_switch, leaves, lookup, path_of_flag, variable
-from jaxmon.settings.help import help_hook
+from jaxmon.settings.help import group_hook, help_hook
 from jaxmon.settings.model import Settings, SettingsError
 
 S = TypeVar("S", bound=Settings)
@@ -294,9 +295,11 @@ def _parse_cli(
             cli_prog_name=prog,
             cli_parse_args=[a for a in argv if a not in {f for f, _ in help_extra}],
             add_argument_method=help_hook(model, help_hidden, help_extra),
+            add_argument_group_method=group_hook(ArgumentParser.add_argument_group),
         )
         return dict(source())
     except SystemExit:
         if help_epilog is not None and any(a in HELP for a in argv):
+            print()  # argparse ends the last section without a blank line
             print(help_epilog())
         raise

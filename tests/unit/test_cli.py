@@ -7,12 +7,18 @@ Every case here ends before the daemon would serve (bad input, --help, --version
 from __future__ import annotations
 
 import json
+import re
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 import yaml
 
+from jaxmon.app import load_settings
+from jaxmon.collectors import registry
+from jaxmon.collectors.base import standalone_context
+from jaxmon.settings.help import WORKLOAD_ONLY
+from jaxmon.sources.replay import ReplaySource
 from tests.conftest import CLI, FIXTURES
 
 REPLAY = ["--replay", str(FIXTURES / "shapes.json")]
@@ -79,17 +85,85 @@ def test_every_flag_in_the_help_has_a_description(cli: CLI) -> None:
 
 
 def test_serve_help_shows_durations_and_paths_as_the_user_writes_them(cli: CLI) -> None:
-    """Durations read DURATION with a default like 15s, paths PATH, collectors {true,false,auto}: no Python types."""
+    """Durations and numbers show an example (their default, as the user writes it), paths PATH, collectors
+    {true,false,auto}: no Python types."""
     code, out, _ = cli("serve", "--help")
     assert code == 0
     out = " ".join(out.split())  # argparse wraps lines wherever the width falls
-    assert "--collector.probe.interval DURATION Time between probe runs on each device. (default: 15s)" in out
-    assert "--collector.probe.target DURATION" in out and "(default: 2ms)" in out
-    assert "--collector.nvml.xid-wait DURATION" in out and "(default: 500ms)" in out
+    assert "--collector.probe.interval 15s Time between probe runs on each device. (default: 15s)" in out
+    assert "--collector.probe.target 2ms" in out and "(default: 2ms)" in out
+    assert "--collector.nvml.xid-wait 500ms" in out and "(default: 500ms)" in out
     assert "--config.file PATH" in out and "--replay PATH" in out
     assert "--collector.probe.enabled {true,false,auto}" in out
     for python_word in ("float (", "{Path,None}", "{float,None}", "{bool,auto}", "(default: None)", "15.0"):
         assert python_word not in out, python_word
+
+
+_VALUED_FLAG = re.compile(r"^  (--[a-z.-]+) (\S+)", re.MULTILINE)
+
+
+def test_serve_help_shows_an_example_value_where_it_showed_a_type(cli: CLI) -> None:
+    """`--web.listen-address :10401`, `--web.max-requests 40`, `--collector.training.peak-flops 989e12`: never
+    `str`, `int`, `float` or `DURATION`."""
+    code, out, _ = cli("serve", "--help")
+    assert code == 0
+    shown = dict(_VALUED_FLAG.findall(out))
+    assert shown["--web.listen-address"] == ":10401"
+    assert shown["--web.max-requests"] == "40"
+    assert shown["--collector.probe.interval"] == "15s"
+    assert shown["--collector.training.peak-flops"] == "989e12"  # no default: an example
+    assert shown["--health.max-staleness"] == "15s"
+    assert shown["--gpu.memory-fraction"] == "0.02"
+    types = {flag: value for flag, value in shown.items() if value in {"str", "int", "float", "DURATION"}}
+    assert types == {}
+    assert "[--web.max-requests 40]" in out  # the usage line too
+
+
+def test_every_example_in_the_help_is_accepted_as_it_is_shown(cli: CLI) -> None:
+    """A user who copies a flag with its example gets a valid setting (an example out of a field's bounds, or one
+    the parser reads otherwise, fails here)."""
+    code, out, _ = cli("serve", "--help")
+    assert code == 0
+    sections = out[: out.index("collectors (each is also")]
+    valued = {
+        flag: value
+        for flag, value in _VALUED_FLAG.findall(sections)
+        if not value.startswith("{") and value not in {"PATH", "NAMES"} and not flag.startswith("--no-")
+    }
+    assert len(valued) > 25
+    argv = [part for flag, value in valued.items() for part in (flag, value)]
+    settings = load_settings(argv)
+    assert settings.web.max_requests == 40
+    assert settings.collector_options("training").model_dump()["peak_flops"] == 989e12
+    assert settings.collector_options("spool").model_dump()["remove_after"] == 300
+
+
+def test_the_workload_only_sections_say_so_and_are_exactly_the_collectors_a_daemon_cannot_run(cli: CLI) -> None:
+    """--collector.training.*, --collector.compile.* and --collector.default-registry.* act only inside the
+    workload process: their sections are marked, and a collector that refuses to run outside a workload is one of
+    them (a new one must be added to WORKLOAD_ONLY)."""
+    code, out, _ = cli("serve", "--help")
+    assert code == 0
+    marked = set(re.findall(r"^(collector\.[a-z-]+) options \(workload only\):$", out, re.MULTILINE))
+    assert marked == {"collector.training", "collector.compile", "collector.default-registry"}
+    assert "jaxmon.start(collector={'training': {...}})" in " ".join(out.split())
+    daemon = standalone_context(ReplaySource(FIXTURES / "shapes.json"))
+    refusing = {
+        f"collector.{name.replace('_', '-')}"
+        for name, cls in registry().items()
+        if cls.unavailable(cls.options(), daemon) == daemon.not_in_workload()
+    }
+    assert refusing == set(WORKLOAD_ONLY) == marked
+    # The other sections are not marked.
+    assert "collector.spool options:" in out and "collector.probe options:" in out
+
+
+def test_the_collectors_list_is_apart_from_the_last_section(cli: CLI) -> None:
+    """A blank line before "collectors (...)", as before every section argparse prints."""
+    code, out, _ = cli("serve", "--help")
+    assert code == 0
+    before = out[: out.index("collectors (each is also")]
+    assert before.endswith("YAML file with any of these settings.\n\n")
 
 
 def test_snapshot_help_lists_json_and_leaves_out_the_serve_only_flags(cli: CLI) -> None:
