@@ -48,7 +48,8 @@
  *                                                  nvmlGpmMetricsGet on its samples. Samples under 100 ms apart give
  *                                                  INVALID_ARGUMENT, as NVML's floor does. $FAKENVML_STATE names a
  *                                                  JSON file the fake keeps up to date with its GPM sample counts
- *                                                  (live, allocated, freed, short intervals, bad pointers).
+ *                                                  (live, and since this scenario file was first read: allocated,
+ *                                                  freed, short intervals, bad pointers).
  *      "processes": [{"pid": 1, "used": 0,        compute processes; "used": null is NVML_VALUE_NOT_AVAILABLE
  *                     "utilization": {"sm": 0, "memory": 0, "encoder": 0, "decoder": 0}}],
  *                                                  a process with "utilization" has one sample, timestamped at the
@@ -304,6 +305,7 @@ static struct stat seen;
 static char seen_path[4096];
 static int initialized;
 static size_t events_delivered;
+static void gpm_new_scenario_locked(void);
 
 /* Re-read the scenario when the file changed; keep the last good one when it is half-written or unreadable. */
 static void reload_locked(void) {
@@ -327,7 +329,10 @@ static void reload_locked(void) {
     scenario = parsed;
     seen = st;
     /* Events are delivered once per scenario file: a test appends to the list and rewrites the same file. */
-    if (strcmp(path, seen_path)) events_delivered = 0;
+    if (strcmp(path, seen_path)) {
+        events_delivered = 0;
+        gpm_new_scenario_locked();
+    }
     snprintf(seen_path, sizeof seen_path, "%s", path);
 }
 
@@ -1249,6 +1254,11 @@ struct fake_gpm_sample {
 static struct fake_gpm_sample *gpm_live;
 static long gpm_live_count, gpm_allocated, gpm_freed, gpm_short_intervals, gpm_bad_samples, gpm_metrics_calls;
 
+/* The counts are per scenario file (each test writes its own): all but the live samples start again at 0. */
+static void gpm_new_scenario_locked(void) {
+    gpm_allocated = gpm_freed = gpm_short_intervals = gpm_bad_samples = gpm_metrics_calls = 0;
+}
+
 /* $FAKENVML_STATE, when set: what the fake saw, rewritten (atomically) whenever a count other than the metrics
  * calls changes, so a test reads the live samples after polls, a lost GPU and shutdown. */
 static void write_state_locked(void) {
@@ -1301,6 +1311,7 @@ nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *out) {
     if (!out) return NVML_ERROR_INVALID_ARGUMENT;
     pthread_mutex_lock(&lock);
     if (!initialized) return leave(NVML_ERROR_UNINITIALIZED);
+    reload_locked();
     struct fake_gpm_sample *s = calloc(1, sizeof *s);
     s->device = -1;
     s->next = gpm_live;
@@ -1438,4 +1449,6 @@ nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *request) {
     }
     return leave(NVML_SUCCESS);
 }
+#else
+static void gpm_new_scenario_locked(void) {}
 #endif

@@ -68,6 +68,7 @@ MIG_SMALL = MigDevice(
     name="NVIDIA H200 MIG 1g.18gb",
     memory_total_bytes=17 << 30,
     memory_used_bytes=3 << 30,
+    gpm=((2, 0.25), (5, 0.125)),  # its GPU instance's GPM (SM and tensor activity)
 )
 MIG_LARGE = MigDevice(
     index=2,
@@ -117,6 +118,21 @@ FULL = GpuReading(
     mig_enabled=True,
     mig_devices=(MIG_SMALL, MIG_LARGE),
     processes=(Process(77, 5 << 30), Process(78, None)),
+    gpm_supported=True,
+    # GPM metric id -> ratio: every metric jaxmon reads but FP32's (failed this interval: absent).
+    gpm=(
+        (1, 0.95),
+        (2, 0.8),
+        (3, 0.35),
+        (4, 0.05),
+        (5, 0.6),
+        (6, 0.0),
+        (7, 0.55),
+        (9, 0.01),
+        (10, 0.45),
+        (11, 0.002),
+        (13, 0.03),
+    ),
 )
 
 
@@ -261,6 +277,46 @@ def test_mig_devices_carry_their_gpu_labels_and_their_uuid_instances_and_profile
     assert sample(s, "jaxmon_mig_device_duty_cycle_ratio", **large) == 0.5
     assert NvmlState(gpus=(FULL,)).mig_uuids(3) == (MIG_SMALL.uuid, MIG_LARGE.uuid)
     assert NvmlState(gpus=(FULL,)).mig_uuids(0) == ()
+
+
+def test_gpm_values_are_ratio_series_per_gpu_and_gpu_instance_and_a_failed_metric_is_absent() -> None:
+    s = rendered(NvmlState(gpus=(FULL,)))
+    g = gpu(3)
+    assert sample(s, "jaxmon_device_gpm_supported", **g) == 1
+    assert sample(s, "jaxmon_device_graphics_engine_active_ratio", **g) == 0.95
+    assert sample(s, "jaxmon_device_sm_active_ratio", **g) == 0.8
+    assert sample(s, "jaxmon_device_sm_occupancy_ratio", **g) == 0.35
+    assert sample(s, "jaxmon_device_tensor_active_ratio", **g) == 0.6
+    assert sample(s, "jaxmon_device_dram_active_ratio", **g) == 0.45
+    pipes = {dict(k[1])["pipe"]: v for k, v in s.items() if k[0] == "jaxmon_device_pipe_active_ratio"}
+    assert pipes == {
+        "integer": 0.05,
+        "tensor_dfma": 0.0,  # a real 0: NVML reported it
+        "tensor_hmma": 0.55,
+        "tensor_imma": 0.01,
+        "fp64": 0.002,
+        "fp16": 0.03,
+    }, "fp32 failed: absent, never 0"
+    small = gpu(3, mig_uuid=MIG_SMALL.uuid, gpu_instance="9", compute_instance="0", profile="1g.18gb")
+    assert sample(s, "jaxmon_device_sm_active_ratio", **small) == 0.25
+    assert sample(s, "jaxmon_device_tensor_active_ratio", **small) == 0.125
+    assert sample(s, "jaxmon_device_gpm_supported", **small) is None, "support is the GPU's"
+    assert len([k for k in s if k[0] == "jaxmon_device_sm_active_ratio"]) == 2, "MIG_LARGE has no GPM values"
+    # A GPU without GPM: 0, and no GPM series; one not asked (--collector.nvml.gpm false): nothing at all.
+    unsupported = replace(FULL, index=4, gpm_supported=False, gpm=None, mig_devices=None)
+    unasked = replace(FULL, index=5, gpm_supported=None, gpm=None, mig_devices=None)
+    s = rendered(NvmlState(gpus=(unsupported, unasked)))
+    assert sample(s, "jaxmon_device_gpm_supported", **gpu(4)) == 0
+    gpm_names = {"jaxmon_device_gpm_supported", "jaxmon_device_sm_active_ratio", "jaxmon_device_pipe_active_ratio"}
+    assert {name for name, labels in s if name in gpm_names} == {"jaxmon_device_gpm_supported"}
+    assert sample(s, "jaxmon_device_gpm_supported", **gpu(5)) is None
+
+
+def test_the_gpm_option_is_auto_by_default_and_takes_true_and_false() -> None:
+    assert nvml_options().gpm == "auto"
+    assert nvml_options("--collector.nvml.gpm", "false").gpm is False
+    assert nvml_options("--collector.nvml.gpm", "true").gpm is True
+    assert nvml_options("--collector.nvml.gpm", "auto").gpm == "auto"
 
 
 def test_a_number_nvml_did_not_report_is_an_absent_series_never_zero() -> None:
