@@ -28,6 +28,7 @@ JOB_DASHBOARD = ROOT / "grafana" / "dashboards" / "jaxmon-job.json"
 PROVISIONING = ROOT / "grafana" / "provisioning"
 DOCKERFILE = ROOT / "Dockerfile"
 DOCS = ROOT / "docs" / "deploy.md"
+METRICS_REFERENCE = ROOT / "docs" / "metrics.md"
 DEFAULT_PORT = 10401
 
 
@@ -35,10 +36,11 @@ METRIC_TOKEN = re.compile(r"\bjaxmon_[a-z0-9_]+\b")
 
 
 def readme_metrics() -> dict[str, str]:
-    """The metrics reference of README.md (the names there are the truth): name -> type; a histogram's row stands
-    for its _bucket, _sum and _count series, a summary's for its quantile series, _sum and _count."""
+    """The metrics reference, docs/metrics.md (generated from the code by `python -m jaxmon.families.reference`; the
+    README links to it): name -> type; a histogram's row stands for its _bucket, _sum and _count series, a
+    summary's for its quantile series, _sum and _count."""
     out: dict[str, str] = {}
-    for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():
+    for line in METRICS_REFERENCE.read_text(encoding="utf-8").splitlines():
         m = re.match(r"^\| `(jaxmon_[a-z0-9_]+)` \| ([a-z]+)", line)
         if m and m.group(2) == "histogram":
             out.update({m.group(1) + suffix: "histogram" for suffix in ("_bucket", "_sum", "_count")})
@@ -46,7 +48,7 @@ def readme_metrics() -> dict[str, str]:
             out.update({m.group(1) + suffix: "summary" for suffix in ("", "_sum", "_count")})
         elif m:
             out[m.group(1)] = m.group(2)
-    assert len(out) > 30, "the README metrics table was not found"
+    assert len(out) > 30, "the metrics table of docs/metrics.md was not found"
     return out
 
 

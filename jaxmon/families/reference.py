@@ -1,0 +1,668 @@
+"""The metrics reference, docs/metrics.md, generated from the families' `Spec`s and this table.
+
+    python -m jaxmon.families.reference            # write docs/metrics.md
+    python -m jaxmon.families.reference --check    # exit 1 when docs/metrics.md differs (tests/unit hold it too)
+
+Each family's name, type and HELP come from the `Spec` it is rendered with; its labels and where its number comes
+from (`LABELS_AND_SOURCE`) and which collectors render it (`SECTIONS`) are here, once; its unit is the one its name
+ends in. A family some collector renders with no `Spec` of the family tables (jaxmon/collectors/*.py declare a few
+inline) has its `Spec` in `INLINE`, with the collector's HELP: tests/unit/test_metrics_reference.py holds every
+family's HELP and type to what the collectors render, and every rendered family to an entry here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from jaxmon.families import Spec, libtpu, memory, nvml, shared, training
+from jaxmon.families import compile as compile_families
+
+PATH = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One family of the reference."""
+
+    spec: Spec
+    kind: str  # gauge, counter, histogram or summary
+
+    @property
+    def exposed(self) -> str:
+        """The name its samples carry (`_total` for a counter; a histogram's and a summary's suffixes aside)."""
+        return self.spec.name + ("_total" if self.kind == "counter" else "")
+
+
+def _entries(specs: Sequence[Spec]) -> list[Entry]:
+    return [Entry(s, "counter" if s.counter else "gauge") for s in specs]
+
+
+# Families the collectors render without a Spec of the family tables: the same name, HELP and type.
+INLINE = {
+    "exposition": _entries(
+        [
+            Spec("jaxmon_build_info", "jaxmon, jax, jaxlib and Python versions; always 1."),
+            Spec("jaxmon_backend_up", "1 when the JAX backend initialised, 0 when it failed (the log says why)."),
+            Spec(
+                "jaxmon_collector_success",
+                "1 when the collector's last run got all its data (memory: every device read; probe: every device "
+                "answered).",
+            ),
+            Spec(
+                "jaxmon_collector_duration_seconds",
+                "Time of the collector's last run (probe: device time of the last round).",
+            ),
+            Spec(
+                "jaxmon_collector_last_success_timestamp_seconds", "Unix time of the collector's last successful run."
+            ),
+        ]
+    ),
+    "probe": _entries(
+        [
+            Spec(
+                "jaxmon_probe_baseline_info",
+                "Where the probe's baseline comes from, always 1: calibrated (now, device idle), restored "
+                "(--collector.probe.baseline-file), provisional (taken while a device-wide source said the device was "
+                "busy; no utilization estimate until an idle recalibration).",
+            )
+        ]
+    ),
+    "spool": _entries(
+        [
+            Spec(
+                "jaxmon_workload_last_report_timestamp_seconds",
+                "Unix time the workload process last wrote its spool file (the file's mtime on the sidecar's clock).",
+            ),
+            Spec(
+                "jaxmon_spool_rejected_files",
+                "Spool files skipped because they are not what a publisher writes.",
+                True,
+            ),
+            Spec(
+                "jaxmon_spool_overflow_files",
+                "Live spool files left unread in a poll: past --collector.spool.max-workloads, or past "
+                "--collector.spool.max-reads-per-poll (read at a later poll); counted every poll they are left out.",
+                True,
+            ),
+            Spec(
+                "jaxmon_spool_removed_files",
+                "Stale publisher files (json) and crashed writers' temporary files (tmp) the sidecar removed.",
+                True,
+            ),
+            Spec(
+                "jaxmon_spool_stale_files",
+                "Files in the spool directory past --collector.spool.ttl and not (yet) removed, orphaned temporary "
+                "files included.",
+            ),
+        ]
+    ),
+    "nvml": _entries(
+        [
+            Spec(
+                "jaxmon_device_xid_errors",
+                "Critical Xid events NVML delivered since jaxmon started, by xid (see the runbook for 48 and 79).",
+                True,
+            ),
+            Spec(
+                "jaxmon_process_device_memory_bytes",
+                "Device memory used by each running compute process (NVML; pid in NVML's PID namespace), the "
+                "--collector.nvml.max-processes largest per GPU. workload is set where a workload report has that pid, "
+                "which needs a shared PID namespace.",
+            ),
+            Spec(
+                "jaxmon_process_device_memory_other_bytes",
+                "Device memory used by the compute processes of the GPU beyond the --collector.nvml.max-processes "
+                "largest (NVML; 0 when every process has its own series).",
+            ),
+            Spec(
+                "jaxmon_process_device_memory_other_processes",
+                "Compute processes of the GPU beyond the --collector.nvml.max-processes largest, whose memory is "
+                "jaxmon_process_device_memory_other_bytes (NVML).",
+            ),
+        ]
+    ),
+    "kubernetes": _entries(
+        [
+            Spec(
+                "jaxmon_kubernetes_pod_device_info",
+                "1 for each GPU, MIG device or TPU chip the kubelet assigned to a container (device_id as the device "
+                "plugin names it); absent while the kubelet does not answer, after the ttl.",
+            )
+        ]
+    ),
+}
+
+
+def _probe() -> list[Entry]:
+    from jaxmon.collectors.probe import PROBE_METRICS  # its table of (name, HELP, reader): no JAX imported
+
+    return [Entry(Spec(m.name, m.help, m.counter), "counter" if m.counter else "gauge") for m in PROBE_METRICS]
+
+
+def _training() -> list[Entry]:
+    specs = [training.STEPS, training.STEP, training.DISPATCHED, training.LAST_STEP]
+    rest = [training.EXAMPLES, training.TOKENS, training.MODEL_FLOPS, training.HARDWARE_FLOPS]
+    rest += [training.HARDWARE_BYTES, training.PEAK, training.MFU, training.HFU, training.HOST_WAIT]
+    rest += [training.START_TIME, training.PRODUCTIVE, training.BADPUT, training.PROBLEMS]
+    return [*_entries(specs), Entry(training.DURATION, "histogram"), *_entries(rest)]
+
+
+@dataclass(frozen=True)
+class Section:
+    """The families one collector (or the exposition itself) renders, and where it runs."""
+
+    collector: str
+    where: str
+    entries: list[Entry]
+
+
+DEVICE_WIDE = [
+    shared.DEVICE_SOURCE_UP,
+    shared.DEVICE_MEMORY_TOTAL,
+    shared.DEVICE_MEMORY_USED,
+    shared.DEVICE_DUTY_CYCLE,
+    shared.DEVICE_MEMORY_BANDWIDTH,
+]
+
+
+def sections() -> list[Section]:
+    """Every family, by the collector that renders it first, in exposition order; a family several collectors render
+    is listed once, with each of them (`collectors`)."""
+    nvml_specs = [spec for spec, _ in nvml.GPU_VALUES if spec not in DEVICE_WIDE]
+    nvml_specs += [nvml.THROTTLED, nvml.ECC, nvml.FAN, nvml.PCIE_THROUGHPUT, nvml.REMAPPED_ROWS]
+    nvml_specs += [nvml.REMAPPING_PENDING, nvml.REMAPPING_FAILED, nvml.NVLINK_ACTIVE, nvml.NVLINK_BYTES]
+    nvml_specs += [nvml.NVLINK_ERRORS, nvml.MIG_ENABLED, nvml.MIG_INFO, nvml.MIG_MEMORY_TOTAL, nvml.MIG_MEMORY_USED]
+    nvml_specs += [nvml.MIG_DUTY_CYCLE, nvml.GPM_SUPPORTED]
+    nvml_specs += list(dict.fromkeys(spec for spec, _ in nvml.GPM_SERIES.values()))
+    memory_specs = [memory.STATS_SUPPORTED, memory.READ_SUCCESS, memory.READ_ERRORS, memory.LIVE_ARRAY_BYTES]
+    tpu_specs = [libtpu.IDLE_DURATION, libtpu.HLO_QUEUE, libtpu.HLO_EXECUTION, libtpu.HLO_EXECUTION_MEAN]
+    return [
+        Section(
+            "exposition",
+            "every jaxmon (each scrape)",
+            [*INLINE["exposition"], *_entries([shared.DEVICE_INFO, shared.WORKLOAD_INFO])],
+        ),
+        Section(
+            "memory",
+            "embedded and sidecar (this process's JAX devices; off in node mode)",
+            [*_entries([m.spec for m in memory.MEMORY_METRICS]), *_entries(memory_specs)],
+        ),
+        Section(
+            "probe",
+            "embedded and sidecar (this process's JAX devices; off in node mode)",
+            [*_probe(), *INLINE["probe"]],
+        ),
+        Section(
+            "compile",
+            "embedded: the workload process (workload only)",
+            [Entry(spec, "counter") for spec, _ in compile_families.COMPILE_METRICS],
+        ),
+        Section("training", "embedded: the workload process, once it calls jaxmon.step() (workload only)", _training()),
+        Section("spool", "sidecar with --collector.spool.dir (the publishers' workloads)", INLINE["spool"]),
+        Section(
+            "nvml",
+            "every mode where NVML loads (node mode included)",
+            [*_entries(DEVICE_WIDE), *_entries(nvml_specs), *INLINE["nvml"]],
+        ),
+        Section(
+            "tpu",
+            "every mode where libtpu's runtime metrics service answers (node mode included)",
+            [*_entries(tpu_specs), *[Entry(spec, "summary") for spec in libtpu.MEGASCALE.values()]],
+        ),
+        Section("kubernetes", "where the kubelet's pod-resources socket is (node mode)", INLINE["kubernetes"]),
+    ]
+
+
+# Who else renders a family listed in an earlier section.
+ALSO = {
+    **{m.spec.name: ("spool",) for m in memory.MEMORY_METRICS},
+    **{s.name: ("spool",) for s in (memory.STATS_SUPPORTED, memory.READ_SUCCESS, memory.READ_ERRORS)},
+    memory.LIVE_ARRAY_BYTES.name: ("spool",),
+    **{spec.name: ("spool",) for spec, _ in compile_families.COMPILE_METRICS},
+    shared.DEVICE_INFO.name: ("spool", "nvml"),
+    shared.WORKLOAD_INFO.name: ("spool",),
+    **{s.name: ("tpu",) for s in DEVICE_WIDE},
+}
+
+
+def _training_also() -> dict[str, tuple[str, ...]]:
+    return {e.spec.name: ("spool",) for e in _training()}
+
+
+# Each family's labels and the source of its number (name without `_total`).
+LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
+    "jaxmon_memory_bytes_in_use": ("device, platform", "`bytes_in_use`"),
+    "jaxmon_memory_peak_bytes_in_use": ("device, platform", "`peak_bytes_in_use`"),
+    "jaxmon_memory_limit_bytes": ("device, platform", "`bytes_limit`"),
+    "jaxmon_memory_pool_bytes": ("device, platform", "`pool_bytes`"),
+    "jaxmon_memory_free_bytes": ("device, platform", "derived"),
+    "jaxmon_memory_largest_free_block_bytes": ("device, platform", "`largest_free_block_bytes`"),
+    "jaxmon_memory_fragmentation_ratio": ("device, platform", "derived"),
+    "jaxmon_memory_largest_allocatable_bytes": ("device, platform", "derived"),
+    "jaxmon_memory_largest_alloc_bytes": ("device, platform", "`largest_alloc_size`"),
+    "jaxmon_memory_allocations": ("device, platform", "`num_allocs`"),
+    "jaxmon_memory_stats_supported": ("device, platform", "—"),
+    "jaxmon_memory_read_success": ("device, platform", "—"),
+    "jaxmon_memory_read_errors": ("device, platform", "—"),
+    "jaxmon_memory_live_array_bytes": ("device, platform, workload", "`jax.live_arrays()`"),
+    "jaxmon_device_info": (
+        "device, platform, device_kind, process_index, coords, core_on_chip, source (+ workload); for "
+        '`source="nvml"`: device, platform, source, uuid, pci_bus_id, name, device_match (+ pod, namespace, '
+        "container)",
+        "JAX device attributes; NVML",
+    ),
+    "jaxmon_device_up": ("device, platform", "probe"),
+    "jaxmon_device_utilization_ratio": ("device, platform", "probe"),
+    "jaxmon_device_source_up": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML; libtpu `tpu.runtime.hbm.memory.{total,usage}.bytes`",
+    ),
+    "jaxmon_device_memory_total_bytes": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML memory info; libtpu `tpu.runtime.hbm.memory.total.bytes`",
+    ),
+    "jaxmon_device_memory_used_bytes": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML memory info (v2, else v1); libtpu `tpu.runtime.hbm.memory.usage.bytes`",
+    ),
+    "jaxmon_device_duty_cycle_ratio": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML `utilization.gpu` / 100; libtpu `tpu.runtime.tensorcore.dutycycle.percent` / 100",
+    ),
+    "jaxmon_device_memory_bandwidth_utilization_ratio": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML `utilization.memory` / 100; libtpu `tpu.runtime.hbm.utilization.percent` / 100",
+    ),
+    "jaxmon_device_power_watts": ("device, platform, source (+ pod, namespace, container)", "NVML power usage"),
+    "jaxmon_device_power_limit_watts": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML enforced power limit",
+    ),
+    "jaxmon_device_power_management_limit_watts": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML power management limit",
+    ),
+    "jaxmon_device_energy_joules": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML total energy consumption (mJ) / 1000",
+    ),
+    "jaxmon_device_temperature_celsius": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML temperature (GPU sensor)",
+    ),
+    "jaxmon_device_fan_speed_ratio": (
+        "device, platform, source, fan (+ pod, namespace, container)",
+        'NVML fan speed per fan (`nvmlDeviceGetNumFans`, `_FanSpeed_v2`; one fan, `fan="0"`, through '
+        "`nvmlDeviceGetFanSpeed` on older drivers) / 100",
+    ),
+    "jaxmon_device_encoder_utilization_ratio": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML encoder utilization / 100",
+    ),
+    "jaxmon_device_decoder_utilization_ratio": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML decoder utilization / 100",
+    ),
+    "jaxmon_device_gpm_supported": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML `nvmlGpmQueryDeviceSupport`",
+    ),
+    "jaxmon_device_sm_active_ratio": (
+        "device, platform, source (+ pod, namespace, container); a MIG GPU instance's: with `mig_uuid`, "
+        "`gpu_instance`, `compute_instance`, `profile`",
+        "NVML GPM `SM_UTIL` / 100",
+    ),
+    "jaxmon_device_sm_occupancy_ratio": (
+        "device, platform, source (+ pod, namespace, container); a MIG GPU instance's: with `mig_uuid`, "
+        "`gpu_instance`, `compute_instance`, `profile`",
+        "NVML GPM `SM_OCCUPANCY` / 100",
+    ),
+    "jaxmon_device_tensor_active_ratio": (
+        "device, platform, source (+ pod, namespace, container); a MIG GPU instance's: with `mig_uuid`, "
+        "`gpu_instance`, `compute_instance`, `profile`",
+        "NVML GPM `ANY_TENSOR_UTIL` / 100",
+    ),
+    "jaxmon_device_dram_active_ratio": (
+        "device, platform, source (+ pod, namespace, container); a MIG GPU instance's: with `mig_uuid`, "
+        "`gpu_instance`, `compute_instance`, `profile`",
+        "NVML GPM `DRAM_BW_UTIL` / 100",
+    ),
+    "jaxmon_device_graphics_engine_active_ratio": (
+        "device, platform, source (+ pod, namespace, container); a MIG GPU instance's: with `mig_uuid`, "
+        "`gpu_instance`, `compute_instance`, `profile`",
+        "NVML GPM `GRAPHICS_UTIL` / 100",
+    ),
+    "jaxmon_device_pipe_active_ratio": (
+        "device, platform, source (+ pod, namespace, container); a MIG GPU instance's: with `mig_uuid`, "
+        "`gpu_instance`, `compute_instance`, `profile`; pipe",
+        "NVML GPM `FP64_UTIL` (11), `FP32_UTIL` (12), `FP16_UTIL` (13), `HMMA_TENSOR_UTIL` (7), `IMMA_TENSOR_UTIL` "
+        "(9), `DFMA_TENSOR_UTIL` (6), `INTEGER_UTIL` (4) / 100",
+    ),
+    "jaxmon_device_graphics_clock_hertz": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML clock info (graphics)",
+    ),
+    "jaxmon_device_sm_clock_hertz": ("device, platform, source (+ pod, namespace, container)", "NVML clock info (SM)"),
+    "jaxmon_device_memory_clock_hertz": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML clock info (memory)",
+    ),
+    "jaxmon_device_video_clock_hertz": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML clock info (video)",
+    ),
+    "jaxmon_device_graphics_clock_max_hertz": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML max clock info (graphics)",
+    ),
+    "jaxmon_device_sm_clock_max_hertz": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML max clock info (SM)",
+    ),
+    "jaxmon_device_memory_clock_max_hertz": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML max clock info (memory)",
+    ),
+    "jaxmon_device_video_clock_max_hertz": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML max clock info (video)",
+    ),
+    "jaxmon_device_throttled": (
+        "device, platform, source, reason (+ pod, namespace, container)",
+        "NVML clocks event reasons",
+    ),
+    "jaxmon_device_ecc_errors": (
+        "device, platform, source, kind (+ pod, namespace, container)",
+        "NVML total ECC errors",
+    ),
+    "jaxmon_device_remapped_rows": (
+        "device, platform, source, kind (+ pod, namespace, container)",
+        "NVML remapped rows",
+    ),
+    "jaxmon_device_row_remapping_pending": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML remapped rows (pending)",
+    ),
+    "jaxmon_device_row_remapping_failed": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML remapped rows (failure occurred)",
+    ),
+    "jaxmon_device_pcie_throughput_bytes_per_second": (
+        "device, platform, source, direction (+ pod, namespace, container)",
+        "NVML PCIe throughput (KB/s, taken as KiB) × 1024",
+    ),
+    "jaxmon_device_pcie_replays": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML PCIe replay counter",
+    ),
+    "jaxmon_device_nvlink_active": (
+        "device, platform, source, link (+ pod, namespace, container)",
+        "NVML NVLink state",
+    ),
+    "jaxmon_device_nvlink_data_bytes": (
+        "device, platform, source, direction (+ pod, namespace, container); `link` with "
+        "`--collector.nvml.nvlink-links`",
+        "NVML field values `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`/`_RX` (KiB) × 1024, scope = link",
+    ),
+    "jaxmon_device_nvlink_errors": (
+        "device, platform, source, kind (+ pod, namespace, container); `link` with `--collector.nvml.nvlink-links`",
+        "NVML NVLink error counters",
+    ),
+    "jaxmon_device_mig_enabled": ("device, platform, source (+ pod, namespace, container)", "NVML MIG mode (current)"),
+    "jaxmon_mig_device_info": (
+        "device, platform, source, mig_uuid, gpu_instance, compute_instance, profile, name (+ pod, namespace, "
+        "container)",
+        "NVML MIG device handles, UUID, GPU and compute instance ids, name",
+    ),
+    "jaxmon_mig_device_memory_total_bytes": (
+        "device, platform, source, mig_uuid, gpu_instance, compute_instance, profile (+ pod, namespace, container)",
+        "NVML memory info of the MIG device",
+    ),
+    "jaxmon_mig_device_memory_used_bytes": (
+        "device, platform, source, mig_uuid, gpu_instance, compute_instance, profile (+ pod, namespace, container)",
+        "same",
+    ),
+    "jaxmon_mig_device_duty_cycle_ratio": (
+        "device, platform, source, mig_uuid, gpu_instance, compute_instance, profile (+ pod, namespace, container)",
+        "NVML utilization of the MIG device / 100",
+    ),
+    "jaxmon_device_xid_errors": ("device, platform, source, xid (+ pod, namespace, container)", "NVML event set"),
+    "jaxmon_process_device_memory_bytes": (
+        "device, platform, source, pid (+ workload, pod, namespace, container)",
+        "NVML running compute processes",
+    ),
+    "jaxmon_process_device_memory_other_bytes": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML running compute processes",
+    ),
+    "jaxmon_process_device_memory_other_processes": (
+        "device, platform, source (+ pod, namespace, container)",
+        "NVML running compute processes",
+    ),
+    "jaxmon_probe_duration_seconds": ("device, platform", "probe"),
+    "jaxmon_probe_baseline_seconds": ("device, platform", "probe"),
+    "jaxmon_probe_flops_per_second": ("device, platform", "probe"),
+    "jaxmon_probe_memory_bytes": ("device, platform", "probe"),
+    "jaxmon_probe_steps": ("device, platform", "probe"),
+    "jaxmon_probe_baseline_info": ("device, platform, origin", "probe"),
+    "jaxmon_probe_runs": ("device, platform", "probe"),
+    "jaxmon_probe_failures": ("device, platform", "probe"),
+    "jaxmon_probe_timeouts": ("device, platform", "probe"),
+    "jaxmon_probe_skipped": ("device, platform", "probe"),
+    "jaxmon_probe_busy_seconds": ("device, platform", "probe"),
+    "jaxmon_jit_compilations": (
+        "workload, process_index",
+        "`jax.monitoring` `/jax/core/compile/backend_compile_duration`",
+    ),
+    "jaxmon_jit_compile_seconds": ("workload, process_index", "same event's duration"),
+    "jaxmon_compilation_cache_hits": ("workload, process_index", "`/jax/compilation_cache/cache_hits`"),
+    "jaxmon_compilation_cache_misses": (
+        "workload, process_index",
+        "`/jax/compilation_cache/compile_requests_use_cache` − `cache_hits`",
+    ),
+    "jaxmon_training_steps": ("workload, process_index, process_count, host", "`jaxmon.step()`"),
+    "jaxmon_training_step": ("workload, process_index, process_count, host", "`jaxmon.step(n)`"),
+    "jaxmon_training_dispatched_step": ("workload, process_index, process_count, host", "`jaxmon.step(n)`"),
+    "jaxmon_training_last_step_timestamp_seconds": ("workload, process_index, process_count, host", "waiter thread"),
+    "jaxmon_training_step_duration_seconds": ("workload, process_index, process_count, host (+ le)", "waiter thread"),
+    "jaxmon_training_examples": ("workload, process_index, process_count, host", "`step(examples=)`"),
+    "jaxmon_training_tokens": ("workload, process_index, process_count, host", "`step(tokens=)`"),
+    "jaxmon_training_model_flops": (
+        "device, platform, workload, process_index, process_count, host",
+        "`step(model_flops=)`",
+    ),
+    "jaxmon_training_hardware_flops": (
+        "device, platform, workload, process_index, process_count, host",
+        "`jaxmon.track()`, `compile().cost_analysis()`",
+    ),
+    "jaxmon_training_hardware_accessed_bytes": (
+        "device, platform, workload, process_index, process_count, host",
+        "same",
+    ),
+    "jaxmon_device_peak_flops_per_second": (
+        "device, platform, workload, process_index, process_count, host, origin",
+        "peak table",
+    ),
+    "jaxmon_training_model_flops_utilization_ratio": (
+        "device, platform, workload, process_index, process_count, host",
+        "derived",
+    ),
+    "jaxmon_training_hardware_flops_utilization_ratio": (
+        "device, platform, workload, process_index, process_count, host",
+        "derived",
+    ),
+    "jaxmon_training_host_wait_seconds": ("workload, process_index, process_count, host", "waiter thread"),
+    "jaxmon_training_start_time_seconds": ("workload, process_index, process_count, host", "tracker"),
+    "jaxmon_training_productive_seconds": ("workload, process_index, process_count, host", "derived"),
+    "jaxmon_training_badput_seconds": (
+        "workload, process_index, process_count, host, kind",
+        "`badput()`, `jax.monitoring`",
+    ),
+    "jaxmon_training_tracking_problems": ("workload, process_index, process_count, host, reason", "tracker"),
+    "jaxmon_workload_info": (
+        "workload, process_index, host, pid, jax_version (+ pod, namespace, node, slurm_job_id where set)",
+        "spool; the process",
+    ),
+    "jaxmon_workload_last_report_timestamp_seconds": ("workload, process_index", "spool"),
+    "jaxmon_spool_rejected_files": ("reason", "spool"),
+    "jaxmon_spool_overflow_files": ("reason", "spool"),
+    "jaxmon_spool_removed_files": ("kind", "spool"),
+    "jaxmon_spool_stale_files": ("—", "spool"),
+    "jaxmon_device_hlo_queue_size": (
+        "device, platform, source (+ pod, namespace, container)",
+        "libtpu `hlo.queue.size.gauge`",
+    ),
+    "jaxmon_device_hlo_execution_seconds": (
+        "device, platform, source, percentile (+ pod, namespace, container)",
+        "libtpu `hlo.execution.timing.distribution.microseconds` / 10⁶",
+    ),
+    "jaxmon_device_hlo_execution_mean_seconds": (
+        "device, platform, source (+ pod, namespace, container)",
+        "same distribution's mean / 10⁶",
+    ),
+    "jaxmon_device_tensorcore_idle_duration_seconds": (
+        "device, platform, source (+ pod, namespace, container)",
+        "libtpu `tpu.runtime.tensorcore.idle_duration.seconds`",
+    ),
+    "jaxmon_megascale_dcn_transfer_latency_seconds": (
+        "source, buffer_size (+ quantile; + pod, namespace, container)",
+        "libtpu `megascale.dcn_transfer_latencies.microsecond.cumulative.distribution` / 10⁶",
+    ),
+    "jaxmon_megascale_dcn_inbound_transfer_latency_seconds": (
+        "source, buffer_size (+ quantile; + pod, namespace, container)",
+        "libtpu `megascale.dcn_inbound_transfer_latencies.microsecond.cumulative.distribution` / 10⁶",
+    ),
+    "jaxmon_megascale_host_to_device_transfer_latency_seconds": (
+        "source, buffer_size (+ quantile; + pod, namespace, container)",
+        "libtpu `megascale.host_to_device_transfer_latencies.microsecond.cumulative.distribution` / 10⁶",
+    ),
+    "jaxmon_megascale_device_to_host_transfer_latency_seconds": (
+        "source, buffer_size (+ quantile; + pod, namespace, container)",
+        "libtpu `megascale.device_to_host_transfer_latencies.microsecond.cumulative.distribution` / 10⁶",
+    ),
+    "jaxmon_megascale_collective_end_to_end_latency_seconds": (
+        "source, buffer_size (+ quantile; + pod, namespace, container)",
+        "libtpu `megascale.collective_end_to_end_latencies.microsecond.cumulative.distribution` / 10⁶",
+    ),
+    "jaxmon_megascale_host_compute_latency_seconds": (
+        "source, buffer_size (+ quantile; + pod, namespace, container)",
+        "libtpu `megascale.mxla_compute_latencies.microsecond.cumulative.distribution` / 10⁶",
+    ),
+    "jaxmon_megascale_grpc_tcp_min_rtt_seconds": (
+        "source (+ quantile; + pod, namespace, container)",
+        "libtpu `megascale.grpc_tcp_min_rtt.microsecond.cumulative.distribution` / 10⁶",
+    ),
+    "jaxmon_megascale_grpc_tcp_delivery_rate_bytes_per_second": (
+        "source (+ quantile; + pod, namespace, container)",
+        "libtpu `megascale.grpc_tcp_delivery_rate.Mbps.cumulative.distribution` × 125 000 (Mbps to bytes/s)",
+    ),
+    "jaxmon_kubernetes_pod_device_info": (
+        "namespace, pod, container, resource, device_id",
+        "kubelet pod-resources `List`",
+    ),
+    "jaxmon_backend_up": ("backend", "JAX"),
+    "jaxmon_collector_success": ("collector", "—"),
+    "jaxmon_collector_duration_seconds": ("collector", "—"),
+    "jaxmon_collector_last_success_timestamp_seconds": ("collector", "—"),
+    "jaxmon_build_info": ("version, jax_version, jaxlib_version, python_version", "package metadata"),
+}
+
+# A family's unit: the one its name ends in (Prometheus naming), the longest first.
+UNITS = (
+    ("_flops_per_second", "FLOP/s"),
+    ("_bytes_per_second", "bytes/s"),
+    ("_timestamp_seconds", "Unix seconds"),
+    ("_time_seconds", "Unix seconds"),
+    ("_seconds", "seconds"),
+    ("_bytes", "bytes"),
+    ("_ratio", "ratio (0-1)"),
+    ("_watts", "watts"),
+    ("_joules", "joules"),
+    ("_celsius", "°C"),
+    ("_hertz", "hertz"),
+    ("_flops", "FLOPs"),
+    ("_info", "1 (info)"),
+)
+
+
+def unit(name: str) -> str:
+    """The unit of family `name` (without `_total`), or a dash where it is a count or a state."""
+    return next((shown for suffix, shown in UNITS if name.endswith(suffix)), "—")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _rows(section: Section, also: dict[str, tuple[str, ...]]) -> Iterator[str]:
+    yield "| metric | type | unit | labels | meaning (HELP) | source | also rendered by |"
+    yield "|---|---|---|---|---|---|---|"
+    for entry in section.entries:
+        name = entry.spec.name
+        if name not in LABELS_AND_SOURCE:
+            raise KeyError(f"{name}: no labels and source in jaxmon/families/reference.py LABELS_AND_SOURCE")
+        labels, source = LABELS_AND_SOURCE[name]
+        others = ", ".join(also.get(name, ())) or "—"
+        cells = [f"`{entry.exposed}`", entry.kind, unit(name), labels, entry.spec.help, source, others]
+        yield "| " + " | ".join(_cell(c) for c in cells) + " |"
+
+
+HEADER = """# Metrics reference
+
+<!-- Generated by `python -m jaxmon.families.reference` from jaxmon/families/ (the Specs) and
+jaxmon/families/reference.py (labels, sources, collectors). Do not edit: change those and regenerate;
+tests/unit/test_metrics_reference.py fails while this file differs. -->
+
+Every family jaxmon serves, by the collector that renders it (`--collector.NAME`; `/metrics?collect[]=NAME` selects
+it), with the HELP it is served with. A counter's samples end in `_total`; a histogram's row stands for its
+`_bucket`, `_sum` and `_count`, a summary's for its quantiles, `_sum` and `_count`.
+
+All per-device series carry `device` (the JAX device id; on device-wide series, which also carry `source`, the
+source's own id where it cannot be matched to a JAX device for certain: always libtpu's `device-id`) and `platform`
+(`gpu`, `tpu`, `cpu`, …), and `workload` when they come from a workload process (embedded, or a spooled publisher).
+Device-wide series (`source="nvml"` and `source="libtpu"`) of a device a pod holds also carry `pod`, `namespace` and
+`container` where the `kubernetes` collector runs. A number a source does not report is an **absent series**, never 0
+and never NaN. NVML's series of one NVLink add `link`; those of a MIG device carry its GPU's `device` with
+`mig_uuid`, `gpu_instance`, `compute_instance` and `profile`.
+
+Where jaxmon runs decides what it sees: **embedded** (`jaxmon.start()` in the training script), **publisher +
+sidecar** (`jaxmon.publish()`, and `jaxmon serve --collector.spool.dir`), **sidecar alone** (`jaxmon serve`) and
+**node** (`jaxmon serve --node`, a DaemonSet: no JAX, so no memory or probe collector).
+"""
+
+
+def render() -> str:
+    """docs/metrics.md as the code says it."""
+    also = {**ALSO, **_training_also()}
+    out = [HEADER]
+    for section in sections():
+        title = "Every scrape" if section.collector == "exposition" else f"`{section.collector}` collector"
+        out.append(f"## {title}\n\nRuns: {section.where}.\n")
+        out.extend(_rows(section, also))
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Write docs/metrics.md, or with --check say whether it is what `render()` makes (exit 1 when not)."""
+    ap = argparse.ArgumentParser(prog="python -m jaxmon.families.reference", description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 when the file differs; write nothing")
+    ap.add_argument("--output", type=Path, default=PATH, help=f"default: {PATH}")
+    args = ap.parse_args(argv)
+    text = render()
+    if args.check:
+        current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
+        if current != text:
+            print(f"{args.output} is out of date: run python -m jaxmon.families.reference", file=sys.stderr)
+            return 1
+        return 0
+    args.output.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
