@@ -397,9 +397,9 @@ def test_the_daemonsets_gpus_serve_the_job_through_their_pods(view: View) -> Non
     power = sum(view.node.nvml.data["devices"][gpu]["power_mw"] for gpu in HOLDER) / 1000
     assert watts == pytest.approx(power, rel=0.1)
     assert value(energy) == pytest.approx(watts / steps, rel=0.05), (watts, steps)
-    # The GPU of process 2's pod is clocked down: it is the job's straggler, named by its node, GPU and pod. (With no
-    # throttle reason: NVML's reasons page on their own, in alerts.yml, as the other node's GPU 5 shows.)
-    view.node.update(STRAGGLER_GPU, clocks_mhz=clocks(1200))
+    # The GPU of process 2's pod is clocked down for heat: it is the job's straggler, named by its node, GPU and pod,
+    # and JaxmonGpuThrottled fires for it (both must stay one alert each through the kubelet outage below).
+    view.node.update(STRAGGLER_GPU, clocks_mhz=clocks(1200), clocks_event_reasons=HW_THERMAL)
     selector = f'alertname="JaxmonTrainingStraggler", workload="{WORKLOAD}", signal="sm_clock"'
     p.wait_for(f'ALERTS{{{selector}, alertstate="firing"}}', bool, "the GPU straggler firing", timeout=60)
     devices = [a for a in view.alerts("JaxmonTrainingStraggler") if a.get("workload") == WORKLOAD and "device" in a]
