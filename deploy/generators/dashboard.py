@@ -9,7 +9,7 @@ from typing import Any
 
 from .panels import INST, Panel, Row
 from .paths import ROOT
-from .rows import devicewide, health, hosts, job, megascale, memory, overview, probe, training, workloads
+from .rows import devicewide, health, hosts, job, ladder, megascale, memory, overview, probe, training, workloads
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
@@ -56,8 +56,22 @@ DATASOURCE_VARIABLE = {
 }
 
 
+# How many of the worst processes, devices or GPUs a panel lists (topk / bottomk), on both dashboards.
+K_VARIABLE: dict[str, Any] = {
+    "name": "k",
+    "label": "Show the worst",
+    "type": "custom",
+    "query": "5,10,20,50",
+    "current": {"selected": True, "text": "10", "value": "10"},
+    "options": [{"selected": value == "10", "text": value, "value": value} for value in ("5", "10", "20", "50")],
+    "multi": False,
+    "includeAll": False,
+    "hide": 0,
+}
+
+
 def templating() -> list[dict[str, Any]]:
-    """The dashboard's variables: data source, then job, instance, platform, device and workload, chained."""
+    """The dashboard's variables: data source, then job, instance, platform, device and workload, chained; and k."""
     return [
         DATASOURCE_VARIABLE,
         _variable("job", "Job", "label_values(jaxmon_build_info, job)"),
@@ -73,6 +87,7 @@ def templating() -> list[dict[str, Any]]:
         ),
         # All = ".*", which also matches series without the label: a sidecar's own devices have no workload.
         _variable("workload", "Workload", f"label_values(jaxmon_device_info{{{INST}}}, workload)", all_value=".*"),
+        K_VARIABLE,
     ]
 
 
@@ -87,19 +102,7 @@ def job_templating() -> list[dict[str, Any]]:
             "label_values(jaxmon_training_last_step_timestamp_seconds, workload)",
             multi=False,
         ),
-        {
-            "name": "k",
-            "label": "Show the worst",
-            "type": "custom",
-            "query": "5,10,20,50",
-            "current": {"selected": True, "text": "10", "value": "10"},
-            "options": [
-                {"selected": value == "10", "text": value, "value": value} for value in ("5", "10", "20", "50")
-            ],
-            "multi": False,
-            "includeAll": False,
-            "hide": 0,
-        },
+        K_VARIABLE,
     ]
 
 
@@ -293,6 +296,7 @@ JAXMON = Dashboard(
         memory.ROW,
         probe.ROW,
         devicewide.ROW,
+        ladder.ROW,
         megascale.ROW,
         workloads.ROW,
         hosts.ROW,

@@ -183,7 +183,9 @@ def test_dashboard_is_provisionable_with_the_required_variables() -> None:
     assert "__inputs" not in d, "an import-style dashboard (with __inputs) cannot be provisioned from a file"
     assert isinstance(d["schemaVersion"], int) and d["schemaVersion"] >= 36
     variables = {v["name"]: v for v in dashboard_variables()}
-    assert list(variables) == ["datasource", "job", "instance", "platform", "device", "workload"]
+    assert list(variables) == ["datasource", "job", "instance", "platform", "device", "workload", "k"]
+    # How many GPUs the Utilization ladder's per-GPU panels list (topk): a number, as on the Job dashboard.
+    assert variables["k"]["type"] == "custom" and variables["k"]["current"]["value"].isdigit()
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     for name in ("job", "instance", "platform", "device", "workload"):
         v = variables[name]
