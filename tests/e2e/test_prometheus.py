@@ -11,11 +11,13 @@ The scraped setup (one module fixture, all processes killed at teardown):
 - jaxmon-tpu: a TPU sidecar (JAX on CPU) reading a loopback libtpu runtime metrics service (tests/fake_libtpu.py)
   with one idle chip and one nearly full, and every megascale distribution of a multi-slice host, and the same spool;
 - jaxmon-nvml: the fake libnvidia-ml.so.1 (tests/fakenvml) with four GPUs: GPU 0 hot, thermally throttled and at its
-  power cap, with fans; GPU 1 nearly full with uncorrected ECC errors, a failed row remapping, an NVLink down, and after
-  start an Xid 79, NVLink replays, PCIe replays and a row remapped for an uncorrectable error; GPU 2 lost; GPU 3 in
-  MIG mode with two MIG devices;
+  power cap, with fans, busy (97 %) with its SMs active 12 % of the time (GPM), held by pod team-a/train-0, where the
+  trainer below runs (so its MFU is GPU 0's); GPU 1 nearly full with uncorrected ECC errors, a failed row
+  remapping, an NVLink down, and after start an Xid 79, NVLink replays, PCIe replays and a row remapped for an
+  uncorrectable error; GPU 2 lost; GPU 3 in MIG mode with two MIG devices;
 - jaxmon-gone: a target nobody listens on.
-So almost every alert fires for a known reason, and the rest are listed with why they stay quiet here.
+So almost every alert fires for a known reason, and the rest are listed with why they stay quiet here. Prometheus
+loads job.yml beside alerts.yml: the Utilization ladder row reads its records.
 """
 
 from __future__ import annotations
@@ -34,17 +36,19 @@ import pytest
 
 from tests.conftest import FIXTURES, ROOT, Daemon, free_port, wait_until
 from tests.deploy_files import (
+    JOB_RULES,
     RULES,
     alert_rules,
     dashboard_targets,
     dashboard_variables,
     readme_metrics,
+    recording_rules,
     variable_query,
 )
 from tests.fake_kubelet import FakeKubelet, container, pod
 from tests.fake_libtpu import MEGASCALE, Chip, Entry, FakeLibtpu, Timing, connection, sized
 from tests.fake_libtpu import Scenario as LibtpuScenario
-from tests.fakenvml import GPU_IS_LOST, Scenario, device, link, mig_device
+from tests.fakenvml import GPU_IS_LOST, Scenario, device, gpm, link, mig_device
 from tests.helpers import Child
 from tests.prometheus import Prometheus
 
@@ -112,6 +116,7 @@ FIRING: dict[str, list[dict[str, str]]] = {
     "JaxmonGpuHot": [{"job": "jaxmon-nvml", "device": "0"}],  # 91 °C
     "JaxmonGpuThrottled": [{"job": "jaxmon-nvml", "device": "0", "reason": "hw_thermal_slowdown"}],
     "JaxmonGpuPowerCapped": [{"job": "jaxmon-nvml", "device": "0", "reason": "sw_power_cap"}],
+    "JaxmonGpuBusyButIdle": [{"job": "jaxmon-nvml", "device": "0"}],  # 97 % duty cycle, 12 % SM active
     "JaxmonGpuEccUncorrected": [{"job": "jaxmon-nvml", "device": "1", "kind": "uncorrected"}],
     "JaxmonGpuXidError": [{"job": "jaxmon-nvml", "device": "1", "xid": "79"}],
     # Per GPU: the errors are summed over its links unless --collector.nvml.nvlink-links.
@@ -165,8 +170,12 @@ def multislice_host() -> dict[str, list[Entry]]:
     return host
 
 
-# Dashboard queries that legitimately return nothing here (with All selected), and why: none. Every panel has data.
-EMPTY_PANEL_QUERIES: set[tuple[str, str]] = set()
+# Dashboard queries that legitimately return nothing here (with All selected), and why.
+EMPTY_PANEL_QUERIES: set[tuple[str, str]] = {
+    # The probe's estimate of a GPU jaxmon matched to a JAX device: JAX runs on CPU here, so no NVML GPU is matched.
+    ("The ladder, mean over the GPUs", "E"),
+    ("Probe estimate", "A"),
+}
 
 # Vector selectors (of dashboard or alert queries) that legitimately match no series here, and why.
 EMPTY_SELECTORS = {
@@ -205,6 +214,7 @@ def nvml_scenario(path: Path) -> Scenario:
                 clocks_event_reasons=0x4 | 0x40,
                 utilization={"gpu": 97, "memory": 60},
                 fans=[60, 65],
+                gpm=gpm(0, sm_active=12.0),
             ),
             device(
                 1,
@@ -299,8 +309,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # The children finish their start-up compilations before Prometheus sees them, so that the only
         # compilations it watches are the ones this test asks for.
         for name in ("trainer", "ephemeral"):
+            # The trainer runs in the pod that holds the nvml daemon's GPU 0 (as the Downward API would say).
+            env = {"POD_NAME": "train-0", "POD_NAMESPACE": "team-a"} if name == "trainer" else None
             child = Child(
-                tmp, "publish", "--spool", str(spool), "--workload", name, "--interval", "0.3", "--peak-flops", "1e12"
+                tmp,
+                "publish",
+                "--spool",
+                str(spool),
+                "--workload",
+                name,
+                "--interval",
+                "0.3",
+                "--peak-flops",
+                "1e12",
+                env=env,
             )
             children.append(child)
             child.send("train 2")
@@ -326,7 +348,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "scrape_timeout": f"{SCRAPE_INTERVAL:g}s",
                 "evaluation_interval": "1s",
             },
-            "rule_files": [str(RULES)],
+            "rule_files": [str(RULES), str(JOB_RULES)],
             "scrape_configs": [
                 {
                     "job_name": "jaxmon-replay",
@@ -439,6 +461,8 @@ def resolve_variables(p: Prometheus) -> tuple[dict[str, str], dict[str, list[str
     selected: dict[str, str] = {}
     listed: dict[str, list[str]] = {}
     for v in dashboard_variables():
+        if v["type"] == "custom":  # k: its default
+            selected[v["name"]] = v["current"]["value"]
         if v["type"] != "query":
             continue
         values = label_values(p, substitute(variable_query(v), selected))
@@ -477,6 +501,8 @@ def test_dashboard_queries_parse_with_one_value_of_each_variable(stack: Stack) -
     p = stack.prometheus
     selected: dict[str, str] = {}
     for v in dashboard_variables():
+        if v["type"] == "custom":
+            selected[v["name"]] = v["current"]["value"]
         if v["type"] == "query":
             values = label_values(p, substitute(variable_query(v), selected)) or [""]
             selected[v["name"]] = grafana_regex_escape(values[0])
@@ -506,10 +532,12 @@ def test_prometheus_loaded_the_rules_and_evaluates_them_without_error(stack: Sta
     for group in p.api("rules")["groups"]:
         for rule in group["rules"]:
             loaded[rule["name"]] = rule
-    assert set(loaded) == {r["alert"] for r in alert_rules()}
+    shipped = {r["alert"] for r in alert_rules()}
+    job = {r["alert"] for r in alert_rules(JOB_RULES)} | {r["record"] for r in recording_rules(JOB_RULES)}
+    assert set(loaded) == shipped | job
     for name, rule in loaded.items():
         assert rule["health"] == "ok", f"{name}: {rule.get('lastError')}"
-    # Alerts become pending (all have a for: duration) within an evaluation or two.
+    # Alerts become pending (all have a for: duration) within an evaluation or two. (job.yml's are its own tests'.)
     active: set[str] = set()
 
     def all_active() -> bool:
@@ -517,7 +545,7 @@ def test_prometheus_loaded_the_rules_and_evaluates_them_without_error(stack: Sta
         active.update(
             a["labels"]["alertname"] for a in p.api("alerts")["alerts"] if a["state"] in ("pending", "firing")
         )
-        return active == set(FIRING)
+        return active & shipped == set(FIRING)
 
     wait_until(all_active, timeout=10, what="every alert pending", step=0.5, detail=lambda: f"active: {sorted(active)}")
 
@@ -541,3 +569,26 @@ def test_every_readme_metric_family_reaches_prometheus(stack: Stack) -> None:
     names = set(stack.prometheus.api("label/__name__/values"))
     missing = set(readme_metrics()) - names
     assert not missing, f"families the setup does not produce (so their panels are untested): {sorted(missing)}"
+
+
+def test_the_ladder_records_each_gpus_rungs(stack: Stack) -> None:
+    """job.yml's ladder records on the fake's GPUs: the tensor activity of GPU 0 (60.5 %) at its full SM clock, of
+    GPU 1 (59.5 %) at 1979 of 1980 MHz, of GPU 3 (57.5 %, whole, in MIG mode) at 1977; and the MFU beside GPU 0 is
+    the trainer's, found through the pod that holds GPU 0 (a node-mode GPU: by process, not by device). No other GPU
+    serves a workload."""
+    p = stack.prometheus
+    query = 'jaxmon:device_model_flops_utilization_ratio{job="jaxmon-nvml"}'
+    p.wait_for(query, bool, "the MFU beside GPU 0", timeout=30)
+    (mfu,) = p.query(query)
+    labels = mfu["metric"]
+    assert (labels["device"], labels["workload"], labels["join"], labels["pod"]) == (
+        "0",
+        "trainer",
+        "process",
+        "train-0",
+    )
+    trainer = p.query('avg(jaxmon_training_model_flops_utilization_ratio{job="jaxmon-spool", workload="trainer"})')
+    assert float(mfu["value"][1]) == pytest.approx(_value(trainer), rel=1e-6)
+    tensor = p.query('jaxmon:device_tensor_active_ratio:clock_adjusted{job="jaxmon-nvml", gpu_instance=""}')
+    by_device = {r["metric"]["device"]: float(r["value"][1]) for r in tensor}
+    assert by_device == pytest.approx({"0": 0.605, "1": 0.595 * 1979 / 1980, "3": 0.575 * 1977 / 1980}), by_device
