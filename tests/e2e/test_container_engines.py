@@ -98,6 +98,11 @@ def dockerd() -> Iterator[Engine]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        # dockerd leaves its network namespace's bind mount (exec/netns/default) behind: unmount, then remove.
+        with open("/proc/self/mounts", encoding="utf-8") as mounts:
+            left = [line.split()[1] for line in mounts if line.split()[1].startswith(f"{root}/")]
+        for mount in reversed(left):
+            subprocess.run(["umount", mount], capture_output=True, timeout=30)
         shutil.rmtree(root, ignore_errors=True)
 
 
