@@ -13,7 +13,8 @@
   pod's, GPU 5 nobody's), while each process exports its pod and namespace (POD_NAME and POD_NAMESPACE, as the
   Downward API sets them). The rules join those GPUs to the job through the pods: one clocked down is the job's
   straggler, the job's energy per step is theirs, and a kubelet outage (the fake stopped, its socket gone, then
-  started again) fires no alert.
+  started again) fires no alert; then one at full clock whose SMs are active less of the time (GPM) is the job's
+  straggler by SM activity, and no other GPU is.
 - Prometheus scrapes every second and evaluates the shipped rules with their 5-minute windows shortened to 15 s,
   their `for:` to 4 s and the stall parameter to 6 s; nothing else in them is changed. alerts.yml is loaded beside
   them with its `for:` at 4 s and JaxmonTrainingStalled's 300 s floor at 10 s (above the stall parameter, as in
@@ -42,7 +43,7 @@ import pytest
 from tests.conftest import ROOT, Daemon, free_port, parse_samples, wait_until
 from tests.deploy_files import JOB_DASHBOARD, JOB_RULES, RULES, alert_rules, dashboard_targets
 from tests.fake_kubelet import FakeKubelet, container, pod
-from tests.fakenvml import Scenario, device
+from tests.fakenvml import Scenario, device, gpm
 from tests.helpers import Child
 from tests.prometheus import Prometheus
 
@@ -62,6 +63,9 @@ NODE_GPUS = 6
 HOLDER = {3 - i: f"llama-{i}" for i in range(PROCESSES)}
 STRAGGLER_POD = "llama-2"
 STRAGGLER_GPU = 1
+# The GPU (of process 1's pod) whose SMs are then active 40 % of the time where the job's others read 77.5-80.5 %.
+IDLE_SM_POD = "llama-1"
+IDLE_SM_GPU = 2
 KUBELET_TTL = 3.0
 # The kubelet outage: its labels are gone for all but the TTL of it. The alerts' `for:` are 4 s here (from 1 to 15
 # minutes shipped): an alert whose condition the outage made true would fire many times over within it.
@@ -334,7 +338,7 @@ def test_the_throttled_gpu_is_named_by_the_rules(view: View) -> None:
     firing = view.wait_firing("JaxmonTrainingStraggler", DEVICE_WORKLOAD)
     devices = [a for a in firing if a.get("workload") == DEVICE_WORKLOAD]
     assert [(a["device"], a["signal"], a["job"]) for a in devices] == [(str(THROTTLED_GPU), "sm_clock", "jaxmon-node")]
-    speeds = view.prometheus.query(f'jaxmon:device_speed:relative{{workload="{DEVICE_WORKLOAD}"}}')
+    speeds = view.prometheus.query(f'jaxmon:device_speed:relative{{workload="{DEVICE_WORKLOAD}", signal="sm_clock"}}')
     by_device = {r["metric"]["device"]: float(r["value"][1]) for r in speeds}
     assert set(by_device) == {str(i) for i in range(8)}
     assert by_device[str(THROTTLED_GPU)] == pytest.approx(1200 / 1980)
@@ -406,7 +410,9 @@ def test_the_daemonsets_gpus_serve_the_job_through_their_pods(view: View) -> Non
     assert [(a["job"], a["device"], a["namespace"], a["pod"]) for a in devices] == [
         ("jaxmon-daemonset", str(STRAGGLER_GPU), NAMESPACE, STRAGGLER_POD)
     ], devices
-    speeds = p.query(f'jaxmon:device_speed:relative{{job="jaxmon-daemonset", workload="{WORKLOAD}"}}')
+    speeds = p.query(
+        f'jaxmon:device_speed:relative{{job="jaxmon-daemonset", workload="{WORKLOAD}", signal="sm_clock"}}'
+    )
     by_device = {r["metric"]["device"]: float(r["value"][1]) for r in speeds}
     assert by_device == {str(gpu): 1.0 for gpu in HOLDER if gpu != STRAGGLER_GPU} | {str(STRAGGLER_GPU): 1200 / 1980}
 
@@ -459,6 +465,24 @@ def test_a_kubelet_outage_fires_no_alert(view: View) -> None:
         lambda: not [a for a in p.query(_firing()) if allowed(a["metric"])], 10, "JaxmonCollectorFailing resolved"
     )
     view.node.update(STRAGGLER_GPU, clocks_mhz=clocks(1980))
+
+
+def test_a_gpu_with_its_sms_less_active_is_the_straggler_and_no_other(view: View) -> None:
+    """Under load the probe says nothing (it measures idle devices only), and a GPU at full clock passes the SM-clock
+    signal: GPM's SM activity names the one whose SMs have work less of the time than the job's others."""
+    p = view.prometheus
+    view.node.update(IDLE_SM_GPU, gpm=gpm(IDLE_SM_GPU, sm_active=40.0))
+    selector = f'alertname="JaxmonTrainingStraggler", workload="{WORKLOAD}", signal="sm_active"'
+    p.wait_for(f'ALERTS{{{selector}, alertstate="firing"}}', bool, "the SM-activity straggler firing", timeout=60)
+    named = [a for a in view.alerts("JaxmonTrainingStraggler") if a.get("signal") == "sm_active"]
+    assert [(a["job"], a["device"], a["namespace"], a["pod"]) for a in named] == [
+        ("jaxmon-daemonset", str(IDLE_SM_GPU), NAMESPACE, IDLE_SM_POD)
+    ], named
+    speeds = p.query(f'jaxmon:device_speed:relative{{workload="{WORKLOAD}", signal="sm_active"}}')
+    by_device = {r["metric"]["device"]: float(r["value"][1]) for r in speeds}
+    # The fake's GPU d reads 80.5 - d %: the job's median of 80.5, 79.5, 40 and 77.5 is 78.5.
+    assert by_device == pytest.approx({"0": 80.5 / 78.5, "1": 79.5 / 78.5, "2": 40 / 78.5, "3": 77.5 / 78.5})
+    view.node.update(IDLE_SM_GPU, gpm=gpm(IDLE_SM_GPU))
 
 
 def test_a_stalled_process_is_named_and_not_the_ones_waiting_for_it(view: View) -> None:
