@@ -109,7 +109,8 @@ def test_dockerfile_flavour_maps_to_the_pyproject_extras() -> None:
         assert result.returncode == 0 and result.stdout == expected, (value, result)
     result = _run("sh", "-c", f"FLAVOUR=rocm; {case}")
     assert result.returncode == 2 and "FLAVOUR must be" in result.stderr
-    # The requirements the image installs, by the Dockerfile's own command: the project's plus the flavour's.
+    # The requirements the image installs, by the Dockerfile's own command: the project's, the serve extra's (every
+    # flavour runs `jaxmon serve`) and the flavour's.
     requirements = re.search(r"python (-c '[^']*' \"\$extra\") > /tmp/requirements.txt", run)
     assert requirements, run
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
@@ -117,7 +118,7 @@ def test_dockerfile_flavour_maps_to_the_pyproject_extras() -> None:
         script = f"FLAVOUR={value}; {case}; {sys.executable} {requirements.group(1)}"
         result = _run("sh", "-c", script)
         assert result.returncode == 0, result.stderr
-        assert result.stdout.splitlines() == project["dependencies"] + extra, value
+        assert result.stdout.splitlines() == project["dependencies"] + extras["serve"] + extra, value
     assert "-r /tmp/requirements.txt" in run
 
 
