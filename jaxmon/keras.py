@@ -31,10 +31,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import jax
 import keras
 
 import jaxmon
+from jaxmon import training
 
 TrainFunction = Callable[[Any, Any], Any]
 
@@ -51,7 +51,7 @@ class _Batches:
 
     def __next__(self) -> Any:
         batch = next(self._batches)
-        for leaf in jax.tree_util.tree_leaves(batch):
+        for leaf in keras.tree.flatten(batch):
             shape = getattr(leaf, "shape", None)
             if shape:  # metadata only: never reads the array
                 self.examples += int(shape[0])
@@ -125,7 +125,9 @@ class JaxmonCallback(keras.callbacks.Callback):  # type: ignore[misc]  # keras s
             return 0
 
     def _report(self, n: int, logs: Any, batch_examples: int) -> None:
-        examples = self.examples if self.examples is not None else float(batch_examples * jax.process_count())
+        tracker = training.current()  # JAX's process count through jaxmon's own JAX side (None: not started)
+        processes = tracker.ops.process_count() if tracker is not None else 1
+        examples = self.examples if self.examples is not None else float(batch_examples * processes)
         tokens = examples * self.tokens_per_example if self.tokens_per_example is not None else None
         flops = examples * self.model_flops_per_example if self.model_flops_per_example is not None else None
         jaxmon.step(n, logs, examples=examples, tokens=tokens, model_flops=flops)
