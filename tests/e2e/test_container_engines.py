@@ -228,11 +228,11 @@ def _readyz_inside(url: str, ctx: str = "None", auth: str = "") -> str:
     )
 
 
-@pytest.mark.parametrize("case", ["default", "flag", "variable", "basic", "tls", "mtls"])
-def test_the_healthcheck_is_healthy_at_its_first_check_whatever_the_listener(
-    engine_image: tuple[Engine, Image], case: str, tmp_path: Path
-) -> None:
-    engine, image = engine_image
+HEALTH_CASES = ("default", "flag", "variable", "basic", "tls", "mtls")
+
+
+def _start_health_case(engine: Engine, image: Image, case: str, tmp_path: Path) -> tuple[str, str, int]:
+    """Start the daemon of one configuration: (container, the readiness check run in it, its port on the host)."""
     port = free_port()
     args: list[str] = []
     serve: list[str] = []
@@ -247,7 +247,7 @@ def test_the_healthcheck_is_healthy_at_its_first_check_whatever_the_listener(
     else:
         args = ["-e", f"JAXMON_WEB__LISTEN_ADDRESS=127.0.0.1:{port}"]
     if case in ("basic", "tls", "mtls"):
-        web = _web_dir(tmp_path / "web", case)
+        web = _web_dir(tmp_path / f"web-{case}", case)
         args += ["-v", f"{web}:{WEB_DIR}:ro", "-e", f"JAXMON_WEB__CONFIG__FILE={WEB_DIR}/web.yml"]
         ready = {
             "basic": _readyz_inside(f"http://127.0.0.1:{port}/readyz", auth="c2NyYXBlcjpzZWNyZXQ="),
@@ -255,18 +255,29 @@ def test_the_healthcheck_is_healthy_at_its_first_check_whatever_the_listener(
             # No client certificate in the container: wait for the daemon's log line instead.
             "mtls": "ready: first poll done",
         }[case]
-    name = _run_serving(engine, image, f"health-{case}", args, serve, network)
-    _healthy_at_first_check(engine, name, ready)
-    # The listener kept its protection: without credentials the host is refused.
-    if case == "basic":
-        assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 401
-    elif case in ("tls", "mtls"):
-        with pytest.raises(requests.ConnectionError):
-            requests.get(f"http://127.0.0.1:{port}/healthz", timeout=10)
-        if case == "mtls":
+    return _run_serving(engine, image, f"health-{case}", args, serve, network), ready, port
+
+
+def test_the_healthcheck_is_healthy_at_its_first_check_whatever_the_listener(
+    engine_image: tuple[Engine, Image], tmp_path: Path
+) -> None:
+    """The six configurations side by side (each container on its own port): the default, the listen address moved
+    by flag and by variable, basic auth, TLS and mTLS, each healthy at its first check; the listener keeps its
+    protection (without credentials the host is refused)."""
+    engine, image = engine_image
+    started = {case: _start_health_case(engine, image, case, tmp_path) for case in HEALTH_CASES}
+    for case, (name, ready, port) in started.items():
+        _healthy_at_first_check(engine, name, ready)
+        if case == "basic":
+            assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 401
+        elif case in ("tls", "mtls"):
             with pytest.raises(requests.ConnectionError):
-                requests.get(f"https://127.0.0.1:{port}/healthz", verify=False, timeout=10)
-    engine("rm", "-f", name, timeout=60)
+                requests.get(f"http://127.0.0.1:{port}/healthz", timeout=10)
+            if case == "mtls":
+                with pytest.raises(requests.ConnectionError):
+                    requests.get(f"https://127.0.0.1:{port}/healthz", verify=False, timeout=10)
+    for name, _, _ in started.values():
+        engine("rm", "-f", name, timeout=60)
 
 
 def test_a_daemon_whose_polls_stopped_turns_unhealthy(engine_image: tuple[Engine, Image]) -> None:
@@ -348,9 +359,12 @@ def test_compose_demo_comes_up_healthy_with_docker_compose(dockerd: Engine, dock
     compose = shutil.which("docker-compose")
     assert compose, "docker-compose is missing (tests/run.sh installs Debian's)"
     override = tmp_path / "image.yml"
-    override.write_text(
-        yaml.safe_dump({"services": {s: {"image": docker.tag} for s in JAXMON_SERVICES}}), encoding="utf-8"
-    )
+    # This run's image; the image's own check every 2 s instead of every 30 s (its test inherited), so the services
+    # turn healthy in seconds rather than at the first 30 s tick.
+    services: dict[str, dict[str, object]] = {s: {"image": docker.tag} for s in JAXMON_SERVICES}
+    for checked in ("jaxmon", "jaxmon-sidecar"):  # the trainer's check is disabled in the file
+        services[checked]["healthcheck"] = {"interval": "2s"}
+    override.write_text(yaml.safe_dump({"services": services}), encoding="utf-8")
     project = f"jaxmon-test-{RUN_ID}-dc"
     env = {
         **dockerd.env,
