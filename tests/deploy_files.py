@@ -111,11 +111,9 @@ def record_tokens(text: str) -> set[str]:
 
 
 def readme_records() -> set[str]:
-    """The recorded series README.md's "Recorded by the job rules" table lists (a row may name several)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("### Recorded by the job rules") :]
-    section = section[: section.index("\n#", 1)]
-    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `jaxmon:")]
+    """The recorded series docs/job-rules.md's table lists (a row may name several)."""
+    text = (ROOT / "docs" / "job-rules.md").read_text(encoding="utf-8")
+    rows = [line.split("|")[1] for line in text.splitlines() if line.startswith("| `jaxmon:")]
     return set().union(*(record_tokens(row) for row in rows))
 
 
