@@ -234,4 +234,6 @@ def test_a_lost_gpu_sends_one_notification(chain: tuple[Prometheus, Alertmanager
         ("JaxmonGpuLost", LOST_GPU, "firing")
     ], alerts
     assert notification["receiver"] == "jaxmon-page" and alerts[0]["labels"]["severity"] == "critical"
-    assert alerts[0]["annotations"]["runbook"], alerts[0]
+    # Short: the runbook is a link to its section of docs/alerts.md, not its text.
+    assert alerts[0]["annotations"]["runbook_url"] == "docs/alerts.md#jaxmongpulost", alerts[0]
+    assert set(alerts[0]["annotations"]) == {"summary", "description", "runbook_url"}, alerts[0]
