@@ -1,0 +1,83 @@
+"""docs/training.md's Flax NNX + Optax loop and its MaxText-style loop, run as written (tests/workloads/flax_loop.py
+and maxtext_loop.py, whose marked regions the doc shows: tests/unit/test_docs_snippets.py) in real child processes
+under jaxmon.start(), scraped over HTTP: every step counted, the tokens and model FLOPs as each process's share of the
+job's, XLA's FLOPs of the MaxText-style step as its cost analysis reads them in the loop's own mesh context (where
+the step lowers at all), and no tracking problem."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import Child, per_device, sample, wait_for_samples
+
+WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"
+ENV = {
+    "JAXMON_WEB__LISTEN_ADDRESS": "127.0.0.1:0",
+    "JAXMON_POLL__INTERVAL": "0.2",
+    "JAXMON_COLLECTOR__PROBE__ENABLED": "false",
+    "JAXMON_COLLECTOR__TRAINING__PEAK_FLOPS": "1e11",  # CPU has no peak in the table: MFU and HFU need one
+}
+
+
+def labels(workload: str) -> dict[str, str]:
+    return {"workload": workload, "process_index": "0", "process_count": "1", "host": socket.gethostname()}
+
+
+def problems(s: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> dict[str, float]:
+    return {dict(k[1])["reason"]: v for k, v in s.items() if k[0] == "jaxmon_training_tracking_problems_total" and v}
+
+
+def test_the_flax_nnx_loop_of_the_docs_reports_every_step(children: list[Child], tmp_path: Path) -> None:
+    child = Child(tmp_path, script=WORKLOADS / "flax_loop.py", env=ENV)
+    children.append(child)
+    done = child.hello
+    steps, tokens = done["steps"], done["batch"] * done["seq"]
+    lab = labels("flax-lm")
+    s = wait_for_samples(
+        done["url"], lambda s: sample(s, "jaxmon_training_steps_total", **lab) == steps, "the loop's steps"
+    )
+    assert sample(s, "jaxmon_training_step", **lab) == steps - 1
+    assert sample(s, "jaxmon_training_examples_total", **lab) == steps * done["batch"]
+    assert sample(s, "jaxmon_training_tokens_total", **lab) == steps * tokens
+    assert problems(s) == {}
+    # The step runs on one device: XLA's FLOPs there (nnx.jit tracked as is), the model FLOPs over every device.
+    hardware = {d: v for d, v in per_device(s, "jaxmon_training_hardware_flops_total").items() if v}
+    assert list(hardware.values()) == [pytest.approx(steps * done["flops"])], hardware
+    model = per_device(s, "jaxmon_training_model_flops_total")
+    assert len(model) == 8 and sum(model.values()) == pytest.approx(steps * 6 * done["n_params"] * tokens)
+    assert per_device(s, "jaxmon_training_hardware_flops_utilization_ratio")  # a peak given: HFU is exported
+
+
+def test_the_maxtext_style_loop_of_the_docs_reads_xla_flops_in_its_mesh(children: list[Child], tmp_path: Path) -> None:
+    # Four CPU devices: on the suite's 2-core machines, XLA:CPU's collectives over eight devices with many steps in
+    # flight deadlock now and then (a rendezvous never completes), with or without jaxmon; four never did.
+    child = Child(tmp_path, script=WORKLOADS / "maxtext_loop.py", env={**ENV, "JAX_NUM_CPU_DEVICES": "4"})
+    children.append(child)
+    done = child.hello
+    steps, tokens = done["steps"], done["batch"] * done["seq"]
+    lab = labels("maxtext-style")
+    s = wait_for_samples(
+        done["url"], lambda s: sample(s, "jaxmon_training_steps_total", **lab) == steps, "the loop's steps"
+    )
+    assert sample(s, "jaxmon_training_examples_total", **lab) == steps * done["batch"]
+    assert sample(s, "jaxmon_training_tokens_total", **lab) == steps * tokens
+    # The step constrains shardings with bare PartitionSpecs: it lowers only in the loop's mesh context, and
+    # jaxmon.track() read its cost there (no "cost" problem), the same FLOPs on every device of the mesh.
+    assert done["lowers_outside_mesh"] is False
+    assert problems(s) == {}
+    hardware = per_device(s, "jaxmon_training_hardware_flops_total")
+    assert len(hardware) == 4 and all(v == pytest.approx(steps * done["flops"]) for v in hardware.values()), hardware
+    model = per_device(s, "jaxmon_training_model_flops_total")
+    assert all(v == pytest.approx(steps * 6 * done["n_params"] * tokens / 4) for v in model.values()), model
+    mfu = per_device(s, "jaxmon_training_model_flops_utilization_ratio")
+    assert len(mfu) == 4 and all(v > 0 for v in mfu.values()), mfu
+    # Goodput's accounting holds to the scrape: productive plus every kind of badput is start to last step.
+    badput = sum(v for k, v in s.items() if k[0] == "jaxmon_training_badput_seconds_total")
+    productive = sample(s, "jaxmon_training_productive_seconds_total", **lab)
+    last = sample(s, "jaxmon_training_last_step_timestamp_seconds", **lab)
+    start = sample(s, "jaxmon_training_start_time_seconds", **lab)
+    assert productive is not None and last is not None and start is not None
+    assert productive + badput == pytest.approx(last - start, abs=1e-5)
