@@ -2,18 +2,22 @@
 and maxtext_loop.py, whose marked regions the doc shows: tests/unit/test_docs_snippets.py) in real child processes
 under jaxmon.start(), scraped over HTTP: every step counted, the tokens and model FLOPs as each process's share of the
 job's, XLA's FLOPs of the MaxText-style step as its cost analysis reads them in the loop's own mesh context (where
-the step lowers at all), and no tracking problem."""
+the step lowers at all), and no tracking problem; and the PromQL the page shows parses."""
 
 from __future__ import annotations
 
+import re
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.helpers import Child, per_device, sample, wait_for_samples
+from tests.helpers import Child, per_device, promtool, sample, wait_for_samples
 
-WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"
+ROOT = Path(__file__).resolve().parents[2]
+WORKLOADS = ROOT / "tests" / "workloads"
 ENV = {
     "JAXMON_WEB__LISTEN_ADDRESS": "127.0.0.1:0",
     "JAXMON_POLL__INTERVAL": "0.2",
@@ -81,3 +85,14 @@ def test_the_maxtext_style_loop_of_the_docs_reads_xla_flops_in_its_mesh(children
     start = sample(s, "jaxmon_training_start_time_seconds", **lab)
     assert productive is not None and last is not None and start is not None
     assert productive + badput == pytest.approx(last - start, abs=1e-5)
+
+
+def test_the_promql_of_training_md_parses(tmp_path: Path) -> None:
+    text = (ROOT / "docs" / "training.md").read_text()
+    blocks = re.findall(r"^```promql\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
+    assert len(blocks) == 3
+    rules = [{"record": f"docs:block{n}", "expr": block} for n, block in enumerate(blocks)]
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "docs", "rules": rules}]}))
+    out = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
