@@ -6,8 +6,6 @@ environment the test gives. After the loop it answers `OK <json>` on stdout (the
 XLA's FLOPs of one step) and waits for a line on stdin before it exits, so that the test can scrape it.
 """
 
-from __future__ import annotations
-
 # docs:start
 import jax
 import jax.numpy as jnp

@@ -8,8 +8,6 @@ XLA's FLOPs of one step read in the loop's mesh context, and whether the step lo
 on stdin before it exits, so that the test can scrape it.
 """
 
-from __future__ import annotations
-
 # docs:start
 import functools
 
