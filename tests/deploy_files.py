@@ -25,6 +25,8 @@ KUBERNETES = DEPLOY / "kubernetes"
 COMPOSE = DEPLOY / "docker-compose.yml"
 DASHBOARD = ROOT / "grafana" / "dashboards" / "jaxmon.json"
 JOB_DASHBOARD = ROOT / "grafana" / "dashboards" / "jaxmon-job.json"
+# Every dashboard file (deploy/generate.py writes them all): the main one, the Job, JAX training and fleet ones.
+DASHBOARDS = sorted(DASHBOARD.parent.glob("*.json"))
 PROVISIONING = ROOT / "grafana" / "provisioning"
 DOCKERFILE = ROOT / "Dockerfile"
 DOCS = ROOT / "docs" / "deploy.md"

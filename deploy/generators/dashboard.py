@@ -9,7 +9,21 @@ from typing import Any
 
 from .panels import INST, Panel, Row
 from .paths import ROOT
-from .rows import devicewide, health, hosts, job, ladder, megascale, memory, overview, probe, training, workloads
+from .rows import (
+    devicewide,
+    fleet,
+    health,
+    hosts,
+    jax_training,
+    job,
+    ladder,
+    megascale,
+    memory,
+    overview,
+    probe,
+    training,
+    workloads,
+)
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
@@ -106,6 +120,23 @@ def job_templating() -> list[dict[str, Any]]:
     ]
 
 
+def fleet_templating() -> list[dict[str, Any]]:
+    """The fleet dashboard's variables: the main dashboard's job, instance, platform and device, then namespace and
+    pod (of the kubelet's assignments; "All" also keeps the devices no pod holds), and k."""
+    pods = f"jaxmon_kubernetes_pod_device_info{{{INST}}}"
+    return [
+        *[v for v in templating() if v["name"] != "workload" and v is not K_VARIABLE],
+        _variable("namespace", "Namespace", f"label_values({pods}, namespace)", all_value=".*"),
+        _variable(
+            "pod",
+            "Pod",
+            f'label_values(jaxmon_kubernetes_pod_device_info{{{INST}, namespace=~"$namespace"}}, pod)',
+            all_value=".*",
+        ),
+        K_VARIABLE,
+    ]
+
+
 def _panel_json(p: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
     """One panel's JSON at (x, y): field defaults, queries, and the options of its kind."""
     defaults: dict[str, Any] = {"unit": p.unit}
@@ -130,6 +161,8 @@ def _panel_json(p: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
         ]
     if p.kind in ("timeseries",):
         defaults["custom"] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 0, "showPoints": "never"}
+        if p.stack:
+            defaults["custom"].update({"fillOpacity": 60, "stacking": {"mode": "normal", "group": "A"}})
     targets = []
     for i, t in enumerate(p.targets):
         target: dict[str, Any] = {
@@ -288,7 +321,8 @@ JAXMON = Dashboard(
     uid="jaxmon",
     title="jaxmon: JAX accelerators",
     description="Memory, fragmentation, OOM headroom, utilization estimate, device health and compilation "
-    "of JAX accelerators, from jaxmon (a Prometheus exporter).",
+    "of JAX accelerators, from jaxmon (a Prometheus exporter). A panel that could draw a line per device or "
+    "process shows the $k highest (or lowest, where low is bad) or an aggregate.",
     tags=["jaxmon", "jax", "accelerators"],
     rows=[
         overview.ROW,
@@ -302,7 +336,11 @@ JAXMON = Dashboard(
         hosts.ROW,
         health.ROW,
     ],
-    links=[("Training job (stragglers, skew)", "jaxmon-job")],
+    links=[
+        ("JAX training", "jaxmon-training"),
+        ("GPU and TPU fleet", "jaxmon-fleet"),
+        ("Training job (stragglers, skew)", "jaxmon-job"),
+    ],
 )
 
 JOB = Dashboard(
@@ -315,11 +353,36 @@ JOB = Dashboard(
     tags=["jaxmon", "jax", "training"],
     rows=job.ROWS,
     variables=job_templating(),
-    links=[("Devices (jaxmon)", "jaxmon")],
+    links=[("JAX training", "jaxmon-training"), ("Devices (jaxmon)", "jaxmon")],
+)
+
+TRAINING = Dashboard(
+    file=ROOT / "grafana" / "dashboards" / "jaxmon-training.json",
+    uid="jaxmon-training",
+    title="jaxmon: JAX training",
+    description="For the ML engineer: one training job (a workload) as a whole, its step time, tokens/s, MFU, "
+    "goodput and badput, compilation, and its $k worst processes and devices (stragglers from the recording rules "
+    "of deploy/prometheus/job.yml, memory headroom).",
+    tags=["jaxmon", "jax", "training"],
+    rows=jax_training.ROWS,
+    variables=job_templating(),
+    links=[("Training job (stragglers, skew)", "jaxmon-job"), ("GPU and TPU fleet", "jaxmon-fleet")],
+)
+
+FLEET = Dashboard(
+    file=ROOT / "grafana" / "dashboards" / "jaxmon-fleet.json",
+    uid="jaxmon-fleet",
+    title="jaxmon: GPU and TPU fleet",
+    description="For the SRE: the health, memory, duty cycle and utilization ladder of every accelerator jaxmon "
+    "sees, and the pods that hold them; counts over the fleet and its $k worst devices.",
+    tags=["jaxmon", "accelerators", "fleet"],
+    rows=fleet.ROWS,
+    variables=fleet_templating(),
+    links=[("Devices (jaxmon)", "jaxmon"), ("JAX training", "jaxmon-training")],
 )
 
 # Every generated dashboard; another (its own file, uid and rows) is one more entry.
-DASHBOARDS = [JAXMON, JOB]
+DASHBOARDS = [JAXMON, JOB, TRAINING, FLEET]
 
 
 def outputs() -> dict[Path, str]:

@@ -41,6 +41,7 @@ class Panel:
     max: float | None = None
     thresholds: list[tuple[float, str]] = field(default_factory=list)
     mappings: dict[str, tuple[str, str]] = field(default_factory=dict)  # value -> (text, colour)
+    stack: bool = False  # a stacked area (timeseries): shares that add up
 
 
 @dataclass
@@ -59,3 +60,19 @@ OK_MAPPING = {"1": ("ok", "green"), "0": ("failing", "red")}
 def rate(metric: str, selector: str) -> str:
     """The per-second rate of a counter over Grafana's rate interval."""
     return f"rate({metric}{{{selector}}}[$__rate_interval])"
+
+
+def increase(metric: str, selector: str) -> str:
+    """The increase of a counter over Grafana's rate interval."""
+    return f"increase({metric}{{{selector}}}[$__rate_interval])"
+
+
+def top(expr: str) -> str:
+    """The `$k` series of `expr` with the highest values: a panel that can draw one line per device or process
+    draws `$k` (tests/unit/test_deploy.py holds every dashboard query to a bound)."""
+    return f"topk($k, {expr})"
+
+
+def bottom(expr: str) -> str:
+    """The `$k` series of `expr` with the lowest values."""
+    return f"bottomk($k, {expr})"

@@ -15,9 +15,11 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
+from tests.dashboard_bounds import unbounded
 from tests.deploy_files import (
     COMPOSE,
     DASHBOARD,
+    DASHBOARDS,
     DEFAULT_PORT,
     DEPLOY,
     DOCKERFILE,
@@ -197,14 +199,15 @@ def test_dashboard_is_provisionable_with_the_required_variables() -> None:
     assert variables["workload"]["allValue"] == ".*"
 
 
-def test_every_panel_has_a_datasource_variable_queries_and_a_unit() -> None:
-    panels = dashboard_panels()
-    ids = [p["id"] for p in dashboard()["panels"]] + [
-        n["id"] for p in dashboard()["panels"] for n in p.get("panels", [])
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_every_panel_has_a_datasource_variable_queries_and_a_unit(path: Path) -> None:
+    panels = dashboard_panels(path)
+    ids = [p["id"] for p in dashboard(path)["panels"]] + [
+        n["id"] for p in dashboard(path)["panels"] for n in p.get("panels", [])
     ]
     assert len(ids) == len(set(ids)), "duplicate panel ids"
     occupied: set[tuple[int, int]] = set()
-    for p in dashboard()["panels"]:
+    for p in dashboard(path)["panels"]:
         g = p["gridPos"]
         assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
         cells = {(g["x"] + dx, g["y"] + dy) for dx in range(g["w"]) for dy in range(g["h"])}
@@ -222,10 +225,98 @@ def test_every_panel_has_a_datasource_variable_queries_and_a_unit() -> None:
             want = expected_unit(t["expr"])
             assert want is None or unit == want, f"{title}: unit {unit!r}, but {t['expr']!r} is in {want!r}"
             if "rate(" in t["expr"] or "increase(" in t["expr"]:
-                assert "$__rate_interval" in t["expr"], f"{title}: use $__rate_interval in rate windows"
+                # Goodput's shares are over a fixed window (a checkpoint must not swing them), a stat's count of
+                # events over the time range.
+                fixed = (("oodput" in title or "adput" in title) and "[5m]" in t["expr"]) or "[$__range]" in t["expr"]
+                assert "$__rate_interval" in t["expr"] or fixed, f"{title}: use $__rate_interval in rate windows"
                 # A quantile of bucket rates, or a ratio of two rates, is in the histogram's own unit.
-                quantity = "histogram_quantile(" in t["expr"] or "_sum{" in t["expr"]
+                # A heatmap's buckets are in it too.
+                quantity = "histogram_quantile(" in t["expr"] or "_sum{" in t["expr"] or p["type"] == "heatmap"
                 assert quantity or unit in RATE_UNITS, f"{title}: unit {unit!r} for a rate"
+
+
+def test_every_dashboard_is_generated_and_provisioned() -> None:
+    """The four dashboards (deploy/generate.py writes them; tests/e2e/test_deploy.py checks they are its output),
+    loaded by the provider from their folder, each with its own uid, linked from the main dashboard."""
+    assert [p.name for p in DASHBOARDS] == [
+        "jaxmon-fleet.json",
+        "jaxmon-job.json",
+        "jaxmon-training.json",
+        "jaxmon.json",
+    ]
+    uids = [dashboard(path)["uid"] for path in DASHBOARDS]
+    assert len(set(uids)) == len(uids)
+    links = {link["url"] for link in dashboard()["links"]}
+    assert links == {f"/d/{uid}" for uid in uids if uid != "jaxmon"}
+
+
+def test_the_audiences_dashboards_have_their_variables() -> None:
+    """JAX training (ML engineers) shows one job, chosen by workload; the fleet (SREs) filters by namespace, pod,
+    instance and device; both list the $k worst."""
+    training = {v["name"]: v for v in dashboard_variables(DASHBOARD.parent / "jaxmon-training.json")}
+    assert list(training) == ["datasource", "workload", "k"]
+    assert not training["workload"]["multi"]
+    fleet = {v["name"]: v for v in dashboard_variables(DASHBOARD.parent / "jaxmon-fleet.json")}
+    assert {"namespace", "pod", "instance", "device", "k"} <= set(fleet)
+    # "All" pods must keep the devices no pod holds (their series have no pod label).
+    assert fleet["namespace"]["allValue"] == fleet["pod"]["allValue"] == ".*"
+    titles = " ".join(p["title"] for p in dashboard_panels(DASHBOARD.parent / "jaxmon-fleet.json"))
+    ladder = [
+        p["title"]
+        for p in dashboard_panels()
+        if p["title"] in ("Duty cycle (the $k GPUs busiest beyond their SM activity)", "SM active")
+    ]
+    assert ladder and all(t in titles for t in ladder), "the fleet reuses the Utilization ladder's panels"
+
+
+# The count variable: a panel that can draw a line per device or process draws $k; its default and its choices.
+MAX_SERIES = 50
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_no_panel_draws_a_line_per_device_or_process(path: Path) -> None:
+    """Every panel query of every dashboard is bounded whatever the fleet's size (tests/dashboard_bounds.py: topk /
+    bottomk with $k, an aggregation by labels that name no device or process, a per-job record, a constant), and no
+    panel draws over 50 series by default: its $k-bounded queries times k's default. At 4,096 processes x 8
+    devices the unbounded ones drew 32,768 lines. tests/e2e/test_prometheus.py counts the series the queries return
+    on a real Prometheus."""
+    variables = {v["name"]: v for v in dashboard_variables(path)}
+    k = variables["k"]
+    choices = [int(o["value"]) for o in k["options"]]
+    assert max(choices) <= MAX_SERIES and k["current"]["value"] in [str(c) for c in choices]
+    default = int(k["current"]["value"])
+    for p in dashboard_panels(path):
+        selected = 0
+        for t in p["targets"]:
+            why = unbounded(t["expr"])
+            assert not why, f"{path.name}: {p['title']} {t['refId']} can draw a line per device or process: {why}"
+            selected += "$k" in t["expr"]
+        assert selected * default + (len(p["targets"]) - selected) * 10 <= MAX_SERIES, p["title"]
+
+
+@pytest.mark.parametrize(
+    ("expr", "bounded"),
+    [
+        ('topk($k, jaxmon_memory_bytes_in_use{job=~"$job"})', True),
+        ("topk(100, jaxmon_memory_bytes_in_use)", False),
+        ("topk by (instance) ($k, jaxmon_memory_bytes_in_use)", False),
+        ("sum by (workload, le) (rate(jaxmon_training_step_duration_seconds_bucket[5m]))", True),
+        ("sum by (instance) (jaxmon_memory_bytes_in_use)", False),
+        ("avg without (device) (jaxmon_memory_bytes_in_use)", False),
+        ("histogram_quantile(0.9, sum by (le) (rate(x_bucket[1m])))", True),
+        ("time() - jaxmon_training_last_step_timestamp_seconds", False),
+        ("jaxmon_memory_bytes_in_use / (jaxmon_memory_limit_bytes > 0)", False),
+        ("x and on (job, instance, device) topk($k, y - z)", True),
+        ("topk($k, x) or y", False),
+        ("count(x == 0) or vector(0)", True),
+        ('jaxmon:training_step_seconds:job_median5m{workload="$workload"}', True),
+        ("x * on (device) group_left (pod) topk($k, y)", False),
+        ("topk($k, x) * on (device) group_left (pod) y", True),
+        ("count by (version, jax_version) (jaxmon_build_info)", True),
+    ],
+)
+def test_the_bound_check_reads_promql(expr: str, bounded: bool) -> None:
+    assert (unbounded(expr) == "") == bounded, unbounded(expr)
 
 
 def test_every_readme_metric_family_has_a_panel() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..panels import DEV, DEVICE_LEGEND, INST, MEM, UP_MAPPING, WIDE_LEGEND, Panel, Row, Target, rate
+from ..panels import DEV, DEVICE_LEGEND, INST, MEM, UP_MAPPING, WIDE_LEGEND, Panel, Row, Target, bottom, rate, top
 
 # Per-GPU series summed over their links keep these labels (NVML's series carry source="nvml").
 GPU_BY = "instance, platform, device, source"
@@ -22,8 +22,8 @@ ROW = Row(
             "timeseries",
             "percentunit",
             [
-                Target(f"jaxmon_device_duty_cycle_ratio{{{DEV}}}", WIDE_LEGEND + " duty cycle"),
-                Target(f"jaxmon_device_utilization_ratio{{{DEV}}}", DEVICE_LEGEND + " probe estimate"),
+                Target(top(f"jaxmon_device_duty_cycle_ratio{{{DEV}}}"), WIDE_LEGEND + " duty cycle"),
+                Target(top(f"jaxmon_device_utilization_ratio{{{DEV}}}"), DEVICE_LEGEND + " probe estimate"),
             ],
             "Share of the last sample period with any kernel running, as the device-wide source reports it (one "
             "tiny kernel running all the time reads 100 %), beside the probe's slowdown estimate of the same "
@@ -36,8 +36,8 @@ ROW = Row(
             "timeseries",
             "bytes",
             [
-                Target(f"jaxmon_device_memory_used_bytes{{{DEV}}}", WIDE_LEGEND + " used"),
-                Target(f"jaxmon_device_memory_total_bytes{{{DEV}}}", WIDE_LEGEND + " total"),
+                Target(top(f"jaxmon_device_memory_used_bytes{{{DEV}}}"), WIDE_LEGEND + " used"),
+                Target(top(f"jaxmon_device_memory_total_bytes{{{DEV}}}"), WIDE_LEGEND + " total"),
             ],
             "Device-wide memory: every process on the device plus what jaxmon's allocator statistics cannot see.",
             min=0,
@@ -48,7 +48,7 @@ ROW = Row(
             "percentunit",
             [
                 Target(
-                    f"jaxmon_device_memory_used_bytes{{{DEV}}} / jaxmon_device_memory_total_bytes{{{DEV}}}",
+                    top(f"jaxmon_device_memory_used_bytes{{{DEV}}} / jaxmon_device_memory_total_bytes{{{DEV}}}"),
                     WIDE_LEGEND,
                 )
             ],
@@ -63,12 +63,14 @@ ROW = Row(
             "bytes",
             [
                 Target(
-                    f"jaxmon_process_device_memory_bytes{{{MEM}}}",
+                    top(f"jaxmon_process_device_memory_bytes{{{MEM}}}"),
                     "{{instance}} {{platform}}:{{device}} pid {{pid}} {{workload}}",
                 ),
                 Target(
-                    f"jaxmon_process_device_memory_other_bytes{{{DEV}}} > 0 and on (instance, platform, device) "
-                    f"jaxmon_process_device_memory_other_processes{{{DEV}}} > 0",
+                    top(
+                        f"jaxmon_process_device_memory_other_bytes{{{DEV}}} > 0 and on (instance, platform, device) "
+                        f"jaxmon_process_device_memory_other_processes{{{DEV}}} > 0"
+                    ),
                     "{{instance}} {{platform}}:{{device}} other processes",
                 ),
             ],
@@ -83,7 +85,7 @@ ROW = Row(
             "bytes",
             [
                 Target(
-                    f'sum by (instance, namespace, pod) (jaxmon_device_memory_used_bytes{{{DEV}, pod!=""}})',
+                    top(f'sum by (instance, namespace, pod) (jaxmon_device_memory_used_bytes{{{DEV}, pod!=""}})'),
                     "{{instance}} {{namespace}}/{{pod}}",
                 )
             ],
@@ -96,7 +98,7 @@ ROW = Row(
             "Devices held by pods (kubelet)",
             "table",
             "none",
-            [Target(f"jaxmon_kubernetes_pod_device_info{{{INST}}}", table=True)],
+            [Target(top(f"jaxmon_kubernetes_pod_device_info{{{INST}}}"), table=True)],
             "Each GPU, MIG device and TPU chip the kubelet assigned to a container (device_id as its device "
             "plugin names it), one row per pod even where pods share a time-sliced GPU.",
         ),
@@ -104,7 +106,7 @@ ROW = Row(
             "Memory bandwidth utilization",
             "timeseries",
             "percentunit",
-            [Target(f"jaxmon_device_memory_bandwidth_utilization_ratio{{{DEV}}}", WIDE_LEGEND)],
+            [Target(top(f"jaxmon_device_memory_bandwidth_utilization_ratio{{{DEV}}}"), WIDE_LEGEND)],
             "Share of the last sample period in which device memory was read or written.",
             min=0,
             max=1,
@@ -114,10 +116,12 @@ ROW = Row(
             "timeseries",
             "watt",
             [
-                Target(f"jaxmon_device_power_watts{{{DEV}}}", WIDE_LEGEND + " power"),
-                Target(f"jaxmon_device_power_limit_watts{{{DEV}}}", WIDE_LEGEND + " enforced limit"),
-                Target(f"jaxmon_device_power_management_limit_watts{{{DEV}}}", WIDE_LEGEND + " management limit"),
-                Target(rate("jaxmon_device_energy_joules_total", DEV), WIDE_LEGEND + " mean power (energy counter)"),
+                Target(top(f"jaxmon_device_power_watts{{{DEV}}}"), WIDE_LEGEND + " power"),
+                Target(top(f"jaxmon_device_power_limit_watts{{{DEV}}}"), WIDE_LEGEND + " enforced limit"),
+                Target(top(f"jaxmon_device_power_management_limit_watts{{{DEV}}}"), WIDE_LEGEND + " management limit"),
+                Target(
+                    top(rate("jaxmon_device_energy_joules_total", DEV)), WIDE_LEGEND + " mean power (energy counter)"
+                ),
             ],
             "Power draw, the enforced power limit and the power management limit set on the GPU (the enforced one "
             "is the lowest of it and the board's constraints), and the mean power over each interval from the "
@@ -128,7 +132,7 @@ ROW = Row(
             "Temperature",
             "timeseries",
             "celsius",
-            [Target(f"jaxmon_device_temperature_celsius{{{DEV}}}", WIDE_LEGEND)],
+            [Target(top(f"jaxmon_device_temperature_celsius{{{DEV}}}"), WIDE_LEGEND)],
             "GPU core temperature; JaxmonGpuHot fires over 85 °C.",
             thresholds=[(0, "green"), (85, "red")],
         ),
@@ -137,10 +141,10 @@ ROW = Row(
             "timeseries",
             "hertz",
             [
-                Target(f"jaxmon_device_sm_clock_hertz{{{DEV}}}", WIDE_LEGEND + " SM"),
-                Target(f"jaxmon_device_graphics_clock_hertz{{{DEV}}}", WIDE_LEGEND + " graphics"),
-                Target(f"jaxmon_device_sm_clock_max_hertz{{{DEV}}}", WIDE_LEGEND + " SM max"),
-                Target(f"jaxmon_device_graphics_clock_max_hertz{{{DEV}}}", WIDE_LEGEND + " graphics max"),
+                Target(bottom(f"jaxmon_device_sm_clock_hertz{{{DEV}}}"), WIDE_LEGEND + " SM"),
+                Target(bottom(f"jaxmon_device_graphics_clock_hertz{{{DEV}}}"), WIDE_LEGEND + " graphics"),
+                Target(top(f"jaxmon_device_sm_clock_max_hertz{{{DEV}}}"), WIDE_LEGEND + " SM max"),
+                Target(top(f"jaxmon_device_graphics_clock_max_hertz{{{DEV}}}"), WIDE_LEGEND + " graphics max"),
             ],
             "Current SM and graphics clocks beside the highest the GPU runs at; they drop while a throttle reason "
             "is active.",
@@ -151,10 +155,10 @@ ROW = Row(
             "timeseries",
             "hertz",
             [
-                Target(f"jaxmon_device_memory_clock_hertz{{{DEV}}}", WIDE_LEGEND + " memory"),
-                Target(f"jaxmon_device_video_clock_hertz{{{DEV}}}", WIDE_LEGEND + " video"),
-                Target(f"jaxmon_device_memory_clock_max_hertz{{{DEV}}}", WIDE_LEGEND + " memory max"),
-                Target(f"jaxmon_device_video_clock_max_hertz{{{DEV}}}", WIDE_LEGEND + " video max"),
+                Target(bottom(f"jaxmon_device_memory_clock_hertz{{{DEV}}}"), WIDE_LEGEND + " memory"),
+                Target(bottom(f"jaxmon_device_video_clock_hertz{{{DEV}}}"), WIDE_LEGEND + " video"),
+                Target(top(f"jaxmon_device_memory_clock_max_hertz{{{DEV}}}"), WIDE_LEGEND + " memory max"),
+                Target(top(f"jaxmon_device_video_clock_max_hertz{{{DEV}}}"), WIDE_LEGEND + " video max"),
             ],
             "Current memory and video clocks beside their maxima.",
             min=0,
@@ -163,7 +167,7 @@ ROW = Row(
             "Fan speed",
             "timeseries",
             "percentunit",
-            [Target(f"jaxmon_device_fan_speed_ratio{{{DEV}}}", WIDE_LEGEND + " fan {{fan}}")],
+            [Target(top(f"jaxmon_device_fan_speed_ratio{{{DEV}}}"), WIDE_LEGEND + " fan {{fan}}")],
             "Each fan's intended speed as a share of its maximum; boards without fans NVML controls (SXM) have none.",
             min=0,
         ),
@@ -172,8 +176,8 @@ ROW = Row(
             "timeseries",
             "percentunit",
             [
-                Target(f"jaxmon_device_encoder_utilization_ratio{{{DEV}}}", WIDE_LEGEND + " encoder"),
-                Target(f"jaxmon_device_decoder_utilization_ratio{{{DEV}}}", WIDE_LEGEND + " decoder"),
+                Target(top(f"jaxmon_device_encoder_utilization_ratio{{{DEV}}}"), WIDE_LEGEND + " encoder"),
+                Target(top(f"jaxmon_device_decoder_utilization_ratio{{{DEV}}}"), WIDE_LEGEND + " decoder"),
             ],
             "Share of the last sample period the video encoder (NVENC) and decoders (NVDEC) were busy, e.g. "
             "decoding a video data set on the GPU.",
@@ -186,7 +190,7 @@ ROW = Row(
             "Bps",
             [
                 Target(
-                    f"jaxmon_device_pcie_throughput_bytes_per_second{{{DEV}}}",
+                    top(f"jaxmon_device_pcie_throughput_bytes_per_second{{{DEV}}}"),
                     WIDE_LEGEND + " {{direction}}",
                 )
             ],
@@ -198,7 +202,7 @@ ROW = Row(
             "PCIe replays",
             "timeseries",
             "short",
-            [Target(f"increase(jaxmon_device_pcie_replays_total{{{DEV}}}[$__rate_interval])", WIDE_LEGEND)],
+            [Target(top(f"increase(jaxmon_device_pcie_replays_total{{{DEV}}}[$__rate_interval])"), WIDE_LEGEND)],
             "PCIe packets resent after link errors, per interval; JaxmonGpuPcieReplays fires while they rise.",
             min=0,
         ),
@@ -206,7 +210,7 @@ ROW = Row(
             "Active NVLink links",
             "timeseries",
             "none",
-            [Target(f"sum by ({GPU_BY}) (jaxmon_device_nvlink_active{{{DEV}}})", GPU_LEGEND)],
+            [Target(bottom(f"sum by ({GPU_BY}) (jaxmon_device_nvlink_active{{{DEV}}})"), GPU_LEGEND)],
             "NVLink links up on each GPU (18 on H100 and H200 SXM); a drop is a link down.",
             min=0,
         ),
@@ -216,7 +220,7 @@ ROW = Row(
             "Bps",
             [
                 Target(
-                    f"sum by ({GPU_BY}, direction) ({rate('jaxmon_device_nvlink_data_bytes_total', DEV)})",
+                    top(f"sum by ({GPU_BY}, direction) ({rate('jaxmon_device_nvlink_data_bytes_total', DEV)})"),
                     GPU_LEGEND + " {{direction}}",
                 )
             ],
@@ -229,7 +233,10 @@ ROW = Row(
             "short",
             [
                 Target(
-                    f"sum by ({GPU_BY}, kind) (increase(jaxmon_device_nvlink_errors_total{{{DEV}}}[$__rate_interval]))",
+                    top(
+                        f"sum by ({GPU_BY}, kind) "
+                        f"(increase(jaxmon_device_nvlink_errors_total{{{DEV}}}[$__rate_interval]))"
+                    ),
                     GPU_LEGEND + " {{kind}}",
                 )
             ],
@@ -243,7 +250,7 @@ ROW = Row(
             "none",
             [
                 Target(
-                    f'jaxmon_device_throttled{{{DEV}, reason!="gpu_idle"}} == 1',
+                    top(f'jaxmon_device_throttled{{{DEV}, reason!="gpu_idle"}} == 1'),
                     "{{instance}} {{platform}}:{{device}} {{reason}}",
                 )
             ],
@@ -253,7 +260,7 @@ ROW = Row(
             "TensorCore idle duration (TPU)",
             "timeseries",
             "s",
-            [Target(f"jaxmon_device_tensorcore_idle_duration_seconds{{{DEV}}}", WIDE_LEGEND)],
+            [Target(top(f"jaxmon_device_tensorcore_idle_duration_seconds{{{DEV}}}"), WIDE_LEGEND)],
             "The TensorCore idle duration libtpu reports for each TPU device (tpu-info's TensorCore Idle Duration).",
             min=0,
         ),
@@ -261,7 +268,7 @@ ROW = Row(
             "HLO queue size (TPU)",
             "timeseries",
             "none",
-            [Target(f"jaxmon_device_hlo_queue_size{{{DEV}}}", WIDE_LEGEND)],
+            [Target(top(f"jaxmon_device_hlo_queue_size{{{DEV}}}"), WIDE_LEGEND)],
             "Programs queued for execution on each TPU device (libtpu). Near 0 on an idle chip means the host "
             "does not feed it.",
             min=0,
@@ -272,10 +279,10 @@ ROW = Row(
             "s",
             [
                 Target(
-                    f"jaxmon_device_hlo_execution_seconds{{{DEV}}}",
+                    top(f"jaxmon_device_hlo_execution_seconds{{{DEV}}}"),
                     WIDE_LEGEND + " p{{percentile}}",
                 ),
-                Target(f"jaxmon_device_hlo_execution_mean_seconds{{{DEV}}}", WIDE_LEGEND + " mean"),
+                Target(top(f"jaxmon_device_hlo_execution_mean_seconds{{{DEV}}}"), WIDE_LEGEND + " mean"),
             ],
             "Percentiles and mean of HLO program execution time on each TPU device, from libtpu's distribution.",
             min=0,
@@ -284,7 +291,7 @@ ROW = Row(
             "Device-wide source up",
             "state-timeline",
             "none",
-            [Target(f"jaxmon_device_source_up{{{DEV}}}", WIDE_LEGEND)],
+            [Target(bottom(f"jaxmon_device_source_up{{{DEV}}}"), WIDE_LEGEND)],
             "Whether the device-wide source answered for the device in its last poll (0: e.g. GPU lost).",
             mappings=UP_MAPPING,
         ),
@@ -292,7 +299,7 @@ ROW = Row(
             "ECC errors (volatile)",
             "timeseries",
             "none",
-            [Target(f"jaxmon_device_ecc_errors_total{{{DEV}}}", WIDE_LEGEND + " {{kind}}")],
+            [Target(top(f"jaxmon_device_ecc_errors_total{{{DEV}}}"), WIDE_LEGEND + " {{kind}}")],
             "ECC errors counted since the driver loaded, by kind; absent where ECC is off.",
             min=0,
         ),
@@ -300,7 +307,7 @@ ROW = Row(
             "Remapped rows",
             "timeseries",
             "none",
-            [Target(f"jaxmon_device_remapped_rows_total{{{DEV}}}", WIDE_LEGEND + " {{kind}}")],
+            [Target(top(f"jaxmon_device_remapped_rows_total{{{DEV}}}"), WIDE_LEGEND + " {{kind}}")],
             "Memory rows replaced by spare rows, by the kind of error that caused it (kept by the GPU across driver "
             "loads).",
             min=0,
@@ -310,8 +317,8 @@ ROW = Row(
             "state-timeline",
             "none",
             [
-                Target(f"jaxmon_device_row_remapping_pending{{{DEV}}}", WIDE_LEGEND + " pending (reset needed)"),
-                Target(f"jaxmon_device_row_remapping_failed{{{DEV}}}", WIDE_LEGEND + " failed (replace the GPU)"),
+                Target(top(f"jaxmon_device_row_remapping_pending{{{DEV}}}"), WIDE_LEGEND + " pending (reset needed)"),
+                Target(top(f"jaxmon_device_row_remapping_failed{{{DEV}}}"), WIDE_LEGEND + " failed (replace the GPU)"),
             ],
             "A remapping that waits for a GPU reset, and a remapping that failed for want of a spare row.",
             mappings=YES_RED_MAPPING,
@@ -320,7 +327,7 @@ ROW = Row(
             "Xid errors",
             "timeseries",
             "none",
-            [Target(f"jaxmon_device_xid_errors_total{{{DEV}}}", WIDE_LEGEND + " xid {{xid}}")],
+            [Target(top(f"jaxmon_device_xid_errors_total{{{DEV}}}"), WIDE_LEGEND + " xid {{xid}}")],
             "Critical Xid events counted since jaxmon started, by xid (79: fallen off the bus, 48: DBE).",
             min=0,
         ),
@@ -328,7 +335,7 @@ ROW = Row(
             "MIG mode",
             "state-timeline",
             "none",
-            [Target(f"jaxmon_device_mig_enabled{{{DEV}}}", WIDE_LEGEND)],
+            [Target(top(f"jaxmon_device_mig_enabled{{{DEV}}}"), WIDE_LEGEND)],
             "Whether each GPU runs in MIG mode (absent on GPUs without MIG).",
             mappings=ON_OFF_MAPPING,
         ),
@@ -336,7 +343,7 @@ ROW = Row(
             "MIG devices",
             "table",
             "none",
-            [Target(f"jaxmon_mig_device_info{{{DEV}}}", MIG_LEGEND, table=True)],
+            [Target(top(f"jaxmon_mig_device_info{{{DEV}}}"), MIG_LEGEND, table=True)],
             "Each MIG device with its GPU, UUID (what pods and CUDA_VISIBLE_DEVICES name), GPU and compute "
             "instance and profile.",
         ),
@@ -345,8 +352,8 @@ ROW = Row(
             "timeseries",
             "bytes",
             [
-                Target(f"jaxmon_mig_device_memory_used_bytes{{{DEV}}}", MIG_LEGEND + " used"),
-                Target(f"jaxmon_mig_device_memory_total_bytes{{{DEV}}}", MIG_LEGEND + " total"),
+                Target(top(f"jaxmon_mig_device_memory_used_bytes{{{DEV}}}"), MIG_LEGEND + " used"),
+                Target(top(f"jaxmon_mig_device_memory_total_bytes{{{DEV}}}"), MIG_LEGEND + " total"),
             ],
             "Device memory of each MIG device: in use by its processes, and its size.",
             min=0,
@@ -355,7 +362,7 @@ ROW = Row(
             "MIG device duty cycle",
             "timeseries",
             "percentunit",
-            [Target(f"jaxmon_mig_device_duty_cycle_ratio{{{DEV}}}", MIG_LEGEND)],
+            [Target(top(f"jaxmon_mig_device_duty_cycle_ratio{{{DEV}}}"), MIG_LEGEND)],
             "Share of the last sample period each MIG device ran a kernel, where the driver reports it for MIG "
             "devices.",
             min=0,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..panels import INST, OK_MAPPING, UP_MAPPING, Panel, Row, Target
+from ..panels import INST, OK_MAPPING, UP_MAPPING, Panel, Row, Target, bottom, top
 
 ROW = Row(
     "Exporter health",
@@ -11,7 +11,7 @@ ROW = Row(
             "Collector success",
             "state-timeline",
             "none",
-            [Target(f"jaxmon_collector_success{{{INST}}}", "{{instance}} {{collector}}")],
+            [Target(bottom(f"jaxmon_collector_success{{{INST}}}"), "{{instance}} {{collector}}")],
             "Whether each collector's last run got all its data (memory, probe, spool).",
             mappings=OK_MAPPING,
         ),
@@ -19,7 +19,7 @@ ROW = Row(
             "Collector duration",
             "timeseries",
             "s",
-            [Target(f"jaxmon_collector_duration_seconds{{{INST}}}", "{{instance}} {{collector}}")],
+            [Target(top(f"jaxmon_collector_duration_seconds{{{INST}}}"), "{{instance}} {{collector}}")],
             "Time of each collector's last run (probe: device time of the last round).",
             min=0,
         ),
@@ -29,7 +29,7 @@ ROW = Row(
             "s",
             [
                 Target(
-                    f"time() - jaxmon_collector_last_success_timestamp_seconds{{{INST}}}",
+                    top(f"time() - jaxmon_collector_last_success_timestamp_seconds{{{INST}}}"),
                     "{{instance}} {{collector}}",
                 )
             ],
@@ -40,7 +40,7 @@ ROW = Row(
             "Backend up",
             "state-timeline",
             "none",
-            [Target(f"jaxmon_backend_up{{{INST}}}", "{{instance}} {{backend}}")],
+            [Target(bottom(f"jaxmon_backend_up{{{INST}}}"), "{{instance}} {{backend}}")],
             "JAX backends jaxmon tried to start; the log and the landing page say why one failed.",
             mappings=UP_MAPPING,
         ),
@@ -48,7 +48,7 @@ ROW = Row(
             "Scrape duration",
             "timeseries",
             "s",
-            [Target(f"scrape_duration_seconds{{{INST}}}", "{{instance}}")],
+            [Target(top(f"scrape_duration_seconds{{{INST}}}"), "{{instance}}")],
             "How long Prometheus takes to scrape each jaxmon (scrapes never touch a device).",
             min=0,
         ),
@@ -56,7 +56,12 @@ ROW = Row(
             "Versions",
             "table",
             "none",
-            [Target(f"jaxmon_build_info{{{INST}}}", table=True)],
+            [
+                Target(
+                    f"count by (version, jax_version, jaxlib_version, python_version) (jaxmon_build_info{{{INST}}})",
+                    table=True,
+                )
+            ],
             "jaxmon, jax, jaxlib and Python versions of each exporter.",
         ),
     ],

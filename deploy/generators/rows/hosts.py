@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..panels import DEV, MEM, Panel, Row, Target
+from ..panels import DEV, MEM, Panel, Row, Target, bottom, top
 
 ROW = Row(
     "Hosts and processes (multi-host)",
@@ -11,7 +11,7 @@ ROW = Row(
             "Memory in use by host",
             "timeseries",
             "bytes",
-            [Target(f"sum by (instance) (jaxmon_memory_bytes_in_use{{{MEM}}})", "{{instance}}")],
+            [Target(top(f"sum by (instance) (jaxmon_memory_bytes_in_use{{{MEM}}})"), "{{instance}}")],
             "One jaxmon per host: the sum over its devices (and workloads).",
             min=0,
         ),
@@ -21,10 +21,10 @@ ROW = Row(
             "bytes",
             [
                 Target(
-                    "sum by (process_index) ("
+                    "topk($k, sum by (process_index) ("
                     f"jaxmon_memory_bytes_in_use{{{MEM}}}"
                     " * on (job, instance, platform, device, workload) group_left (process_index) "
-                    f"jaxmon_device_info{{{MEM}}})",
+                    f"jaxmon_device_info{{{MEM}}}))",
                     "process {{process_index}}",
                 )
             ],
@@ -35,7 +35,7 @@ ROW = Row(
             "Utilization by host (estimate)",
             "timeseries",
             "percentunit",
-            [Target(f"avg by (instance) (jaxmon_device_utilization_ratio{{{DEV}}})", "{{instance}}")],
+            [Target(top(f"avg by (instance) (jaxmon_device_utilization_ratio{{{DEV}}})"), "{{instance}}")],
             "Average probe utilization estimate over each host's devices.",
             min=0,
             max=1,
@@ -44,7 +44,7 @@ ROW = Row(
             "Devices up by host",
             "timeseries",
             "none",
-            [Target(f"sum by (instance) (jaxmon_device_up{{{DEV}}})", "{{instance}}")],
+            [Target(bottom(f"sum by (instance) (jaxmon_device_up{{{DEV}}})"), "{{instance}}")],
             "Devices answering the probe on each host.",
             min=0,
         ),
@@ -52,7 +52,7 @@ ROW = Row(
             "Devices",
             "table",
             "none",
-            [Target(f"jaxmon_device_info{{{MEM}}}", table=True)],
+            [Target(f"count by (platform, device_kind, source, workload) (jaxmon_device_info{{{MEM}}})", table=True)],
             "Identity of each device: kind, JAX process index, TPU coordinates, source (local, replay, spool).",
             width=24,
         ),

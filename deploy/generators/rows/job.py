@@ -10,6 +10,9 @@ JOB = 'workload="$workload"'
 PROCESS = "process {{process_index}} ({{host}})"
 DEVICE = "{{instance}} {{platform}}:{{device}}"
 BUCKETS = f"rate(jaxmon_training_step_duration_seconds_bucket{{{JOB}}}[$__rate_interval])"
+MFU = f"jaxmon_training_model_flops_utilization_ratio{{{JOB}}}"
+PRODUCTIVE = f"sum(rate(jaxmon_training_productive_seconds_total{{{JOB}}}[5m]))"
+BADPUT = f"sum(rate(jaxmon_training_badput_seconds_total{{{JOB}}}[5m]))"
 JOB_ALERTS = 'alertname=~"JaxmonTraining.*|JaxmonDeviceMemorySkew"'
 SCORE_THRESHOLDS = [(0, "red"), (0.5, "orange"), (0.85, "green")]
 
@@ -148,6 +151,56 @@ PROCESSES = Row(
     ],
 )
 
+
+def rate(metric: str) -> str:
+    return f"rate({metric}{{{JOB}}}[$__rate_interval])"
+
+
+# What the job is for: its throughput, MFU and goodput (as on the JAX training dashboard).
+THROUGHPUT = Row(
+    "Throughput, MFU and goodput",
+    [
+        Panel(
+            "Tokens and examples per second (the job)",
+            "timeseries",
+            "short",
+            [
+                Target(f"sum({rate('jaxmon_training_tokens_total')})", "tokens/s"),
+                Target(f"sum({rate('jaxmon_training_examples_total')})", "examples/s"),
+            ],
+            "Every process passes the job's figures to jaxmon.step() and exports its share (÷ process count), so "
+            "the sum over the job's processes is the job's.",
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "MFU: the job's mean and its lowest devices",
+            "timeseries",
+            "percentunit",
+            [
+                Target(f"avg({MFU})", "mean"),
+                Target(f"bottomk($k, {MFU})", "process {{process_index}} {{platform}}:{{device}}"),
+            ],
+            "Model FLOPs utilization over the last window of steps: the mean over the job's devices, and the $k "
+            "devices with the lowest (needs jaxmon.step(model_flops=) and a known peak).",
+            min=0,
+            max=1,
+            width=8,
+        ),
+        Panel(
+            "Goodput",
+            "timeseries",
+            "percentunit",
+            [Target(f"{PRODUCTIVE} / ({PRODUCTIVE} + {BADPUT})", "goodput")],
+            "Productive time over productive + every badput kind, summed over the job's processes, over 5 minutes "
+            "(the JAX training dashboard shows the badput by kind).",
+            min=0,
+            max=1,
+            width=8,
+        ),
+    ],
+)
+
 DEVICES = Row(
     "Devices: speed and memory skew",
     [
@@ -200,10 +253,12 @@ DEVICES = Row(
             "Job alerts",
             "table",
             "none",
-            [Target(f'ALERTS{{{JOB_ALERTS}, alertstate="firing", {JOB}}}', table=True)],
-            "The training and job-view alerts firing for this workload, with the process or device each names.",
+            [Target(f'topk($k, ALERTS{{{JOB_ALERTS}, alertstate="firing", {JOB}}})', table=True)],
+            "The training and job-view alerts firing for this workload, with the process or device each names ($k "
+            "at most).",
         ),
     ],
 )
 
-ROWS = [SUMMARY, PROCESSES, DEVICES]
+
+ROWS = [SUMMARY, THROUGHPUT, PROCESSES, DEVICES]

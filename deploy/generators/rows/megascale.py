@@ -3,7 +3,7 @@ transfers, host compute, gRPC TCP), as tpu-info shows them, with their recent me
 
 from __future__ import annotations
 
-from ..panels import INST, Panel, Row, Target, rate
+from ..panels import INST, Panel, Row, Target, rate, top
 
 SIZED_LEGEND = "{{instance}} {{buffer_size}}"
 
@@ -16,8 +16,8 @@ def _recent_mean(family: str) -> str:
 def _distribution(family: str, legend: str, what: str = "") -> list[Target]:
     """The cumulative distribution's quantiles (since libtpu started) and the recent mean of one summary."""
     return [
-        Target(f"{family}{{{INST}}}", f"{legend} {what}q{{{{quantile}}}} (since start)"),
-        Target(_recent_mean(family), f"{legend} {what}mean (recent)"),
+        Target(top(f"{family}{{{INST}}}"), f"{legend} {what}q{{{{quantile}}}} (since start)"),
+        Target(top(_recent_mean(family)), f"{legend} {what}mean (recent)"),
     ]
 
 
@@ -52,8 +52,10 @@ ROW = Row(
             "timeseries",
             "ops",
             [
-                Target(rate("jaxmon_megascale_dcn_transfer_latency_seconds_count", INST), SIZED_LEGEND + " out"),
-                Target(rate("jaxmon_megascale_dcn_inbound_transfer_latency_seconds_count", INST), SIZED_LEGEND + " in"),
+                Target(top(rate("jaxmon_megascale_dcn_transfer_latency_seconds_count", INST)), SIZED_LEGEND + " out"),
+                Target(
+                    top(rate("jaxmon_megascale_dcn_inbound_transfer_latency_seconds_count", INST)), SIZED_LEGEND + " in"
+                ),
             ],
             "Buffer transfers over DCN per second, by buffer size: the traffic the latencies are measured on.",
             min=0,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..panels import DEV, DEVICE_LEGEND, UP_MAPPING, Panel, Row, Target, rate
+from ..panels import DEV, DEVICE_LEGEND, UP_MAPPING, Panel, Row, Target, bottom, rate, top
 
 ROW = Row(
     "Utilization and probe",
@@ -11,7 +11,7 @@ ROW = Row(
             "Utilization (estimate)",
             "timeseries",
             "percentunit",
-            [Target(f"jaxmon_device_utilization_ratio{{{DEV}}}")],
+            [Target(top(f"jaxmon_device_utilization_ratio{{{DEV}}}"))],
             "ESTIMATE from probe slowdown: 1 - baseline / latency. Absent while a device is down.",
             min=0,
             max=1,
@@ -21,8 +21,8 @@ ROW = Row(
             "timeseries",
             "s",
             [
-                Target(f"jaxmon_probe_duration_seconds{{{DEV}}}", DEVICE_LEGEND + " latency"),
-                Target(f"jaxmon_probe_baseline_seconds{{{DEV}}}", DEVICE_LEGEND + " baseline"),
+                Target(top(f"jaxmon_probe_duration_seconds{{{DEV}}}"), DEVICE_LEGEND + " latency"),
+                Target(top(f"jaxmon_probe_baseline_seconds{{{DEV}}}"), DEVICE_LEGEND + " baseline"),
             ],
             "Latency of the last probe run and the idle baseline; their ratio is the utilization estimate.",
             min=0,
@@ -31,7 +31,7 @@ ROW = Row(
             "Device up",
             "state-timeline",
             "none",
-            [Target(f"jaxmon_device_up{{{DEV}}}")],
+            [Target(bottom(f"jaxmon_device_up{{{DEV}}}"))],
             "1 when the device answered its last probe within the timeout.",
             mappings=UP_MAPPING,
         ),
@@ -39,7 +39,7 @@ ROW = Row(
             "Probe FLOP/s",
             "timeseries",
             "flops",
-            [Target(f"jaxmon_probe_flops_per_second{{{DEV}}}")],
+            [Target(bottom(f"jaxmon_probe_flops_per_second{{{DEV}}}"))],
             "FLOP/s of the last probe run (its share of the device).",
             min=0,
         ),
@@ -48,10 +48,10 @@ ROW = Row(
             "timeseries",
             "ops",
             [
-                Target(rate("jaxmon_probe_runs_total", DEV), DEVICE_LEGEND + " runs"),
-                Target(rate("jaxmon_probe_failures_total", DEV), DEVICE_LEGEND + " failures"),
-                Target(rate("jaxmon_probe_timeouts_total", DEV), DEVICE_LEGEND + " timeouts"),
-                Target(rate("jaxmon_probe_skipped_total", DEV), DEVICE_LEGEND + " skipped"),
+                Target(top(rate("jaxmon_probe_runs_total", DEV)), DEVICE_LEGEND + " runs"),
+                Target(top(rate("jaxmon_probe_failures_total", DEV)), DEVICE_LEGEND + " failures"),
+                Target(top(rate("jaxmon_probe_timeouts_total", DEV)), DEVICE_LEGEND + " timeouts"),
+                Target(top(rate("jaxmon_probe_skipped_total", DEV)), DEVICE_LEGEND + " skipped"),
             ],
             "Probe runs per second, and those that raised, timed out, or were skipped behind a hung run.",
             min=0,
@@ -60,7 +60,7 @@ ROW = Row(
             "Probe duty cycle",
             "timeseries",
             "percentunit",
-            [Target(rate("jaxmon_probe_busy_seconds_total", DEV))],
+            [Target(top(rate("jaxmon_probe_busy_seconds_total", DEV)))],
             "Share of each device's time spent running the probe (its cost).",
             min=0,
         ),
@@ -68,7 +68,7 @@ ROW = Row(
             "Probe memory footprint",
             "bargauge",
             "bytes",
-            [Target(f"jaxmon_probe_memory_bytes{{{DEV}}}")],
+            [Target(top(f"jaxmon_probe_memory_bytes{{{DEV}}}"))],
             "Device memory of the compiled probe, allocated once.",
             min=0,
         ),
@@ -76,7 +76,7 @@ ROW = Row(
             "Probe steps per run",
             "bargauge",
             "none",
-            [Target(f"jaxmon_probe_steps{{{DEV}}}")],
+            [Target(top(f"jaxmon_probe_steps{{{DEV}}}"))],
             "Matmul steps per run, chosen by the start-up calibration.",
             min=0,
         ),
@@ -84,7 +84,11 @@ ROW = Row(
             "Probe baseline origin",
             "table",
             "none",
-            [Target(f"jaxmon_probe_baseline_info{{{DEV}}}", DEVICE_LEGEND + " {{origin}}")],
+            [
+                Target(
+                    f"count by (platform, origin) (jaxmon_probe_baseline_info{{{DEV}}})", DEVICE_LEGEND + " {{origin}}"
+                )
+            ],
             "Where each device's baseline comes from: calibrated (idle, now), restored "
             "(--collector.probe.baseline-file) or provisional (taken while a device-wide source said busy: no "
             "utilization estimate until idle).",

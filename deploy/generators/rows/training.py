@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..panels import INST, WL, Panel, Row, Target, rate
+from ..panels import INST, WL, Panel, Row, Target, bottom, rate, top
 
 PROCESS = "{{workload}} process {{process_index}}"
 DEVICE = "{{workload}} process {{process_index}} {{platform}}:{{device}}"
@@ -33,7 +33,7 @@ ROW = Row(
             "Steps per second",
             "timeseries",
             "ops",
-            [Target(rate("jaxmon_training_steps_total", WL), PROCESS)],
+            [Target(bottom(rate("jaxmon_training_steps_total", WL)), PROCESS)],
             "Completed training steps per second, per process.",
             min=0,
             width=8,
@@ -56,8 +56,8 @@ ROW = Row(
             "timeseries",
             "percentunit",
             [
-                Target(f"jaxmon_training_model_flops_utilization_ratio{{{WL}}}", DEVICE + " MFU"),
-                Target(f"jaxmon_training_hardware_flops_utilization_ratio{{{WL}}}", DEVICE + " HFU"),
+                Target(bottom(f"jaxmon_training_model_flops_utilization_ratio{{{WL}}}"), DEVICE + " MFU"),
+                Target(bottom(f"jaxmon_training_hardware_flops_utilization_ratio{{{WL}}}"), DEVICE + " HFU"),
             ],
             "Model (and XLA's hardware) FLOPs over the last window of steps, divided by the steps' time and the "
             "device's dense bf16 peak. HFU above MFU is remat or replicated work.",
@@ -86,7 +86,7 @@ ROW = Row(
             "Host wait",
             "timeseries",
             "percentunit",
-            [Target(rate("jaxmon_training_host_wait_seconds_total", WL), PROCESS)],
+            [Target(top(rate("jaxmon_training_host_wait_seconds_total", WL)), PROCESS)],
             "Share of time the devices waited for the host to hand over the next step: a host-bound loop (input "
             "pipeline, Python overhead) reads high.",
             min=0,
@@ -97,9 +97,9 @@ ROW = Row(
             "timeseries",
             "flops",
             [
-                Target(rate("jaxmon_training_model_flops_total", WL), DEVICE + " model"),
-                Target(rate("jaxmon_training_hardware_flops_total", WL), DEVICE + " XLA"),
-                Target(f"jaxmon_device_peak_flops_per_second{{{WL}}}", DEVICE + " peak ({{origin}})"),
+                Target(bottom(rate("jaxmon_training_model_flops_total", WL)), DEVICE + " model"),
+                Target(bottom(rate("jaxmon_training_hardware_flops_total", WL)), DEVICE + " XLA"),
+                Target(top(f"jaxmon_device_peak_flops_per_second{{{WL}}}"), DEVICE + " peak ({{origin}})"),
             ],
             "Model FLOPs (jaxmon.step(model_flops=) / device count) and XLA's counted FLOPs (jaxmon.track) per "
             "second, beside the device's peak.",
@@ -110,7 +110,7 @@ ROW = Row(
             "Bytes accessed per second",
             "timeseries",
             "Bps",
-            [Target(rate("jaxmon_training_hardware_accessed_bytes_total", WL), DEVICE)],
+            [Target(top(rate("jaxmon_training_hardware_accessed_bytes_total", WL)), DEVICE)],
             "Bytes XLA counts as accessed by the tracked functions, per second, per device.",
             min=0,
             width=8,
@@ -120,8 +120,8 @@ ROW = Row(
             "table",
             "none",
             [
-                Target(f"jaxmon_training_step{{{WL}}}", table=True),
-                Target(f"jaxmon_training_dispatched_step{{{WL}}}", table=True),
+                Target(bottom(f"jaxmon_training_step{{{WL}}}"), table=True),
+                Target(bottom(f"jaxmon_training_dispatched_step{{{WL}}}"), table=True),
             ],
             "Each process's last completed step, and the last it handed to jaxmon.step() (a process behind the "
             "others in dispatching is the one a synchronous job waits for).",
@@ -133,8 +133,10 @@ ROW = Row(
             "timeseries",
             "s",
             [
-                Target(f"time() - jaxmon_training_last_step_timestamp_seconds{{{WL}}}", PROCESS + " since last step"),
-                Target(f"time() - jaxmon_training_start_time_seconds{{{WL}}}", PROCESS + " running"),
+                Target(
+                    top(f"time() - jaxmon_training_last_step_timestamp_seconds{{{WL}}}"), PROCESS + " since last step"
+                ),
+                Target(top(f"time() - jaxmon_training_start_time_seconds{{{WL}}}"), PROCESS + " running"),
             ],
             "How long ago each process completed its last step (a stalled one climbs), and how long its jaxmon has "
             "run.",
@@ -148,7 +150,8 @@ ROW = Row(
             "short",
             [
                 Target(
-                    f"increase(jaxmon_training_tracking_problems_total{{{INST}}}[$__rate_interval])",
+                    "sum by (workload, reason) "
+                    f"(increase(jaxmon_training_tracking_problems_total{{{INST}}}[$__rate_interval]))",
                     "{{workload}} {{reason}}",
                 )
             ],

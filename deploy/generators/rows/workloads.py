@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..panels import INST, WL, Panel, Row, Target, rate
+from ..panels import INST, WL, Panel, Row, Target, increase, rate, top
 
 ROW = Row(
     "Workloads and compilation",
@@ -11,7 +11,11 @@ ROW = Row(
             "Compilations per minute",
             "timeseries",
             "cpm",
-            [Target(f"{rate('jaxmon_jit_compilations_total', WL)} * 60", "{{workload}} process {{process_index}}")],
+            [
+                Target(
+                    top(f"{rate('jaxmon_jit_compilations_total', WL)} * 60"), "{{workload}} process {{process_index}}"
+                )
+            ],
             "XLA backend compilations; steady compiling after warm-up is a recompilation storm.",
             min=0,
         ),
@@ -19,7 +23,7 @@ ROW = Row(
             "Share of time compiling",
             "timeseries",
             "percentunit",
-            [Target(rate("jaxmon_jit_compile_seconds_total", WL), "{{workload}} process {{process_index}}")],
+            [Target(top(rate("jaxmon_jit_compile_seconds_total", WL)), "{{workload}} process {{process_index}}")],
             "Seconds of backend compilation per second of wall time.",
             min=0,
         ),
@@ -28,9 +32,11 @@ ROW = Row(
             "timeseries",
             "ops",
             [
-                Target(rate("jaxmon_compilation_cache_hits_total", WL), "{{workload}} process {{process_index}} hits"),
                 Target(
-                    rate("jaxmon_compilation_cache_misses_total", WL),
+                    top(rate("jaxmon_compilation_cache_hits_total", WL)), "{{workload}} process {{process_index}} hits"
+                ),
+                Target(
+                    top(rate("jaxmon_compilation_cache_misses_total", WL)),
                     "{{workload}} process {{process_index}} misses",
                 ),
             ],
@@ -43,7 +49,7 @@ ROW = Row(
             "s",
             [
                 Target(
-                    f"time() - jaxmon_workload_last_report_timestamp_seconds{{{WL}}}",
+                    top(f"time() - jaxmon_workload_last_report_timestamp_seconds{{{WL}}}"),
                     "{{workload}} process {{process_index}}",
                 )
             ],
@@ -54,7 +60,7 @@ ROW = Row(
             "Workload processes",
             "table",
             "none",
-            [Target(f"jaxmon_workload_info{{{WL}}}", table=True)],
+            [Target(f"count by (workload, jax_version) (jaxmon_workload_info{{{WL}}})", table=True)],
             "Each workload process reporting to a spool: host, pid, JAX process index and version.",
             width=24,
             height=6,
@@ -63,7 +69,12 @@ ROW = Row(
             "Spool files rejected",
             "timeseries",
             "short",
-            [Target(f"increase(jaxmon_spool_rejected_files_total{{{INST}}}[$__rate_interval])", "{{reason}}")],
+            [
+                Target(
+                    f"sum by (reason) ({increase('jaxmon_spool_rejected_files_total', INST)})",
+                    "{{reason}}",
+                )
+            ],
             "Spool files skipped because they are not what a publisher writes, by reason.",
             min=0,
             width=8,
@@ -73,7 +84,12 @@ ROW = Row(
             "Spool files left unread",
             "timeseries",
             "short",
-            [Target(f"increase(jaxmon_spool_overflow_files_total{{{INST}}}[$__rate_interval])", "{{reason}}")],
+            [
+                Target(
+                    f"sum by (reason) ({increase('jaxmon_spool_overflow_files_total', INST)})",
+                    "{{reason}}",
+                )
+            ],
             "Live spool files left out of polls: past --collector.spool.max-workloads, or past "
             "--collector.spool.max-reads-per-poll (read later). Anything above 0 means workloads are missing from "
             "this dashboard.",
@@ -86,8 +102,11 @@ ROW = Row(
             "timeseries",
             "short",
             [
-                Target(f"jaxmon_spool_stale_files{{{INST}}}", "stale, still there"),
-                Target(f"increase(jaxmon_spool_removed_files_total{{{INST}}}[$__rate_interval])", "removed {{kind}}"),
+                Target(f"sum(jaxmon_spool_stale_files{{{INST}}})", "stale, still there"),
+                Target(
+                    f"sum by (kind) ({increase('jaxmon_spool_removed_files_total', INST)})",
+                    "removed {{kind}}",
+                ),
             ],
             "Files of crashed or stopped publishers past --collector.spool.ttl still in the directory (a read-only "
             "mount keeps them), and those the sidecar removed.",

@@ -1,0 +1,311 @@
+"""The "JAX training" dashboard's rows, for the ML engineer: one job (a `workload`) as a whole (step time, tokens/s,
+MFU, goodput and badput, compilation) and its worst processes and devices (stragglers, memory headroom), each of
+those the `$k` worst, so the dashboard reads the same at 4 processes as at 4,096."""
+
+from __future__ import annotations
+
+from ..panels import Panel, Row, Target, bottom, top
+
+JOB = 'workload="$workload"'
+PROCESS = "process {{process_index}} ({{host}})"
+DEVICE = "process {{process_index}} {{platform}}:{{device}}"
+# Goodput's window: long enough that a checkpoint or an eval does not swing it, short enough to see one.
+WINDOW = "5m"
+
+
+def rate(metric: str, window: str = "$__rate_interval") -> str:
+    return f"rate({metric}{{{JOB}}}[{window}])"
+
+
+def job_sum(metric: str, window: str = "$__rate_interval") -> str:
+    """The job's rate of a counter each process exports its share of."""
+    return f"sum({rate(metric, window)})"
+
+
+BUCKETS = rate("jaxmon_training_step_duration_seconds_bucket")
+PRODUCTIVE = job_sum("jaxmon_training_productive_seconds_total", WINDOW)
+BADPUT = job_sum("jaxmon_training_badput_seconds_total", WINDOW)
+ACCOUNTED = f"({PRODUCTIVE} + {BADPUT})"
+GOODPUT = f"{PRODUCTIVE} / {ACCOUNTED}"
+MFU = f"jaxmon_training_model_flops_utilization_ratio{{{JOB}}}"
+HFU = f"jaxmon_training_hardware_flops_utilization_ratio{{{JOB}}}"
+TOKENS = job_sum("jaxmon_training_tokens_total")
+SCORE_THRESHOLDS = [(0, "red"), (0.5, "orange"), (0.85, "green")]
+
+
+def stat(title: str, unit: str, expr: str, description: str, **kwargs: object) -> Panel:
+    return Panel(title, "stat", unit, [Target(expr, title)], description, width=4, height=4, **kwargs)  # type: ignore[arg-type]
+
+
+SUMMARY = Row(
+    "The job",
+    [
+        stat("Tokens per second", "short", TOKENS, "The job's tokens per second: the sum of its processes' shares."),
+        stat(
+            "Median step time",
+            "s",
+            f"histogram_quantile(0.5, sum by (le) ({BUCKETS}))",
+            "The median step of all the job's processes over the rate interval.",
+        ),
+        stat("MFU", "percentunit", f"avg({MFU})", "Model FLOPs utilization, the mean over the job's devices.", min=0),
+        stat(
+            "Goodput",
+            "percentunit",
+            GOODPUT,
+            f"Productive time over all accounted time (productive and every badput kind), over {WINDOW}.",
+            min=0,
+            max=1,
+            thresholds=[(0, "red"), (0.5, "orange"), (0.8, "green")],
+        ),
+        stat(
+            "Lowest host score",
+            "percentunit",
+            f"min(jaxmon:training_host_score{{{JOB}}})",
+            "The straggler's host score from deploy/prometheus/job.yml (1: as busy as the median process).",
+            min=0,
+            max=1,
+            thresholds=SCORE_THRESHOLDS,
+        ),
+        stat(
+            "Processes",
+            "none",
+            f"count(jaxmon_training_last_step_timestamp_seconds{{{JOB}}})",
+            "Processes of the job that export training series.",
+        ),
+    ],
+)
+
+THROUGHPUT = Row(
+    "Step time and throughput",
+    [
+        Panel(
+            "Step time (p50, p90, mean)",
+            "timeseries",
+            "s",
+            [
+                Target(f"histogram_quantile(0.5, sum by (le) ({BUCKETS}))", "p50"),
+                Target(f"histogram_quantile(0.9, sum by (le) ({BUCKETS}))", "p90"),
+                Target(
+                    f"{job_sum('jaxmon_training_step_duration_seconds_sum')} / "
+                    f"{job_sum('jaxmon_training_step_duration_seconds_count')}",
+                    "mean",
+                ),
+            ],
+            "Completion to completion of consecutive steps, every process of the job together: the median and 90th "
+            "percentile from the step histogram, and the mean.",
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "Tokens and examples per second (the job)",
+            "timeseries",
+            "short",
+            [
+                Target(TOKENS, "tokens/s"),
+                Target(job_sum("jaxmon_training_examples_total"), "examples/s"),
+            ],
+            "Every process passes the job's figures to jaxmon.step() and exports its share (÷ process count), so "
+            "the sum over the job's processes is the job's.",
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "Steps per second",
+            "timeseries",
+            "ops",
+            [
+                Target(f"avg({rate('jaxmon_training_steps_total')})", "job (mean over processes)"),
+                Target(bottom(rate("jaxmon_training_steps_total")), PROCESS),
+            ],
+            "The job's step rate, and the $k processes stepping slowest (apart from the mean only in an "
+            "asynchronous job).",
+            min=0,
+            width=8,
+        ),
+    ],
+)
+
+EFFICIENCY = Row(
+    "MFU, goodput and badput",
+    [
+        Panel(
+            "MFU and HFU",
+            "timeseries",
+            "percentunit",
+            [
+                Target(f"avg({MFU})", "MFU (mean)"),
+                Target(f"avg({HFU})", "HFU (mean)"),
+                Target(bottom(MFU), DEVICE + " MFU"),
+            ],
+            "Model (and XLA's hardware) FLOPs over the last window of steps, divided by the steps' time and the "
+            "device's peak: the job's mean, and the $k devices with the lowest MFU. HFU above MFU is remat or "
+            "replicated work.",
+            min=0,
+            max=1,
+        ),
+        Panel(
+            "Goodput",
+            "timeseries",
+            "percentunit",
+            [Target(GOODPUT, "goodput")],
+            f"Productive time / (productive + every badput kind), summed over the job's processes, over {WINDOW}.",
+            min=0,
+            max=1,
+            width=6,
+        ),
+        Panel(
+            "Badput by kind",
+            "timeseries",
+            "percentunit",
+            [
+                Target(
+                    f"sum by (kind) ({rate('jaxmon_training_badput_seconds_total', WINDOW)}) "
+                    f"/ on () group_left () {ACCOUNTED}",
+                    "{{kind}}",
+                )
+            ],
+            f"Each badput kind's share of the accounted time over {WINDOW} (startup, compile, checkpoint, restore, "
+            "data, eval, restart, stall, your own kinds), stacked: the stack is 1 - goodput.",
+            min=0,
+            width=6,
+            stack=True,
+        ),
+    ],
+)
+
+COMPILATION = Row(
+    "Compilation",
+    [
+        Panel(
+            "Share of time compiling",
+            "timeseries",
+            "percentunit",
+            [
+                Target(f"avg({rate('jaxmon_jit_compile_seconds_total')})", "job (mean over processes)"),
+                Target(top(rate("jaxmon_jit_compile_seconds_total")), PROCESS),
+            ],
+            "Seconds of XLA backend compilation per second of wall time: the job's mean and the $k processes "
+            "compiling most. Steady compiling after warm-up is a recompilation storm.",
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "Compilations per minute",
+            "timeseries",
+            "cpm",
+            [Target(f"{job_sum('jaxmon_jit_compilations_total')} * 60", "job")],
+            "XLA backend compilations of all the job's processes.",
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "Compilation cache hits and misses",
+            "timeseries",
+            "ops",
+            [
+                Target(job_sum("jaxmon_compilation_cache_hits_total"), "hits"),
+                Target(job_sum("jaxmon_compilation_cache_misses_total"), "misses"),
+            ],
+            "The persistent compilation cache's hits and misses (entries written) per second, over the job.",
+            min=0,
+            width=8,
+        ),
+    ],
+)
+
+STRAGGLERS = Row(
+    "Stragglers (deploy/prometheus/job.yml)",
+    [
+        Panel(
+            "Lowest host scores",
+            "bargauge",
+            "percentunit",
+            [Target(bottom(f"jaxmon:training_host_score{{{JOB}}}"), PROCESS)],
+            "The $k processes whose host keeps their devices busy least, against the job's median process. Under "
+            "0.5 for 10 minutes fires JaxmonTrainingStraggler.",
+            min=0,
+            max=1,
+            thresholds=SCORE_THRESHOLDS,
+            width=8,
+        ),
+        Panel(
+            "Lowest step scores",
+            "bargauge",
+            "percentunit",
+            [Target(bottom(f"jaxmon:training_step_score{{{JOB}}}"), PROCESS)],
+            "The job's median step time over each process's own (1: as fast as the median): the $k slowest "
+            "processes (apart only in an asynchronous job).",
+            min=0,
+            max=1,
+            thresholds=SCORE_THRESHOLDS,
+            width=8,
+        ),
+        Panel(
+            "Slowest devices",
+            "bargauge",
+            "percentunit",
+            [
+                Target(
+                    bottom(f"jaxmon:device_speed:relative{{{JOB}}}"),
+                    "{{instance}} {{platform}}:{{device}} ({{signal}})",
+                )
+            ],
+            "The $k slowest devices of the job against the median of its devices of their kind (signal probe, "
+            "sm_clock or sm_active). Under 0.85 for 10 minutes fires JaxmonTrainingStraggler.",
+            min=0,
+            thresholds=SCORE_THRESHOLDS,
+            width=8,
+        ),
+    ],
+)
+
+MEMORY = Row(
+    "Memory headroom",
+    [
+        Panel(
+            "Least OOM headroom",
+            "timeseries",
+            "bytes",
+            [Target(bottom(f"jaxmon_memory_largest_allocatable_bytes{{{JOB}}}"), DEVICE)],
+            "The $k devices of the job with the smallest largest allocation that can still succeed: the first to "
+            "run out of memory.",
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "Fullest devices (in use / limit)",
+            "timeseries",
+            "percentunit",
+            [
+                Target(
+                    top(f"jaxmon_memory_bytes_in_use{{{JOB}}} / (jaxmon_memory_limit_bytes{{{JOB}}} > 0)"),
+                    DEVICE,
+                )
+            ],
+            "The $k devices of the job with the largest share of their allocator's limit in use; "
+            "JaxmonMemoryNearLimit fires above 95 % for 15 minutes.",
+            min=0,
+            max=1,
+            thresholds=[(0, "green"), (0.95, "red")],
+            width=8,
+        ),
+        Panel(
+            "Memory skew: the most loaded devices",
+            "bargauge",
+            "none",
+            [
+                Target(
+                    top(f"jaxmon:workload_device_memory_bytes:relative{{{JOB}}}"),
+                    "{{instance}} {{platform}}:{{device}}",
+                )
+            ],
+            "The $k devices holding the most of the job's memory over its median device (1: typical). Over 1.3 for "
+            "15 minutes fires JaxmonDeviceMemorySkew.",
+            min=0,
+            thresholds=[(0, "green"), (1.15, "orange"), (1.3, "red")],
+            width=8,
+        ),
+    ],
+)
+
+ROWS = [SUMMARY, THROUGHPUT, EFFICIENCY, COMPILATION, STRAGGLERS, MEMORY]
