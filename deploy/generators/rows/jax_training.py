@@ -24,7 +24,8 @@ def job_sum(metric: str, window: str = "$__rate_interval") -> str:
 
 BUCKETS = rate("jaxmon_training_step_duration_seconds_bucket")
 PRODUCTIVE = job_sum("jaxmon_training_productive_seconds_total", WINDOW)
-BADPUT = job_sum("jaxmon_training_badput_seconds_total", WINDOW)
+# No badput yet (no series of any kind) is none, not an unknown goodput.
+BADPUT = f"({job_sum('jaxmon_training_badput_seconds_total', WINDOW)} or vector(0))"
 ACCOUNTED = f"({PRODUCTIVE} + {BADPUT})"
 GOODPUT = f"{PRODUCTIVE} / {ACCOUNTED}"
 MFU = f"jaxmon_training_model_flops_utilization_ratio{{{JOB}}}"

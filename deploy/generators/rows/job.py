@@ -12,7 +12,7 @@ DEVICE = "{{instance}} {{platform}}:{{device}}"
 BUCKETS = f"rate(jaxmon_training_step_duration_seconds_bucket{{{JOB}}}[$__rate_interval])"
 MFU = f"jaxmon_training_model_flops_utilization_ratio{{{JOB}}}"
 PRODUCTIVE = f"sum(rate(jaxmon_training_productive_seconds_total{{{JOB}}}[5m]))"
-BADPUT = f"sum(rate(jaxmon_training_badput_seconds_total{{{JOB}}}[5m]))"
+BADPUT = f"(sum(rate(jaxmon_training_badput_seconds_total{{{JOB}}}[5m])) or vector(0))"
 JOB_ALERTS = 'alertname=~"JaxmonTraining.*|JaxmonDeviceMemorySkew"'
 SCORE_THRESHOLDS = [(0, "red"), (0.5, "orange"), (0.85, "green")]
 
