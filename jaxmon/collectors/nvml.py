@@ -117,6 +117,12 @@ class NvmlOptions(CollectorOptions):
         "NVML says a GPU supports them), true (the same, an unsupported GPU logged as a warning), or false (not "
         "asked: no GPM series).",
     )
+    gpm_pipes: bool = Field(
+        default=False,
+        description="Also export each SM pipe's GPM activity (jaxmon_device_pipe_active_ratio: fp64, fp32, fp16, "
+        "tensor_hmma, tensor_imma, tensor_dfma, integer): 7 series per GPU, off by default as in dcgm-exporter's "
+        "default field list.",
+    )
 
 
 @dataclass(frozen=True)
@@ -240,7 +246,13 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
             workloads.update(pids)
         for pods in self.ctx.exchange.read(DEVICE_PODS, snap)[:1]:
             state = replace(state, match=replace(state.match, pods=pods))
-        yield from render(state, workloads, nvlink_links=self.opts.nvlink_links, max_processes=self.opts.max_processes)
+        yield from render(
+            state,
+            workloads,
+            nvlink_links=self.opts.nvlink_links,
+            max_processes=self.opts.max_processes,
+            gpm_pipes=self.opts.gpm_pipes,
+        )
 
 
 def _labels(gpu: GpuReading, match: DeviceMatch, mig: MigDevice | None = None) -> dict[str, str]:
@@ -267,9 +279,11 @@ def render(
     *,
     nvlink_links: bool = False,
     max_processes: int = DEFAULT_MAX_PROCESSES,
+    gpm_pipes: bool = False,
 ) -> Iterator[Metric]:
     """Every NVML family for `state`; a number NVML did not report is an absent series. NVLink traffic and errors
-    are per GPU unless `nvlink_links`; at most `max_processes` processes per GPU get a pid series."""
+    are per GPU unless `nvlink_links`; at most `max_processes` processes per GPU get a pid series; GPM's per-pipe
+    activity only with `gpm_pipes`."""
 
     def labels(gpu: GpuReading, mig: MigDevice | None = None) -> dict[str, str]:
         return _labels(gpu, state.match, mig)
@@ -288,7 +302,7 @@ def render(
     yield info
 
     ok = [g for g in state.gpus if g.up]
-    yield from gpu_families(ok, labels, state.nvlink_totals, nvlink_links)
+    yield from gpu_families(ok, labels, state.nvlink_totals, nvlink_links, gpm_pipes)
 
     xid = family(
         "jaxmon_device_xid_errors",

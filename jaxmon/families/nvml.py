@@ -182,9 +182,11 @@ def gpu_families(
     labels: Labels,
     nvlink_totals: Mapping[int, NvLinkTotals] | None = None,
     nvlink_links: bool = False,
+    gpm_pipes: bool = False,
 ) -> Iterator[Metric]:
     """Every per-GPU family of the GPUs that answered this poll. NVLink traffic and errors are per GPU, from
-    `nvlink_totals` by NVML index (else the sums of the links active now), or per link with `nvlink_links`."""
+    `nvlink_totals` by NVML index (else the sums of the links active now), or per link with `nvlink_links`; GPM's
+    per-pipe activity only with `gpm_pipes`."""
     for spec, attr in GPU_VALUES:
         fam = spec.new()
         for gpu in gpus:
@@ -196,7 +198,7 @@ def gpu_families(
     yield from _fans_and_pcie(gpus, labels)
     yield from _nvlink(gpus, labels, nvlink_totals or {}, nvlink_links)
     yield from _mig(gpus, labels)
-    yield from _gpm(gpus, labels)
+    yield from _gpm(gpus, labels, gpm_pipes)
 
 
 def _throttle_and_memory_errors(gpus: Iterable[GpuReading], labels: Labels) -> Iterator[Metric]:
@@ -315,7 +317,8 @@ GRAPHICS_ENGINE_ACTIVE = Spec(
 PIPE_ACTIVE = Spec(
     "jaxmon_device_pipe_active_ratio",
     f"Share of cycles each SM pipe was active, {_OVER}, by pipe: fp64, fp32, fp16 (non-tensor math), tensor_hmma, "
-    "tensor_imma, tensor_dfma, integer (NVML GPM *_UTIL / 100; DCGM_FI_PROF_PIPE_*_ACTIVE).",
+    "tensor_imma, tensor_dfma, integer (NVML GPM *_UTIL / 100; DCGM_FI_PROF_PIPE_*_ACTIVE); with "
+    "--collector.nvml.gpm-pipes.",
 )
 # GPM metric id -> (family, its `pipe` label or None).
 GPM_SERIES: dict[int, tuple[Spec, str | None]] = {
@@ -335,7 +338,7 @@ GPM_SERIES: dict[int, tuple[Spec, str | None]] = {
 assert set(GPM_SERIES) == set(GPM_METRICS)
 
 
-def _gpm(gpus: Iterable[GpuReading], labels: Labels) -> Iterator[Metric]:
+def _gpm(gpus: Iterable[GpuReading], labels: Labels, pipes: bool) -> Iterator[Metric]:
     supported = GPM_SUPPORTED.new()
     families = {spec.name: spec.new() for spec, _ in GPM_SERIES.values()}
     for gpu in gpus:
@@ -347,6 +350,9 @@ def _gpm(gpus: Iterable[GpuReading], labels: Labels) -> Iterator[Metric]:
             own = labels(gpu, owner)
             for metric, value in values:
                 spec, pipe = GPM_SERIES[metric]  # the source reads these ids alone
-                add(families[spec.name], own if pipe is None else {**own, "pipe": pipe}, value)
+                if pipe is None:
+                    add(families[spec.name], own, value)
+                elif pipes:
+                    add(families[spec.name], {**own, "pipe": pipe}, value)
     yield supported
     yield from families.values()

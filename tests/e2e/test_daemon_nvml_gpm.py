@@ -71,7 +71,7 @@ def test_the_daemon_exports_gpm_per_gpu_and_gpu_instance_and_frees_every_sample(
         device(3, gpm=gpm(3, sm_active=20.5), mig={"current": 1, "max_devices": 7, "devices": [small, large]}),
     ]
     scenario = Scenario(tmp_path / "scenario.json", gpus)
-    d = start_daemon(*FAST, env=scenario.env())
+    d = start_daemon(*FAST, "--collector.nvml.gpm-pipes", env=scenario.env())
     s = d.wait_for(
         lambda s: all(sample(s, "jaxmon_device_sm_active_ratio", **gpu(i)) is not None for i in (0, 2, 3)),
         what="GPM values from a second sample",
@@ -128,7 +128,14 @@ def test_a_poll_faster_than_the_floor_never_asks_for_an_interval_under_100_ms(
     start_daemon: StartDaemon, tmp_path: Path
 ) -> None:
     scenario = Scenario(tmp_path / "scenario.json", [device(0), device(1)])
-    d = start_daemon("--no-collector.probe", "--poll.interval", "30ms", "--collector.nvml", env=scenario.env())
+    d = start_daemon(
+        "--no-collector.probe",
+        "--poll.interval",
+        "30ms",
+        "--collector.nvml",
+        "--collector.nvml.gpm-pipes",
+        env=scenario.env(),
+    )
     d.wait_for(lambda s: sample(s, "jaxmon_device_sm_active_ratio", **gpu(1)) is not None, what="GPM values")
     for _ in range(10):
         s = d.scrape()

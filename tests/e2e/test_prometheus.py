@@ -327,7 +327,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         tpu = Daemon(tmp, [*spool_args, "--collector.tpu", "--collector.tpu.address", libtpu.address])
         daemons.append(tpu)
         scenario = nvml_scenario(tmp / "nvml.json")
-        nvml_args = ["--no-collector.probe", "--collector.nvml", "--poll.interval", "0.5s"]
+        nvml_args = ["--no-collector.probe", "--collector.nvml", "--collector.nvml.gpm-pipes"]
+        nvml_args += ["--poll.interval", "0.5s"]
         nvml_args += ["--collector.kubernetes", "--collector.kubernetes.socket", str(kubelet.socket)]
         nvml = Daemon(tmp, nvml_args, env=scenario.env())
         daemons.append(nvml)

@@ -127,7 +127,7 @@ def row(DEV: str = DEV) -> Row:
                 "Pipe activity",
                 [Target(selected(f"jaxmon_device_pipe_active_ratio{{{GPU}}}"), MIG_LEGEND + " {{pipe}}")],
                 "Activity of each pipe (fp64, fp32, fp16, tensor_hmma, tensor_imma, tensor_dfma, integer): which "
-                "arithmetic the GPU spends its time on.",
+                "arithmetic the GPU spends its time on (7 series a GPU: exported with --collector.nvml.gpm-pipes).",
             ),
         ],
     )

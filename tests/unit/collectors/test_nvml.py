@@ -280,7 +280,7 @@ def test_mig_devices_carry_their_gpu_labels_and_their_uuid_instances_and_profile
 
 
 def test_gpm_values_are_ratio_series_per_gpu_and_gpu_instance_and_a_failed_metric_is_absent() -> None:
-    s = rendered(NvmlState(gpus=(FULL,)))
+    s = rendered(NvmlState(gpus=(FULL,)), gpm_pipes=True)
     g = gpu(3)
     assert sample(s, "jaxmon_device_gpm_supported", **g) == 1
     assert sample(s, "jaxmon_device_graphics_engine_active_ratio", **g) == 0.95
@@ -315,6 +315,11 @@ def test_gpm_values_are_ratio_series_per_gpu_and_gpu_instance_and_a_failed_metri
 def test_the_gpm_option_is_auto_by_default_and_takes_true_and_false() -> None:
     assert nvml_options().gpm == "auto"
     assert nvml_options("--collector.nvml.gpm", "false").gpm is False
+    # Each pipe's activity: 7 series a GPU, off by default (dcgm-exporter's default field list leaves them out).
+    assert nvml_options().gpm_pipes is False and nvml_options("--collector.nvml.gpm-pipes").gpm_pipes is True
+    default = rendered(NvmlState(gpus=(FULL,)))
+    assert not [k for k in default if k[0] == "jaxmon_device_pipe_active_ratio"]
+    assert sample(default, "jaxmon_device_tensor_active_ratio", **gpu(3)) == 0.6
     assert nvml_options("--collector.nvml.gpm", "true").gpm is True
     assert nvml_options("--collector.nvml.gpm", "auto").gpm == "auto"
 
