@@ -185,7 +185,10 @@ def test_the_live_process_table_fills_the_screen_below_the_devices_and_counts_th
     # Forty processes over two GPUs, process k holding k + 1 GiB: far more than a 30-line screen holds.
     procs = [[{"pid": 3000 + k, "used": (k + 1) << 30} for k in range(40) if k % 2 == gpu] for gpu in (0, 1)]
     scenario = Scenario(tmp_path / "scenario.json", [device(0, processes=procs[0]), device(1, processes=procs[1])])
-    d = start_daemon("--no-collector.probe", "--poll.interval", "0.3s", "--collector.nvml", env=scenario.env())
+    # All forty exported (the daemon's default is the 16 largest per GPU, the rest counted apart).
+    args = ["--no-collector.probe", "--poll.interval", "0.3s", "--collector.nvml"]
+    args += ["--collector.nvml.max-processes", "40"]
+    d = start_daemon(*args, env=scenario.env())
     tmux.start(_top(f"127.0.0.1:{d.port}"), width=120, height=30)
 
     def processes(screen: str) -> tuple[list[str], str]:
