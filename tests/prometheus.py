@@ -15,33 +15,21 @@ import yaml
 from tests.helpers import free_port, terminate, wait_until
 
 
-class Prometheus:
-    """The Debian `prometheus` binary on loopback with a temporary data directory."""
+class LoopbackServer:
+    """A Prometheus-project server (Prometheus, Alertmanager) as a child on a free loopback port: its YAML config and
+    log in `tmp`, ready when its /-/ready answers 200."""
 
-    def __init__(self, tmp: Path, config: dict[str, Any]) -> None:
-        binary = shutil.which("prometheus")
-        if binary is None:
-            raise AssertionError("prometheus not found: install the Debian package 'prometheus' (tests/run.sh does)")
+    name = "server"
+
+    def __init__(self, tmp: Path, config: dict[str, Any], binary: str, args: list[str]) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config_path = tmp / "prometheus.yml"
+        config_path = tmp / f"{self.name}.yml"
         config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
-        self.log_path = tmp / "prometheus.log"
+        self.log_path = tmp / f"{self.name}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config_path}",
-                f"--storage.tsdb.path={tmp / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--storage.tsdb.retention.time=1h",
-                "--query.max-concurrency=4",
-                "--log.level=warn",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=tmp,
-        )
+        argv = [binary, f"--config.file={config_path}", f"--web.listen-address=127.0.0.1:{self.port}", *args]
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=tmp)
 
     def log(self) -> str:
         self._log.flush()
@@ -49,13 +37,30 @@ class Prometheus:
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         def ready() -> bool:
-            assert self.proc.poll() is None, f"prometheus exited:\n{self.log()}"
+            assert self.proc.poll() is None, f"{self.name} exited:\n{self.log()}"
             try:
                 return requests.get(self.url + "/-/ready", timeout=2).status_code == 200
             except requests.ConnectionError:
                 return False
 
-        wait_until(ready, timeout, "prometheus ready", step=0.1, detail=self.log)
+        wait_until(ready, timeout, f"{self.name} ready", step=0.1, detail=self.log)
+
+    def stop(self) -> None:
+        terminate(self.proc)
+        self._log.close()
+
+
+class Prometheus(LoopbackServer):
+    """The Debian `prometheus` binary on loopback with a temporary data directory."""
+
+    name = "prometheus"
+
+    def __init__(self, tmp: Path, config: dict[str, Any]) -> None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise AssertionError("prometheus not found: install the Debian package 'prometheus' (tests/run.sh does)")
+        args = [f"--storage.tsdb.path={tmp / 'tsdb'}", "--storage.tsdb.retention.time=1h", "--query.max-concurrency=4"]
+        super().__init__(tmp, config, binary, [*args, "--log.level=warn"])
 
     def api(self, path: str, **params: Any) -> Any:
         r = requests.get(self.url + "/api/v1/" + path, params=params, timeout=20)
@@ -81,7 +86,3 @@ class Prometheus:
             return predicate(result)
 
         wait_until(holds, timeout, what, step=0.25, detail=lambda: f"{expr} gave {result}")
-
-    def stop(self) -> None:
-        terminate(self.proc)
-        self._log.close()

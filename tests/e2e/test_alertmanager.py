@@ -29,8 +29,8 @@ import yaml
 
 from tests.conftest import ROOT
 from tests.deploy_files import RULES
-from tests.helpers import free_port, terminate, wait_until
-from tests.prometheus import Prometheus
+from tests.helpers import wait_until
+from tests.prometheus import LoopbackServer, Prometheus
 
 ALERTMANAGER_CONFIG = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 LOST_GPU = "1"
@@ -103,53 +103,20 @@ class _Server(ThreadingHTTPServer):
         self.server_close()
 
 
-class Alertmanager:
+class Alertmanager(LoopbackServer):
     """The Debian `prometheus-alertmanager` on loopback with its own storage directory and no cluster."""
 
+    name = "alertmanager"
+
     def __init__(self, tmp: Path, config: dict[str, Any]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config_path = tmp / "alertmanager.yml"
-        config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
-        self.log_path = tmp / "alertmanager.log"
-        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [
-                _binary("prometheus-alertmanager"),
-                f"--config.file={config_path}",
-                f"--storage.path={tmp / 'alertmanager-data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--cluster.listen-address=",
-                "--log.level=warn",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=tmp,
-        )
-
-    def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text()
-
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        def ready() -> bool:
-            assert self.proc.poll() is None, f"alertmanager exited:\n{self.log()}"
-            try:
-                return requests.get(self.url + "/-/ready", timeout=2).status_code == 200
-            except requests.ConnectionError:
-                return False
-
-        wait_until(ready, timeout, "alertmanager ready", step=0.1, detail=self.log)
+        args = [f"--storage.path={tmp / 'alertmanager-data'}", "--cluster.listen-address=", "--log.level=warn"]
+        super().__init__(tmp, config, _binary("prometheus-alertmanager"), args)
 
     def alerts(self) -> list[dict[str, Any]]:
         r = requests.get(self.url + "/api/v2/alerts", timeout=10)
         r.raise_for_status()
         alerts: list[dict[str, Any]] = r.json()
         return alerts
-
-    def stop(self) -> None:
-        terminate(self.proc)
-        self._log.close()
 
 
 def shortened_alerts(tmp: Path) -> Path:

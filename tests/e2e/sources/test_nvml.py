@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pynvml
@@ -49,14 +48,6 @@ def scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Scenario:
     for key, value in scenario.env().items():
         monkeypatch.setenv(key, value)
     return scenario
-
-
-@pytest.fixture
-def nvml(scenario: Scenario) -> Iterator[Nvml]:
-    opened = Nvml(xid_wait_seconds=0.05)
-    opened.open()
-    yield opened
-    opened.close()
 
 
 def test_every_gpu_reads_as_the_scenario_has_it(scenario: Scenario, nvml: Nvml) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,14 +34,6 @@ def scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Scenario:
     for key, value in scenario.env().items():
         monkeypatch.setenv(key, value)
     return scenario
-
-
-@pytest.fixture
-def nvml(scenario: Scenario) -> Iterator[Nvml]:
-    opened = Nvml(xid_wait_seconds=0.05)
-    opened.open()
-    yield opened
-    opened.close()
 
 
 def expected(index: int, **percent: float) -> dict[int, float]:
