@@ -329,6 +329,19 @@ def _firing(prometheus: Prometheus) -> set[tuple[str, str]]:
     }
 
 
+def test_a_gpus_first_read_may_take_longer_than_the_deadline(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    """Opening a GPU (persistence mode off: the driver wakes it) takes seconds: the first read has its own budget,
+    so a slow start-up is not logged as unresponsive GPUs. Later reads keep the deadline."""
+    scenario = Scenario(tmp_path / "scenario.json", [device(i) for i in range(4)])
+    scenario.hang(2, 4)  # every call on GPU 2 waits until 4 s from now: its first read outlasts the deadline
+    args = ("--node", "--collector.nvml", "--poll.interval", "1s", "--collector.nvml.timeout", "0.5s")
+    d = start_daemon(*args, env=scenario.env())
+    d.wait_for(lambda s: all(sample(s, "jaxmon_device_source_up", **gpu(i)) == 1 for i in range(4)), what="4 GPUs up")
+    assert "NVML GPU read failed" not in d.log()
+    scenario.hang(2, 3)  # now past its first read: the deadline holds
+    d.wait_for(lambda s: sample(s, "jaxmon_device_source_up", **gpu(2)) == 0, what="GPU 2 down")
+
+
 def test_a_wedged_gpu_is_one_dark_gpu_the_others_stay_fresh_and_it_comes_back_by_itself(
     start_daemon: StartDaemon, tmp_path: Path
 ) -> None:

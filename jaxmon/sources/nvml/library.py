@@ -5,6 +5,9 @@ Around an Xid 79 (a GPU fallen off the bus) NVML calls on that GPU can hang for 
 has its own reader thread (`_Reader`), and a poll waits for all of them until one deadline: a GPU whose read has not
 returned by then reads as failed (no values), and its reader is skipped until that read returns. So a wedged GPU
 holds exactly one thread, never a pile of them, and the other GPUs' readings keep arriving at the poll's cadence.
+A GPU's first read opens its handle and reads what it gives once (its identity, limits, Xid registration): on a
+driver that wakes its GPUs at first use (persistence mode off) that takes seconds, so it gets FIRST_READ_SECONDS
+(at least the deadline) and a start-up is not logged as eight unresponsive GPUs.
 
 Thread safety: a GPU's handle and what it gave once (`_handles`, `_known`) are written by that GPU's reader only,
 under `_lock` (never held across an NVML call); the Xid watcher's maps are read and written under the same lock. A
@@ -31,6 +34,10 @@ from jaxmon.sources.nvml.gpm import GpuGpm
 from jaxmon.sources.nvml.readings import GpuReading
 
 log = structlog.get_logger("jaxmon.sources.nvml")
+
+
+# The budget of a GPU's first read (see the module's docstring), when it is longer than the poll's deadline.
+FIRST_READ_SECONDS = 10.0
 
 
 def unresponsive(timeout: float) -> str:
@@ -118,6 +125,7 @@ class Nvml:
     # logged as a warning, False never asks.
     gpm: bool | Literal["auto"] = "auto"
     _readers: dict[int, _Reader] = field(default_factory=dict)
+    _answered: set[int] = field(default_factory=set)  # GPUs whose reader has returned a reading at least once
     _handles: dict[int, Any] = field(default_factory=dict)
     _known: dict[int, Known] = field(default_factory=dict)
     _versions: Versions = field(default_factory=Versions)
@@ -159,6 +167,7 @@ class Nvml:
         for reader in readers:
             reader.stop()
         self._readers.clear()
+        self._answered.clear()
         if self._thread is not None:
             self._thread.join(self.xid_wait_seconds + 5.0)
         # An idle reader ends at once; one hung in the driver keeps its GPU's GPM samples (freeing them under a call
@@ -182,7 +191,9 @@ class Nvml:
         failing GPU, or one whose read has not returned by then (or is still hung from an earlier poll), gives a
         reading with `error` set and no values."""
         count = int(pynvml.nvmlDeviceGetCount())
-        deadline = time.monotonic() + self.timeout_seconds
+        now = time.monotonic()
+        deadline = now + self.timeout_seconds
+        first = now + max(self.timeout_seconds, FIRST_READ_SECONDS)
         started = {}
         for index in range(count):
             reader = self._readers.get(index)
@@ -191,7 +202,10 @@ class Nvml:
             started[index] = reader.start()
         out = []
         for index in range(count):
-            reading = self._readers[index].result(deadline) if started[index] else None
+            waits = deadline if index in self._answered else first
+            reading = self._readers[index].result(waits) if started[index] else None
+            if reading is not None:
+                self._answered.add(index)
             out.append(reading if reading is not None else self._failed(index, unresponsive(self.timeout_seconds)))
         return out
 
