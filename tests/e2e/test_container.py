@@ -225,12 +225,19 @@ def podman_engine(directory: Path) -> Engine:
     return Engine("podman", env)
 
 
-def build_image(engine: Engine) -> Image:
-    """Build this checkout's CPU image with `engine` (cached layers are reused)."""
-    python, base = _base_python(engine)
+_BUILT: dict[tuple[str, str, str], Image] = {}
+
+
+def build_image(engine: Engine, base: tuple[str, str] | None = None) -> Image:
+    """Build this checkout's CPU image with `engine` (cached layers are reused), on `base` (its PYTHON_VERSION and
+    image) or the one _base_python finds."""
     tag = f"localhost/jaxmon-test:{hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]}"
     if not engine.podman:
         tag = tag.removeprefix("localhost/")
+    key = (engine.name, engine.env.get("DOCKER_HOST", ""), tag)
+    if key in _BUILT:  # this process built it already (test_container_engines.py after this file)
+        return _BUILT[key]
+    python, base_image = base or _base_python(engine)
     args = ["build", "--build-arg", f"PYTHON_VERSION={python}", "--build-arg", "FLAVOUR=cpu", "-t", tag]
     if engine.podman:
         # Never pull (the base may be the local one); the docker format keeps HEALTHCHECK; pip in the build trusts
@@ -238,11 +245,14 @@ def build_image(engine: Engine) -> Image:
         args += ["--pull=never", "--format", "docker"]
         if CA_BUNDLE.is_file():
             args += ["-v", f"{CA_BUNDLE}:{CA_BUNDLE}:ro"]
+    else:
+        args += ["--network", "host"]  # pip's downloads: a daemon may have no default bridge (the tests' has none)
     started = time.monotonic()
     engine(*args, str(ROOT), timeout=900)
     seconds = time.monotonic() - started
     print(f"image {tag} built in {seconds:.0f}s")
-    return Image(tag, seconds, base)
+    _BUILT[key] = Image(tag, seconds, base_image)
+    return _BUILT[key]
 
 
 def _get(port: int, path: str) -> requests.Response:

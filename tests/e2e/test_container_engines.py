@@ -1,13 +1,14 @@
 """The image's HEALTHCHECK on both real engines, and the Docker engine itself: Debian's `docker.io` daemon (one per
 session, state in a temporary directory, no iptables and no default bridge: this VM has neither) beside podman.
 
-The image is built once with podman (tests/e2e/test_container.py's build: its layers are cached there) and loaded
-into Docker with `podman save | docker load` (about 20 s where a build takes 2-3 minutes). On each engine the
-HEALTHCHECK turns healthy at its first check after the start period in six configurations (the default, a listen
-address moved by flag and by variable, basic auth, TLS, mTLS) and unhealthy when polls stop; on Docker the README's
-sidecar commands run as written (without --gpus) and `docker stop` exits 0 within 5 s, and `docker-compose` brings
-the compose demo up healthy. dockerd needs root: elsewhere the Docker tests skip, saying so; as root (CI) a daemon
-that cannot start fails them.
+Each engine builds the image itself from this checkout's Dockerfile: podman in tests/e2e/test_container.py's build,
+Docker with its own builder (`docker build`). What the two share is the base: the python:*-slim podman has (pulled,
+or made from Debian's packages where Docker Hub cannot be reached) is loaded into Docker (`podman save | docker
+load`) instead of being made a second time. On each engine the HEALTHCHECK turns healthy at its first check after
+the start period in six configurations (the default, a listen address moved by flag and by variable, basic auth,
+TLS, mTLS) and unhealthy when polls stop; on Docker the README's sidecar commands run as written (without --gpus)
+and `docker stop` exits 0 within 5 s, and `docker-compose` brings the compose demo up healthy. dockerd needs root:
+elsewhere the Docker tests skip, saying so; as root (CI) a daemon that cannot start fails them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import yaml
 
 from tests.conftest import free_port
 from tests.e2e.test_container import (
+    CA_BUNDLE,
     COMPOSE,
     JAXMON_SERVICES,
     PUBLISH,
@@ -52,33 +54,51 @@ WEB_DIR = "/etc/jaxmon-web"  # where the tests mount their web configs and certi
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _start_dockerd(root: Path) -> tuple[subprocess.Popen[bytes], Engine]:
-    """A private dockerd with its state under `root`; the engine CLI pointed at it."""
+def _start_dockerd(root: Path, driver: str) -> tuple[subprocess.Popen[bytes] | None, Engine, str]:
+    """A private dockerd with its state under `root` on storage `driver`; the engine CLI pointed at it. On failure
+    (no process) the tail of its log says why."""
     dockerd = shutil.which("dockerd")
     if dockerd is None or shutil.which("docker") is None:
         pytest.fail("docker.io is not installed: tests/run.sh installs it (dockerd and docker)")
     socket = root / "docker.sock"
-    log = (root / "dockerd.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            *(dockerd, "--iptables=false", "--ip6tables=false", "--bridge=none", "--storage-driver=vfs"),
-            *("--data-root", str(root / "data"), "--exec-root", str(root / "exec")),
-            *("--pidfile", str(root / "docker.pid"), "--host", f"unix://{socket}"),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    logfile = root / f"dockerd-{driver}.log"
+    with logfile.open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                *(dockerd, "--iptables=false", "--ip6tables=false", "--bridge=none", f"--storage-driver={driver}"),
+                *("--data-root", str(root / "data"), "--exec-root", str(root / "exec")),
+                *("--pidfile", str(root / "docker.pid"), "--host", f"unix://{socket}"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     engine = Engine("docker", {**os.environ, "DOCKER_HOST": f"unix://{socket}"})
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             break
         if socket.exists() and engine("info", check=False, timeout=30).returncode == 0:
-            return proc, engine
+            return proc, engine, ""
         time.sleep(0.5)
-    proc.kill()
+    if proc.poll() is None:
+        proc.kill()
     proc.wait()
-    pytest.fail(f"dockerd did not start:\n{_tail((root / 'dockerd.log').read_text(errors='replace'))}")
+    return None, engine, _tail(logfile.read_text(errors="replace"))
+
+
+def _stop_dockerd(proc: subprocess.Popen[bytes], root: Path) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    # dockerd leaves its network namespace's bind mount (exec/netns/default) behind: unmount, then remove.
+    with open("/proc/self/mounts", encoding="utf-8") as mounts:
+        left = [line.split()[1] for line in mounts if line.split()[1].startswith(f"{root}/")]
+    for mount in reversed(left):
+        subprocess.run(["umount", mount], capture_output=True, timeout=30)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -89,24 +109,25 @@ def dockerd() -> Iterator[Engine]:
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    root = Path(tempfile.mkdtemp(prefix="jxd", dir="/tmp"))  # short: the socket's path has at most 107 bytes
-    proc, engine = _start_dockerd(root)
+    # overlay2 where the data root's file system takes it (ext4 and xfs do): a container's file system is then a
+    # layer over the image's, where vfs copies the whole image (690 MB) for each container and each build step.
+    failures: list[str] = []
+    for driver in ("overlay2", "vfs"):
+        root = Path(tempfile.mkdtemp(prefix="jxd", dir="/tmp"))  # short: the socket's path has at most 107 bytes
+        proc, engine, log = _start_dockerd(root, driver)
+        if proc is not None:
+            break
+        shutil.rmtree(root, ignore_errors=True)
+        failures.append(f"with --storage-driver={driver}:\n{log}")
+    else:
+        pytest.fail("dockerd did not start\n" + "\n".join(failures))
+    if failures:
+        print(f"dockerd runs on vfs: {failures[0]}")
     try:
         yield engine
     finally:
         engine.cleanup()
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        # dockerd leaves its network namespace's bind mount (exec/netns/default) behind: unmount, then remove.
-        with open("/proc/self/mounts", encoding="utf-8") as mounts:
-            left = [line.split()[1] for line in mounts if line.split()[1].startswith(f"{root}/")]
-        for mount in reversed(left):
-            subprocess.run(["umount", mount], capture_output=True, timeout=30)
-        shutil.rmtree(root, ignore_errors=True)
+        _stop_dockerd(proc, root)
 
 
 @pytest.fixture(scope="module")
@@ -124,17 +145,36 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engine, I
 
 
 @pytest.fixture(scope="module")
-def docker(dockerd: Engine, podman: tuple[Engine, Image]) -> Image:
-    """The podman-built image in Docker (its layers: `podman save | docker load`)."""
+def docker(dockerd: Engine, podman: tuple[Engine, Image], tmp_path_factory: pytest.TempPathFactory) -> Image:
+    """This checkout's image built by Docker's own builder, on the base podman built with (loaded, not made again).
+
+    Docker's classic builder mounts nothing into a build, so where the host trusts a CA of its own (a package
+    proxy's) the base gets the host's bundle in a layer of its own for pip in the build; podman mounts it for the
+    build only. The tag is the python:*-slim that the Dockerfile's FROM names."""
     source, image = podman
     started = time.monotonic()
-    with subprocess.Popen(
-        ["podman", "save", "--format", "docker-archive", image.tag], stdout=subprocess.PIPE, env=source.env
-    ) as save:
-        load = subprocess.run(["docker", "load"], stdin=save.stdout, capture_output=True, text=True, env=dockerd.env)
-    assert save.returncode == 0 and load.returncode == 0, load.stderr
-    print(f"image loaded into docker in {time.monotonic() - started:.0f}s")
-    return Image(image.tag, 0.0, image.base)
+    loaded = image.base
+    if not dockerd.image_exists(loaded):
+        with subprocess.Popen(
+            ["podman", "save", "--format", "docker-archive", image.base], stdout=subprocess.PIPE, env=source.env
+        ) as save:
+            load = subprocess.run(
+                ["docker", "load"], stdin=save.stdout, capture_output=True, text=True, env=dockerd.env
+            )
+        assert save.returncode == 0 and load.returncode == 0, load.stderr
+    python = image.base.rsplit(":", 1)[1].removesuffix("-slim")
+    base = f"python:{python}-slim"
+    if CA_BUNDLE.is_file():
+        context = tmp_path_factory.mktemp("docker-base")
+        shutil.copy(CA_BUNDLE, context / "ca-certificates.crt")
+        (context / "Dockerfile").write_text(f"FROM {loaded}\nCOPY ca-certificates.crt {CA_BUNDLE}\n", encoding="utf-8")
+        dockerd("build", "-q", "-t", base, str(context), timeout=300)
+    elif loaded != base:
+        dockerd("tag", loaded, base)
+    print(f"base {base} in docker in {time.monotonic() - started:.0f}s")
+    built = build_image(dockerd, base=(python, base))
+    assert built.tag == image.tag.removeprefix("localhost/")
+    return built
 
 
 @pytest.fixture(params=["podman", "docker"])
