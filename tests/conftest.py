@@ -54,6 +54,26 @@ def pytest_configure(config: pytest.Config) -> None:
     route_to_stdlib_logging(cache_loggers=False)  # structlog.testing.capture_logs must still see every logger
 
 
+# The end-to-end files that run longest, mostly waiting on what they drive (container engines building and starting
+# images, a real 4-process job in a real Prometheus over minutes): one xdist group, first in the order, so that one
+# worker starts on it at once while the other goes through the rest (tests/run.sh: pytest -n 2 --dist loadgroup).
+LONG_LANE = ("tests/e2e/test_container.py", "tests/e2e/test_container_engines.py", "tests/e2e/test_job_view.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test file is an xdist group of its own (its module fixtures are made once, on one worker), but for the
+    long lane's files, which are one group and run first."""
+    lane: list[pytest.Item] = []
+    rest: list[pytest.Item] = []
+    for item in items:
+        path = item.path.relative_to(ROOT).as_posix()
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group("long-lane" if path in LONG_LANE else path))
+        (lane if path in LONG_LANE else rest).append(item)
+    items[:] = lane + rest
+
+
 def sidecar_args(spool: Path, poll: str = "0.2s") -> list[str]:
     """The arguments of a spool sidecar reading `spool` every `poll`, without the probe."""
     return ["--no-collector.probe", "--collector.spool.dir", str(spool), "--poll.interval", poll]

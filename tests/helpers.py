@@ -28,8 +28,29 @@ TRAIN = Path(__file__).resolve().parent / "workloads" / "train.py"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
+# pytest-xdist's workers (tests/run.sh runs the suite on two) each take ports from a block of their own, below
+# Linux's ephemeral range (32768-60999, where bind(0) and outgoing connections take theirs): a port one worker was
+# given is never given to another before it binds it. A worker goes round its block in order.
+_PORT_BLOCK = 2000
+_PORT_BASE = 20000
+_next_port = 0
+
+
 def free_port() -> int:
     """A loopback port nothing listens on right now."""
+    global _next_port
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        first = _PORT_BASE + (int(worker[2:]) % 6) * _PORT_BLOCK
+        for _ in range(_PORT_BLOCK):
+            port = first + _next_port % _PORT_BLOCK
+            _next_port += 1
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

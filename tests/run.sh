@@ -25,7 +25,7 @@ if [ "${1:-}" = "--unit" ]; then
   if ! [ -x .venv/bin/python ] || ! sha256sum --check --status "$STAMP" 2>/dev/null; then
     install_venv
   fi
-  JAX_NUM_CPU_DEVICES=8 exec .venv/bin/python -m pytest tests/unit "$@"
+  JAX_NUM_CPU_DEVICES=8 exec .venv/bin/python -m pytest tests/unit -n 2 "$@"
 fi
 
 # Debian packages, installed when missing:
@@ -64,5 +64,7 @@ install_venv
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-# pyproject.toml's testpaths: tests/unit, then tests/e2e.
-JAX_NUM_CPU_DEVICES=8 .venv/bin/python -m pytest "$@"
+# pyproject.toml's testpaths (tests/unit and tests/e2e) on two workers, each file a group run on one worker; the
+# longest end-to-end files (tests/conftest.py's LONG_LANE) are one group, started first. `-n 0` runs them in order
+# in one process.
+JAX_NUM_CPU_DEVICES=8 .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
