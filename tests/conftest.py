@@ -55,23 +55,32 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # The end-to-end files that run longest, mostly waiting on what they drive (container engines building and starting
-# images, a real 4-process job in a real Prometheus over minutes): one xdist group, first in the order, so that one
-# worker starts on it at once while the other goes through the rest (tests/run.sh: pytest -n 2 --dist loadgroup).
+# images, a real 4-process job in a real Prometheus over minutes): under pytest-xdist (tests/run.sh: pytest -n 2)
+# they are one group, first in the order, so that one worker starts on it at once while the other goes through the
+# rest. Every other file is a group of its own: its module fixtures are made once, on one worker.
 LONG_LANE = ("tests/e2e/test_container.py", "tests/e2e/test_container_engines.py", "tests/e2e/test_job_view.py")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def _group(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return "long-lane" if path in LONG_LANE else path
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each test file is an xdist group of its own (its module fixtures are made once, on one worker), but for the
-    long lane's files, which are one group and run first."""
-    lane: list[pytest.Item] = []
-    rest: list[pytest.Item] = []
-    for item in items:
-        path = item.path.relative_to(ROOT).as_posix()
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group("long-lane" if path in LONG_LANE else path))
-        (lane if path in LONG_LANE else rest).append(item)
-    items[:] = lane + rest
+    """The long lane's tests first (a stable sort: each file keeps its order)."""
+    items.sort(key=lambda item: _group(item.nodeid) != "long-lane")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's scope scheduler, with the groups above as its scopes (xdist_group marks would do it, but xdist 3.8
+    marks them in the node id in a way pytest 9.2 no longer reads)."""
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class FileGroups(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return FileGroups(config, log)
 
 
 def sidecar_args(spool: Path, poll: str = "0.2s") -> list[str]:
