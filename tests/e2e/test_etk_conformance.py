@@ -93,6 +93,10 @@ def test_the_toolkit_headers_file_sets_all_five_headers(start_daemon: StartDaemo
 @pytest.mark.parametrize(("name", "status"), [("nonblocking", 200), ("one_second", 429)])
 def test_the_toolkit_rate_limits(start_daemon: StartDaemon, name: str, status: int) -> None:
     d = _serve(start_daemon, ETK / f"web_config_rate_limiter_{name}.yaml", scheme="http")
+    deadline = time.monotonic() + 60  # /readyz answers 503 until the first poll is done
+    while '"ready: first poll done"' not in d.log():
+        assert d.proc.poll() is None and time.monotonic() < deadline, d.log()
+        time.sleep(0.05)
     # As the Go test: 11 requests. interval 0 is no limiter; burst 0 allows nothing (golang.org/x/time/rate).
     assert [requests.get(d.url + "/readyz", timeout=10).status_code for _ in range(11)] == [status] * 11
 

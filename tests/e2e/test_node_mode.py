@@ -16,10 +16,12 @@ from tests.helpers import Process, free_port, jaxmon_env, scrape
 # The daemon as `jaxmon serve` runs it, plus a SIGUSR2 handler (jaxmon leaves that signal alone) that writes the
 # interpreter's imported modules to a file: what the daemon itself imported, read from inside it.
 WRAPPER = """
-import json, signal, sys
+import json, os, signal, sys
 def dump(signum, frame):
-    with open(sys.argv[1], "w") as fh:
+    # Whole or not at all: the test reads the file as soon as it exists.
+    with open(sys.argv[1] + ".part", "w") as fh:
         json.dump(sorted(sys.modules), fh)
+    os.replace(sys.argv[1] + ".part", sys.argv[1])
 signal.signal(signal.SIGUSR2, dump)
 from jaxmon.cli import main
 sys.exit(main(sys.argv[2:]))
