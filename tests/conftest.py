@@ -71,9 +71,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: _group(item.nodeid) != "long-lane")
 
 
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """xdist's scope scheduler, with the groups above as its scopes (xdist_group marks would do it, but xdist 3.8
-    marks them in the node id in a way pytest 9.2 no longer reads)."""
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under `--dist loadfile` (tests/run.sh), xdist's scope scheduler with the groups above as its scopes
+    (xdist_group marks would do it, but xdist 3.8 marks them in the node id in a way pytest 9.2 no longer reads).
+    Other --dist modes are xdist's own (the unit command's `load` spreads single tests)."""
+    if config.getoption("dist") != "loadfile":
+        return None
     from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
     class FileGroups(LoadScopeScheduling):  # type: ignore[misc]

@@ -67,4 +67,4 @@ install_venv
 # pyproject.toml's testpaths (tests/unit and tests/e2e) on two workers, each file a group run on one worker; the
 # longest end-to-end files (tests/conftest.py's LONG_LANE) are one group, started first. `-n 0` runs them all in
 # one process.
-JAX_NUM_CPU_DEVICES=8 .venv/bin/python -m pytest -n 2 "$@"
+JAX_NUM_CPU_DEVICES=8 .venv/bin/python -m pytest -n 2 --dist loadfile "$@"

@@ -234,8 +234,10 @@ def test_badput_kinds_past_the_tenth_count_as_other_and_compile_and_checkpoint_k
     reading = settled(tracker, len(kinds) + 1)
     named = set(reading.badput_seconds_total) - {"startup", "stall", "restart", "host"}
     assert named == set(kinds[:MAX_USER_KINDS]) | {OTHER_KIND, "compile", "checkpoint"}, sorted(named)
-    # The three blocks past the tenth kind (10 ms each, and what the waiter's clock adds around them).
-    assert 0.03 <= reading.badput_seconds_total[OTHER_KIND] < 0.1
+    # The three blocks past the tenth kind (10 ms each, and what the waiter's clock adds around them). A block is
+    # charged from the completion the waiter saw, which a busy machine delays by a moment past the real one: a
+    # block may lose that moment (seen: 29.5 ms of 30 with the other core running the other test worker).
+    assert 0.025 <= reading.badput_seconds_total[OTHER_KIND] < 0.1
     assert reading.problems["badput_kinds"] == 3
     assert len(reading.badput_seconds_total) <= 18
 
