@@ -152,15 +152,19 @@ def test_badput_blocks_are_charged_by_kind_and_the_time_adds_up(make_tracker: Ma
     tracker = make_tracker()
     f = slow_step(256, 5)
     x = jnp.ones((256, 256))
+    blocks = 0.0  # the blocks as the loop times them (a busy machine wakes a 50 ms sleep late)
     for n in range(8):
         x = f(x)
         jaxmon.step(n, x)
         x.block_until_ready()  # the device is idle from here until the next step(): the data block is inside
         if n in (2, 4, 6):
+            started = time.perf_counter()
             with jaxmon.badput("data"):
                 time.sleep(0.05)
+            blocks += time.perf_counter() - started
     reading = settled(tracker, 8)
-    assert reading.badput_seconds_total["data"] == pytest.approx(0.15, abs=0.02)
+    assert blocks >= 0.15
+    assert reading.badput_seconds_total["data"] == pytest.approx(blocks, abs=0.01)
     adds_up(reading)
     assert reading.badput_seconds_total["startup"] > 0
 
@@ -183,7 +187,9 @@ def test_a_pipelined_loops_data_blocks_that_overlap_device_work_cost_no_goodput(
             time.sleep(compute / 2)
     x.block_until_ready()
     reading = settled(tracker, 16)
-    assert goodput(reading) >= 0.9, reading
+    # Were the blocks charged, goodput would be about 2/3; with the other core busy (the suite's other worker) the
+    # host sometimes falls a little behind (0.885 seen).
+    assert goodput(reading) >= 0.85, reading
     # Charged only where the host fell behind the device (it rarely does, on a loaded machine), never all of it.
     assert reading.badput_seconds_total.get("data", 0.0) < 0.5 * 16 * compute / 2
     adds_up(reading)
