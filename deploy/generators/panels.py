@@ -76,3 +76,16 @@ def top(expr: str) -> str:
 def bottom(expr: str) -> str:
     """The `$k` series of `expr` with the lowest values."""
     return f"bottomk($k, {expr})"
+
+
+def exporters_up(width: int) -> Panel:
+    """The count of jaxmon targets up: the first stat of the main and the fleet dashboards."""
+    return Panel(
+        "Exporters up",
+        "stat",
+        "none",
+        [Target(f"sum(up{{{INST}}})", "up")],
+        "jaxmon targets Prometheus scrapes successfully.",
+        width=width,
+        height=4,
+    )

@@ -30,11 +30,16 @@ REPLAY = ("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s")
 def _serve(start_daemon: StartDaemon, file: Path, scheme: str = "https") -> Daemon:
     """The daemon on `file`, once it listens (probes may need credentials the file demands)."""
     d = start_daemon(*REPLAY, "--web.config.file", str(file), ready=False, scheme=scheme, client={"verify": False})
+    _wait_logged(d, "serving")
+    return d
+
+
+def _wait_logged(d: Daemon, event: str) -> None:
+    """Until the daemon's log has `event` (failing if it exits, or after a minute)."""
     deadline = time.monotonic() + 60
-    while '"serving"' not in d.log():
+    while f'"{event}"' not in d.log():
         assert d.proc.poll() is None and time.monotonic() < deadline, d.log()
         time.sleep(0.05)
-    return d
 
 
 REFUSED = (ssl.SSLError, ConnectionError, OSError)
@@ -93,10 +98,7 @@ def test_the_toolkit_headers_file_sets_all_five_headers(start_daemon: StartDaemo
 @pytest.mark.parametrize(("name", "status"), [("nonblocking", 200), ("one_second", 429)])
 def test_the_toolkit_rate_limits(start_daemon: StartDaemon, name: str, status: int) -> None:
     d = _serve(start_daemon, ETK / f"web_config_rate_limiter_{name}.yaml", scheme="http")
-    deadline = time.monotonic() + 60  # /readyz answers 503 until the first poll is done
-    while '"ready: first poll done"' not in d.log():
-        assert d.proc.poll() is None and time.monotonic() < deadline, d.log()
-        time.sleep(0.05)
+    _wait_logged(d, "ready: first poll done")  # /readyz answers 503 until then
     # As the Go test: 11 requests. interval 0 is no limiter; burst 0 allows nothing (golang.org/x/time/rate).
     assert [requests.get(d.url + "/readyz", timeout=10).status_code for _ in range(11)] == [status] * 11
 

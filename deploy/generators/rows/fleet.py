@@ -5,7 +5,7 @@ jaxmon with the kubernetes collector labels them); "All" also keeps the devices 
 
 from __future__ import annotations
 
-from ..panels import DEV, INST, OK_MAPPING, Panel, Row, Target, bottom, top
+from ..panels import DEV, INST, OK_MAPPING, Panel, Row, Target, bottom, exporters_up, top
 from . import ladder
 
 POD = 'namespace=~"$namespace", pod=~"$pod"'
@@ -35,15 +35,7 @@ def stat(title: str, expr: str, description: str, bad: float = 1) -> Panel:
 HEALTH = Row(
     "Health",
     [
-        Panel(
-            "Exporters up",
-            "stat",
-            "none",
-            [Target(f"sum(up{{{INST}}})", "up")],
-            "jaxmon targets Prometheus scrapes successfully.",
-            width=3,
-            height=4,
-        ),
+        exporters_up(width=3),
         stat("Exporters down", count(f"up{{{INST}}} == 0"), "jaxmon targets whose scrape fails (JaxmonExporterDown)."),
         stat(
             "Devices lost",

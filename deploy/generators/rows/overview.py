@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-from ..panels import DEV, INST, MEM, WL, Panel, Row, Target
+from ..panels import DEV, MEM, WL, Panel, Row, Target, exporters_up
 
 ROW = Row(
     "Overview",
     [
-        Panel(
-            "Exporters up",
-            "stat",
-            "none",
-            [Target(f"sum(up{{{INST}}})", "up")],
-            "jaxmon targets Prometheus scrapes successfully.",
-            width=4,
-            height=4,
-        ),
+        exporters_up(width=4),
         Panel(
             "Devices answering the probe",
             "stat",
