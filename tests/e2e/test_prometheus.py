@@ -441,8 +441,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         p.wait_for(
             'jaxmon_workload_last_report_timestamp_seconds{workload="ephemeral"}', lambda r: not r, "ephemeral gone"
         )
-        # Every series has been scraped for a full rate() window.
+        # Every series has been scraped for a full rate() window: the ones the events above created (the Xid
+        # counter, the second sidecar's rejection counter) hold at least three samples in the window, and the ones
+        # that went away (the ephemeral workload's) have left it. A busy machine can reach this point a scrape after
+        # the newest series appeared, where increase() over it would still be empty.
         time.sleep(max(0.0, started + float(RATE_INTERVAL[:-1]) - time.monotonic()))
+        p.wait_for(
+            f'{{job=~"jaxmon-.+"}}[{RATE_INTERVAL}]',  # every sample in the window, series by series
+            lambda r: min(len(series["values"]) for series in r) >= 3,
+            "every series scraped three times in the rate window",
+        )
         yield Stack(prometheus, instances)
     finally:
         if prometheus is not None:
