@@ -218,7 +218,7 @@ def test_a_wedged_gpu_is_down_without_values_logged_once_and_comes_back_by_itsel
     scenario = Scenario(tmp_path / "scenario.json", [device(0), device(1), device(2)])
     for key, value in scenario.env().items():
         monkeypatch.setenv(key, value)
-    collector = make_collector(timeout=0.2)
+    collector = make_collector(timeout=1.0)  # the healthy GPUs answer within it even on a loaded machine
     rig = Rig(scenario, collector)
     try:
         rig.poll()
@@ -237,7 +237,7 @@ def test_a_wedged_gpu_is_down_without_values_logged_once_and_comes_back_by_itsel
             assert [t.name for t in threading.enumerate()].count("jaxmon-nvml-gpu1") == 1
         failed = [e for e in logs if e["event"] == "NVML GPU read failed"]
         assert [(e["gpu"], e["error"]) for e in failed] == [
-            (1, "NVML did not answer within 0.2s (a call on this GPU hangs; its next read starts once it returns)")
+            (1, "NVML did not answer within 1s (a call on this GPU hangs; its next read starts once it returns)")
         ], "logged once, not every poll"
         scenario.update(1, hang_until=None, temperature_c=77)
         deadline = time.monotonic() + 30
