@@ -56,9 +56,12 @@ def test_the_flax_nnx_loop_of_the_docs_reports_every_step(children: list[Child],
 
 
 def test_the_maxtext_style_loop_of_the_docs_reads_xla_flops_in_its_mesh(children: list[Child], tmp_path: Path) -> None:
-    # Four CPU devices: on the suite's 2-core machines, XLA:CPU's collectives over eight devices with many steps in
-    # flight deadlock now and then (a rendezvous never completes), with or without jaxmon; four never did.
-    child = Child(tmp_path, script=WORKLOADS / "maxtext_loop.py", env={**ENV, "JAX_NUM_CPU_DEVICES": "4"})
+    # Two CPU devices, a 1 x 2 mesh. On the suite's 2-core machines XLA:CPU runs every device's program on a pool of
+    # about as many threads as cores; a collective's participants that wait in its rendezvous hold their threads, so
+    # with more devices than threads and many steps in flight a rendezvous can wait for ever for a participant that
+    # never gets a thread (with or without jaxmon). Eight devices did so now and then; four did once, beside two CPU
+    # burners. Two devices are one rendezvous group, which two threads always complete.
+    child = Child(tmp_path, script=WORKLOADS / "maxtext_loop.py", env={**ENV, "JAX_NUM_CPU_DEVICES": "2"})
     children.append(child)
     done = child.hello
     steps, tokens = done["steps"], done["batch"] * done["seq"]
@@ -73,11 +76,11 @@ def test_the_maxtext_style_loop_of_the_docs_reads_xla_flops_in_its_mesh(children
     assert done["lowers_outside_mesh"] is False
     assert problems(s) == {}
     hardware = per_device(s, "jaxmon_training_hardware_flops_total")
-    assert len(hardware) == 4 and all(v == pytest.approx(steps * done["flops"]) for v in hardware.values()), hardware
+    assert len(hardware) == 2 and all(v == pytest.approx(steps * done["flops"]) for v in hardware.values()), hardware
     model = per_device(s, "jaxmon_training_model_flops_total")
-    assert all(v == pytest.approx(steps * 6 * done["n_params"] * tokens / 4) for v in model.values()), model
+    assert all(v == pytest.approx(steps * 6 * done["n_params"] * tokens / 2) for v in model.values()), model
     mfu = per_device(s, "jaxmon_training_model_flops_utilization_ratio")
-    assert len(mfu) == 4 and all(v > 0 for v in mfu.values()), mfu
+    assert len(mfu) == 2 and all(v > 0 for v in mfu.values()), mfu
     # Goodput's accounting holds to the scrape: productive plus every kind of badput is start to last step.
     badput = sum(v for k, v in s.items() if k[0] == "jaxmon_training_badput_seconds_total")
     productive = sample(s, "jaxmon_training_productive_seconds_total", **lab)
