@@ -67,6 +67,10 @@ class FakeKubelet:
         path = self.scenario_path.with_suffix(".calls")
         return len(path.read_text().splitlines()) if path.exists() else 0
 
+    def last_call(self) -> float:
+        """Unix time the last List call began."""
+        return float(self.scenario_path.with_suffix(".calls").read_text().split()[-1])
+
     def start(self) -> FakeKubelet:
         with open(self.log_path, "a") as log:
             self.proc = subprocess.Popen(
