@@ -18,7 +18,7 @@ from tests.conftest import Daemon, Samples, StartDaemon, parse_samples, sample
 from tests.fake_kubelet import FakeKubelet, container, pod
 from tests.fake_libtpu import Chip, FakeLibtpu
 from tests.fake_libtpu import Scenario as LibtpuScenario
-from tests.fakenvml import NO_TIGHT_DEADLINE, Scenario, device, mig_device
+from tests.fakenvml import Scenario, device, mig_device
 
 POD_LABELS = ("namespace", "pod", "container")
 UUIDS = [f"GPU-{i:08x}-aaaa-bbbb-cccc-{i:012x}" for i in range(5)]
@@ -90,7 +90,6 @@ def node_daemon(
         "--poll.interval",
         f"{POLL}s",
         "--collector.nvml",
-        *NO_TIGHT_DEADLINE,
         "--collector.tpu",
         "--collector.tpu.address",
         libtpu.address,

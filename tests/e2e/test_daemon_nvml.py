@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import ROOT, Daemon, Samples, StartDaemon, parse_samples, sample
-from tests.fakenvml import GPU_IS_LOST, H200_MAX_CLOCKS_MHZ, NO_TIGHT_DEADLINE, Scenario, device, link, mig_device
+from tests.fakenvml import GPU_IS_LOST, H200_MAX_CLOCKS_MHZ, Scenario, device, link, mig_device
 from tests.helpers import Child
 from tests.prometheus import Prometheus
 
@@ -31,8 +31,7 @@ def nvml_success(s: Samples) -> float | None:
 
 
 def start(start_daemon: StartDaemon, scenario: Scenario, *args: str, legacy: bool = False) -> Daemon:
-    deadline = () if "--collector.nvml.timeout" in args else NO_TIGHT_DEADLINE
-    return start_daemon(*FAST, "--collector.nvml", *deadline, *args, env=scenario.env(legacy))
+    return start_daemon(*FAST, "--collector.nvml", *args, env=scenario.env(legacy))
 
 
 def test_the_daemon_exports_every_nvml_series_with_the_scenarios_values(

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import Daemon, Samples, StartDaemon, sample
-from tests.fakenvml import GPM_IDS, GPU_IS_LOST, NO_TIGHT_DEADLINE, Scenario, device, gpm, gpm_metrics, mig_device
+from tests.fakenvml import GPM_IDS, GPU_IS_LOST, Scenario, device, gpm, gpm_metrics, mig_device
 
-FAST = ("--no-collector.probe", "--poll.interval", "0.3s", "--collector.nvml", *NO_TIGHT_DEADLINE)
+FAST = ("--no-collector.probe", "--poll.interval", "0.3s", "--collector.nvml")
 UNKNOWN = 999
 # GPM_IDS name -> (family, pipe label)
 SERIES = {
@@ -133,7 +133,6 @@ def test_a_poll_faster_than_the_floor_never_asks_for_an_interval_under_100_ms(
         "--poll.interval",
         "30ms",
         "--collector.nvml",
-        *NO_TIGHT_DEADLINE,
         "--collector.nvml.gpm-pipes",
         env=scenario.env(),
     )

@@ -43,7 +43,7 @@ import pytest
 from tests.conftest import ROOT, Daemon, free_port, parse_samples, wait_until
 from tests.deploy_files import JOB_DASHBOARD, JOB_RULES, RULES, alert_rules, dashboard_targets
 from tests.fake_kubelet import FakeKubelet, container, pod
-from tests.fakenvml import NO_TIGHT_DEADLINE, Scenario, device, gpm
+from tests.fakenvml import Scenario, device, gpm
 from tests.helpers import Child
 from tests.prometheus import Prometheus
 
@@ -179,7 +179,6 @@ def view(tmp_path_factory: pytest.TempPathFactory) -> Iterator[View]:
             [
                 "--node",
                 "--collector.nvml",
-                *NO_TIGHT_DEADLINE,
                 "--collector.kubernetes",
                 "--collector.kubernetes.socket",
                 str(kubelet.socket),
@@ -207,15 +206,7 @@ def view(tmp_path_factory: pytest.TempPathFactory) -> Iterator[View]:
         spool.mkdir()
         node = Daemon(
             tmp / "node",
-            [
-                "--node",
-                "--collector.nvml",
-                *NO_TIGHT_DEADLINE,
-                "--collector.spool.dir",
-                str(spool),
-                "--poll.interval",
-                "0.5s",
-            ],
+            ["--node", "--collector.nvml", "--collector.spool.dir", str(spool), "--poll.interval", "0.5s"],
             env=scenario.env(),
         )
         daemons.append(node)

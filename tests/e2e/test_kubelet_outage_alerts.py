@@ -27,7 +27,7 @@ import yaml
 from tests.conftest import Samples, StartDaemon, promtool, sample
 from tests.deploy_files import JOB_RULES, RULES, alert_rules
 from tests.fake_kubelet import FakeKubelet, container, pod
-from tests.fakenvml import NO_TIGHT_DEADLINE, Scenario, device
+from tests.fakenvml import Scenario, device
 
 GPUS = 2
 NAMESPACE = "ml"
@@ -57,7 +57,7 @@ def _scrapes(start_daemon: StartDaemon, tmp_path: Path, kubelet: FakeKubelet) ->
     kubelet.update(pods=[pod(NAMESPACE, f"llama-{i}", c) for i, c in enumerate(held)])
     kubelet.start()
     nvml = Scenario(tmp_path / "nvml.json", gpus)
-    flags = ["--node", "--poll.interval", "0.3s", "--collector.nvml", *NO_TIGHT_DEADLINE, "--collector.kubernetes"]
+    flags = ["--node", "--poll.interval", "0.3s", "--collector.nvml", "--collector.kubernetes"]
     socket = ["--collector.kubernetes.socket", str(kubelet.socket), "--collector.kubernetes.ttl", "1s"]
     d = start_daemon(*flags, *socket, env=nvml.env())
 

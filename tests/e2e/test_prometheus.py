@@ -49,7 +49,7 @@ from tests.deploy_files import (
 from tests.fake_kubelet import FakeKubelet, container, pod
 from tests.fake_libtpu import MEGASCALE, Chip, Entry, FakeLibtpu, Timing, connection, sized
 from tests.fake_libtpu import Scenario as LibtpuScenario
-from tests.fakenvml import GPU_IS_LOST, NO_TIGHT_DEADLINE, Scenario, device, gpm, link, mig_device
+from tests.fakenvml import GPU_IS_LOST, Scenario, device, gpm, link, mig_device
 from tests.helpers import Child
 from tests.prometheus import Prometheus
 
@@ -328,7 +328,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         daemons.append(tpu)
         scenario = nvml_scenario(tmp / "nvml.json")
         nvml_args = ["--no-collector.probe", "--collector.nvml", "--collector.nvml.gpm-pipes"]
-        nvml_args += ["--poll.interval", "0.5s", *NO_TIGHT_DEADLINE]
+        nvml_args += ["--poll.interval", "0.5s"]
         nvml_args += ["--collector.kubernetes", "--collector.kubernetes.socket", str(kubelet.socket)]
         nvml = Daemon(tmp, nvml_args, env=scenario.env())
         daemons.append(nvml)

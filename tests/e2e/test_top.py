@@ -23,7 +23,7 @@ import yaml
 
 from jaxmon.top import main as top_main
 from tests.conftest import FIXTURES, ROOT, StartDaemon, sample
-from tests.fakenvml import NO_TIGHT_DEADLINE, Scenario, device
+from tests.fakenvml import Scenario, device
 from tests.helpers import Child, wait_for_samples
 from tests.tls_helpers import bcrypt_hash, make_certs
 from tests.unit.test_top import _cells, _process_table
@@ -192,8 +192,7 @@ def test_once_lists_nvml_processes_largest_first_and_says_how_many_more(
     # Twelve processes over two GPUs; process k holds k + 1 GiB.
     procs = [[{"pid": 3000 + k, "used": (k + 1) * GiB} for k in range(12) if k % 2 == gpu] for gpu in (0, 1)]
     scenario = Scenario(tmp_path / "scenario.json", [device(0, processes=procs[0]), device(1, processes=procs[1])])
-    args = ("--no-collector.probe", "--poll.interval", "0.3s", "--collector.nvml", *NO_TIGHT_DEADLINE)
-    d = start_daemon(*args, env=scenario.env())
+    d = start_daemon("--no-collector.probe", "--poll.interval", "0.3s", "--collector.nvml", env=scenario.env())
     d.wait_for(lambda s: len([k for k in s if k[0] == "jaxmon_process_device_memory_bytes"]) == 12, what="12 processes")
     result = _top(f"127.0.0.1:{d.port}", "--once")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURES, ROOT, StartDaemon, free_port
-from tests.fakenvml import NO_TIGHT_DEADLINE, Scenario, device
+from tests.fakenvml import Scenario, device
 
 REPLAY = ("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s")
 DEVICE = re.compile(r"\b(?:gpu|tpu|cpu):\d+\b")
@@ -186,7 +186,7 @@ def test_the_live_process_table_fills_the_screen_below_the_devices_and_counts_th
     procs = [[{"pid": 3000 + k, "used": (k + 1) << 30} for k in range(40) if k % 2 == gpu] for gpu in (0, 1)]
     scenario = Scenario(tmp_path / "scenario.json", [device(0, processes=procs[0]), device(1, processes=procs[1])])
     # All forty exported (the daemon's default is the 16 largest per GPU, the rest counted apart).
-    args = ["--no-collector.probe", "--poll.interval", "0.3s", "--collector.nvml", *NO_TIGHT_DEADLINE]
+    args = ["--no-collector.probe", "--poll.interval", "0.3s", "--collector.nvml"]
     args += ["--collector.nvml.max-processes", "40"]
     d = start_daemon(*args, env=scenario.env())
     tmux.start(_top(f"127.0.0.1:{d.port}"), width=120, height=30)

@@ -27,9 +27,9 @@ XID_EVENT = 0x8
 GPU_IS_LOST = 15
 # The daemon's deadline for a GPU's reads is 2 s, or half a short poll interval: 0.15 s at the suite's 0.3 s polls,
 # which healthy fake GPUs were seen to miss on a loaded 2-core machine beside the other test worker (they were then
-# reported hung, their series gone). Daemons of tests that are not about the deadline take this one; the tests of
-# the deadline set their own.
-NO_TIGHT_DEADLINE = ("--collector.nvml.timeout", "10s")
+# reported hung, their series gone). A daemon given a scenario's environment takes this one from it; the tests of
+# the deadline pass --collector.nvml.timeout, which wins over the environment.
+READ_DEADLINE = ("JAXMON_COLLECTOR__NVML__TIMEOUT", "10s")
 
 
 @functools.cache
@@ -217,7 +217,9 @@ class Scenario:
         return state
 
     def env(self, legacy: bool = False) -> dict[str, str]:
-        """What a daemon needs in its environment to load the fake, read this scenario and report its state."""
+        """What a daemon needs in its environment to load the fake, read this scenario and report its state, with a
+        read deadline a loaded machine does not miss (READ_DEADLINE)."""
         previous = os.environ.get("LD_LIBRARY_PATH")
         path = str(build(legacy)) + (f":{previous}" if previous else "")
-        return {"LD_LIBRARY_PATH": path, SCENARIO_VAR: str(self.path), STATE_VAR: str(self.state_path)}
+        var, deadline = READ_DEADLINE
+        return {"LD_LIBRARY_PATH": path, SCENARIO_VAR: str(self.path), STATE_VAR: str(self.state_path), var: deadline}
