@@ -42,15 +42,17 @@ _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](\{[^}]*\})?")
 _PACKED = re.compile(r"E\((\d+)\)")
 
 
+_DTYPE = re.compile(r"(?:[su](?:1|2|4|8|16|32|64)|f(?:16|32|64)|f[468]e\d+m\d+[a-z0-9]*)")
+
+
 def _bits(dtype: str) -> int:
     known = _BITS.get(dtype)
     if known is not None:
         return known
-    digits = re.search(r"\d+", dtype)
-    if digits is None:
+    if _DTYPE.fullmatch(dtype) is None:
         raise HloParseError(f"unknown element type {dtype!r}")
-    # s8, u16, f32, bf16, f8e4m3fn (8), f4e2m1fn (4), f6e3m2fn (6), s4, u2, ...: the first number is the width.
-    return int(digits.group())
+    # s8, u16, f32, f8e4m3fn (8), f4e2m1fn (4), f6e3m2fn (6), s4, u2, ...: the first number is the width.
+    return int(dtype[1:].split("e", 1)[0])
 
 
 def array_bytes(shape: str) -> int:
