@@ -31,13 +31,14 @@ What the text holds (XLA's HLO printer; seen on jax 0.10.2's CPU backend, the re
 - Loops: a `while` names its `body=` and `condition=` computations; `backend_config={..."known_trip_count":{"n":"6"}}`
   says how often the body runs. A collective in the body runs that many times per execution (nested loops
   multiply; a computation called from several places adds up). Also followed: `call` (`to_apply=`), `fusion` and
-  the generic `async-start` (`calls=`), and `conditional` (`branch_computations=` or true/false_computation=`):
-  only one branch runs, so the summary counts the branch that moves the most bytes (an upper bound), and every
-  collective there is marked `conditional`. Not followed: the `to_apply` of reductions (all-reduce's own adder,
-  reduce, map, sort, scatter): they hold no collectives and run per element.
+  the generic `async-start` (`calls=`), and `conditional` (`branch_computations=`, or `true_computation=` and
+  `false_computation=`): only one branch runs, so the summary counts the branch that moves the most bytes (an upper
+  bound), and every collective there is marked `conditional`. Not followed: the `to_apply` of reductions
+  (all-reduce's own adder, reduce, map, sort, scatter): they hold no collectives and run per element.
 
 Linear time: one regex per line, and the work per collective is bounded by its own text; expanded groups are cached
-by their spelling (thousands of collectives share a few).
+by their spelling (thousands of collectives share a few). The spellings of shapes and groups are read in
+`jaxmon.training.hlo_groups`; this module reads the structure (computations, calls, loops) and maps to mesh axes.
 """
 
 from __future__ import annotations
