@@ -473,3 +473,19 @@ def test_a_mesh_layout_that_does_not_add_up_is_refused() -> None:
         MeshLayout(("data", "model"), (4, 2), tuple(range(7)))
     with pytest.raises(ValueError, match="2 axis names"):
         MeshLayout(("data", "model"), (8,), tuple(range(8)))
+
+
+def test_ragged_all_to_all_counts_its_output_buffer_and_collective_broadcast_its_operand() -> None:
+    text = module(
+        entry(
+            "%r = bf16[64,128]{1,0} ragged-all-to-all(%in, %out, %io, %ss, %oo, %rs), channel_id=1,"
+            " replica_groups={{0,1,2,3},{4,5,6,7}}",
+            "%b = f32[32]{0} collective-broadcast(%p), channel_id=2, replica_groups={{0,1},{2,3},{4,5},{6,7}}",
+        )
+    )
+    got = [(c.op, c.bytes, c.group_size) for c in parse(text).collectives]
+    assert got == [("ragged-all-to-all", 64 * 128 * 2, 4), ("collective-broadcast", 32 * 4, 2)]
+    assert summarize(parse(text), LAYOUT) == {
+        ("ragged-all-to-all", ("data", "model")): 64 * 128 * 2,
+        ("collective-broadcast", ("model",)): 128,
+    }
