@@ -104,6 +104,9 @@ class Collector(ABC, Generic[O, S]):
     needs_jax: ClassVar[bool] = False
     # Family order in the exposition: collectors render in ascending `order`.
     order: ClassVar[int] = 100
+    # Whether the exposition reads `scrape_families()` at each scrape; where one does, scrapes render off the
+    # event loop (they may wait for it).
+    scrapes: ClassVar[bool] = False
 
     def __init__(self, opts: O, ctx: Context) -> None:
         self.opts = opts
@@ -133,8 +136,9 @@ class Collector(ABC, Generic[O, S]):
 
     def scrape_families(self) -> list[Metric]:
         """Families read at each scrape rather than from the snapshot, served as they are, empty ones included: a
-        source outside jaxmon's polls (prometheus_client's default registry). None by default. It is called off the
-        event loop, but a scrape waits for it: it answers within a deadline of its own, and never raises."""
+        source outside jaxmon's polls (prometheus_client's default registry), with `scrapes` set. None by default.
+        It is called off the event loop, but a scrape waits for it: it answers within a deadline of its own, and
+        never raises."""
         return []
 
     def stop(self) -> None:

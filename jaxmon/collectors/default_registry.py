@@ -89,6 +89,7 @@ class DefaultRegistryCollector(Collector[DefaultRegistryOptions, RegistryState])
     options = DefaultRegistryOptions
     heartbeat = False  # /healthz and /readyz do not wait on it: it has nothing to poll
     order = 1000
+    scrapes = True
 
     def __init__(self, opts: DefaultRegistryOptions, ctx: Context, registry: CollectorRegistry = REGISTRY) -> None:
         super().__init__(opts, ctx)
