@@ -14,7 +14,7 @@ raises, or has not answered by then, is left out of that scrape (absent, never l
 values would pass for fresh), is named in a log line, and this collector's next update says so
 (`jaxmon_collector_success{collector="default_registry"} 0`). A collect() still running is never called again until
 it returns: the next scrape's reading skips it, so a hung collector holds one thread however many scrapes come,
-and the others stay served.
+and the others stay served (those after it in the reading it held up wait for that next scrape).
 """
 
 from __future__ import annotations
