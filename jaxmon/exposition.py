@@ -3,8 +3,11 @@
 Families of one name from several collectors (the spool's workload devices beside this process's devices, NVML and
 libtpu's device-wide series) are merged into one family in first-seen order; empty families are dropped. The text
 is rendered once per snapshot version and reused by every scrape until the next update; the process and Python
-families (`process_*`, `python_*`) are read per scrape and appended as their own gzip member, with, in a workload
-process, prometheus_client's default registry (the default_registry collector) less the names jaxmon serves.
+families (`process_*`, `python_*`) are read per scrape and appended as their own gzip member, with the families
+collectors read at each scrape (`scrape_families`: in a workload process, prometheus_client's default registry) as
+they give them, empty ones included, less the names jaxmon serves. The exposition knows collectors only by this
+shape (`FamilySource`), never by their modules. A scrape may wait for a collector's scrape-time families (up to its
+deadline): where one has them (`waits`), the web app renders off the event loop.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import gzip
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol
 
 import structlog
 from prometheus_client import gc_collector, platform_collector, process_collector
@@ -21,14 +25,30 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.registry import CollectorRegistry
 
-from jaxmon.collectors.base import AnyCollector
-from jaxmon.collectors.default_registry import DefaultRegistryCollector, foreign_families, sample_names
 from jaxmon.families import add, go_float
 from jaxmon.families.shared import DEVICE_INFO, WORKLOAD_INFO
 from jaxmon.logsetup import ErrorLog
 from jaxmon.snapshot import Snapshot
 
 _render_errors = ErrorLog(structlog.get_logger("jaxmon.exposition"), 60.0)
+
+
+class FamilySource(Protocol):
+    """What the exposition reads of a collector (jaxmon.collectors.base.Collector has this shape)."""
+
+    @property
+    def name(self) -> str:
+        """The collector's name (`collect[]`, `jaxmon_collector_success{collector}`)."""
+
+    @property
+    def scrapes(self) -> bool:
+        """Whether it has families read at each scrape (`scrape_families`)."""
+
+    def families(self, snap: Snapshot, state: Any) -> Iterator[Metric]:
+        """Its families for `state`, its latest state in `snap`."""
+
+    def scrape_families(self) -> list[Metric]:
+        """Its families read at each scrape, as they are (empty ones served); within a deadline of its own."""
 
 
 def base_families(snap: Snapshot) -> Iterator[Metric]:
@@ -100,7 +120,7 @@ def merged(families: Iterable[Metric]) -> list[Metric]:
     return [f for f in by_name.values() if f.samples]
 
 
-def snapshot_families(snap: Snapshot, collectors: Sequence[AnyCollector], selected: set[str] | None) -> list[Metric]:
+def snapshot_families(snap: Snapshot, collectors: Sequence[FamilySource], selected: set[str] | None) -> list[Metric]:
     """Every family of one snapshot; `selected` limits it to those collectors (`collect[]`), without the base."""
 
     def gen() -> Iterator[Metric]:
@@ -120,13 +140,50 @@ def snapshot_families(snap: Snapshot, collectors: Sequence[AnyCollector], select
     return merged(gen())
 
 
-def _guarded_families(c: AnyCollector, snap: Snapshot, state: object) -> list[Metric]:
+def _guarded_families(c: FamilySource, snap: Snapshot, state: object) -> list[Metric]:
     """One collector's families, or none when building them raises: one bad value never fails a whole scrape."""
     try:
         return list(c.families(snap, state))
     except Exception as exc:
         _render_errors.error(f"render/{c.name}", "collector's families left out", f"{type(exc).__name__}: {exc}")
         return []
+
+
+def scraped_families(collectors: Iterable[FamilySource], taken: set[str]) -> list[Metric]:
+    """The collectors' scrape-time families as they give them (empty ones included, as generate_latest serves a
+    labelled metric with no child yet), less those whose name or a sample name is in `taken` (jaxmon's own wins);
+    the names kept are added to `taken` (a name given twice is served once)."""
+    kept = []
+    for c in collectors:
+        try:
+            families = c.scrape_families()
+        except Exception as exc:  # the contract says never; one collector still never fails a whole scrape
+            _render_errors.error(f"scrape/{c.name}", "collector's families left out", f"{type(exc).__name__}: {exc}")
+            continue
+        for fam in families:
+            names = sample_names(fam)
+            if names & taken:
+                continue
+            taken |= names
+            kept.append(fam)
+    return kept
+
+
+# The names a family's samples are written under, by type, besides those its samples have (a family without
+# samples yet still takes them: a Counter `x` with no child is `# TYPE x_total counter`).
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+    "gaugehistogram": ("_bucket", "_gcount", "_gsum"),
+    "summary": ("_count", "_sum", "_created"),
+    "info": ("_info",),
+}
+
+
+def sample_names(family: Metric) -> set[str]:
+    """The family's name, every name its samples are written under (`x_total`, `x_bucket`, `x_created`) and those
+    its type writes."""
+    return {family.name, *(family.name + s for s in _SUFFIXES.get(family.type, ())), *(s.name for s in family.samples)}
 
 
 class _Registered(PromCollector):
@@ -151,14 +208,18 @@ _PROCESS = _Registered(
 class Exposition:
     """The /metrics body: rendered once per snapshot version (scrapes never touch devices)."""
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot], collectors: Sequence[AnyCollector]) -> None:
+    def __init__(self, get_snapshot: Callable[[], Snapshot], collectors: Sequence[FamilySource]) -> None:
         self._get_snapshot = get_snapshot
         self._collectors = list(collectors)
         self.names = {c.name for c in self._collectors}
+        self._scraping = [c for c in self._collectors if c.scrapes]
+        # A scrape may wait for a collector's scrape-time families: render it off the event loop (a thread hop costs
+        # about 75 us a scrape, which a daemon, with none, does not pay).
+        self.waits = bool(self._scraping)
         self._format = TextFormat()  # keeps label and value strings from one snapshot to the next
-        self._scrape_format = TextFormat()  # the same for what is read at each scrape (its own: far fewer samples)
-        registries = [c for c in self._collectors if isinstance(c, DefaultRegistryCollector)]
-        self._registry = registries[0] if registries else None
+        # The same for what is read at each scrape (its own: far fewer samples). Scrapes render on threads, some at
+        # once: its caches hold strings fixed by their keys, so a race costs at most a string formatted again.
+        self._scrape_format = TextFormat()
         self._names: set[str] = set()  # every name the rendered snapshot's families use
         self._lock = threading.Lock()
         self._version = -1
@@ -170,8 +231,7 @@ class Exposition:
         if selected is not None:
             snap = self._get_snapshot()
             families = snapshot_families(snap, self._collectors, selected)
-            if self._registry is not None and self._registry.name in selected:
-                families += foreign_families(self._registry.read(), _names(families))
+            families += scraped_families((c for c in self._scraping if c.name in selected), _names(families))
             body = TextFormat().render(families)
             return gzip.compress(body, compresslevel=1) if want_gzip else body
         with self._lock:
@@ -187,9 +247,9 @@ class Exposition:
                 self._gzipped = gzip.compress(self._plain, compresslevel=1)
             body, names = (self._gzipped if want_gzip else self._plain) or b"", self._names
         scraped = list(_PROCESS.collect())
-        if self._registry is not None:
-            # Read outside the lock: a user's collector may be slow. jaxmon's own names win.
-            scraped += foreign_families(self._registry.read(), names | _names(scraped))
+        # Read outside the lock: a user's collector may be slow (up to its collector's deadline). jaxmon's names win.
+        if self._scraping:
+            scraped += scraped_families(self._scraping, names | _names(scraped))
         process = self._scrape_format.render(scraped)
         # A gzip stream may hold several members (RFC 1952 2.2); every HTTP client reads them as one body.
         return body + (gzip.compress(process, compresslevel=1) if want_gzip else process)

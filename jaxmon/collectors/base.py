@@ -5,7 +5,8 @@ state type and a `Collector` subclass decorated with `@register`. The compositio
 and a `Context` (devices, source, the exchange of other collectors' readings, a publish function); nothing is set
 on it afterwards. The runtime schedules its jobs, guards every update and records `jaxmon_collector_success` /
 `_duration_seconds` / `_last_success_timestamp_seconds` for it in one place, and the exposition renders its
-families from the latest snapshot. Scrapes never call `update()`.
+families from the latest snapshot. Scrapes never call `update()`; a source that must be read at each scrape gives
+its families with `scrape_families()`.
 """
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ class Collector(ABC, Generic[O, S]):
     needs_jax: ClassVar[bool] = False
     # Family order in the exposition: collectors render in ascending `order`.
     order: ClassVar[int] = 100
+    # Whether the exposition reads `scrape_families()` at each scrape; where one does, scrapes render off the
+    # event loop (they may wait for it).
+    scrapes: ClassVar[bool] = False
 
     def __init__(self, opts: O, ctx: Context) -> None:
         self.opts = opts
@@ -129,6 +133,13 @@ class Collector(ABC, Generic[O, S]):
     @abstractmethod
     def families(self, snap: Snapshot, state: S) -> Iterator[Metric]:
         """Fresh families for `state` (`snap` is the snapshot being rendered); empty families are dropped."""
+
+    def scrape_families(self) -> list[Metric]:
+        """Families read at each scrape rather than from the snapshot, served as they are, empty ones included: a
+        source outside jaxmon's polls (prometheus_client's default registry), with `scrapes` set. None by default.
+        It is called off the event loop, but a scrape waits for it: it answers within a deadline of its own, and
+        never raises."""
+        return []
 
     def stop(self) -> None:
         """Release threads and handles; called once when the runtime stops."""

@@ -3,11 +3,15 @@
 GET and HEAD on known paths, 404 elsewhere, 405 for other methods. The web config's rate limit (429) and basic
 auth (401) come first, as in exporter-toolkit; a request whose credentials passed recently is answered without
 bcrypt, and bcrypt runs on a queue of its own, so unauthenticated peers can neither hold the request slots
-(`--web.max-requests`, 503 past it) nor starve the event loop.
+(`--web.max-requests`, 503 past it) nor starve the event loop. Where a collector is read at each scrape (the
+embedded exporter's prometheus_client default registry: the user's own collectors, waited for up to their
+deadline), the exposition is rendered off the event loop too: every other connection, TLS handshake and /healthz
+must not wait with it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import html
@@ -146,6 +150,8 @@ class App:
             return 405, TEXT, b"method not allowed\n", [(b"allow", b"GET, HEAD")]
         if route is None:
             return await self._profiles.respond()
+        if route == self._metrics and self._exposition.waits:
+            return await asyncio.to_thread(route, scope)  # off the event loop: it may wait for the user's collectors
         return route(scope)
 
     async def _respond(self, send: Send, scope: Scope, response: Response) -> None:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import json
 import socket
+from collections.abc import Callable
+from pathlib import Path
 
 import requests
 
@@ -20,20 +23,35 @@ REPLAY = ("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1h")
 PLAIN = {"Accept-Encoding": "identity"}  # requests asks for gzip by default
 
 
-def test_the_daemon_serves_routes_head_gzip_and_readiness_over_real_http(start_daemon: StartDaemon) -> None:
+def test_the_daemon_serves_routes_head_gzip_and_readiness_over_real_http(
+    start_daemon: StartDaemon, tmp_path: Path
+) -> None:
     """/readyz goes 503 -> 200; then 404, 405 with Allow, HEAD with GET's length and a gzip body on the wire."""
-    d = start_daemon(*REPLAY, ready=False)
+    # The first poll hangs (JAXMON_FAULTS_FILE) until the test lifts the fault: /readyz is 503 for as long as it
+    # likes, whatever the machine's speed, and 200 only after.
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"poll_delay_seconds": 600}))
+    d = start_daemon(*REPLAY, ready=False, env={"JAXMON_FAULTS_FILE": str(faults)})
     statuses: list[int] = []
 
-    def ready() -> bool:
-        assert d.alive(), d.log()
-        status = d.status("/readyz")
-        if status is not None:
-            statuses.append(status)
-        return status == 200
+    def answered(wanted: int) -> Callable[[], bool]:
+        def check() -> bool:
+            assert d.alive(), d.log()
+            status = d.status("/readyz")
+            if status is not None:
+                statuses.append(status)
+            return status == wanted
 
-    wait_until(ready, timeout=30, what="/readyz 200", step=0.05, detail=d.log)
-    assert set(statuses) <= {200, 503}
+        return check
+
+    wait_until(answered(503), timeout=30, what="/readyz answering", step=0.05, detail=d.log)
+    for _ in range(3):
+        assert d.status("/readyz") == 503  # the poll still hangs: not ready, however often asked
+    assert d.get("/readyz").text == "not ready: first poll not complete\n"
+    faults.unlink()
+    wait_until(answered(200), timeout=30, what="/readyz 200", step=0.05, detail=d.log)
+    first = statuses.index(200)
+    assert set(statuses[:first]) == {503} and set(statuses[first:]) == {200}, statuses
     assert d.get("/readyz").text == "ready\n"
     # Ready means the first poll landed: the replayed numbers are already exported.
     assert sample(d.scrape(), "jaxmon_memory_bytes_in_use", device="8", platform="gpu") == 1000

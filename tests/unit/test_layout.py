@@ -1,5 +1,5 @@
 """The package's layout rules, read from its source: no import circles, collectors that import no other collector
-nor the composition root, settings that import no collector, and no module over 400 lines.
+nor the composition root, settings and the exposition that import no collector, and no module over 400 lines.
 
 Imports are read with `ast`, those under `if TYPE_CHECKING:` and inside functions included: a circle through a
 type-only or a lazy import is still a circle in the design.
@@ -117,6 +117,13 @@ def test_the_settings_import_no_collector() -> None:
     for module in (m for m in MODULES if m.startswith("jaxmon.settings")):
         bad = {t for t in GRAPH[module] if t.startswith("jaxmon.collectors")}
         assert not bad, f"{module} imports {sorted(bad)}"
+
+
+def test_the_exposition_imports_no_collector() -> None:
+    """The exposition renders every collector by the collectors' shape (FamilySource), none by its module: not even
+    jaxmon.collectors.base (the prometheus_client default registry is a collector like any other)."""
+    bad = {t for t in GRAPH["jaxmon.exposition"] if t == "jaxmon.collectors" or t.startswith("jaxmon.collectors.")}
+    assert not bad, f"jaxmon.exposition imports {sorted(bad)}"
 
 
 def test_only_the_local_source_imports_jax() -> None:

@@ -15,7 +15,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from jaxmon.logsetup import ErrorLog, configure_logging
+from jaxmon.logsetup import ErrorLog, configure_logging, ensure_library_logging
 
 
 class FakeClock:
@@ -206,3 +206,22 @@ def test_in_process_jaxmon_events_reach_pytests_log_capture_not_stdout(
     assert capsys.readouterr().out == ""
     assert [(r.name, r.levelname) for r in caplog.records] == [("jaxmon.probe", "WARNING")]
     assert "probe failed" in caplog.records[0].getMessage() and "device='cpu:0'" in caplog.records[0].getMessage()
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_inside_a_workload_only_apschedulers_run_lines_are_quieted_and_an_applications_own_level_stands() -> None:
+    """ensure_library_logging (jaxmon.start, jaxmon.publish) under a trainer's logging.basicConfig(level=INFO):
+    apscheduler's INFO lines go, its warnings stay; the root, the trainer's and jax's loggers keep their levels; an
+    "apscheduler" level the application set itself is left as it is."""
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    for name in ("apscheduler", "jax"):
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    ensure_library_logging()
+    scheduler = logging.getLogger("apscheduler.executors.default")
+    assert not scheduler.isEnabledFor(logging.INFO) and scheduler.isEnabledFor(logging.WARNING)
+    assert root.level == logging.INFO and logging.getLogger("jax").level == logging.NOTSET
+    assert logging.getLogger("trainer").isEnabledFor(logging.INFO)
+    logging.getLogger("apscheduler").setLevel(logging.DEBUG)  # the application runs apscheduler of its own
+    ensure_library_logging()
+    assert logging.getLogger("apscheduler").level == logging.DEBUG

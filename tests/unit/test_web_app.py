@@ -9,17 +9,25 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import threading
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector as PromCollector
 from structlog.testing import capture_logs
 
 from jaxmon.app import build_runtime, load_settings
+from jaxmon.collectors.base import standalone_context
+from jaxmon.collectors.default_registry import DefaultRegistryCollector, DefaultRegistryOptions
 from jaxmon.runtime import Runtime
+from jaxmon.sources.replay import ReplaySource
 from jaxmon.web.app import App
 from jaxmon.web.reload import WebState
 from tests.conftest import FIXTURES, ROOT, parse_samples, sample, wait_until
@@ -453,3 +461,106 @@ def test_the_replay_demo_looks_healthy() -> None:
         demo.stop()
     statuses = {dict(k[1])["collector"]: v for k, v in s.items() if k[0] == "jaxmon_collector_success"}
     assert statuses == {"memory": 1.0}
+
+
+# -- the user's own collectors (prometheus_client's default registry, embedded) ------------------------------
+
+
+class Stuck(PromCollector):
+    """A user's collector whose collect() blocks until the test releases it (at most 20 s: never forever)."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.calls = 0
+
+    def collect(self) -> Iterator[Metric]:
+        self.calls += 1
+        self.entered.set()
+        self.release.wait(20)
+        yield GaugeMetricFamily("stuck_value", "The stuck collector's own.", value=1)
+
+
+class Raising(PromCollector):
+    def collect(self) -> Iterator[Metric]:
+        raise RuntimeError("the user's collector is broken")
+
+
+@contextmanager
+def embedded_runtime(registry: CollectorRegistry, timeout: float) -> Iterator[Runtime]:
+    """The replay runtime with a default_registry collector over `registry` (as in a workload process), started:
+    the first update at once, the next in an hour."""
+    rt = make_runtime()
+    ctx = standalone_context(ReplaySource(FIXTURES / "shapes.json"), workload="w")
+    registry_collector = DefaultRegistryCollector(DefaultRegistryOptions(timeout=timeout), ctx, registry=registry)
+    embedded = Runtime(rt.recorder, [*rt.collectors, registry_collector], rt.max_staleness)
+    embedded.start()
+    try:
+        wait_until(lambda: embedded.ready, what="the first update")
+        yield embedded
+    finally:
+        embedded.stop()
+
+
+def registry_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "jaxmon-default-registry"]
+
+
+def test_healthz_answers_while_a_scrape_waits_for_a_slow_user_collector() -> None:
+    """The scrape waits for the user's collector off the event loop: /healthz is answered (200) while /metrics is
+    still waiting, and /metrics then serves the collector's family once it answers within the deadline."""
+    registry = CollectorRegistry()
+    stuck = Stuck()
+    registry.register(stuck)
+    with embedded_runtime(registry, timeout=30.0) as rt:
+        app = make_app(rt)
+
+        async def scenario() -> tuple[Reply, bool, Reply]:
+            scrape = asyncio.create_task(call(app, "GET", "/metrics"))
+            # Before the old tree's render got here, it blocked this loop: the wait below never ended in time.
+            await asyncio.wait_for(asyncio.to_thread(stuck.entered.wait, 30), 40)
+            health = await asyncio.wait_for(call(app, "GET", "/healthz"), 30)
+            waiting = not scrape.done()
+            stuck.release.set()
+            return health, waiting, await asyncio.wait_for(scrape, 30)
+
+        health, waiting, metrics = asyncio.run(scenario())
+    assert health.status == 200 and waiting
+    s = parse_samples(metrics.text)
+    assert sample(s, "stuck_value") == 1 and sample(s, "jaxmon_memory_bytes_in_use", device="8", platform="gpu") == 1000
+
+
+def test_a_hung_or_raising_user_collector_leaves_jaxmons_families_and_the_others_served_once_per_hang() -> None:
+    """A collector that does not answer within the deadline, and one that raises: /metrics answers with jaxmon's
+    families and the registry's other families, without theirs; default_registry's success says so, a log line names
+    each; later scrapes call the hung collect() no second time (one thread held) and keep serving the rest."""
+    registry = CollectorRegistry()
+    stuck = Stuck()
+    registry.register(stuck)
+    registry.register(Raising())
+    Gauge("trainer_fine", "A collector that answers.", registry=registry).set(3)
+    try:
+        with capture_logs() as logs, embedded_runtime(registry, timeout=3.0) as rt:
+            app = make_app(rt)
+            replies = [asyncio.run(asyncio.wait_for(call(app, "GET", "/metrics"), 30)) for _ in range(4)]
+            rt.update_all_once()
+            after = parse_samples(request(app, "GET", "/metrics").text)
+            healthz = request(app, "GET", "/healthz")
+            calls = stuck.calls
+            # One thread is left in the hung collect(); the readings after it end (wait: the last may be exiting).
+            wait_until(lambda: len(registry_threads()) == 1, what="one registry thread, in the hung collect()")
+    finally:
+        stuck.release.set()
+    for reply in replies:
+        s = parse_samples(reply.text)
+        assert reply.status == 200
+        assert sample(s, "jaxmon_memory_bytes_in_use", device="8", platform="gpu") == 1000
+        assert sample(s, "stuck_value") is None
+    # The first scrape's reading was held up at the stuck collector; every later one reads past it.
+    assert all(sample(parse_samples(r.text), "trainer_fine") == 3 for r in replies[1:])
+    assert calls == 1
+    assert sample(after, "jaxmon_collector_success", collector="default_registry") == 0
+    assert healthz.status == 200
+    events = {(e["event"].split(":")[0], e["collector"]) for e in logs if "default registry" in e["event"]}
+    assert ("a collector of prometheus_client's default registry did not answer in time", "Stuck") in events
+    assert ("a collector of prometheus_client's default registry failed", "Raising") in events
