@@ -1,7 +1,8 @@
 """The real daemon with the fake libnvidia-ml.so.1 on its LD_LIBRARY_PATH (tests/fakenvml), scraped over HTTP on
 loopback: every NVML series against the scenario the test writes and changes, Xid delivery, a lost GPU, a hung
-NVML call, a wedged GPU among eight (with a real Prometheus evaluating the shipped alerts), an old driver's library,
-no library at all, and the join of NVML's processes with spool reports."""
+NVML call, a wedged GPU among eight (with a real Prometheus evaluating the shipped alerts), a replayed JAX GPU device
+on a GPU NVML loses (the alerts' join of the two, in a real Prometheus), an old driver's library, no library at all,
+and the join of NVML's processes with spool reports."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import ROOT, Daemon, Samples, StartDaemon, parse_samples, sample
 from tests.fakenvml import GPU_IS_LOST, H200_MAX_CLOCKS_MHZ, Scenario, device, link, mig_device
@@ -415,6 +417,52 @@ def test_a_wedged_gpu_is_one_dark_gpu_the_others_stay_fresh_and_it_comes_back_by
             (WEDGED, "NVML did not answer within 0.8s (a call on this GPU hangs; its next read starts once it returns)")
         ], "its reason logged once"
         assert [e["gpu"] for e in events if e.get("event") == "NVML GPU read works again"] == [WEDGED]
+    finally:
+        prometheus.stop()
+
+
+def test_a_jax_device_on_a_lost_gpu_is_the_gpus_alert_alone(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    """One daemon reads one GPU both as a JAX device and through NVML: a replayed gpu:0 (no GPU here; replay is the
+    JAX device source that can be a GPU) whose memory_stats() raises, and the fake NVML's one GPU, which the nvml
+    collector matches to it (device_match="only_gpu", with the GPU's uuid). A real Prometheus evaluates the shipped
+    alerts, their `for:` shortened to 2 s. While NVML reads the GPU fine, the failing JAX device is its own alert
+    (JaxmonDeviceMemoryUnreadable); once NVML reads the GPU as lost, that fault is JaxmonGpuLost alone."""
+    replay = tmp_path / "replay.json"
+    lost_device = {"id": 0, "platform": "gpu", "device_kind": "NVIDIA H200", "error": "INTERNAL: device lost"}
+    replay.write_text(json.dumps({"devices": [lost_device]}), encoding="utf-8")
+    scenario = Scenario(tmp_path / "scenario.json", [device(0)])
+    d = start_daemon("--replay", str(replay), "--collector.nvml", "--poll.interval", "1s", env=scenario.env())
+    s = d.wait_for(lambda s: sample(s, "jaxmon_device_source_up", **gpu(0)) == 1, what="the GPU read")
+    # The nvml collector's row of the GPU, whose device label is the JAX device's id: what the rules join by.
+    row = gpu(0, uuid=device(0)["uuid"], pci_bus_id="00000000:18:00.0", name="NVIDIA H200", device_match="only_gpu")
+    assert s.get(("jaxmon_device_info", frozenset(row.items()))) == 1, s
+    assert sample(s, "jaxmon_memory_read_success", device="0", platform="gpu") == 0
+    rules = tmp_path / "alerts.yml"
+    rules.write_text(re.sub(r"\bfor: \d+[mh]\b", "for: 2s", ALERTS.read_text(encoding="utf-8")), encoding="utf-8")
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
+        "rule_files": [str(rules)],
+        "scrape_configs": [{"job_name": "jaxmon", "static_configs": [{"targets": [f"127.0.0.1:{d.port}"]}]}],
+    }
+    prometheus = Prometheus(tmp_path, config)
+    device_alerts = 'ALERTS{alertname=~"JaxmonDeviceMemoryUnreadable|JaxmonGpuLost", alertstate="firing"}'
+
+    def named(result: list[dict[str, Any]]) -> set[tuple[str, str]]:
+        return {(r["metric"]["alertname"], r["metric"]["device"]) for r in result}
+
+    try:
+        prometheus.wait_ready()
+        # The GPU is well: the JAX device's failure is its own alert.
+        prometheus.wait_for(
+            device_alerts, lambda r: named(r) == {("JaxmonDeviceMemoryUnreadable", "0")}, "the JAX device's alert"
+        )
+        scenario.update(0, error=GPU_IS_LOST)
+        d.wait_for(lambda s: sample(s, "jaxmon_device_source_up", **gpu(0)) == 0, what="the GPU lost")
+        # The GPU is lost: its alert alone; the JAX device's is not even pending.
+        prometheus.wait_for(device_alerts, lambda r: named(r) == {("JaxmonGpuLost", "0")}, "the GPU's alert alone")
+        assert prometheus.query('ALERTS{alertname="JaxmonDeviceMemoryUnreadable"}') == []
+        # NVML kept the identity it read before: the row that joins the JAX device to the GPU is still there.
+        assert d.scrape().get(("jaxmon_device_info", frozenset(row.items()))) == 1
     finally:
         prometheus.stop()
 
