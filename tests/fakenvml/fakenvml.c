@@ -49,7 +49,8 @@
  *                                                  INVALID_ARGUMENT, as NVML's floor does. $FAKENVML_STATE names a
  *                                                  JSON file the fake keeps up to date with its GPM sample counts
  *                                                  (live, and since this scenario file was first read: allocated,
- *                                                  freed, short intervals, bad pointers).
+ *                                                  freed, short intervals, bad pointers), and with the device calls
+ *                                                  blocked now in a "delay_ms" or "hang_until" (blocked_calls).
  *      "processes": [{"pid": 1, "used": 0,        compute processes; "used": null is NVML_VALUE_NOT_AVAILABLE
  *                     "utilization": {"sm": 0, "memory": 0, "encoder": 0, "decoder": 0}}],
  *                                                  a process with "utilization" has one sample, timestamped at the
