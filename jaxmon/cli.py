@@ -96,7 +96,8 @@ def serve(argv: Sequence[str]) -> int:
     )
     runtime.start()
     serve_until_signalled(runtime, server)
-    _exit_despite_hung_calls(deadline=time.monotonic() + 2.0)
+    # Two seconds from the start of runtime.stop() (which waits for running polls within them): SIGTERM exits in 5 s.
+    _exit_despite_hung_calls(deadline=(runtime.stopped_at or time.monotonic()) + 2.0)
     log.info("stopped")
     return 0
 

@@ -30,10 +30,16 @@ class Exporter:
         self.workload = workload
         self._pid = os.getpid()
         self._stopped = False
+        self._stop_lock = threading.Lock()
         source, in_process = workload_source(settings)  # the trainer's JAX: change none of its settings
-        self.runtime = build_runtime(settings, source, workload=workload, in_process=in_process)
+        self._tracker = in_process.tracker
+        try:
+            self.runtime = build_runtime(settings, source, workload=workload, in_process=in_process)
+        except BaseException:
+            self._release_tracker()
+            raise
         self.runtime.start()
-        before_finalization(self._exit)
+        self._unregister_exit = before_finalization(self._exit)
         self._server: HttpServer | None = None
         self._thread: threading.Thread | None = None
         try:
@@ -74,16 +80,30 @@ class Exporter:
         return None if self._server is None else self._server.metrics_url
 
     def stop(self) -> None:
-        """Stop serving and collecting."""
+        """Stop serving and collecting, and let go of what the exporter holds for the process: its exit callback
+        (so nothing keeps its runtime alive) and its share of the training tracker (the last holder stops it, and
+        a later `jaxmon.start()` gets a tracker with its own training options). A second call does nothing."""
         global _running
-        self._stopped = True
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self._unregister_exit()
         if self._server is not None and self._thread is not None:
             self._server.stop()
             self._thread.join(timeout=10)
         self.runtime.stop()
+        self._release_tracker()
         with _running_lock:
             if _running is self:
                 _running = None
+
+    def _release_tracker(self) -> None:
+        tracker, self._tracker = self._tracker, None
+        if tracker is not None and os.getpid() == self._pid:  # a forked child's copy holds no share
+            from jaxmon.training import release
+
+            release(tracker)
 
     def __enter__(self) -> Exporter:
         return self

@@ -2,6 +2,7 @@
 
 The file vanishes when the process exits normally (or `stop()` is called); a killed process's file ages out by
 the sidecar's TTL, and a later publisher of the same workload on the same host removes it once it is old.
+`stop(remove=False)` keeps it, rewritten once more at the stop so that it holds every step seen complete by then.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ class Publisher:
         self.removed_stale = 0
         self._errors = ErrorLog(log, max(interval, 60.0))  # a lasting failure: once a minute, not every write
         self._stop = threading.Event()
+        self._final = False  # stop() keeps the file: the thread writes it once more before it ends
+        self._stop_lock = threading.Lock()
+        self._released = False
         self._workload: tuple[DeviceSource, InProcess] | None = None
         try:
             from jaxmon.app import default_settings, workload_source
@@ -71,7 +75,7 @@ class Publisher:
         except Exception as exc:  # never into the training code
             log.error("publisher cannot read JAX devices; not publishing", error=f"{type(exc).__name__}: {exc}")
         self._thread = threading.Thread(target=self._run, name="jaxmon-publisher", daemon=True)
-        before_finalization(self._exit)
+        self._unregister_exit = before_finalization(self._exit)
         self._thread.start()
 
     def _run(self) -> None:
@@ -84,7 +88,10 @@ class Publisher:
             log.error("publisher cannot read JAX devices; not publishing", error=f"{type(exc).__name__}: {exc}")
             return
         self.remove_stale()
-        while not self._stop.is_set():
+        while True:
+            stopped = self._stop.is_set()
+            if stopped and not self._final:
+                return
             try:
                 self._publish_once(source, devices, in_process)
             except Exception as exc:
@@ -93,8 +100,9 @@ class Publisher:
                 same = f"{type(exc).__name__}/{getattr(exc, 'errno', None)}"
                 message = f"{type(exc).__name__}: {exc}"
                 self._errors.error("write", "spool write failed", message, same, path=str(self.path))
-            if self._stop.wait(self.interval):
-                return
+            if stopped:
+                return  # that was the final document of a stop() that keeps the file
+            self._stop.wait(self.interval)
 
     def remove_stale(self, now: float | None = None) -> int:
         """Remove this workload's files on this host that crashed runs left (older than STALE_AFTER)."""
@@ -168,13 +176,35 @@ class Publisher:
         self._errors.ok("write", "spool writable again", path=str(self.path))
 
     def stop(self, remove: bool = True, wait: float = 10.0) -> None:
-        """Stop publishing; by default remove this process's file so the workload disappears at once."""
-        self._stop.set()
+        """Stop publishing; by default remove this process's file so the workload disappears at once. With
+        `remove=False` the file is written once more first (within `wait`), with every step seen complete by now:
+        the sidecar sees the last interval's steps too. Then the publisher lets go of its exit callback and of its
+        share of the training tracker (a later publish() or start() gets a tracker with its own options)."""
+        with self._stop_lock:
+            if not self._stop.is_set():
+                self._final = not remove
+                self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=wait)
         if remove and os.getpid() == self.pid:  # a forked child never removes its parent's file
             with contextlib.suppress(OSError):
                 self.path.unlink()
+        self._release()
+
+    def _release(self) -> None:
+        with self._stop_lock:
+            released, self._released = self._released, True
+        if released:
+            return
+        self._unregister_exit()
+        with _publishers_lock:
+            if _publishers.get(self.directory) is self:
+                del _publishers[self.directory]
+        tracker = None if self._workload is None else self._workload[1].tracker
+        if tracker is not None and os.getpid() == self.pid:
+            from jaxmon.training import release
+
+            release(tracker)
 
     def _exit(self) -> None:
         """At interpreter exit: the thread leaves JAX first (jaxmon.finalization), then a clean exit removes the

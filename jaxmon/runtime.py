@@ -4,6 +4,11 @@ The `Recorder` holds the snapshot and exists before the collectors (they are bui
 an exchange over its snapshot); the `Runtime` schedules their jobs. Scrapes read the latest snapshot and never run
 a job. An update that raises is recorded as a failed run of its collector (the last good state stays); one
 failing collector never stops the others.
+
+Stopping: the scheduler starts no job after `stop()`, and each collector is stopped (its threads and handles
+released) only once none of its jobs is running, so that no poll has its source closed under it. `stop()` waits for
+running polls until STOP_WAIT; a collector whose poll is still running then (a hung device: a call stuck past its
+poll's deadline) is stopped by that poll's own thread when the poll returns, and `stop()` does not wait for it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,11 @@ from jaxmon.snapshot import Snapshot, Update
 from jaxmon.sources import InProcess
 
 log = structlog.get_logger("jaxmon.runtime")
+
+# How long `stop()` waits for running polls: NVML's default deadline for a poll. A poll still running after this is
+# most likely a hung device's, and its collector is stopped when it returns. The daemon's exit gives the threads the
+# same 2 s from the start of stop() (SIGTERM exits within 5 s, cli.py).
+STOP_WAIT = 2.0
 
 
 class Recorder:
@@ -79,6 +89,14 @@ class Runtime:
         self._errors = ErrorLog(log)
         self._ready_lock = threading.Lock()
         self._announced_ready = False
+        # Jobs running now, per collector; after stop(), the collectors it stopped, and those whose poll was still
+        # running when it gave up waiting (that poll's thread stops them when it returns).
+        self._jobs = threading.Condition()
+        self._running: dict[str, int] = {}
+        self._stopping = False
+        self._stopped: set[str] = set()
+        self._deferred: set[str] = set()
+        self.stopped_at: float | None = None  # time.monotonic() when stop() was first called
         for name, reason in sorted((unavailable or {}).items()):
             # Asked for explicitly but impossible here: say so in the exposition and the log, once.
             log.error("collector cannot run", collector=name, reason=reason)
@@ -107,12 +125,36 @@ class Runtime:
                 )
         self._scheduler.start()
 
-    def stop(self) -> None:
-        """Stop scheduling and every collector; running jobs are not waited for (a hung device must not block)."""
+    def stop(self, wait: float = STOP_WAIT) -> None:
+        """Stop scheduling, wait up to `wait` seconds for running polls, and stop every collector once none of its
+        jobs runs; a collector whose poll is still running then is stopped when that poll returns (a hung device
+        must not block stop, nor have its handles freed under the call that hangs on them)."""
+        if self.stopped_at is None:
+            self.stopped_at = time.monotonic()
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
-        for collector in self.collectors:
+        deadline = time.monotonic() + wait
+        with self._jobs:
+            self._stopping = True  # no job starts from now on (one the scheduler handed its pool already skips)
+            self._jobs.wait_for(lambda: not any(self._running.values()), timeout=max(0.0, deadline - time.monotonic()))
+            idle = [c for c in self.collectors if c.name not in self._stopped and not self._running.get(c.name)]
+            self._stopped.update(c.name for c in idle)
+            busy = sorted(name for name, count in self._running.items() if count)
+            self._deferred.update(busy)
+        if busy:
+            log.warning(
+                "stopping while a poll is still running: its collector stops when the poll returns",
+                collectors=busy,
+                waited_seconds=wait,
+            )
+        for collector in idle:
+            self._stop_collector(collector)
+
+    def _stop_collector(self, collector: AnyCollector) -> None:
+        try:
             collector.stop()
+        except Exception as exc:  # one collector failing to stop must not keep the others running
+            log.error("collector failed to stop", collector=collector.name, error=f"{type(exc).__name__}: {exc}")
 
     @property
     def scheduler_running(self) -> bool:
@@ -128,7 +170,26 @@ class Runtime:
         return run
 
     def run_job(self, collector: AnyCollector, job: Job) -> None:
-        """Run one job and record what it returned; an exception is a failed run that keeps the last state."""
+        """Run one job and record what it returned; an exception is a failed run that keeps the last state. After
+        `stop()` no job starts; the last job of a collector that `stop()` could not wait for stops it."""
+        with self._jobs:
+            if self._stopping:
+                return
+            self._running[collector.name] = self._running.get(collector.name, 0) + 1
+        try:
+            self._run_job(collector, job)
+        finally:
+            with self._jobs:
+                left = self._running[collector.name] = self._running[collector.name] - 1
+                last = not left and collector.name in self._deferred
+                if last:
+                    self._deferred.discard(collector.name)
+                    self._stopped.add(collector.name)
+                self._jobs.notify_all()
+            if last:
+                self._stop_collector(collector)
+
+    def _run_job(self, collector: AnyCollector, job: Job) -> None:
         started = time.perf_counter()
         try:
             result = job.run()

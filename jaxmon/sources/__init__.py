@@ -12,6 +12,7 @@ from jaxmon.model import BackendStatus, DeviceInfo, ProbeKernel
 
 if TYPE_CHECKING:  # a type alone: importing jaxmon.training here would load the tracker in every daemon
     from jaxmon.training.reading import TrainingReading
+    from jaxmon.training.tracker import Tracker
 
 
 class DeviceSource(Protocol):
@@ -48,6 +49,10 @@ class InProcess(Protocol):
 
     def device_memory_profile(self) -> bytes:
         """The process's live device buffers as a gzipped pprof profile (slow: call off the event loop)."""
+
+    @property
+    def tracker(self) -> Tracker | None:
+        """The training tracker (jaxmon.step()) held for this process's exporter or publisher, None without one."""
 
     def training(self) -> TrainingReading | None:
         """The training tracker's reading (jaxmon.step()), None without a tracker."""

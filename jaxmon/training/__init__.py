@@ -36,13 +36,23 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _tracker: Tracker | None = None
+_users = 0  # the running start()s and publish()es that hold _tracker
+_unregister_exit: Callable[[], None] | None = None
 _lock = threading.Lock()
 _warned = False
+# How long the release of a tracker (its last start() or publish() stopped) waits for its waiter to end: the waiter
+# may be waiting for a step's arrays on a busy device, and stop() runs on the training thread.
+RELEASE_WAIT = 1.0
 
 
 def activate(ops: Callable[[], TrainingOps], config: TrackerConfig) -> Tracker:
-    """The process's tracker, made on first use (jaxmon.start() and jaxmon.publish() call this)."""
-    global _tracker
+    """The process's tracker, made on first use (jaxmon.start() and jaxmon.publish() call this; each `release()`s
+    it when it stops).
+
+    One tracker serves every running start() and publish() of the process (jaxmon.step() feeds one). Once the last
+    of them has stopped, the next activate() makes a new tracker with its own options; while one runs, a call with
+    other training options gets the running tracker and a warning saying which options stay."""
+    global _tracker, _users, _unregister_exit
     with _lock:
         if _tracker is None:
             from jaxmon.training.tracker import Tracker
@@ -50,12 +60,42 @@ def activate(ops: Callable[[], TrainingOps], config: TrackerConfig) -> Tracker:
             _tracker = Tracker(ops(), config)
             tracker = _tracker
             # The waiter thread waits inside JAX: let it leave before the interpreter finalizes.
-            before_finalization(lambda: tracker.stop(EXIT_WAIT))
+            _unregister_exit = before_finalization(lambda: tracker.stop(EXIT_WAIT))
+        elif _tracker.config != config:
+            log.warning(
+                "jaxmon's training tracker already runs with other training options (jaxmon.start() and "
+                "jaxmon.publish() share one): keeping them; stop the running one first to change them",
+                running=str(_tracker.config),
+                asked=str(config),
+            )
+        _users += 1
         return _tracker
 
 
+def release(tracker: Tracker) -> None:
+    """One start() or publish() holding `tracker` stopped. The last one stops it: jaxmon.step() does nothing until
+    the next start() or publish() makes a new tracker; steps not seen complete by then are not counted, and
+    `jaxmon.track()`ed functions note their calls to whichever tracker runs when they are called."""
+    global _tracker, _users, _unregister_exit
+    with _lock:
+        if tracker is not _tracker:
+            return  # released already (or a forked child's copy)
+        _users -= 1
+        if _users > 0:
+            return
+        _tracker, unregister, _unregister_exit = None, _unregister_exit, None
+    if unregister is not None:
+        unregister()
+    tracker.stop(RELEASE_WAIT)
+    waiter = tracker._thread
+    if waiter.is_alive():
+        # Still waiting inside JAX for a step's arrays: the interpreter's exit waits for it (it holds the tracker,
+        # nothing of the stopped exporter or publisher).
+        before_finalization(lambda: waiter.join(EXIT_WAIT))
+
+
 def current() -> Tracker | None:
-    """The running tracker, None before start() or publish()."""
+    """The running tracker, None before start() or publish() (and after the last of them stopped)."""
     return _tracker
 
 
@@ -159,11 +199,11 @@ def track(fn: Callable[P, R]) -> Tracked[P, R]:
 
 def _after_fork_in_child() -> None:
     """A forked child has no waiter thread: it tracks nothing unless it calls start() or publish() itself."""
-    global _tracker, _lock
-    _tracker = None
+    global _tracker, _lock, _users, _unregister_exit
+    _tracker, _users, _unregister_exit = None, 0, None
     _lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
-__all__ = ["Tracked", "activate", "badput", "current", "step", "track"]
+__all__ = ["Tracked", "activate", "badput", "current", "release", "step", "track"]

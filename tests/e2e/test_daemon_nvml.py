@@ -17,7 +17,7 @@ from typing import Any
 
 from tests.conftest import ROOT, Daemon, Samples, StartDaemon, parse_samples, sample
 from tests.fakenvml import GPU_IS_LOST, H200_MAX_CLOCKS_MHZ, Scenario, device, link, mig_device
-from tests.helpers import Child
+from tests.helpers import Child, wait_until
 from tests.prometheus import Prometheus
 
 GIB = 1 << 30
@@ -214,16 +214,20 @@ def test_a_hung_nvml_call_never_blocks_a_scrape(start_daemon: StartDaemon, tmp_p
     # A deadline longer than the hung call: the poll waits for it, and scrapes meanwhile serve the last snapshot.
     d = start(start_daemon, scenario, "--collector.nvml.timeout", "10s")
     d.wait_for(lambda s: nvml_success(s) == 1, what="an nvml poll")
-    scenario.update(1, delay_ms=4000, temperature_c=99)
-    time.sleep(0.6)  # a poll is now inside GPU 1's four-second call
+    # GPU 1's calls hang (for 8 s at most, within the poll's deadline: the poll waits for the call, it never fails).
+    scenario.update(1, hang_until=time.time() + 8, temperature_c=99)
+    # The fake counts the calls blocked in a hang: a poll is inside GPU 1's call once it says so.
+    wait_until(lambda: scenario.blocked_calls() == 1, timeout=5, what="a poll inside GPU 1's hung call")
     for _ in range(5):
         # A scrape answers from the last snapshot, within a timeout far shorter than the hung call.
         r = d.get("/metrics", timeout=1.5)
         assert r.status_code == 200
         assert sample(parse_samples(r.text), "jaxmon_device_temperature_celsius", **gpu(1)) == 41
         time.sleep(0.2)
-    scenario.update(1, delay_ms=None)
+    assert scenario.blocked_calls() == 1, "the scrapes above were served while the poll was inside the hung call"
+    scenario.update(1, hang_until=None)
     d.wait_for(lambda s: sample(s, "jaxmon_device_temperature_celsius", **gpu(1)) == 99, what="the poll to finish")
+    assert scenario.blocked_calls() == 0
 
 
 def test_an_old_driver_library_is_read_through_its_older_calls(start_daemon: StartDaemon, tmp_path: Path) -> None:

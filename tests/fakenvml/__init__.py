@@ -209,12 +209,17 @@ class Scenario:
 
     def state(self) -> dict[str, int]:
         """What the fake reports of itself (its GPM sample counts: `gpm_live_samples`, `gpm_allocated`, `gpm_freed`,
-        `gpm_short_intervals`, `gpm_bad_samples`); {} before its first GPM sample."""
+        `gpm_short_intervals`, `gpm_bad_samples`; `blocked_calls`, the device calls inside a `delay_ms` or a hang
+        now); {} before its first GPM sample or blocked call."""
         try:
             state: dict[str, int] = json.loads(self.state_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return {}
         return state
+
+    def blocked_calls(self) -> int:
+        """How many device calls are inside a `delay_ms` or a hang now."""
+        return self.state().get("blocked_calls", 0)
 
     def env(self, legacy: bool = False) -> dict[str, str]:
         """What a daemon needs in its environment to load the fake, read this scenario and report its state, with a

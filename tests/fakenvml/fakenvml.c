@@ -49,7 +49,8 @@
  *                                                  INVALID_ARGUMENT, as NVML's floor does. $FAKENVML_STATE names a
  *                                                  JSON file the fake keeps up to date with its GPM sample counts
  *                                                  (live, and since this scenario file was first read: allocated,
- *                                                  freed, short intervals, bad pointers).
+ *                                                  freed, short intervals, bad pointers), and with the device calls
+ *                                                  blocked now in a "delay_ms" or "hang_until" (blocked_calls).
  *      "processes": [{"pid": 1, "used": 0,        compute processes; "used": null is NVML_VALUE_NOT_AVAILABLE
  *                     "utilization": {"sm": 0, "memory": 0, "encoder": 0, "decoder": 0}}],
  *                                                  a process with "utilization" has one sample, timestamped at the
@@ -306,6 +307,28 @@ static char seen_path[4096];
 static int initialized;
 static size_t events_delivered;
 static void gpm_new_scenario_locked(void);
+/* GPM sample counts (the GPM section keeps them), and the device calls blocked now in a delay or a hang. */
+static long gpm_live_count, gpm_allocated, gpm_freed, gpm_short_intervals, gpm_bad_samples, gpm_metrics_calls;
+static long blocked_calls;
+
+/* $FAKENVML_STATE, when set: what the fake saw, rewritten (atomically) whenever a count other than the metrics
+ * calls changes, so a test reads the live samples after polls, a lost GPU and shutdown, and the calls blocked now
+ * in a device's "delay_ms" or "hang_until" (so a test knows a poll is inside a hung call before it relies on it). */
+static void write_state_locked(void) {
+    const char *path = getenv("FAKENVML_STATE");
+    if (!path) return;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    fprintf(f,
+            "{\"gpm_live_samples\": %ld, \"gpm_allocated\": %ld, \"gpm_freed\": %ld, \"gpm_short_intervals\": %ld, "
+            "\"gpm_bad_samples\": %ld, \"gpm_metrics_calls\": %ld, \"blocked_calls\": %ld}\n",
+            gpm_live_count, gpm_allocated, gpm_freed, gpm_short_intervals, gpm_bad_samples, gpm_metrics_calls,
+            blocked_calls);
+    fclose(f);
+    rename(tmp, path);
+}
 
 /* Re-read the scenario when the file changed; keep the last good one when it is half-written or unreadable. */
 static void reload_locked(void) {
@@ -392,27 +415,42 @@ static nvmlReturn_t enter_handle(nvmlDevice_t handle, const char *what, jnode **
     if (!*dev) { pthread_mutex_unlock(&lock); return NVML_ERROR_INVALID_ARGUMENT; }
     double delay = jnum(*dev, "delay_ms", 0);
     if (delay > 0) {
+        blocked_calls++;
+        write_state_locked();
         pthread_mutex_unlock(&lock);
         sleep_ms(delay);
         pthread_mutex_lock(&lock);
+        blocked_calls--;
+        write_state_locked();
         reload_locked();
         *dev = device_node(handle->index);
         if (!*dev) { pthread_mutex_unlock(&lock); return NVML_ERROR_INVALID_ARGUMENT; }
     }
     /* A wedged GPU: block, re-reading the scenario every 50 ms (the test may end the hang early), never holding the
      * lock that the other GPUs' calls need. */
+    int hung = 0;
     for (;;) {
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
         double left = jnum(*dev, "hang_until", 0) - ((double)now.tv_sec + now.tv_nsec / 1e9);
         if (left <= 0) break;
+        if (!hung) {
+            hung = 1;
+            blocked_calls++;
+            write_state_locked();
+        }
         pthread_mutex_unlock(&lock);
         sleep_ms(left * 1000 < 50 ? left * 1000 : 50);
         pthread_mutex_lock(&lock);
         reload_locked();
         *dev = device_node(handle->index);
-        if (!*dev) { pthread_mutex_unlock(&lock); return NVML_ERROR_INVALID_ARGUMENT; }
+        if (!*dev) break;
     }
+    if (hung) {
+        blocked_calls--;
+        write_state_locked();
+    }
+    if (!*dev) { pthread_mutex_unlock(&lock); return NVML_ERROR_INVALID_ARGUMENT; }
     int err = (int)jnum(*dev, "error", 0);
     *mig = NULL;
     if (!err && is_mig) {
@@ -1252,28 +1290,10 @@ struct fake_gpm_sample {
 };
 
 static struct fake_gpm_sample *gpm_live;
-static long gpm_live_count, gpm_allocated, gpm_freed, gpm_short_intervals, gpm_bad_samples, gpm_metrics_calls;
 
 /* The counts are per scenario file (each test writes its own): all but the live samples start again at 0. */
 static void gpm_new_scenario_locked(void) {
     gpm_allocated = gpm_freed = gpm_short_intervals = gpm_bad_samples = gpm_metrics_calls = 0;
-}
-
-/* $FAKENVML_STATE, when set: what the fake saw, rewritten (atomically) whenever a count other than the metrics
- * calls changes, so a test reads the live samples after polls, a lost GPU and shutdown. */
-static void write_state_locked(void) {
-    const char *path = getenv("FAKENVML_STATE");
-    if (!path) return;
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return;
-    fprintf(f,
-            "{\"gpm_live_samples\": %ld, \"gpm_allocated\": %ld, \"gpm_freed\": %ld, \"gpm_short_intervals\": %ld, "
-            "\"gpm_bad_samples\": %ld, \"gpm_metrics_calls\": %ld}\n",
-            gpm_live_count, gpm_allocated, gpm_freed, gpm_short_intervals, gpm_bad_samples, gpm_metrics_calls);
-    fclose(f);
-    rename(tmp, path);
 }
 
 static int gpm_is_live(nvmlGpmSample_t sample) {

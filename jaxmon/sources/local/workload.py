@@ -23,6 +23,11 @@ class InProcessWorkload:
         self._counters = CompileCounters.installed()
         self._tracker = tracker
 
+    @property
+    def tracker(self) -> Tracker | None:
+        """The training tracker this process's exporter or publisher holds (jaxmon.training.release() at its stop)."""
+        return self._tracker
+
     def training(self) -> TrainingReading | None:
         """The training tracker's reading, None without one."""
         return None if self._tracker is None else self._tracker.reading()

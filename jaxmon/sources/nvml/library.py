@@ -12,6 +12,12 @@ driver that wakes its GPUs at first use (persistence mode off) that takes second
 Thread safety: a GPU's handle and what it gave once (`_handles`, `_known`) are written by that GPU's reader only,
 under `_lock` (never held across an NVML call); the Xid watcher's maps are read and written under the same lock. A
 GPU's GPM samples (`_gpm`, gpm.py) are used by its reader alone, and freed by `close()` once that reader has ended.
+
+`close()` then `open()` gives a working source again: a new NVML session, the handles opened afresh and registered
+on the new event set, the Xid watcher running again. `close()` is meant for when no poll runs (the runtime stops a
+collector only once its poll has returned); one that does run meanwhile ends with its GPUs failed, not an exception.
+A reader hung in the driver across `close()` stays its GPU's reader (and keeps its GPM samples) until that call
+returns: a GPU reads as unresponsive until then, after `open()` too, and never has two reader threads.
 `Versions` flags only ever go from True to False (an older call found), whichever reader learns it first.
 """
 
@@ -80,10 +86,18 @@ class _Reader:
             return None if self._busy else self._result
 
     def stop(self) -> None:
-        """End the thread once its current read (if any) returns; does not wait for it."""
+        """End the thread once its current read (if any) returns; does not wait for it. A read asked for that has
+        not begun never will: its `result()` is None at once."""
         with self._cond:
             self._stopped = True
+            if self._wanted:
+                self._wanted = self._busy = False
             self._cond.notify_all()
+
+    def ended(self) -> bool:
+        """True once stopped and its thread has ended (a reader stopped while its read hung ends when it returns)."""
+        with self._cond:
+            return self._stopped and (self._thread is None or not self._thread.is_alive())
 
     def join(self, deadline: float) -> bool:
         """Wait until `deadline` (time.monotonic()) for the stopped thread to end; True when it has (or never ran)."""
@@ -144,6 +158,7 @@ class Nvml:
         """Initialise NVML and start the Xid watcher; raises NvmlUnavailable."""
         if self._open:
             return
+        self._stop.clear()  # a watcher stopped by close() runs again
         reason = None
         try:
             pynvml.nvmlInit()
@@ -161,21 +176,30 @@ class Nvml:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop the watcher and the readers (a hung read is not waited for), free the event set and shut NVML down."""
+        """Stop the watcher and the readers (a hung read is not waited for), free the event set and shut NVML down;
+        `open()` starts afresh (the handles are re-opened and registered for Xid events on the new event set)."""
         self._stop.set()
         readers = list(self._readers.values())
         for reader in readers:
             reader.stop()
-        self._readers.clear()
-        self._answered.clear()
         if self._thread is not None:
             self._thread.join(self.xid_wait_seconds + 5.0)
+            self._thread = None
         # An idle reader ends at once; one hung in the driver keeps its GPU's GPM samples (freeing them under a call
-        # that may still use them would be worse than leaving them to the process's exit).
+        # that may still use them would be worse than leaving them to the process's exit), and stays the GPU's
+        # reader (stopped), so that a re-opened source starts no second thread on that GPU until the call returns.
         deadline = time.monotonic() + 1.0
         hung = {reader.index for reader in readers if not reader.join(deadline)}
+        for index in [i for i in self._readers if i not in hung]:
+            del self._readers[index]
+        self._answered.clear()
         for index in [i for i in self._gpm if i not in hung]:
             self._gpm.pop(index).free()
+        with self._lock:
+            # A handle and an event registration belong to this NVML session; the identity read once stays.
+            self._handles.clear()
+            self._registered.clear()
+            self._index_of.clear()
         if not self._open:
             return
         self._open = False
@@ -185,6 +209,8 @@ class Nvml:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as err:
             log.warning("NVML shutdown failed", error=describe(err))
+        finally:
+            self._events = None
 
     def read_all(self) -> list[GpuReading]:
         """One reading per GPU NVML counts, each read on the GPU's own thread, all within `timeout_seconds`; a
@@ -194,16 +220,25 @@ class Nvml:
         now = time.monotonic()
         deadline = now + self.timeout_seconds
         first = now + max(self.timeout_seconds, FIRST_READ_SECONDS)
+        readers = {}
         started = {}
         for index in range(count):
             reader = self._readers.get(index)
+            if reader is not None and reader.ended():
+                # Stopped by close() while its read hung, and that read has returned since: the GPU's GPM samples
+                # are of the old session's reader; a new reader starts afresh.
+                gpm = self._gpm.pop(index, None)
+                if gpm is not None:
+                    gpm.free()
+                reader = None
             if reader is None:
                 reader = self._readers[index] = _Reader(index, self.read)
+            readers[index] = reader
             started[index] = reader.start()
         out = []
         for index in range(count):
             waits = deadline if index in self._answered else first
-            reading = self._readers[index].result(waits) if started[index] else None
+            reading = readers[index].result(waits) if started[index] else None
             if reading is not None:
                 self._answered.add(index)
             out.append(reading if reading is not None else self._failed(index, unresponsive(self.timeout_seconds)))

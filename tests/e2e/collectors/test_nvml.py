@@ -26,10 +26,12 @@ from jaxmon.collectors.nvml import NvmlCollector, NvmlOptions, NvmlState
 from jaxmon.collectors.spool import SpoolCollector, SpoolState, WorkloadReport
 from jaxmon.exchange import DutyCycles
 from jaxmon.model import DeviceInfo
+from jaxmon.runtime import Recorder, Runtime
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS
 from tests.conftest import ROOT, Samples, parse_samples, sample
 from tests.fakenvml import GPU_IS_LOST, H200_NAME, SONAME, Scenario, build, device, link, mig_device
+from tests.helpers import wait_until
 
 GIB = 1 << 30
 
@@ -248,6 +250,65 @@ def test_a_wedged_gpu_is_down_without_values_logged_once_and_comes_back_by_itsel
     finally:
         scenario.update(1, hang_until=None)
         collector.stop()
+
+
+def test_a_runtime_stopped_during_a_poll_closes_nvml_once_the_poll_ends_and_nothing_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scenario = Scenario(tmp_path / "scenario.json", [device(0), device(1)])
+    for key, value in scenario.env().items():
+        monkeypatch.setenv(key, value)
+    # Polls every 0.2 s, each waiting up to 10 s for the GPUs: the hang below is within a poll's deadline.
+    collector = NvmlCollector(NvmlOptions(xid_wait=0.05, timeout=10.0), replace(context(), poll_interval=0.2))
+    rt = Runtime(Recorder(Snapshot()), [collector], max_staleness=60.0)
+    rt.start()
+    try:
+        wait_until(lambda: rt.ready, what="the first poll")
+        # GPU 0's calls hang for 2 s: read_all() waits for GPU 0 while GPU 1's reader is done. Closing NVML then
+        # (the old stop()) cleared the readers under it: KeyError(1), and the poll logged as failed.
+        scenario.update(0, hang_until=time.time() + 2, temperature_c=71)
+        wait_until(lambda: scenario.blocked_calls() == 1, what="a poll inside GPU 0's hung call")
+        with structlog.testing.capture_logs() as logs:
+            rt.stop(wait=30.0)
+        nvml = collector._nvml
+        assert not nvml._open, "NVML closed by stop()"
+        assert nvml._thread is None or not nvml._thread.is_alive()
+        state = rt.snapshot().state("nvml", NvmlState)
+        status = rt.snapshot().statuses["nvml"]
+        assert state is not None and status.success, "the running poll ended cleanly and was recorded"
+        assert [(g.up, g.temperature_celsius) for g in state.gpus] == [(True, 71.0), (True, 41.0)]
+        assert [e for e in logs if e["log_level"] in ("warning", "error")] == []
+    finally:
+        scenario.update(0, hang_until=None)
+        rt.stop()
+
+
+def test_a_runtime_stopped_during_a_hung_poll_returns_and_closes_nvml_when_the_call_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scenario = Scenario(tmp_path / "scenario.json", [device(0), device(1)])
+    for key, value in scenario.env().items():
+        monkeypatch.setenv(key, value)
+    collector = NvmlCollector(NvmlOptions(xid_wait=0.05, timeout=30.0), replace(context(), poll_interval=0.2))
+    rt = Runtime(Recorder(Snapshot()), [collector], max_staleness=60.0)
+    rt.start()
+    try:
+        wait_until(lambda: rt.ready, what="the first poll")
+        scenario.hang(0, 30)  # the test ends it sooner, below
+        wait_until(lambda: scenario.blocked_calls() == 1, what="a poll inside GPU 0's hung call")
+        with structlog.testing.capture_logs() as logs:
+            rt.stop(wait=0.3)  # a hung device does not block stop()
+            nvml = collector._nvml
+            assert nvml._open and scenario.blocked_calls() == 1, "NVML stays open under the hung call"
+            scenario.update(0, hang_until=None)
+            wait_until(lambda: not nvml._open, what="NVML closed once the poll returned")
+        assert rt.snapshot().statuses["nvml"].success, "the poll ended cleanly"
+        assert [e["event"] for e in logs if e["log_level"] in ("warning", "error")] == [
+            "stopping while a poll is still running: its collector stops when the poll returns"
+        ]
+    finally:
+        scenario.update(0, hang_until=None)
+        rt.stop()
 
 
 def test_the_deadline_defaults_to_2s_or_half_a_short_poll_interval() -> None:

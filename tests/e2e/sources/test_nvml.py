@@ -32,6 +32,7 @@ from tests.fakenvml import (
     link,
     mig_device,
 )
+from tests.helpers import wait_until
 
 GIB = 1 << 30
 
@@ -287,6 +288,20 @@ def test_a_lost_gpu_reads_as_its_error_with_the_identity_it_had_and_comes_back(s
     scenario.update(1, error=None, temperature_c=77)
     back = nvml.read(1)
     assert back.up and back.temperature_celsius == 77.0
+
+
+def test_closed_and_opened_again_it_reads_and_counts_xid_events_again(scenario: Scenario, nvml: Nvml) -> None:
+    assert [r.up for r in nvml.read_all()] == [True, True]  # opens the handles, registered for Xid events
+    scenario.xid(0, 79)
+    wait_until(lambda: nvml.xid_counts() == {(0, 79): 1}, what="an Xid event counted")
+    nvml.close()
+    nvml.open()
+    scenario.update(1, temperature_c=77)
+    zero, one = nvml.read_all()
+    assert zero.up and one.up and one.temperature_celsius == 77.0
+    # A new NVML session: the handles re-opened and registered on its event set, the watcher running again.
+    scenario.xid(1, 48)
+    wait_until(lambda: nvml.xid_counts() == {(0, 79): 1, (1, 48): 1}, what="an Xid event after close and open")
 
 
 def test_a_gpu_whose_handle_never_opened_has_no_identity(scenario: Scenario, nvml: Nvml) -> None:
