@@ -4,8 +4,8 @@ It speaks the real protocol: a `grpc.server` bound to `unix:<socket>`, with the 
 of jaxmon's own generated stubs (jaxmon.sources.kubelet.stubs, from api.proto). Every call re-reads the scenario
 file the test writes (atomically), appends a line to `<scenario>.calls`, waits `delay_seconds` and answers
 `status` (a grpc.StatusCode name) or the pods: each container's device-plugin devices (`devices`) and DRA claims
-(`dynamic_resources`, as the kubelet fills them since Kubernetes 1.34), a container may hold both. Stopping the process removes the socket, as a kubelet restart does;
-starting it again makes a new one at the same path.
+(`dynamic_resources`, as the kubelet fills them since Kubernetes 1.34), a container may hold both. Stopping the
+process removes the socket, as a kubelet restart does; starting it again makes a new one at the same path.
 
     python -m tests.fake_kubelet SOCKET SCENARIO
 """

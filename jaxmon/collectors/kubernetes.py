@@ -10,13 +10,24 @@ A kubelet that does not answer (no socket, too slow, an error status) fails the 
 (`jaxmon_collector_success{collector="kubernetes"} 0`); the last good answer stays in use for `--collector.
 kubernetes.ttl` (a kubelet restart takes seconds, and labels that come and go would split every series in two),
 then the labels go: a mapping older than that may name pods that are gone. Scrapes never wait on the kubelet.
+
+Devices allocated through Dynamic Resource Allocation come in the same List (`dynamic_resources`), named by
+(driver, pool, device); where the node's name is known (`--collector.kubernetes.node-name`, $NODE_NAME) the node's
+ResourceSlices, listed from the API server on a thread of its own (jaxmon.sources.kubernetes_api: every
+`--collector.kubernetes.resourceslice-interval`, and at once when a claimed device is not in them yet, the poll
+waiting for that at most `--collector.kubernetes.timeout`), say which GPU, MIG device or TPU chip each is
+(jaxmon.dra). The state keeps that resolution (`dra`) beside the device-plugin attribution;
+`jaxmon_kubernetes_pod_device_info` lists the claimed devices with their `claim`, the API server's health is
+`jaxmon_kubernetes_api_*`, and a claimed device no slice names is counted in
+`jaxmon_kubernetes_dra_problems_total{reason}`, never labelled.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
@@ -28,14 +39,30 @@ from pydantic import BeforeValidator, Field
 from jaxmon.attribution import GPU_RESOURCES, TPU_RESOURCES, Attribution, accelerators, attribute
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
+from jaxmon.dra import NO_IDENTITY, NOT_IN_SLICES, ProblemCounter, Resolution, accelerator_driver, resolve
 from jaxmon.exchange import DEVICE_PODS
 from jaxmon.families import add, family
+from jaxmon.families.kubernetes import API_FAILURES, API_LAST_SUCCESS, API_UP, DRA_PROBLEMS
 from jaxmon.logsetup import ErrorLog
 from jaxmon.settings import CollectorOptions, Enabled, format_duration, parse_duration
 from jaxmon.settings.durations import bounded
 from jaxmon.snapshot import Snapshot
-from jaxmon.sources.kubelet import DEFAULT_SOCKET, Allocation, KubeletUnavailable, PodResourcesClient, socket_problem
+from jaxmon.sources.kubelet import (
+    DEFAULT_SOCKET,
+    Allocation,
+    ClaimedDevice,
+    KubeletUnavailable,
+    PodResourcesClient,
+    socket_problem,
+)
 from jaxmon.sources.kubelet.stubs import StubsUnavailable
+from jaxmon.sources.kubernetes_api import (
+    SERVICE_ACCOUNT,
+    ApiClient,
+    ApiHealth,
+    ClusterCache,
+    InCluster,
+)
 
 log = structlog.get_logger("jaxmon.collectors.kubernetes")
 
@@ -78,6 +105,27 @@ class KubernetesOptions(CollectorOptions):
     tpu_resources: ResourceNames = Field(
         default=TPU_RESOURCES, description="Resource names whose device ids are TPU chips, comma-separated."
     )
+    # The API server (jaxmon.sources.kubernetes_api): the node's ResourceSlices, which say what a DRA claim's device
+    # is, and its pods.
+    resourceslice_interval: Annotated[float, BeforeValidator(parse_duration), bounded(0.0, 86400.0)] = Field(
+        default=60.0,
+        description="How often the node's ResourceSlices and pods are listed from the API server (also at once, "
+        "at most every few seconds, when a claimed device is not yet in them); an API server that does not answer "
+        "leaves the last good lists in use.",
+    )
+    api_timeout: Annotated[float, BeforeValidator(parse_duration), bounded(0.0, 60.0)] = Field(
+        default=5.0, description="Deadline of one request to the API server (a list of several pages: 6 times that)."
+    )
+    node_name: str = Field(
+        default="",
+        description="This node's name, to list its ResourceSlices and pods (empty: $NODE_NAME, which the "
+        "DaemonSet sets from the downward API).",
+    )
+    service_account: Path = Field(
+        default=SERVICE_ACCOUNT,
+        description="The directory of the service account's token and ca.crt; the API server is "
+        "$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT.",
+    )
 
 
 @dataclass(frozen=True)
@@ -89,6 +137,11 @@ class KubernetesState:
     # Monotonic time of the List call this mapping comes from (None: no mapping).
     taken: float | None = None
     error: str | None = None
+    # DRA: the claimed devices of GPU and TPU drivers, resolved through the node's ResourceSlices (holders by
+    # device identity, the claim in each), and the API server's health (None: not asked, no node name).
+    dra: Resolution = field(default_factory=Resolution)
+    api: ApiHealth | None = None
+    dra_problems: Mapping[str, int] = field(default_factory=dict)
 
 
 @register
@@ -112,6 +165,8 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         # One line when the kubelet stops answering or the reason changes, one when it answers again.
         self._errors = ErrorLog(log, math.inf)
         self._good: KubernetesState | None = None
+        self._cache: ClusterCache | None = None
+        self._problems = ProblemCounter()
 
     @classmethod
     def unavailable(cls, opts: KubernetesOptions, ctx: Context) -> str | None:
@@ -132,11 +187,16 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
 
     def update(self) -> Update[KubernetesState]:
         """One List call; on failure the last good mapping while it is younger than the ttl, else none."""
+        done = self._update()
+        api = self._cache.health() if self._cache is not None else None
+        return replace(done, state=replace(done.state, api=api, dra_problems=dict(self._problems.counts)))
+
+    def _update(self) -> Update[KubernetesState]:
         now = time.monotonic()
         try:
             if self._client is None:
                 self._client = PodResourcesClient(self.opts.socket, self.opts.timeout)
-            found = self._client.list()
+            listed = self._client.list_all()
         except KubeletUnavailable as exc:
             return self._failed(exc.code, str(exc), now)
         except StubsUnavailable as exc:
@@ -146,9 +206,45 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
             return self._failed(type(exc).__name__, f"{type(exc).__name__}: {exc}", now)
         self._errors.ok("kubelet", "kubelet pod-resources answer again", socket=str(self.opts.socket))
         gpu, tpu = self.opts.gpu_resources, self.opts.tpu_resources
-        kept = accelerators(found, gpu, tpu)
-        self._good = KubernetesState(devices=kept, attribution=attribute(kept, gpu, tpu), taken=now)
+        kept = accelerators(listed.allocations, gpu, tpu)
+        self._good = KubernetesState(
+            devices=kept, attribution=attribute(kept, gpu, tpu), taken=now, dra=self._resolve(listed.claimed)
+        )
         return Update(self._good, success=True)
+
+    def _resolve(self, claimed: tuple[ClaimedDevice, ...]) -> Resolution:
+        """The claimed GPUs and TPU chips through the node's ResourceSlices, asking the API server again (and
+        waiting at most the kubelet's deadline) when one is not in them yet."""
+        claimed = tuple(c for c in claimed if accelerator_driver(c.driver))
+        cache = self._api_cache()
+        if not claimed:
+            found = Resolution()
+        elif cache is None:
+            self._errors.error(
+                "node-name",
+                "DRA devices cannot be resolved",
+                "no node name: set --collector.kubernetes.node-name or $NODE_NAME (the downward API's spec.nodeName)",
+            )
+            found = resolve({}, claimed)
+        else:
+            view = cache.want([(c.driver, c.pool, c.device) for c in claimed], wait=self.opts.timeout)
+            found = resolve(view.slices, claimed)
+        self._problems.observe(found)
+        return found
+
+    def _api_cache(self) -> ClusterCache | None:
+        """The API server's lists of this node, started at the first poll where the node's name is known."""
+        if self._cache is None:
+            node = self.opts.node_name or os.environ.get("NODE_NAME", "")
+            if not node:
+                return None
+            account, timeout = self.opts.service_account, self.opts.api_timeout
+            self._cache = ClusterCache(
+                lambda: ApiClient(InCluster.from_env(account=account), timeout=timeout, deadline=6 * timeout),
+                node,
+                interval=self.opts.resourceslice_interval,
+            ).start()
+        return self._cache
 
     def _failed(self, code: str, error: str, now: float) -> Update[KubernetesState]:
         good = self._good
@@ -171,15 +267,43 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         devices = family(
             "jaxmon_kubernetes_pod_device_info",
             "1 for each GPU, MIG device or TPU chip the kubelet assigned to a container (device_id as the device "
-            "plugin names it); absent while the kubelet does not answer, after the ttl.",
+            "plugin names it; for a DRA claim's device, resource is the driver, device_id pool/device, and claim "
+            "the claim); absent while the kubelet does not answer, after the ttl.",
         )
         for a in state.devices:
             for device_id in a.device_ids:
                 labels = {"namespace": a.namespace, "pod": a.pod, "container": a.container, "resource": a.resource}
                 add(devices, {**labels, "device_id": device_id}, 1.0)
+        # DRA: the driver as the resource, pool/device as the id, and the claim (resolved or not).
+        for c in (*(c for c, _ in state.dra.resolved), *(u.claimed for u in state.dra.unresolved)):
+            labels = {"namespace": c.namespace, "pod": c.pod, "container": c.container, "resource": c.driver}
+            add(devices, {**labels, "device_id": f"{c.pool}/{c.device}", "claim": c.claim}, 1.0)
         yield devices
+        if state.api is None and not state.dra_problems:
+            return  # no node name and no DRA claims: nothing to say (a cluster without DRA)
+        if state.api is not None:
+            yield from health_families(state.api)
+        problems = DRA_PROBLEMS.new()
+        for reason, count in sorted({NOT_IN_SLICES: 0, NO_IDENTITY: 0, **state.dra_problems}.items()):
+            add(problems, {"reason": reason}, float(count))
+        yield problems
 
     def stop(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
+        if self._cache is not None:
+            self._cache.stop()
+            self._cache = None
+
+
+def health_families(health: ApiHealth) -> Iterator[Metric]:
+    """The API server's health in the exposition: up per list, failures by reason, last success."""
+    up, failures, last = API_UP.new(), API_FAILURES.new(), API_LAST_SUCCESS.new()
+    for name, ok in sorted(health.up.items()):
+        add(up, {"list": name}, 1.0 if ok else 0.0)
+    for (name, reason), count in sorted(health.failures.items()):
+        add(failures, {"list": name, "reason": reason}, float(count))
+    for name, when in sorted(health.last_success.items()):
+        add(last, {"list": name}, when)
+    yield from (up, failures, last)

@@ -1,15 +1,12 @@
 """The Kubernetes API server, read with the pod's service account: the node's ResourceSlices and pods.
 
-Node mode needs two lists from the API server, both filtered to this node (`fieldSelector=spec.nodeName=NODE`,
-NODE from the downward API): `resource.k8s.io/v1` ResourceSlices (which GPU or chip a DRA claim's device is:
-jaxmon.dra) and `v1` pods (a pod UID or container id, read from a process's cgroup, to its namespace and name).
-
-No Kubernetes client library: the stdlib's http.client and ssl (as `jaxmon top` fetches with urllib), which cost
-the daemon well under a MiB of RSS where the official client costs tens. In-cluster configuration as client-go's
-`rest.InClusterConfig`: `KUBERNETES_SERVICE_HOST`/`_PORT`, the bearer token and CA in
-`/var/run/secrets/kubernetes.io/serviceaccount/`. The token is a projected one the kubelet rotates (hourly): it is
-re-read whenever the file changes, and once more on a 401. TLS is verified against that CA, the server's name
-included.
+Both lists are filtered to this node (`fieldSelector=spec.nodeName=NODE`, NODE from the downward API):
+`resource.k8s.io/v1` ResourceSlices say which GPU or chip a DRA claim's device is (jaxmon.dra), `v1` pods name the
+pod of a UID or container id read from a process's cgroup. No Kubernetes client library (tens of MiB): the
+stdlib's http.client and ssl, as `jaxmon top` fetches with urllib. In-cluster configuration as client-go's:
+`KUBERNETES_SERVICE_HOST`/`_PORT`, the token and CA in `/var/run/secrets/kubernetes.io/serviceaccount/`; the
+token (projected, rotated by the kubelet) is re-read whenever its file changes and once more on a 401; TLS is
+verified against that CA, the server's name included.
 
 `ClusterCache` keeps the last good answer of each list and refreshes it on a thread of its own: on a period, and on
 demand (`want()`: a claimed device not yet known), at most once per `min_gap` seconds. A failed refresh keeps what
@@ -26,17 +23,15 @@ import os
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 import structlog
-from prometheus_client.core import Metric
 
 from jaxmon.dra import DeviceName, SliceDevice, SliceError, index_slices
-from jaxmon.families import add, family
 from jaxmon.logsetup import ErrorLog
 
 log = structlog.get_logger("jaxmon.sources.kubernetes_api")
@@ -46,9 +41,7 @@ RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 PODS = "/api/v1/pods"
 # Items per page: the API server's own default chunk size for kubectl, small enough for a busy node's pods.
 PAGE_SIZE = 500
-# A node's slices and pods are a few MiB at most; an answer larger than this is not one.
-MAX_BODY_BYTES = 64 << 20
-MAX_PAGES = 1000
+MAX_BODY_BYTES, MAX_PAGES = 64 << 20, 1000  # a node's slices and pods are a few MiB at most
 
 
 class ApiError(Exception):
@@ -133,15 +126,10 @@ class ApiClient:
         self._context: ssl.SSLContext | None = None
         self._ca_stamp: tuple[int, int, int] | None = None
 
-    @staticmethod
-    def _stamp(path: Path) -> tuple[int, int, int]:
-        st = os.stat(path)
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-
     def token(self, force: bool = False) -> str:
         """The bearer token, re-read when the file changed (the kubelet swaps the projected token's symlink)."""
         try:
-            stamp = self._stamp(self.config.token_path)
+            stamp = _stamp(self.config.token_path)
             if force or self._token is None or stamp != self._token_stamp:
                 self._token = self.config.token_path.read_text(encoding="utf-8").strip()
                 self._token_stamp = stamp
@@ -152,7 +140,7 @@ class ApiClient:
     def _ssl(self) -> ssl.SSLContext:
         """A context trusting the service account's CA (re-made when the CA file changes)."""
         try:
-            stamp = self._stamp(self.config.ca_path)
+            stamp = _stamp(self.config.ca_path)
             if self._context is None or stamp != self._ca_stamp:
                 self._context = ssl.create_default_context(cafile=str(self.config.ca_path))
                 self._ca_stamp = stamp
@@ -164,9 +152,8 @@ class ApiClient:
         """One GET of a JSON object; raises ApiError. A 401 re-reads the token and tries once more."""
         for attempt in (0, 1):
             status, body = self._request(path, query, self.token(force=attempt == 1), timeout or self.timeout)
-            if status == 401 and attempt == 0:
-                continue
-            break
+            if status != 401:
+                break
         if status == 401:
             raise ApiError("unauthorized", f"GET {path}: 401 (the service account token was refused)")
         if status == 403:
@@ -227,6 +214,12 @@ class ApiClient:
     def pods(self, node: str) -> list[dict[str, Any]]:
         """The pods on node `node`."""
         return self.list_items(PODS, {"fieldSelector": f"spec.nodeName={node}"})
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    """What changes when a file is replaced or rewritten."""
+    st = os.stat(path)
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def _reason(body: bytes) -> str:
@@ -404,29 +397,3 @@ class ClusterCache:
             self._wake.clear()
             self.refresh()
             self._wake.wait(self.interval)
-
-
-def health_families(health: ApiHealth) -> Iterator[Metric]:
-    """The API server's health in the exposition: up per list, failures by reason, last success."""
-    up = family(
-        "jaxmon_kubernetes_api_up",
-        "1 when the last list of the node's resourceslices or pods from the API server succeeded, 0 when it failed "
-        "(the last good answer stays in use).",
-    )
-    failures = family(
-        "jaxmon_kubernetes_api_failures",
-        "Lists from the API server that failed, by list and reason (unreachable, timeout, tls, unauthorized, "
-        "forbidden, http_<status>, bad_answer, config).",
-        counter=True,
-    )
-    last = family(
-        "jaxmon_kubernetes_api_last_success_timestamp_seconds",
-        "Unix time of the last successful list of the node's resourceslices or pods.",
-    )
-    for name, ok in sorted(health.up.items()):
-        add(up, {"list": name}, 1.0 if ok else 0.0)
-    for (name, reason), count in sorted(health.failures.items()):
-        add(failures, {"list": name, "reason": reason}, float(count))
-    for name, when in sorted(health.last_success.items()):
-        add(last, {"list": name}, when)
-    yield from (up, failures, last)

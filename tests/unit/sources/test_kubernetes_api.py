@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from jaxmon.collectors.kubernetes import health_families
 from jaxmon.sources.kubernetes_api import (
     ApiClient,
     ApiError,
@@ -18,7 +19,6 @@ from jaxmon.sources.kubernetes_api import (
     ClusterCache,
     InCluster,
     PodIndex,
-    health_families,
     pod_index,
 )
 from tests.helpers import wait_until
