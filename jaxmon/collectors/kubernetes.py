@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import structlog
 from prometheus_client.core import Metric
@@ -39,7 +39,6 @@ from pydantic import BeforeValidator, Field
 from jaxmon.attribution import GPU_RESOURCES, TPU_RESOURCES, Attribution, accelerators, attribute
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
-from jaxmon.dra import NO_IDENTITY, NOT_IN_SLICES, ProblemCounter, Resolution, accelerator_driver, resolve
 from jaxmon.exchange import DEVICE_PODS
 from jaxmon.families import add, family
 from jaxmon.families.kubernetes import API_FAILURES, API_LAST_SUCCESS, API_UP, DRA_PROBLEMS
@@ -56,15 +55,15 @@ from jaxmon.sources.kubelet import (
     socket_problem,
 )
 from jaxmon.sources.kubelet.stubs import StubsUnavailable
-from jaxmon.sources.kubernetes_api import (
-    SERVICE_ACCOUNT,
-    ApiClient,
-    ApiHealth,
-    ClusterCache,
-    InCluster,
-)
+
+if TYPE_CHECKING:  # imported where the node's name is known or the kubelet reports DRA claims (RSS: issue 35)
+    from jaxmon.dra import ProblemCounter, Resolution
+    from jaxmon.sources.kubernetes_api import ApiHealth, ClusterCache
 
 log = structlog.get_logger("jaxmon.collectors.kubernetes")
+
+# Where Kubernetes mounts the pod's service account (jaxmon.sources.kubernetes_api.SERVICE_ACCOUNT).
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
 def _names(value: Any) -> Any:
@@ -139,7 +138,7 @@ class KubernetesState:
     error: str | None = None
     # DRA: the claimed devices of GPU and TPU drivers, resolved through the node's ResourceSlices (holders by
     # device identity, the claim in each), and the API server's health (None: not asked, no node name).
-    dra: Resolution = field(default_factory=Resolution)
+    dra: Resolution | None = None
     api: ApiHealth | None = None
     dra_problems: Mapping[str, int] = field(default_factory=dict)
 
@@ -166,7 +165,7 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         self._errors = ErrorLog(log, math.inf)
         self._good: KubernetesState | None = None
         self._cache: ClusterCache | None = None
-        self._problems = ProblemCounter()
+        self._problems: ProblemCounter | None = None
 
     @classmethod
     def unavailable(cls, opts: KubernetesOptions, ctx: Context) -> str | None:
@@ -189,7 +188,8 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         """One List call; on failure the last good mapping while it is younger than the ttl, else none."""
         done = self._update()
         api = self._cache.health() if self._cache is not None else None
-        return replace(done, state=replace(done.state, api=api, dra_problems=dict(self._problems.counts)))
+        problems = dict(self._problems.counts) if self._problems is not None else {}
+        return replace(done, state=replace(done.state, api=api, dra_problems=problems))
 
     def _update(self) -> Update[KubernetesState]:
         now = time.monotonic()
@@ -212,9 +212,15 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         )
         return Update(self._good, success=True)
 
-    def _resolve(self, claimed: tuple[ClaimedDevice, ...]) -> Resolution:
+    def _resolve(self, claimed: tuple[ClaimedDevice, ...]) -> Resolution | None:
         """The claimed GPUs and TPU chips through the node's ResourceSlices, asking the API server again (and
-        waiting at most the kubelet's deadline) when one is not in them yet."""
+        waiting at most the kubelet's deadline) when one is not in them yet; None without claims or a node name."""
+        if not claimed and not self._node():
+            return None
+        from jaxmon.dra import ProblemCounter, Resolution, accelerator_driver, resolve
+
+        if self._problems is None:
+            self._problems = ProblemCounter()
         claimed = tuple(c for c in claimed if accelerator_driver(c.driver))
         cache = self._api_cache()
         if not claimed:
@@ -232,12 +238,17 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         self._problems.observe(found)
         return found
 
+    def _node(self) -> str:
+        return self.opts.node_name or os.environ.get("NODE_NAME", "")
+
     def _api_cache(self) -> ClusterCache | None:
         """The API server's lists of this node, started at the first poll where the node's name is known."""
         if self._cache is None:
-            node = self.opts.node_name or os.environ.get("NODE_NAME", "")
+            node = self._node()
             if not node:
                 return None
+            from jaxmon.sources.kubernetes_api import ApiClient, ClusterCache, InCluster
+
             account, timeout = self.opts.service_account, self.opts.api_timeout
             self._cache = ClusterCache(
                 lambda: ApiClient(InCluster.from_env(account=account), timeout=timeout, deadline=6 * timeout),
@@ -275,7 +286,8 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
                 labels = {"namespace": a.namespace, "pod": a.pod, "container": a.container, "resource": a.resource}
                 add(devices, {**labels, "device_id": device_id}, 1.0)
         # DRA: the driver as the resource, pool/device as the id, and the claim (resolved or not).
-        for c in (*(c for c, _ in state.dra.resolved), *(u.claimed for u in state.dra.unresolved)):
+        dra = state.dra
+        for c in () if dra is None else (*(c for c, _ in dra.resolved), *(u.claimed for u in dra.unresolved)):
             labels = {"namespace": c.namespace, "pod": c.pod, "container": c.container, "resource": c.driver}
             add(devices, {**labels, "device_id": f"{c.pool}/{c.device}", "claim": c.claim}, 1.0)
         yield devices
@@ -283,6 +295,8 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
             return  # no node name and no DRA claims: nothing to say (a cluster without DRA)
         if state.api is not None:
             yield from health_families(state.api)
+        from jaxmon.dra import NO_IDENTITY, NOT_IN_SLICES
+
         problems = DRA_PROBLEMS.new()
         for reason, count in sorted({NOT_IN_SLICES: 0, NO_IDENTITY: 0, **state.dra_problems}.items()):
             add(problems, {"reason": reason}, float(count))

@@ -212,10 +212,13 @@ def test_tpu_series_carry_the_one_container_holding_chips_and_render_as_before_w
 
 
 def test_the_api_server_options_default_to_the_pods_service_account_and_a_minute() -> None:
+    from jaxmon.sources.kubernetes_api import SERVICE_ACCOUNT
+
     default = default_settings().collector_options("kubernetes")
     assert isinstance(default, KubernetesOptions)
     assert (default.resourceslice_interval, default.api_timeout, default.node_name) == (60.0, 5.0, "")
     assert str(default.service_account) == "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert default.service_account == SERVICE_ACCOUNT  # the source's default, which it is not imported for
     given = options(
         "--collector.kubernetes.resourceslice-interval=2m",
         "--collector.kubernetes.node-name=node-a",
@@ -273,4 +276,5 @@ def test_dra_claims_are_listed_with_their_claim_and_the_api_servers_health_besid
         ("jaxmon_kubernetes_dra_problems_total", {"reason": "not_in_slices"}, 1.0),
     ]
     # The resolution is the state's, for the owners transform: the claimed GPU by its UUID.
+    assert state.dra is not None
     assert state.dra.holders(("uuid", UUIDS[1].lower())) == {Holder("team-a", "train", "trainer")}
