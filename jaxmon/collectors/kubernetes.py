@@ -109,7 +109,7 @@ class KubernetesOptions(CollectorOptions):
     resourceslice_interval: Annotated[float, BeforeValidator(parse_duration), bounded(0.0, 86400.0)] = Field(
         default=60.0,
         description="How often the node's ResourceSlices and pods are listed from the API server (also at once, "
-        "at most every few seconds, when a claimed device is not yet in them); an API server that does not answer "
+        "at most every 5 s, when a newly claimed device is not yet in them); an API server that does not answer "
         "leaves the last good lists in use.",
     )
     api_timeout: Annotated[float, BeforeValidator(parse_duration), bounded(0.0, 60.0)] = Field(

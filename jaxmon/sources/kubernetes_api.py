@@ -245,8 +245,7 @@ class ClusterView:
 
 @dataclass(frozen=True)
 class ApiHealth:
-    """How the API server has been answering: whether the last refresh of each list succeeded, failures by
-    (list, reason), and the wall-clock time of the last success of each."""
+    """How the API server answers: each list's last refresh ok, failures by (list, reason), last success (Unix)."""
 
     up: Mapping[str, bool] = field(default_factory=dict)
     failures: Mapping[tuple[str, str], int] = field(default_factory=dict)
@@ -257,9 +256,8 @@ class ApiHealth:
 class ClusterCache:
     """The node's ResourceSlices and pods, refreshed on a thread every `interval` seconds and on demand.
 
-    `view()` never waits. `want(devices, wait)` asks for a refresh when a device is not in the slices (at most
-    once per `min_gap` seconds) and waits for it up to `wait` seconds. `client` is made lazily by `connect` (so
-    a configuration error is a failed refresh, counted and retried, not a crash).
+    `view()` never waits; `want(devices, wait)` may ask for a refresh and wait for it. The client is made lazily by
+    `connect` (so a configuration error is a failed refresh, counted and retried, not a crash).
     """
 
     LISTS = ("resourceslices", "pods")
@@ -289,6 +287,7 @@ class ClusterCache:
         self._stopped = threading.Event()
         self._done = threading.Condition(self._lock)
         self._last_demand = -math.inf
+        self._asked: set[DeviceName] = set()  # unknown devices an on-demand refresh was made for
         self._thread: threading.Thread | None = None
         self._errors = ErrorLog(log, math.inf)
 
@@ -317,19 +316,20 @@ class ClusterCache:
             return ApiHealth(dict(self._up), dict(self._failures), dict(self._last_success), self._refreshes)
 
     def want(self, devices: Iterable[DeviceName], wait: float = 0.0) -> ClusterView:
-        """The view, after a refresh if one of `devices` is not in its slices (rate-limited to one per `min_gap`
-        seconds), waiting for that refresh at most `wait` seconds."""
+        """The view, after a refresh if one of `devices` is not in its slices and was not asked for before (at most
+        one per `min_gap` seconds), waiting for that refresh at most `wait` seconds. A device still unknown after
+        the refresh it caused waits for the period: the API server sees one extra list per new claimed device."""
         with self._lock:
             view = self._view
-            missing = [d for d in devices if d not in view.slices]
+            missing = {d for d in devices if d not in view.slices}
+            new = missing - self._asked
             now = time.monotonic()
-            if not missing or now - self._last_demand < self.min_gap or self._thread is None:
+            if not new or now - self._last_demand < self.min_gap or self._thread is None:
                 return view
+            self._asked = missing
             self._last_demand = now
-            target = self._refreshes + 1
             # A refresh under way may have listed before the device was published: wait for the next one.
-            if self._busy:
-                target += 1
+            target = self._refreshes + (2 if self._busy else 1)
             self._wake.set()
             end = now + wait
             while self._refreshes < target and not self._stopped.is_set():

@@ -159,24 +159,43 @@ def test_an_api_server_outage_keeps_every_known_mapping_and_is_counted(server: F
         cache.stop()
 
 
-def test_a_claimed_device_no_slice_names_is_a_problem_until_its_slice_is_published(server: FakeApiServer) -> None:
+def test_a_claimed_device_no_slice_names_is_a_problem_and_costs_the_api_server_one_list(
+    server: FakeApiServer,
+) -> None:
     cache = ClusterCache(lambda: _client(server), NODE, interval=3600, min_gap=0).start()
     counter = ProblemCounter()
+
+    def slice_lists() -> int:
+        return sum(c.startswith("/apis/resource.k8s.io/") for c in server.calls())
+
     try:
         wait_until(lambda: cache.health().refreshes >= 1, timeout=30, what="the first lists")
+        assert slice_lists() == 1
         late = ClaimedDevice("team-c", "new", "main", "gpus", "team-c", "gpu.nvidia.com", NODE, "gpu-3")
         # The driver has not published gpu-3: the poll asks for a refresh, which does not find it either.
         view = cache.want([("gpu.nvidia.com", NODE, "gpu-3")], wait=30)
+        assert slice_lists() == 2
         got = resolve(view.slices, [late])
         counter.observe(got)
         assert got.devices == {} and [u.reason for u in got.unresolved] == [NOT_IN_SLICES]
         assert counter.counts == {NOT_IN_SLICES: 1}
-        # Published: the next claimed-but-unknown device refreshes the slices on demand, not after the period.
-        server.update(slices=[nvidia_slice(NODE, [(UUIDS[0], 0), (UUIDS[3], 3)], generation=2)])
-        view = cache.want([("gpu.nvidia.com", NODE, "gpu-3")], wait=30)
-        got = resolve(view.slices, [late])
+        # Asked again at the next polls: no more lists than the period's (the API server is not hammered).
+        for _ in range(3):
+            counter.observe(resolve(cache.want([("gpu.nvidia.com", NODE, "gpu-3")], wait=30).slices, [late]))
+        assert slice_lists() == 2
+        assert counter.counts == {NOT_IN_SLICES: 1}  # one problem, not one per poll
+        # Published, with another device a new pod claims: that one refreshes the slices at once, not after the
+        # period, and both resolve.
+        server.update(slices=[nvidia_slice(NODE, [(UUIDS[0], 0), (UUIDS[3], 3), (UUIDS[2], 4)], generation=2)])
+        newer = ClaimedDevice("team-d", "newer", "main", "gpus", "team-d", "gpu.nvidia.com", NODE, "gpu-4")
+        view = cache.want([("gpu.nvidia.com", NODE, "gpu-3"), ("gpu.nvidia.com", NODE, "gpu-4")], wait=30)
+        assert slice_lists() == 3
+        got = resolve(view.slices, [late, newer])
         counter.observe(got)
-        assert got.devices == {("uuid", UUIDS[3].lower()): {ClaimHolder("team-c", "new", "main", "gpus")}}
+        assert got.devices == {
+            ("uuid", UUIDS[3].lower()): {ClaimHolder("team-c", "new", "main", "gpus")},
+            ("uuid", UUIDS[2].lower()): {ClaimHolder("team-d", "newer", "main", "gpus")},
+        }
         assert counter.counts == {NOT_IN_SLICES: 1}
     finally:
         cache.stop()
