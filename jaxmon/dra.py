@@ -11,11 +11,11 @@ name without a domain is in the driver's own, so `uuid` and `gpu.nvidia.com/uuid
   `minor`; MIG devices with `type` `mig`, their own `uuid` (`MIG-…`) and `parentUUID`. A GPU is known by its UUID,
   a MIG device by its MIG UUID: the keys jaxmon.attribution uses for device-plugin ids (`("uuid", "gpu-…")`,
   `("mig", "mig-…")`), so both paths label the same series.
-- TPU drivers (`tpu.google.com`): what GKE's TPU DRA driver publishes is not documented where jaxmon could read it.
-  Assumed here: one device per chip carrying an `index` attribute (an int), else a device name ending in the chip's
-  number (`tpu-0`). The key is `("tpu", "<index>")`. jaxmon.attribution's rule for TPU chips stays what decides a
-  series' labels (the node's one holder of TPU chips), as libtpu's device ids and the node's chip numbers are not
-  known to agree.
+- TPU drivers (`tpu.google.com`, kubernetes-sigs/dra-driver-google-tpu): one device per chip (`accel0`, or `0`
+  on chips bound to vfio), with `index` (an int), `uuid` (`tpu-…`), `tpuGen`, `accelerator`, `topology`,
+  `chipCount`. The key is `("tpu", "<index>")` (without `index`, the number the device's name ends with).
+  jaxmon.attribution's rule for TPU chips stays what decides a series' labels (the node's one holder of TPU
+  chips), as libtpu's device ids and the node's chip numbers are not known to agree.
 
 A claimed device the slices do not name (the driver has not published it yet, or it is gone), or that they name
 without an identity jaxmon knows, is a problem with a reason, never a guess: its holders label nothing.

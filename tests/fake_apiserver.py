@@ -99,9 +99,21 @@ def nvidia_slice(
 
 
 def tpu_slice(node: str, chips: int, generation: int = 1) -> dict[str, Any]:
-    """A TPU DRA driver's slice (tpu.google.com): devices `tpu-<n>` with an `index` attribute (assumed; see
-    jaxmon.dra)."""
-    devices = [device(f"tpu-{n}", index=n, type="tpu", tpuVersion="v6e") for n in range(chips)]
+    """The slice Google's TPU DRA driver (tpu.google.com, kubernetes-sigs/dra-driver-google-tpu) publishes: devices
+    `accel<n>` with `index`, `uuid`, `tpuGen`, `accelerator`, `topology` and `chipCount`."""
+    devices = [
+        device(
+            f"accel{n}",
+            index=n,
+            uuid=f"tpu-{n:08x}-ee02-ee8c-f699-{n:012x}",
+            tpuGen="v6e",
+            accelerator="tpu-v6e-slice",
+            topology="2x4",
+            chipCount=chips,
+            brand="Google",
+        )
+        for n in range(chips)
+    ]
     return resource_slice(node, "tpu.google.com", node, devices, generation)
 
 

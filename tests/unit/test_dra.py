@@ -68,9 +68,26 @@ TPU = {
         "nodeName": "node-a",
         "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
         "devices": [
-            {"name": "tpu-0", "attributes": {"index": {"int": 0}}},
-            {"name": "tpu-1", "attributes": {"index": {"int": 1}}},
-            {"name": "tpu-7"},
+            # As kubernetes-sigs/dra-driver-google-tpu publishes them (abridged).
+            {
+                "name": "accel0",
+                "attributes": {
+                    "index": {"int": 0},
+                    "uuid": {"string": "tpu-3c4df1c1-ee02"},
+                    "tpuGen": {"string": "v6e"},
+                    "chipCount": {"int": 4},
+                },
+            },
+            {
+                "name": "accel1",
+                "attributes": {
+                    "index": {"int": 1},
+                    "uuid": {"string": "tpu-1a9a1690-6cdf"},
+                    "tpuGen": {"string": "v6e"},
+                    "chipCount": {"int": 4},
+                },
+            },
+            {"name": "7"},  # a vfio chip without its index: the name's number
             {"name": "chip", "attributes": {}},
         ],
     },
@@ -138,8 +155,9 @@ def test_each_pool_is_read_at_its_highest_generation_and_across_its_slices() -> 
         (SliceDevice("gpu.nvidia.com", "n", "m", {"uuid": MIG}), ("mig", MIG.lower())),  # a MIG UUID without `type`
         (SliceDevice("gpu.nvidia.com", "n", "gpu-2", {"type": "gpu", "index": 2}), None),  # no uuid: no guess
         (SliceDevice("gpu.nvidia.com", "n", "gpu-2", {"uuid": 7}), None),
-        (SliceDevice("tpu.google.com", "n", "tpu-3", {"index": 5}), ("tpu", "5")),  # the attribute over the name
-        (SliceDevice("tpu.google.com", "n", "tpu-7"), ("tpu", "7")),
+        (SliceDevice("tpu.google.com", "n", "accel3", {"index": 5}), ("tpu", "5")),  # the attribute over the name
+        (SliceDevice("tpu.google.com", "n", "accel7"), ("tpu", "7")),
+        (SliceDevice("tpu.google.com", "n", "7"), ("tpu", "7")),
         (SliceDevice("tpu.google.com", "n", "chip", {"index": True}), None),
         (SliceDevice("example.com", "n", "gpu-0", {"uuid": GPU0}), None),  # not a driver jaxmon knows
     ],
@@ -153,8 +171,8 @@ def test_claimed_gpus_mig_devices_and_tpu_chips_get_their_holders_with_the_claim
     found = [
         claimed("gpu-0"),
         claimed("gpu-1-mig-1g10gb-0", pod="notebook", claim="mig"),
-        claimed("tpu-0", pod="tpu-job", claim="tpus", driver="tpu.google.com"),
-        claimed("tpu-1", pod="tpu-job", claim="tpus", driver="tpu.google.com"),
+        claimed("accel0", pod="tpu-job", claim="tpus", driver="tpu.google.com"),
+        claimed("accel1", pod="tpu-job", claim="tpus", driver="tpu.google.com"),
         claimed("eth1", driver="net.example.com"),  # another driver's claim: not jaxmon's concern, not a problem
     ]
     got = resolve(slices, found)

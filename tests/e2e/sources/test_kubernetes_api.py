@@ -52,7 +52,7 @@ KUBELET_PODS = [
             "jupyter",
             claims=[
                 claim("mig", "team-b", claimed("gpu.nvidia.com", NODE, "gpu-2-mig-1g.10gb-0", share_id="s1")),
-                claim("tpu", "team-b", claimed("tpu.google.com", NODE, "tpu-3")),
+                claim("tpu", "team-b", claimed("tpu.google.com", NODE, "accel3")),
             ],
         ),
     ),
@@ -112,7 +112,7 @@ def test_claims_from_the_kubelet_resolve_through_the_slices_to_their_devices(ser
     assert [(c.pod, c.container, c.claim, c.driver, c.device, c.share_id) for c in listed.claimed] == [
         ("train-0", "trainer", "train-gpus", "gpu.nvidia.com", "gpu-1", None),
         ("notebook", "jupyter", "mig", "gpu.nvidia.com", "gpu-2-mig-1g.10gb-0", "s1"),
-        ("notebook", "jupyter", "tpu", "tpu.google.com", "tpu-3", None),
+        ("notebook", "jupyter", "tpu", "tpu.google.com", "accel3", None),
     ]
     assert listed.claimed[0].cdi_devices == ("k8s.gpu.nvidia.com/claim=gpu-1",)
 

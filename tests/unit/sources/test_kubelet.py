@@ -37,7 +37,7 @@ def _response() -> object:
             pb.DynamicResource(
                 claim_name="tpus",
                 claim_resources=[
-                    pb.ClaimResource(driver_name="tpu.google.com", pool_name="node-a", device_name="tpu-0")
+                    pb.ClaimResource(driver_name="tpu.google.com", pool_name="node-a", device_name="accel0")
                 ],
             )
         ],
@@ -62,7 +62,7 @@ def test_dra_claims_are_read_beside_device_plugin_devices() -> None:
             "team", "train", "main", "train-gpus", "team", "gpu.nvidia.com", "node-a", "gpu-2", share_id="s-7"
         ),
         # A claim without its namespace is the pod's (claims are namespaced).
-        ClaimedDevice("team", "train", "sidecar", "tpus", "team", "tpu.google.com", "node-a", "tpu-0"),
+        ClaimedDevice("team", "train", "sidecar", "tpus", "team", "tpu.google.com", "node-a", "accel0"),
     )  # fmt: skip
 
 
