@@ -58,7 +58,7 @@ from jaxmon.sources.kubelet.stubs import StubsUnavailable
 
 if TYPE_CHECKING:  # imported where the node's name is known or the kubelet reports DRA claims (RSS: issue 35)
     from jaxmon.dra import ProblemCounter, Resolution
-    from jaxmon.sources.kubernetes_api import ApiHealth, ClusterCache
+    from jaxmon.sources.kubernetes_api import ApiHealth, ClusterCache, PodIndex
 
 log = structlog.get_logger("jaxmon.collectors.kubernetes")
 
@@ -137,9 +137,11 @@ class KubernetesState:
     taken: float | None = None
     error: str | None = None
     # DRA: the claimed devices of GPU and TPU drivers, resolved through the node's ResourceSlices (holders by
-    # device identity, the claim in each), and the API server's health (None: not asked, no node name).
+    # device identity, the claim in each; None: no claims and no node name), the API server's health and the
+    # node's pods (uid -> namespace and name, container id -> container: for process owners) (None: no node name).
     dra: Resolution | None = None
     api: ApiHealth | None = None
+    pods: PodIndex | None = None
     dra_problems: Mapping[str, int] = field(default_factory=dict)
 
 
@@ -187,9 +189,10 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
     def update(self) -> Update[KubernetesState]:
         """One List call; on failure the last good mapping while it is younger than the ttl, else none."""
         done = self._update()
-        api = self._cache.health() if self._cache is not None else None
+        cache = self._cache
+        api, pods = (cache.health(), cache.view().pods) if cache is not None else (None, None)
         problems = dict(self._problems.counts) if self._problems is not None else {}
-        return replace(done, state=replace(done.state, api=api, dra_problems=problems))
+        return replace(done, state=replace(done.state, api=api, pods=pods, dra_problems=problems))
 
     def _update(self) -> Update[KubernetesState]:
         now = time.monotonic()
