@@ -104,6 +104,90 @@ class WindowStep:
     hardware_flops: Mapping[tuple[str, int], float]
 
 
+class RunningSum:
+    """A sum that values enter and leave, compensated (Neumaier's variant of Kahan's summation): the window's
+    seconds and FLOPs are kept this way so that reading them is O(1), without the drift of a plain running sum.
+
+    A plain `+=`/`-=` pair loses the low bits of every value it adds to a larger total, and they never come back when
+    that value leaves: over millions of steps the window's total drifts, worst after a huge value (a 10-minute
+    stall, a step of 1e18 FLOPs) entered and left it. The compensation carries those low bits, so the error stays
+    within a few ulps of the true total whatever went through it. A sum whose last value left is reset to exactly
+    0 (the caller counts its values)."""
+
+    __slots__ = ("compensation", "total")
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.compensation = 0.0
+
+    def add(self, value: float) -> None:
+        """Add `value` (subtract with its negation)."""
+        total = self.total + value
+        if abs(self.total) >= abs(value):
+            self.compensation += (self.total - total) + value
+        else:
+            self.compensation += (value - total) + self.total
+        self.total = total
+
+    def value(self) -> float:
+        """The sum."""
+        return self.total + self.compensation
+
+
+class WindowSums:
+    """The window's counted seconds and per-device model and hardware FLOPs, kept as steps enter and leave it, and
+    how many of its steps name each device: MFU and HFU are read in O(devices), whatever the window's length (the
+    tracker reads them under the lock step() takes)."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        """An empty window: every sum exactly 0."""
+        self.seconds = RunningSum()
+        self.steps = 0
+        self.model: dict[tuple[str, int], RunningSum] = {}
+        self.hardware: dict[tuple[str, int], RunningSum] = {}
+        self.model_steps: dict[tuple[str, int], int] = {}  # steps of the window whose model FLOPs name the device
+        self.hardware_steps: dict[tuple[str, int], int] = {}
+
+    def enter(self, step: WindowStep) -> None:
+        """`step` joins the window."""
+        self.steps += 1
+        self.seconds.add(step.counted)
+        _enter(self.model, self.model_steps, step.model_flops)
+        _enter(self.hardware, self.hardware_steps, step.hardware_flops)
+
+    def leave(self, step: WindowStep) -> None:
+        """`step` (in the window) leaves it; the window that empties is exactly 0 again."""
+        self.steps -= 1
+        if self.steps == 0:
+            self.clear()
+            return
+        self.seconds.add(-step.counted)
+        _leave(self.model, self.model_steps, step.model_flops)
+        _leave(self.hardware, self.hardware_steps, step.hardware_flops)
+
+
+def _enter(
+    sums: dict[tuple[str, int], RunningSum], counts: dict[tuple[str, int], int], flops: Mapping[tuple[str, int], float]
+) -> None:
+    for key, value in flops.items():
+        counts[key] = counts.get(key, 0) + 1
+        sums.setdefault(key, RunningSum()).add(value)
+
+
+def _leave(
+    sums: dict[tuple[str, int], RunningSum], counts: dict[tuple[str, int], int], flops: Mapping[tuple[str, int], float]
+) -> None:
+    for key, value in flops.items():
+        if counts[key] == 1:  # its last step leaves: exactly nothing, as a recomputation would say
+            del counts[key], sums[key]
+        else:
+            counts[key] -= 1
+            sums[key].add(-value)
+
+
 @dataclass
 class Accounting:
     """A process's training time since `started`: productive, badput by kind, stalls, host wait, the window."""
@@ -120,6 +204,8 @@ class Accounting:
     recent: deque[WindowStep] = field(default_factory=deque)
     # The busy parts of `recent`, sorted: the stall check's median at every step without sorting the window.
     _busy: list[float] = field(default_factory=list, init=False, repr=False)
+    # The sums of `recent` that MFU and HFU are made of.
+    _sums: WindowSums = field(default_factory=WindowSums, init=False, repr=False)
 
     def _add(self, kinds: Mapping[str, float]) -> None:
         for kind, seconds in kinds.items():
@@ -162,10 +248,14 @@ class Accounting:
         self.host_wait += idle
         self.last_done = done
         self.histogram.observe(duration)
-        self.recent.append(WindowStep(duration, busy, duration - named_total, dict(model_flops), dict(hardware_flops)))
+        entered = WindowStep(duration, busy, duration - named_total, dict(model_flops), dict(hardware_flops))
+        self.recent.append(entered)
+        self._sums.enter(entered)
         bisect.insort(self._busy, busy)
         while len(self.recent) > self.window:
-            del self._busy[bisect.bisect_left(self._busy, self.recent.popleft().busy)]
+            left = self.recent.popleft()
+            self._sums.leave(left)
+            del self._busy[bisect.bisect_left(self._busy, left.busy)]
         return duration
 
     def gap(self, previous_done: float, done: float, intervals: Iterable[Interval], restart: bool) -> None:
@@ -181,6 +271,7 @@ class Accounting:
             self._add({RESTART: rest})
             self.recent.clear()
             self._busy.clear()
+            self._sums.clear()
         else:
             self.productive += rest
 
@@ -190,19 +281,19 @@ class Accounting:
 
     def utilization(self, peaks: Mapping[tuple[str, int], float]) -> tuple[dict[tuple[str, int], float], ...]:
         """(MFU, HFU) per device over the window: its FLOPs / (the window's time less its named badput x the
-        device's peak). Host time and stalls stay in the denominator; a checkpoint does not."""
-        seconds = sum(s.counted for s in self.recent)
+        device's peak). Host time and stalls stay in the denominator; a checkpoint does not. O(devices): the
+        window's sums are kept as steps enter and leave it."""
+        sums = self._sums
+        seconds = sums.seconds.value() if sums.steps else 0.0
         mfu: dict[tuple[str, int], float] = {}
         hfu: dict[tuple[str, int], float] = {}
         if seconds <= 0:
             return mfu, hfu
         for key, peak in peaks.items():
-            model = sum(s.model_flops.get(key, 0.0) for s in self.recent)
-            hardware = sum(s.hardware_flops.get(key, 0.0) for s in self.recent)
-            if any(key in s.model_flops for s in self.recent):
-                mfu[key] = model / (seconds * peak)
-            if any(key in s.hardware_flops for s in self.recent):
-                hfu[key] = hardware / (seconds * peak)
+            if (model := sums.model.get(key)) is not None:
+                mfu[key] = model.value() / (seconds * peak)
+            if (hardware := sums.hardware.get(key)) is not None:
+                hfu[key] = hardware.value() / (seconds * peak)
         return mfu, hfu
 
 
