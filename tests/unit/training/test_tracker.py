@@ -62,6 +62,9 @@ def settled(tracker: Tracker, steps: int) -> TrainingReading:
     reading = tracker.reading()
     assert reading is not None
     adds_up(reading)
+    with tracker._lock:  # on the accounting's own (monotonic) clock: to the microsecond
+        acct = tracker._acct
+        assert acct.last_done is not None and acct.total() == pytest.approx(acct.last_done - acct.started, abs=1e-6)
     return reading
 
 
@@ -141,10 +144,13 @@ def test_mfu_and_hfu_are_the_flops_over_the_window_time_and_the_peak(make_tracke
 
 
 def adds_up(reading: TrainingReading) -> None:
-    """Productive time and every kind of badput are the time from the start to the last completion, to the us."""
+    """Productive time and every kind of badput are the time from the start to the last completion: on the
+    monotonic clock exactly; the exported Unix timestamps are the wall clock's at each event, which NTP slews
+    (parts per million: 4 ppm measured on the CI machine) and may step (tests/unit/training/
+    test_tracker_bookkeeping.py steps it)."""
     assert reading.last_step_timestamp is not None
     total = reading.productive_seconds_total + sum(reading.badput_seconds_total.values())
-    assert total == pytest.approx(reading.last_step_timestamp - reading.start_time_seconds, abs=1e-6)
+    assert total == pytest.approx(reading.last_step_timestamp - reading.start_time_seconds, rel=1e-3, abs=1e-4)
     assert abs(reading.start_time_seconds - time.time()) < 600  # a Unix time
 
 
