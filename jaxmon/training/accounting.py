@@ -21,8 +21,9 @@ Pure bookkeeping on one clock (seconds, monotonic), fed by the tracker's waiter 
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 # Buckets of jaxmon_training_step_duration_seconds: from milliseconds to minutes, fixed so that histograms of every
@@ -32,6 +33,10 @@ DURATION_BUCKETS = (
 )  # fmt: skip
 # A stall is judged once the window holds this many steps (fewer give no stable median).
 STALL_MIN_STEPS = 5
+# Badput intervals kept for attribution (Intervals): past this many since the last completion, closed ones are dropped
+# down to INTERVALS_AFTER_DROP (so that dropping runs once in that many intervals at most).
+MAX_INTERVALS = 10_000
+INTERVALS_AFTER_DROP = MAX_INTERVALS * 3 // 4
 STARTUP = "startup"
 STALL = "stall"
 RESTART = "restart"
@@ -63,6 +68,52 @@ def attribute(start: float, end: float, intervals: Iterable[Interval]) -> dict[s
             out[kind] = out.get(kind, 0.0) + hi - lo
             covered = hi
     return out
+
+
+class Intervals:
+    """The badput intervals a step completing from now on may be charged for: those still open and those that ended
+    after the last completion (`forget`), in the order they were added.
+
+    An open one (a badput() block still running) is never dropped: there are as many as blocks open at once.
+    Past MAX_INTERVALS, first the closed ones inside an open interval that started before them go (the open one is
+    charged for each of their instants: no figure changes), then the oldest closed ones (their time then reads as
+    another kind, or host), which `add` returns the number of, for the caller to count."""
+
+    def __init__(self) -> None:
+        self._items: deque[Interval] = deque()
+
+    def __iter__(self) -> Iterator[Interval]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, interval: Interval) -> int:
+        """Keep `interval`; returns how many closed intervals were dropped to stay within MAX_INTERVALS."""
+        self._items.append(interval)
+        return self._shed() if len(self._items) > MAX_INTERVALS else 0
+
+    def forget(self, done: float) -> None:
+        """Drop the intervals that ended by `done`, a completion: every later step interval starts after it."""
+        kept = [i for i in self._items if i.end > done]
+        if len(kept) != len(self._items):
+            self._items = deque(kept)
+
+    def _shed(self) -> int:
+        first_open = min((i.start for i in self._items if math.isinf(i.end)), default=math.inf)
+        kept = [i for i in self._items if math.isinf(i.end) or i.start <= first_open]
+        excess = max(len(kept) - INTERVALS_AFTER_DROP, 0)
+        dropped = 0
+        if excess:
+            newest: list[Interval] = []
+            for i in kept:
+                if dropped < excess and not math.isinf(i.end):
+                    dropped += 1
+                else:
+                    newest.append(i)
+            kept = newest
+        self._items = deque(kept)
+        return dropped
 
 
 @dataclass

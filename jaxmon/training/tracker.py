@@ -8,7 +8,6 @@ JAX: `ops` (jaxmon.sources.local.training.JaxTraining) does that.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import deque
@@ -20,8 +19,8 @@ import structlog
 
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo
-from jaxmon.training.accounting import Accounting, Interval
-from jaxmon.training.peaks import device_peak
+from jaxmon.training.accounting import MAX_INTERVALS, Accounting, Interval, Intervals
+from jaxmon.training.peaks import peak_table
 from jaxmon.training.reading import DeviceTraining, TrainingReading
 
 log = structlog.get_logger("jaxmon.training")
@@ -43,13 +42,6 @@ EVENT_KIND = (
     | dict.fromkeys(CHECKPOINT_EVENTS, "checkpoint")
     | dict.fromkeys(RESTORE_EVENTS, "restore")
 )
-# Badput intervals kept for attribution: those that ended before the last completed step are dropped as steps
-# complete. An open one (a badput() block still running) is never dropped: there are as many as blocks open at once.
-# Past this many since the last completion, first the closed ones inside an open interval that started before them
-# are dropped (the open one is charged for each of their instants: nothing changes), then the oldest closed ones,
-# each counted as reason="intervals" (its time reads as another kind, or host), down to INTERVALS_AFTER_DROP.
-MAX_INTERVALS = 10_000
-INTERVALS_AFTER_DROP = MAX_INTERVALS * 3 // 4
 # The kinds of badput intervals a process exports: compile and checkpoint (from jax.monitoring) always, and this
 # many kinds of badput() blocks; time of a further kind counts as OTHER_KIND, so a kind made of data
 # (badput(f"eval-{n}")) cannot grow the series without bound. With other, startup, stall, restart and host a
@@ -127,12 +119,12 @@ class Tracker:
         self._wake = threading.Condition(self._lock)
         self._pending: deque[_Pending] = deque()
         self._calls: dict[int, tuple[Program, int]] = {}  # tracked calls since the last step()
-        self._intervals: deque[Interval] = deque()
+        self._intervals = Intervals()  # badput intervals since the last completion (and the open ones)
         self._kinds: set[str] = set()  # the badput() kinds seen, MAX_USER_KINDS at most
         self._devices = ops.devices()
         self._device_count = max(ops.device_count(), 1)
         self._process_count = max(ops.process_count(), 1)
-        self._peaks, self._no_peak = self._peak_table()
+        self._peaks, self._no_peak = peak_table(self._devices, config.peak_flops)
         self._peak_warned: set[str] = set()  # the device kinds "no peak FLOP/s known" was said of
         started = clock()
         self._start_wall = wall()  # Unix time at the start, read beside the monotonic start
@@ -210,38 +202,13 @@ class Tracker:
                     )
                     kind = OTHER_KIND
             interval = Interval(kind, start, end)
-            self._intervals.append(interval)
-            if len(self._intervals) > MAX_INTERVALS:
-                self._shed_intervals()
+            if dropped := self._intervals.add(interval):
+                self._problem(
+                    "intervals",
+                    f"more than {MAX_INTERVALS} badput intervals since the last completed step: the oldest are dropped",
+                    times=dropped,
+                )
         return interval
-
-    def _shed_intervals(self) -> None:
-        """More than MAX_INTERVALS intervals since the last completion (a long eval of many data blocks, a loop of
-        blocks with no step): keep every open one, drop the closed ones that no attribution can charge, then the
-        oldest closed ones, counted, down to INTERVALS_AFTER_DROP (so that this pass runs once in that many
-        intervals at most). With the lock held."""
-        open_starts = [i.start for i in self._intervals if math.isinf(i.end)]
-        first_open = min(open_starts, default=math.inf)
-        # Inside an open interval that started before it: the open one is charged for every instant of it.
-        kept = [i for i in self._intervals if math.isinf(i.end) or i.start <= first_open]
-        dropped = 0
-        if len(kept) > INTERVALS_AFTER_DROP:
-            excess = len(kept) - INTERVALS_AFTER_DROP
-            oldest_first: list[Interval] = []
-            for i in kept:
-                if excess and not math.isinf(i.end):
-                    excess -= 1
-                    dropped += 1
-                else:
-                    oldest_first.append(i)
-            kept = oldest_first
-        self._intervals = deque(kept)
-        if dropped:
-            self._problem(
-                "intervals",
-                f"more than {MAX_INTERVALS} badput intervals since the last completed step: the oldest are dropped",
-                times=dropped,
-            )
 
     def close(self, interval: Interval) -> None:
         """The interval ends now."""
@@ -333,7 +300,7 @@ class Tracker:
                 reason = "back" if restart else "jump"
                 self._problem(reason, "training step numbers do not follow", previous=previous[0], number=item.number)
             self._acct.gap(last_done, done, self._intervals, restart)
-        self._forget_intervals(done)
+        self._intervals.forget(done)
 
     def _wall_at(self, instant: float | None) -> float:
         """The Unix time at `instant` of the monotonic clock (None: now), a moment ago: the wall clock read now,
@@ -342,31 +309,12 @@ class Tracker:
         wall, now = self._wall(), self._clock()
         return wall if instant is None else wall - max(now - instant, 0.0)
 
-    def _forget_intervals(self, done: float) -> None:
-        """Drop the intervals that ended by `done`: every later step interval starts after it (never an open one)."""
-        kept = [i for i in self._intervals if i.end > done]
-        if len(kept) != len(self._intervals):
-            self._intervals = deque(kept)
-
     def _problem(self, reason: str, event: str, times: int = 1, **fields: Any) -> None:
         with self._problems_lock:  # its own lock: called with the main one held and without
             self._problems[reason] = self._problems.get(reason, 0) + times
         self._errors.error(reason, event, reason, **fields)  # once an hour per reason, with the count since
 
     # -- reading ------------------------------------------------------------------------------------------
-
-    def _peak_table(self) -> tuple[dict[tuple[str, int], tuple[float, str]], dict[tuple[str, int], str]]:
-        """Each device's peak and where it comes from; and the devices with none (their kind)."""
-        peaks: dict[tuple[str, int], tuple[float, str]] = {}
-        unknown: dict[tuple[str, int], str] = {}
-        for d in self._devices:
-            if self.config.peak_flops is not None:
-                peaks[d.key] = (self.config.peak_flops, "setting")
-            elif (peak := device_peak(d.device_kind, d.num_cores)) is not None:
-                peaks[d.key] = (peak, "table")
-            else:
-                unknown[d.key] = d.device_kind
-        return peaks, unknown
 
     def _mfu_wanted(self, flops: Mapping[tuple[str, int], float]) -> None:
         """A step gave FLOPs for these devices: say once per device kind that has no peak that its MFU cannot be

@@ -22,8 +22,9 @@ import jaxmon
 from jaxmon import training
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
+from jaxmon.training.accounting import INTERVALS_AFTER_DROP, MAX_INTERVALS
 from jaxmon.training.reading import TrainingReading
-from jaxmon.training.tracker import INTERVALS_AFTER_DROP, MAX_INTERVALS, Tracker, TrackerConfig
+from jaxmon.training.tracker import Tracker, TrackerConfig
 from tests.helpers import wait_until
 
 PEAK = 1e12
