@@ -8,9 +8,10 @@ In one process, a tracker on 8 CPU devices with `window=100000` (peak set, so MF
 filled with 100 000 steps of FLOPs on every device, then, in alternating rounds (before, after, after, before, ...):
 
 - `reading_ms`: `reading()` timed alone, back to back;
-- `step_us`: `jaxmon.step(n, x)` on the training thread (an array already computed, model FLOPs given: the waiter
-  books each step, so the window keeps moving) while another thread polls `reading()` without pause, the worst a
-  poller can do. Its median, p99 and max: a step() that lands on a poll waits for it.
+- `step_us`: `jaxmon.step(n, x)` on the training thread, 1 ms apart (an array already computed, model FLOPs given:
+  the waiter books each step, so the window keeps moving) while another thread calls `reading()` every 10 ms
+  (before, each poll takes longer than that: one is always in flight). Its median, p99 and max: a step() that lands
+  on a poll waits for it.
 
 "before" is this tree's tracker with `utilization()` replaced by the rescan it used to do (kept below, verbatim but
 for its name), "after" the tracker as it is.
@@ -40,6 +41,7 @@ from jaxmon.training.accounting import Accounting
 from jaxmon.training.tracker import Tracker, TrackerConfig
 
 WINDOW = 100_000
+POLL_EVERY = 0.01  # 500 times jaxmon's default poll interval: one poll in flight at any moment before
 
 
 def rescanned_utilization(
@@ -92,7 +94,7 @@ def one_round(source: LocalSource, before: bool, readings: int, steps: int) -> d
 
         def poll() -> None:
             nonlocal polls
-            while not stop.is_set():
+            while not stop.wait(POLL_EVERY):
                 tracker.reading()
                 polls += 1
 
