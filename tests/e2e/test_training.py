@@ -64,9 +64,8 @@ def _check_against_the_loop(s: Samples, answer: dict[str, Any], **labels: str) -
     assert mfu == pytest.approx((STEPS - 1) * 1e6 / (counted * PEAK), rel=0.05)
     hfu = sample(s, "jaxmon_training_hardware_flops_utilization_ratio", **per_device)
     assert hfu == pytest.approx((STEPS - 1) * flops / (counted * PEAK), rel=0.05)
-    assert sample(s, "jaxmon_training_badput_seconds_total", **labels, kind="data") == pytest.approx(
-        STEPS * DATA_MS / 1000, abs=0.03
-    )
+    # The blocks as the loop timed them (a loaded machine wakes a 20 ms sleep late: 0.236 s for 0.2 s was seen).
+    assert data == pytest.approx(sum(answer["loads"]), abs=0.03) and sum(answer["loads"]) >= STEPS * DATA_MS / 1000
     productive = sample(s, "jaxmon_training_productive_seconds_total", **labels)
     assert productive is not None and 0 < productive < total
     # Productive time and every kind of badput are the time from jaxmon's start to the last completion, as the loop
