@@ -20,6 +20,7 @@ import functools
 import os
 import threading
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
@@ -34,6 +35,12 @@ log = structlog.get_logger("jaxmon.training")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+# The compiled programs (argument signatures) a tracked function keeps the cost of, least recently called first out:
+# a function called with ever new shapes (dynamic-shape eval, variable sequence lengths) keeps memory bounded. One
+# that falls out is counted (reason="programs"); called again, its cost is read again (one lowering, on the calling
+# thread).
+MAX_PROGRAMS = 256
 
 _tracker: Tracker | None = None
 _users = 0  # the running start()s and publish()es that hold _tracker
@@ -159,7 +166,7 @@ class Tracked(Generic[P, R]):
 
     def __init__(self, fn: Callable[P, R]) -> None:
         self._fn = fn
-        self._programs: dict[Hashable, Program] = {}
+        self._programs: OrderedDict[Hashable, Program] = OrderedDict()  # least recently called first
         self._only: Program | None = None  # while the function holds one compiled program: that one
         functools.update_wrapper(self, fn)
 
@@ -185,6 +192,11 @@ class Tracked(Generic[P, R]):
         program = self._programs.get(key)
         if program is None:  # a new program: its cost is read here, in the caller's contexts (mesh, axis rules)
             program = self._programs[key] = tracker.measure(self._fn, args, kwargs)
+            if len(self._programs) > MAX_PROGRAMS:
+                self._programs.popitem(last=False)
+                tracker.forgot_program()
+        else:
+            self._programs.move_to_end(key)
         self._only = program if len(self._programs) == 1 and size == 1 else None
         return program
 

@@ -19,8 +19,8 @@ import structlog
 
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo
-from jaxmon.training.accounting import Accounting, Interval
-from jaxmon.training.peaks import device_peak
+from jaxmon.training.accounting import MAX_INTERVALS, Accounting, Interval, Intervals
+from jaxmon.training.peaks import peak_table
 from jaxmon.training.reading import DeviceTraining, TrainingReading
 
 log = structlog.get_logger("jaxmon.training")
@@ -42,8 +42,6 @@ EVENT_KIND = (
     | dict.fromkeys(CHECKPOINT_EVENTS, "checkpoint")
     | dict.fromkeys(RESTORE_EVENTS, "restore")
 )
-# Badput intervals kept for attribution: older ones than the last completed step are dropped as steps complete.
-MAX_INTERVALS = 10_000
 # The kinds of badput intervals a process exports: compile and checkpoint (from jax.monitoring) always, and this
 # many kinds of badput() blocks; time of a further kind counts as OTHER_KIND, so a kind made of data
 # (badput(f"eval-{n}")) cannot grow the series without bound. With other, startup, stall, restart and host a
@@ -103,25 +101,34 @@ class _Pending:
 class Tracker:
     """One training process's step telemetry."""
 
-    def __init__(self, ops: TrainingOps, config: TrackerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        ops: TrainingOps,
+        config: TrackerConfig,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        """`clock` is the monotonic clock every duration is measured on; `wall` the Unix clock the exported
+        timestamps are read from, at each event (a clock step moves the later timestamps, never the durations)."""
         self.ops = ops
         self.config = config
         self._clock = clock
+        self._wall = wall
         self._errors = ErrorLog(log, 3600.0)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._pending: deque[_Pending] = deque()
         self._calls: dict[int, tuple[Program, int]] = {}  # tracked calls since the last step()
-        self._intervals: deque[Interval] = deque(maxlen=MAX_INTERVALS)
+        self._intervals = Intervals()  # badput intervals since the last completion (and the open ones)
         self._kinds: set[str] = set()  # the badput() kinds seen, MAX_USER_KINDS at most
         self._devices = ops.devices()
         self._device_count = max(ops.device_count(), 1)
         self._process_count = max(ops.process_count(), 1)
-        self._peaks = self._peak_table()
-        self._acct = Accounting(started=clock(), window=config.window, stall_factor=config.stall_factor)
-        # Wall time of the accounting clock's readings: the start and the completions on one clock, so that the
-        # exported timestamps differ by exactly the seconds the accounting counts.
-        self._wall_offset = time.time() - self._acct.started
+        self._peaks, self._no_peak = peak_table(self._devices, config.peak_flops)
+        self._peak_warned: set[str] = set()  # the device kinds "no peak FLOP/s known" was said of
+        started = clock()
+        self._start_wall = wall()  # Unix time at the start, read beside the monotonic start
+        self._acct = Accounting(started=started, window=config.window, stall_factor=config.stall_factor)
         self._last: tuple[int, float | None] | None = None  # (number, completion) of the last step seen
         self._steps = 0
         self._last_wall: float | None = None
@@ -167,6 +174,14 @@ class Tracker:
             self._problem("cost", "no cost analysis for a tracked function", detail=f"{type(exc).__name__}: {exc}")
         return program
 
+    def forgot_program(self) -> None:
+        """A tracked function let its least recently called program's cost go (jaxmon.training.MAX_PROGRAMS)."""
+        self._problem(
+            "programs",
+            "a tracked function ran more programs than jaxmon keeps the cost of: the least recently called is "
+            "forgotten (its cost is read again if it runs again)",
+        )
+
     def called(self, program: Program) -> None:
         """A tracked function ran `program` once in the current step."""
         with self._lock:
@@ -187,7 +202,12 @@ class Tracker:
                     )
                     kind = OTHER_KIND
             interval = Interval(kind, start, end)
-            self._intervals.append(interval)
+            if dropped := self._intervals.add(interval):
+                self._problem(
+                    "intervals",
+                    f"more than {MAX_INTERVALS} badput intervals since the last completed step: the oldest are dropped",
+                    times=dropped,
+                )
         return interval
 
     def close(self, interval: Interval) -> None:
@@ -241,7 +261,7 @@ class Tracker:
     def _complete(self, item: _Pending, done: float | None) -> None:
         """Book step `item`, completed at `done` (None: unknown), with the lock held."""
         self._steps += 1
-        self._last_wall = self._wall_offset + (self._clock() if done is None else done)
+        self._last_wall = self._wall_at(done)
         # step() is given the job's figures: this process's share, so that sum() over the job is the job's.
         self._examples += (item.examples or 0.0) / self._process_count
         self._tokens += (item.tokens or 0.0) / self._process_count
@@ -262,6 +282,8 @@ class Tracker:
         for totals, add in ((self._model, model), (self._hardware, hardware)):
             for device, flops in add.items():
                 totals[device] = totals.get(device, 0.0) + flops
+            if add and self._no_peak:
+                self._mfu_wanted(add)
         previous, self._last = self._last, (item.number, done)
         if done is None:
             return
@@ -278,37 +300,32 @@ class Tracker:
                 reason = "back" if restart else "jump"
                 self._problem(reason, "training step numbers do not follow", previous=previous[0], number=item.number)
             self._acct.gap(last_done, done, self._intervals, restart)
-        self._forget_intervals(done)
+        self._intervals.forget(done)
 
-    def _forget_intervals(self, done: float) -> None:
-        """Drop the intervals that ended by `done`: every later step interval starts after it."""
-        kept = [i for i in self._intervals if i.end > done]
-        if len(kept) != len(self._intervals):
-            self._intervals = deque(kept, maxlen=MAX_INTERVALS)
+    def _wall_at(self, instant: float | None) -> float:
+        """The Unix time at `instant` of the monotonic clock (None: now), a moment ago: the wall clock read now,
+        less the monotonic time since. A clock step before the event is in it (the timestamp is the wall clock's
+        at the event); the durations, on the monotonic clock, never see one."""
+        wall, now = self._wall(), self._clock()
+        return wall if instant is None else wall - max(now - instant, 0.0)
 
-    def _problem(self, reason: str, event: str, **fields: Any) -> None:
+    def _problem(self, reason: str, event: str, times: int = 1, **fields: Any) -> None:
         with self._problems_lock:  # its own lock: called with the main one held and without
-            self._problems[reason] = self._problems.get(reason, 0) + 1
+            self._problems[reason] = self._problems.get(reason, 0) + times
         self._errors.error(reason, event, reason, **fields)  # once an hour per reason, with the count since
 
     # -- reading ------------------------------------------------------------------------------------------
 
-    def _peak_table(self) -> dict[tuple[str, int], tuple[float, str]]:
-        peaks: dict[tuple[str, int], tuple[float, str]] = {}
-        unknown: set[str] = set()
-        for d in self._devices:
-            if self.config.peak_flops is not None:
-                peaks[d.key] = (self.config.peak_flops, "setting")
-            elif (peak := device_peak(d.device_kind, d.num_cores)) is not None:
-                peaks[d.key] = (peak, "table")
-            else:
-                unknown.add(d.device_kind)
-        for kind in sorted(unknown):
+    def _mfu_wanted(self, flops: Mapping[tuple[str, int], float]) -> None:
+        """A step gave FLOPs for these devices: say once per device kind that has no peak that its MFU cannot be
+        known (not at start: a process that never gives FLOPs never wanted it)."""
+        kinds = {self._no_peak.pop(key) for key in flops if key in self._no_peak}
+        for kind in sorted(kinds - self._peak_warned):
+            self._peak_warned.add(kind)
             log.warning(
                 "no peak FLOP/s known for this device kind: no MFU or HFU series (set collector.training.peak_flops)",
                 device_kind=kind,
             )
-        return peaks
 
     def reading(self) -> TrainingReading | None:
         """The telemetry now; None before the first step()."""
@@ -340,7 +357,7 @@ class Tracker:
                 examples_total=self._examples,
                 tokens_total=self._tokens,
                 host_wait_seconds_total=self._acct.host_wait,
-                start_time_seconds=self._wall_offset + self._acct.started,
+                start_time_seconds=self._start_wall,
                 productive_seconds_total=self._acct.productive,
                 badput_seconds_total=dict(self._acct.badput),
                 devices=devices,
