@@ -102,5 +102,7 @@ class ProbeStatus:
     failures_total: int = 0
     timeouts_total: int = 0
     skipped_total: int = 0
+    # Scheduled runs not dispatched because this process's job was training on the device (docs/probe.md).
+    deferred_total: int = 0
     busy_seconds_total: float = 0.0
     last_error: str | None = None

@@ -223,6 +223,7 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
     "jaxmon_probe_failures": ("device, platform", "probe"),
     "jaxmon_probe_timeouts": ("device, platform", "probe"),
     "jaxmon_probe_skipped": ("device, platform", "probe"),
+    "jaxmon_probe_deferred": ("device, platform", "probe"),
     "jaxmon_probe_busy_seconds": ("device, platform", "probe"),
     "jaxmon_jit_compilations": (
         "workload, process_index",

@@ -140,7 +140,7 @@ INLINE = {
 
 
 def _probe() -> list[Entry]:
-    from jaxmon.collectors.probe import PROBE_METRICS  # its table of (name, HELP, reader): no JAX imported
+    from jaxmon.families.probe import PROBE_METRICS  # its table of (name, HELP, reader): no JAX imported
 
     return [Entry(Spec(m.name, m.help, m.counter), "counter" if m.counter else "gauge") for m in PROBE_METRICS]
 

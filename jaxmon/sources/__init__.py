@@ -56,3 +56,7 @@ class InProcess(Protocol):
 
     def training(self) -> TrainingReading | None:
         """The training tracker's reading (jaxmon.step()), None without a tracker."""
+
+    def training_devices(self, within: float) -> frozenset[tuple[str, int]]:
+        """The devices this process's job is training on: all of the process's devices when a step of it ended
+        within the last `within` seconds (jaxmon.step()), else none."""

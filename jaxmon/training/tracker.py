@@ -132,6 +132,7 @@ class Tracker:
         self._last: tuple[int, float | None] | None = None  # (number, completion) of the last step seen
         self._steps = 0
         self._last_wall: float | None = None
+        self._seen: float | None = None  # the clock when the waiter last saw a step end (last_step_seen())
         self._examples = 0.0
         self._tokens = 0.0
         self._model: dict[tuple[str, int], float] = {}
@@ -219,6 +220,11 @@ class Tracker:
         """The tracker's clock."""
         return self._clock()
 
+    def last_step_seen(self) -> float | None:
+        """When (the tracker's clock, monotonic) the waiter last saw a step end, complete or unready; None before
+        any. The probe dispatches nothing while it is recent (docs/probe.md). One attribute read: no lock."""
+        return self._seen
+
     def _on_event(self, event: str, seconds: float) -> None:
         kind = EVENT_KIND.get(event)
         if kind is not None and seconds > 0:
@@ -260,6 +266,7 @@ class Tracker:
 
     def _complete(self, item: _Pending, done: float | None) -> None:
         """Book step `item`, completed at `done` (None: unknown), with the lock held."""
+        self._seen = self._clock()
         self._steps += 1
         self._last_wall = self._wall_at(done)
         # step() is given the job's figures: this process's share, so that sum() over the job is the job's.

@@ -22,6 +22,7 @@ class InProcessWorkload:
         self.process_count = int(self._jax.process_count())
         self._counters = CompileCounters.installed()
         self._tracker = tracker
+        self._devices: frozenset[tuple[str, int]] | None = None  # the tracker's devices, read on first use
 
     @property
     def tracker(self) -> Tracker | None:
@@ -31,6 +32,19 @@ class InProcessWorkload:
     def training(self) -> TrainingReading | None:
         """The training tracker's reading, None without one."""
         return None if self._tracker is None else self._tracker.reading()
+
+    def training_devices(self, within: float) -> frozenset[tuple[str, int]]:
+        """This process's devices (those its steps run on: the tracker's) when a step ended within the last
+        `within` seconds, else none; none without a tracker."""
+        tracker = self._tracker
+        if tracker is None:
+            return frozenset()
+        seen = tracker.last_step_seen()
+        if seen is None or tracker.now() - seen >= within:
+            return frozenset()
+        if self._devices is None:
+            self._devices = frozenset(d.key for d in tracker.ops.devices())
+        return self._devices
 
     def live_array_bytes(self) -> dict[tuple[str, int], int]:
         """Bytes of live arrays per device in this process."""
