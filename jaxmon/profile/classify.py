@@ -18,7 +18,8 @@ sources and its test traces; DESIGN.md §13):
   `Memset`) is compute.
 - TPU: planes `/device:TPU:N`; the `XLA Ops` line holds the TensorCore's ops, nested (a `while`, `call`,
   `conditional` or megacore fusion holds its body's ops: the innermost op owns each instant), and `Async XLA Ops`
-  the asynchronous ops in flight; both are read. An op is classified by its `hlo_category` stat (on the event or
+  the asynchronous ops in flight, from start to done (they overlap one another: that line is not un-nested); both
+  are read. An op is classified by its `hlo_category` stat (on the event or
   its metadata) and its name: XProf's collective categories (`all-reduce`, `all-gather fusion`, `megacore
   fusion`, ...) and collective opcodes are collectives; `copy-start`, `copy-done`, `async-copy`, `infeed`,
   `outfeed` and the host send/recv categories are transfers between host and device, i.e. copies; the rest is
@@ -179,7 +180,8 @@ def _tpu(plane: Plane, modules: set[str]) -> list[Segment]:
             if found is None:
                 found = cache[key] = classify_hlo(names.get(e.metadata_id, ""), key[1])
             events.append((e.start_ps, e.start_ps + e.duration_ps, found[0], found[1]))
-        out.extend(innermost(events))
+        # Async ops in flight overlap one another without nesting: their line is taken as it is.
+        out.extend(events if line.name == "Async XLA Ops" else innermost(events))
     return out
 
 
