@@ -135,8 +135,13 @@ def _stat_ids(plane: Plane, *names: str) -> list[int | None]:
     return [by_name.get(n) for n in names]
 
 
+def _wanted(*ids: int | None) -> frozenset[int]:
+    return frozenset(i for i in ids if i is not None)
+
+
 def _gpu(plane: Plane, modules: set[str]) -> list[Segment]:
     hlo_op_id, module_id, memcpy_id = _stat_ids(plane, "hlo_op", "hlo_module", "memcpy_details")
+    wanted = _wanted(hlo_op_id, module_id, memcpy_id)
     names = plane.event_names
     cache: dict[tuple[int, str, bool], tuple[int, str]] = {}
     out: list[Segment] = []
@@ -146,7 +151,7 @@ def _gpu(plane: Plane, modules: set[str]) -> list[Segment]:
         if not line.name.startswith("Stream #"):
             continue
         events: list[Segment] = []
-        for e in line.events():
+        for e in line.iter_events(wanted):
             stats = e.stats
             hlo_op = stats.get(hlo_op_id, "") if hlo_op_id is not None else ""
             key = (e.metadata_id, str(hlo_op), memcpy_id is not None and memcpy_id in stats)
@@ -162,6 +167,7 @@ def _gpu(plane: Plane, modules: set[str]) -> list[Segment]:
 
 def _tpu(plane: Plane, modules: set[str]) -> list[Segment]:
     (category_id,) = _stat_ids(plane, "hlo_category")
+    wanted = _wanted(category_id)
     names = plane.event_names
     out: list[Segment] = []
     cache: dict[tuple[int, str], tuple[int, str]] = {}
@@ -171,7 +177,7 @@ def _tpu(plane: Plane, modules: set[str]) -> list[Segment]:
         if line.name not in ("XLA Ops", "Async XLA Ops"):
             continue
         events: list[Segment] = []
-        for e in line.events():
+        for e in line.iter_events(wanted):
             category = e.stats.get(category_id, "") if category_id is not None else ""
             if not category:
                 category = plane.event_stats.get(e.metadata_id, {}).get("hlo_category", "")
@@ -191,9 +197,10 @@ def _cpu(plane: Plane, modules: set[str]) -> dict[Device, list[Segment]]:
     if hlo_op_id is None or ordinal_id is None:
         return out
     cache: dict[str, tuple[int, str]] = {}
+    wanted = _wanted(hlo_op_id, module_id, ordinal_id)
     for line in plane.lines:
         per_device: dict[int, list[Segment]] = defaultdict(list)
-        for e in line.events():
+        for e in line.iter_events(wanted):
             stats = e.stats
             op = stats.get(hlo_op_id)
             ordinal = stats.get(ordinal_id)

@@ -19,30 +19,28 @@ the facts this module is written against:
 An event starts at its line's `timestamp_ns` (ns) plus its `offset_ps`; this module gives times in picoseconds as
 ints (`start_ps`, `duration_ps`), so sums over a trace are exact. Unknown fields are skipped, as protobuf does.
 
-Cost and the GIL: pure Python releases the GIL at the interpreter's switch interval (5 ms by default), so a training
-thread waiting for it waits at most that long, however large the trace; the work is split so that what a caller
-does not read is never decoded. `parse()` reads each plane's and each line's header and the plane's metadata;
-events are decoded when `Line.events()` is called, line by line, and a plane's lines can be skipped unread.
+Cost and the GIL: pure Python never holds the GIL for long in one stretch (the interpreter takes it away at its
+switch interval, 5 ms, and this reader hands it over every 1024 events), where jaxlib's C++ parser
+(`jax.profiler.ProfileData.from_serialized_xspace`) holds it for the whole parse: 179 ms on a 16 MB GPU trace
+(bench/profile_parse.py). What a caller does not read is never decoded: `parse()` reads each plane's and each line's
+header and the plane's metadata; events are decoded when `Line.events()` or `iter_events()` is called, line by
+line, with only the stats asked for, and a plane's lines can be skipped unread.
 """
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Iterator
+import time
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from jaxmon.profile.wire import SIGN, WRAP, StatValue, XSpaceError, fields, signed, skip, stat, stat_value, text, varint
+
 __all__ = ["Event", "Line", "Plane", "StatValue", "XSpace", "XSpaceError", "parse"]
 
-StatValue = int | float | str | bytes
-
-_DOUBLE = struct.Struct("<d")
-_SIGN = 1 << 63
-_WRAP = 1 << 64
-
-
-class XSpaceError(ValueError):
-    """The bytes are not a serialized XSpace this reader understands; the message says where and what."""
+# Every 1024 events the reader sleeps 0 s, which releases the GIL: a thread waiting for it (the trainer's) runs then,
+# not after the interpreter's switch interval (5 ms).
+YIELD_MASK = 1023
 
 
 class Event(NamedTuple):
@@ -53,80 +51,6 @@ class Event(NamedTuple):
     start_ps: int
     duration_ps: int
     stats: dict[int, StatValue]
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    while True:
-        if pos >= len(buf):
-            raise XSpaceError(f"truncated varint at byte {pos}")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise XSpaceError(f"varint longer than 10 bytes ending at byte {pos}")
-
-
-def _signed(v: int) -> int:
-    return v - _WRAP if v >= _SIGN else v
-
-
-def _fields(buf: bytes, pos: int, end: int, what: str) -> Iterator[tuple[int, int, int, int]]:
-    """(field number, wire type, value, next) for each field of the message in buf[pos:end]: for a length-delimited
-    field the value is the payload's start and `next` its end; for the others `next` is where the next field starts."""
-    while pos < end:
-        key, pos = _varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(buf, pos)
-        elif wire == 2:
-            size, start = _varint(buf, pos)
-            pos = start + size
-            if pos > end:
-                raise XSpaceError(f"{what} field {number}: {size} bytes at byte {start} run past its message's end")
-            value = start
-        elif wire == 1:
-            value, pos = pos, pos + 8
-        elif wire == 5:
-            value, pos = pos, pos + 4
-        else:
-            raise XSpaceError(f"{what} field {number} has wire type {wire} at byte {pos}, which XSpace never uses")
-        if pos > end:
-            raise XSpaceError(f"{what} field {number} runs past its message's end at byte {end}")
-        yield number, wire, value, pos
-
-
-def _text(buf: bytes, start: int, end: int, what: str) -> str:
-    try:
-        return buf[start:end].decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise XSpaceError(f"{what} is not UTF-8 at byte {start}: {e}") from None
-
-
-def _stat(buf: bytes, pos: int, end: int, refs: dict[int, str]) -> tuple[int, StatValue]:
-    """One XStat: (metadata id, value)."""
-    mid = 0
-    value: StatValue = 0
-    for number, wire, v, n in _fields(buf, pos, end, "XStat"):
-        if number == 1 and wire == 0:
-            mid = v
-        elif number == 2 and wire == 1:
-            value = _DOUBLE.unpack_from(buf, v)[0]
-        elif number == 3 and wire == 0:
-            value = v
-        elif number == 4 and wire == 0:
-            value = _signed(v)
-        elif number == 5 and wire == 2:
-            value = _text(buf, v, n, "XStat.str_value")
-        elif number == 6 and wire == 2:
-            value = buf[v:n]
-        elif number == 7 and wire == 0:
-            value = refs.get(v, "")
-    return mid, value
 
 
 @dataclass
@@ -145,61 +69,78 @@ class Line:
     def __len__(self) -> int:
         return len(self._spans)
 
-    def events(self) -> list[Event]:
+    def events(self, wanted: Container[int] | None = None) -> list[Event]:
+        """The line's events, with the stats whose metadata id is in `wanted` (all of them by default): a reader
+        that needs two stats of a kernel's ten skips the rest undecoded."""
+        return list(self.iter_events(wanted))
+
+    def iter_events(self, wanted: Container[int] | None = None) -> Iterator[Event]:
+        """`events()` one at a time: a reader that keeps only what it derives lets each event die young, which
+        spares the process the full garbage collections (GIL held throughout) that a line's list of 100k events
+        kept alive would bring on."""
+        try:
+            yield from self._events(wanted)
+        except IndexError:
+            raise XSpaceError(f"an event of line {self.name!r} runs past the end of the data") from None
+
+    def _events(self, wanted: Container[int] | None) -> Iterator[Event]:
         buf, refs = self._buf, self._refs
         base = self.timestamp_ns * 1000
-        out: list[Event] = []
-        append = out.append
-        for start, end in self._spans:
+        for i, (start, end) in enumerate(self._spans):
+            if not i & YIELD_MASK:
+                time.sleep(0)  # hand the GIL to a waiting thread now rather than at the next forced switch
             mid = offset = duration = 0
             stats: dict[int, StatValue] = {}
             pos = start
-            # The hot loop: XEvent's fields decoded inline (one varint call each) rather than through _fields.
+            # The hot loop: XEvent's fields decoded inline, single-byte varints without a call.
             while pos < end:
                 key = buf[pos]
                 if key >= 0x80:
-                    key, pos = _varint(buf, pos)
+                    key, pos = varint(buf, pos)
                 else:
                     pos += 1
-                if key == 0x08 or key == 0x10 or key == 0x18 or key == 0x28:  # metadata_id, offset, duration, occ.
-                    v = buf[pos] if pos < end else 0x80
-                    if v < 0x80:
+                if key == 0x22:  # a stat
+                    size = buf[pos] if pos < end else 0x80
+                    if size < 0x80:
                         pos += 1
                     else:
-                        v, pos = _varint(buf, pos)
+                        size, pos = varint(buf, pos)
+                    stop = pos + size
+                    if stop > end:
+                        raise XSpaceError(f"XEvent stat at byte {pos} runs past its event's end")
+                    if size >= 2 and buf[pos] == 0x08 and buf[pos + 1] < 0x80:  # metadata_id first, as written
+                        sid = buf[pos + 1]
+                        if wanted is None or sid in wanted:
+                            stats[sid] = stat_value(buf, pos + 2, stop, refs)
+                    else:
+                        sid, value = stat(buf, pos, stop, refs)
+                        if wanted is None or sid in wanted:
+                            stats[sid] = value
+                    pos = stop
+                elif key == 0x08 or key == 0x10 or key == 0x18 or key == 0x28:  # metadata_id, offset, duration, occ.
+                    v = shift = 0
+                    while True:  # a varint, inline (an IndexError past the buffer's end is caught below)
+                        b = buf[pos]
+                        pos += 1
+                        v |= (b & 0x7F) << shift
+                        if b < 0x80:
+                            break
+                        shift += 7
+                        if shift > 63:
+                            raise XSpaceError(f"varint longer than 10 bytes ending at byte {pos}")
+                    if v >= SIGN:
+                        v -= WRAP
                     if key == 0x08:
                         mid = v
                     elif key == 0x10:
-                        offset = _signed(v)
+                        offset = v
                     elif key == 0x18:
-                        duration = _signed(v)
-                elif key == 0x22:  # stats
-                    size, pos = _varint(buf, pos)
-                    if pos + size > end:
-                        raise XSpaceError(f"XEvent stat at byte {pos} runs past its event's end")
-                    sid, value = _stat(buf, pos, pos + size, refs)
-                    stats[sid] = value
-                    pos += size
+                        duration = v
                 else:
-                    pos = _skip(buf, pos, key, end)
+                    pos = skip(buf, pos, key, end)
             if pos != end:
                 raise XSpaceError(f"XEvent at byte {start} runs past its end")
-            append(Event(mid, base + offset, duration, stats))
-        return out
-
-
-def _skip(buf: bytes, pos: int, key: int, end: int) -> int:
-    wire = key & 7
-    if wire == 0:
-        return _varint(buf, pos)[1]
-    if wire == 2:
-        size, pos = _varint(buf, pos)
-        return pos + size
-    if wire == 1:
-        return pos + 8
-    if wire == 5:
-        return pos + 4
-    raise XSpaceError(f"XEvent field {key >> 3} has wire type {wire} at byte {pos}, which XSpace never uses")
+            yield Event(mid, base + offset, duration, stats)
 
 
 @dataclass
@@ -230,9 +171,9 @@ class XSpace:
 def _map_entry(buf: bytes, pos: int, end: int) -> tuple[int, int, int]:
     """A map<int64, Message> entry: (key, value start, value end); an absent value is an empty message."""
     key, vstart, vend = 0, end, end
-    for number, wire, v, n in _fields(buf, pos, end, "map entry"):
+    for number, wire, v, n in fields(buf, pos, end, "map entry"):
         if number == 1 and wire == 0:
-            key = _signed(v)
+            key = signed(v)
         elif number == 2 and wire == 2:
             vstart, vend = v, n
     return key, vstart, vend
@@ -244,11 +185,11 @@ def _plane(buf: bytes, pos: int, end: int) -> Plane:
     event_meta: list[tuple[int, int, int]] = []
     stat_meta: list[tuple[int, int, int]] = []
     stat_spans: list[tuple[int, int]] = []
-    for number, wire, v, n in _fields(buf, pos, end, "XPlane"):
+    for number, wire, v, n in fields(buf, pos, end, "XPlane"):
         if wire == 2:
             span = (v, n)
             if number == 2:
-                name = _text(buf, v, n, "XPlane.name")
+                name = text(buf, v, n, "XPlane.name")
             elif number == 3:
                 line_spans.append(span)
             elif number == 4:
@@ -258,29 +199,29 @@ def _plane(buf: bytes, pos: int, end: int) -> Plane:
             elif number == 6:
                 stat_spans.append(span)
         elif number == 1 and wire == 0:
-            pid = _signed(v)
+            pid = signed(v)
     # Stat names first: stats everywhere else refer to them (protobuf writes fields in number order, lines first).
     stat_names: dict[int, str] = {}
     for key, s, e in stat_meta:
-        for number, wire, v, n in _fields(buf, s, e, "XStatMetadata"):
+        for number, wire, v, n in fields(buf, s, e, "XStatMetadata"):
             if number == 2 and wire == 2:
-                stat_names[key] = _text(buf, v, n, "XStatMetadata.name")
+                stat_names[key] = text(buf, v, n, "XStatMetadata.name")
     event_names: dict[int, str] = {}
     event_stats: dict[int, dict[str, StatValue]] = {}
     for key, s, e in event_meta:
         ename, estats = "", {}
-        for number, wire, v, n in _fields(buf, s, e, "XEventMetadata"):
+        for number, wire, v, n in fields(buf, s, e, "XEventMetadata"):
             if number == 2 and wire == 2:
-                ename = _text(buf, v, n, "XEventMetadata.name")
+                ename = text(buf, v, n, "XEventMetadata.name")
             elif number == 5 and wire == 2:
-                sid, value = _stat(buf, v, n, stat_names)
+                sid, value = stat(buf, v, n, stat_names)
                 estats[stat_names.get(sid, str(sid))] = value
         event_names[key] = ename
         if estats:
             event_stats[key] = estats
     stats = {}
     for s, e in stat_spans:
-        sid, value = _stat(buf, s, e, stat_names)
+        sid, value = stat(buf, s, e, stat_names)
         stats[stat_names.get(sid, str(sid))] = value
     return Plane(pid, name, [_line(buf, s, e, stat_names) for s, e in line_spans], event_names, event_stats,
                  stat_names, stats)  # fmt: skip
@@ -289,22 +230,46 @@ def _plane(buf: bytes, pos: int, end: int) -> Plane:
 def _line(buf: bytes, pos: int, end: int, refs: dict[int, str]) -> Line:
     lid, name, display, ts, dur = 0, "", "", 0, 0
     spans: list[tuple[int, int]] = []
-    for number, wire, v, n in _fields(buf, pos, end, "XLine"):
-        if wire == 2:
-            if number == 4:
-                spans.append((v, n))
-            elif number == 2:
-                name = _text(buf, v, n, "XLine.name")
-            elif number == 11:
-                display = _text(buf, v, n, "XLine.display_name")
-        elif wire == 0:
-            if number == 1:
-                lid = _signed(v)
-            elif number == 3:
-                ts = _signed(v)
-            elif number == 9:
-                dur = _signed(v)
+    append = spans.append
+    while pos < end:
+        if not len(spans) & YIELD_MASK:
+            time.sleep(0)
+        if buf[pos] == 0x22:  # an event: most of a line, walked without decoding it
+            size = buf[pos + 1] if pos + 1 < end else 0x80
+            start = pos + 2
+            if size >= 0x80:
+                size, start = varint(buf, pos + 1)
+            pos = start + size
+            if pos > end:
+                raise XSpaceError(f"XLine event at byte {start} runs past its line's end")
+            append((start, pos))
+            continue
+        for number, wire, v, n in fields(buf, pos, _field_end(buf, pos, end), "XLine"):
+            if wire == 2:
+                if number == 4:
+                    append((v, n))
+                elif number == 2:
+                    name = text(buf, v, n, "XLine.name")
+                elif number == 11:
+                    display = text(buf, v, n, "XLine.display_name")
+            elif wire == 0:
+                if number == 1:
+                    lid = signed(v)
+                elif number == 3:
+                    ts = signed(v)
+                elif number == 9:
+                    dur = signed(v)
+            pos = n
     return Line(lid, name, display, ts, dur, buf, spans, refs)
+
+
+def _field_end(buf: bytes, pos: int, end: int) -> int:
+    """Where the field starting at `pos` ends."""
+    key, p = varint(buf, pos)
+    stop = skip(buf, p, key, end)
+    if stop > end:
+        raise XSpaceError(f"XLine field {key >> 3} at byte {pos} runs past its line's end")
+    return stop
 
 
 def parse(data: bytes) -> XSpace:
@@ -312,11 +277,11 @@ def parse(data: bytes) -> XSpace:
     buf = bytes(data)
     planes: list[Plane] = []
     texts: dict[int, list[str]] = {2: [], 3: [], 4: []}
-    for number, wire, v, n in _fields(buf, 0, len(buf), "XSpace"):
+    for number, wire, v, n in fields(buf, 0, len(buf), "XSpace"):
         if wire != 2:
             continue
         if number == 1:
             planes.append(_plane(buf, v, n))
         elif number in texts:
-            texts[number].append(_text(buf, v, n, "XSpace string"))
+            texts[number].append(text(buf, v, n, "XSpace string"))
     return XSpace(planes, texts[4], texts[2], texts[3])
