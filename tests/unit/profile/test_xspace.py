@@ -127,3 +127,54 @@ def test_an_event_that_runs_past_its_end_is_an_error() -> None:
 
 def test_an_empty_space_has_no_planes() -> None:
     assert parse(b"").planes == []
+
+
+def test_the_slow_paths_of_stat_decoding_read_the_same_values() -> None:
+    """Stat ids past 127 (two-byte varints), long strings, and a stat whose value precedes its metadata_id each
+    leave the reader's inline path for the field-by-field one."""
+    space = FakeSpace()
+    plane = space.plane("/device:GPU:0")
+    for i in range(130):
+        plane.stat_id(f"filler_{i}")
+    line = plane.line("Stream #1")
+    long_text = "x" * 300
+    line.event("k", 0, 1, {"hlo_op": "all-reduce.1", "long": long_text, "neg": -1, "ref": Ref("fusion.2")})
+    data = space.encode()
+    # The same event again, its one stat written value first: str_value (field 5) before metadata_id (field 1).
+    sid = plane.stat_id("hlo_op")
+    stat = b"\x2a\x04abcd" + b"\x08" + varint(sid)
+    event = b"\x08\x01\x22" + varint(len(stat)) + stat
+    line_bytes = b"\x12\x09Stream #2" + b"\x22" + varint(len(event)) + event
+    parsed = parse(data)
+    [gpu] = parsed.planes
+    [e] = gpu.lines[0].events()
+    assert {gpu.stat_names[k]: v for k, v in e.stats.items()} == {
+        "hlo_op": "all-reduce.1",
+        "long": long_text,
+        "neg": -1,
+        "ref": "fusion.2",
+    }
+    [only] = gpu.lines[0].events(wanted={sid})
+    assert only.stats == {sid: "all-reduce.1"}
+    # A plane with the same stat metadata holding just the hand-written line (fields in any order are read).
+    other = space.plane("/device:GPU:1")
+    other.stat_ids = dict(plane.stat_ids)
+    body = other.encode() + b"\x1a" + varint(len(line_bytes)) + line_bytes
+    reparsed = parse(b"\x0a" + varint(len(body)) + body)
+    [hand] = reparsed.planes[0].lines[0].events()
+    assert hand.stats == {sid: "abcd"}
+
+
+def test_a_trace_without_its_task_environment_spans_its_device_events() -> None:
+    from jaxmon.profile import read
+
+    space = FakeSpace()
+    space.plane("/device:TPU:0").line("XLA Ops").event("fusion.1", 10, 25.5)
+    trace = read(space.encode())
+    assert trace.start_unix_ns is None
+    assert trace.extent_ns() == (10_000, 25_500)
+    assert trace.split()[("tpu", 0)].compute == 15_500_000
+    with pytest.raises(ValueError, match="profile_start_time"):
+        trace.trace_ns(0)
+    with pytest.raises(ValueError, match="before it starts"):
+        trace.split(10, 5)
