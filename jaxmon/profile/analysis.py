@@ -14,6 +14,7 @@ profile (start to stop, or the events' extent when the stats are missing).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from jaxmon.profile.classify import Device, device_segments
@@ -71,10 +72,14 @@ def _int_stat(space: XSpace, name: str) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def read(data: bytes) -> Trace:
-    """Parse a serialized XSpace and classify its device events (raises XSpaceError, a ValueError, on bad bytes)."""
+def read(data: bytes, collectives: Mapping[str, str] | None = None) -> Trace:
+    """Parse a serialized XSpace and classify its device events (raises XSpaceError, a ValueError, on bad bytes).
+
+    `collectives`: the collective instructions of the traced programs by name, with their kind, e.g.
+    `{c.name: c.op for p in programs for c in p.collectives}` from `jaxmon.training.hlo.parse(compiled.as_text())`;
+    without it collectives are recognised by opcode or JAX primitive name (classify.py)."""
     space = parse(data)
-    segments, modules = device_segments(space)
+    segments, modules = device_segments(space, collectives or {})
     return Trace(
         segments,
         frozenset(modules),

@@ -26,13 +26,17 @@ sources and its test traces; DESIGN.md §13):
   compute (an HLO `copy` on one device included).
 
 HLO ops are named by instruction (`all-reduce.3`, `all-gather-start.1`, `fusion.12`); the opcode is the name up to
-its first dot, less `-start`/`-done`. A GPU kernel implementing several ops has them joined by `::`.
+its first dot, less `-start`/`-done`, except for the collectives a shard_map or pmap body writes, which keep the JAX
+primitive's name (`psum.7` is an all-reduce); the caller can name every collective instruction from the compiled
+HLO (`jaxmon.training.hlo`), which no naming convention can miss. A GPU kernel implementing several ops has them
+joined by `::`.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Mapping
 
 from jaxmon.profile.intervals import COLLECTIVE, COMPUTE, COPY, Segment, innermost
 from jaxmon.profile.xspace import Plane, XSpace
@@ -78,7 +82,23 @@ _NCCL_KINDS = (
     ("send", "send-recv"),
     ("recv", "send-recv"),
 )
+# JAX's collective primitives by name: XLA keeps the name of the primitive a shard_map or pmap body calls as the
+# instruction's (`psum.7 = f32[...] all-reduce(...)`, `ppermute.3`, `reduce_scatter.7` for psum_scatter; seen on
+# jax 0.10.2), where the SPMD partitioner's own collectives are named by opcode (`all-reduce.1`).
+_JAX_PRIMITIVES = {
+    "psum": "all-reduce",
+    "pmax": "all-reduce",
+    "pmin": "all-reduce",
+    "all_gather": "all-gather",
+    "all_gather_invariant": "all-gather",
+    "reduce_scatter": "reduce-scatter",
+    "psum_scatter": "reduce-scatter",
+    "all_to_all": "all-to-all",
+    "ragged_all_to_all": "ragged-all-to-all",
+    "ppermute": "collective-permute",
+}
 _DEVICE_PLANE = re.compile(r"/device:(GPU|TPU):(\d+)$")
+_NONE: Mapping[str, str] = {}
 
 
 def opcode(name: str) -> str:
@@ -90,12 +110,21 @@ def opcode(name: str) -> str:
     return base
 
 
-def collective_kind(hlo_op: str) -> str | None:
-    """The collective kind of an `hlo_op` stat or op name (several joined by `::`), or None if none is one."""
+def collective_kind(hlo_op: str, known: Mapping[str, str] = _NONE) -> str | None:
+    """The collective kind of an `hlo_op` stat or op name (several joined by `::`), or None if none is one: the
+    kind `known` gives the instruction (read from the compiled program's HLO), else its opcode's, else that of the
+    JAX primitive it is named after."""
     for name in hlo_op.split("::"):
+        name = name.lstrip("%")
+        kind = known.get(name)
+        if kind is not None:
+            return kind
         op = opcode(name)
         if op in COLLECTIVE_OPS:
             return op
+        kind = _JAX_PRIMITIVES.get(op)
+        if kind is not None:
+            return kind
     return None
 
 
@@ -104,8 +133,8 @@ def _nccl_kind(kernel: str) -> str:
     return next((kind for key, kind in _NCCL_KINDS if key in flat), "other")
 
 
-def classify_gpu(name: str, hlo_op: str, memcpy: bool) -> tuple[int, str]:
-    kind = collective_kind(hlo_op) if hlo_op else None
+def classify_gpu(name: str, hlo_op: str, memcpy: bool, known: Mapping[str, str] = _NONE) -> tuple[int, str]:
+    kind = collective_kind(hlo_op, known) if hlo_op else None
     if kind is not None:
         return COLLECTIVE, kind
     if "nccl" in name.lower():
@@ -115,9 +144,9 @@ def classify_gpu(name: str, hlo_op: str, memcpy: bool) -> tuple[int, str]:
     return COMPUTE, ""
 
 
-def classify_hlo(name: str, category: str = "") -> tuple[int, str]:
+def classify_hlo(name: str, category: str = "", known: Mapping[str, str] = _NONE) -> tuple[int, str]:
     """A CPU or TPU op by its instruction name and (TPU) its hlo_category."""
-    kind = collective_kind(name)
+    kind = collective_kind(name, known)
     if kind is not None:
         return COLLECTIVE, kind
     if name.lstrip("%").split(".", 1)[0] in _COPY_OPS or category in _COPY_CATEGORIES:
@@ -139,7 +168,7 @@ def _wanted(*ids: int | None) -> frozenset[int]:
     return frozenset(i for i in ids if i is not None)
 
 
-def _gpu(plane: Plane, modules: set[str]) -> list[Segment]:
+def _gpu(plane: Plane, modules: set[str], known: Mapping[str, str]) -> list[Segment]:
     hlo_op_id, module_id, memcpy_id = _stat_ids(plane, "hlo_op", "hlo_module", "memcpy_details")
     wanted = _wanted(hlo_op_id, module_id, memcpy_id)
     names = plane.event_names
@@ -157,7 +186,7 @@ def _gpu(plane: Plane, modules: set[str]) -> list[Segment]:
             key = (e.metadata_id, str(hlo_op), memcpy_id is not None and memcpy_id in stats)
             found = cache.get(key)
             if found is None:
-                found = cache[key] = classify_gpu(names.get(e.metadata_id, ""), key[1], key[2])
+                found = cache[key] = classify_gpu(names.get(e.metadata_id, ""), key[1], key[2], known)
             if module_id is not None and module_id in stats:
                 modules.add(str(stats[module_id]))
             events.append((e.start_ps, e.start_ps + e.duration_ps, found[0], found[1]))
@@ -165,7 +194,7 @@ def _gpu(plane: Plane, modules: set[str]) -> list[Segment]:
     return out
 
 
-def _tpu(plane: Plane, modules: set[str]) -> list[Segment]:
+def _tpu(plane: Plane, modules: set[str], known: Mapping[str, str]) -> list[Segment]:
     (category_id,) = _stat_ids(plane, "hlo_category")
     wanted = _wanted(category_id)
     names = plane.event_names
@@ -184,14 +213,14 @@ def _tpu(plane: Plane, modules: set[str]) -> list[Segment]:
             key = (e.metadata_id, str(category))
             found = cache.get(key)
             if found is None:
-                found = cache[key] = classify_hlo(names.get(e.metadata_id, ""), key[1])
+                found = cache[key] = classify_hlo(names.get(e.metadata_id, ""), key[1], known)
             events.append((e.start_ps, e.start_ps + e.duration_ps, found[0], found[1]))
         # Async ops in flight overlap one another without nesting: their line is taken as it is.
         out.extend(events if line.name == "Async XLA Ops" else innermost(events))
     return out
 
 
-def _cpu(plane: Plane, modules: set[str]) -> dict[Device, list[Segment]]:
+def _cpu(plane: Plane, modules: set[str], known: Mapping[str, str]) -> dict[Device, list[Segment]]:
     hlo_op_id, module_id, ordinal_id = _stat_ids(plane, "hlo_op", "hlo_module", "device_ordinal")
     out: dict[Device, list[Segment]] = defaultdict(list)
     if hlo_op_id is None or ordinal_id is None:
@@ -208,7 +237,7 @@ def _cpu(plane: Plane, modules: set[str]) -> dict[Device, list[Segment]]:
                 continue
             found = cache.get(op)
             if found is None:
-                found = cache[op] = classify_hlo(op)
+                found = cache[op] = classify_hlo(op, "", known)
             if module_id is not None and module_id in stats:
                 modules.add(str(stats[module_id]))
             per_device[ordinal].append((e.start_ps, e.start_ps + e.duration_ps, found[0], found[1]))
@@ -222,10 +251,14 @@ def _module_name(event_name: str) -> str:
     return re.sub(r"\(\d+\)$", "", event_name)
 
 
-def device_segments(space: XSpace) -> tuple[dict[Device, list[Segment]], set[str]]:
+def device_segments(
+    space: XSpace, collectives: Mapping[str, str] = _NONE
+) -> tuple[dict[Device, list[Segment]], set[str]]:
     """Each local device's activity as segments (disjoint within each stream or thread, overlapping across them),
     and the names of the HLO modules seen. Accelerator planes when there are any; else the CPU devices' ops on the
-    host plane (on a GPU or TPU host the host plane's events are the launches, not device time)."""
+    host plane (on a GPU or TPU host the host plane's events are the launches, not device time). `collectives`
+    names the collective instructions of the programs (instruction name -> kind), as the compiled HLO gives them:
+    without it, a collective is recognised by its opcode or JAX primitive name only."""
     modules: set[str] = set()
     out: dict[Device, list[Segment]] = {}
     for plane in space.planes:
@@ -234,12 +267,12 @@ def device_segments(space: XSpace) -> tuple[dict[Device, list[Segment]], set[str
             continue
         ordinal = int(m.group(2))
         if m.group(1) == "GPU":
-            out[("gpu", ordinal)] = _gpu(plane, modules)
+            out[("gpu", ordinal)] = _gpu(plane, modules, collectives)
         else:
-            out[("tpu", ordinal)] = _tpu(plane, modules)
+            out[("tpu", ordinal)] = _tpu(plane, modules, collectives)
     if not out:
         host = space.plane("/host:CPU")
         if host is not None:
-            out.update(_cpu(host, modules))
+            out.update(_cpu(host, modules, collectives))
     modules.discard("")
     return out, modules

@@ -16,10 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax, shard_map
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxmon.profile import Trace, read
+from jaxmon.training.hlo import parse
 
 CPUS = [("cpu", i) for i in range(8)]
 
@@ -30,7 +32,9 @@ def mesh() -> Mesh:
     return Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
 
 
-def _trace(tmp_path: Path, step: Callable[..., Any], *args: Any) -> tuple[Trace, int, int]:
+def _trace(
+    tmp_path: Path, step: Callable[..., Any], *args: Any, collectives: dict[str, str] | None = None
+) -> tuple[Trace, int, int]:
     """Two traced steps (compiled before the trace); the trace, and the steps' start and end in Unix ns."""
     out = step(*args)
     jax.block_until_ready(out)
@@ -44,7 +48,7 @@ def _trace(tmp_path: Path, step: Callable[..., Any], *args: Any) -> tuple[Trace,
     finally:
         jax.profiler.stop_trace()
     [path] = tmp_path.glob("plugins/profile/*/*.xplane.pb")
-    return read(path.read_bytes()), t0, t1
+    return read(path.read_bytes(), collectives), t0, t1
 
 
 def test_a_data_parallel_step_all_reduces_on_every_device(mesh: Mesh, tmp_path: Path) -> None:
@@ -83,3 +87,29 @@ def test_a_step_without_collectives_has_no_collective_time(mesh: Mesh, tmp_path:
         assert s.compute > 0, device
         assert s.collective == 0 and s.collectives == {}, device
         assert s.compute + s.collective + s.copy + s.idle == s.window, device
+
+
+def test_a_psum_inside_a_scan_is_collective_time_not_the_loops(mesh: Mesh, tmp_path: Path) -> None:
+    """A shard_map psum in a scan over 3 layers: XLA names the all-reduce after the primitive (`psum.7`), and it
+    runs inside the loop's `while` op on the same thread: the innermost op, the psum, owns its instants. The same
+    split comes from naming the collectives from the compiled HLO (jaxmon.training.hlo)."""
+    ws = jax.device_put(jnp.full((3, 256, 256), 0.01), NamedSharding(mesh, P()))
+    x = jax.device_put(jnp.ones((64, 256)), NamedSharding(mesh, P("data")))
+
+    def layers(ws: jax.Array, x: jax.Array) -> jax.Array:
+        out, _ = lax.scan(lambda c, w: (lax.psum(jnp.tanh(c @ w), "data"), None), x, ws)
+        return out
+
+    step = jax.jit(shard_map(layers, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data"), check_vma=False))
+    text = step.lower(ws, x).compile().as_text()
+    assert text is not None
+    program = parse(text)
+    named = {c.name: c.op for c in program.collectives}
+    assert named and all(name.startswith("psum") for name in named)  # not "all-reduce": the primitive's name
+    for collectives in (None, named):
+        trace, t0, t1 = _trace(tmp_path / str(bool(collectives)), step, ws, x, collectives=collectives)
+        assert trace.devices == CPUS
+        for device, s in trace.split(trace.trace_ns(t0), trace.trace_ns(t1)).items():
+            assert s.collective > 0 and set(s.collectives) == {"all-reduce"}, (device, s)
+            assert s.compute > 0, device
+            assert s.compute + s.collective + s.copy + s.idle == s.window, device

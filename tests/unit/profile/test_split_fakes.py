@@ -99,3 +99,19 @@ def test_tpu_split_is_the_hand_laid_one() -> None:
     assert t1.collectives == {"reduce-scatter": 20 * US + 10 * US, "all-gather": 2 * US}
     window = trace.split(10_000, 70_000)[("tpu", 0)]
     assert (window.compute, window.collective, window.copy, window.idle) == (35 * US, 20 * US, 5 * US, 0)
+
+
+def test_collectives_by_name_from_the_compiled_program() -> None:
+    """Ops named after JAX primitives are collectives; so is any instruction the caller names from the HLO."""
+    ops = [
+        TpuOp("ppermute.3", 0, 10, "collective-permute-done"),
+        TpuOp("reduce_scatter.7", 10, 20, ""),
+        TpuOp("psum.2", 20, 30, ""),
+        TpuOp("custom-call.4", 30, 40, "custom-call"),  # only the caller's map says it is one
+    ]
+    data = tpu_space({0: ops})
+    plain = read(data).split()[("tpu", 0)]
+    assert plain.collectives == {"collective-permute": 10 * US, "reduce-scatter": 10 * US, "all-reduce": 10 * US}
+    assert plain.compute == 10 * US
+    named = read(data, {"custom-call.4": "all-to-all"}).split()[("tpu", 0)]
+    assert named.collectives["all-to-all"] == 10 * US and named.compute == 0
