@@ -1,7 +1,7 @@
 """What each event of a profile is: compute, a collective (and which kind), or a copy, on which local device.
 
-The layouts, per platform (CPU seen on jax 0.10.2; GPU from XLA's CUPTI collector and XProf; TPU from XProf's
-sources and its test traces; DESIGN.md §13):
+The layouts, per platform (CPU seen on jax 0.10.2; GPU from XLA's CUPTI collector and XProf's sources; TPU from
+XProf's sources and the line and op names of its TPU test trace):
 
 - CPU: plane `/host:CPU`, a line per thread. Each XLA op is an event named by its HLO instruction, with stats
   `hlo_op`, `hlo_module`, `program_id`, `run_id` and `device_ordinal`: the device comes from that stat, not from

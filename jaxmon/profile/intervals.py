@@ -1,8 +1,9 @@
 """Unions of time intervals, and the split of a window into compute, exposed collective, copy and idle time.
 
-Summing op durations double-counts what runs at once on several streams or threads (DESIGN.md §13: a claimed 3.17 s
-bubble was 1.02 s of exposed collectives); every figure here is the length of a union of intervals. Times are
-integer picoseconds, so the four parts of a window sum to it exactly. Everything is O(n log n): one sort, one pass.
+Summing op durations double-counts what runs at once on several streams or threads (marin-community/marin#8053: a
+claimed 3.17 s bubble was 1.02 s of exposed collectives); every figure here is the length of a union of intervals.
+Times are integer picoseconds, so the four parts of a window sum to it exactly. Everything is O(n log n): one sort,
+one pass.
 """
 
 from __future__ import annotations
