@@ -229,8 +229,8 @@ class OwnerTransform:
 
     def __init__(self, exchange: Exchange) -> None:
         self._exchange = exchange
-        self._inputs: tuple[list[Owners], list[DeviceIdentities], str, str | None] | None = None
-        self._index: OwnerIndex | None = None
+        # The last inputs and their index, as one value: renders of filtered scrapes may run at once on threads.
+        self._last: tuple[tuple[list[Owners], list[DeviceIdentities], str, str | None], OwnerIndex] | None = None
 
     def index(self, snap: Snapshot) -> OwnerIndex | None:
         """The owner index of `snap`; None where no source knows an owner (nothing to add)."""
@@ -239,12 +239,14 @@ class OwnerTransform:
             return None
         identities = self._exchange.read(DEVICE_IDENTITIES, snap)
         inputs = (owners, identities, snap.source, snap.workload)
-        # The same map as the last snapshot's (most snapshots change another collector's state): its memo too.
-        if self._index is None or self._inputs != inputs:
-            merged = owners[0] if len(owners) == 1 else Owners.merged(owners)
-            self._index = OwnerIndex(merged, merged_identities(identities), snap.source, snap.workload)
-            self._inputs = inputs
-        return self._index
+        last = self._last
+        # The same map as the last snapshot's (a poll that changes readings, not owners or devices): its memos too.
+        if last is not None and last[0] == inputs:
+            return last[1]
+        merged = owners[0] if len(owners) == 1 else Owners.merged(owners)
+        index = OwnerIndex(merged, merged_identities(identities), snap.source, snap.workload)
+        self._last = (inputs, index)
+        return index
 
     def __call__(self, snap: Snapshot, families: list[Metric]) -> list[Metric]:
         index = self.index(snap)

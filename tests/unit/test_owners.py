@@ -119,6 +119,14 @@ def test_a_jax_device_matched_by_nvml_index_alone_or_a_spooled_workloads_device_
     assert index.labels_of({"device": "0", "platform": "gpu", "workload": "trainer"}) == TRAIN
     assert index.labels_of({"device": "0", "platform": "gpu", "workload": "other"}) == {}
     assert index.labels_of({"device": "0", "platform": "gpu", "source": "spool", "workload": "other"}) == {}
+    # A series that names its pod already (a workload's scheduler labels) is left as it is.
+    assert index.relabel({"device": "0", "platform": "gpu", "workload": "trainer", "pod": "mine"}) is None
+    assert index.relabel({"device": "0", "platform": "gpu", "workload": "trainer"}) == {
+        "device": "0",
+        "platform": "gpu",
+        "workload": "trainer",
+        **TRAIN,
+    }
 
 
 def test_a_process_with_an_owner_of_its_own_carries_it_and_the_others_keep_their_gpus() -> None:
