@@ -288,8 +288,12 @@ it), with the HELP it is served with. A counter's samples end in `_total`; a his
 All per-device series carry `device` (the JAX device id; on device-wide series, which also carry `source`, the
 source's own id where it cannot be matched to a JAX device for certain: always libtpu's `device-id`) and `platform`
 (`gpu`, `tpu`, `cpu`, …), and `workload` when they come from a workload process (embedded, or a spooled publisher).
-Device-wide series (`source="nvml"` and `source="libtpu"`) of a device a pod holds also carry `pod`, `namespace` and
-`container` where the `kubernetes` collector runs. A number a source does not report is an **absent series**, never 0
+`(+ pod, namespace, container)` are the owner labels: where the `kubernetes` collector runs, every series of a device
+a pod holds carries its `namespace`, `pod` and `container`, whatever collector made it: the device-wide series
+(`source="nvml"`, `source="libtpu"`), and those of this process's own JAX devices where the `nvml` collector matched
+the device to a GPU (`device_match` other than `nvml_index` on the GPU's `jaxmon_device_info{source="nvml"}`);
+never a spooled workload's devices, whose ids are their process's. One step adds them to every collector's series
+(the owner transform, DESIGN.md §13). A number a source does not report is an **absent series**, never 0
 and never NaN. NVML's series of one NVLink add `link`; those of a MIG device carry its GPU's `device` with
 `mig_uuid`, `gpu_instance`, `compute_instance` and `profile`.
 
