@@ -1,13 +1,19 @@
 """The training tracker: `step()` on the training thread, a waiter thread that sees each step complete.
 
-`step()` only notes the time and queues the step's ready arrays (a deque append under a lock): it never blocks and
-never raises. The waiter blocks on each step's arrays in order (`block_until_ready` releases the GIL, so training
-goes on dispatching), notes when they are ready, and does the bookkeeping (`accounting.py`). Nothing here imports
-JAX: `ops` (jaxmon.sources.local.training.JaxTraining) does that.
+`step()` only notes the time, takes jaxmon's own handles on the JAX arrays it is given (`ops.hold`: a clone of
+each, sharing its buffers) and queues the step (a deque append under a lock): it never blocks, never reads a
+number off a device and never raises. The waiter takes the queued steps in order and waits for each one's ready
+arrays and figure arrays in one call (`block_until_ready` releases the GIL, so training goes on dispatching), notes
+when they are ready, then reads and checks the step number and the figures, and does the bookkeeping
+(`accounting.py`). It calls JAX only on its own handles, so whatever the user does to the arrays meanwhile (delete,
+donate, reuse) makes a call raise, never crash. Nothing here imports JAX: `ops`
+(jaxmon.sources.local.training.JaxTraining) does that.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import threading
 import time
 from collections import deque
@@ -59,10 +65,13 @@ class TrainingOps(Protocol):
     def devices(self) -> list[DeviceInfo]: ...
     def device_count(self) -> int: ...
     def process_count(self) -> int: ...
-    def leaves(self, tree: Any) -> list[Any]: ...
+    def arrays(self, tree: Any) -> list[Any]: ...
+    def is_array(self, value: Any) -> bool: ...
+    def hold(self, array: Any) -> Any | None: ...
     def barrier(self) -> list[Any]: ...
-    def wait(self, array: Any) -> None: ...
-    def is_ready(self, array: Any) -> bool: ...
+    def wait(self, handles: list[Any]) -> None: ...
+    def deleted(self, handle: Any) -> bool: ...
+    def value(self, handle: Any) -> Any: ...
     def signature(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Hashable: ...
     def avals(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any: ...
     def cost(self, fn: Any, avals: Any) -> Any: ...
@@ -89,15 +98,31 @@ class Program:
     cost: Any = None
 
 
+# What step() is given besides the ready arrays, in the order of _Pending.given.
+FIELDS = ("step", "examples", "tokens", "model_flops")
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A number given to step() as a JAX array: jaxmon's own handle on it (None: deleted or donated already)."""
+
+    handle: Any
+
+
 @dataclass
 class _Pending:
-    number: int
-    arrays: list[Any]
+    """A step handed to step(): its ready arrays and numbers as given (JAX arrays as jaxmon's own handles); once
+    the waiter has read and checked them, its number and figures (None: not given or dropped)."""
+
+    given: tuple[Any, Any, Any, Any]  # FIELDS
+    arrays: list[Any]  # handles of the ready arrays, or of the barrier's outputs
     handed: float
-    examples: float | None
-    tokens: float | None
-    model_flops: float | None
     programs: dict[int, tuple[Program, int]] = field(default_factory=dict)
+    lost: bool = False  # a ready array was deleted or donated before step() was called
+    number: int = 0
+    examples: float | None = None
+    tokens: float | None = None
+    model_flops: float | None = None
 
 
 class Tracker:
@@ -141,20 +166,30 @@ class Tracker:
 
     # -- the training thread ------------------------------------------------------------------------------
 
-    def step(self, number: int, ready: tuple[Any, ...], examples: Any, tokens: Any, model_flops: Any) -> None:
-        """Step `number` is dispatched; it is complete when `ready` is (or, without it, a barrier on every device)."""
+    def step(self, number: Any, ready: tuple[Any, ...], examples: Any, tokens: Any, model_flops: Any) -> None:
+        """Step `number` is dispatched; it is complete when the JAX arrays among `ready`'s leaves are (or, with none,
+        a barrier on every device). Nothing is read or checked here: any of the numbers may be a JAX array still
+        being computed, which the waiter reads once it is."""
         handed = self._clock()
-        arrays = self.ops.leaves(ready) if ready else self.ops.barrier()
+        ops = self.ops
+        arrays = ops.arrays(ready)
+        held = [ops.hold(a) for a in arrays]
+        handles = [h for h in held if h is not None]
+        if not arrays:  # no ready, or a tree of host numbers: no array says when the step is done
+            handles = ops.barrier()
+        given = (number, examples, tokens, model_flops)
+        if ops.is_array(number) or ops.is_array(examples) or ops.is_array(tokens) or ops.is_array(model_flops):
+            number, examples, tokens, model_flops = (_Held(ops.hold(v)) if ops.is_array(v) else v for v in given)
+            given = (number, examples, tokens, model_flops)
         with self._lock:
             self._stepping = True
-            self._dispatched = int(number)
+            if isinstance(number, int | numbers.Integral) and not isinstance(number, bool):
+                self._dispatched = int(number)  # a host integer; a device one is set by the waiter
             calls, self._calls = self._calls, {}
             if len(self._pending) >= self.config.max_pending:
-                self._problem("dropped", "training steps not tracked: the waiter is far behind", number=number)
+                self._problem("dropped", "training steps not tracked: the waiter is far behind", number=_shown(number))
                 return
-            self._pending.append(
-                _Pending(int(number), arrays, handed, _number(examples), _number(tokens), _number(model_flops), calls)
-            )
+            self._pending.append(_Pending(given, handles, handed, calls, lost=len(handles) < len(held)))
             self._wake.notify()
 
     def measure(self, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Program:
@@ -221,22 +256,73 @@ class Tracker:
             if self._stopping:
                 return
             item = self._pending[0]
-        ok = True
-        for array in item.arrays:
-            if self.ops.is_ready(array):
-                # Done already (the waiter is catching up): no blocking call, which would give up the GIL and
-                # queue for it again behind the training thread, a switch interval (5 ms) a step.
-                continue
-            try:
-                self.ops.wait(array)
-            except Exception as exc:  # deleted or donated before it was waited for
-                ok = False
-                self._problem("unready", "a step's ready array was deleted or donated", detail=str(exc)[:200])
-        done = self._clock() if ok else None
-        item.arrays = []  # hold no array longer than needed
+        try:
+            done = self._wait_arrays(item)
+            number = self._read(item)
+        except Exception as exc:  # a bug here: this step is not booked, and the waiter goes on with the next
+            self._problem("error", "the training waiter failed on a step", detail=f"{type(exc).__name__}: {exc}")
+            done, number = None, None
+        device_number = isinstance(item.given[0], _Held)
+        item.arrays, item.given = [], (None, None, None, None)  # hold no array longer than needed
         with self._lock:
             self._pending.popleft()
+            if number is None:  # no step number to book it under (counted): its time goes to the next step's gap
+                return
+            if device_number and not self._pending:
+                self._dispatched = number  # a device step number, and no later step handed: the last one handed
+            item.number = number
             self._complete(item, done)
+
+    def _wait_arrays(self, item: _Pending) -> float | None:
+        """When the step's ready arrays were all computed (None: unknown, one was deleted or donated first).
+
+        One blocking call for the step's ready arrays and its figure arrays together: one release of the GIL a
+        step, and none of an array that is ready already is needed to get past it. Only jaxmon's own handles are
+        waited on or asked, so a deletion at any moment makes the call raise, never crash."""
+        figures = [g.handle for g in item.given if isinstance(g, _Held) and g.handle is not None]
+        if item.lost:
+            self._problem("unready", "a step's ready array was deleted or donated before step() was called")
+            return None
+        try:
+            self.ops.wait(item.arrays + figures)
+            return self._clock()
+        except Exception as exc:
+            error = exc
+        if figures and not any(self.ops.deleted(h) for h in item.arrays):
+            try:  # a figure array failed (it is read below): the ready arrays alone say when the step was done
+                self.ops.wait(item.arrays)
+                return self._clock()
+            except Exception as exc:
+                error = exc
+        self._problem("unready", "a step's ready array was deleted or donated", detail=str(error)[:200])
+        return None
+
+    def _read(self, item: _Pending) -> int | None:
+        """Read and check the step's number and figures into `item`; the number, None when it is not a usable one.
+        A figure that is not a finite number >= 0, or a number that is not an integer, is dropped for this step
+        and counted as `invalid`, logged once per field with what was given; an array deleted before it could be
+        read is dropped and counted as `unread`."""
+        values: list[Any] = []
+        for name, given in zip(FIELDS, item.given, strict=True):
+            if isinstance(given, _Held):
+                try:
+                    if given.handle is None:
+                        raise ValueError("deleted or donated before step() was called")
+                    given = self.ops.value(given.handle)
+                except Exception as exc:
+                    self._problem("unread", "an array given to step() was deleted or donated before it was read",
+                                  key=f"unread.{name}", field=name, detail=str(exc)[:200])  # fmt: skip
+                    values.append(None)
+                    continue
+            value = _integer(given) if name == "step" else _figure(given)
+            if value is None and (given is not None or name == "step"):
+                self._problem("invalid", "a number given to step() is not usable: dropped for this step",
+                              key=f"invalid.{name}", field=name, given=_shown(given),
+                              expected="an integer" if name == "step" else "a finite number >= 0")  # fmt: skip
+            values.append(value)
+        item.examples, item.tokens, item.model_flops = values[1:]
+        number: int | None = values[0]
+        return number
 
     def _complete(self, item: _Pending, done: float | None) -> None:
         """Book step `item`, completed at `done` (None: unknown), with the lock held."""
@@ -286,10 +372,11 @@ class Tracker:
         if len(kept) != len(self._intervals):
             self._intervals = deque(kept, maxlen=MAX_INTERVALS)
 
-    def _problem(self, reason: str, event: str, **fields: Any) -> None:
+    def _problem(self, reason: str, event: str, key: str | None = None, **fields: Any) -> None:
         with self._problems_lock:  # its own lock: called with the main one held and without
             self._problems[reason] = self._problems.get(reason, 0) + 1
-        self._errors.error(reason, event, reason, **fields)  # once an hour per reason, with the count since
+        # Logged once an hour per reason (or per `key`: a field of step()), with the count since.
+        self._errors.error(key or reason, event, reason, **fields)
 
     # -- reading ------------------------------------------------------------------------------------------
 
@@ -361,10 +448,39 @@ class Tracker:
             self._thread.join(timeout)
 
 
-def _number(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
+def _figure(value: Any) -> float | None:
+    """`value` as a finite float >= 0: a Python, NumPy (or read JAX) real scalar; None for anything else."""
+    if isinstance(value, bool) or not (isinstance(value, numbers.Real) or _scalar(value, "iuf")):
         return None
     try:
-        return float(value)
-    except (TypeError, ValueError):
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
         return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def _integer(value: Any) -> int | None:
+    """`value` as a step number: a Python, NumPy (or read JAX) integer; a float, even 3.0, or a bool is not one."""
+    if isinstance(value, bool) or not (isinstance(value, numbers.Integral) or _scalar(value, "iu")):
+        return None
+    return int(value)
+
+
+def _scalar(value: Any, kinds: str) -> bool:
+    """Whether `value` is a NumPy scalar or 0-d array of one of the dtype `kinds` (as a JAX scalar reads)."""
+    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    return getattr(value, "shape", None) == () and isinstance(kind, str) and len(kind) == 1 and kind in kinds
+
+
+def _shown(value: Any) -> str:
+    """What was given, for a log line: a host value's repr (cut short), an array's type only (its repr would wait
+    for the device)."""
+    if isinstance(value, str | numbers.Number) or value is None:
+        return repr(value)[:80]
+    shape = getattr(value, "shape", None)
+    if shape is not None and not hasattr(value, "block_until_ready"):
+        try:
+            return repr(value)[:80]
+        except Exception:
+            pass
+    return f"{type(value).__name__} of shape {shape}" if shape is not None else type(value).__name__
