@@ -100,6 +100,8 @@ class Program:
 
 # What step() is given besides the ready arrays, in the order of _Pending.given.
 FIELDS = ("step", "examples", "tokens", "model_flops")
+# Types of figures that are no array, checked first on the training thread (the common case costs no more).
+_PLAIN = frozenset({int, float, type(None)})
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ class _Held:
     handle: Any
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     """A step handed to step(): its ready arrays and numbers as given (JAX arrays as jaxmon's own handles); once
     the waiter has read and checked them, its number and figures (None: not given or dropped)."""
@@ -178,12 +180,13 @@ class Tracker:
         if not arrays:  # no ready, or a tree of host numbers: no array says when the step is done
             handles = ops.barrier()
         given = (number, examples, tokens, model_flops)
-        if ops.is_array(number) or ops.is_array(examples) or ops.is_array(tokens) or ops.is_array(model_flops):
-            number, examples, tokens, model_flops = (_Held(ops.hold(v)) if ops.is_array(v) else v for v in given)
-            given = (number, examples, tokens, model_flops)
+        if not (
+            type(number) is int and type(examples) in _PLAIN and type(tokens) in _PLAIN and type(model_flops) in _PLAIN
+        ):
+            given = tuple(_Held(ops.hold(v)) if ops.is_array(v) else v for v in given)  # type: ignore[assignment]
         with self._lock:
             self._stepping = True
-            if isinstance(number, int | numbers.Integral) and not isinstance(number, bool):
+            if type(number) is int or (isinstance(number, numbers.Integral) and not isinstance(number, bool)):
                 self._dispatched = int(number)  # a host integer; a device one is set by the waiter
             calls, self._calls = self._calls, {}
             if len(self._pending) >= self.config.max_pending:

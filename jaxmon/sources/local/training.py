@@ -68,6 +68,15 @@ class JaxTraining:
         # One cached input per device for the barrier: a program that depends on nothing but runs in order.
         self._barrier_inputs: list[Any] | None = None
         self._barrier_fn = jax.jit(lambda x: x + 1)
+        # jaxlib's batched wait, which jax.block_until_ready() calls for two arrays or more, without its tree walk:
+        # one C++ call that takes every array's pointer under the GIL, then waits for all with the GIL released.
+        self._batched: Callable[[list[Any]], Any] = jax.block_until_ready
+        try:
+            from jaxlib import xla_client  # jax has no public name for it
+
+            self._batched = xla_client.batched_block_until_ready
+        except (ImportError, AttributeError):
+            pass
         self._lock = threading.Lock()
 
     def devices(self) -> list[DeviceInfo]:
@@ -120,7 +129,10 @@ class JaxTraining:
     def wait(self, handles: list[Any]) -> None:
         """Block until every one of `handles` (jaxmon's own: hold() or barrier()) is computed, in one call that
         releases the GIL once (jaxlib's batched wait); raises when one was deleted or donated, or failed."""
-        self._jax.block_until_ready(handles)
+        if len(handles) == 1:
+            handles[0].block_until_ready()  # what jax.block_until_ready does for one array, without its tree walk
+        elif handles:
+            self._batched(handles)
 
     def deleted(self, handle: Any) -> bool:
         """Whether the buffers of `handle` (jaxmon's own) were deleted or donated: PJRT says, under its lock."""
