@@ -6,8 +6,8 @@ and with Python numbers, side by side; and how fast jaxmon's waiter catches up o
     .venv/bin/python bench/step_call.py --tree DIR         # the same against another tree's jaxmon/ (DIR:
                                                            #   `git archive REV jaxmon | tar -x -C DIR`)
 
-One process, jaxmon embedded (probe off), 8 CPU devices. A loop dispatches a step of a few milliseconds (a chain of
-256² matmuls) and hands it to `jaxmon.step(n, loss, examples=..., tokens=..., model_flops=...)`, at most two steps
+One process, jaxmon embedded (probe off), 8 CPU devices. A loop dispatches a step (a chain of eight 256² matmuls)
+and hands it to `jaxmon.step(n, loss, examples=..., tokens=..., model_flops=...)`, at most two steps
 in flight (it waits for step n-2, as the docs' loops do). In `python` rounds the figures are Python numbers; in
 `device` rounds `tokens` is a device scalar computed from the step's output, so it is not ready when step() is
 called: the batch's real token count, as a trainer computes it. Rounds alternate (python, device, device, python,
