@@ -97,10 +97,12 @@ BADPUT = Spec(
 PROBLEMS = Spec(
     "jaxmon_training_tracking_problems",
     "What the training tracker could not use, by reason: back and jump (step numbers that do not follow), unready "
-    "(a ready array deleted or donated first), dropped (too many steps pending), cost (no cost analysis), "
-    "badput_kinds (a badput() block of a kind past the 10th, counted as other), intervals (closed badput intervals "
-    "past 10 000 since the last completed step, dropped), programs (a tracked function's program whose cost was "
-    "forgotten past 256 programs), error (a bug of the waiter's).",
+    "(a ready array deleted or donated first), invalid (a figure given to step() that is not a finite number >= 0, "
+    "or a step number that is not an integer: dropped for that step), unread (a figure or step number array deleted "
+    "or donated before it was read), dropped (too many steps pending), cost (no cost analysis), badput_kinds (a "
+    "badput() block of a kind past the 10th, counted as other), intervals (closed badput intervals past 10 000 since "
+    "the last completed step, dropped), programs (a tracked function's program whose cost was forgotten past 256 "
+    "programs), error (a bug of the waiter's).",
     counter=True,
 )
 

@@ -44,9 +44,10 @@ class TrainingReading:
     productive_seconds_total: float = 0.0
     badput_seconds_total: Mapping[str, float] = field(default_factory=dict)
     devices: tuple[DeviceTraining, ...] = ()
-    # What the tracker could not use, by reason: back, jump (step numbers), unready (a deleted buffer), dropped
-    # (the waiter fell too far behind), cost (no cost analysis), badput_kinds (a badput() kind past the 10th),
-    # intervals (closed badput intervals dropped past MAX_INTERVALS), programs (a tracked function's program
+    # What the tracker could not use, by reason: back, jump (step numbers), unready (a deleted buffer), invalid (a
+    # figure or step number that is not one), unread (a figure or step number array deleted before it was read),
+    # dropped (the waiter fell too far behind), cost (no cost analysis), badput_kinds (a badput() kind past the
+    # 10th), intervals (closed badput intervals dropped past MAX_INTERVALS), programs (a tracked function's program
     # forgotten past MAX_PROGRAMS), error.
     problems: Mapping[str, int] = field(default_factory=dict)
 
