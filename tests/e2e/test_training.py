@@ -22,7 +22,7 @@ SCHEDULER_LABELS = {"pod": "llama-0-abc", "namespace": "research", "node": "gpu-
 STEPS = 10
 DATA_MS = 20
 # The series one training process adds (README, "Training telemetry"): at most 58 (9 counters and gauges, the
-# step histogram's 21, jaxmon_workload_info, 18 kinds of badput, 9 reasons of tracking problems) + 6 per local
+# step histogram's 21, jaxmon_workload_info, 18 kinds of badput, 11 reasons of tracking problems) + 6 per local
 # device (model and hardware FLOPs, bytes accessed, peak, MFU, HFU).
 TRAINING_FAMILIES = ("jaxmon_training_", "jaxmon_device_peak_flops_per_second", "jaxmon_workload_info")
 
