@@ -8,7 +8,7 @@ when it is built, and a collector that needs a reading calls `exchange.read(CHAN
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -46,6 +46,16 @@ class DevicePods(Protocol):
         """The node's libtpu service itself: the holder of its chips ({} where not certain)."""
 
 
+@dataclass(frozen=True)
+class GpuProcesses:
+    """The compute processes NVML reports on one GPU: the GPU's `device` label and UUID, and their pids (in NVML's
+    PID namespace, the host's)."""
+
+    device: str
+    uuid: str
+    pids: tuple[int, ...]
+
+
 @dataclass(frozen=True, eq=False)
 class Channel(Generic[T]):
     """A kind of reading, typed by what it carries."""
@@ -63,6 +73,10 @@ WORKLOAD_PIDS: Channel[Mapping[int, str]] = Channel(
 
 DEVICE_PODS: Channel[DevicePods] = Channel(
     "device_pods", "the pods holding each GPU, MIG device and TPU chip (the kubelet): labels of device-wide series"
+)
+
+GPU_PROCESSES: Channel[Sequence[GpuProcesses]] = Channel(
+    "gpu_processes", "the pids of the compute processes on each GPU (NVML): whose processes use which GPU"
 )
 
 

@@ -24,7 +24,7 @@ from pydantic import BeforeValidator, Field
 
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
-from jaxmon.exchange import DEVICE_PODS, DUTY_CYCLES, WORKLOAD_PIDS, DevicePods
+from jaxmon.exchange import DEVICE_PODS, DUTY_CYCLES, GPU_PROCESSES, WORKLOAD_PIDS, DevicePods, GpuProcesses
 from jaxmon.families import add, family
 from jaxmon.families.nvml import NvLinkTotals, gpu_families, sum_links
 from jaxmon.families.shared import DEVICE_INFO, DEVICE_SOURCE_UP
@@ -154,6 +154,14 @@ class NvmlState:
                 return tuple(mig.uuid for mig in gpu.mig_devices or ())
         return ()
 
+    def processes(self) -> tuple[GpuProcesses, ...]:
+        """The pids of each answering GPU's compute processes at the last poll (GPU_PROCESSES), with its UUID."""
+        return tuple(
+            GpuProcesses(str(self.match.device(g.index)), g.uuid or "", tuple(p.pid for p in g.processes or ()))
+            for g in self.gpus
+            if g.up and g.processes
+        )
+
 
 @register
 class NvmlCollector(Collector[NvmlOptions, NvmlState]):
@@ -166,7 +174,7 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
     )
     options = NvmlOptions
     order = 50
-    offers: ClassVar[Offers] = {DUTY_CYCLES: lambda state: state}
+    offers: ClassVar[Offers] = {DUTY_CYCLES: lambda state: state, GPU_PROCESSES: lambda state: state.processes()}
 
     def __init__(self, opts: NvmlOptions, ctx: Context) -> None:
         super().__init__(opts, ctx)
