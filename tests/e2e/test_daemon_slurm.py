@@ -36,7 +36,7 @@ def jobs(s: Samples) -> set[tuple[str, str, str, str]]:
 
 
 def uuid(index: int) -> str:
-    return device(index)["uuid"]
+    return str(device(index)["uuid"])
 
 
 def gpus(*pids: tuple[int, ...]) -> list[dict[str, object]]:
