@@ -4,7 +4,7 @@ controller's), so that nothing of the host's (its system.slice, a real kubepods.
 
 Making a cgroup and moving a process into it takes root (or a delegated subtree) and a writable hierarchy; where the
 machine does not allow it (`usable()` says why), the tests use a procfs root they write instead
-(tests/unit/sources/test_cgroups.py, tests/e2e/test_daemon_slurm.py)."""
+(tests/unit/sources/test_cgroups.py, tests/e2e/test_daemon_slurm.py): `write_process` and `cgroup_tree` below."""
 
 from __future__ import annotations
 
@@ -91,3 +91,21 @@ def usable(mount: Path | None) -> str | None:
     finally:
         trial.close()
     return None
+
+
+# A procfs and a sysfs the tests write, where real cgroups are not needed (or not allowed).
+
+
+def write_process(procfs: Path, pid: int, cgroup: str, started: int = 1000, uid: int = 1000) -> None:
+    """A process as /proc shows it: its stat (start time in field 22), cgroup and status."""
+    d = procfs / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "stat").write_text(f"{pid} (python3) S 1 {pid} {pid} 0 -1 0 0 0 0 0 5 2 0 0 20 0 4 0 {started} 1 2\n")
+    (d / "cgroup").write_text(cgroup)
+    (d / "status").write_text(f"Name:\tpython3\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t0\t0\t0\t0\n")
+
+
+def cgroup_tree(sysfs: Path, *dirs: str) -> None:
+    """Directories of the cgroup tree under `<sysfs>/fs/cgroup` (what `slurm_cgroups` looks for)."""
+    for d in dirs:
+        (sysfs / "fs" / "cgroup" / d).mkdir(parents=True)

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.cgroup_tree import Cgroups, hierarchy, usable
+from tests.cgroup_tree import Cgroups, cgroup_tree, hierarchy, usable, write_process
 from tests.conftest import StartDaemon
 from tests.fakenvml import Scenario, device
 from tests.helpers import Samples, sample
-from tests.unit.sources.test_cgroups import CID, UID, V2_JOB, cgroup_tree, v1, write_process
+from tests.unit.sources.test_cgroups import CID, UID, V2_JOB, v1
 
 POLL = "0.3s"
 INFO = "jaxmon_slurm_job_device_info"

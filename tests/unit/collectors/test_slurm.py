@@ -17,7 +17,8 @@ from jaxmon.exchange import GPU_PROCESSES
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.node import NodeSource
 from jaxmon.sources.nvml import GpuReading, Process
-from tests.unit.sources.test_cgroups import CID, UID, V2_JOB, cgroup_tree, v1, write_process
+from tests.cgroup_tree import cgroup_tree, write_process
+from tests.unit.sources.test_cgroups import CID, UID, V2_JOB, v1
 
 UUIDS = [f"GPU-{i:08x}-1111-2222-3333-{i:012x}" for i in range(4)]
 

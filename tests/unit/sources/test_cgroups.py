@@ -22,6 +22,7 @@ from jaxmon.sources.cgroups import (
     slurm_cgroups,
     start_time,
 )
+from tests.cgroup_tree import cgroup_tree, write_process
 
 UID = "3f6c1a2b-9d4e-4f5a-8b7c-0d1e2f3a4b5c"
 SYSTEMD_UID = UID.replace("-", "_")
@@ -188,15 +189,6 @@ def test_start_time_and_real_uid_read_procs_own_formats() -> None:
     assert real_uid("Name:\tx\n") == ""
 
 
-def write_process(procfs: Path, pid: int, cgroup: str, started: int = 1000, uid: int = 1000) -> None:
-    """A process as /proc shows it: its stat (start time in field 22), cgroup and status."""
-    d = procfs / str(pid)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "stat").write_text(f"{pid} (python3) S 1 {pid} {pid} 0 -1 0 0 0 0 0 5 2 0 0 20 0 4 0 {started} 1 2\n")
-    (d / "cgroup").write_text(cgroup)
-    (d / "status").write_text(f"Name:\tpython3\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t0\t0\t0\t0\n")
-
-
 V2_JOB = "0::/system.slice/slurmstepd.scope/job_{}/step_0/user/task_0\n"
 
 
@@ -271,11 +263,6 @@ def test_the_cache_holds_the_polls_pids_and_at_most_its_bound(tmp_path: Path) ->
     assert owners.cached() == 21  # processes of no owner are remembered too: not read again
     owners.owners([401, 402])
     assert owners.cached() == 2  # those NVML no longer reports are forgotten
-
-
-def cgroup_tree(sysfs: Path, *dirs: str) -> None:
-    for d in dirs:
-        (sysfs / "fs" / "cgroup" / d).mkdir(parents=True)
 
 
 @pytest.mark.parametrize(
