@@ -249,9 +249,10 @@ class ProcessOwners:
 
 
 def slurm_cgroups(procfs: Path = PROCFS, sysfs: Path = SYSFS) -> Path | None:
-    """Where the cgroup tree shows Slurm, or None: a `slurmstepd.scope` (or `<node>_slurmstepd.scope`) in the cgroup
-    v2 tree's system.slice, which slurmd makes when it starts, or a `slurm` (`slurm_<node>`) directory in a v1
-    hierarchy, which its cgroup/v1 plugin makes at the first job.
+    """Where the cgroup tree shows Slurm, or None: a `slurmstepd.scope` (or `<node>_slurmstepd.scope`) in a slice of
+    the cgroup v2 tree (system.slice unless cgroup.conf's CgroupSlice says otherwise), which slurmd makes when it
+    starts, or a `slurm` (`slurm_<node>`) directory in a v1 hierarchy, which its cgroup/v1 plugin makes at the first
+    job.
 
     `<procfs>/1/cgroup` says which hierarchies the host has (v2, v1 controllers, or both) and so where under
     `<sysfs>/fs/cgroup` to look; where it cannot be read, every place is looked at.
@@ -268,7 +269,8 @@ def slurm_cgroups(procfs: Path = PROCFS, sysfs: Path = SYSFS) -> Path | None:
         every = []
     v1 = [mount / c.removeprefix("name=") for h, c, _ in lines if h != "0"] + every
     for root in v2:
-        found = sorted((root / "system.slice").glob("*slurmstepd.scope"))
+        # system.slice by default; cgroup.conf's CgroupSlice names another slice, maybe nested (a-b.slice in a.slice).
+        found = sorted([*root.glob("*.slice/*slurmstepd.scope"), *root.glob("*.slice/*.slice/*slurmstepd.scope")])
         found = [p for p in found if p.name == "slurmstepd.scope" or p.name.endswith("_slurmstepd.scope")]
         if found and found[0].is_dir():
             return found[0]

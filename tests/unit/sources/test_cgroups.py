@@ -124,6 +124,7 @@ SLURM = [
     ("0::/system.slice/slurmstepd.scope/job_4242/step_batch/user/task_0\n", job("4242", "batch")),
     ("0::/system.slice/slurmstepd.scope/job_99/step_interactive/slurm\n", job("99", "interactive")),
     ("0::/system.slice/node02_slurmstepd.scope/job_5/step_extern/user\n", job("5", "extern")),
+    ("0::/slurm.slice/n.example.org_slurmstepd.scope/job_6/step_batch/user/task_special\n", job("6", "batch")),
     ("0::/system.slice/slurmstepd.scope/job_5\n", job("5", "")),
     # A hybrid host: systemd's v2 tree at its root, Slurm's v1 controllers.
     (v1("/", freezer="/slurm/uid_1000/job_1/step_0") + "0::/\n", job("1", "0", "1000")),
@@ -270,6 +271,16 @@ def test_the_cache_holds_the_polls_pids_and_at_most_its_bound(tmp_path: Path) ->
     [
         ("0::/init.scope\n", ["system.slice/slurmstepd.scope/system"], "system.slice/slurmstepd.scope"),
         ("0::/init.scope\n", ["system.slice/n1_slurmstepd.scope"], "system.slice/n1_slurmstepd.scope"),
+        (
+            "0::/init.scope\n",
+            ["slurm.slice/n.example.org_slurmstepd.scope"],
+            "slurm.slice/n.example.org_slurmstepd.scope",
+        ),
+        (
+            "0::/init.scope\n",
+            ["hpc.slice/hpc-jobs.slice/slurmstepd.scope"],
+            "hpc.slice/hpc-jobs.slice/slurmstepd.scope",
+        ),
         (v1("/init.scope"), ["freezer/slurm/uid_0", "memory"], "freezer/slurm"),
         (v1("/init.scope"), ["cpuset/slurm_n1"], "cpuset/slurm_n1"),
         # A hybrid host: the v2 tree under unified/, v1 controllers beside it.
