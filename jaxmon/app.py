@@ -206,6 +206,8 @@ def build_runtime(
         poll_interval=settings.poll.interval,
         workload=workload,
         in_process=in_process,
+        procfs=settings.path.procfs,
+        sysfs=settings.path.sysfs,
     )
     collectors, unavailable = select_collectors(settings, lambda name: replace(base, publish=recorder.publisher(name)))
     for collector in collectors:

@@ -8,7 +8,7 @@ when it is built, and a collector that needs a reading calls `exchange.read(CHAN
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -49,6 +49,16 @@ def device_id(kind: str, value: str) -> DeviceId:
     return (kind, value.lower())
 
 
+@dataclass(frozen=True)
+class GpuProcesses:
+    """The compute processes NVML reports on one GPU: the GPU's `device` label and UUID, and their pids (in NVML's
+    PID namespace, the host's)."""
+
+    device: str
+    uuid: str
+    pids: tuple[int, ...]
+
+
 @dataclass(frozen=True, eq=False)
 class Channel(Generic[T]):
     """A kind of reading, typed by what it carries."""
@@ -68,6 +78,10 @@ DEVICE_IDENTITIES: Channel[DeviceIdentities] = Channel(
     "device_identities",
     "which device each series of a collector is about (NVML: a GPU's UUID, minor number and PCI bus id, for its "
     "own series and a matched JAX device's; libtpu: its chips): what the owner transform looks owners up by",
+)
+
+GPU_PROCESSES: Channel[Sequence[GpuProcesses]] = Channel(
+    "gpu_processes", "the pids of the compute processes on each GPU (NVML): whose processes use which GPU"
 )
 
 

@@ -29,11 +29,13 @@ from jaxmon.exchange import (
     DEVICE_IDENTITIES,
     DUTY_CYCLES,
     GPU_MINOR,
+    GPU_PROCESSES,
     GPU_UUID,
     JAX_DEVICE,
     PCI_BUS_ID,
     WORKLOAD_PIDS,
     DeviceId,
+    GpuProcesses,
     SeriesKey,
     device_id,
 )
@@ -178,6 +180,14 @@ class NvmlState:
                 return tuple(mig.uuid for mig in gpu.mig_devices or ())
         return ()
 
+    def processes(self) -> tuple[GpuProcesses, ...]:
+        """The pids of each answering GPU's compute processes at the last poll (GPU_PROCESSES), with its UUID."""
+        return tuple(
+            GpuProcesses(str(self.match.device(g.index)), g.uuid or "", tuple(p.pid for p in g.processes or ()))
+            for g in self.gpus
+            if g.up and g.processes
+        )
+
 
 @register
 class NvmlCollector(Collector[NvmlOptions, NvmlState]):
@@ -190,7 +200,11 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
     )
     options = NvmlOptions
     order = 50
-    offers: ClassVar[Offers] = {DUTY_CYCLES: lambda state: state, DEVICE_IDENTITIES: lambda state: state.identities}
+    offers: ClassVar[Offers] = {
+        DUTY_CYCLES: lambda state: state,
+        DEVICE_IDENTITIES: lambda state: state.identities,
+        GPU_PROCESSES: lambda state: state.processes(),
+    }
 
     def __init__(self, opts: NvmlOptions, ctx: Context) -> None:
         super().__init__(opts, ctx)

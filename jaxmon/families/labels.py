@@ -348,6 +348,10 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
         "namespace, pod, container, resource, device_id",
         "kubelet pod-resources `List`",
     ),
+    "jaxmon_slurm_job_device_info": (
+        "job_id, uid, device, uuid",
+        "NVML compute processes' `/proc/<pid>/cgroup` (Slurm's job cgroups)",
+    ),
     "jaxmon_backend_up": ("backend", "JAX"),
     "jaxmon_collector_success": ("collector", "—"),
     "jaxmon_collector_duration_seconds": ("collector", "—"),

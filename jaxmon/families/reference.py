@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxmon.families import Spec, libtpu, memory, nvml, shared, training
+from jaxmon.families import Spec, libtpu, memory, nvml, shared, slurm, training
 from jaxmon.families import compile as compile_families
 from jaxmon.families.labels import LABELS_AND_SOURCE
 
@@ -216,6 +216,11 @@ def sections() -> list[Section]:
             [*_entries(tpu_specs), *[Entry(spec, "summary") for spec in libtpu.MEGASCALE.values()]],
         ),
         Section("kubernetes", "where the kubelet's pod-resources socket is (node mode)", INLINE["kubernetes"]),
+        Section(
+            "slurm",
+            "where the cgroup tree shows Slurm's, with NVML (node mode on a Slurm node)",
+            _entries([slurm.JOB_DEVICE_INFO]),
+        ),
     ]
 
 
