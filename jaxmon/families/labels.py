@@ -19,6 +19,14 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
     "jaxmon_memory_read_success": ("device, platform", "—"),
     "jaxmon_memory_read_errors": ("device, platform", "—"),
     "jaxmon_memory_live_array_bytes": ("device, platform, workload", "`jax.live_arrays()`"),
+    "jaxmon_memory_replicated_array_bytes": (
+        "device, platform",
+        "`jax.live_arrays()`: `sharding.is_fully_replicated` over more than one device",
+    ),
+    "jaxmon_memory_host_array_bytes": (
+        "device, platform, memory_kind",
+        "`jax.live_arrays()`: `sharding.memory_kind` `pinned_host`, `unpinned_host`",
+    ),
     "jaxmon_device_info": (
         "device, platform, device_kind, process_index, coords, core_on_chip, source (+ workload); for "
         '`source="nvml"`: device, platform, source, uuid, pci_bus_id, name, device_match (+ pod, namespace, '
