@@ -181,6 +181,7 @@ def sections() -> list[Section]:
     nvml_specs += [nvml.MIG_DUTY_CYCLE, nvml.GPM_SUPPORTED]
     nvml_specs += list(dict.fromkeys(spec for spec, _ in nvml.GPM_SERIES.values()))
     memory_specs = [memory.STATS_SUPPORTED, memory.READ_SUCCESS, memory.READ_ERRORS, memory.LIVE_ARRAY_BYTES]
+    memory_specs += [memory.REPLICATED_ARRAY_BYTES, memory.HOST_ARRAY_BYTES]
     tpu_specs = [libtpu.IDLE_DURATION, libtpu.HLO_QUEUE, libtpu.HLO_EXECUTION, libtpu.HLO_EXECUTION_MEAN]
     return [
         Section(
