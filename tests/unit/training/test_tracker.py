@@ -474,11 +474,13 @@ def test_flops_are_read_in_the_loops_own_mesh_context(make_tracker: MakeTracker)
         return jax.jit(step)
 
     x0 = jax.device_put(jnp.ones((64, 64)), NamedSharding(mesh, PartitionSpec("d")))  # type: ignore[no-untyped-call]
+    # The loop's mesh context: jax.set_mesh since jax 0.7.1, jax.sharding.use_mesh before (the floor, tests/floors.sh).
+    set_mesh: Any = getattr(jax, "set_mesh", None) or getattr(jax.sharding, "use_mesh")  # noqa: B009 - not in new stubs
 
     def run(fn: Any, with_step: bool) -> tuple[jax.Array, float]:
         before = counters.as_dict()["compilations"]
         x = x0
-        with jax.set_mesh(mesh):
+        with set_mesh(mesh):
             for n in range(4):
                 x = fn(x)
                 if with_step:
@@ -489,7 +491,7 @@ def test_flops_are_read_in_the_loops_own_mesh_context(make_tracker: MakeTracker)
     tracker = make_tracker()
     step = make()
     x, compiled = run(jaxmon.track(step), True)
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         truth = step.lower(x).compile().cost_analysis()["flops"]  # in the loop's own context, by the test
     reading = settled(tracker, 4)
     assert "cost" not in reading.problems
