@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, start_http_server
 
-from jaxmon.collectors.probe import PROBE_METRICS
 from jaxmon.families.memory import MEMORY_METRICS
+from jaxmon.families.probe import PROBE_METRICS
 
 disable_created_metrics()
 REG = CollectorRegistry(auto_describe=False)

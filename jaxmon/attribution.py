@@ -1,4 +1,5 @@
-"""Which pod holds which accelerator: the kubelet's allocations turned into the labels of device-wide series (pure).
+"""Which pod holds which accelerator: the kubelet's device-plugin allocations turned into `Owners` (pure), the map
+the owner transform (jaxmon.owners) labels every series of a held device with.
 
 Device ids are the device plugins' (docs/deploy.md, "Pod attribution"):
 
@@ -10,12 +11,13 @@ Device ids are the device plugins' (docs/deploy.md, "Pod attribution"):
 - TPU chips (`google.com/tpu`): the device plugin's ids name chips of the node, and libtpu's runtime metrics name
   devices by libtpu's `device-id`; nothing published relates the two numberings (device-ids need not be 0..n-1),
   and a wrong match is worse than none. What is certain: one libtpu service is one process's, and that process
-  holds the chips it reports. So a TPU device carries the labels of the one container on the node that holds TPU
-  chips, and none where several do.
+  holds the chips it reports. So the holders of TPU chips are the owners of `TPU_NODE` (any chip of the node), a
+  `sole` identity: a TPU device carries the labels of the one container on the node that holds TPU chips, and none
+  where several do.
 
 Several holders of one device (a time-sliced GPU) give one label set, each label the sorted, distinct values of
-the holders joined by commas (no Kubernetes name holds a comma): one series per device, so sums over pods or
-namespaces count the device once. `jaxmon_kubernetes_pod_device_info` lists each holder on its own.
+the holders joined by commas (jaxmon.owners): one series per device, so sums over pods or namespaces count the
+device once. `jaxmon_kubernetes_pod_device_info` lists each holder on its own.
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from functools import cached_property
 
+from jaxmon.exchange import GPU_MINOR, GPU_UUID, MIG_UUID, TPU_DEVICE, TPU_NODE, DeviceId
+from jaxmon.exchange import device_id as identity
+from jaxmon.owners import Owner, Owners, owner_labels
 from jaxmon.sources.kubelet import Allocation
 
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-*")
@@ -34,27 +40,23 @@ _UUID = re.compile(r"^(GPU-[0-9A-Fa-f-]+)(?:::\d+)?$")
 _MIG = re.compile(r"^(MIG-[^:]+)(?:::\d+)?$")
 _MINOR = re.compile(r"^nvidia(\d+)(?:/vgpu\d+)?(?:::\d+)?$")
 
-# What a GPU series is looked up by: ("uuid", "gpu-…"), ("mig", "mig-…") or ("minor", "3").
-GpuKey = tuple[str, str]
+# What a GPU series is looked up by: ("uuid", "gpu-…"), ("mig", "mig-…") or ("minor", "3") (jaxmon.exchange's kinds).
+GpuKey = DeviceId
+# The identity every TPU chip of the node has for the kubelet's allocations (the tpu collector gives its series it).
+TPU_ANY = (TPU_NODE, "")
 
-
-@dataclass(frozen=True, order=True)
-class Holder:
-    """A container that holds a device."""
-
-    namespace: str
-    pod: str
-    container: str
+# A container that holds a device (the owner transform's Owner).
+Holder = Owner
 
 
 def gpu_key(device_id: str) -> GpuKey | None:
     """The GPU (or MIG device) a device plugin's id names, replica suffixes dropped; None when it names none."""
     if m := _UUID.match(device_id):
-        return ("uuid", m.group(1).lower())
+        return identity(GPU_UUID, m.group(1))
     if m := _MIG.match(device_id):
-        return ("mig", m.group(1).lower())
+        return identity(MIG_UUID, m.group(1))
     if m := _MINOR.match(device_id):
-        return ("minor", str(int(m.group(1))))
+        return (GPU_MINOR, str(int(m.group(1))))
     return None
 
 
@@ -64,45 +66,45 @@ def matches(resource: str, patterns: Sequence[str]) -> bool:
 
 
 def labels(holders: Iterable[Holder]) -> dict[str, str]:
-    """`namespace`, `pod` and `container` of the holders of one device; {} for none."""
-    found = sorted(set(holders))
-    if not found:
-        return {}
-    return {
-        "namespace": ",".join(sorted({h.namespace for h in found})),
-        "pod": ",".join(sorted({h.pod for h in found})),
-        "container": ",".join(sorted({h.container for h in found})),
-    }
+    """`namespace`, `pod` and `container` of the holders of one device; {} for none (jaxmon.owners.owner_labels)."""
+    return owner_labels(holders)
 
 
 @dataclass(frozen=True)
 class Attribution:
-    """The holders of every GPU, MIG device and TPU chip on the node (the exchange's DevicePods)."""
+    """The holders of every GPU, MIG device and TPU chip on the node, and the same as the owner transform's map
+    (`owners`, what the kubernetes collector offers); the lookups below answer as the transform labels series."""
 
     gpus: Mapping[GpuKey, frozenset[Holder]] = field(default_factory=dict)
     tpu_holders: frozenset[Holder] = frozenset()
 
+    @cached_property
+    def owners(self) -> Owners:
+        """The owners of each device identity: GPUs and MIG devices by their ids, the node's TPU chips as one."""
+        devices: dict[DeviceId, frozenset[Owner]] = dict(self.gpus)
+        if self.tpu_holders:
+            devices[TPU_ANY] = self.tpu_holders
+        return Owners(devices=devices, sole=frozenset({TPU_ANY}))
+
     def gpu(self, uuid: str | None, minor_number: int | None) -> dict[str, str]:
         """The labels of a whole GPU, by its UUID or its minor number; {} when no pod holds it."""
-        holders: set[Holder] = set()
-        if uuid is not None:
-            holders |= self.gpus.get(("uuid", uuid.lower()), frozenset())
+        ids = [] if uuid is None else [identity(GPU_UUID, uuid)]
         if minor_number is not None:
-            holders |= self.gpus.get(("minor", str(minor_number)), frozenset())
-        return labels(holders)
+            ids.append((GPU_MINOR, str(minor_number)))
+        return self.owners.labels(ids)
 
     def mig(self, uuid: str) -> dict[str, str]:
         """The labels of a MIG device, by its UUID (`MIG-…`); {} when no pod holds it."""
-        return labels(self.gpus.get(("mig", uuid.lower()), frozenset()))
+        return self.owners.labels([identity(MIG_UUID, uuid)])
 
     def tpu(self, device: int) -> dict[str, str]:
         """The labels of libtpu device `device`: the one container on the node holding TPU chips, else {}."""
-        return self.tpu_host()
+        return self.owners.labels([(TPU_DEVICE, str(device)), TPU_ANY])
 
     def tpu_host(self) -> dict[str, str]:
         """The labels of the node's libtpu service itself (it belongs to the process holding the chips): the one
         container holding TPU chips, else {}."""
-        return labels(self.tpu_holders) if len(self.tpu_holders) == 1 else {}
+        return self.owners.labels([TPU_ANY])
 
 
 def attribute(

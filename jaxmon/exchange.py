@@ -8,7 +8,7 @@ when it is built, and a collector that needs a reading calls `exchange.read(CHAN
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -25,25 +25,38 @@ class DutyCycles(Protocol):
         """The device's last duty cycle in 0-1, None when this source does not know the device."""
 
 
-@runtime_checkable
-class DevicePods(Protocol):
-    """The pods holding each accelerator of the node (the kubelet's pod-resources): labels for device-wide series.
+# A device identity, as a series' device is known to the owner sources: (kind, value), the value as `device_id`
+# spells it (UUIDs and PCI bus ids lower-case). What one owner source names (a device plugin's GPU UUID, `nvidiaN`'s
+# minor number) is matched to what one collector's series are (the NVML GPU with that UUID or minor number).
+DeviceId = tuple[str, str]
+GPU_UUID = "uuid"  # a whole GPU's UUID, `gpu-…`
+MIG_UUID = "mig"  # a MIG device's UUID, `mig-…` (what a series' `mig_uuid` label names)
+GPU_MINOR = "minor"  # a GPU's minor number, N of /dev/nvidiaN
+PCI_BUS_ID = "pci_bus_id"  # a GPU's PCI bus id, `00000000:18:00.0`
+TPU_DEVICE = "libtpu_device"  # a TPU chip by libtpu's device-id
+TPU_NODE = "tpu_node"  # any TPU chip of this node (what the device plugin's chip ids can say: DESIGN.md §13)
 
-    Each method gives `namespace`, `pod` and `container` of the device's holders (several holders' values joined by
-    commas), or {} when no pod holds it.
-    """
+# What a series is about, from its labels: (source, platform, device); source `JAX_DEVICE` for the series of this
+# process's own JAX devices (memory, probe, their jaxmon_device_info row), whose `device` is the JAX device id.
+SeriesKey = tuple[str, str, str]
+JAX_DEVICE = ""
+# A collector's series keys -> the identities of the device each is about.
+DeviceIdentities = Mapping[SeriesKey, tuple[DeviceId, ...]]
 
-    def gpu(self, uuid: str | None, minor_number: int | None) -> Mapping[str, str]:
-        """A whole GPU, by its UUID (`GPU-…`) or its minor number (/dev/nvidiaN)."""
 
-    def mig(self, uuid: str) -> Mapping[str, str]:
-        """A MIG device, by its UUID (`MIG-…`)."""
+def device_id(kind: str, value: str) -> DeviceId:
+    """The identity of kind `kind` (GPU_UUID, ...) with value `value`, spelled as owners and series compare it."""
+    return (kind, value.lower())
 
-    def tpu(self, device: int) -> Mapping[str, str]:
-        """A TPU device, by libtpu's device-id ({} wherever the chip's holder is not certain)."""
 
-    def tpu_host(self) -> Mapping[str, str]:
-        """The node's libtpu service itself: the holder of its chips ({} where not certain)."""
+@dataclass(frozen=True)
+class GpuProcesses:
+    """The compute processes NVML reports on one GPU: the GPU's `device` label and UUID, and their pids (in NVML's
+    PID namespace, the host's)."""
+
+    device: str
+    uuid: str
+    pids: tuple[int, ...]
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,8 +74,14 @@ WORKLOAD_PIDS: Channel[Mapping[int, str]] = Channel(
     "workload_pids", "workload name by pid (the spool's reports, an embedded workload itself): NVML's process join"
 )
 
-DEVICE_PODS: Channel[DevicePods] = Channel(
-    "device_pods", "the pods holding each GPU, MIG device and TPU chip (the kubelet): labels of device-wide series"
+DEVICE_IDENTITIES: Channel[DeviceIdentities] = Channel(
+    "device_identities",
+    "which device each series of a collector is about (NVML: a GPU's UUID, minor number and PCI bus id, for its "
+    "own series and a matched JAX device's; libtpu: its chips): what the owner transform looks owners up by",
+)
+
+GPU_PROCESSES: Channel[Sequence[GpuProcesses]] = Channel(
+    "gpu_processes", "the pids of the compute processes on each GPU (NVML): whose processes use which GPU"
 )
 
 

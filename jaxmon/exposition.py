@@ -6,8 +6,10 @@ is rendered once per snapshot version and reused by every scrape until the next 
 families (`process_*`, `python_*`) are read per scrape and appended as their own gzip member, with the families
 collectors read at each scrape (`scrape_families`: in a workload process, prometheus_client's default registry) as
 they give them, empty ones included, less the names jaxmon serves. The exposition knows collectors only by this
-shape (`FamilySource`), never by their modules. A scrape may wait for a collector's scrape-time families (up to its
-deadline): where one has them (`waits`), the web app renders off the event loop.
+shape (`FamilySource`), never by their modules. One step runs between the snapshot's families and the text: the
+`Transform` the composition root gives (the owner transform, jaxmon.owners, which adds who owns each series'
+device), once per rendered snapshot like the families themselves. A scrape may wait for a collector's scrape-time
+families (up to its deadline): where one has them (`waits`), the web app renders off the event loop.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ class FamilySource(Protocol):
 
     def scrape_families(self) -> list[Metric]:
         """Its families read at each scrape, as they are (empty ones served); within a deadline of its own."""
+
+
+# A step over one snapshot's families before they are rendered (jaxmon.owners.OwnerTransform); may change them in
+# place (they are fresh), returns those to render.
+Transform = Callable[[Snapshot, list[Metric]], list[Metric]]
 
 
 def base_families(snap: Snapshot) -> Iterator[Metric]:
@@ -120,8 +127,14 @@ def merged(families: Iterable[Metric]) -> list[Metric]:
     return [f for f in by_name.values() if f.samples]
 
 
-def snapshot_families(snap: Snapshot, collectors: Sequence[FamilySource], selected: set[str] | None) -> list[Metric]:
-    """Every family of one snapshot; `selected` limits it to those collectors (`collect[]`), without the base."""
+def snapshot_families(
+    snap: Snapshot,
+    collectors: Sequence[FamilySource],
+    selected: set[str] | None,
+    transform: Transform | None = None,
+) -> list[Metric]:
+    """Every family of one snapshot, through `transform` where one is given; `selected` limits it to those
+    collectors (`collect[]`), without the base."""
 
     def gen() -> Iterator[Metric]:
         if selected is None:
@@ -137,7 +150,8 @@ def snapshot_families(snap: Snapshot, collectors: Sequence[FamilySource], select
         # Unfiltered: every collector with a status, those that were asked for but cannot run included.
         yield from status_families(snap, names if selected is not None else snap.statuses.keys())
 
-    return merged(gen())
+    families = merged(gen())
+    return families if transform is None else transform(snap, families)
 
 
 def _guarded_families(c: FamilySource, snap: Snapshot, state: object) -> list[Metric]:
@@ -208,9 +222,15 @@ _PROCESS = _Registered(
 class Exposition:
     """The /metrics body: rendered once per snapshot version (scrapes never touch devices)."""
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot], collectors: Sequence[FamilySource]) -> None:
+    def __init__(
+        self,
+        get_snapshot: Callable[[], Snapshot],
+        collectors: Sequence[FamilySource],
+        transform: Transform | None = None,
+    ) -> None:
         self._get_snapshot = get_snapshot
         self._collectors = list(collectors)
+        self._transform = transform
         self.names = {c.name for c in self._collectors}
         self._scraping = [c for c in self._collectors if c.scrapes]
         # A scrape may wait for a collector's scrape-time families: render it off the event loop (a thread hop costs
@@ -230,14 +250,14 @@ class Exposition:
         """The exposition now, gzip-compressed when asked; `selected` names the collectors to include."""
         if selected is not None:
             snap = self._get_snapshot()
-            families = snapshot_families(snap, self._collectors, selected)
+            families = snapshot_families(snap, self._collectors, selected, self._transform)
             families += scraped_families((c for c in self._scraping if c.name in selected), _names(families))
             body = TextFormat().render(families)
             return gzip.compress(body, compresslevel=1) if want_gzip else body
         with self._lock:
             snap = self._get_snapshot()
             if snap.version != self._version:
-                families = snapshot_families(snap, self._collectors, None)
+                families = snapshot_families(snap, self._collectors, None, self._transform)
                 self._plain = self._format.render(families)
                 self._names = _names(families)
                 self._gzipped = None

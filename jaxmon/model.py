@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from jaxmon.allocator import MemoryNumbers
@@ -61,6 +61,26 @@ class BackendStatus:
     error: str | None = None
 
 
+HOST_MEMORY_KINDS = ("pinned_host", "unpinned_host")
+"""The memory kinds that are host memory (DESIGN.md section 13): arrays offloaded there are not in `memory_stats()`."""
+
+DeviceKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class ArrayBytes:
+    """One pass over `jax.live_arrays()`: bytes per device by where the arrays live and how they are laid out.
+
+    `live`: shards in device memory (every memory kind but the host ones). `replicated`: the part of `live` that
+    belongs to arrays fully replicated over more than one device, what a sharded layout would save. `host`: shards in
+    host memory kinds, per (device the shard is attached to, memory kind).
+    """
+
+    live: dict[DeviceKey, int] = field(default_factory=dict)
+    replicated: dict[DeviceKey, int] = field(default_factory=dict)
+    host: dict[tuple[DeviceKey, str], int] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class MemoryReading:
     """One poll of one device: numbers, or the error that reading raised."""
@@ -102,5 +122,7 @@ class ProbeStatus:
     failures_total: int = 0
     timeouts_total: int = 0
     skipped_total: int = 0
+    # Scheduled runs not dispatched because this process's job was training on the device (docs/probe.md).
+    deferred_total: int = 0
     busy_seconds_total: float = 0.0
     last_error: str | None = None

@@ -24,6 +24,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from jaxmon.collectors.base import AnyCollector, Job
+from jaxmon.exposition import Transform
 from jaxmon.logsetup import ErrorLog
 from jaxmon.snapshot import Snapshot, Update
 from jaxmon.sources import InProcess
@@ -80,8 +81,11 @@ class Runtime:
         max_staleness: float,
         unavailable: Mapping[str, str] | None = None,
         in_process: InProcess | None = None,
+        transform: Transform | None = None,
     ) -> None:
         self.recorder = recorder
+        # The step between the snapshot's families and the exposition (the owner transform), where there is one.
+        self.transform = transform
         # The workload process's view of itself (embedded), for what the web server serves of it (pprof).
         self.in_process = in_process
         self.collectors = list(collectors)

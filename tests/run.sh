@@ -6,6 +6,9 @@
 #   bash tests/run.sh --unit    the unit tests only (tests/unit): makes or updates the venv when pyproject.toml
 #                               changed, no apt-get, no lint; the fast loop while writing code
 #
+# The whole suite ends with tests/floors.sh: the unit tests again in a venv of their own (.venv-floors) with every
+# runtime dependency at its declared floor (about 100 s from scratch, 40 s with the venv made).
+#
 # Arguments after these go to pytest, e.g. `bash tests/run.sh --unit -k spool -x`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,3 +71,5 @@ install_venv
 # longest end-to-end files (tests/conftest.py's LONG_LANE) are one group, started first. `-n 0` runs them all in
 # one process.
 JAX_NUM_CPU_DEVICES=8 .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
+# Every runtime dependency at its `>=` floor in pyproject.toml, the unit suite again (tests/floors.sh).
+bash tests/floors.sh -q

@@ -14,6 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
 from prometheus_client.core import Metric
@@ -63,6 +64,9 @@ class Context:
     # Inside a workload process (embedded): its name and its view of itself.
     workload: str | None = None
     in_process: InProcess | None = None
+    # The host's procfs and sysfs (--path.procfs, --path.sysfs): processes' cgroups, the cgroup tree.
+    procfs: Path = Path("/proc")
+    sysfs: Path = Path("/sys")
 
     def not_in_workload(self) -> str | None:
         """Why a collector of the workload process's own doings cannot run here (None: it can)."""

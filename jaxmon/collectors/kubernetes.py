@@ -1,10 +1,10 @@
 """The `kubernetes` collector: which pod holds each GPU, MIG device and TPU chip, from the kubelet's pod-resources API.
 
 Once per poll it calls `v1.PodResourcesLister/List` on the kubelet's socket (with a deadline) and keeps the
-answer as its state; the nvml and tpu collectors read it at render time through the exchange (DEVICE_PODS) and
-add `namespace`, `pod` and `container` to every device-wide series of a device a pod holds (jaxmon.attribution
-says how ids match and what a shared device is labelled). Where this collector does not run, they render as
-without it.
+answer as its state. It is an owner source: its state offers the owners of each device (jaxmon.attribution says
+how ids match and what a shared device is labelled) on the exchange (OWNERS), and the owner transform
+(jaxmon.owners) adds `namespace`, `pod` and `container` to every series of a device a pod holds, whatever
+collector made it. Where this collector does not run, every series renders as without it.
 
 A kubelet that does not answer (no socket, too slow, an error status) fails the poll
 (`jaxmon_collector_success{collector="kubernetes"} 0`); the last good answer stays in use for `--collector.
@@ -39,10 +39,10 @@ from pydantic import BeforeValidator, Field
 from jaxmon.attribution import GPU_RESOURCES, TPU_RESOURCES, Attribution, accelerators, attribute
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
-from jaxmon.exchange import DEVICE_PODS
 from jaxmon.families import add, family
 from jaxmon.families.kubernetes import API_FAILURES, API_LAST_SUCCESS, API_UP, DRA_PROBLEMS
 from jaxmon.logsetup import ErrorLog
+from jaxmon.owners import OWNERS
 from jaxmon.settings import CollectorOptions, Enabled, format_duration, parse_duration
 from jaxmon.settings.durations import bounded
 from jaxmon.snapshot import Snapshot
@@ -152,13 +152,13 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
     name = "kubernetes"
     description = (
         "Pods holding each GPU and TPU chip (the kubelet's pod-resources API): pod, namespace and container labels "
-        "on the device-wide series."
+        "on every series of a held device."
     )
     options = KubernetesOptions
     order = 70
     # The kubelet's state is not this process's health: a missing socket must not restart jaxmon.
     heartbeat = False
-    offers: ClassVar[Offers] = {DEVICE_PODS: lambda state: state.attribution}
+    offers: ClassVar[Offers] = {OWNERS: lambda state: state.attribution.owners}
 
     def __init__(self, opts: KubernetesOptions, ctx: Context) -> None:
         super().__init__(opts, ctx)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Annotated, ClassVar
 
 import pynvml
@@ -24,16 +25,30 @@ from pydantic import BeforeValidator, Field
 
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
-from jaxmon.exchange import DEVICE_PODS, DUTY_CYCLES, WORKLOAD_PIDS, DevicePods
+from jaxmon.exchange import (
+    DEVICE_IDENTITIES,
+    DUTY_CYCLES,
+    GPU_MINOR,
+    GPU_PROCESSES,
+    GPU_UUID,
+    JAX_DEVICE,
+    PCI_BUS_ID,
+    WORKLOAD_PIDS,
+    DeviceId,
+    GpuProcesses,
+    SeriesKey,
+    device_id,
+)
 from jaxmon.families import add, family
 from jaxmon.families.nvml import NvLinkTotals, gpu_families, sum_links
 from jaxmon.families.shared import DEVICE_INFO, DEVICE_SOURCE_UP
 from jaxmon.logsetup import ErrorLog
-from jaxmon.model import DeviceInfo
 from jaxmon.settings import CollectorOptions, Enabled, parse_duration
 from jaxmon.settings.durations import bounded
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.nvml import GpuReading, MigDevice, NvLink, Nvml, NvmlUnavailable, describe, probe_library
+from jaxmon.sources.nvml.match import DeviceMatch as DeviceMatch
+from jaxmon.sources.nvml.match import match_devices as match_devices
 
 log = structlog.get_logger("jaxmon.collectors.nvml")
 
@@ -42,47 +57,6 @@ SOURCE = "nvml"
 DEFAULT_TIMEOUT = 2.0
 # Compute processes per GPU with a pid series unless --collector.nvml.max-processes says otherwise.
 DEFAULT_MAX_PROCESSES = 16
-
-
-@dataclass(frozen=True)
-class DeviceMatch:
-    """How NVML's GPUs map to the daemon's JAX GPU devices: `how`, and NVML index -> JAX device id where matched."""
-
-    how: str = "nvml_index"
-    jax_ids: Mapping[int, int] = field(default_factory=dict)
-    # Set for rendering only: the pods holding each GPU (the kubernetes collector's DEVICE_PODS), where it runs.
-    # `_labels` adds a whole GPU's; a series of one MIG device takes `pods.mig(its MIG UUID)` instead.
-    pods: DevicePods | None = None
-
-    def device(self, index: int) -> int:
-        """The `device` label of NVML GPU `index`."""
-        return self.jax_ids.get(index, index)
-
-
-def match_devices(jax: Sequence[DeviceInfo], nvml_count: int, environ: Mapping[str, str]) -> DeviceMatch:
-    """Match NVML's GPUs to this process's JAX GPU devices where the match is certain, else by NVML index.
-
-    - only_gpu: one GPU on each side. CUDA_VISIBLE_DEVICES only narrows what CUDA sees of what NVML sees, so
-      JAX's one GPU is NVML's one GPU.
-    - pci_bus_order: every GPU on each side, in one JAX process, with CUDA_DEVICE_ORDER=PCI_BUS_ID and no
-      CUDA_VISIBLE_DEVICES. NVML indexes GPUs in PCI bus order, CUDA then numbers them in PCI bus order too, and
-      XLA gives one process's GPUs the ids 0..n-1 in CUDA ordinal order (se_gpu_topology_description.cc).
-    Anything else (a subset, CUDA's default fastest-first order, several JAX processes) could be a wrong match,
-    which is worse than none.
-    """
-    gpus = sorted((d for d in jax if d.platform == "gpu"), key=lambda d: d.id)
-    if nvml_count == 1 and len(gpus) == 1:
-        return DeviceMatch("only_gpu", {0: gpus[0].id})
-    if (
-        gpus
-        and len(gpus) == nvml_count
-        and environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
-        and "CUDA_VISIBLE_DEVICES" not in environ
-        and len({d.process_index for d in gpus}) == 1
-        and [d.id for d in gpus] == list(range(nvml_count))
-    ):
-        return DeviceMatch("pci_bus_order", {i: i for i in range(nvml_count)})
-    return DeviceMatch()
 
 
 class NvmlOptions(CollectorOptions):
@@ -147,12 +121,35 @@ class NvmlState:
                 return gpu.duty_cycle_ratio
         return None
 
+    @cached_property
+    def identities(self) -> dict[SeriesKey, tuple[DeviceId, ...]]:
+        """Which GPU each series is about (DEVICE_IDENTITIES, the owner transform's): every GPU's own series by its
+        UUID, minor number and PCI bus id, and the JAX device matched to it (`match`) by the same. A MIG device's
+        series name their MIG device themselves (`mig_uuid`)."""
+        out: dict[SeriesKey, tuple[DeviceId, ...]] = {}
+        for gpu in self.gpus:
+            ids = gpu_identities(gpu)
+            if not ids:
+                continue
+            out[(SOURCE, "gpu", str(self.match.device(gpu.index)))] = ids
+            if gpu.index in self.match.jax_ids:
+                out[(JAX_DEVICE, "gpu", str(self.match.jax_ids[gpu.index]))] = ids
+        return out
+
     def mig_uuids(self, index: int) -> tuple[str, ...]:
         """The UUIDs (`MIG-…`) of the MIG devices of NVML GPU `index` at the last poll; () when not in MIG mode."""
         for gpu in self.gpus:
             if gpu.index == index:
                 return tuple(mig.uuid for mig in gpu.mig_devices or ())
         return ()
+
+    def processes(self) -> tuple[GpuProcesses, ...]:
+        """The pids of each answering GPU's compute processes at the last poll (GPU_PROCESSES), with its UUID."""
+        return tuple(
+            GpuProcesses(str(self.match.device(g.index)), g.uuid or "", tuple(p.pid for p in g.processes or ()))
+            for g in self.gpus
+            if g.up and g.processes
+        )
 
 
 @register
@@ -166,7 +163,11 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
     )
     options = NvmlOptions
     order = 50
-    offers: ClassVar[Offers] = {DUTY_CYCLES: lambda state: state}
+    offers: ClassVar[Offers] = {
+        DUTY_CYCLES: lambda state: state,
+        DEVICE_IDENTITIES: lambda state: state.identities,
+        GPU_PROCESSES: lambda state: state.processes(),
+    }
 
     def __init__(self, opts: NvmlOptions, ctx: Context) -> None:
         super().__init__(opts, ctx)
@@ -244,8 +245,6 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
         workloads: dict[int, str] = {}
         for pids in self.ctx.exchange.read(WORKLOAD_PIDS, snap):
             workloads.update(pids)
-        for pods in self.ctx.exchange.read(DEVICE_PODS, snap)[:1]:
-            state = replace(state, match=replace(state.match, pods=pods))
         yield from render(
             state,
             workloads,
@@ -258,9 +257,8 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
 def _labels(gpu: GpuReading, match: DeviceMatch, mig: MigDevice | None = None) -> dict[str, str]:
     """The labels of every series about one GPU, or about one of its MIG devices: the ONE place they are made.
 
-    `gpu` carries the GPU's NVML index, UUID and minor number (and `mig` the MIG device's UUID); where the
-    kubernetes collector runs (`match.pods`), the pod, namespace and container holding the GPU (or the MIG device:
-    a MIG device's pod does not label its parent GPU) are added here, so that every nvml series gets them.
+    They name the device only (`device`, and a MIG device's `mig_uuid`); who owns it is the owner transform's
+    (jaxmon.owners), by the identities this collector offers (`NvmlState.identities`).
     """
     labels = {"device": str(match.device(gpu.index)), "platform": "gpu", "source": SOURCE}
     if mig is not None:
@@ -268,9 +266,19 @@ def _labels(gpu: GpuReading, match: DeviceMatch, mig: MigDevice | None = None) -
         labels["gpu_instance"] = "" if mig.gpu_instance is None else str(mig.gpu_instance)
         labels["compute_instance"] = "" if mig.compute_instance is None else str(mig.compute_instance)
         labels["profile"] = mig.profile or ""
-    if match.pods is not None:
-        labels.update(match.pods.mig(mig.uuid) if mig is not None else match.pods.gpu(gpu.uuid, gpu.minor_number))
     return labels
+
+
+def gpu_identities(gpu: GpuReading) -> tuple[DeviceId, ...]:
+    """What the owner sources may know a GPU by: its UUID, minor number (/dev/nvidiaN) and PCI bus id."""
+    ids = []
+    if gpu.uuid is not None:
+        ids.append(device_id(GPU_UUID, gpu.uuid))
+    if gpu.minor_number is not None:
+        ids.append((GPU_MINOR, str(gpu.minor_number)))
+    if gpu.pci_bus_id:
+        ids.append(device_id(PCI_BUS_ID, gpu.pci_bus_id))
+    return tuple(ids)
 
 
 def render(

@@ -5,6 +5,11 @@ probe's settings (`--collector.probe.*`), schedules the engine and renders its s
 cores, shared by every CPU device of the process, so one CPU device is probed and its answer stands for all of
 them: every CPU device carries its `jaxmon_device_up` and utilization estimate, and the `jaxmon_probe_*` series
 are on the probed device alone.
+
+While the job in this process trains on a device (a step of it ended within the probe interval), the probe
+dispatches nothing there: jaxmon runs no program of its own beside the job's (on XLA:CPU every device's programs
+share one thread pool, and a probe there added to the contention that starves a collective). The run is counted as
+deferred; the device is up (the job's steps complete on it) and has no utilization estimate (docs/probe.md).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Job, Update
 from jaxmon.exchange import DUTY_CYCLES
 from jaxmon.families import add, family, sample_name
+from jaxmon.families.probe import PROBE_METRICS
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
 from jaxmon.probe import WARMUP_STEPS, DeviceProbe, ProbeConfig, longest_pauses
@@ -36,92 +42,6 @@ from jaxmon.snapshot import Snapshot
 from jaxmon.versions import package_version
 
 log = structlog.get_logger("jaxmon.collectors.probe")
-
-
-@dataclass(frozen=True)
-class ProbeMetric:
-    """One exported probe series and how to read it from a ProbeStatus."""
-
-    name: str
-    help: str
-    value: Callable[[ProbeStatus], float | None]
-    counter: bool = False
-    # Rendered on every CPU device from the one probed CPU device (they share the host's cores).
-    shared: bool = False
-
-
-def _opt(v: float | int | bool | None) -> float | None:
-    return None if v is None else float(v)
-
-
-PROBE_METRICS = (
-    ProbeMetric(
-        "jaxmon_device_up",
-        "1 when the device answered its last probe within the timeout, 0 when it failed or timed out (CPU "
-        "devices share the host's cores and one probe: each carries the probed CPU device's answer).",
-        lambda p: _opt(p.up),
-        shared=True,
-    ),
-    ProbeMetric(
-        "jaxmon_device_utilization_ratio",
-        "ESTIMATED share of the device busy with other work, from probe slowdown: "
-        "1 - probe_baseline_seconds / probe_duration_seconds, clamped to [0, 1] (CPU devices: the probed CPU "
-        "device's estimate of the host's cores).",
-        lambda p: _opt(p.utilization_ratio) if p.up else None,
-        shared=True,
-    ),
-    ProbeMetric(
-        "jaxmon_probe_duration_seconds",
-        "Latency of the last completed probe timing (the median of its shots).",
-        lambda p: _opt(p.last_duration_seconds),
-    ),
-    ProbeMetric(
-        "jaxmon_probe_baseline_seconds",
-        "Idle probe latency: the median of recent timings a device-wide source saw idle (CPU devices: the host's "
-        "CPU time), or without one the lower of the start-up calibration and the median of recent timings.",
-        lambda p: _opt(p.baseline_seconds),
-    ),
-    ProbeMetric(
-        "jaxmon_probe_flops_per_second",
-        "FLOP/s the last probe run achieved (compiled cost analysis x steps / latency).",
-        lambda p: _opt(p.flops_per_second),
-    ),
-    ProbeMetric(
-        "jaxmon_probe_memory_bytes",
-        "Device memory the compiled probe uses (arguments + output + temporaries), allocated once.",
-        lambda p: _opt(p.footprint_bytes),
-    ),
-    ProbeMetric(
-        "jaxmon_probe_steps",
-        "Matmul steps per probe run, chosen by calibration.",
-        lambda p: float(p.steps) if p.calibrated else None,
-    ),
-    ProbeMetric("jaxmon_probe_runs", "Probe runs started.", lambda p: float(p.runs_total), counter=True),
-    ProbeMetric(
-        "jaxmon_probe_failures",
-        "Probe runs that raised an error.",
-        lambda p: float(p.failures_total),
-        counter=True,
-    ),
-    ProbeMetric(
-        "jaxmon_probe_timeouts",
-        "Probe runs that did not finish within the timeout.",
-        lambda p: float(p.timeouts_total),
-        counter=True,
-    ),
-    ProbeMetric(
-        "jaxmon_probe_skipped",
-        "Scheduled probe runs skipped because the previous run was still in flight (a hung device).",
-        lambda p: float(p.skipped_total),
-        counter=True,
-    ),
-    ProbeMetric(
-        "jaxmon_probe_busy_seconds",
-        "Seconds of probe runs on the device; its rate() is the probe's duty cycle.",
-        lambda p: float(p.busy_seconds_total),
-        counter=True,
-    ),
-)
 
 
 Spacing = Annotated[float, BeforeValidator(parse_duration), bounded(0.0, 1.0)]
@@ -224,6 +144,7 @@ class ProbeCollector(Collector[ProbeOptions, ProbeState]):
         calibration_lock = threading.Lock()
         store = BaselineStore(opts.baseline_file) if opts.baseline_file is not None else None
         probed, self.shared = probed_devices(ctx.devices, opts.each_cpu_device)
+        self._deferred_once = False  # the first deferral is logged, once
         self.probes: dict[tuple[str, int], DeviceProbe] = {
             dev.key: DeviceProbe(
                 dev,
@@ -312,15 +233,41 @@ class ProbeCollector(Collector[ProbeOptions, ProbeState]):
 
     def _runner(self, probe: DeviceProbe) -> Callable[[], Update[ProbeState] | None]:
         def run() -> Update[ProbeState] | None:
-            probe.run_once()
+            self._run_or_defer(probe)
             return self.current()
 
         return run
 
+    def _run_or_defer(self, probe: DeviceProbe) -> None:
+        """Run the probe, unless this process's job is training on its device: then jaxmon dispatches nothing."""
+        if self._job_trains_on(probe.device):
+            if not self._deferred_once:
+                self._deferred_once = True
+                log.info(
+                    "the probe waits while the job trains: no program of jaxmon's runs beside the job's steps",
+                    device=probe.device.name,
+                    interval=format_duration(self.interval),
+                )
+            probe.defer()
+        else:
+            probe.run_once()
+
+    def _job_trains_on(self, dev: DeviceInfo) -> bool:
+        """Whether the job in this process trains on `dev` (a step of it ended within the probe interval), or on a
+        device that shares its hardware: CPU devices are the host's cores, one thread pool for all of them, so a
+        job on any CPU device keeps the probe off every CPU device."""
+        workload = self.ctx.in_process
+        if workload is None:
+            return False
+        training = workload.training_devices(self.interval)
+        if dev.platform == "cpu":
+            return any(platform == "cpu" for platform, _ in training)
+        return dev.key in training
+
     def update(self) -> Update[ProbeState]:
         """One run on every probed device, one after the other (`jaxmon snapshot`)."""
         for probe in self.probes.values():
-            probe.run_once()
+            self._run_or_defer(probe)
         result = self.current()
         return result if result is not None else Update(ProbeState(shared=self.shared), success=False)
 

@@ -9,7 +9,8 @@ poll, logged once while it fails, and makes the poll partial (`jaxmon_collector_
 series with it.
 
 Every series of a chip carries `chip_labels(device)`, and every series of the host `host_labels()`: the one place
-their labels come from.
+their labels come from. They name the chip (or the host's service) only; who owns it is the owner transform's
+(jaxmon.owners), by the identities the state offers (`TpuState.identities`).
 
 Device labels: `device` is libtpu's `device-id`. Where this process's own JAX sees TPU devices, their ids are
 compared with libtpu's; jaxmon cannot verify on its own that the two numberings name the same chip (libtpu's
@@ -19,7 +20,7 @@ service carries no chip identity to join on), so a mismatch is logged once and l
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -29,7 +30,7 @@ from pydantic import Field, field_validator
 
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
-from jaxmon.exchange import DEVICE_PODS, DUTY_CYCLES, DevicePods
+from jaxmon.exchange import DEVICE_IDENTITIES, DUTY_CYCLES, TPU_DEVICE, TPU_NODE, DeviceId, SeriesKey
 from jaxmon.families import add
 from jaxmon.families.libtpu import (
     HLO_EXECUTION,
@@ -55,6 +56,10 @@ log = structlog.get_logger("jaxmon.collectors.tpu")
 
 _HOST_PORT = re.compile(r"^(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+):(?P<port>\d{1,5})$")
 _GRPC_SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:")
+
+SOURCE = "libtpu"
+# Any TPU chip of this node: what the chips' holders are known by (jaxmon.attribution).
+NODE_CHIPS: DeviceId = (TPU_NODE, "")
 
 # A service that stays down is logged once, then reminded of hourly (not per poll): nothing listening is normal
 # before training starts and after it ends.
@@ -113,6 +118,15 @@ class TpuState:
     # that owns the chips): only then are a JAX device and a libtpu device-id taken to be the same chip.
     same_ids_as_jax: bool = False
 
+    @property
+    def identities(self) -> dict[SeriesKey, tuple[DeviceId, ...]]:
+        """Which chip each series is about (DEVICE_IDENTITIES): a chip's by libtpu's device-id and as one of the
+        node's chips; the host's (the megascale distributions) as the service of the node's chips."""
+        out: dict[SeriesKey, tuple[DeviceId, ...]] = {(SOURCE, "", ""): (NODE_CHIPS,)}
+        for dev in self.devices:
+            out[(SOURCE, "tpu", str(dev.id))] = ((TPU_DEVICE, str(dev.id)), NODE_CHIPS)
+        return out
+
     def duty_cycle(self, platform: str, device: int) -> float | None:
         """The duty cycle of JAX device `platform:device` (devicewide.DutyCycles), None unless ids match."""
         if platform != "tpu" or not self.same_ids_as_jax:
@@ -134,7 +148,7 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
     )
     options = TpuOptions
     order = 60
-    offers: ClassVar[Offers] = {DUTY_CYCLES: lambda state: state}
+    offers: ClassVar[Offers] = {DUTY_CYCLES: lambda state: state, DEVICE_IDENTITIES: lambda state: state.identities}
 
     def __init__(self, opts: TpuOptions, ctx: Context) -> None:
         super().__init__(opts, ctx)
@@ -278,9 +292,8 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
         duty = DEVICE_DUTY_CYCLE.new()
         bandwidth = DEVICE_MEMORY_BANDWIDTH.new()
         idle, queue, timing, mean = IDLE_DURATION.new(), HLO_QUEUE.new(), HLO_EXECUTION.new(), HLO_EXECUTION_MEAN.new()
-        pods = self.ctx.exchange.read(DEVICE_PODS, snap)[:1]  # the kubernetes collector's, where it runs
         for dev in state.devices:
-            labels = chip_labels(dev.id, pods)
+            labels = chip_labels(dev.id)
             add(up, labels, 1.0 if dev.up else 0.0)
             for fam, value in (
                 (total, dev.memory_total_bytes),
@@ -299,7 +312,7 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
                 for q, seconds in dev.hlo_timing.quantiles:
                     add(timing, {**labels, "percentile": f"{q * 100:g}"}, seconds)
         yield from (up, total, used, duty, bandwidth, idle, queue, timing, mean)
-        host = host_labels(pods)
+        host = host_labels()
         for spec in libtpu.MEGASCALE:
             yield summary_family(MEGASCALE[spec.name], ((host, s) for s in state.host.get(spec.name, ())))
 
@@ -309,22 +322,15 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
             self._client = None
 
 
-def chip_labels(device: int, pods: Sequence[DevicePods] = ()) -> dict[str, str]:
-    """The labels of every series of one libtpu device-id (its `device` is libtpu's id: see the module doc), with
-    the pod holding it where the kubernetes collector says (`pods`: its attribution, or none)."""
-    labels = {"device": str(device), "platform": "tpu", "source": "libtpu"}
-    for holder in pods:
-        labels.update(holder.tpu(device))
-    return labels
+def chip_labels(device: int) -> dict[str, str]:
+    """The labels of every series of one libtpu device-id (its `device` is libtpu's id: see the module doc)."""
+    return {"device": str(device), "platform": "tpu", "source": SOURCE}
 
 
-def host_labels(pods: Sequence[DevicePods] = ()) -> dict[str, str]:
+def host_labels() -> dict[str, str]:
     """The labels of every series of the host's libtpu (the megascale distributions), before their own: the
-    service belongs to the process holding the chips, so the pod holding them (`pods`) where one does."""
-    labels = {"source": "libtpu"}
-    for holder in pods:
-        labels.update(holder.tpu_host())
-    return labels
+    service belongs to the process holding the chips, whose owner the transform adds."""
+    return {"source": SOURCE}
 
 
 def _ratio(percent: float | None) -> float | None:

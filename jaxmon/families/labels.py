@@ -1,32 +1,53 @@
 """Each family's labels and where its number comes from, for the metrics reference (jaxmon/families/reference.py,
-docs/metrics.md): plain data, one entry per family, keyed by its name without `_total`."""
+docs/metrics.md): plain data, one entry per family, keyed by its name without `_total`.
+
+`(+ pod, namespace, container)` marks the families whose series may carry the owner labels: no collector writes
+them; the owner transform (jaxmon.owners) adds them to every series of a device or process an owner source names,
+so a family gets them where its series name a device (`source="nvml"`, `source="libtpu"`, this process's own JAX
+devices where the nvml collector matched them to a GPU) or a `pid`.
+"""
 
 from __future__ import annotations
 
 # Each family's labels and the source of its number (name without `_total`).
 LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
-    "jaxmon_memory_bytes_in_use": ("device, platform", "`bytes_in_use`"),
-    "jaxmon_memory_peak_bytes_in_use": ("device, platform", "`peak_bytes_in_use`"),
-    "jaxmon_memory_limit_bytes": ("device, platform", "`bytes_limit`"),
-    "jaxmon_memory_pool_bytes": ("device, platform", "`pool_bytes`"),
-    "jaxmon_memory_free_bytes": ("device, platform", "derived"),
-    "jaxmon_memory_largest_free_block_bytes": ("device, platform", "`largest_free_block_bytes`"),
-    "jaxmon_memory_fragmentation_ratio": ("device, platform", "derived"),
-    "jaxmon_memory_largest_allocatable_bytes": ("device, platform", "derived"),
-    "jaxmon_memory_largest_alloc_bytes": ("device, platform", "`largest_alloc_size`"),
-    "jaxmon_memory_allocations": ("device, platform", "`num_allocs`"),
-    "jaxmon_memory_stats_supported": ("device, platform", "—"),
-    "jaxmon_memory_read_success": ("device, platform", "—"),
-    "jaxmon_memory_read_errors": ("device, platform", "—"),
-    "jaxmon_memory_live_array_bytes": ("device, platform, workload", "`jax.live_arrays()`"),
+    "jaxmon_memory_bytes_in_use": ("device, platform (+ pod, namespace, container)", "`bytes_in_use`"),
+    "jaxmon_memory_peak_bytes_in_use": ("device, platform (+ pod, namespace, container)", "`peak_bytes_in_use`"),
+    "jaxmon_memory_limit_bytes": ("device, platform (+ pod, namespace, container)", "`bytes_limit`"),
+    "jaxmon_memory_pool_bytes": ("device, platform (+ pod, namespace, container)", "`pool_bytes`"),
+    "jaxmon_memory_free_bytes": ("device, platform (+ pod, namespace, container)", "derived"),
+    "jaxmon_memory_largest_free_block_bytes": (
+        "device, platform (+ pod, namespace, container)",
+        "`largest_free_block_bytes`",
+    ),
+    "jaxmon_memory_fragmentation_ratio": ("device, platform (+ pod, namespace, container)", "derived"),
+    "jaxmon_memory_largest_allocatable_bytes": ("device, platform (+ pod, namespace, container)", "derived"),
+    "jaxmon_memory_largest_alloc_bytes": ("device, platform (+ pod, namespace, container)", "`largest_alloc_size`"),
+    "jaxmon_memory_allocations": ("device, platform (+ pod, namespace, container)", "`num_allocs`"),
+    "jaxmon_memory_stats_supported": ("device, platform (+ pod, namespace, container)", "—"),
+    "jaxmon_memory_read_success": ("device, platform (+ pod, namespace, container)", "—"),
+    "jaxmon_memory_read_errors": ("device, platform (+ pod, namespace, container)", "—"),
+    "jaxmon_memory_live_array_bytes": (
+        "device, platform, workload (+ pod, namespace, container)",
+        "`jax.live_arrays()`",
+    ),
+    "jaxmon_memory_replicated_array_bytes": (
+        "device, platform (+ pod, namespace, container)",
+        "`jax.live_arrays()`: `sharding.is_fully_replicated` over more than one device",
+    ),
+    "jaxmon_memory_host_array_bytes": (
+        "device, platform, memory_kind (+ pod, namespace, container)",
+        "`jax.live_arrays()`: `sharding.memory_kind` `pinned_host`, `unpinned_host`",
+    ),
     "jaxmon_device_info": (
-        "device, platform, device_kind, process_index, coords, core_on_chip, source (+ workload); for "
+        "device, platform, device_kind, process_index, coords, core_on_chip, source (+ workload; + pod, namespace, "
+        'container where not `source="spool"`); for '
         '`source="nvml"`: device, platform, source, uuid, pci_bus_id, name, device_match (+ pod, namespace, '
         "container)",
         "JAX device attributes; NVML",
     ),
-    "jaxmon_device_up": ("device, platform", "probe"),
-    "jaxmon_device_utilization_ratio": ("device, platform", "probe"),
+    "jaxmon_device_up": ("device, platform (+ pod, namespace, container)", "probe"),
+    "jaxmon_device_utilization_ratio": ("device, platform (+ pod, namespace, container)", "probe"),
     "jaxmon_device_source_up": (
         "device, platform, source (+ pod, namespace, container)",
         "NVML; libtpu `tpu.runtime.hbm.memory.{total,usage}.bytes`",
@@ -213,17 +234,18 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
         "device, platform, source (+ pod, namespace, container)",
         "NVML running compute processes",
     ),
-    "jaxmon_probe_duration_seconds": ("device, platform", "probe"),
-    "jaxmon_probe_baseline_seconds": ("device, platform", "probe"),
-    "jaxmon_probe_flops_per_second": ("device, platform", "probe"),
-    "jaxmon_probe_memory_bytes": ("device, platform", "probe"),
-    "jaxmon_probe_steps": ("device, platform", "probe"),
-    "jaxmon_probe_baseline_info": ("device, platform, origin", "probe"),
-    "jaxmon_probe_runs": ("device, platform", "probe"),
-    "jaxmon_probe_failures": ("device, platform", "probe"),
-    "jaxmon_probe_timeouts": ("device, platform", "probe"),
-    "jaxmon_probe_skipped": ("device, platform", "probe"),
-    "jaxmon_probe_busy_seconds": ("device, platform", "probe"),
+    "jaxmon_probe_duration_seconds": ("device, platform (+ pod, namespace, container)", "probe"),
+    "jaxmon_probe_baseline_seconds": ("device, platform (+ pod, namespace, container)", "probe"),
+    "jaxmon_probe_flops_per_second": ("device, platform (+ pod, namespace, container)", "probe"),
+    "jaxmon_probe_memory_bytes": ("device, platform (+ pod, namespace, container)", "probe"),
+    "jaxmon_probe_steps": ("device, platform (+ pod, namespace, container)", "probe"),
+    "jaxmon_probe_baseline_info": ("device, platform, origin (+ pod, namespace, container)", "probe"),
+    "jaxmon_probe_runs": ("device, platform (+ pod, namespace, container)", "probe"),
+    "jaxmon_probe_failures": ("device, platform (+ pod, namespace, container)", "probe"),
+    "jaxmon_probe_timeouts": ("device, platform (+ pod, namespace, container)", "probe"),
+    "jaxmon_probe_skipped": ("device, platform (+ pod, namespace, container)", "probe"),
+    "jaxmon_probe_deferred": ("device, platform (+ pod, namespace, container)", "probe"),
+    "jaxmon_probe_busy_seconds": ("device, platform (+ pod, namespace, container)", "probe"),
     "jaxmon_jit_compilations": (
         "workload, process_index",
         "`jax.monitoring` `/jax/core/compile/backend_compile_duration`",
@@ -242,27 +264,27 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
     "jaxmon_training_examples": ("workload, process_index, process_count, host", "`step(examples=)`"),
     "jaxmon_training_tokens": ("workload, process_index, process_count, host", "`step(tokens=)`"),
     "jaxmon_training_model_flops": (
-        "device, platform, workload, process_index, process_count, host",
+        "device, platform, workload, process_index, process_count, host (+ pod, namespace, container)",
         "`step(model_flops=)`",
     ),
     "jaxmon_training_hardware_flops": (
-        "device, platform, workload, process_index, process_count, host",
+        "device, platform, workload, process_index, process_count, host (+ pod, namespace, container)",
         "`jaxmon.track()`, `compile().cost_analysis()`",
     ),
     "jaxmon_training_hardware_accessed_bytes": (
-        "device, platform, workload, process_index, process_count, host",
+        "device, platform, workload, process_index, process_count, host (+ pod, namespace, container)",
         "same",
     ),
     "jaxmon_device_peak_flops_per_second": (
-        "device, platform, workload, process_index, process_count, host, origin",
+        "device, platform, workload, process_index, process_count, host, origin (+ pod, namespace, container)",
         "peak table",
     ),
     "jaxmon_training_model_flops_utilization_ratio": (
-        "device, platform, workload, process_index, process_count, host",
+        "device, platform, workload, process_index, process_count, host (+ pod, namespace, container)",
         "derived",
     ),
     "jaxmon_training_hardware_flops_utilization_ratio": (
-        "device, platform, workload, process_index, process_count, host",
+        "device, platform, workload, process_index, process_count, host (+ pod, namespace, container)",
         "derived",
     ),
     "jaxmon_training_host_wait_seconds": ("workload, process_index, process_count, host", "waiter thread"),
@@ -341,6 +363,10 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
         "API server `GET` of the node's resourceslices, pods",
     ),
     "jaxmon_kubernetes_dra_problems": ("reason", "kubelet `dynamic_resources` against the node's ResourceSlices"),
+    "jaxmon_slurm_job_device_info": (
+        "job_id, uid, device, uuid",
+        "NVML compute processes' `/proc/<pid>/cgroup` (Slurm's job cgroups)",
+    ),
     "jaxmon_backend_up": ("backend", "JAX"),
     "jaxmon_collector_success": ("collector", "—"),
     "jaxmon_collector_duration_seconds": ("collector", "—"),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.core import Metric
@@ -90,8 +90,18 @@ READ_SUCCESS = Spec("jaxmon_memory_read_success", "1 when the last memory_stats(
 READ_ERRORS = Spec("jaxmon_memory_read_errors", "memory_stats() calls that raised.", counter=True)
 LIVE_ARRAY_BYTES = Spec(
     "jaxmon_memory_live_array_bytes",
-    "Bytes of live jax.Array shards on the device in the workload process, where memory_stats() reports "
-    "nothing (each buffer counted once).",
+    "Bytes of live jax.Array shards in the device's memory in the workload process, where memory_stats() reports "
+    "nothing (each array's shard counted once; host memory kinds are in jaxmon_memory_host_array_bytes).",
+)
+REPLICATED_ARRAY_BYTES = Spec(
+    "jaxmon_memory_replicated_array_bytes",
+    "Bytes of live jax.Array shards in the device's memory that belong to arrays fully replicated over more than "
+    "one device (embedded): what a sharded layout would save.",
+)
+HOST_ARRAY_BYTES = Spec(
+    "jaxmon_memory_host_array_bytes",
+    "Bytes of live jax.Array shards in a host memory kind (pinned_host, unpinned_host) attached to the device "
+    "(embedded): offloaded state that memory_stats() does not see.",
 )
 
 
@@ -103,6 +113,8 @@ class MemoryRow:
     reading: MemoryReading | None
     read_errors: int | None = None
     live_array_bytes: int | None = None
+    replicated_array_bytes: int | None = None
+    host_array_bytes: Mapping[str, int] | None = None  # bytes per host memory kind
 
 
 def memory_families(rows: list[MemoryRow]) -> Iterator[Metric]:
@@ -111,6 +123,8 @@ def memory_families(rows: list[MemoryRow]) -> Iterator[Metric]:
     read_ok = READ_SUCCESS.new()
     read_errors = READ_ERRORS.new()
     live = LIVE_ARRAY_BYTES.new()
+    replicated = REPLICATED_ARRAY_BYTES.new()
+    host = HOST_ARRAY_BYTES.new()
     families = {m.spec.name: m.spec.new() for m in MEMORY_METRICS}
     # The hot loop (every number of every device): bind each family's sample list and sample name once.
     targets = [
@@ -121,6 +135,10 @@ def memory_families(rows: list[MemoryRow]) -> Iterator[Metric]:
             add(read_errors, r.labels, float(r.read_errors))
         if r.live_array_bytes is not None:
             add(live, r.labels, float(r.live_array_bytes))
+        if r.replicated_array_bytes is not None:
+            add(replicated, r.labels, float(r.replicated_array_bytes))
+        for kind, nbytes in (r.host_array_bytes or {}).items():
+            add(host, {**r.labels, "memory_kind": kind}, float(nbytes))
         if r.reading is None:
             continue
         add(read_ok, r.labels, 1.0 if r.reading.ok else 0.0)
@@ -136,4 +154,6 @@ def memory_families(rows: list[MemoryRow]) -> Iterator[Metric]:
     yield read_ok
     yield read_errors
     yield live
+    yield replicated
+    yield host
     yield from families.values()

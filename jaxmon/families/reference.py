@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxmon.families import Spec, libtpu, memory, nvml, shared, training
+from jaxmon.families import Spec, libtpu, memory, nvml, shared, slurm, training
 from jaxmon.families import compile as compile_families
 from jaxmon.families import kubernetes as kubernetes_families
 from jaxmon.families.labels import LABELS_AND_SOURCE
@@ -142,7 +142,7 @@ INLINE = {
 
 
 def _probe() -> list[Entry]:
-    from jaxmon.collectors.probe import PROBE_METRICS  # its table of (name, HELP, reader): no JAX imported
+    from jaxmon.families.probe import PROBE_METRICS  # its table of (name, HELP, reader): no JAX imported
 
     return [Entry(Spec(m.name, m.help, m.counter), "counter" if m.counter else "gauge") for m in PROBE_METRICS]
 
@@ -183,6 +183,7 @@ def sections() -> list[Section]:
     nvml_specs += [nvml.MIG_DUTY_CYCLE, nvml.GPM_SUPPORTED]
     nvml_specs += list(dict.fromkeys(spec for spec, _ in nvml.GPM_SERIES.values()))
     memory_specs = [memory.STATS_SUPPORTED, memory.READ_SUCCESS, memory.READ_ERRORS, memory.LIVE_ARRAY_BYTES]
+    memory_specs += [memory.REPLICATED_ARRAY_BYTES, memory.HOST_ARRAY_BYTES]
     tpu_specs = [libtpu.IDLE_DURATION, libtpu.HLO_QUEUE, libtpu.HLO_EXECUTION, libtpu.HLO_EXECUTION_MEAN]
     return [
         Section(
@@ -222,6 +223,11 @@ def sections() -> list[Section]:
             "where the kubelet's pod-resources socket is (node mode); the API server's families where the node's "
             "name is known",
             [*INLINE["kubernetes"], *_entries(kubernetes_families.SPECS)],
+        ),
+        Section(
+            "slurm",
+            "where the cgroup tree shows Slurm's, with NVML (node mode on a Slurm node)",
+            _entries([slurm.JOB_DEVICE_INFO]),
         ),
     ]
 
@@ -295,8 +301,12 @@ it), with the HELP it is served with. A counter's samples end in `_total`; a his
 All per-device series carry `device` (the JAX device id; on device-wide series, which also carry `source`, the
 source's own id where it cannot be matched to a JAX device for certain: always libtpu's `device-id`) and `platform`
 (`gpu`, `tpu`, `cpu`, …), and `workload` when they come from a workload process (embedded, or a spooled publisher).
-Device-wide series (`source="nvml"` and `source="libtpu"`) of a device a pod holds also carry `pod`, `namespace` and
-`container` where the `kubernetes` collector runs. A number a source does not report is an **absent series**, never 0
+`(+ pod, namespace, container)` are the owner labels: where the `kubernetes` collector runs, every series of a device
+a pod holds carries its `namespace`, `pod` and `container`, whatever collector made it: the device-wide series
+(`source="nvml"`, `source="libtpu"`), and those of this process's own JAX devices where the `nvml` collector matched
+the device to a GPU (`device_match` other than `nvml_index` on the GPU's `jaxmon_device_info{source="nvml"}`);
+never a spooled workload's devices, whose ids are their process's. One step adds them to every collector's series
+(the owner transform, DESIGN.md §13). A number a source does not report is an **absent series**, never 0
 and never NaN. NVML's series of one NVLink add `link`; those of a MIG device carry its GPU's `device` with
 `mig_uuid`, `gpu_instance`, `compute_instance` and `profile`.
 

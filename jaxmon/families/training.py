@@ -18,7 +18,8 @@ DISPATCHED = Spec(
     "number is behind the others' is the one they wait for.",
 )
 LAST_STEP = Spec(
-    "jaxmon_training_last_step_timestamp_seconds", "Unix time the last step completed (as jaxmon's waiter saw it)."
+    "jaxmon_training_last_step_timestamp_seconds",
+    "Unix time the last step completed (as jaxmon's waiter saw it), read from the wall clock at that moment.",
 )
 DURATION = Spec(
     "jaxmon_training_step_duration_seconds",
@@ -75,7 +76,8 @@ HOST_WAIT = Spec(
 START_TIME = Spec(
     "jaxmon_training_start_time_seconds",
     "Unix time the workload's jaxmon started (start() or publish()): the productive seconds and every kind of "
-    "badput add up to jaxmon_training_last_step_timestamp_seconds minus it.",
+    "badput add up to jaxmon_training_last_step_timestamp_seconds minus it, unless the wall clock was stepped "
+    "between the two (they are counted on the monotonic clock).",
 )
 PRODUCTIVE = Spec(
     "jaxmon_training_productive_seconds",
@@ -95,8 +97,12 @@ BADPUT = Spec(
 PROBLEMS = Spec(
     "jaxmon_training_tracking_problems",
     "What the training tracker could not use, by reason: back and jump (step numbers that do not follow), unready "
-    "(a ready array deleted or donated first), dropped (too many steps pending), cost (no cost analysis), "
-    "badput_kinds (a badput() block of a kind past the 10th, counted as other).",
+    "(a ready array deleted or donated first), invalid (a figure given to step() that is not a finite number >= 0, "
+    "or a step number that is not an integer: dropped for that step), unread (a figure or step number array deleted "
+    "or donated before it was read), dropped (too many steps pending), cost (no cost analysis), badput_kinds (a "
+    "badput() block of a kind past the 10th, counted as other), intervals (closed badput intervals past 10 000 since "
+    "the last completed step, dropped), programs (a tracked function's program whose cost was forgotten past 256 "
+    "programs), error (a bug of the waiter's).",
     counter=True,
 )
 

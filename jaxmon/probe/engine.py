@@ -267,6 +267,27 @@ class DeviceProbe:
 
     # -- scheduler side ---------------------------------------------------------------------------------
 
+    def defer(self) -> None:
+        """A scheduled run not dispatched: the job in this process is training on the device (a step of it ended
+        within the probe interval), and jaxmon runs no program of its own beside the job's.
+
+        The job's completed step is the device's answer, so it is up; the probe did not time the device now, so
+        there is no utilization estimate (the last one was taken before the job trained); the latency, baseline
+        and FLOP/s of the last timing stay what they were, and no run is counted."""
+        with self._lock:
+            st = self._status
+            st.deferred_total += 1
+            recovered = st.up is False
+            st.up = True
+            st.utilization_ratio = None
+            st.last_error = None
+        if recovered:
+            self._errors.ok(
+                f"probe/{self.device.name}",
+                "the device answers: the job's steps complete on it",
+                device=self.device.name,
+            )
+
     def run_once(self) -> None:
         """One scheduled probe: calibrate first if needed, wait at most the timeout, never queue a second."""
         with self._lock:

@@ -142,6 +142,19 @@ class LogSettings(Section):
     )
 
 
+class PathSettings(Section):
+    """Where the host's pseudo-filesystems are (node_exporter's `--path.procfs` and `--path.sysfs`)."""
+
+    procfs: Path = Field(
+        default=Path("/proc"),
+        description="procfs mount point: the processes NVML reports are read here (their cgroup: pod or Slurm job); "
+        "in a container, the host's /proc with hostPID.",
+    )
+    sysfs: Path = Field(
+        default=Path("/sys"), description="sysfs mount point: the cgroup tree under fs/cgroup (Slurm's, for auto)."
+    )
+
+
 class ConfigSettings(Section):
     """The YAML config file."""
 
@@ -169,6 +182,7 @@ class Settings(BaseSettings):
     health: HealthSettings = HealthSettings()
     gpu: GpuSettings = GpuSettings()
     log: LogSettings = LogSettings()
+    path: PathSettings = PathSettings()
     config: ConfigSettings = ConfigSettings()
     replay: Path | None = Field(default=None, description="Serve recorded devices from this JSON file.")
     node: bool = Field(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from jaxmon.model import BackendStatus, DeviceInfo, ProbeKernel
+from jaxmon.model import ArrayBytes, BackendStatus, DeviceInfo, ProbeKernel
 
 if TYPE_CHECKING:  # a type alone: importing jaxmon.training here would load the tracker in every daemon
     from jaxmon.training.reading import TrainingReading
@@ -42,7 +42,10 @@ class InProcess(Protocol):
         """The running JAX's version."""
 
     def live_array_bytes(self) -> dict[tuple[str, int], int]:
-        """Bytes of live arrays per device."""
+        """Bytes of live arrays in device memory per device."""
+
+    def array_bytes(self) -> ArrayBytes:
+        """Bytes of live arrays per device by placement (device memory, replicated, host memory), in one pass."""
 
     def compile_counts(self) -> dict[str, float]:
         """Compile counters since start."""
@@ -56,3 +59,7 @@ class InProcess(Protocol):
 
     def training(self) -> TrainingReading | None:
         """The training tracker's reading (jaxmon.step()), None without a tracker."""
+
+    def training_devices(self, within: float) -> frozenset[tuple[str, int]]:
+        """The devices this process's job is training on: all of the process's devices when a step of it ended
+        within the last `within` seconds (jaxmon.step()), else none."""

@@ -41,7 +41,9 @@ Float64 = Annotated[float, Field(ge=-(2.0**63), le=2.0**63)]
 Timestamp = Annotated[float, Field(ge=0, le=MAX_TIME)]
 StatKey = Annotated[str, Field(min_length=1, max_length=128)]
 # allow_inf_nan=False: JSON has no Infinity or NaN, and Python's json module accepts them anyway.
-_MODEL = ConfigDict(extra="forbid", allow_inf_nan=False)
+# protected_namespaces=(): `model_flops_total` is a field, not pydantic's; before 2.10 pydantic warned at import about
+# any field named `model_*`.
+_MODEL = ConfigDict(extra="forbid", allow_inf_nan=False, protected_namespaces=())
 
 
 class SpoolDevice(BaseModel):

@@ -28,7 +28,11 @@ _TRAINING = {
     "jaxmon_training_host_wait_seconds_total": "wait",
     "jaxmon_training_start_time_seconds": "start",
     "jaxmon_training_last_step_timestamp_seconds": "last",
+    "jaxmon_training_productive_seconds_total": "productive",
 }
+# Summed over its kinds: with productive, the workload's time from its start to its last completion on its own
+# monotonic clock (the two timestamps are the wall clock's, which may have been stepped in between).
+_BADPUT = "jaxmon_training_badput_seconds_total"
 # Device-wide numbers (NVML, libtpu): one per physical device, shown on every row of that device.
 _DEVICE_WIDE = {
     "jaxmon_device_duty_cycle_ratio": "duty",
@@ -159,6 +163,9 @@ def parse_exposition(text: str, endpoint: str) -> Scrape:
             elif s.name in _TRAINING and "workload" in s.labels:
                 per_process = training.setdefault((s.labels["workload"], s.labels.get("process_index", "")), {})
                 per_process[_TRAINING[s.name]] = s.value
+            elif s.name == _BADPUT and "workload" in s.labels:
+                per_process = training.setdefault((s.labels["workload"], s.labels.get("process_index", "")), {})
+                per_process["badput"] = per_process.get("badput", 0.0) + s.value
             elif s.name == "jaxmon_training_model_flops_utilization_ratio" and "device" in s.labels:
                 row(s.labels).mfu = s.value
             elif s.name in _DEVICE_WIDE and "device" in s.labels:
@@ -197,9 +204,14 @@ def parse_exposition(text: str, endpoint: str) -> Scrape:
             r.step, r.step_sum, r.step_count = (numbers.get(k) for k in ("step", "sum", "count"))
             r.dispatched, r.host_wait = numbers.get("dispatched"), numbers.get("wait")
             start, last = numbers.get("start"), numbers.get("last")
+            productive, badput = numbers.get("productive"), numbers.get("badput")
             # The workload's own clock: its accounting's time from the start to the last completion (host wait
-            # is counted at completions too).
-            r.elapsed = last - start if start is not None and last is not None else None
+            # is counted at completions too), productive plus every badput; the timestamps' difference where those
+            # are missing (it takes in any step of the wall clock between them).
+            if productive is not None and badput is not None:
+                r.elapsed = productive + badput
+            else:
+                r.elapsed = last - start if start is not None and last is not None else None
             if r.step_sum is not None and r.step_count:
                 r.step_time = r.step_sum / r.step_count
             if r.host_wait is not None and r.elapsed:

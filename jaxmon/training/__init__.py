@@ -20,8 +20,9 @@ import functools
 import os
 import threading
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, SupportsFloat, SupportsIndex, TypeVar
 
 import structlog
 
@@ -34,6 +35,12 @@ log = structlog.get_logger("jaxmon.training")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+# The compiled programs (argument signatures) a tracked function keeps the cost of, least recently called first out:
+# a function called with ever new shapes (dynamic-shape eval, variable sequence lengths) keeps memory bounded. One
+# that falls out is counted (reason="programs"); called again, its cost is read again (one lowering, on the calling
+# thread).
+MAX_PROGRAMS = 256
 
 _tracker: Tracker | None = None
 _users = 0  # the running start()s and publish()es that hold _tracker
@@ -111,21 +118,28 @@ def _not_running(what: str) -> None:
 
 
 def step(
-    n: int,
+    n: SupportsIndex,
     *ready: Any,
-    examples: float | None = None,
-    tokens: float | None = None,
-    model_flops: float | None = None,
+    examples: SupportsFloat | None = None,
+    tokens: SupportsFloat | None = None,
+    model_flops: SupportsFloat | None = None,
 ) -> None:
-    """Mark the end of training step `n`: it is complete when the arrays in `ready` (any pytree: the loss, the
-    metrics, never a donated buffer) are; without `ready`, when a tiny barrier on every local device is (a few
-    dispatches per step on the training thread).
+    """Mark the end of training step `n`: it is complete when the JAX arrays in `ready` (any pytree: the loss, the
+    metrics, never a donated buffer) are; with no array in `ready` (none given, or only host numbers), when a tiny
+    barrier on every local device is (a few dispatches per step on the training thread).
 
     Every process passes the **job's** figures for the step, what one step of the whole job processes: `examples`
     the global batch, `tokens` its tokens, `model_flops` its model FLOPs (6·N·tokens for a transformer). Each process
     exports its share (examples and tokens / jax.process_count(), FLOPs / jax.device_count() on each local device),
     so sum() over the job's series is the job's total, as with every Prometheus counter.
-    Returns at once; never raises into training."""
+
+    `n` and the figures may be JAX arrays still being computed (a TrainState's step, the batch's token count): jaxmon
+    reads them on its own thread once the step is done, never here. `n` must be an integer (Python, NumPy or JAX;
+    not a float, not a bool), a figure a finite number >= 0: anything else is dropped for that step and counted as
+    `jaxmon_training_tracking_problems_total{reason="invalid"}` (logged once per field). Deleting, donating or
+    reusing any of these arrays afterwards is safe: the step is counted `unready`, or the figure `unread`.
+    Returns at once (it notes the time and queues the step: no device wait, no conversion); never raises into
+    training."""
     tracker = _tracker
     if tracker is None:
         _not_running("step")
@@ -159,7 +173,7 @@ class Tracked(Generic[P, R]):
 
     def __init__(self, fn: Callable[P, R]) -> None:
         self._fn = fn
-        self._programs: dict[Hashable, Program] = {}
+        self._programs: OrderedDict[Hashable, Program] = OrderedDict()  # least recently called first
         self._only: Program | None = None  # while the function holds one compiled program: that one
         functools.update_wrapper(self, fn)
 
@@ -185,6 +199,11 @@ class Tracked(Generic[P, R]):
         program = self._programs.get(key)
         if program is None:  # a new program: its cost is read here, in the caller's contexts (mesh, axis rules)
             program = self._programs[key] = tracker.measure(self._fn, args, kwargs)
+            if len(self._programs) > MAX_PROGRAMS:
+                self._programs.popitem(last=False)
+                tracker.forgot_program()
+        else:
+            self._programs.move_to_end(key)
         self._only = program if len(self._programs) == 1 and size == 1 else None
         return program
 

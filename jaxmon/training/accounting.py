@@ -21,8 +21,9 @@ Pure bookkeeping on one clock (seconds, monotonic), fed by the tracker's waiter 
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 # Buckets of jaxmon_training_step_duration_seconds: from milliseconds to minutes, fixed so that histograms of every
@@ -32,6 +33,10 @@ DURATION_BUCKETS = (
 )  # fmt: skip
 # A stall is judged once the window holds this many steps (fewer give no stable median).
 STALL_MIN_STEPS = 5
+# Badput intervals kept for attribution (Intervals): past this many since the last completion, closed ones are dropped
+# down to INTERVALS_AFTER_DROP (so that dropping runs once in that many intervals at most).
+MAX_INTERVALS = 10_000
+INTERVALS_AFTER_DROP = MAX_INTERVALS * 3 // 4
 STARTUP = "startup"
 STALL = "stall"
 RESTART = "restart"
@@ -63,6 +68,52 @@ def attribute(start: float, end: float, intervals: Iterable[Interval]) -> dict[s
             out[kind] = out.get(kind, 0.0) + hi - lo
             covered = hi
     return out
+
+
+class Intervals:
+    """The badput intervals a step completing from now on may be charged for: those still open and those that ended
+    after the last completion (`forget`), in the order they were added.
+
+    An open one (a badput() block still running) is never dropped: there are as many as blocks open at once.
+    Past MAX_INTERVALS, first the closed ones inside an open interval that started before them go (the open one is
+    charged for each of their instants: no figure changes), then the oldest closed ones (their time then reads as
+    another kind, or host), which `add` returns the number of, for the caller to count."""
+
+    def __init__(self) -> None:
+        self._items: deque[Interval] = deque()
+
+    def __iter__(self) -> Iterator[Interval]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, interval: Interval) -> int:
+        """Keep `interval`; returns how many closed intervals were dropped to stay within MAX_INTERVALS."""
+        self._items.append(interval)
+        return self._shed() if len(self._items) > MAX_INTERVALS else 0
+
+    def forget(self, done: float) -> None:
+        """Drop the intervals that ended by `done`, a completion: every later step interval starts after it."""
+        kept = [i for i in self._items if i.end > done]
+        if len(kept) != len(self._items):
+            self._items = deque(kept)
+
+    def _shed(self) -> int:
+        first_open = min((i.start for i in self._items if math.isinf(i.end)), default=math.inf)
+        kept = [i for i in self._items if math.isinf(i.end) or i.start <= first_open]
+        excess = max(len(kept) - INTERVALS_AFTER_DROP, 0)
+        dropped = 0
+        if excess:
+            newest: list[Interval] = []
+            for i in kept:
+                if dropped < excess and not math.isinf(i.end):
+                    dropped += 1
+                else:
+                    newest.append(i)
+            kept = newest
+        self._items = deque(kept)
+        return dropped
 
 
 @dataclass
@@ -104,6 +155,90 @@ class WindowStep:
     hardware_flops: Mapping[tuple[str, int], float]
 
 
+class RunningSum:
+    """A sum that values enter and leave, compensated (Neumaier's variant of Kahan's summation): the window's
+    seconds and FLOPs are kept this way so that reading them is O(1), without the drift of a plain running sum.
+
+    A plain `+=`/`-=` pair loses the low bits of every value it adds to a larger total, and they never come back when
+    that value leaves: over millions of steps the window's total drifts, worst after a huge value (a 10-minute
+    stall, a step of 1e18 FLOPs) entered and left it. The compensation carries those low bits, so the error stays
+    within a few ulps of the true total whatever went through it. A sum whose last value left is reset to exactly
+    0 (the caller counts its values)."""
+
+    __slots__ = ("compensation", "total")
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.compensation = 0.0
+
+    def add(self, value: float) -> None:
+        """Add `value` (subtract with its negation)."""
+        total = self.total + value
+        if abs(self.total) >= abs(value):
+            self.compensation += (self.total - total) + value
+        else:
+            self.compensation += (value - total) + self.total
+        self.total = total
+
+    def value(self) -> float:
+        """The sum."""
+        return self.total + self.compensation
+
+
+class WindowSums:
+    """The window's counted seconds and per-device model and hardware FLOPs, kept as steps enter and leave it, and
+    how many of its steps name each device: MFU and HFU are read in O(devices), whatever the window's length (the
+    tracker reads them under the lock step() takes)."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        """An empty window: every sum exactly 0."""
+        self.seconds = RunningSum()
+        self.steps = 0
+        self.model: dict[tuple[str, int], RunningSum] = {}
+        self.hardware: dict[tuple[str, int], RunningSum] = {}
+        self.model_steps: dict[tuple[str, int], int] = {}  # steps of the window whose model FLOPs name the device
+        self.hardware_steps: dict[tuple[str, int], int] = {}
+
+    def enter(self, step: WindowStep) -> None:
+        """`step` joins the window."""
+        self.steps += 1
+        self.seconds.add(step.counted)
+        _enter(self.model, self.model_steps, step.model_flops)
+        _enter(self.hardware, self.hardware_steps, step.hardware_flops)
+
+    def leave(self, step: WindowStep) -> None:
+        """`step` (in the window) leaves it; the window that empties is exactly 0 again."""
+        self.steps -= 1
+        if self.steps == 0:
+            self.clear()
+            return
+        self.seconds.add(-step.counted)
+        _leave(self.model, self.model_steps, step.model_flops)
+        _leave(self.hardware, self.hardware_steps, step.hardware_flops)
+
+
+def _enter(
+    sums: dict[tuple[str, int], RunningSum], counts: dict[tuple[str, int], int], flops: Mapping[tuple[str, int], float]
+) -> None:
+    for key, value in flops.items():
+        counts[key] = counts.get(key, 0) + 1
+        sums.setdefault(key, RunningSum()).add(value)
+
+
+def _leave(
+    sums: dict[tuple[str, int], RunningSum], counts: dict[tuple[str, int], int], flops: Mapping[tuple[str, int], float]
+) -> None:
+    for key, value in flops.items():
+        if counts[key] == 1:  # its last step leaves: exactly nothing, as a recomputation would say
+            del counts[key], sums[key]
+        else:
+            counts[key] -= 1
+            sums[key].add(-value)
+
+
 @dataclass
 class Accounting:
     """A process's training time since `started`: productive, badput by kind, stalls, host wait, the window."""
@@ -120,6 +255,8 @@ class Accounting:
     recent: deque[WindowStep] = field(default_factory=deque)
     # The busy parts of `recent`, sorted: the stall check's median at every step without sorting the window.
     _busy: list[float] = field(default_factory=list, init=False, repr=False)
+    # The sums of `recent` that MFU and HFU are made of.
+    _sums: WindowSums = field(default_factory=WindowSums, init=False, repr=False)
 
     def _add(self, kinds: Mapping[str, float]) -> None:
         for kind, seconds in kinds.items():
@@ -162,10 +299,14 @@ class Accounting:
         self.host_wait += idle
         self.last_done = done
         self.histogram.observe(duration)
-        self.recent.append(WindowStep(duration, busy, duration - named_total, dict(model_flops), dict(hardware_flops)))
+        entered = WindowStep(duration, busy, duration - named_total, dict(model_flops), dict(hardware_flops))
+        self.recent.append(entered)
+        self._sums.enter(entered)
         bisect.insort(self._busy, busy)
         while len(self.recent) > self.window:
-            del self._busy[bisect.bisect_left(self._busy, self.recent.popleft().busy)]
+            left = self.recent.popleft()
+            self._sums.leave(left)
+            del self._busy[bisect.bisect_left(self._busy, left.busy)]
         return duration
 
     def gap(self, previous_done: float, done: float, intervals: Iterable[Interval], restart: bool) -> None:
@@ -181,6 +322,7 @@ class Accounting:
             self._add({RESTART: rest})
             self.recent.clear()
             self._busy.clear()
+            self._sums.clear()
         else:
             self.productive += rest
 
@@ -190,19 +332,19 @@ class Accounting:
 
     def utilization(self, peaks: Mapping[tuple[str, int], float]) -> tuple[dict[tuple[str, int], float], ...]:
         """(MFU, HFU) per device over the window: its FLOPs / (the window's time less its named badput x the
-        device's peak). Host time and stalls stay in the denominator; a checkpoint does not."""
-        seconds = sum(s.counted for s in self.recent)
+        device's peak). Host time and stalls stay in the denominator; a checkpoint does not. O(devices): the
+        window's sums are kept as steps enter and leave it."""
+        sums = self._sums
+        seconds = sums.seconds.value() if sums.steps else 0.0
         mfu: dict[tuple[str, int], float] = {}
         hfu: dict[tuple[str, int], float] = {}
         if seconds <= 0:
             return mfu, hfu
         for key, peak in peaks.items():
-            model = sum(s.model_flops.get(key, 0.0) for s in self.recent)
-            hardware = sum(s.hardware_flops.get(key, 0.0) for s in self.recent)
-            if any(key in s.model_flops for s in self.recent):
-                mfu[key] = model / (seconds * peak)
-            if any(key in s.hardware_flops for s in self.recent):
-                hfu[key] = hardware / (seconds * peak)
+            if (model := sums.model.get(key)) is not None:
+                mfu[key] = model.value() / (seconds * peak)
+            if (hardware := sums.hardware.get(key)) is not None:
+                hfu[key] = hardware.value() / (seconds * peak)
         return mfu, hfu
 
 

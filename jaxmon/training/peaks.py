@@ -9,7 +9,12 @@ guessed default (Levanter never maps "NVIDIA H200"; torchtitan falls back to an 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jaxmon.model import DeviceInfo
 
 
 @dataclass(frozen=True)
@@ -60,3 +65,20 @@ def device_peak(device_kind: str, num_cores: int | None) -> float | None:
     if num_cores is not None and num_cores > 0:  # a TPU device says how many of its chip's TensorCores it is
         return row.chip_flops * min(num_cores, row.cores_per_chip) / row.cores_per_chip
     return row.chip_flops / row.devices_per_chip
+
+
+def peak_table(
+    devices: Iterable[DeviceInfo], setting: float | None
+) -> tuple[dict[tuple[str, int], tuple[float, str]], dict[tuple[str, int], str]]:
+    """Each device's peak and where it comes from ("setting": `setting`, which overrides the table, or "table");
+    and the devices with none, with their kind (the tracker says so once a step wants their MFU)."""
+    peaks: dict[tuple[str, int], tuple[float, str]] = {}
+    unknown: dict[tuple[str, int], str] = {}
+    for d in devices:
+        if setting is not None:
+            peaks[d.key] = (setting, "setting")
+        elif (peak := device_peak(d.device_kind, d.num_cores)) is not None:
+            peaks[d.key] = (peak, "table")
+        else:
+            unknown[d.key] = d.device_kind
+    return peaks, unknown

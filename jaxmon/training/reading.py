@@ -37,13 +37,18 @@ class TrainingReading:
     examples_total: float = 0.0
     tokens_total: float = 0.0
     host_wait_seconds_total: float = 0.0
-    # Unix time the tracker started (jaxmon.start() or publish()): productive + badput = last_step_timestamp - it.
+    # Unix time the tracker started (jaxmon.start() or publish()), like last_step_timestamp read from the wall clock
+    # at the event: productive + badput (counted on the monotonic clock) = last_step_timestamp - it, but for the
+    # wall clock's corrections in between (NTP's slew, parts per million; a step, all of it).
     start_time_seconds: float = 0.0
     productive_seconds_total: float = 0.0
     badput_seconds_total: Mapping[str, float] = field(default_factory=dict)
     devices: tuple[DeviceTraining, ...] = ()
-    # What the tracker could not use, by reason: back, jump (step numbers), unready (a deleted buffer), dropped
-    # (the waiter fell too far behind), cost (no cost analysis), badput_kinds (a badput() kind past the 10th), error.
+    # What the tracker could not use, by reason: back, jump (step numbers), unready (a deleted buffer), invalid (a
+    # figure or step number that is not one), unread (a figure or step number array deleted before it was read),
+    # dropped (the waiter fell too far behind), cost (no cost analysis), badput_kinds (a badput() kind past the
+    # 10th), intervals (closed badput intervals dropped past MAX_INTERVALS), programs (a tracked function's program
+    # forgotten past MAX_PROGRAMS), error.
     problems: Mapping[str, int] = field(default_factory=dict)
 
     @property

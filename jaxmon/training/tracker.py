@@ -1,130 +1,87 @@
 """The training tracker: `step()` on the training thread, a waiter thread that sees each step complete.
 
-`step()` only notes the time and queues the step's ready arrays (a deque append under a lock): it never blocks and
-never raises. The waiter blocks on each step's arrays in order (`block_until_ready` releases the GIL, so training
-goes on dispatching), notes when they are ready, and does the bookkeeping (`accounting.py`). Nothing here imports
-JAX: `ops` (jaxmon.sources.local.training.JaxTraining) does that.
+`step()` only notes the time, takes jaxmon's own handles on the JAX arrays it is given (`ops.hold`: a clone of
+each, sharing its buffers) and queues the step (a deque append under a lock): it never blocks, never reads a
+number off a device and never raises. The waiter takes the queued steps in order and waits for each one's ready
+arrays and figure arrays in one call (`block_until_ready` releases the GIL, so training goes on dispatching), notes
+when they are ready, then reads and checks the step number and the figures, and does the bookkeeping
+(`accounting.py`). It calls JAX only on its own handles, so whatever the user does to the arrays meanwhile (delete,
+donate, reuse) makes a call raise, never crash. Nothing here imports JAX: `ops`
+(jaxmon.sources.local.training.JaxTraining) does that.
 """
 
 from __future__ import annotations
 
+import numbers
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import structlog
 
 from jaxmon.logsetup import ErrorLog
-from jaxmon.model import DeviceInfo
-from jaxmon.training.accounting import Accounting, Interval
-from jaxmon.training.peaks import device_peak
+from jaxmon.training.accounting import MAX_INTERVALS, Accounting, Interval, Intervals
+from jaxmon.training.handed import (
+    _PLAIN,
+    EVENT_KIND,
+    EVENT_KINDS,
+    FIELDS,
+    MAX_USER_KINDS,
+    OTHER_KIND,
+    Program,
+    TrackerConfig,
+    TrainingOps,
+    _Held,
+    _Pending,
+    figure,
+    integer,
+    shown,
+)
+from jaxmon.training.peaks import peak_table
 from jaxmon.training.reading import DeviceTraining, TrainingReading
 
 log = structlog.get_logger("jaxmon.training")
 
-# jax.monitoring duration events that are time not training: XLA compilations, and Orbax's blocking checkpoint
-# saves and its restores (orbax-checkpoint 0.12: an async save records the first name, a synchronous one the second;
-# a restore records one of the read names, by whether it ran asynchronously).
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-CHECKPOINT_EVENTS = (
-    "/jax/checkpoint/write/async/blocking_duration_secs",
-    "/jax/orbax/write/total_duration_secs",
-)
-RESTORE_EVENTS = (
-    "/jax/orbax/read/total_duration_secs",
-    "/jax/orbax/read/async/blocking_duration_secs",
-)
-EVENT_KIND = (
-    {COMPILE_EVENT: "compile"}
-    | dict.fromkeys(CHECKPOINT_EVENTS, "checkpoint")
-    | dict.fromkeys(RESTORE_EVENTS, "restore")
-)
-# Badput intervals kept for attribution: older ones than the last completed step are dropped as steps complete.
-MAX_INTERVALS = 10_000
-# The kinds of badput intervals a process exports: compile and checkpoint (from jax.monitoring) always, and this
-# many kinds of badput() blocks; time of a further kind counts as OTHER_KIND, so a kind made of data
-# (badput(f"eval-{n}")) cannot grow the series without bound. With other, startup, stall, restart and host a
-# process has at most 18 badput series.
-EVENT_KINDS = frozenset({"compile", "checkpoint", "restore"})
-MAX_USER_KINDS = 10
-OTHER_KIND = "other"
-
-
-class TrainingOps(Protocol):
-    """What the tracker needs of JAX (jaxmon.sources.local.training.JaxTraining)."""
-
-    def devices(self) -> list[DeviceInfo]: ...
-    def device_count(self) -> int: ...
-    def process_count(self) -> int: ...
-    def leaves(self, tree: Any) -> list[Any]: ...
-    def barrier(self) -> list[Any]: ...
-    def wait(self, array: Any) -> None: ...
-    def is_ready(self, array: Any) -> bool: ...
-    def signature(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Hashable: ...
-    def avals(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any: ...
-    def cost(self, fn: Any, avals: Any) -> Any: ...
-    def cache_size(self, fn: Any) -> int | None: ...
-    def on_event_duration(self, callback: Callable[[str, float], None]) -> Callable[[], None]: ...
-
-
-@dataclass(frozen=True)
-class TrackerConfig:
-    """The training collector's options, as the tracker uses them."""
-
-    peak_flops: float | None = None  # per device; overrides the table
-    window: int = 100
-    stall_factor: float = 3.0
-    max_pending: int = 1024
-
-
-@dataclass
-class Program:
-    """One compiled program of a tracked function and its cost, read on the calling thread at its first call (in
-    the loop's own contexts: `with mesh:`, `use_mesh`, Flax's axis rules); None when it could not be read."""
-
-    fn: Any
-    cost: Any = None
-
-
-@dataclass
-class _Pending:
-    number: int
-    arrays: list[Any]
-    handed: float
-    examples: float | None
-    tokens: float | None
-    model_flops: float | None
-    programs: dict[int, tuple[Program, int]] = field(default_factory=dict)
+__all__ = ["MAX_USER_KINDS", "OTHER_KIND", "Program", "Tracker", "TrackerConfig", "TrainingOps"]
 
 
 class Tracker:
     """One training process's step telemetry."""
 
-    def __init__(self, ops: TrainingOps, config: TrackerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        ops: TrainingOps,
+        config: TrackerConfig,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        """`clock` is the monotonic clock every duration is measured on; `wall` the Unix clock the exported
+        timestamps are read from, at each event (a clock step moves the later timestamps, never the durations)."""
         self.ops = ops
         self.config = config
         self._clock = clock
+        self._wall = wall
         self._errors = ErrorLog(log, 3600.0)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._pending: deque[_Pending] = deque()
         self._calls: dict[int, tuple[Program, int]] = {}  # tracked calls since the last step()
-        self._intervals: deque[Interval] = deque(maxlen=MAX_INTERVALS)
+        self._intervals = Intervals()  # badput intervals since the last completion (and the open ones)
         self._kinds: set[str] = set()  # the badput() kinds seen, MAX_USER_KINDS at most
         self._devices = ops.devices()
         self._device_count = max(ops.device_count(), 1)
         self._process_count = max(ops.process_count(), 1)
-        self._peaks = self._peak_table()
-        self._acct = Accounting(started=clock(), window=config.window, stall_factor=config.stall_factor)
-        # Wall time of the accounting clock's readings: the start and the completions on one clock, so that the
-        # exported timestamps differ by exactly the seconds the accounting counts.
-        self._wall_offset = time.time() - self._acct.started
+        self._peaks, self._no_peak = peak_table(self._devices, config.peak_flops)
+        self._peak_warned: set[str] = set()  # the device kinds "no peak FLOP/s known" was said of
+        started = clock()
+        self._start_wall = wall()  # Unix time at the start, read beside the monotonic start
+        self._acct = Accounting(started=started, window=config.window, stall_factor=config.stall_factor)
         self._last: tuple[int, float | None] | None = None  # (number, completion) of the last step seen
         self._steps = 0
         self._last_wall: float | None = None
+        self._seen: float | None = None  # the clock when the waiter last saw a step end (last_step_seen())
         self._examples = 0.0
         self._tokens = 0.0
         self._model: dict[tuple[str, int], float] = {}
@@ -141,20 +98,31 @@ class Tracker:
 
     # -- the training thread ------------------------------------------------------------------------------
 
-    def step(self, number: int, ready: tuple[Any, ...], examples: Any, tokens: Any, model_flops: Any) -> None:
-        """Step `number` is dispatched; it is complete when `ready` is (or, without it, a barrier on every device)."""
+    def step(self, number: Any, ready: tuple[Any, ...], examples: Any, tokens: Any, model_flops: Any) -> None:
+        """Step `number` is dispatched; it is complete when the JAX arrays among `ready`'s leaves are (or, with none,
+        a barrier on every device). Nothing is read or checked here: any of the numbers may be a JAX array still
+        being computed, which the waiter reads once it is."""
         handed = self._clock()
-        arrays = self.ops.leaves(ready) if ready else self.ops.barrier()
+        ops = self.ops
+        arrays = ops.arrays(ready)
+        held = [ops.hold(a) for a in arrays]
+        handles = [h for h in held if h is not None]
+        if not arrays:  # no ready, or a tree of host numbers: no array says when the step is done
+            handles = ops.barrier()
+        given = (number, examples, tokens, model_flops)
+        if not (
+            type(number) is int and type(examples) in _PLAIN and type(tokens) in _PLAIN and type(model_flops) in _PLAIN
+        ):
+            given = tuple(_Held(ops.hold(v)) if ops.is_array(v) else v for v in given)  # type: ignore[assignment]
         with self._lock:
             self._stepping = True
-            self._dispatched = int(number)
+            if type(number) is int or (isinstance(number, numbers.Integral) and not isinstance(number, bool)):
+                self._dispatched = int(number)  # a host integer; a device one is set by the waiter
             calls, self._calls = self._calls, {}
             if len(self._pending) >= self.config.max_pending:
-                self._problem("dropped", "training steps not tracked: the waiter is far behind", number=number)
+                self._problem("dropped", "training steps not tracked: the waiter is far behind", number=shown(number))
                 return
-            self._pending.append(
-                _Pending(int(number), arrays, handed, _number(examples), _number(tokens), _number(model_flops), calls)
-            )
+            self._pending.append(_Pending(given, handles, handed, calls, lost=len(handles) < len(held)))
             self._wake.notify()
 
     def measure(self, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Program:
@@ -166,6 +134,14 @@ class Tracker:
         except Exception as exc:
             self._problem("cost", "no cost analysis for a tracked function", detail=f"{type(exc).__name__}: {exc}")
         return program
+
+    def forgot_program(self) -> None:
+        """A tracked function let its least recently called program's cost go (jaxmon.training.MAX_PROGRAMS)."""
+        self._problem(
+            "programs",
+            "a tracked function ran more programs than jaxmon keeps the cost of: the least recently called is "
+            "forgotten (its cost is read again if it runs again)",
+        )
 
     def called(self, program: Program) -> None:
         """A tracked function ran `program` once in the current step."""
@@ -187,7 +163,12 @@ class Tracker:
                     )
                     kind = OTHER_KIND
             interval = Interval(kind, start, end)
-            self._intervals.append(interval)
+            if dropped := self._intervals.add(interval):
+                self._problem(
+                    "intervals",
+                    f"more than {MAX_INTERVALS} badput intervals since the last completed step: the oldest are dropped",
+                    times=dropped,
+                )
         return interval
 
     def close(self, interval: Interval) -> None:
@@ -198,6 +179,11 @@ class Tracker:
     def now(self) -> float:
         """The tracker's clock."""
         return self._clock()
+
+    def last_step_seen(self) -> float | None:
+        """When (the tracker's clock, monotonic) the waiter last saw a step end, complete or unready; None before
+        any. The probe dispatches nothing while it is recent (docs/probe.md). One attribute read: no lock."""
+        return self._seen
 
     def _on_event(self, event: str, seconds: float) -> None:
         kind = EVENT_KIND.get(event)
@@ -221,27 +207,79 @@ class Tracker:
             if self._stopping:
                 return
             item = self._pending[0]
-        ok = True
-        for array in item.arrays:
-            if self.ops.is_ready(array):
-                # Done already (the waiter is catching up): no blocking call, which would give up the GIL and
-                # queue for it again behind the training thread, a switch interval (5 ms) a step.
-                continue
-            try:
-                self.ops.wait(array)
-            except Exception as exc:  # deleted or donated before it was waited for
-                ok = False
-                self._problem("unready", "a step's ready array was deleted or donated", detail=str(exc)[:200])
-        done = self._clock() if ok else None
-        item.arrays = []  # hold no array longer than needed
+        try:
+            done = self._wait_arrays(item)
+            number = self._read(item)
+        except Exception as exc:  # a bug here: this step is not booked, and the waiter goes on with the next
+            self._problem("error", "the training waiter failed on a step", detail=f"{type(exc).__name__}: {exc}")
+            done, number = None, None
+        device_number = isinstance(item.given[0], _Held)
+        item.arrays, item.given = [], (None, None, None, None)  # hold no array longer than needed
         with self._lock:
             self._pending.popleft()
+            if number is None:  # no step number to book it under (counted): its time goes to the next step's gap
+                return
+            if device_number and not self._pending:
+                self._dispatched = number  # a device step number, and no later step handed: the last one handed
+            item.number = number
             self._complete(item, done)
+
+    def _wait_arrays(self, item: _Pending) -> float | None:
+        """When the step's ready arrays were all computed (None: unknown, one was deleted or donated first).
+
+        One blocking call for the step's ready arrays and its figure arrays together: one release of the GIL a
+        step, and none of an array that is ready already is needed to get past it. Only jaxmon's own handles are
+        waited on or asked, so a deletion at any moment makes the call raise, never crash."""
+        figures = [g.handle for g in item.given if isinstance(g, _Held) and g.handle is not None]
+        if item.lost:
+            self._problem("unready", "a step's ready array was deleted or donated before step() was called")
+            return None
+        try:
+            self.ops.wait(item.arrays + figures)
+            return self._clock()
+        except Exception as exc:
+            error = exc
+        if figures and not any(self.ops.deleted(h) for h in item.arrays):
+            try:  # a figure array failed (it is read below): the ready arrays alone say when the step was done
+                self.ops.wait(item.arrays)
+                return self._clock()
+            except Exception as exc:
+                error = exc
+        self._problem("unready", "a step's ready array was deleted or donated", detail=str(error)[:200])
+        return None
+
+    def _read(self, item: _Pending) -> int | None:
+        """Read and check the step's number and figures into `item`; the number, None when it is not a usable one.
+        A figure that is not a finite number >= 0, or a number that is not an integer, is dropped for this step
+        and counted as `invalid`, logged once per field with what was given; an array deleted before it could be
+        read is dropped and counted as `unread`."""
+        values: list[Any] = []
+        for name, given in zip(FIELDS, item.given, strict=True):
+            if isinstance(given, _Held):
+                try:
+                    if given.handle is None:
+                        raise ValueError("deleted or donated before step() was called")
+                    given = self.ops.value(given.handle)
+                except Exception as exc:
+                    self._problem("unread", "an array given to step() was deleted or donated before it was read",
+                                  key=f"unread.{name}", field=name, detail=str(exc)[:200])  # fmt: skip
+                    values.append(None)
+                    continue
+            value = integer(given) if name == "step" else figure(given)
+            if value is None and (given is not None or name == "step"):
+                self._problem("invalid", "a number given to step() is not usable: dropped for this step",
+                              key=f"invalid.{name}", field=name, given=shown(given),
+                              expected="an integer" if name == "step" else "a finite number >= 0")  # fmt: skip
+            values.append(value)
+        item.examples, item.tokens, item.model_flops = values[1:]
+        number: int | None = values[0]
+        return number
 
     def _complete(self, item: _Pending, done: float | None) -> None:
         """Book step `item`, completed at `done` (None: unknown), with the lock held."""
+        self._seen = self._clock()
         self._steps += 1
-        self._last_wall = self._wall_offset + (self._clock() if done is None else done)
+        self._last_wall = self._wall_at(done)
         # step() is given the job's figures: this process's share, so that sum() over the job is the job's.
         self._examples += (item.examples or 0.0) / self._process_count
         self._tokens += (item.tokens or 0.0) / self._process_count
@@ -262,6 +300,8 @@ class Tracker:
         for totals, add in ((self._model, model), (self._hardware, hardware)):
             for device, flops in add.items():
                 totals[device] = totals.get(device, 0.0) + flops
+            if add and self._no_peak:
+                self._mfu_wanted(add)
         previous, self._last = self._last, (item.number, done)
         if done is None:
             return
@@ -278,37 +318,33 @@ class Tracker:
                 reason = "back" if restart else "jump"
                 self._problem(reason, "training step numbers do not follow", previous=previous[0], number=item.number)
             self._acct.gap(last_done, done, self._intervals, restart)
-        self._forget_intervals(done)
+        self._intervals.forget(done)
 
-    def _forget_intervals(self, done: float) -> None:
-        """Drop the intervals that ended by `done`: every later step interval starts after it."""
-        kept = [i for i in self._intervals if i.end > done]
-        if len(kept) != len(self._intervals):
-            self._intervals = deque(kept, maxlen=MAX_INTERVALS)
+    def _wall_at(self, instant: float | None) -> float:
+        """The Unix time at `instant` of the monotonic clock (None: now), a moment ago: the wall clock read now,
+        less the monotonic time since. A clock step before the event is in it (the timestamp is the wall clock's
+        at the event); the durations, on the monotonic clock, never see one."""
+        wall, now = self._wall(), self._clock()
+        return wall if instant is None else wall - max(now - instant, 0.0)
 
-    def _problem(self, reason: str, event: str, **fields: Any) -> None:
+    def _problem(self, reason: str, event: str, key: str | None = None, times: int = 1, **fields: Any) -> None:
         with self._problems_lock:  # its own lock: called with the main one held and without
-            self._problems[reason] = self._problems.get(reason, 0) + 1
-        self._errors.error(reason, event, reason, **fields)  # once an hour per reason, with the count since
+            self._problems[reason] = self._problems.get(reason, 0) + times
+        # Logged once an hour per reason (or per `key`: a field of step()), with the count since.
+        self._errors.error(key or reason, event, reason, **fields)
 
     # -- reading ------------------------------------------------------------------------------------------
 
-    def _peak_table(self) -> dict[tuple[str, int], tuple[float, str]]:
-        peaks: dict[tuple[str, int], tuple[float, str]] = {}
-        unknown: set[str] = set()
-        for d in self._devices:
-            if self.config.peak_flops is not None:
-                peaks[d.key] = (self.config.peak_flops, "setting")
-            elif (peak := device_peak(d.device_kind, d.num_cores)) is not None:
-                peaks[d.key] = (peak, "table")
-            else:
-                unknown.add(d.device_kind)
-        for kind in sorted(unknown):
+    def _mfu_wanted(self, flops: Mapping[tuple[str, int], float]) -> None:
+        """A step gave FLOPs for these devices: say once per device kind that has no peak that its MFU cannot be
+        known (not at start: a process that never gives FLOPs never wanted it)."""
+        kinds = {self._no_peak.pop(key) for key in flops if key in self._no_peak}
+        for kind in sorted(kinds - self._peak_warned):
+            self._peak_warned.add(kind)
             log.warning(
                 "no peak FLOP/s known for this device kind: no MFU or HFU series (set collector.training.peak_flops)",
                 device_kind=kind,
             )
-        return peaks
 
     def reading(self) -> TrainingReading | None:
         """The telemetry now; None before the first step()."""
@@ -340,7 +376,7 @@ class Tracker:
                 examples_total=self._examples,
                 tokens_total=self._tokens,
                 host_wait_seconds_total=self._acct.host_wait,
-                start_time_seconds=self._wall_offset + self._acct.started,
+                start_time_seconds=self._start_wall,
                 productive_seconds_total=self._acct.productive,
                 badput_seconds_total=dict(self._acct.badput),
                 devices=devices,
@@ -359,12 +395,3 @@ class Tracker:
             self._wake.notify()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
-
-
-def _number(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None

@@ -279,3 +279,46 @@ def test_auto_runs_where_the_socket_is_and_stays_off_elsewhere(
     assert success(s) is None and pod_devices(s) == set()
     (line,) = [json.loads(x) for x in elsewhere.log().splitlines() if '"collectors"' in x]
     assert "no kubelet pod-resources socket" in line["configured_but_off"]["kubernetes"]
+
+
+def test_a_sidecars_jax_device_carries_the_owners_of_its_gpu_as_the_nvml_series_do(
+    start_daemon: StartDaemon, tmp_path: Path, kubelet: FakeKubelet
+) -> None:
+    """One transform for every collector: a daemon whose JAX device (a replayed gpu:0, the JAX device source that
+    can be a GPU here) the nvml collector matches to the fake NVML's one GPU (device_match="only_gpu") labels the
+    JAX device's series (memory, its jaxmon_device_info row) with the pod holding that GPU, as the GPU's own."""
+    replay = tmp_path / "replay.json"
+    stats = {"bytes_in_use": 1 << 30, "peak_bytes_in_use": 2 << 30, "bytes_limit": 64 << 30, "num_allocs": 3}
+    replay.write_text(
+        json.dumps({"devices": [{"id": 0, "platform": "gpu", "device_kind": "NVIDIA H200", "memory_stats": stats}]}),
+        encoding="utf-8",
+    )
+    nvml = Scenario(tmp_path / "nvml.json", [device(0, uuid=UUIDS[0], minor_number=0)])
+    d = start_daemon(
+        "--replay",
+        str(replay),
+        "--poll.interval",
+        f"{POLL}s",
+        "--collector.nvml",
+        "--collector.kubernetes",
+        "--collector.kubernetes.socket",
+        str(kubelet.socket),
+        env=nvml.env(),
+    )
+    jax = {"device": "0", "platform": "gpu"}
+    s = d.wait_for(
+        lambda s: labelled(s) and sample(s, "jaxmon_memory_bytes_in_use", **jax, **GPU_PODS["0"]) is not None,
+        what="the JAX device's series labelled",
+    )
+    row = {**jax, "uuid": UUIDS[0], "device_match": "only_gpu", "source": "nvml"}
+    assert [pod_labels(dict(lbls)) for name, lbls in s if name == "jaxmon_device_info" and row.items() <= lbls] == [
+        GPU_PODS["0"]
+    ]
+    own = [(name, dict(lbls)) for name, lbls in s if ("device", "0") in lbls and ("source", "nvml") not in lbls]
+    assert {name for name, _ in own} >= {
+        "jaxmon_memory_bytes_in_use",
+        "jaxmon_memory_limit_bytes",
+        "jaxmon_device_info",
+    }
+    for name, labels in own:
+        assert pod_labels(labels) == GPU_PODS["0"], (name, labels)

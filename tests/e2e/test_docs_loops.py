@@ -1,29 +1,39 @@
 """docs/training.md's Flax NNX + Optax loop and its MaxText-style loop, run as written (tests/workloads/flax_loop.py
 and maxtext_loop.py, whose marked regions the doc shows: tests/unit/test_docs_snippets.py) in real child processes
-under jaxmon.start(), scraped over HTTP: every step counted, the tokens and model FLOPs as each process's share of the
-job's, XLA's FLOPs of the MaxText-style step as its cost analysis reads them in the loop's own mesh context (where
-the step lowers at all), and no tracking problem; and the PromQL the page shows parses."""
+on 8 CPU devices under jaxmon.start() at its defaults (the probe on), scraped over HTTP: every step counted, the
+tokens and model FLOPs as each process's share of the job's, XLA's FLOPs of the MaxText-style step as its cost
+analysis reads them in the loop's own mesh context (where the step lowers at all), and no tracking problem; each loop
+run three times, exiting 0, with no probe timeout and no probe run while it steps (docs/probe.md); and the PromQL
+the page shows parses."""
 
 from __future__ import annotations
 
 import re
 import socket
 import subprocess
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import requests
 import yaml
 
-from tests.helpers import Child, per_device, promtool, sample, wait_for_samples
+from tests.helpers import Child, Samples, free_port, per_device, promtool, sample, scrape, wait_for_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ROOT / "tests" / "workloads"
 ENV = {
     "JAXMON_WEB__LISTEN_ADDRESS": "127.0.0.1:0",
     "JAXMON_POLL__INTERVAL": "0.2",
-    "JAXMON_COLLECTOR__PROBE__ENABLED": "false",
     "JAXMON_COLLECTOR__TRAINING__PEAK_FLOPS": "1e11",  # CPU has no peak in the table: MFU and HFU need one
 }
+# The probe's interval, short so that the loop spans several of them (the default is 15 s), yet well above a step's
+# time on a loaded machine (the probe may run between steps further apart than its interval): the Flax loop's 500
+# steps of a few ms take about 1.5 s, so its probe runs every 0.25 s with shots 10 ms apart (a run of about 40 ms);
+# the MaxText-style loop's 50 steps take about 3 s, and its probe runs every 0.5 s at the default spacing.
+PROBE = {"flax_loop.py": (0.25, "10ms"), "maxtext_loop.py": (0.5, "100ms")}
 
 
 def labels(workload: str) -> dict[str, str]:
@@ -56,12 +66,8 @@ def test_the_flax_nnx_loop_of_the_docs_reports_every_step(children: list[Child],
 
 
 def test_the_maxtext_style_loop_of_the_docs_reads_xla_flops_in_its_mesh(children: list[Child], tmp_path: Path) -> None:
-    # Two CPU devices, a 1 x 2 mesh. On the suite's 2-core machines XLA:CPU runs every device's program on a pool of
-    # about as many threads as cores; a collective's participants that wait in its rendezvous hold their threads, so
-    # with more devices than threads and many steps in flight a rendezvous can wait for ever for a participant that
-    # never gets a thread (with or without jaxmon). Eight devices did so now and then; four did once, beside two CPU
-    # burners. Two devices are one rendezvous group, which two threads always complete.
-    child = Child(tmp_path, script=WORKLOADS / "maxtext_loop.py", env={**ENV, "JAX_NUM_CPU_DEVICES": "2"})
+    # Eight CPU devices, a 4 x 2 mesh: the loop keeps at most two steps in flight, as the docs say why.
+    child = Child(tmp_path, script=WORKLOADS / "maxtext_loop.py", env=ENV)
     children.append(child)
     done = child.hello
     steps, tokens = done["steps"], done["batch"] * done["seq"]
@@ -76,18 +82,78 @@ def test_the_maxtext_style_loop_of_the_docs_reads_xla_flops_in_its_mesh(children
     assert done["lowers_outside_mesh"] is False
     assert problems(s) == {}
     hardware = per_device(s, "jaxmon_training_hardware_flops_total")
-    assert len(hardware) == 2 and all(v == pytest.approx(steps * done["flops"]) for v in hardware.values()), hardware
+    assert len(hardware) == 8 and all(v == pytest.approx(steps * done["flops"]) for v in hardware.values()), hardware
     model = per_device(s, "jaxmon_training_model_flops_total")
-    assert all(v == pytest.approx(steps * 6 * done["n_params"] * tokens / 2) for v in model.values()), model
+    assert all(v == pytest.approx(steps * 6 * done["n_params"] * tokens / 8) for v in model.values()), model
     mfu = per_device(s, "jaxmon_training_model_flops_utilization_ratio")
-    assert len(mfu) == 2 and all(v > 0 for v in mfu.values()), mfu
-    # Goodput's accounting holds to the scrape: productive plus every kind of badput is start to last step.
+    assert len(mfu) == 8 and all(v > 0 for v in mfu.values()), mfu
+    # Goodput's accounting holds to the scrape: productive plus every kind of badput is start to last step (the
+    # timestamps are the wall clock's at each event: NTP's slew of it since the start, parts per million, is in them).
     badput = sum(v for k, v in s.items() if k[0] == "jaxmon_training_badput_seconds_total")
     productive = sample(s, "jaxmon_training_productive_seconds_total", **lab)
     last = sample(s, "jaxmon_training_last_step_timestamp_seconds", **lab)
     start = sample(s, "jaxmon_training_start_time_seconds", **lab)
     assert productive is not None and last is not None and start is not None
-    assert productive + badput == pytest.approx(last - start, abs=1e-5)
+    assert productive + badput == pytest.approx(last - start, rel=1e-3, abs=1e-4)
+
+
+def probe_counts(s: Samples, name: str) -> float:
+    """A jaxmon_probe_* counter of the one probed CPU device (cpu:0 stands for all of them), 0 when absent."""
+    return per_device(s, name, "cpu").get("0", 0.0)
+
+
+@pytest.mark.parametrize("run", range(3))
+@pytest.mark.parametrize(("script", "workload"), [("flax_loop.py", "flax-lm"), ("maxtext_loop.py", "maxtext-style")])
+def test_the_docs_loops_run_to_the_end_with_no_probe_beside_their_steps(
+    children: list[Child], tmp_path: Path, script: str, workload: str, run: int
+) -> None:
+    """The loop as written, on 8 CPU devices, jaxmon at its defaults but for a short probe interval: it exits 0,
+    the probe never times out, and while the loop steps no probe runs (jaxmon_probe_runs_total is flat across
+    scrapes a probe interval apart, while jaxmon_probe_deferred_total counts the runs left out)."""
+    url = f"http://127.0.0.1:{free_port()}"
+    interval, spacing = PROBE[script]
+    env = {
+        "JAXMON_WEB__LISTEN_ADDRESS": url.removeprefix("http://"),
+        "JAXMON_COLLECTOR__PROBE__INTERVAL": str(interval),
+        "JAXMON_COLLECTOR__PROBE__SPACING": spacing,
+        "JAXMON_POLL__INTERVAL": "0.1",  # the training series every 0.1 s (5 s by default)
+    }
+    child = Child(tmp_path, script=WORKLOADS / script, env=env, hello=False)
+    children.append(child)
+    hello: list[dict[str, Any]] = []
+    greeter = threading.Thread(target=lambda: hello.append(child.greet(timeout=240)), daemon=True)
+    greeter.start()
+    lab = labels(workload)
+    # (when, steps seen complete, probe runs, probe runs deferred), every scrape until the loop has ended
+    seen: list[tuple[float, float, float, float]] = []
+    while greeter.is_alive():
+        try:
+            s = scrape(url, timeout=5)
+        except requests.RequestException:  # not listening yet
+            time.sleep(0.05)
+            continue
+        steps = sample(s, "jaxmon_training_steps_total", **lab) or 0.0
+        runs, deferred = probe_counts(s, "jaxmon_probe_runs_total"), probe_counts(s, "jaxmon_probe_deferred_total")
+        seen.append((time.monotonic(), steps, runs, deferred))
+        time.sleep(0.05)
+    greeter.join()
+    assert hello, f"the loop did not finish; stderr:\n{child.log()}"
+    total = hello[0]["steps"]
+    assert child.proc.stdin is not None
+    child.proc.stdin.write("\n")
+    child.proc.stdin.flush()
+    assert child.proc.wait(60) == 0, child.log()
+    log = child.log()
+    assert "probe did not finish" not in log, log
+    assert "Termination timeout" not in log, log
+    # Stepping: scrapes after the probe first left a run out for the job, and before the loop's last step.
+    stepping = [x for x in seen if x[3] >= 1 and 1 <= x[1] < total]
+    runs_while_stepping = [(round(t - seen[0][0], 2), steps, runs) for t, steps, runs, _ in seen if 1 <= steps < total]
+    assert stepping, f"the probe never waited for the stepping loop: (s, steps, probe runs) {runs_while_stepping}"
+    first, last = stepping[0], stepping[-1]
+    assert last[0] - first[0] >= interval, f"too few scrapes while the loop stepped: {runs_while_stepping}"
+    assert first[2] == last[2], f"the probe ran while the loop stepped: {runs_while_stepping}"
+    assert last[3] > first[3]  # the probe's job ran meanwhile, and left its run out
 
 
 def test_the_promql_of_training_md_parses(tmp_path: Path) -> None:

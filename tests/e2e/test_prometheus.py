@@ -14,7 +14,8 @@ The scraped setup (one module fixture, all processes killed at teardown):
   power cap, with fans, busy (97 %) with its SMs active 12 % of the time (GPM), held by pod team-a/train-0, where the
   trainer below runs (so its MFU is GPU 0's); GPU 1 nearly full with uncorrected ECC errors, a failed row
   remapping, an NVLink down, and after start an Xid 79, NVLink replays, PCIe replays and a row remapped for an
-  uncorrectable error; GPU 2 lost; GPU 3 in MIG mode with two MIG devices;
+  uncorrectable error, its process (pid 4242) a Slurm job's (a procfs the test writes: --path.procfs); GPU 2 lost;
+  GPU 3 in MIG mode with two MIG devices;
 - jaxmon-gone: a target nobody listens on.
 So almost every alert fires for a known reason, and the rest are listed with why they stay quiet here. Prometheus
 loads job.yml beside alerts.yml: the Utilization ladder row reads its records.
@@ -34,6 +35,7 @@ from typing import Any
 
 import pytest
 
+from tests.cgroup_tree import write_process
 from tests.conftest import FIXTURES, ROOT, Daemon, free_port, wait_until
 from tests.deploy_files import (
     DASHBOARDS,
@@ -333,6 +335,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         nvml_args = ["--no-collector.probe", "--collector.nvml", "--collector.nvml.gpm-pipes"]
         nvml_args += ["--poll.interval", "0.5s"]
         nvml_args += ["--collector.kubernetes", "--collector.kubernetes.socket", str(kubelet.socket)]
+        # GPU 1's process is job 31337's (cgroup v2), in a procfs of the test's: jaxmon_slurm_job_device_info.
+        write_process(tmp / "proc", 4242, "0::/system.slice/slurmstepd.scope/job_31337/step_0/user/task_0\n")
+        nvml_args += ["--collector.slurm", "--path.procfs", str(tmp / "proc")]
         nvml = Daemon(tmp, nvml_args, env=scenario.env())
         daemons.append(nvml)
         # The children finish their start-up compilations before Prometheus sees them, so that the only

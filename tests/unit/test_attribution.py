@@ -116,18 +116,25 @@ def test_a_tpu_carries_the_one_container_holding_chips_and_nothing_when_several_
 
 
 def test_the_tpu_collectors_chip_and_host_series_carry_the_holder_of_the_chips() -> None:
-    from jaxmon.collectors.tpu import chip_labels, host_labels
+    """Through the owner transform's index, with the identities the tpu collector's state offers for its series."""
+    from jaxmon.collectors.tpu import TpuDevice, TpuState, chip_labels, host_labels
+    from jaxmon.owners import OwnerIndex
+
+    identities = TpuState(devices=(TpuDevice(9, True),)).identities
+
+    def owned(attribution: Attribution, labels: dict[str, str]) -> dict[str, str]:
+        return {**labels, **OwnerIndex(attribution.owners, identities, "node", None).labels_of(labels)}
 
     one = attribute([alloc("job", "google.com/tpu", "0", "1", container="jax")])
     holder = {"namespace": "team", "pod": "job", "container": "jax"}
-    assert chip_labels(9, [one]) == {"device": "9", "platform": "tpu", "source": "libtpu", **holder}
+    assert owned(one, chip_labels(9)) == {"device": "9", "platform": "tpu", "source": "libtpu", **holder}
     # The megascale series are the service's, whose process holds the chips.
-    assert host_labels([one]) == {"source": "libtpu", **holder}
+    assert owned(one, host_labels()) == {"source": "libtpu", **holder}
     assert chip_labels(9) == {"device": "9", "platform": "tpu", "source": "libtpu"} and host_labels() == {
         "source": "libtpu"
     }
     two = attribute([alloc("a", "google.com/tpu", "0"), alloc("b", "google.com/tpu", "1")])
-    assert host_labels([two]) == {"source": "libtpu"}
+    assert owned(two, host_labels()) == {"source": "libtpu"}
 
 
 def test_accelerators_are_listed_in_a_stable_order() -> None:

@@ -1,5 +1,6 @@
 """The package's layout rules, read from its source: no import circles, collectors that import no other collector
-nor the composition root, settings and the exposition that import no collector, and no module over 400 lines.
+nor the composition root, settings and the exposition that import no collector, no collector that stamps owners
+itself (the owner transform does, jaxmon.owners), and no module over 400 lines.
 
 Imports are read with `ast`, those under `if TYPE_CHECKING:` and inside functions included: a circle through a
 type-only or a lazy import is still a circle in the design.
@@ -124,6 +125,56 @@ def test_the_exposition_imports_no_collector() -> None:
     jaxmon.collectors.base (the prometheus_client default registry is a collector like any other)."""
     bad = {t for t in GRAPH["jaxmon.exposition"] if t == "jaxmon.collectors" or t.startswith("jaxmon.collectors.")}
     assert not bad, f"jaxmon.exposition imports {sorted(bad)}"
+
+
+# Who owns a device is said in these modules, and written on series (these labels) by the owner transform alone.
+OWNER_MODULES = {"jaxmon.owners", "jaxmon.attribution"}
+OWNER_LABELS = {"namespace", "pod", "container"}
+# The names that carry owners: the owner model and its channel, and DEVICE_PODS / DevicePods, the channel through
+# which the nvml and tpu collectors read the kubelet's pods and stamped them themselves before issue 35.
+OWNER_NAMES = {"OWNERS", "Owners", "Owner", "OwnerIndex", "owner_labels", "Attribution", "DEVICE_PODS", "DevicePods"}
+# Owner sources: collectors whose state offers owners (they build them) and whose own families list them
+# (jaxmon_kubernetes_pod_device_info).
+OWNER_SOURCES = {"jaxmon.collectors.kubernetes"}
+
+
+def _names_and_strings(module: str) -> tuple[set[str], set[str]]:
+    """Every identifier a module names (imported, read, or an attribute) and every short string constant in it."""
+    names: set[str] = set()
+    strings: set[str] = set()
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.alias):
+            names.add(node.asname or node.name.rpartition(".")[2])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 40:
+            strings.add(node.value)
+    return names, strings
+
+
+def test_no_collector_stamps_owners_itself() -> None:
+    """Owner labels come from one transform over every collector's families, never from a collector: no collector
+    but the owner sources imports the owner modules, names the owners or their channel, or writes an owner label."""
+    collectors = {m for m in MODULES if m.startswith("jaxmon.collectors.")}
+    assert collectors >= OWNER_SOURCES
+    for module in sorted(collectors - OWNER_SOURCES):
+        names, strings = _names_and_strings(module)
+        assert not GRAPH[module] & OWNER_MODULES, f"{module} imports {sorted(GRAPH[module] & OWNER_MODULES)}"
+        assert not names & OWNER_NAMES, f"{module} reads the owners: {sorted(names & OWNER_NAMES)}"
+        assert not strings & OWNER_LABELS, f"{module} writes owner labels: {sorted(strings & OWNER_LABELS)}"
+
+
+def test_the_owner_sources_offer_owners() -> None:
+    """A check on the exemption: each owner source is one because its state offers owners to the transform."""
+    from jaxmon.collectors import registry
+    from jaxmon.owners import OWNERS
+
+    sources = {f"{cls.__module__}" for cls in registry().values() if OWNERS in cls.offers}
+    assert sources == OWNER_SOURCES
+    names, strings = _names_and_strings("jaxmon.collectors.nvml")
+    assert "DEVICE_IDENTITIES" in names and "device" in strings  # the reader sees what a collector names
 
 
 def test_only_the_local_source_imports_jax() -> None:

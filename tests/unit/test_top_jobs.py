@@ -31,6 +31,28 @@ def _exposition(index: int, waited: float, elapsed: float, dispatched: int, work
     )
 
 
+def test_the_host_wait_share_is_over_the_workloads_own_clock_not_a_stepped_wall_clock() -> None:
+    """The timestamps are the wall clock's at each event: an hour's step of it between the start and the last
+    completion is no hour of the workload's. Productive plus badput is its time on its monotonic clock."""
+
+    def exposition(waited: float, elapsed: float, step: float) -> str:
+        labels = 'process_count="4",process_index="0",workload="llama"'
+        accounted = [
+            f"jaxmon_training_productive_seconds_total{{{labels}}} {elapsed - waited}",
+            f'jaxmon_training_badput_seconds_total{{kind="host",{labels}}} {waited / 2}',
+            f'jaxmon_training_badput_seconds_total{{kind="data",{labels}}} {waited / 2}',
+        ]
+        text = _exposition(0, waited, elapsed, 500).replace(f"{1700000000 + elapsed}", f"{1700000000 + elapsed + step}")
+        return text + "\n".join(accounted) + "\n"
+
+    old = parse_exposition(exposition(10.0, 100.0, 0.0), "h0:1")
+    assert old.rows[0].host_wait_ratio == 0.1
+    new = parse_exposition(exposition(18.0, 110.0, 3600.0), "h0:1")  # the clock stepped an hour meanwhile
+    assert new.rows[0].host_wait_ratio == 18.0 / 110.0  # not 18 / 3710
+    recent_step_times(new, old)
+    assert new.rows[0].host_wait_ratio == 0.8  # 8 of the last 10 s, not 8 of 3610
+
+
 def _state(name: str, text: str) -> EndpointState:
     return EndpointState(f"http://{name}/metrics", name, parse_exposition(text, name), healthy=True, last_ok=0.0)
 

@@ -48,16 +48,19 @@ def train_step(model: LM, optimizer: nnx.Optimizer[LM], batch: jax.Array) -> jax
 
 
 rng = np.random.default_rng(0)
-for n in range(100):
+previous = None
+for n in range(500):
     batch = jnp.asarray(rng.integers(0, VOCAB, (BATCH, SEQ + 1)))  # your data loader's batch
     loss = train_step(model, optimizer, batch)
     jaxmon.step(n, loss, examples=BATCH, tokens=BATCH * SEQ, model_flops=6 * n_params * BATCH * SEQ)
+    jax.block_until_ready(previous)  # wait for the step before: at most two steps in flight
+    previous = loss
 # docs:end
 
 # The test's side (not in the docs): what the loop did, then wait to be scraped.
 flops = train_step.lower(model, optimizer, batch).compile().cost_analysis()["flops"]
 exporter = jaxmon.start()  # the running exporter
-figures = {"steps": 100, "batch": BATCH, "seq": SEQ, "n_params": int(n_params), "flops": float(flops)}
+figures = {"steps": 500, "batch": BATCH, "seq": SEQ, "n_params": int(n_params), "flops": float(flops)}
 print("OK " + __import__("json").dumps({"url": exporter.url, "loss": float(loss), **figures}), flush=True)
 input()
 exporter.stop()

@@ -63,12 +63,15 @@ with jax.set_mesh(mesh):
     n_params = sum(p.size for p in jax.tree.leaves(params))
     global_batch = BATCH * jax.process_count()  # the job's figures, the same in every process
     rng = np.random.default_rng(jax.process_index())
+    previous = None
     for n in range(50):
         local = rng.integers(0, VOCAB, (BATCH, SEQ + 1))  # your data loader's batch
         tokens = jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), local)
         state, metrics = train_step(state, tokens)  # the old state is donated: never hand it to step()
         flops = 6 * n_params * global_batch * SEQ
         jaxmon.step(n, metrics["loss"], examples=global_batch, tokens=global_batch * SEQ, model_flops=flops)
+        jax.block_until_ready(previous)  # at most two steps in flight (a collective on CPU devices needs it)
+        previous = metrics["loss"]
 # docs:end
 
 # The test's side (not in the docs): what the loop did, then wait to be scraped.

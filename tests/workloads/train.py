@@ -13,7 +13,9 @@ answered on stdout with `OK <json>`:
                            by this loop after step() (then waiting for jaxmon's waiter to book it), with DATA_MS of
                            badput("data") before each; answer with the
                            loop's own completion times (time.monotonic), how long each data block took as it
-                           measured it, and the step program's XLA FLOPs
+                           measured it, and the step program's XLA FLOPs; with the times (monotonic and Unix)
+                           just before and just after jaxmon.start() or publish() and the Unix time of the
+                           last completion
   restore N                number the next `steps` from N (as a restart from a checkpoint of step N does)
   loop N WITH_STEP [SIZE]  an asynchronous loop of N steps of a SIZE x SIZE matmul step (256; synced only at the
                            end), with jaxmon.step(n, loss) each step when WITH_STEP is 1; answer with the wall time
@@ -104,6 +106,8 @@ def main() -> None:
     if args.alloc:
         kept.append(jax.device_put(np.zeros(args.alloc // 4, np.float32), jax.devices()[0]))
     handle: object = None
+    # The loop's own clocks around the start of jaxmon (its tracker starts in between).
+    started = {"monotonic": [time.monotonic()], "unix": [time.time()]}
     if args.mode == "embedded":
         exporter = jaxmon.start(args.port, workload=args.workload, poll={"interval": args.interval}, training=training)
         handle = exporter
@@ -113,6 +117,8 @@ def main() -> None:
         answer(pid=os.getpid())
     else:
         answer(pid=os.getpid())
+    started["monotonic"].append(time.monotonic())
+    started["unix"].append(time.time())
 
     step, params, x, y = make_step()
     if args.train_forever:
@@ -176,11 +182,12 @@ def main() -> None:
                 jaxmon.step(number, params["b"], examples=256, tokens=2560, model_flops=8e6)
                 jax.block_until_ready(params)
                 done.append(time.monotonic())
+                done_unix = time.time()
                 booked(number)
                 number += 1
             flops = step.lower(params, x, y).compile().cost_analysis()["flops"]  # type: ignore[attr-defined]
             (device,) = params["b"].devices()
-            answer(done=done, loads=loads, flops=flops, device=int(device.id))
+            answer(done=done, loads=loads, flops=flops, device=int(device.id), started=started, done_unix=done_unix)
         elif cmd == "loop":
             count, with_step = int(rest[0]), rest[1] == "1"
             size = int(rest[2]) if len(rest) > 2 else 256

@@ -103,6 +103,14 @@ ROW = Row(
             "plugin names it), one row per pod even where pods share a time-sliced GPU.",
         ),
         Panel(
+            "GPUs used by Slurm jobs (cgroups)",
+            "table",
+            "none",
+            [Target(top(f"jaxmon_slurm_job_device_info{{{INST}}}"), table=True)],
+            "Each GPU a Slurm job's processes use (job_id, the job's uid, device, UUID), from a node-mode jaxmon with "
+            "the slurm collector; a GPU two jobs share has a row for each.",
+        ),
+        Panel(
             "Memory bandwidth utilization",
             "timeseries",
             "percentunit",

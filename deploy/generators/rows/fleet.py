@@ -288,4 +288,51 @@ PODS = Row(
     ],
 )
 
-ROWS = [HEALTH, MEMORY, UTILIZATION, ladder.row(FLEET), PODS]
+
+# A Slurm job's GPUs: jaxmon_slurm_job_device_info joined to the device series on (instance, device), the info on the
+# left so that a GPU two jobs share (gres/shard, MPS) joins both, not a many-to-many error.
+def job_gpus(metric: str) -> str:
+    """`metric` of each GPU a Slurm job uses, with the job's labels."""
+    return (
+        f'jaxmon_slurm_job_device_info{{{INST}}} * on (instance, device) group_left () {metric}{{{DEV}, source="nvml"}}'
+    )
+
+
+SLURM = Row(
+    "Slurm jobs",
+    [
+        Panel(
+            "Slurm jobs using GPUs",
+            "stat",
+            "none",
+            [
+                Target(count(f"count by (job_id) (jaxmon_slurm_job_device_info{{{INST}}})"), "jobs"),
+                Target(count(f"jaxmon_slurm_job_device_info{{{INST}}}"), "job GPUs"),
+            ],
+            "Slurm jobs whose processes use a GPU, and those GPUs (a node-mode jaxmon on a Slurm node, with the "
+            "slurm collector).",
+            width=4,
+        ),
+        Panel(
+            "Duty cycle by Slurm job: the least busy",
+            "timeseries",
+            "percentunit",
+            [Target(bottom(f"avg by (job_id) ({job_gpus('jaxmon_device_duty_cycle_ratio')})"), "job {{job_id}}")],
+            "The $k Slurm jobs whose GPUs are least busy (mean duty cycle over each job's GPUs): GPUs allocated and "
+            "not used.",
+            min=0,
+            max=1,
+            width=10,
+        ),
+        Panel(
+            "GPUs used by Slurm jobs",
+            "table",
+            "none",
+            [Target(top(f"jaxmon_slurm_job_device_info{{{INST}}}"), table=True)],
+            "Each GPU a Slurm job's processes use (job_id, the job's uid, device and UUID): $k rows at most.",
+            width=10,
+        ),
+    ],
+)
+
+ROWS = [HEALTH, MEMORY, UTILIZATION, ladder.row(FLEET), PODS, SLURM]

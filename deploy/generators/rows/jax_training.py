@@ -306,6 +306,27 @@ MEMORY = Row(
             thresholds=[(0, "green"), (1.15, "orange"), (1.3, "red")],
             width=8,
         ),
+        Panel(
+            "Replicated array bytes",
+            "timeseries",
+            "bytes",
+            [Target(top(f"jaxmon_memory_replicated_array_bytes{{{JOB}}}"), DEVICE)],
+            "The $k devices of the job holding the most bytes of arrays fully replicated over several devices "
+            "(parameters, optimizer state): what sharding them over the mesh would save. Embedded jaxmon only.",
+            min=0,
+            width=12,
+        ),
+        Panel(
+            "Host-offloaded array bytes",
+            "timeseries",
+            "bytes",
+            [Target(top(f"jaxmon_memory_host_array_bytes{{{JOB}}} > 0"), DEVICE + " {{memory_kind}}")],
+            "The $k largest amounts of live arrays in host memory kinds (pinned_host, unpinned_host) per device: "
+            "offloaded optimizer state and activations, which the device's allocator does not count. Embedded "
+            "jaxmon only.",
+            min=0,
+            width=12,
+        ),
     ],
 )
 

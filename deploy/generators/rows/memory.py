@@ -1,4 +1,5 @@
-"""The "Memory" row: each device's allocator statistics (memory_stats()) and live array bytes."""
+"""The "Memory" row: each device's allocator statistics (memory_stats()), live array bytes, and where the arrays lie
+(replicated, in host memory)."""
 
 from __future__ import annotations
 
@@ -94,7 +95,26 @@ ROW = Row(
             "timeseries",
             "bytes",
             [Target(top(f"jaxmon_memory_live_array_bytes{{{MEM}}}"))],
-            "Bytes of live jax.Array shards in a workload process, where memory_stats() reports nothing (CPU).",
+            "Bytes of live jax.Array shards in device memory in a workload process, where memory_stats() reports "
+            "nothing (CPU).",
+            min=0,
+        ),
+        Panel(
+            "Replicated array bytes",
+            "timeseries",
+            "bytes",
+            [Target(top(f"jaxmon_memory_replicated_array_bytes{{{MEM}}}"))],
+            "Bytes of arrays fully replicated over several devices, per device (embedded): what a sharded layout "
+            "would save.",
+            min=0,
+        ),
+        Panel(
+            "Host-offloaded array bytes",
+            "timeseries",
+            "bytes",
+            [Target(top(f"jaxmon_memory_host_array_bytes{{{MEM}}} > 0"), DEVICE_LEGEND + " {{memory_kind}}")],
+            "Bytes of live arrays in host memory kinds (pinned_host, unpinned_host) per device (embedded): "
+            "offloaded state the allocator does not count.",
             min=0,
         ),
         Panel(

@@ -52,8 +52,10 @@ ROW = Row(
                 Target(top(rate("jaxmon_probe_failures_total", DEV)), DEVICE_LEGEND + " failures"),
                 Target(top(rate("jaxmon_probe_timeouts_total", DEV)), DEVICE_LEGEND + " timeouts"),
                 Target(top(rate("jaxmon_probe_skipped_total", DEV)), DEVICE_LEGEND + " skipped"),
+                Target(top(rate("jaxmon_probe_deferred_total", DEV)), DEVICE_LEGEND + " deferred"),
             ],
-            "Probe runs per second, and those that raised, timed out, or were skipped behind a hung run.",
+            "Probe runs per second, and those that raised, timed out, or were skipped behind a hung run; deferred: "
+            "runs left out while the job in the process trained on the device.",
             min=0,
         ),
         Panel(

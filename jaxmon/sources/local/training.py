@@ -5,6 +5,18 @@ Python. Facts relied on (jax 0.10.2, DESIGN.md section 8): `block_until_ready()`
 deleted or donated buffer; programs on one device run in dispatch order (so a tiny program dispatched after a
 step completes after it); `fn.lower(avals).compile()` after the first call is a cache hit (no compilation) when
 the avals keep each argument's committedness, and a deleted array still has its shape, dtype and sharding.
+
+What must never happen here is a crash on an array the user deleted, donated or reused (jaxlib's C++ on a user's
+`jax.Array`, jaxlib/py_array.cc): `x.delete()` empties the array object (its IFRT array pointer becomes null) and
+`x.is_ready()` then dereferences null (SIGSEGV); `x.block_until_ready()` reads that pointer *after* releasing the
+GIL, so a `delete()` on the training thread meanwhile frees what it waits on; and the per-device views of
+`x._arrays` are deleted (emptied) with `x`. So the waiter never touches the user's array objects: on the training
+thread, in `step()` (where nothing deletes the user's arrays meanwhile: that thread is busy in `step()`), `hold()`
+takes a handle of jaxmon's own, `x.clone()`: a new array object sharing the same device buffers (no copy, under a
+microsecond). Nobody else has that object, so its pointer is never emptied; a delete or donation of the buffers
+themselves is checked by PJRT under its own lock, and every call on the handle then raises (`BlockHostUntilReady()
+called on deleted or donated buffer`, `DeviceArray has been deleted`), never crashes. `is_ready()` is called on
+nothing.
 """
 
 from __future__ import annotations
@@ -56,6 +68,15 @@ class JaxTraining:
         # One cached input per device for the barrier: a program that depends on nothing but runs in order.
         self._barrier_inputs: list[Any] | None = None
         self._barrier_fn = jax.jit(lambda x: x + 1)
+        # jaxlib's batched wait, which jax.block_until_ready() calls for two arrays or more, without its tree walk:
+        # one C++ call that takes every array's pointer under the GIL, then waits for all with the GIL released.
+        self._batched: Callable[[list[Any]], Any] = jax.block_until_ready
+        try:
+            from jaxlib import xla_client  # jax has no public name for it
+
+            self._batched = xla_client.batched_block_until_ready
+        except (ImportError, AttributeError):
+            pass
         self._lock = threading.Lock()
 
     def devices(self) -> list[DeviceInfo]:
@@ -79,9 +100,23 @@ class JaxTraining:
         """Processes of the whole job (examples and tokens are split over them)."""
         return int(self._jax.process_count())
 
-    def leaves(self, tree: Any) -> list[Any]:
-        """The JAX arrays among `tree`'s leaves (Python numbers and the like are ready by definition)."""
-        return [leaf for leaf in self._jax.tree_util.tree_leaves(tree) if hasattr(leaf, "block_until_ready")]
+    def arrays(self, tree: Any) -> list[Any]:
+        """The JAX arrays among `tree`'s leaves, as given (Python and NumPy numbers are no device's work)."""
+        array = self._jax.Array
+        return [leaf for leaf in self._jax.tree_util.tree_leaves(tree) if isinstance(leaf, array)]
+
+    def is_array(self, value: Any) -> bool:
+        """Whether `value` is a JAX array (a figure or step number the waiter reads once it is computed)."""
+        return isinstance(value, self._jax.Array)
+
+    def hold(self, array: Any) -> Any | None:
+        """jaxmon's own handle on `array`'s buffers, or None when it is deleted or donated already. Called on the
+        training thread (step()), so nothing deletes the array between the check and the clone: `clone()` of an
+        array that `delete()` emptied would crash, of a donated one returns a handle that reads as deleted."""
+        try:
+            return None if array.is_deleted() else array.clone()
+        except Exception:  # not a concrete array (a tracer): nothing jaxmon can wait for
+            return None
 
     def barrier(self) -> list[Any]:
         """A tiny program dispatched to every local device: it completes once the work dispatched before it did."""
@@ -91,17 +126,22 @@ class JaxTraining:
             inputs = self._barrier_inputs
         return [self._barrier_fn(x) for x in inputs]
 
-    def wait(self, array: Any) -> None:
-        """Block until `array` is computed (raises when it was deleted or donated)."""
-        array.block_until_ready()
+    def wait(self, handles: list[Any]) -> None:
+        """Block until every one of `handles` (jaxmon's own: hold() or barrier()) is computed, in one call that
+        releases the GIL once (jaxlib's batched wait); raises when one was deleted or donated, or failed."""
+        if len(handles) == 1:
+            handles[0].block_until_ready()  # what jax.block_until_ready does for one array, without its tree walk
+        elif handles:
+            self._batched(handles)
 
-    def is_ready(self, array: Any) -> bool:
-        """Whether `array` is computed, without blocking (False where it cannot say: a deleted buffer, which
-        `wait` then reports)."""
-        try:
-            return bool(array.is_ready())
-        except Exception:
-            return False
+    def deleted(self, handle: Any) -> bool:
+        """Whether the buffers of `handle` (jaxmon's own) were deleted or donated: PJRT says, under its lock."""
+        return bool(handle.is_deleted())
+
+    def value(self, handle: Any) -> Any:
+        """The host value of `handle` (jaxmon's own), a NumPy array; waits for it; raises when it was deleted or
+        donated (checked by PJRT, not only by the Python check in front of it)."""
+        return np.asarray(handle)
 
     def signature(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Hashable:
         """What selects a jitted function's compiled program: the tree and each leaf's type, shape, dtype, sharding."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gzip
 import threading
+from dataclasses import dataclass
 from typing import Any
 
+from jaxmon.model import HOST_MEMORY_KINDS, ArrayBytes, DeviceKey
 from jaxmon.probe.engine import PROBE_THREAD_PREFIX
 from jaxmon.sources.local.devices import LocalSource
 from jaxmon.sources.local.probe import _OWN, _OWN_LOCK
@@ -22,6 +24,7 @@ class InProcessWorkload:
         self.process_count = int(self._jax.process_count())
         self._counters = CompileCounters.installed()
         self._tracker = tracker
+        self._devices: frozenset[tuple[str, int]] | None = None  # the tracker's devices, read on first use
 
     @property
     def tracker(self) -> Tracker | None:
@@ -32,9 +35,26 @@ class InProcessWorkload:
         """The training tracker's reading, None without one."""
         return None if self._tracker is None else self._tracker.reading()
 
+    def training_devices(self, within: float) -> frozenset[tuple[str, int]]:
+        """This process's devices (those its steps run on: the tracker's) when a step ended within the last
+        `within` seconds, else none; none without a tracker."""
+        tracker = self._tracker
+        if tracker is None:
+            return frozenset()
+        seen = tracker.last_step_seen()
+        if seen is None or tracker.now() - seen >= within:
+            return frozenset()
+        if self._devices is None:
+            self._devices = frozenset(d.key for d in tracker.ops.devices())
+        return self._devices
+
     def live_array_bytes(self) -> dict[tuple[str, int], int]:
-        """Bytes of live arrays per device in this process."""
+        """Bytes of live arrays in device memory per device in this process."""
         return live_array_bytes(self._jax)
+
+    def array_bytes(self) -> ArrayBytes:
+        """Bytes of live arrays per device by placement (device, replicated, host memory), in one pass."""
+        return array_bytes(self._jax)
 
     def compile_counts(self) -> dict[str, float]:
         """Compile counters since the listeners were installed."""
@@ -55,15 +75,25 @@ def gzipped(profile: bytes) -> bytes:
     return profile if profile[:2] == b"\x1f\x8b" else gzip.compress(profile, compresslevel=6)
 
 
-def live_array_bytes(jax: Any) -> dict[tuple[str, int], int]:
-    """Bytes of live arrays per device in this process (DESIGN.md section 2).
+def live_array_bytes(jax: Any) -> dict[DeviceKey, int]:
+    """Bytes of live arrays in device memory per device in this process (`array_bytes(jax).live`)."""
+    return array_bytes(jax).live
 
-    `arr.nbytes` is the global size, so count each addressable shard on its own device, and each buffer once:
-    arrays can share buffers (a replicated array's shard, views), so dedupe by (device, buffer pointer). Never
-    waits for a buffer (a pending one counts without its pointer).
+
+def array_bytes(jax: Any) -> ArrayBytes:
+    """Bytes of live arrays per device in this process, by placement, in one pass (DESIGN.md sections 2, 13).
+
+    Reads only metadata that stays valid on an array the training thread deletes or donates meanwhile: shape,
+    dtype, sharding, `is_deleted()`. Never a buffer: `is_ready()` on a deleted array segfaults (jaxlib 0.10.2),
+    `unsafe_buffer_pointer()` waits for a pending one holding the GIL, and `addressable_shards` makes a new array
+    per shard. Each addressable device's shard counts on its own device (`arr.nbytes` is the global size). The
+    per-shard arrays of a multi-device array (made when someone read its `addressable_shards`, cached on it) share
+    its buffers: they are live arrays too, and count once, with their parent. Distinct arrays that share a buffer
+    otherwise (`jax.device_put` of an array onto an equivalent sharding, both still held) count twice.
     """
-    totals: dict[tuple[str, int], int] = {}
-    seen: set[tuple[tuple[str, int], int]] = set()
+    live: dict[DeviceKey, int] = {}
+    replicated: dict[DeviceKey, int] = {}
+    host: dict[tuple[DeviceKey, str], int] = {}
     # Bounded: a dispatch stuck on a hung device must not stop the memory poll (then a probe array may count).
     locked = _OWN_LOCK.acquire(timeout=1.0)
     try:
@@ -72,33 +102,69 @@ def live_array_bytes(jax: Any) -> dict[tuple[str, int], int]:
     finally:
         if locked:
             _OWN_LOCK.release()
+    # The per-shard arrays cached on their parents: plain Python attributes of the parent, no JAX call.
+    children: set[int] = set()
     for arr in arrays:
+        shards = getattr(arr, "__dict__", {}).get("addressable_shards")
+        if shards:
+            children.update(id(getattr(s, "_data", None)) for s in shards)
+    plans: dict[tuple[Any, Any, Any], _Plan] = {}  # arrays share a few shardings: work each one out once
+    for arr in arrays:
+        if id(arr) in children:
+            continue
         ref = own.get(id(arr))
         if ref is not None and ref() is arr:
             continue  # the probe's own (jaxmon_probe_memory_bytes), not the workload's
         try:
-            shards = arr.addressable_shards
-        except Exception:  # deleted between listing and reading
+            if arr.is_deleted():
+                continue  # deleted or donated: its buffers are gone
+            key = (arr.sharding, arr.shape, arr.dtype)
+            plan = plans.get(key)
+            if plan is None:
+                plan = plans[key] = _plan(*key)
+        except Exception:  # an array of a kind without the metadata: not counted, never fatal
             continue
-        for shard in shards:
-            dev = shard.device
-            key = (str(dev.platform), int(dev.id))
-            try:
-                data = shard.data
-                nbytes = int(data.nbytes)
-                # unsafe_buffer_pointer() waits for the buffer, holding the GIL: on a step still in flight (a
-                # collective waiting for another process, forever if that one stalled) it would freeze every
-                # thread of the process, the exporter's included. A buffer not ready yet is a step's fresh
-                # output, shared with no other array: it counts without the dedupe.
-                pointer = int(data.unsafe_buffer_pointer()) if data.is_ready() else None
-            except Exception:  # deleted or donated meanwhile
-                continue
-            if pointer is not None:
-                if (key, pointer) in seen:
-                    continue
-                seen.add((key, pointer))
-            totals[key] = totals.get(key, 0) + nbytes
-    return totals
+        if plan.kind is not None:
+            for dev, nbytes in plan.shards:
+                host[(dev, plan.kind)] = host.get((dev, plan.kind), 0) + nbytes
+            continue
+        for dev, nbytes in plan.shards:
+            live[dev] = live.get(dev, 0) + nbytes
+        if plan.replicated:
+            for dev, nbytes in plan.shards:
+                replicated[dev] = replicated.get(dev, 0) + nbytes
+    return ArrayBytes(live=live, replicated=replicated, host=host)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Where the shards of arrays of one (sharding, shape, dtype) lie: (device, bytes) per addressable shard."""
+
+    shards: tuple[tuple[DeviceKey, int], ...]
+    replicated: bool  # fully replicated over more than one device
+    kind: str | None  # the host memory kind, None in device memory
+
+
+def _plan(sharding: Any, shape: tuple[int, ...], dtype: Any) -> _Plan:
+    itemsize = int(dtype.itemsize)
+    shards = []
+    for dev, index in sharding.addressable_devices_indices_map(shape).items():
+        shards.append(((str(dev.platform), int(dev.id)), _elements(index, shape) * itemsize))
+    kind = sharding.memory_kind
+    return _Plan(
+        shards=tuple(shards),
+        replicated=bool(sharding.is_fully_replicated) and len(sharding.device_set) > 1,
+        kind=kind if kind in HOST_MEMORY_KINDS else None,
+    )
+
+
+def _elements(index: tuple[slice, ...] | None, shape: tuple[int, ...]) -> int:
+    """The element count of the shard at `index` (a slice per leading dimension; the rest whole)."""
+    slices = index or ()
+    size = 1
+    for dim, n in enumerate(shape):
+        size *= len(range(*slices[dim].indices(n))) if dim < len(slices) else n
+    return size
 
 
 class CompileCounters:

@@ -1,5 +1,6 @@
 """The kubernetes collector without a kubelet: its flags, when `auto` runs it, a missing socket, its own family, and
-the labels the nvml and tpu collectors take from it (or, without it, do not take).
+the labels the nvml and tpu collectors' series take from it through the owner transform (or, without it, do not
+take).
 
 Everything that calls a kubelet goes through the fake kubelet, a gRPC server on a unix socket in a child process:
 tests/e2e/test_daemon_kubernetes.py.
@@ -16,11 +17,11 @@ from structlog.testing import capture_logs
 
 from jaxmon.app import default_settings, load_settings
 from jaxmon.attribution import Holder, attribute
-from jaxmon.collectors.base import Context, standalone_context
+from jaxmon.collectors.base import AnyCollector, Context, standalone_context
 from jaxmon.collectors.kubernetes import KubernetesCollector, KubernetesOptions, KubernetesState
 from jaxmon.collectors.nvml import DeviceMatch, NvmlCollector, NvmlOptions, NvmlState
 from jaxmon.collectors.tpu import TpuCollector, TpuDevice, TpuOptions, TpuState
-from jaxmon.exchange import DEVICE_PODS
+from jaxmon.owners import OwnerTransform
 from jaxmon.settings import SettingsError
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.kubelet import Allocation
@@ -154,11 +155,20 @@ def nvml_state() -> NvmlState:
     )
 
 
+def rendered(collector: AnyCollector, state: object, pods: KubernetesState | None) -> list[Metric]:
+    """`collector`'s families for `state`, through the owner transform over the offers of a snapshot holding `state`
+    and the kubernetes collector's `pods`, wired as the composition root wires them."""
+    exchange = collector.ctx.exchange
+    states = {collector.name: state} if pods is None else {collector.name: state, "kubernetes": pods}
+    snap = Snapshot(source="node", states=states)
+    for cls in (type(collector), KubernetesCollector):
+        for channel, read in cls.offers.items():
+            exchange.offer(channel, cls.name, read)
+    return OwnerTransform(exchange)(snap, list(collector.families(snap, state)))
+
+
 def nvml_samples(pods: KubernetesState | None) -> list[tuple[str, dict[str, str], float]]:
-    ctx = context()
-    if pods is not None:
-        ctx.exchange.constant(DEVICE_PODS, pods.attribution)
-    return samples(list(NvmlCollector(NvmlOptions(), ctx).families(Snapshot(), nvml_state())))
+    return samples(rendered(NvmlCollector(NvmlOptions(), context()), nvml_state(), pods))
 
 
 def test_nvml_series_carry_the_pod_of_their_gpu_and_render_as_before_without_one() -> None:
@@ -193,11 +203,8 @@ def test_nvml_series_carry_the_pod_of_their_gpu_and_render_as_before_without_one
 
 
 def tpu_samples(pods: KubernetesState | None) -> list[tuple[str, dict[str, str], float]]:
-    ctx = context()
-    if pods is not None:
-        ctx.exchange.constant(DEVICE_PODS, pods.attribution)
     state = TpuState(devices=(TpuDevice(8, True, 16e9, 1e9, 0.5), TpuDevice(9, False)))
-    return samples(list(TpuCollector(TpuOptions(), ctx).families(Snapshot(), state)))
+    return samples(rendered(TpuCollector(TpuOptions(), context()), state, pods))
 
 
 def test_tpu_series_carry_the_one_container_holding_chips_and_render_as_before_without_it() -> None:

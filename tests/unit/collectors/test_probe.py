@@ -26,7 +26,9 @@ from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
 from jaxmon.probe.engine import CALIBRATION_SEEDS, WARMUP_STEPS, DeviceProbe, ProbeConfig, nearest_rank, utilization
 from jaxmon.snapshot import Snapshot
-from jaxmon.sources.local import LocalSource
+from jaxmon.sources.local import InProcessWorkload, LocalSource
+from jaxmon.sources.local.training import JaxTraining
+from jaxmon.training.tracker import Tracker, TrackerConfig
 from tests.conftest import wait_until
 from tests.snapshots import GPU0, labels, make_snapshot, memory_snapshot, registry_for
 from tests.unit.conftest import pick
@@ -538,3 +540,159 @@ def test_a_snapshot_without_probes_has_no_probe_series() -> None:
     names = {s.name for family in reg.collect() for s in family.samples}
     assert not any(n.startswith("jaxmon_probe_") or n.startswith("jaxmon_device_up") for n in names)
     assert "jaxmon_memory_bytes_in_use" in names
+
+
+# -- the job comes first: no probe run on the devices of a job that is training -----------------------------------
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand (the tracker's: when a step ended, and now)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def stepping(local: tuple[LocalSource, list[DeviceInfo]]) -> Iterator[tuple[Tracker, InProcessWorkload, FakeClock]]:
+    """A real training tracker over this process's 8 CPU devices on a hand-moved clock, and the workload view the
+    probe collector asks; the tracker is stopped afterwards."""
+    source, _ = local
+    clock = FakeClock()
+    tracker = Tracker(JaxTraining(source), TrackerConfig(), clock=clock)
+    yield tracker, InProcessWorkload(source, tracker), clock
+    tracker.stop(10)
+
+
+def one_step(tracker: Tracker, number: int) -> None:
+    """Step `number` of a real (tiny) program on CPU device 0, handed to the tracker and seen complete."""
+    import jax
+    import jax.numpy as jnp
+
+    done = tracker.reading()
+    before = done.steps_total if done is not None else 0
+    y = jax.device_put(jnp.arange(4.0), jax.devices("cpu")[0]) * 2
+    tracker.step(number, (y,), None, None, None)
+    wait_until(lambda: (r := tracker.reading()) is not None and r.steps_total == before + 1, what="the step seen")
+
+
+def probe_collector(dev: DeviceInfo, kernel: ProbeKernel, workload: InProcessWorkload) -> ProbeCollector:
+    """A ProbeCollector of `dev` (a 15 s interval, the default) over `kernel`, inside `workload`'s process."""
+    ctx = standalone_context(_OneDeviceSource(dev, kernel), [dev], workload="trainer", in_process=workload)
+    return ProbeCollector(ProbeOptions(size=8, target=0.0001, spacing=0.01), ctx)
+
+
+class _OneDeviceSource(_OneKernelSource):
+    """A device source of `dev` whose probe is the given kernel."""
+
+    def __init__(self, dev: DeviceInfo, kernel: ProbeKernel) -> None:
+        super().__init__(kernel)
+        self._dev = dev
+
+    def discover(self) -> tuple[list[DeviceInfo], list[Any]]:
+        return [self._dev], []
+
+
+def test_the_workload_reports_its_devices_as_training_only_within_the_interval_after_a_step(
+    stepping: tuple[Tracker, InProcessWorkload, FakeClock], local: tuple[LocalSource, list[DeviceInfo]]
+) -> None:
+    """No step yet: not training. A step seen: every device of the process, for `within` seconds after it."""
+    tracker, workload, clock = stepping
+    _, devices = local
+    assert workload.training_devices(15.0) == frozenset()
+    assert InProcessWorkload(local[0]).training_devices(15.0) == frozenset()  # no tracker: never training
+    one_step(tracker, 0)
+    assert tracker.last_step_seen() == clock.now
+    cpus = frozenset(d.key for d in devices if d.platform == "cpu")
+    assert len(cpus) == 8 and workload.training_devices(15.0) == cpus
+    clock.now += 14.9
+    assert workload.training_devices(15.0) == cpus
+    clock.now += 0.1  # a whole interval since the step ended: idle
+    assert workload.training_devices(15.0) == frozenset()
+    assert workload.training_devices(20.0) == cpus
+
+
+def test_no_probe_runs_on_the_cpu_devices_of_a_job_that_is_training(
+    stepping: tuple[Tracker, InProcessWorkload, FakeClock],
+) -> None:
+    """The probe of a CPU device runs while the job is idle, and dispatches nothing once a step of the job ended
+    within the interval: the run is deferred, not counted as run or skipped, the device is up and has no
+    utilization estimate. A whole interval after the last step it runs again."""
+    tracker, workload, clock = stepping
+    kernel = InstantKernel()
+    collector = probe_collector(FAKE_DEVICE, kernel, workload)
+    try:
+        (job,) = collector.jobs()
+        first = job.run()  # no step yet: the probe calibrates and runs
+        assert first is not None and first.success
+        calls = kernel.calls
+        st = collector.probes[FAKE_DEVICE.key].status()
+        assert calls > 0 and st.runs_total == 1 and st.utilization_ratio is not None
+
+        one_step(tracker, 0)
+        for n in range(1, 4):
+            clock.now += 5.0  # a poll: the job stepped again meanwhile
+            one_step(tracker, n)
+            deferred = job.run()
+            assert deferred is not None and deferred.success
+        assert kernel.calls == calls  # no program of the probe's was dispatched while the job trained
+        st = collector.probes[FAKE_DEVICE.key].status()
+        assert (st.runs_total, st.skipped_total, st.deferred_total) == (1, 0, 3)
+        assert st.up is True and st.utilization_ratio is None
+        assert st.last_duration_seconds is not None  # the last timing's, as its HELP says
+
+        clock.now += 15.0  # the job stopped stepping a whole interval ago
+        job.run()
+        st = collector.probes[FAKE_DEVICE.key].status()
+        assert kernel.calls > calls
+        assert (st.runs_total, st.deferred_total) == (2, 3)
+        assert st.utilization_ratio is not None
+    finally:
+        collector.stop()
+
+
+def test_a_device_the_job_does_not_run_on_is_still_probed(
+    stepping: tuple[Tracker, InProcessWorkload, FakeClock],
+) -> None:
+    """The job trains on this process's CPU devices: a GPU of the process is not one of them, and its probe runs."""
+    tracker, workload, _ = stepping
+    kernel = InstantKernel()
+    collector = probe_collector(GPU0, kernel, workload)
+    try:
+        one_step(tracker, 0)
+        (job,) = collector.jobs()
+        job.run()
+        st = collector.probes[GPU0.key].status()
+        assert kernel.calls > 0 and (st.runs_total, st.deferred_total) == (1, 0)
+    finally:
+        collector.stop()
+
+
+def test_a_deferred_run_says_the_device_answers_and_has_no_estimate(make_probe: MakeProbe) -> None:
+    """defer() after a failed run: the job's steps complete on the device, so it is up again (logged once as a
+    recovery), with no utilization estimate and no run counted."""
+    kernels: list[ProbeKernel] = [RaisingKernel()]
+    with capture_logs() as logs:
+        probe = make_probe(lambda: kernels.pop(0), errors=ErrorLog(structlog.get_logger("jaxmon.test"), 60.0))
+        probe.run_once()
+        assert probe.status().up is False
+        probe.defer()
+        probe.defer()
+    st = probe.status()
+    assert (st.up, st.utilization_ratio, st.last_error) == (True, None, None)
+    assert (st.runs_total, st.failures_total, st.skipped_total, st.deferred_total) == (1, 1, 0, 2)
+    assert [e["event"] for e in logs] == ["probe failed", "the device answers: the job's steps complete on it"]
+
+
+def test_a_deferred_probe_exports_up_no_estimate_and_its_deferral_count() -> None:
+    """The families of a deferred probe: up 1, no utilization, the last timing's latency, deferred_total."""
+    deferred = replace(UP_STATUS, utilization_ratio=None, deferred_total=7)
+    reg = registry_for([probed_snapshot(deferred)])
+    g0 = labels(GPU0)
+    assert reg.get_sample_value("jaxmon_device_up", g0) == 1
+    assert reg.get_sample_value("jaxmon_device_utilization_ratio", g0) is None
+    assert reg.get_sample_value("jaxmon_probe_duration_seconds", g0) == 0.004
+    assert reg.get_sample_value("jaxmon_probe_deferred_total", g0) == 7
+    assert reg.get_sample_value("jaxmon_probe_runs_total", g0) == 9

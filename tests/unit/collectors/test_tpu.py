@@ -7,6 +7,9 @@ tests/e2e/collectors/test_tpu.py.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -220,3 +223,13 @@ def test_the_service_going_away_drops_the_host_series_too(context: Context) -> N
     update = collector.update()
     assert not update.success
     assert exposition(collector, update) == ""
+
+
+def test_tpu_infos_package_imports_nothing_so_its_device_module_loads_no_grpc() -> None:
+    """The collector's auto check runs `from tpu_info import device` (/sys only) in every daemon, node mode too.
+    tpu-info 0.14.0 and 0.14.1's package __init__ imports its CLI, and with it grpc (about 20 MiB of RSS,
+    tests/e2e/test_node_mode.py); 0.14.2's imports nothing (the floor in pyproject.toml, tests/floors.sh)."""
+    spec = importlib.util.find_spec("tpu_info")
+    assert spec is not None and spec.origin is not None
+    tree = ast.parse(Path(spec.origin).read_text())
+    assert [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)] == []

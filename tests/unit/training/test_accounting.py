@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -202,3 +205,78 @@ def test_mfu_leaves_the_named_badput_out_of_its_window_but_keeps_host_time_and_s
     acct.step(done, done + 1.0, done + 0.5, [], {CPU0: 1e12}, {})
     mfu, _ = acct.utilization({CPU0: 1e12})
     assert mfu == {CPU0: pytest.approx(7e12 / ((2.5 + 0.5 + 1.0) * 1e12))}
+
+
+def _recomputed(acct: Accounting, peaks: dict[tuple[str, int], float]) -> tuple[dict[tuple[str, int], float], ...]:
+    """MFU and HFU from the definition, over the window's steps (what utilization() computed until issue 33)."""
+    seconds = math.fsum(s.counted for s in acct.recent)
+    mfu: dict[tuple[str, int], float] = {}
+    hfu: dict[tuple[str, int], float] = {}
+    if seconds <= 0:
+        return mfu, hfu
+    for key, peak in peaks.items():
+        if any(key in s.model_flops for s in acct.recent):
+            mfu[key] = math.fsum(s.model_flops.get(key, 0.0) for s in acct.recent) / (seconds * peak)
+        if any(key in s.hardware_flops for s in acct.recent):
+            hfu[key] = math.fsum(s.hardware_flops.get(key, 0.0) for s in acct.recent) / (seconds * peak)
+    return mfu, hfu
+
+
+def test_mfu_and_hfu_kept_as_steps_enter_and_leave_the_window_are_the_definition_at_every_step() -> None:
+    """Random steps over devices that come and go, FLOPs and durations over many orders of magnitude (a huge one
+    entering and leaving the window is where a plain running sum drifts), restarts that empty the window: after
+    every step the kept sums give what the definition computed from the window gives."""
+    rng = random.Random(33)
+    keys = [("cpu", d) for d in range(4)]
+    peaks = dict.fromkeys(keys, 1e12)
+    for window in (1, 3, 50):
+        acct = Accounting(started=0.0, window=window)
+        acct.first(0.0, [])
+        done = 0.0
+        for n in range(3000):
+            if rng.random() < 0.01:
+                acct.gap(done, done + 1.0, [], restart=True)
+                done += 1.0
+            duration = rng.choice((1e-4, 0.1, 0.1, 1.0, 3600.0))
+            named = [Interval("data", done, done + duration / 2)] if rng.random() < 0.2 else []
+
+            def flops() -> dict[tuple[str, int], float]:
+                return {k: rng.choice((0.0, 1e9, 3.3e12, 1e18)) for k in keys if rng.random() < 0.6}
+
+            acct.step(done, done + duration, done + duration / 2, named, flops(), flops())
+            done += duration
+            mfu, hfu = acct.utilization(peaks)
+            want_mfu, want_hfu = _recomputed(acct, peaks)
+            assert mfu.keys() == want_mfu.keys() and hfu.keys() == want_hfu.keys(), (window, n)
+            for got, want in ((mfu, want_mfu), (hfu, want_hfu)):
+                for key in want:
+                    assert got[key] == pytest.approx(want[key], rel=1e-12, abs=1e-300), (window, n, key)
+
+
+class _CountedWindow(deque[Any]):
+    """A window that counts the steps read from it."""
+
+    reads = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        for item in super().__iter__():
+            _CountedWindow.reads += 1
+            yield item
+
+
+def test_reading_mfu_does_not_read_the_window_whatever_its_length() -> None:
+    """The tracker reads utilization() under the lock step() takes: its work must not grow with the window (it
+    rescanned every step of it for every device: 0.146 s a poll at window=100000 with 8 devices)."""
+    keys = [("cpu", d) for d in range(8)]
+    peaks = dict.fromkeys(keys, 1e12)
+    reads = {}
+    for window in (10, 10_000):
+        acct = Accounting(started=0.0, window=window, recent=_CountedWindow())
+        acct.first(0.0, [])
+        for n in range(window):
+            acct.step(float(n), n + 1.0, float(n), [], dict.fromkeys(keys, 1e9), dict.fromkeys(keys, 2e9))
+        _CountedWindow.reads = 0
+        mfu, hfu = acct.utilization(peaks)
+        reads[window] = _CountedWindow.reads
+        assert mfu == dict.fromkeys(keys, pytest.approx(1e9 / 1e12)) and hfu.keys() == mfu.keys()
+    assert reads[10_000] == reads[10] == 0, reads

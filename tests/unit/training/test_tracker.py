@@ -62,6 +62,9 @@ def settled(tracker: Tracker, steps: int) -> TrainingReading:
     reading = tracker.reading()
     assert reading is not None
     adds_up(reading)
+    with tracker._lock:  # on the accounting's own (monotonic) clock: to the microsecond
+        acct = tracker._acct
+        assert acct.last_done is not None and acct.total() == pytest.approx(acct.last_done - acct.started, abs=1e-6)
     return reading
 
 
@@ -141,10 +144,13 @@ def test_mfu_and_hfu_are_the_flops_over_the_window_time_and_the_peak(make_tracke
 
 
 def adds_up(reading: TrainingReading) -> None:
-    """Productive time and every kind of badput are the time from the start to the last completion, to the us."""
+    """Productive time and every kind of badput are the time from the start to the last completion: on the
+    monotonic clock exactly; the exported Unix timestamps are the wall clock's at each event, which NTP slews
+    (parts per million: 4 ppm measured on the CI machine) and may step (tests/unit/training/
+    test_tracker_bookkeeping.py steps it)."""
     assert reading.last_step_timestamp is not None
     total = reading.productive_seconds_total + sum(reading.badput_seconds_total.values())
-    assert total == pytest.approx(reading.last_step_timestamp - reading.start_time_seconds, abs=1e-6)
+    assert total == pytest.approx(reading.last_step_timestamp - reading.start_time_seconds, rel=1e-3, abs=1e-4)
     assert abs(reading.start_time_seconds - time.time()) < 600  # a Unix time
 
 
@@ -248,22 +254,28 @@ def test_badput_kinds_past_the_tenth_count_as_other_and_compile_and_checkpoint_k
     assert len(reading.badput_seconds_total) <= 18
 
 
-def test_compile_badput_is_the_compile_collectors_seconds(make_tracker: MakeTracker) -> None:
-    """Both listen to jax.monitoring's backend compile events of the workload's threads."""
-    counters = CompileCounters.installed()
-    before = counters.as_dict()["compile_seconds"]
+def test_compile_badput_is_the_compilations_the_loop_timed(make_tracker: MakeTracker) -> None:
+    """Each step compiles a new program, ahead of time, timed by the loop around XLA's compile alone (traced and
+    lowered before the timing), while the devices are idle: compile badput is that time, less a little of each
+    compile() call that is not XLA's (0.6 ms measured) and whatever a busy machine adds around it."""
+    x = jnp.ones((8,)).block_until_ready()
     tracker = make_tracker()
-    x = jnp.ones((8,))
-    for n in range(4):
-        fresh = jax.jit(lambda v, k=n: v * (k + 2.0) + 1.0)  # a new program each step: one compilation each
-        x = fresh(x)
+    jaxmon.step(0, x)
+    settled(tracker, 1)
+    compiling = 0.0
+    for n in range(1, 5):
+        lowered = jax.jit(lambda v, k=n: v * (k + 2.0) + 1.0).lower(x)  # a new program each step
+        started = time.perf_counter()
+        compiled = lowered.compile()  # XLA's backend compile: the event jaxmon reads
+        compiling += time.perf_counter() - started
+        x = compiled(x)
         jaxmon.step(n, x)
-    x = x + 1  # one more op, after the last compilation
-    jaxmon.step(4, x)
+        x.block_until_ready()
+        settled(tracker, n + 1)  # the next compilation starts after jaxmon saw this step complete: idle time
     reading = settled(tracker, 5)
-    seconds = counters.as_dict()["compile_seconds"] - before
-    assert seconds > 0
-    assert reading.badput_seconds_total.get("compile", 0.0) == pytest.approx(seconds, rel=0.05, abs=0.002)
+    compile_badput = reading.badput_seconds_total.get("compile", 0.0)
+    assert compiling > 0.004
+    assert 0.7 * compiling <= compile_badput <= compiling + 0.001, (compile_badput, compiling)
 
 
 def test_orbax_blocking_checkpoint_events_count_as_checkpoint_badput(make_tracker: MakeTracker) -> None:
@@ -312,17 +324,29 @@ def test_steps_whose_completion_is_unknown_leave_no_hole_in_the_time(make_tracke
 
 
 def test_a_step_counter_that_goes_back_or_jumps_is_counted_and_its_gap_is_no_step(make_tracker: MakeTracker) -> None:
-    tracker = make_tracker()
+    """The loop syncs on each step and notes its completions: the restore's span (the previous completion to the
+    first completion after it) is restart badput, the jump's is productive, and neither is a step duration."""
     f = slow_step(128, 2)
-    x = jnp.ones((128, 128))
+    x = f(jnp.ones((128, 128))).block_until_ready()  # compiled before the tracker starts
+    tracker = make_tracker()
     numbers = [0, 1, 2, 3, 4, 2, 3, 4, 10, 11]  # restored from step 2, then ten reported as one
-    for n in numbers:
+    done = []
+    for i, n in enumerate(numbers):
+        if i == 5:
+            time.sleep(0.1)  # the restore: a checkpoint loading, named by no badput() block
         x = f(x)
         jaxmon.step(n, x)
+        x.block_until_ready()
+        done.append(time.monotonic())
     reading = settled(tracker, len(numbers))
     assert reading.problems == {"back": 1, "jump": 1}
     assert reading.duration_count == len(numbers) - 1 - 2  # no duration across either gap
-    assert reading.badput_seconds_total.get("restart", 0.0) >= 0.0 and "restart" in reading.badput_seconds_total
+    restart = done[5] - done[4]
+    assert restart > 0.1
+    # Each completion as the loop saw it and as the waiter did: a thread switch or two apart (more when loaded).
+    assert reading.badput_seconds_total["restart"] == pytest.approx(restart, abs=0.025)
+    durations = sum(b - a for a, b in itertools.pairwise(done)) - restart - (done[8] - done[7])
+    assert reading.duration_sum == pytest.approx(durations, abs=0.025)
     assert reading.step == 11 and reading.steps_total == len(numbers)
 
 
@@ -450,11 +474,13 @@ def test_flops_are_read_in_the_loops_own_mesh_context(make_tracker: MakeTracker)
         return jax.jit(step)
 
     x0 = jax.device_put(jnp.ones((64, 64)), NamedSharding(mesh, PartitionSpec("d")))  # type: ignore[no-untyped-call]
+    # The loop's mesh context: jax.set_mesh since jax 0.7.1, jax.sharding.use_mesh before (the floor, tests/floors.sh).
+    set_mesh: Any = getattr(jax, "set_mesh", None) or getattr(jax.sharding, "use_mesh")  # noqa: B009 - not in new stubs
 
     def run(fn: Any, with_step: bool) -> tuple[jax.Array, float]:
         before = counters.as_dict()["compilations"]
         x = x0
-        with jax.set_mesh(mesh):
+        with set_mesh(mesh):
             for n in range(4):
                 x = fn(x)
                 if with_step:
@@ -465,7 +491,7 @@ def test_flops_are_read_in_the_loops_own_mesh_context(make_tracker: MakeTracker)
     tracker = make_tracker()
     step = make()
     x, compiled = run(jaxmon.track(step), True)
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         truth = step.lower(x).compile().cost_analysis()["flops"]  # in the loop's own context, by the test
     reading = settled(tracker, 4)
     assert "cost" not in reading.problems

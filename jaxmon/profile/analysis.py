@@ -1,0 +1,89 @@
+"""Where a traced window's time goes on each local device: compute, exposed collectives, copies, idle.
+
+    trace = read(open(".../plugins/profile/<date>/<host>.xplane.pb", "rb").read())
+    t0 = trace.trace_ns(first_step_start_unix_ns)       # the steps the trace was meant to hold
+    for device, split in trace.split(t0, trace.trace_ns(last_step_end_unix_ns)).items():
+        split.compute + split.collective + split.copy + split.idle == split.window   # picoseconds, exactly
+
+The trace's clock: jax's `stop_trace()` (tsl's post-processing) rewrites every line's timestamp as nanoseconds since
+the profile started, and records the start and stop in the `Task Environment` plane's `profile_start_time` and
+`profile_stop_time` stats (Unix ns; seen on jax 0.10.2: a `stop_trace` event at 20.09 ms of a 20.47 ms profile).
+`trace_ns()` converts a `time.time_ns()` reading to that clock. Without a window the split covers the whole
+profile (start to stop, or the events' extent when the stats are missing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from jaxmon.profile.classify import Device, device_segments
+from jaxmon.profile.intervals import Segment, Split, split
+from jaxmon.profile.xspace import XSpace, parse
+
+__all__ = ["Trace", "read"]
+
+PS_PER_NS = 1000
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A parsed profile's device activity: read once, split over as many windows as wanted."""
+
+    segments: dict[Device, list[Segment]]
+    modules: frozenset[str]
+    hostnames: tuple[str, ...]
+    start_unix_ns: int | None
+    stop_unix_ns: int | None
+
+    @property
+    def devices(self) -> list[Device]:
+        return sorted(self.segments)
+
+    def extent_ns(self) -> tuple[int, int]:
+        """The whole profile in the trace's clock: [0, stop - start], or the span of the device events."""
+        if self.start_unix_ns is not None and self.stop_unix_ns is not None:
+            return 0, max(0, self.stop_unix_ns - self.start_unix_ns)
+        starts = [s[0] for segs in self.segments.values() for s in segs]
+        ends = [s[1] for segs in self.segments.values() for s in segs]
+        if not starts:
+            return 0, 0
+        return min(starts) // PS_PER_NS, -(-max(ends) // PS_PER_NS)
+
+    def trace_ns(self, unix_ns: int) -> int:
+        """A Unix time (`time.time_ns()`) in the trace's clock."""
+        if self.start_unix_ns is None:
+            raise ValueError("the profile has no profile_start_time: its clock cannot be related to Unix time")
+        return unix_ns - self.start_unix_ns
+
+    def split(self, t0_ns: int | None = None, t1_ns: int | None = None) -> dict[Device, Split]:
+        """Each device's split of [t0_ns, t1_ns] (the trace's clock; the whole profile by default)."""
+        lo, hi = self.extent_ns()
+        t0 = lo if t0_ns is None else t0_ns
+        t1 = hi if t1_ns is None else t1_ns
+        if t1 < t0:
+            raise ValueError(f"window ends at {t1} ns, before it starts at {t0} ns")
+        return {d: split(segs, t0 * PS_PER_NS, t1 * PS_PER_NS) for d, segs in sorted(self.segments.items())}
+
+
+def _int_stat(space: XSpace, name: str) -> int | None:
+    plane = space.plane("Task Environment")
+    value = plane.stats.get(name) if plane is not None else None
+    return value if isinstance(value, int) else None
+
+
+def read(data: bytes, collectives: Mapping[str, str] | None = None) -> Trace:
+    """Parse a serialized XSpace and classify its device events (raises XSpaceError, a ValueError, on bad bytes).
+
+    `collectives`: the collective instructions of the traced programs by name, with their kind, e.g.
+    `{c.name: c.op for p in programs for c in p.collectives}` from `jaxmon.training.hlo.parse(compiled.as_text())`;
+    without it collectives are recognised by opcode or JAX primitive name (classify.py)."""
+    space = parse(data)
+    segments, modules = device_segments(space, collectives or {})
+    return Trace(
+        segments,
+        frozenset(modules),
+        tuple(space.hostnames),
+        _int_stat(space, "profile_start_time"),
+        _int_stat(space, "profile_stop_time"),
+    )

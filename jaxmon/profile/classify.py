@@ -1,0 +1,278 @@
+"""What each event of a profile is: compute, a collective (and which kind), or a copy, on which local device.
+
+The layouts, per platform (CPU seen on jax 0.10.2; GPU from XLA's CUPTI collector and XProf's sources; TPU from
+XProf's sources and the line and op names of its TPU test trace):
+
+- CPU: plane `/host:CPU`, a line per thread. Each XLA op is an event named by its HLO instruction, with stats
+  `hlo_op`, `hlo_module`, `program_id`, `run_id` and `device_ordinal`: the device comes from that stat, not from
+  the plane or the thread (one thread runs several devices' programs). A collective's event spans its whole
+  rendezvous: the `Rendezvous`, `Wait: ...` and `Wait for rendezvous callback` events nested in it have no `hlo_op`
+  and are ignored, so the interval is the op's, waiting for the slowest participant included (as an NCCL kernel's
+  is on a GPU). `end: <op>` markers and every other host event carry no `hlo_op` and are ignored.
+- GPU: planes `/device:GPU:N` (N the local device ordinal), a line per CUDA stream named `Stream #<id>`, with the
+  kinds of its events in parentheses (`Stream #13(Kernel,MemcpyH2D)`). Only those lines are read: `XLA Ops`,
+  `XLA Modules`, `Steps` and the other derived lines repeat the streams' time, and `CUPTI overhead` is the
+  profiler's. A kernel is a collective when its name holds "nccl" (XProf's rule) or its `hlo_op` stat names a
+  collective (XLA's own collective kernels); `Memcpy*` events (CUPTI's `MemcpyH2D`, `MemcpyD2H`, `MemcpyD2D`,
+  `MemcpyP2P`, `MemcpyOther`) and events with a `memcpy_details` stat are copies; every other kernel (and
+  `Memset`) is compute.
+- TPU: planes `/device:TPU:N`; the `XLA Ops` line holds the TensorCore's ops, nested (a `while`, `call`,
+  `conditional` or megacore fusion holds its body's ops: the innermost op owns each instant), and `Async XLA Ops`
+  the asynchronous ops in flight, from start to done (they overlap one another: that line is not un-nested); both
+  are read. An op is classified by its `hlo_category` stat (on the event or
+  its metadata) and its name: XProf's collective categories (`all-reduce`, `all-gather fusion`, `megacore
+  fusion`, ...) and collective opcodes are collectives; `copy-start`, `copy-done`, `async-copy`, `infeed`,
+  `outfeed` and the host send/recv categories are transfers between host and device, i.e. copies; the rest is
+  compute (an HLO `copy` on one device included).
+
+HLO ops are named by instruction (`all-reduce.3`, `all-gather-start.1`, `fusion.12`); the opcode is the name up to
+its first dot, less `-start`/`-done`, except for the collectives a shard_map or pmap body writes, which keep the JAX
+primitive's name (`psum.7` is an all-reduce); the caller can name every collective instruction from the compiled
+HLO (`jaxmon.training.hlo`), which no naming convention can miss. A GPU kernel implementing several ops has them
+joined by `::`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Mapping
+
+from jaxmon.profile.intervals import COLLECTIVE, COMPUTE, COPY, Segment, innermost
+from jaxmon.profile.xspace import Plane, XSpace
+
+__all__ = ["COLLECTIVE_OPS", "Device", "collective_kind", "device_segments"]
+
+# (platform, local device ordinal)
+Device = tuple[str, int]
+
+# HLO's collective opcodes (as in jaxmon.training.hlo.COLLECTIVES) and the point-to-point send/recv.
+COLLECTIVE_OPS = frozenset(
+    {
+        "all-reduce",
+        "all-gather",
+        "reduce-scatter",
+        "all-to-all",
+        "ragged-all-to-all",
+        "collective-permute",
+        "collective-broadcast",
+        "send",
+        "recv",
+    }
+)
+_COPY_OPS = frozenset({"copy-start", "copy-done", "infeed", "outfeed"})
+# XProf's hlo_category values (tsl xla_op_utils.h, xprof signal_provider.h IsCollective) mapped to a kind.
+_COLLECTIVE_CATEGORIES = {
+    "all-reduce fusion": "all-reduce",
+    "all-gather fusion": "all-gather",
+    "all-reduce-scatter fusion": "reduce-scatter",
+    "megacore fusion": "other",
+}
+_COPY_CATEGORIES = frozenset({"copy-start", "copy-done", "async-copy", "host send", "host send-done", "host recv",
+                              "host recv-done", "infeed", "outfeed"})  # fmt: skip
+# NCCL kernel names (`ncclDevKernel_AllReduce_Sum_f32_RING_LL`, `ncclKernel_SendRecv`): the kind when no hlo_op
+# says it. NCCL's SendRecv serves both all-to-all and collective-permute.
+_NCCL_KINDS = (
+    ("allreduce", "all-reduce"),
+    ("allgather", "all-gather"),
+    ("reducescatter", "reduce-scatter"),
+    ("alltoall", "all-to-all"),
+    ("broadcast", "collective-broadcast"),
+    ("sendrecv", "send-recv"),
+    ("send", "send-recv"),
+    ("recv", "send-recv"),
+)
+# JAX's collective primitives by name: XLA keeps the name of the primitive a shard_map or pmap body calls as the
+# instruction's (`psum.7 = f32[...] all-reduce(...)`, `ppermute.3`, `reduce_scatter.7` for psum_scatter; seen on
+# jax 0.10.2), where the SPMD partitioner's own collectives are named by opcode (`all-reduce.1`).
+_JAX_PRIMITIVES = {
+    "psum": "all-reduce",
+    "pmax": "all-reduce",
+    "pmin": "all-reduce",
+    "all_gather": "all-gather",
+    "all_gather_invariant": "all-gather",
+    "reduce_scatter": "reduce-scatter",
+    "psum_scatter": "reduce-scatter",
+    "all_to_all": "all-to-all",
+    "ragged_all_to_all": "ragged-all-to-all",
+    "ppermute": "collective-permute",
+}
+_DEVICE_PLANE = re.compile(r"/device:(GPU|TPU):(\d+)$")
+_NONE: Mapping[str, str] = {}
+
+
+def opcode(name: str) -> str:
+    """The HLO opcode an instruction name starts with: `%all-gather-start.2` -> `all-gather`."""
+    base = name.lstrip("%").split(".", 1)[0]
+    for suffix in ("-start", "-done", "-update"):
+        if base.endswith(suffix):
+            return base[: -len(suffix)]
+    return base
+
+
+def collective_kind(hlo_op: str, known: Mapping[str, str] = _NONE) -> str | None:
+    """The collective kind of an `hlo_op` stat or op name (several joined by `::`), or None if none is one: the
+    kind `known` gives the instruction (read from the compiled program's HLO), else its opcode's, else that of the
+    JAX primitive it is named after."""
+    for name in hlo_op.split("::"):
+        name = name.lstrip("%")
+        kind = known.get(name)
+        if kind is not None:
+            return kind
+        op = opcode(name)
+        if op in COLLECTIVE_OPS:
+            return op
+        kind = _JAX_PRIMITIVES.get(op)
+        if kind is not None:
+            return kind
+    return None
+
+
+def _nccl_kind(kernel: str) -> str:
+    flat = kernel.lower().replace("_", "")
+    return next((kind for key, kind in _NCCL_KINDS if key in flat), "other")
+
+
+def classify_gpu(name: str, hlo_op: str, memcpy: bool, known: Mapping[str, str] = _NONE) -> tuple[int, str]:
+    kind = collective_kind(hlo_op, known) if hlo_op else None
+    if kind is not None:
+        return COLLECTIVE, kind
+    if "nccl" in name.lower():
+        return COLLECTIVE, _nccl_kind(name)
+    if memcpy or name.startswith("Memcpy"):
+        return COPY, ""
+    return COMPUTE, ""
+
+
+def classify_hlo(name: str, category: str = "", known: Mapping[str, str] = _NONE) -> tuple[int, str]:
+    """A CPU or TPU op by its instruction name and (TPU) its hlo_category."""
+    kind = collective_kind(name, known)
+    if kind is not None:
+        return COLLECTIVE, kind
+    if name.lstrip("%").split(".", 1)[0] in _COPY_OPS or category in _COPY_CATEGORIES:
+        return COPY, ""
+    if category in _COLLECTIVE_CATEGORIES:
+        return COLLECTIVE, _COLLECTIVE_CATEGORIES[category]
+    kind = collective_kind(category) if category else None
+    if kind is not None:
+        return COLLECTIVE, kind
+    return COMPUTE, ""
+
+
+def _stat_ids(plane: Plane, *names: str) -> list[int | None]:
+    by_name = {n: i for i, n in plane.stat_names.items()}
+    return [by_name.get(n) for n in names]
+
+
+def _wanted(*ids: int | None) -> frozenset[int]:
+    return frozenset(i for i in ids if i is not None)
+
+
+def _gpu(plane: Plane, modules: set[str], known: Mapping[str, str]) -> list[Segment]:
+    hlo_op_id, module_id, memcpy_id = _stat_ids(plane, "hlo_op", "hlo_module", "memcpy_details")
+    wanted = _wanted(hlo_op_id, module_id, memcpy_id)
+    names = plane.event_names
+    cache: dict[tuple[int, str, bool], tuple[int, str]] = {}
+    out: list[Segment] = []
+    for line in plane.lines:
+        if line.name == "XLA Modules":
+            modules.update(_module_name(names.get(e.metadata_id, "")) for e in line.events())
+        if not line.name.startswith("Stream #"):
+            continue
+        events: list[Segment] = []
+        for e in line.iter_events(wanted):
+            stats = e.stats
+            hlo_op = stats.get(hlo_op_id, "") if hlo_op_id is not None else ""
+            key = (e.metadata_id, str(hlo_op), memcpy_id is not None and memcpy_id in stats)
+            found = cache.get(key)
+            if found is None:
+                found = cache[key] = classify_gpu(names.get(e.metadata_id, ""), key[1], key[2], known)
+            if module_id is not None and module_id in stats:
+                modules.add(str(stats[module_id]))
+            events.append((e.start_ps, e.start_ps + e.duration_ps, found[0], found[1]))
+        out.extend(innermost(events))
+    return out
+
+
+def _tpu(plane: Plane, modules: set[str], known: Mapping[str, str]) -> list[Segment]:
+    (category_id,) = _stat_ids(plane, "hlo_category")
+    wanted = _wanted(category_id)
+    names = plane.event_names
+    out: list[Segment] = []
+    cache: dict[tuple[int, str], tuple[int, str]] = {}
+    for line in plane.lines:
+        if line.name == "XLA Modules":
+            modules.update(_module_name(names.get(e.metadata_id, "")) for e in line.events())
+        if line.name not in ("XLA Ops", "Async XLA Ops"):
+            continue
+        events: list[Segment] = []
+        for e in line.iter_events(wanted):
+            category = e.stats.get(category_id, "") if category_id is not None else ""
+            if not category:
+                category = plane.event_stats.get(e.metadata_id, {}).get("hlo_category", "")
+            key = (e.metadata_id, str(category))
+            found = cache.get(key)
+            if found is None:
+                found = cache[key] = classify_hlo(names.get(e.metadata_id, ""), key[1], known)
+            events.append((e.start_ps, e.start_ps + e.duration_ps, found[0], found[1]))
+        # Async ops in flight overlap one another without nesting: their line is taken as it is.
+        out.extend(events if line.name == "Async XLA Ops" else innermost(events))
+    return out
+
+
+def _cpu(plane: Plane, modules: set[str], known: Mapping[str, str]) -> dict[Device, list[Segment]]:
+    hlo_op_id, module_id, ordinal_id = _stat_ids(plane, "hlo_op", "hlo_module", "device_ordinal")
+    out: dict[Device, list[Segment]] = defaultdict(list)
+    if hlo_op_id is None or ordinal_id is None:
+        return out
+    cache: dict[str, tuple[int, str]] = {}
+    wanted = _wanted(hlo_op_id, module_id, ordinal_id)
+    for line in plane.lines:
+        per_device: dict[int, list[Segment]] = defaultdict(list)
+        for e in line.iter_events(wanted):
+            stats = e.stats
+            op = stats.get(hlo_op_id)
+            ordinal = stats.get(ordinal_id)
+            if not isinstance(op, str) or not isinstance(ordinal, int):
+                continue
+            found = cache.get(op)
+            if found is None:
+                found = cache[op] = classify_hlo(op, "", known)
+            if module_id is not None and module_id in stats:
+                modules.add(str(stats[module_id]))
+            per_device[ordinal].append((e.start_ps, e.start_ps + e.duration_ps, found[0], found[1]))
+        for ordinal, events in per_device.items():
+            out[("cpu", ordinal)].extend(innermost(events))
+    return out
+
+
+def _module_name(event_name: str) -> str:
+    """`jit_step(12190760917235803885)` (an `XLA Modules` event: the module and its fingerprint) -> `jit_step`."""
+    return re.sub(r"\(\d+\)$", "", event_name)
+
+
+def device_segments(
+    space: XSpace, collectives: Mapping[str, str] = _NONE
+) -> tuple[dict[Device, list[Segment]], set[str]]:
+    """Each local device's activity as segments (disjoint within each stream or thread, overlapping across them),
+    and the names of the HLO modules seen. Accelerator planes when there are any; else the CPU devices' ops on the
+    host plane (on a GPU or TPU host the host plane's events are the launches, not device time). `collectives`
+    names the collective instructions of the programs (instruction name -> kind), as the compiled HLO gives them:
+    without it, a collective is recognised by its opcode or JAX primitive name only."""
+    modules: set[str] = set()
+    out: dict[Device, list[Segment]] = {}
+    for plane in space.planes:
+        m = _DEVICE_PLANE.match(plane.name)
+        if m is None:
+            continue
+        ordinal = int(m.group(2))
+        if m.group(1) == "GPU":
+            out[("gpu", ordinal)] = _gpu(plane, modules, collectives)
+        else:
+            out[("tpu", ordinal)] = _tpu(plane, modules, collectives)
+    if not out:
+        host = space.plane("/host:CPU")
+        if host is not None:
+            out.update(_cpu(host, modules, collectives))
+    modules.discard("")
+    return out, modules

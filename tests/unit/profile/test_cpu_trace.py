@@ -1,0 +1,115 @@
+"""Real traces on the 8 CPU devices of this process: a sharded step whose gradient is all-reduced, and one with no
+collective, each traced for 2 steps with `jax.profiler.start_trace`/`stop_trace` and read from the `.xplane.pb`."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax, shard_map
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxmon.profile import Trace, read
+from jaxmon.training.hlo import parse
+
+CPUS = [("cpu", i) for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Mesh:
+    assert jax.device_count() >= 8, "run with JAX_NUM_CPU_DEVICES=8"
+    return Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
+
+
+def _trace(
+    tmp_path: Path, step: Callable[..., Any], *args: Any, collectives: dict[str, str] | None = None
+) -> tuple[Trace, int, int]:
+    """Two traced steps (compiled before the trace); the trace, and the steps' start and end in Unix ns."""
+    out = step(*args)
+    jax.block_until_ready(out)
+    jax.profiler.start_trace(str(tmp_path))
+    try:
+        t0 = time.time_ns()
+        for _ in range(2):
+            out = step(*args)
+        jax.block_until_ready(out)
+        t1 = time.time_ns()
+    finally:
+        jax.profiler.stop_trace()
+    [path] = tmp_path.glob("plugins/profile/*/*.xplane.pb")
+    return read(path.read_bytes(), collectives), t0, t1
+
+
+def test_a_data_parallel_step_all_reduces_on_every_device(mesh: Mesh, tmp_path: Path) -> None:
+    w = jax.device_put(jnp.ones((256, 256)), NamedSharding(mesh, P()))
+    x = jax.device_put(jnp.ones((64, 256)), NamedSharding(mesh, P("data")))
+
+    def grad_step(w: jax.Array, x: jax.Array) -> jax.Array:
+        return w - 0.1 * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+
+    trace, t0, t1 = _trace(tmp_path, jax.jit(grad_step), w, x)
+    assert "jit_grad_step" in trace.modules
+    assert trace.devices == CPUS  # from each op's device_ordinal stat
+    lo, hi = trace.extent_ns()
+    assert lo == 0 and hi > 0
+    window = (trace.trace_ns(t0), trace.trace_ns(t1))
+    assert 0 <= window[0] < window[1] <= hi
+    for splits in (trace.split(), trace.split(*window)):
+        for device, s in splits.items():
+            assert s.compute + s.collective + s.copy + s.idle == s.window > 0, device
+            assert s.compute > 0, device
+            assert s.collective > 0, device
+            assert s.collectives.get("all-reduce", 0) >= s.collective, device
+            assert set(s.collectives) == {"all-reduce"}, device
+
+
+def test_a_step_without_collectives_has_no_collective_time(mesh: Mesh, tmp_path: Path) -> None:
+    x = jax.device_put(jnp.ones((64, 256)), NamedSharding(mesh, P("data", "model")))
+
+    def local_step(x: jax.Array) -> jax.Array:
+        return jnp.tanh(x) * 2.0 + 1.0
+
+    trace, t0, t1 = _trace(tmp_path, jax.jit(local_step), x)
+    assert "jit_local_step" in trace.modules
+    assert trace.devices == CPUS
+    for device, s in trace.split(trace.trace_ns(t0), trace.trace_ns(t1)).items():
+        assert s.compute > 0, device
+        assert s.collective == 0 and s.collectives == {}, device
+        assert s.compute + s.collective + s.copy + s.idle == s.window, device
+
+
+def test_a_psum_inside_a_scan_is_collective_time_not_the_loops(mesh: Mesh, tmp_path: Path) -> None:
+    """A shard_map psum in a scan over 3 layers: XLA names the all-reduce after the primitive (`psum.7`), and it
+    runs inside the loop's `while` op on the same thread: the innermost op, the psum, owns its instants. The same
+    split comes from naming the collectives from the compiled HLO (jaxmon.training.hlo)."""
+    ws = jax.device_put(jnp.full((3, 256, 256), 0.01), NamedSharding(mesh, P()))
+    x = jax.device_put(jnp.ones((64, 256)), NamedSharding(mesh, P("data")))
+
+    def layers(ws: jax.Array, x: jax.Array) -> jax.Array:
+        out, _ = lax.scan(lambda c, w: (lax.psum(jnp.tanh(c @ w), "data"), None), x, ws)
+        return out
+
+    step = jax.jit(shard_map(layers, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data"), check_vma=False))
+    text = step.lower(ws, x).compile().as_text()
+    assert text is not None
+    program = parse(text)
+    named = {c.name: c.op for c in program.collectives}
+    assert named and all(name.startswith("psum") for name in named)  # not "all-reduce": the primitive's name
+    for collectives in (None, named):
+        trace, t0, t1 = _trace(tmp_path / str(bool(collectives)), step, ws, x, collectives=collectives)
+        assert trace.devices == CPUS
+        for device, s in trace.split(trace.trace_ns(t0), trace.trace_ns(t1)).items():
+            assert s.collective > 0 and set(s.collectives) == {"all-reduce"}, (device, s)
+            assert s.compute > 0, device
+            assert s.compute + s.collective + s.copy + s.idle == s.window, device
