@@ -29,9 +29,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from functools import cached_property
 from typing import Any
 
-from jaxmon.attribution import Holder
+from jaxmon.attribution import TPU_ANY, Holder
+from jaxmon.owners import Owner, Owners
 from jaxmon.sources.kubelet import ClaimedDevice
 
 NVIDIA_DRIVERS = ("gpu.nvidia.com",)
@@ -107,6 +109,18 @@ class Resolution:
     def holders(self, key: DeviceKey) -> frozenset[Holder]:
         """The holders of device `key` as jaxmon.attribution.Holder (claims dropped), for attribution.labels()."""
         return frozenset(h.holder for h in self.devices.get(key, frozenset()))
+
+    @cached_property
+    def owners(self) -> Owners:
+        """The owner transform's map (jaxmon.owners): GPUs and MIG devices by UUID; TPU chips, whose DRA index no
+        source relates to libtpu's device ids, as the node's TPU chips (`TPU_ANY`, one holder or none), as the
+        device plugin's are. Each owner keeps its claim (`extra`), which no device series carries."""
+        devices: dict[tuple[str, str], set[Owner]] = {}
+        for key, holders in self.devices.items():
+            target = TPU_ANY if key[0] == "tpu" else key
+            found = devices.setdefault(target, set())
+            found |= {Owner(h.namespace, h.pod, h.container, (("claim", f"{h.namespace}/{h.claim}"),)) for h in holders}
+        return Owners(devices={k: frozenset(v) for k, v in devices.items()}, sole=frozenset({TPU_ANY}))
 
 
 def _attribute(name: str, value: Any, where: str) -> tuple[str, AttributeValue] | None:

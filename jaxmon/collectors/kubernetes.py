@@ -16,9 +16,10 @@ Devices allocated through Dynamic Resource Allocation come in the same List (`dy
 ResourceSlices, listed from the API server on a thread of its own (jaxmon.sources.kubernetes_api: every
 `--collector.kubernetes.resourceslice-interval`, and at once when a claimed device is not in them yet, the poll
 waiting for that at most `--collector.kubernetes.timeout`), say which GPU, MIG device or TPU chip each is
-(jaxmon.dra). The state keeps that resolution (`dra`) beside the device-plugin attribution;
-`jaxmon_kubernetes_pod_device_info` lists the claimed devices with their `claim`, the API server's health is
-`jaxmon_kubernetes_api_*`, and a claimed device no slice names is counted in
+(jaxmon.dra). The state keeps that resolution (`dra`) beside the device-plugin attribution, and offers both to the
+owner transform (`KubernetesState.owners`), so a pod that got its GPUs through DRA labels their series as a device
+plugin's would; `jaxmon_kubernetes_pod_device_info` lists the claimed devices with their `claim`, the API
+server's health is `jaxmon_kubernetes_api_*`, and a claimed device no slice names is counted in
 `jaxmon_kubernetes_dra_problems_total{reason}`, never labelled.
 """
 
@@ -42,7 +43,7 @@ from jaxmon.collectors.base import Collector, Context, Offers, Update
 from jaxmon.families import add, family
 from jaxmon.families.kubernetes import API_FAILURES, API_LAST_SUCCESS, API_UP, DRA_PROBLEMS
 from jaxmon.logsetup import ErrorLog
-from jaxmon.owners import OWNERS
+from jaxmon.owners import OWNERS, Owners
 from jaxmon.settings import CollectorOptions, Enabled, format_duration, parse_duration
 from jaxmon.settings.durations import bounded
 from jaxmon.snapshot import Snapshot
@@ -144,6 +145,13 @@ class KubernetesState:
     pods: PodIndex | None = None
     dra_problems: Mapping[str, int] = field(default_factory=dict)
 
+    @property
+    def owners(self) -> Owners:
+        """What the owner transform is offered: the device plugins' holders and, beside them, DRA's."""
+        if self.dra is None or not self.dra.devices:
+            return self.attribution.owners
+        return Owners.merged([self.attribution.owners, self.dra.owners])
+
 
 @register
 class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
@@ -158,7 +166,7 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
     order = 70
     # The kubelet's state is not this process's health: a missing socket must not restart jaxmon.
     heartbeat = False
-    offers: ClassVar[Offers] = {OWNERS: lambda state: state.attribution.owners}
+    offers: ClassVar[Offers] = {OWNERS: lambda state: state.owners}
 
     def __init__(self, opts: KubernetesOptions, ctx: Context) -> None:
         super().__init__(opts, ctx)

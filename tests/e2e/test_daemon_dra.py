@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import Daemon, Samples, StartDaemon, sample
 from tests.fake_apiserver import FakeApiServer, nvidia_slice, pod_item
 from tests.fake_kubelet import FakeKubelet, claim, claimed, container, pod
+from tests.fakenvml import Scenario, device, mig_device
 
 NODE = "node-a"
 UUIDS = [f"GPU-{i:08x}-aaaa-bbbb-cccc-{i:012x}" for i in range(8)]
@@ -149,3 +150,63 @@ def test_a_refused_token_is_named_and_every_claim_stays_unlabelled(
     s = d.wait_for(lambda s: failures(s, "unauthorized") >= 1, what="a 401")
     assert sample(s, "jaxmon_kubernetes_api_up", list="resourceslices") == 0
     assert problems(s, "not_in_slices") == 3  # no slice known: each claimed device a problem, none mislabelled
+
+
+def test_a_pod_holding_gpus_through_dra_only_labels_every_series_of_them_mig_included(
+    start_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    """The owner transform, with the DRA resolution offered beside the device plugins' holders: the NVML series
+    of a GPU a pod claimed through DRA carry its pod, as do a claimed MIG device's; an unnamed claim labels nothing."""
+    gpus = [device(i) for i in range(3)]
+    uuids = [g["uuid"] for g in gpus]
+    nvml = Scenario(tmp_path / "nvml.json", gpus)
+    mig = mig_device(2, 0, "1g.18gb", 7)
+    nvml.update(2, mig={"current": 1, "pending": 1, "max_devices": 7, "devices": [mig]})
+    slices = [nvidia_slice(NODE, [(uuids[0], 0), (uuids[1], 1), (uuids[2], 2)], migs=[(mig["uuid"], 2, "1g.18gb")])]
+
+    def claiming(namespace: str, name: str, ctr: str, claim_name: str, dev: str) -> dict[str, object]:
+        return pod(
+            namespace, name, container(ctr, claims=[claim(claim_name, namespace, claimed("gpu.nvidia.com", NODE, dev))])
+        )
+
+    held = [
+        claiming("team-a", "train-0", "trainer", "gpus", "gpu-1"),
+        claiming("team-b", "notebook", "jupyter", "mig", "gpu-2-mig-1g.18gb-0"),
+        claiming("team-c", "early", "main", "gpus", "gpu-7"),
+    ]
+    server, kubelet = FakeApiServer(slices).start(), FakeKubelet(held).start()
+    try:
+        d = start_daemon(
+            "--node",
+            "--poll.interval",
+            f"{POLL}s",
+            "--collector.nvml",
+            "--collector.kubernetes",
+            "--collector.kubernetes.socket",
+            str(kubelet.socket),
+            "--collector.kubernetes.service-account",
+            str(server.account),
+            env={**nvml.env(), **server.env, "NODE_NAME": NODE},
+        )
+        train = {"namespace": "team-a", "pod": "train-0", "container": "trainer"}
+        s = d.wait_for(
+            lambda s: (
+                sample(s, "jaxmon_device_power_watts", device="1", source="nvml", platform="gpu", **train) is not None
+            ),
+            what="GPU 1's series labelled with the DRA pod",
+        )
+        owned: dict[str, set[tuple[str, ...]]] = {}
+        for name, labels in s:
+            got = dict(labels)
+            if "pod" in got and name != "jaxmon_kubernetes_pod_device_info":
+                key = got.get("mig_uuid") or got.get("device", "")
+                owned.setdefault(key, set()).add((got["namespace"], got["pod"], got["container"]))
+        # Every series of GPU 1 carries the pod (not only one family), the MIG device's its own pod, and nothing
+        # carries the claim on gpu-7 that no slice names.
+        assert owned == {"1": {("team-a", "train-0", "trainer")}, mig["uuid"]: {("team-b", "notebook", "jupyter")}}
+        gpu1 = {name for name, labels in s if ("device", "1") in labels and ("source", "nvml") in labels}
+        assert {name for name, labels in s if ("pod", "train-0") in labels} >= gpu1 - {"jaxmon_device_source_up"}
+        assert problems(s, "not_in_slices") == 1
+    finally:
+        kubelet.close()
+        server.close()

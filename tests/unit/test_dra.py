@@ -229,3 +229,35 @@ def test_problems_are_counted_once_per_device_and_again_when_one_comes_back() ->
     counter.observe(resolve(slices, [claimed("gpu-0")]))
     counter.observe(missing)
     assert counter.counts == {NOT_IN_SLICES: 2, NO_IDENTITY: 2}
+
+
+def test_the_owner_transforms_map_has_gpus_by_uuid_and_tpu_chips_as_the_nodes() -> None:
+    from jaxmon.attribution import TPU_ANY
+    from jaxmon.exchange import TPU_DEVICE
+
+    got = resolve(
+        index_slices([NVIDIA, TPU]),
+        [
+            claimed("gpu-0"),
+            claimed("gpu-1-mig-1g10gb-0", pod="notebook", claim="mig"),
+            claimed("accel0", pod="tpu-job", claim="tpus", driver="tpu.google.com"),
+            claimed("accel1", pod="tpu-job", claim="tpus", driver="tpu.google.com"),
+        ],
+    )
+    owners = got.owners
+    assert owners.labels([("uuid", GPU0.lower())]) == {"namespace": "team", "pod": "train", "container": "main"}
+    assert owners.labels([("mig", MIG.lower())])["pod"] == "notebook"
+    assert owners.labels([("uuid", GPU1.lower())]) == {}  # the MIG device's parent is not its pod's
+    # TPU chips: DRA's index is not libtpu's device-id, so the holder is the node's one holder of chips.
+    assert owners.labels([(TPU_DEVICE, "0"), TPU_ANY])["pod"] == "tpu-job"
+    assert ("tpu", "0") not in owners.devices
+    (owner,) = owners.devices[("uuid", GPU0.lower())]
+    assert owner.extra == (("claim", "team/gpus"),)  # kept for the source, never a series label
+    two = resolve(
+        index_slices([TPU]),
+        [
+            claimed("accel0", pod="a", claim="t", driver="tpu.google.com"),
+            claimed("accel1", pod="b", claim="t", driver="tpu.google.com"),
+        ],
+    )
+    assert two.owners.labels([TPU_ANY]) == {}  # two holders of the node's chips: none labels libtpu's series

@@ -69,8 +69,13 @@ def test_the_state_holds_the_claimed_gpus_holders_and_the_nodes_pods(
         assert state.pods is not None and state.pods.pods == {"uid-a": ("team-a", "train-0")}
         assert state.pods.containers == {"a1": ("uid-a", "trainer")}
         assert state.api is not None and state.api.up["resourceslices"] is True
-        # The device-plugin attribution the nvml and tpu collectors are offered is unchanged: DRA is beside it.
+        # The device-plugin attribution is unchanged; what the owner transform is offered has DRA's holders too.
         assert state.attribution.gpu(UUIDS[1], None) == {}
+        assert state.owners.labels([("uuid", UUIDS[1].lower())]) == {
+            "namespace": "team-a",
+            "pod": "train-0",
+            "container": "trainer",
+        }
     finally:
         c.stop()
 
