@@ -186,6 +186,8 @@ def test_a_pod_holding_gpus_through_dra_only_labels_every_series_of_them_mig_inc
             str(kubelet.socket),
             "--collector.kubernetes.service-account",
             str(server.account),
+            "--collector.kubernetes.resourceslice-interval",
+            "300ms",  # each failed refresh in the outage below stands for a minute's
             env={**nvml.env(), **server.env, "NODE_NAME": NODE},
         )
         train = {"namespace": "team-a", "pod": "train-0", "container": "trainer"}
@@ -206,6 +208,13 @@ def test_a_pod_holding_gpus_through_dra_only_labels_every_series_of_them_mig_inc
         assert owned == {"1": {("team-a", "train-0", "trainer")}, mig["uuid"]: {("team-b", "notebook", "jupyter")}}
         gpu1 = {name for name, labels in s if ("device", "1") in labels and ("source", "nvml") in labels}
         assert {name for name, labels in s if ("pod", "train-0") in labels} >= gpu1 - {"jaxmon_device_source_up"}
+        assert problems(s, "not_in_slices") == 1
+
+        # The API server goes away for longer than five periods: no label that was known goes.
+        server.stop()
+        s = d.wait_for(lambda s: failures(s, "unreachable") >= 5, what="five refreshes refused")
+        assert sample(s, "jaxmon_device_power_watts", device="1", source="nvml", platform="gpu", **train) is not None
+        assert any(("mig_uuid", mig["uuid"]) in labels and ("pod", "notebook") in labels for _, labels in s)
         assert problems(s, "not_in_slices") == 1
     finally:
         kubelet.close()
