@@ -3,8 +3,9 @@
 It speaks the real protocol: a `grpc.server` bound to `unix:<socket>`, with the servicer base class and messages
 of jaxmon's own generated stubs (jaxmon.sources.kubelet.stubs, from api.proto). Every call re-reads the scenario
 file the test writes (atomically), appends a line to `<scenario>.calls`, waits `delay_seconds` and answers
-`status` (a grpc.StatusCode name) or the pods. Stopping the process removes the socket, as a kubelet restart does;
-starting it again makes a new one at the same path.
+`status` (a grpc.StatusCode name) or the pods: each container's device-plugin devices (`devices`) and DRA claims
+(`dynamic_resources`, as the kubelet fills them since Kubernetes 1.34), a container may hold both. Stopping the
+process removes the socket, as a kubelet restart does; starting it again makes a new one at the same path.
 
     python -m tests.fake_kubelet SOCKET SCENARIO
 """
@@ -31,12 +32,34 @@ def pod(namespace: str, name: str, *containers: dict[str, Any]) -> dict[str, Any
     return {"namespace": namespace, "name": name, "containers": list(containers)}
 
 
-def container(name: str, devices: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    """A container holding the device ids of each resource in `devices` (`{"nvidia.com/gpu": ["GPU-..."]}`)."""
+def container(
+    name: str, devices: dict[str, list[str]] | None = None, claims: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """A container holding the device ids of each resource in `devices` (`{"nvidia.com/gpu": ["GPU-..."]}`) and
+    the devices of DRA `claims` (`claim()`)."""
     return {
         "name": name,
         "devices": [{"resource_name": resource, "device_ids": ids} for resource, ids in (devices or {}).items()],
+        "dynamic_resources": list(claims or []),
     }
+
+
+def claim(name: str, namespace: str, *devices: dict[str, Any]) -> dict[str, Any]:
+    """A DRA claim as the kubelet reports it (DynamicResource): its name, namespace and devices (`claimed()`)."""
+    return {"claim_name": name, "claim_namespace": namespace, "claim_resources": list(devices)}
+
+
+def claimed(driver: str, pool: str, device: str, share_id: str | None = None) -> dict[str, Any]:
+    """One ClaimResource, with the CDI device name the driver would give the runtime (`k8s.<driver>/claim=...`)."""
+    out: dict[str, Any] = {
+        "driver_name": driver,
+        "pool_name": pool,
+        "device_name": device,
+        "cdi_devices": [{"name": f"k8s.{driver}/claim={device}"}],
+    }
+    if share_id is not None:
+        out["share_id"] = share_id
+    return out
 
 
 class FakeKubelet:
@@ -129,6 +152,20 @@ def _serve(socket: Path, scenario: Path) -> None:
                                 name=c["name"],
                                 devices=[pb.ContainerDevices(**d) for d in c["devices"]],
                                 cpu_ids=[2, 3],
+                                dynamic_resources=[
+                                    pb.DynamicResource(
+                                        claim_name=r["claim_name"],
+                                        claim_namespace=r["claim_namespace"],
+                                        claim_resources=[
+                                            pb.ClaimResource(
+                                                **{k: v for k, v in cr.items() if k != "cdi_devices"},
+                                                cdi_devices=[pb.CDIDevice(**cdi) for cdi in cr["cdi_devices"]],
+                                            )
+                                            for cr in r["claim_resources"]
+                                        ],
+                                    )
+                                    for r in c.get("dynamic_resources", [])
+                                ],
                             )
                             for c in p["containers"]
                         ],

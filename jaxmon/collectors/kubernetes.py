@@ -10,16 +10,28 @@ A kubelet that does not answer (no socket, too slow, an error status) fails the 
 (`jaxmon_collector_success{collector="kubernetes"} 0`); the last good answer stays in use for `--collector.
 kubernetes.ttl` (a kubelet restart takes seconds, and labels that come and go would split every series in two),
 then the labels go: a mapping older than that may name pods that are gone. Scrapes never wait on the kubelet.
+
+Devices allocated through Dynamic Resource Allocation come in the same List (`dynamic_resources`), named by
+(driver, pool, device); where the node's name is known (`--collector.kubernetes.node-name`, $NODE_NAME) the node's
+ResourceSlices, listed from the API server on a thread of its own (jaxmon.sources.kubernetes_api: every
+`--collector.kubernetes.resourceslice-interval`, and at once when a claimed device is not in them yet, the poll
+waiting for that at most `--collector.kubernetes.timeout`), say which GPU, MIG device or TPU chip each is
+(jaxmon.dra). The state keeps that resolution (`dra`) beside the device-plugin attribution, and offers both to the
+owner transform (`KubernetesState.owners`), so a pod that got its GPUs through DRA labels their series as a device
+plugin's would; `jaxmon_kubernetes_pod_device_info` lists the claimed devices with their `claim`, the API
+server's health is `jaxmon_kubernetes_api_*`, and a claimed device no slice names is counted in
+`jaxmon_kubernetes_dra_problems_total{reason}`, never labelled.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import structlog
 from prometheus_client.core import Metric
@@ -29,15 +41,30 @@ from jaxmon.attribution import GPU_RESOURCES, TPU_RESOURCES, Attribution, accele
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
 from jaxmon.families import add, family
+from jaxmon.families.kubernetes import API_FAILURES, API_LAST_SUCCESS, API_UP, DRA_PROBLEMS
 from jaxmon.logsetup import ErrorLog
-from jaxmon.owners import OWNERS
+from jaxmon.owners import OWNERS, Owners
 from jaxmon.settings import CollectorOptions, Enabled, format_duration, parse_duration
 from jaxmon.settings.durations import bounded
 from jaxmon.snapshot import Snapshot
-from jaxmon.sources.kubelet import DEFAULT_SOCKET, Allocation, KubeletUnavailable, PodResourcesClient, socket_problem
+from jaxmon.sources.kubelet import (
+    DEFAULT_SOCKET,
+    Allocation,
+    ClaimedDevice,
+    KubeletUnavailable,
+    PodResourcesClient,
+    socket_problem,
+)
 from jaxmon.sources.kubelet.stubs import StubsUnavailable
 
+if TYPE_CHECKING:  # imported where the node's name is known or the kubelet reports DRA claims (RSS: issue 35)
+    from jaxmon.dra import ProblemCounter, Resolution
+    from jaxmon.sources.kubernetes_api import ApiHealth, ClusterCache, PodIndex
+
 log = structlog.get_logger("jaxmon.collectors.kubernetes")
+
+# Where Kubernetes mounts the pod's service account (jaxmon.sources.kubernetes_api.SERVICE_ACCOUNT).
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
 def _names(value: Any) -> Any:
@@ -78,6 +105,27 @@ class KubernetesOptions(CollectorOptions):
     tpu_resources: ResourceNames = Field(
         default=TPU_RESOURCES, description="Resource names whose device ids are TPU chips, comma-separated."
     )
+    # The API server (jaxmon.sources.kubernetes_api): the node's ResourceSlices, which say what a DRA claim's device
+    # is, and its pods.
+    resourceslice_interval: Annotated[float, BeforeValidator(parse_duration), bounded(0.0, 86400.0)] = Field(
+        default=60.0,
+        description="How often the node's ResourceSlices and pods are listed from the API server (also at once, "
+        "at most every 5 s, when a newly claimed device is not yet in them); an API server that does not answer "
+        "leaves the last good lists in use.",
+    )
+    api_timeout: Annotated[float, BeforeValidator(parse_duration), bounded(0.0, 60.0)] = Field(
+        default=5.0, description="Deadline of one request to the API server (a list of several pages: 6 times that)."
+    )
+    node_name: str = Field(
+        default="",
+        description="This node's name, to list its ResourceSlices and pods (empty: $NODE_NAME, which the "
+        "DaemonSet sets from the downward API).",
+    )
+    service_account: Path = Field(
+        default=SERVICE_ACCOUNT,
+        description="The directory of the service account's token and ca.crt; the API server is "
+        "$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT.",
+    )
 
 
 @dataclass(frozen=True)
@@ -89,6 +137,20 @@ class KubernetesState:
     # Monotonic time of the List call this mapping comes from (None: no mapping).
     taken: float | None = None
     error: str | None = None
+    # DRA: the claimed devices of GPU and TPU drivers, resolved through the node's ResourceSlices (holders by
+    # device identity, the claim in each; None: no claims and no node name), the API server's health and the
+    # node's pods (uid -> namespace and name, container id -> container: for process owners) (None: no node name).
+    dra: Resolution | None = None
+    api: ApiHealth | None = None
+    pods: PodIndex | None = None
+    dra_problems: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def owners(self) -> Owners:
+        """What the owner transform is offered: the device plugins' holders and, beside them, DRA's."""
+        if self.dra is None or not self.dra.devices:
+            return self.attribution.owners
+        return Owners.merged([self.attribution.owners, self.dra.owners])
 
 
 @register
@@ -104,7 +166,7 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
     order = 70
     # The kubelet's state is not this process's health: a missing socket must not restart jaxmon.
     heartbeat = False
-    offers: ClassVar[Offers] = {OWNERS: lambda state: state.attribution.owners}
+    offers: ClassVar[Offers] = {OWNERS: lambda state: state.owners}
 
     def __init__(self, opts: KubernetesOptions, ctx: Context) -> None:
         super().__init__(opts, ctx)
@@ -112,6 +174,8 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         # One line when the kubelet stops answering or the reason changes, one when it answers again.
         self._errors = ErrorLog(log, math.inf)
         self._good: KubernetesState | None = None
+        self._cache: ClusterCache | None = None
+        self._problems: ProblemCounter | None = None
 
     @classmethod
     def unavailable(cls, opts: KubernetesOptions, ctx: Context) -> str | None:
@@ -132,11 +196,18 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
 
     def update(self) -> Update[KubernetesState]:
         """One List call; on failure the last good mapping while it is younger than the ttl, else none."""
+        done = self._update()
+        cache = self._cache
+        api, pods = (cache.health(), cache.view().pods) if cache is not None else (None, None)
+        problems = dict(self._problems.counts) if self._problems is not None else {}
+        return replace(done, state=replace(done.state, api=api, pods=pods, dra_problems=problems))
+
+    def _update(self) -> Update[KubernetesState]:
         now = time.monotonic()
         try:
             if self._client is None:
                 self._client = PodResourcesClient(self.opts.socket, self.opts.timeout)
-            found = self._client.list()
+            listed = self._client.list_all()
         except KubeletUnavailable as exc:
             return self._failed(exc.code, str(exc), now)
         except StubsUnavailable as exc:
@@ -146,9 +217,56 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
             return self._failed(type(exc).__name__, f"{type(exc).__name__}: {exc}", now)
         self._errors.ok("kubelet", "kubelet pod-resources answer again", socket=str(self.opts.socket))
         gpu, tpu = self.opts.gpu_resources, self.opts.tpu_resources
-        kept = accelerators(found, gpu, tpu)
-        self._good = KubernetesState(devices=kept, attribution=attribute(kept, gpu, tpu), taken=now)
+        kept = accelerators(listed.allocations, gpu, tpu)
+        self._good = KubernetesState(
+            devices=kept, attribution=attribute(kept, gpu, tpu), taken=now, dra=self._resolve(listed.claimed)
+        )
         return Update(self._good, success=True)
+
+    def _resolve(self, claimed: tuple[ClaimedDevice, ...]) -> Resolution | None:
+        """The claimed GPUs and TPU chips through the node's ResourceSlices, asking the API server again (and
+        waiting at most the kubelet's deadline) when one is not in them yet; None without claims or a node name."""
+        if not claimed and not self._node():
+            return None
+        from jaxmon.dra import ProblemCounter, Resolution, accelerator_driver, resolve
+
+        if self._problems is None:
+            self._problems = ProblemCounter()
+        claimed = tuple(c for c in claimed if accelerator_driver(c.driver))
+        cache = self._api_cache()
+        if not claimed:
+            found = Resolution()
+        elif cache is None:
+            self._errors.error(
+                "node-name",
+                "DRA devices cannot be resolved",
+                "no node name: set --collector.kubernetes.node-name or $NODE_NAME (the downward API's spec.nodeName)",
+            )
+            found = resolve({}, claimed)
+        else:
+            view = cache.want([(c.driver, c.pool, c.device) for c in claimed], wait=self.opts.timeout)
+            found = resolve(view.slices, claimed)
+        self._problems.observe(found)
+        return found
+
+    def _node(self) -> str:
+        return self.opts.node_name or os.environ.get("NODE_NAME", "")
+
+    def _api_cache(self) -> ClusterCache | None:
+        """The API server's lists of this node, started at the first poll where the node's name is known."""
+        if self._cache is None:
+            node = self._node()
+            if not node:
+                return None
+            from jaxmon.sources.kubernetes_api import ApiClient, ClusterCache, InCluster
+
+            account, timeout = self.opts.service_account, self.opts.api_timeout
+            self._cache = ClusterCache(
+                lambda: ApiClient(InCluster.from_env(account=account), timeout=timeout, deadline=6 * timeout),
+                node,
+                interval=self.opts.resourceslice_interval,
+            ).start()
+        return self._cache
 
     def _failed(self, code: str, error: str, now: float) -> Update[KubernetesState]:
         good = self._good
@@ -171,15 +289,46 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         devices = family(
             "jaxmon_kubernetes_pod_device_info",
             "1 for each GPU, MIG device or TPU chip the kubelet assigned to a container (device_id as the device "
-            "plugin names it); absent while the kubelet does not answer, after the ttl.",
+            "plugin names it; for a DRA claim's device, resource is the driver, device_id pool/device, and claim "
+            "the claim); absent while the kubelet does not answer, after the ttl.",
         )
         for a in state.devices:
             for device_id in a.device_ids:
                 labels = {"namespace": a.namespace, "pod": a.pod, "container": a.container, "resource": a.resource}
                 add(devices, {**labels, "device_id": device_id}, 1.0)
+        # DRA: the driver as the resource, pool/device as the id, and the claim (resolved or not).
+        dra = state.dra
+        for c in () if dra is None else (*(c for c, _ in dra.resolved), *(u.claimed for u in dra.unresolved)):
+            labels = {"namespace": c.namespace, "pod": c.pod, "container": c.container, "resource": c.driver}
+            add(devices, {**labels, "device_id": f"{c.pool}/{c.device}", "claim": c.claim}, 1.0)
         yield devices
+        if state.api is None and not state.dra_problems:
+            return  # no node name and no DRA claims: nothing to say (a cluster without DRA)
+        if state.api is not None:
+            yield from health_families(state.api)
+        from jaxmon.dra import NO_IDENTITY, NOT_IN_SLICES
+
+        problems = DRA_PROBLEMS.new()
+        for reason, count in sorted({NOT_IN_SLICES: 0, NO_IDENTITY: 0, **state.dra_problems}.items()):
+            add(problems, {"reason": reason}, float(count))
+        yield problems
 
     def stop(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
+        if self._cache is not None:
+            self._cache.stop()
+            self._cache = None
+
+
+def health_families(health: ApiHealth) -> Iterator[Metric]:
+    """The API server's health in the exposition: up per list, failures by reason, last success."""
+    up, failures, last = API_UP.new(), API_FAILURES.new(), API_LAST_SUCCESS.new()
+    for name, ok in sorted(health.up.items()):
+        add(up, {"list": name}, 1.0 if ok else 0.0)
+    for (name, reason), count in sorted(health.failures.items()):
+        add(failures, {"list": name, "reason": reason}, float(count))
+    for name, when in sorted(health.last_success.items()):
+        add(last, {"list": name}, when)
+    yield from (up, failures, last)

@@ -353,9 +353,16 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
         "libtpu `megascale.grpc_tcp_delivery_rate.Mbps.cumulative.distribution` × 125 000 (Mbps to bytes/s)",
     ),
     "jaxmon_kubernetes_pod_device_info": (
-        "namespace, pod, container, resource, device_id",
-        "kubelet pod-resources `List`",
+        "namespace, pod, container, resource, device_id (+ claim: DRA)",
+        "kubelet pod-resources `List` (`devices`, `dynamic_resources`)",
     ),
+    "jaxmon_kubernetes_api_up": ("list", "API server `GET` of the node's resourceslices, pods"),
+    "jaxmon_kubernetes_api_failures": ("list, reason", "API server `GET` of the node's resourceslices, pods"),
+    "jaxmon_kubernetes_api_last_success_timestamp_seconds": (
+        "list",
+        "API server `GET` of the node's resourceslices, pods",
+    ),
+    "jaxmon_kubernetes_dra_problems": ("reason", "kubelet `dynamic_resources` against the node's ResourceSlices"),
     "jaxmon_slurm_job_device_info": (
         "job_id, uid, device, uuid",
         "NVML compute processes' `/proc/<pid>/cgroup` (Slurm's job cgroups)",

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from jaxmon.families import Spec, libtpu, memory, nvml, shared, slurm, training
 from jaxmon.families import compile as compile_families
+from jaxmon.families import kubernetes as kubernetes_families
 from jaxmon.families.labels import LABELS_AND_SOURCE
 
 PATH = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
@@ -132,7 +133,8 @@ INLINE = {
             Spec(
                 "jaxmon_kubernetes_pod_device_info",
                 "1 for each GPU, MIG device or TPU chip the kubelet assigned to a container (device_id as the device "
-                "plugin names it); absent while the kubelet does not answer, after the ttl.",
+                "plugin names it; for a DRA claim's device, resource is the driver, device_id pool/device, and claim "
+                "the claim); absent while the kubelet does not answer, after the ttl.",
             )
         ]
     ),
@@ -216,7 +218,12 @@ def sections() -> list[Section]:
             "every mode where libtpu's runtime metrics service answers (node mode included)",
             [*_entries(tpu_specs), *[Entry(spec, "summary") for spec in libtpu.MEGASCALE.values()]],
         ),
-        Section("kubernetes", "where the kubelet's pod-resources socket is (node mode)", INLINE["kubernetes"]),
+        Section(
+            "kubernetes",
+            "where the kubelet's pod-resources socket is (node mode); the API server's families where the node's "
+            "name is known",
+            [*INLINE["kubernetes"], *_entries(kubernetes_families.SPECS)],
+        ),
         Section(
             "slurm",
             "where the cgroup tree shows Slurm's, with NVML (node mode on a Slurm node)",

@@ -34,6 +34,7 @@ EXAMPLES = {
     "--collector.nvml.timeout": "2s",
     "--collector.spool.remove-after": "5m",
     "--health.max-staleness": "15s",
+    "--collector.kubernetes.node-name": "NAME",
 }
 # A flag of a new kind without a default or an entry above: an example of its kind.
 _GENERIC = {"DURATION": "30s", "int": "8", "float": "0.5", "str": "TEXT"}

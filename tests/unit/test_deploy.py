@@ -403,8 +403,8 @@ def _jobset_jobs(jobset: dict[str, Any]) -> Iterator[dict[str, Any]]:
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_kubernetes_core_objects_validate_against_the_schema(version: str) -> None:
     docs = k8s_documents()
-    core = [d for d in docs if "." not in d["apiVersion"].split("/")[0]]
-    assert [d["kind"] for d in core] == ["DaemonSet", "Job"]
+    core = [d for d in docs if "." not in d["apiVersion"].split("/")[0] or d["apiVersion"].startswith("rbac.")]
+    assert [d["kind"] for d in core] == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Job"]
     for doc in core:
         _validate_core(doc, version)
     # The JobSets' pod templates are Jobs' (JobSet's own fields are checked below): the GPU one and the GKE TPU one.
@@ -499,6 +499,9 @@ def test_kubernetes_manifests_parse_and_have_the_expected_kinds() -> None:
     kinds = {(d["apiVersion"], d["kind"]) for d in docs}
     assert kinds == {
         ("apps/v1", "DaemonSet"),
+        ("v1", "ServiceAccount"),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
         ("batch/v1", "Job"),
         ("jobset.x-k8s.io/v1alpha2", "JobSet"),
         ("monitoring.coreos.com/v1", "PodMonitor"),
@@ -640,14 +643,15 @@ def test_the_node_daemonset_runs_node_mode_with_nvml_and_the_kubelet_and_holds_n
     )
     assert jaxmon["startupProbe"]["httpGet"]["path"] == "/readyz"
     # Least privilege that opens a root-owned socket: uid 0 with no capability, no escalation, nothing writable but
-    # its own /tmp, no host namespaces, no API token.
+    # its own /tmp, the host's PID namespace only (other containers' /proc/<pid>/cgroup), its own service account.
     security = jaxmon["securityContext"]
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
     assert not security.get("privileged") and security["seccompProfile"] == {"type": "RuntimeDefault"}
-    for key in ("hostPID", "hostNetwork", "hostIPC", "hostUsers", "securityContext"):
+    assert spec["hostPID"] is True
+    for key in ("hostNetwork", "hostIPC", "hostUsers", "securityContext"):
         assert key not in spec, key  # hostUsers: false would map uid 0 away from the socket's owner
-    assert spec["automountServiceAccountToken"] is False
+    assert (spec["serviceAccountName"], spec["automountServiceAccountToken"]) == ("jaxmon-node", True)
     (tmp,) = [m for m in jaxmon["volumeMounts"] if m["mountPath"] == "/tmp"]
     assert "emptyDir" in volumes[tmp["name"]] and not tmp.get("readOnly")
     assert {m["name"] for m in jaxmon["volumeMounts"]} == set(volumes)
@@ -655,6 +659,38 @@ def test_the_node_daemonset_runs_node_mode_with_nvml_and_the_kubelet_and_holds_n
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms == [{"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}]
+
+
+def test_the_node_daemonset_may_list_its_nodes_resourceslices_and_pods_and_nothing_else() -> None:
+    from jaxmon.app import load_settings
+
+    account, role, binding = (named(k, "jaxmon-node") for k in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"))
+    assert role["rules"] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+    ]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "jaxmon-node"}
+    (subject,) = binding["subjects"]
+    assert (subject["kind"], subject["name"]) == ("ServiceAccount", account["metadata"]["name"])
+    assert subject["namespace"]  # a ClusterRoleBinding's service account names its namespace
+    daemonset = named("DaemonSet", "jaxmon-node")
+    spec = daemonset["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == account["metadata"]["name"]
+    (jaxmon,) = spec["containers"]
+    # The node's name from the downward API: the lists are filtered to it.
+    (node,) = [e for e in jaxmon["env"] if e["name"] == "NODE_NAME"]
+    assert node["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    kubernetes = load_settings(jaxmon["args"][1:]).collector_options("kubernetes")
+    assert kubernetes.node_name == ""  # type: ignore[attr-defined]  # so $NODE_NAME is used
+    assert kubernetes.resourceslice_interval == 60.0  # type: ignore[attr-defined]
+    # The default service-account mount is where the token is read.
+    assert str(kubernetes.service_account) == "/var/run/secrets/kubernetes.io/serviceaccount"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_the_node_daemonsets_rbac_validates_against_the_schema(version: str) -> None:
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+        _validate_core(named(kind, "jaxmon-node"), version)
 
 
 def test_the_node_monitors_scrape_the_daemonset_alone_and_leave_its_pod_labels_alone() -> None:

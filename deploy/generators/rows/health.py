@@ -45,6 +45,46 @@ ROW = Row(
             mappings=UP_MAPPING,
         ),
         Panel(
+            "API server lists",
+            "state-timeline",
+            "none",
+            [Target(bottom(f"jaxmon_kubernetes_api_up{{{INST}}}"), "{{instance}} {{list}}")],
+            "Whether a node-mode jaxmon's last list of its node's resourceslices and pods from the API server "
+            "succeeded (the last good lists stay in use while it fails).",
+            mappings=UP_MAPPING,
+        ),
+        Panel(
+            "Seconds since API server list",
+            "timeseries",
+            "s",
+            [
+                Target(
+                    top(f"time() - jaxmon_kubernetes_api_last_success_timestamp_seconds{{{INST}}}"),
+                    "{{instance}} {{list}}",
+                )
+            ],
+            "Age of the resourceslices and pods in use; it grows through an API-server outage.",
+            min=0,
+        ),
+        Panel(
+            "API server failures and DRA problems",
+            "timeseries",
+            "short",
+            [
+                Target(
+                    top(f"increase(jaxmon_kubernetes_api_failures_total{{{INST}}}[$__rate_interval])"),
+                    "{{instance}} {{list}} {{reason}}",
+                ),
+                Target(
+                    top(f"increase(jaxmon_kubernetes_dra_problems_total{{{INST}}}[$__rate_interval])"),
+                    "{{instance}} DRA {{reason}}",
+                ),
+            ],
+            "Failed lists by reason (forbidden: the ClusterRole is missing), and DRA-claimed devices no "
+            "ResourceSlice names (not_in_slices) or names without a uuid (no_identity): their pods label nothing.",
+            min=0,
+        ),
+        Panel(
             "Scrape duration",
             "timeseries",
             "s",

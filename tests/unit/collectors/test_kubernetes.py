@@ -16,7 +16,7 @@ from prometheus_client.core import Metric
 from structlog.testing import capture_logs
 
 from jaxmon.app import default_settings, load_settings
-from jaxmon.attribution import attribute
+from jaxmon.attribution import Holder, attribute
 from jaxmon.collectors.base import AnyCollector, Context, standalone_context
 from jaxmon.collectors.kubernetes import KubernetesCollector, KubernetesOptions, KubernetesState
 from jaxmon.collectors.nvml import DeviceMatch, NvmlCollector, NvmlOptions, NvmlState
@@ -216,3 +216,72 @@ def test_tpu_series_carry_the_one_container_holding_chips_and_render_as_before_w
         assert (labels["namespace"], labels["pod"], labels["container"]) == ("team-c", "job", "jax")
     two = (*HELD, Allocation("team-e", "job2", "jax", "google.com/tpu", ("2",)))
     assert tpu_samples(KubernetesState(devices=two, attribution=attribute(two))) == before
+
+
+def test_the_api_server_options_default_to_the_pods_service_account_and_a_minute() -> None:
+    from jaxmon.sources.kubernetes_api import SERVICE_ACCOUNT
+
+    default = default_settings().collector_options("kubernetes")
+    assert isinstance(default, KubernetesOptions)
+    assert (default.resourceslice_interval, default.api_timeout, default.node_name) == (60.0, 5.0, "")
+    assert str(default.service_account) == "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert default.service_account == SERVICE_ACCOUNT  # the source's default, which it is not imported for
+    given = options(
+        "--collector.kubernetes.resourceslice-interval=2m",
+        "--collector.kubernetes.node-name=node-a",
+        "--collector.kubernetes.service-account=/sa",
+    )
+    assert (given.resourceslice_interval, given.node_name, str(given.service_account)) == (120.0, "node-a", "/sa")
+    with pytest.raises(SettingsError, match="resourceslice-interval: must be longer than 0s"):
+        options("--collector.kubernetes.resourceslice-interval=0")
+
+
+def test_dra_claims_are_listed_with_their_claim_and_the_api_servers_health_beside_them() -> None:
+    from jaxmon.dra import index_slices, resolve
+    from jaxmon.sources.kubelet import ClaimedDevice
+    from jaxmon.sources.kubernetes_api import ApiHealth
+
+    slices = index_slices(
+        [
+            {
+                "spec": {
+                    "driver": "gpu.nvidia.com",
+                    "pool": {"name": "node-a"},
+                    "devices": [{"name": "gpu-1", "attributes": {"uuid": {"string": UUIDS[1]}}}],
+                }
+            }
+        ]
+    )
+    claimed = [
+        ClaimedDevice("team-a", "train", "trainer", "gpus", "team-a", "gpu.nvidia.com", "node-a", "gpu-1"),
+        ClaimedDevice("team-b", "late", "main", "gpus", "team-b", "gpu.nvidia.com", "node-a", "gpu-9"),
+    ]
+    state = KubernetesState(
+        devices=HELD[:1],
+        attribution=attribute(HELD[:1]),
+        taken=0.0,
+        dra=resolve(slices, claimed),
+        api=ApiHealth(up={"resourceslices": True}, failures={("resourceslices", "timeout"): 1}),
+        dra_problems={"not_in_slices": 1},
+    )
+    got = samples(list(KubernetesCollector(options(), context()).families(Snapshot(), state)))
+    info = [labels for name, labels, _ in got if name == "jaxmon_kubernetes_pod_device_info"]
+    assert info == [
+        {"namespace": "team-a", "pod": "train", "container": "trainer", "resource": "nvidia.com/gpu",
+         "device_id": UUIDS[0]},
+        {"namespace": "team-a", "pod": "train", "container": "trainer", "resource": "gpu.nvidia.com",
+         "device_id": "node-a/gpu-1", "claim": "gpus"},
+        # Listed though no slice names it (as the kubelet assigned it), and counted as a problem.
+        {"namespace": "team-b", "pod": "late", "container": "main", "resource": "gpu.nvidia.com",
+         "device_id": "node-a/gpu-9", "claim": "gpus"},
+    ]  # fmt: skip
+    rest = [(name, labels, value) for name, labels, value in got if name != "jaxmon_kubernetes_pod_device_info"]
+    assert rest == [
+        ("jaxmon_kubernetes_api_up", {"list": "resourceslices"}, 1.0),
+        ("jaxmon_kubernetes_api_failures_total", {"list": "resourceslices", "reason": "timeout"}, 1.0),
+        ("jaxmon_kubernetes_dra_problems_total", {"reason": "no_identity"}, 0.0),
+        ("jaxmon_kubernetes_dra_problems_total", {"reason": "not_in_slices"}, 1.0),
+    ]
+    # The resolution is the state's, for the owners transform: the claimed GPU by its UUID.
+    assert state.dra is not None
+    assert state.dra.holders(("uuid", UUIDS[1].lower())) == {Holder("team-a", "train", "trainer")}
