@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -375,6 +376,48 @@ def test_an_old_driver_library_is_read_through_its_older_calls(tmp_path: Path) -
         "energy": 3_600_000.0,
         "gpm": [False, None],
     }
+
+
+def _readers() -> list[str]:
+    return sorted(
+        t.name for t in threading.enumerate() if t.name.startswith("jaxmon-nvml-") and t.name != "jaxmon-nvml-xid"
+    )
+
+
+def test_healthy_gpus_share_one_reader_thread_and_a_wedged_one_holds_one_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight GPUs that answer promptly are read in turn by one thread (a thread per GPU cost a wake-up each way per
+    GPU and the GIL handed between them call by call); a GPU wedged first in the queue keeps its thread, and the
+    seven behind it are read by another within the same poll's deadline, poll after poll, with no third thread."""
+    scenario = Scenario(tmp_path / "scenario.json", [device(i) for i in range(8)])
+    for key, value in scenario.env().items():
+        monkeypatch.setenv(key, value)
+    # A stall is 1/9 of the deadline: 0.33 s, which a prompt read does not take even on a loaded machine.
+    nvml = Nvml(xid_wait_seconds=0.05, timeout_seconds=3.0, gpm=False)
+    nvml.open()
+    try:
+        for _ in range(3):
+            assert all(g.up for g in nvml.read_all())
+        assert _readers() == ["jaxmon-nvml-reader"]
+        scenario.hang(0, 30)  # the test ends it sooner, below
+        for temperature in (61, 62):
+            scenario.update(7, temperature_c=temperature)
+            started = time.monotonic()
+            gpus = nvml.read_all()
+            assert time.monotonic() - started < 3.0 + 1.0  # the deadline, and a loaded machine's slack
+            assert [g.up for g in gpus] == [False] + [True] * 7
+            assert gpus[7].temperature_celsius == temperature
+            # The wedged GPU's one thread, and one more (two, were a healthy read to stall on a loaded machine).
+            assert _readers().count("jaxmon-nvml-gpu0") == 1 and len(_readers()) in (2, 3), _readers()
+        scenario.update(0, hang_until=None, temperature_c=77)
+        wait_until(lambda: _readers().count("jaxmon-nvml-gpu0") == 0, what="the hung read to return")
+        gpus = nvml.read_all()
+        assert [g.up for g in gpus] == [True] * 8 and gpus[0].temperature_celsius == 77
+        assert _readers().count("jaxmon-nvml-reader") == len(_readers()) <= 3  # idle, for the next stall
+    finally:
+        scenario.update(0, hang_until=None)
+        nvml.close()
 
 
 def _utilization(sm: int, memory: int, encoder: int = 0, decoder: int = 0, **at: int) -> dict[str, int]:
