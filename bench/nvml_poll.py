@@ -6,9 +6,10 @@
 
 A child process loads the fake through LD_LIBRARY_PATH exactly as the daemon does, builds the nvml collector and
 runs `update()` POLLS times (after WARMUP polls) on 8 plausible H200s (tests/fakenvml's defaults: 18 active NVLink
-links, no fans, MIG off; two processes each; GPM supported). Polls are PAUSE apart (past GPM's 100 ms floor, so
+links, no fans, MIG off; two processes each, each with a per-process utilization sample at every poll; GPM
+supported). Polls are PAUSE apart (past GPM's 100 ms floor, so
 that every poll takes a GPM sample and asks for its metrics, as at any real poll interval). The figure is the
-process's CPU time over each `update()` (`time.process_time()`): each GPU is read on its own reader thread, so the
+process's CPU time over each `update()` (`time.process_time()`): the GPUs are read on reader threads, so the
 polling thread's own CPU (`poll_thread_cpu_ms`, what this bench reported before the readers existed) leaves the
 reads out; median and p99 per poll. The Xid thread, in the fake's blocking wait meanwhile, adds nearly nothing.
 Also timed: rendering the families of that state (what a scrape costs for these 8 GPUs).
@@ -123,10 +124,13 @@ def main() -> None:
     parser.add_argument("--gpm", action="store_true", help="time --collector.nvml.gpm false against auto, alternating")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        devices = [
-            device(i, processes=[{"pid": 1000 + i, "used": 1 << 30}, {"pid": 2000 + i, "used": 2 << 30}])
-            for i in range(GPUS)
+        # Two processes per GPU, each sampled busy since every poll (one per-process utilization sample each).
+        busy = {"sm": 40, "memory": 10, "encoder": 0, "decoder": 0}
+        processes = [
+            {"pid": 1000, "used": 1 << 30, "utilization": busy},
+            {"pid": 2000, "used": 2 << 30, "utilization": busy},
         ]
+        devices = [device(i, processes=[{**p, "pid": p["pid"] + i} for p in processes]) for i in range(GPUS)]
         scenario = Scenario(Path(tmp) / "scenario.json", devices)
         build()
         started = time.time()

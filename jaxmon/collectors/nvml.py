@@ -40,7 +40,7 @@ from jaxmon.exchange import (
     device_id,
 )
 from jaxmon.families import add, family
-from jaxmon.families.nvml import NvLinkTotals, gpu_families, sum_links
+from jaxmon.families.nvml import NvLinkTotals, gpu_families, process_utilization, sum_links
 from jaxmon.families.shared import DEVICE_INFO, DEVICE_SOURCE_UP
 from jaxmon.logsetup import ErrorLog
 from jaxmon.settings import CollectorOptions, Enabled, parse_duration
@@ -83,7 +83,8 @@ class NvmlOptions(CollectorOptions):
         ge=0,
         le=4096,
         description="Compute processes per GPU given their own (pid-labelled) memory series, largest first; the "
-        "rest are counted in jaxmon_process_device_memory_other_bytes and _other_processes.",
+        "rest are counted in jaxmon_process_device_memory_other_bytes and _other_processes. The same bound holds "
+        "the per-process utilization series (jaxmon_process_sm_utilization_ratio and siblings), busiest by SM first.",
     )
     gpm: Enabled = Field(
         default="auto",
@@ -324,6 +325,7 @@ def render(
     yield xid
 
     yield from _processes(ok, labels, workloads, max_processes)
+    yield from process_utilization(ok, labels, workloads, max_processes)
 
 
 def _processes(

@@ -234,6 +234,22 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
         "device, platform, source (+ pod, namespace, container)",
         "NVML running compute processes",
     ),
+    "jaxmon_process_sm_utilization_ratio": (
+        "device, platform, source, pid (+ workload, pod, namespace, container)",
+        "NVML per-process utilization `smUtil` / 100, mean of the samples since the last poll",
+    ),
+    "jaxmon_process_memory_bandwidth_utilization_ratio": (
+        "device, platform, source, pid (+ workload, pod, namespace, container)",
+        "NVML per-process utilization `memUtil` / 100, same",
+    ),
+    "jaxmon_process_encoder_utilization_ratio": (
+        "device, platform, source, pid (+ workload, pod, namespace, container)",
+        "NVML per-process utilization `encUtil` / 100, same",
+    ),
+    "jaxmon_process_decoder_utilization_ratio": (
+        "device, platform, source, pid (+ workload, pod, namespace, container)",
+        "NVML per-process utilization `decUtil` / 100, same",
+    ),
     "jaxmon_probe_duration_seconds": ("device, platform (+ pod, namespace, container)", "probe"),
     "jaxmon_probe_baseline_seconds": ("device, platform (+ pod, namespace, container)", "probe"),
     "jaxmon_probe_flops_per_second": ("device, platform (+ pod, namespace, container)", "probe"),

@@ -182,6 +182,7 @@ def sections() -> list[Section]:
     nvml_specs += [nvml.NVLINK_ERRORS, nvml.MIG_ENABLED, nvml.MIG_INFO, nvml.MIG_MEMORY_TOTAL, nvml.MIG_MEMORY_USED]
     nvml_specs += [nvml.MIG_DUTY_CYCLE, nvml.GPM_SUPPORTED]
     nvml_specs += list(dict.fromkeys(spec for spec, _ in nvml.GPM_SERIES.values()))
+    process_specs = [spec for spec, _ in nvml.PROCESS_UTILIZATION]
     memory_specs = [memory.STATS_SUPPORTED, memory.READ_SUCCESS, memory.READ_ERRORS, memory.LIVE_ARRAY_BYTES]
     memory_specs += [memory.REPLICATED_ARRAY_BYTES, memory.HOST_ARRAY_BYTES]
     tpu_specs = [libtpu.IDLE_DURATION, libtpu.HLO_QUEUE, libtpu.HLO_EXECUTION, libtpu.HLO_EXECUTION_MEAN]
@@ -211,7 +212,7 @@ def sections() -> list[Section]:
         Section(
             "nvml",
             "every mode where NVML loads (node mode included)",
-            [*_entries(DEVICE_WIDE), *_entries(nvml_specs), *INLINE["nvml"]],
+            [*_entries(DEVICE_WIDE), *_entries(nvml_specs), *INLINE["nvml"], *_entries(process_specs)],
         ),
         Section(
             "tpu",

@@ -245,6 +245,11 @@ def nvml_scenario(path: Path) -> Scenario:
                 utilization={"gpu": 97, "memory": 60},
                 fans=[60, 65],
                 gpm=gpm(0, sm_active=12.0),
+                # Time-sliced by three processes, each with its own SM, memory, encoder and decoder share.
+                processes=[
+                    {"pid": 4100 + n, "used": (n + 1) * gib, "utilization": {"sm": sm, "memory": 9, "decoder": n}}
+                    for n, sm in enumerate((60, 25, 5))
+                ],
             ),
             device(
                 1,

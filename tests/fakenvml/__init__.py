@@ -33,21 +33,24 @@ READ_DEADLINE = ("JAXMON_COLLECTOR__NVML__TIMEOUT", "10s")
 
 
 @functools.cache
-def build(legacy: bool = False) -> Path:
-    """Compile the fake once per process; returns the directory holding `libnvidia-ml.so.1`.
+def build(legacy: bool = False, process_utilization: bool = True) -> Path:
+    """Compile the fake once per process and variant; returns the directory holding `libnvidia-ml.so.1`.
 
     `legacy` leaves out the newer symbols (`_v2` memory info, `_v3` process lists, clocks event reasons, the fan
-    count and per-fan speed, the row remapper, MIG, GPM, the versioned temperature, the `_v2` CUDA driver version),
-    as an old driver's library does.
+    count and per-fan speed, the row remapper, MIG, GPM, the versioned temperature, the `_v2` CUDA driver version,
+    nvmlDeviceGetProcessesUtilizationInfo), as an old driver's library does; `process_utilization=False` leaves out
+    both per-process utilization calls, as a driver without them.
     """
     gcc = shutil.which("gcc")
     if gcc is None:
         raise AssertionError("gcc not found: install gcc and libc6-dev (tests/run.sh does)")
-    out = Path(tempfile.mkdtemp(prefix="fakenvml-legacy-" if legacy else "fakenvml-"))
+    prefix = "fakenvml-" + ("legacy-" if legacy else "") + ("" if process_utilization else "noutil-")
+    out = Path(tempfile.mkdtemp(prefix=prefix))
     atexit.register(shutil.rmtree, out, True)
     # No -Werror: a newer gcc's new warnings must not fail the suite (gcc 12 is clean with -Wall -Wextra -fanalyzer).
     cmd = [gcc, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-pthread", f"-Wl,-soname,{SONAME}"]
     cmd += ["-DFAKENVML_LEGACY"] if legacy else []
+    cmd += [] if process_utilization else ["-DFAKENVML_NO_PROCESS_UTILIZATION"]
     cmd += ["-o", str(out / SONAME), str(SOURCE)]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
@@ -221,10 +224,10 @@ class Scenario:
         """How many device calls are inside a `delay_ms` or a hang now."""
         return self.state().get("blocked_calls", 0)
 
-    def env(self, legacy: bool = False) -> dict[str, str]:
-        """What a daemon needs in its environment to load the fake, read this scenario and report its state, with a
-        read deadline a loaded machine does not miss (READ_DEADLINE)."""
+    def env(self, legacy: bool = False, process_utilization: bool = True) -> dict[str, str]:
+        """What a daemon needs in its environment to load the fake (`build`'s variant), read this scenario and report
+        its state, with a read deadline a loaded machine does not miss (READ_DEADLINE)."""
         previous = os.environ.get("LD_LIBRARY_PATH")
-        path = str(build(legacy)) + (f":{previous}" if previous else "")
+        path = str(build(legacy, process_utilization)) + (f":{previous}" if previous else "")
         var, deadline = READ_DEADLINE
         return {"LD_LIBRARY_PATH": path, SCENARIO_VAR: str(self.path), STATE_VAR: str(self.state_path), var: deadline}

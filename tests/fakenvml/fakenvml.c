@@ -53,8 +53,11 @@
  *                                                  blocked now in a "delay_ms" or "hang_until" (blocked_calls).
  *      "processes": [{"pid": 1, "used": 0,        compute processes; "used": null is NVML_VALUE_NOT_AVAILABLE
  *                     "utilization": {"sm": 0, "memory": 0, "encoder": 0, "decoder": 0}}],
- *                                                  a process with "utilization" has one sample, timestamped at the
- *                                                  call, in nvmlDeviceGetProcessUtilization (else none)
+ *                                                  a process with "utilization" has that sample, timestamped at the
+ *                                                  call, or a list of samples, each with "at_us" (its timestamp)
+ *                                                  or stamped at the call; both per-process utilization calls
+ *                                                  return those after their lastSeenTimeStamp (NOT_FOUND: none;
+ *                                                  NOT_SUPPORTED in MIG mode)
  *      "graphics_processes": [{"pid": 1, "used": 0}],  graphics processes (absent: none)
  *      "fail": {"nvlink_errors": 999},             calls (named as in not_supported) that return that error
  *      "not_supported": ["power", ...]}],          calls that return NOT_SUPPORTED: memory, utilization,
@@ -71,7 +74,9 @@
  * Compiled with -DFAKENVML_LEGACY it lacks the newer symbols (nvmlDeviceGetMemoryInfo_v2,
  * nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetCurrentClocksEventReasons, nvmlDeviceGetNumFans,
  * nvmlDeviceGetFanSpeed_v2, nvmlDeviceGetRemappedRows, the MIG calls and GPM; nvmlDeviceGetTemperatureV,
- * nvmlSystemGetCudaDriverVersion_v2 and nvmlDeviceGetGraphicsRunningProcesses_v3), as an old driver does.
+ * nvmlSystemGetCudaDriverVersion_v2, nvmlDeviceGetGraphicsRunningProcesses_v3 and
+ * nvmlDeviceGetProcessesUtilizationInfo), as an old driver does. With -DFAKENVML_NO_PROCESS_UTILIZATION it lacks
+ * both per-process utilization calls, as a driver without them (a call is then FUNCTION_NOT_FOUND in pynvml).
  *
  * Besides jaxmon's calls it answers those nvitop (nvitop-exporter, bench/node_weight.py) makes: the CUDA driver
  * version, the versioned temperature, graphics processes, per-process utilization samples and the NVLink link
@@ -122,6 +127,17 @@ typedef struct {                                                         /* c_nv
     unsigned long long timeStamp;                                                          /* CPU time, in us */
     unsigned int smUtil, memUtil, encUtil, decUtil;
 } nvmlProcessUtilizationSample_t;
+typedef struct {                                                       /* c_nvmlProcessUtilizationInfo_v1_t */
+    unsigned long long timeStamp;                                                          /* CPU time, in us */
+    unsigned int pid, smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil;
+} nvmlProcessUtilizationInfo_v1_t;
+typedef struct {                                                     /* c_nvmlProcessesUtilizationInfo_v1_t */
+    unsigned int version, processSamplesCount;
+    unsigned long long lastSeenTimeStamp;
+    nvmlProcessUtilizationInfo_v1_t *procUtilArray;
+} nvmlProcessesUtilizationInfo_t;
+#define NVML_PROCESSES_UTILIZATION_INFO_V1                                      /* ProcessesUtilizationInfo_v1 */ \
+    ((unsigned int)(sizeof(nvmlProcessesUtilizationInfo_t) | (1u << 24)))
 typedef struct {                                                                   /* c_nvmlTemperature_v1_t */
     unsigned int version;
     int sensorType;                                                                /* _nvmlTemperatureSensors_t */
@@ -808,44 +824,119 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsig
 }
 
 /*
- * One sample per compute process that has "utilization", timestamped now, returned when now is after
- * `last_seen` (CPU time in microseconds, as the caller passes it). The same two-call protocol as the process
- * lists (a NULL array or a short one: INSUFFICIENT_SIZE and the count); no sample at all is NOT_FOUND, as a
- * driver answers when no process ran on the GPU since `last_seen`.
+ * Per-process utilization samples. A compute process's "utilization" is one sample ({"sm", "memory", "encoder",
+ * "decoder"} in percent), or a list of them; a sample with "at_us" carries that CPU timestamp (microseconds of
+ * CLOCK_REALTIME, as the driver's), one without it is stamped at the call. A call returns the samples stamped after
+ * its `last_seen`, in the two-call protocol of the process lists (a NULL array or a short one: INSUFFICIENT_SIZE and
+ * the count); none at all is NOT_FOUND, as a driver answers when no process ran since `last_seen`. A GPU in MIG
+ * mode ("mig": {"current": 1}) is NOT_SUPPORTED (nvml.h: "On MIG-enabled GPUs, querying process utilization is not
+ * currently supported"). Both calls (nvmlDeviceGetProcessUtilization, and nvmlDeviceGetProcessesUtilizationInfo
+ * with its versioned struct) answer from this one function; `fill` writes sample `i`.
  */
-nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *samples,
-                                             unsigned int *count, unsigned long long last_seen) {
-    jnode *dev;
-    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-    nvmlReturn_t r = enter_device(device, "process_utilization", &dev);
-    if (r) return r;
+#ifndef FAKENVML_NO_PROCESS_UTILIZATION
+struct util_sample { unsigned int pid; unsigned long long stamp; unsigned int sm, mem, enc, dec; };
+
+static unsigned long long now_us(void) {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    unsigned long long stamp = (unsigned long long)now.tv_sec * 1000000ULL + (unsigned long long)now.tv_nsec / 1000;
+    return (unsigned long long)now.tv_sec * 1000000ULL + (unsigned long long)now.tv_nsec / 1000;
+}
+
+/* Visit the samples after `last_seen` (with the lock held); returns how many there are. */
+static unsigned int util_samples(const jnode *dev, unsigned long long last_seen, struct util_sample *out,
+                                 unsigned int room) {
     const jnode *list = jget(dev, "processes");
+    unsigned long long stamp = now_us();
     unsigned int n = 0;
-    if (stamp > last_seen && list && list->type == J_ARR)
-        for (const jnode *p = list->child; p; p = p->next) n += jget(p, "utilization") != NULL;
-    if (n == 0) return leave(NVML_ERROR_NOT_FOUND);
+    if (!list || list->type != J_ARR) return 0;
+    for (const jnode *p = list->child; p; p = p->next) {
+        const jnode *u = jget(p, "utilization");
+        if (!u) continue;
+        const jnode *one = u->type == J_ARR ? u->child : u;
+        for (; one; one = u->type == J_ARR ? one->next : NULL) {
+            const jnode *at = jget(one, "at_us");
+            unsigned long long when = at && at->type == J_NUM ? (unsigned long long)at->num : stamp;
+            if (when <= last_seen) continue;
+            if (out && n < room) {
+                out[n].pid = (unsigned int)jnum(p, "pid", 0);
+                out[n].stamp = when;
+                out[n].sm = (unsigned int)jnum(one, "sm", 0);
+                out[n].mem = (unsigned int)jnum(one, "memory", 0);
+                out[n].enc = (unsigned int)jnum(one, "encoder", 0);
+                out[n].dec = (unsigned int)jnum(one, "decoder", 0);
+            }
+            n++;
+        }
+    }
+    return n;
+}
+
+#define MAX_UTIL_SAMPLES 256
+
+/* The common part of both calls: enter, refuse MIG mode, count; fills `found` (up to MAX_UTIL_SAMPLES) and returns
+ * with the lock held on success. */
+static nvmlReturn_t enter_util(nvmlDevice_t device, unsigned long long last_seen, struct util_sample *found,
+                               unsigned int *n) {
+    jnode *dev;
+    nvmlReturn_t r = enter_device(device, "process_utilization", &dev);
+    if (r) return r;
+    if (jnum(jget(dev, "mig"), "current", 0) == 1) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *n = util_samples(dev, last_seen, found, MAX_UTIL_SAMPLES);
+    if (*n > MAX_UTIL_SAMPLES) *n = MAX_UTIL_SAMPLES;
+    if (*n == 0) return leave(NVML_ERROR_NOT_FOUND);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *samples,
+                                             unsigned int *count, unsigned long long last_seen) {
+    struct util_sample found[MAX_UTIL_SAMPLES];
+    unsigned int n;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_util(device, last_seen, found, &n);
+    if (r) return r;
     if (!samples || *count < n) {
         *count = n;
         return leave(NVML_ERROR_INSUFFICIENT_SIZE);
     }
-    unsigned int i = 0;
-    for (const jnode *p = list->child; p; p = p->next) {
-        const jnode *u = jget(p, "utilization");
-        if (!u) continue;
-        samples[i].pid = (unsigned int)jnum(p, "pid", 0);
-        samples[i].timeStamp = stamp;
-        samples[i].smUtil = (unsigned int)jnum(u, "sm", 0);
-        samples[i].memUtil = (unsigned int)jnum(u, "memory", 0);
-        samples[i].encUtil = (unsigned int)jnum(u, "encoder", 0);
-        samples[i].decUtil = (unsigned int)jnum(u, "decoder", 0);
-        i++;
+    for (unsigned int i = 0; i < n; i++) {
+        samples[i].pid = found[i].pid;
+        samples[i].timeStamp = found[i].stamp;
+        samples[i].smUtil = found[i].sm;
+        samples[i].memUtil = found[i].mem;
+        samples[i].encUtil = found[i].enc;
+        samples[i].decUtil = found[i].dec;
     }
     *count = n;
     return leave(NVML_SUCCESS);
 }
+
+#ifndef FAKENVML_LEGACY
+nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device, nvmlProcessesUtilizationInfo_t *info) {
+    struct util_sample found[MAX_UTIL_SAMPLES];
+    unsigned int n;
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != NVML_PROCESSES_UTILIZATION_INFO_V1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlReturn_t r = enter_util(device, info->lastSeenTimeStamp, found, &n);
+    if (r) return r;
+    if (!info->procUtilArray || info->processSamplesCount < n) {
+        info->processSamplesCount = n;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        nvmlProcessUtilizationInfo_v1_t *s = &info->procUtilArray[i];
+        s->timeStamp = found[i].stamp;
+        s->pid = found[i].pid;
+        s->smUtil = found[i].sm;
+        s->memUtil = found[i].mem;
+        s->encUtil = found[i].enc;
+        s->decUtil = found[i].dec;
+        s->jpgUtil = s->ofaUtil = 0;
+    }
+    info->processSamplesCount = n;
+    return leave(NVML_SUCCESS);
+}
+#endif
+#endif
 
 /* ---- the readings of issue 22: fans, encoder/decoder, energy, PCIe, row remapper ----------------------------- */
 

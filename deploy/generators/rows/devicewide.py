@@ -8,6 +8,7 @@ from ..panels import DEV, DEVICE_LEGEND, INST, MEM, UP_MAPPING, WIDE_LEGEND, Pan
 GPU_BY = "instance, platform, device, source"
 GPU_LEGEND = "{{instance}} {{platform}}:{{device}}"
 MIG_LEGEND = "{{instance}} {{platform}}:{{device}} {{profile}} gi {{gpu_instance}} ({{mig_uuid}})"
+PROCESS_LEGEND = "{{instance}} {{platform}}:{{device}} pid {{pid}} {{workload}}"
 ON_OFF_MAPPING = {"1": ("on", "blue"), "0": ("off", "text")}
 YES_RED_MAPPING = {"1": ("yes", "red"), "0": ("no", "green")}
 
@@ -64,7 +65,7 @@ ROW = Row(
             [
                 Target(
                     top(f"jaxmon_process_device_memory_bytes{{{MEM}}}"),
-                    "{{instance}} {{platform}}:{{device}} pid {{pid}} {{workload}}",
+                    PROCESS_LEGEND,
                 ),
                 Target(
                     top(
@@ -78,6 +79,36 @@ ROW = Row(
             "GPU, and the rest's together; workload where the pid is a reporting workload's (needs a shared PID "
             "namespace).",
             min=0,
+        ),
+        Panel(
+            "Utilization by process (shared GPUs)",
+            "timeseries",
+            "percentunit",
+            [
+                Target(top(f"jaxmon_process_sm_utilization_ratio{{{MEM}}}"), PROCESS_LEGEND + " SM"),
+                Target(
+                    top(f"jaxmon_process_memory_bandwidth_utilization_ratio{{{MEM}}}"),
+                    PROCESS_LEGEND + " memory bandwidth",
+                ),
+            ],
+            "Each compute process's share of its GPU's SM time and memory bandwidth (NVML's per-process samples "
+            "since the previous poll, averaged): on a time-sliced or MPS GPU, which process uses it. The "
+            "--collector.nvml.max-processes busiest per GPU; none on MIG-enabled GPUs.",
+            min=0,
+            max=1,
+        ),
+        Panel(
+            "Video engines by process",
+            "timeseries",
+            "percentunit",
+            [
+                Target(top(f"jaxmon_process_encoder_utilization_ratio{{{MEM}}}"), PROCESS_LEGEND + " encoder"),
+                Target(top(f"jaxmon_process_decoder_utilization_ratio{{{MEM}}}"), PROCESS_LEGEND + " decoder"),
+            ],
+            "Each compute process's share of its GPU's video encoder (NVENC) and decoder (NVDEC) time (NVML's "
+            "per-process samples since the previous poll, averaged).",
+            min=0,
+            max=1,
         ),
         Panel(
             "Device memory used by pod (kubelet)",

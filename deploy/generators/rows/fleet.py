@@ -277,6 +277,22 @@ PODS = Row(
             width=10,
         ),
         Panel(
+            "SM use by pod on shared GPUs: the busiest",
+            "timeseries",
+            "percentunit",
+            [
+                Target(
+                    top(f'sum by (namespace, pod) (jaxmon_process_sm_utilization_ratio{{{FLEET}, pod!=""}})'),
+                    "{{namespace}}/{{pod}}",
+                )
+            ],
+            "The $k pods whose processes use the most GPU SM time, summed over their processes and GPUs (NVML's "
+            "per-process samples; 1 = one GPU's SMs all the time): on a time-sliced GPU, which of the pods "
+            "holding it uses it. None from MIG-enabled GPUs.",
+            min=0,
+            width=10,
+        ),
+        Panel(
             "Devices held by pods",
             "table",
             "none",

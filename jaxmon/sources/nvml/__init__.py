@@ -24,6 +24,7 @@ from jaxmon.sources.nvml.readings import (
     MigDevice,
     NvLink,
     Process,
+    ProcessUtilization,
     RemappedRows,
 )
 
@@ -38,6 +39,7 @@ __all__ = [
     "Nvml",
     "NvmlUnavailable",
     "Process",
+    "ProcessUtilization",
     "RemappedRows",
     "describe",
     "probe_library",

@@ -67,6 +67,10 @@ class Versions:
     clocks_event_reasons: bool = True
     # nvmlDeviceGetNumFans and nvmlDeviceGetFanSpeed_v2 (per fan); else nvmlDeviceGetFanSpeed (one fan).
     fans_v2: bool = True
+    # nvmlDeviceGetProcessesUtilizationInfo (newer drivers); else nvmlDeviceGetProcessUtilization, and where the
+    # library has neither (FUNCTION_NOT_FOUND) `process_utilization` goes False and neither is asked again.
+    processes_utilization_info: bool = True
+    process_utilization: bool = True
 
 
 def memory(handle: Any, versions: Versions) -> tuple[int | None, int | None]:

@@ -18,6 +18,7 @@ from jaxmon.sources.nvml.mig import MigIdentity
 from jaxmon.sources.nvml.mig import read as read_mig
 from jaxmon.sources.nvml.nvlink import discover as discover_links
 from jaxmon.sources.nvml.nvlink import read as read_links
+from jaxmon.sources.nvml.process_util import read as read_process_util
 from jaxmon.sources.nvml.readings import GpuReading, Process, RemappedRows
 
 _CLOCK_TYPES = {
@@ -41,6 +42,8 @@ class Known:
     links: tuple[int, ...] = ()
     # The identities of its MIG devices seen at the last poll, by MIG UUID.
     mig_identities: dict[str, MigIdentity] = field(default_factory=dict)
+    # The newest per-process utilization sample's timestamp (NVML's CPU time in µs; 0: every sample NVML holds).
+    process_util_seen: int = 0
 
     def reading(self, index: int, **fields: Any) -> GpuReading:
         """GPU `index`'s reading with this identity and `fields` (its readings, or the error of a failed poll)."""
@@ -89,6 +92,8 @@ def read(index: int, handle: Any, known: Known, versions: Versions) -> GpuReadin
     corrected, uncorrected = _ecc(handle)
     mig_enabled, mig_devices, known.mig_identities = read_mig(handle, versions, known.mig_identities)
     maxima = known.max_clocks_hertz
+    processes = _processes(handle, versions)
+    process_util, known.process_util_seen = read_process_util(handle, versions, known.process_util_seen, processes)
     return known.reading(
         index,
         memory_total_bytes=total,
@@ -121,7 +126,8 @@ def read(index: int, handle: Any, known: Known, versions: Versions) -> GpuReadin
         nvlinks=read_links(handle, known.links),
         mig_enabled=mig_enabled,
         mig_devices=mig_devices,
-        processes=_processes(handle, versions),
+        processes=processes,
+        process_utilization=process_util,
     )
 
 

@@ -2,7 +2,7 @@
 NVML itself, without DCGM's host engine.
 
 A GPM value is an average over the interval between two samples. Each GPU that supports it (and each of its MIG GPU
-instances) therefore keeps the previous poll's sample; every poll takes a new one on the GPU's reader thread and asks
+instances) therefore keeps the previous poll's sample; every poll takes a new one on the thread reading the GPU and asks
 `nvmlGpmMetricsGet` for all of jaxmon's metrics over the interval between the two, in one call. So:
 
 - nothing is reported until a second sample exists;
@@ -19,8 +19,8 @@ leaves that poll's GPM values out (logged when it starts or changes) and starts 
 Samples are opaque allocations in the driver: two per sampled unit, reused in turn, freed by `free()` (on shutdown,
 when the GPU's read fails, and for a GPU instance that no longer exists).
 
-Thread safety: one `GpuGpm` per GPU, used by that GPU's reader thread alone (and by `Nvml.close()` once the reader
-has ended).
+Thread safety: one `GpuGpm` per GPU, used by the thread reading that GPU alone (a GPU is read by one thread at a
+time), and by `Nvml.close()` where no read of the GPU is in flight.
 """
 
 from __future__ import annotations

@@ -1,23 +1,28 @@
-"""An initialised NVML: the handles of every GPU, each GPU read on its own thread under a deadline, and the thread
+"""An initialised NVML: the handles of every GPU, the GPUs read on reader threads under a deadline, and the thread
 that counts Xid events.
 
-Around an Xid 79 (a GPU fallen off the bus) NVML calls on that GPU can hang for seconds or longer. Each GPU therefore
-has its own reader thread (`_Reader`), and a poll waits for all of them until one deadline: a GPU whose read has not
-returned by then reads as failed (no values), and its reader is skipped until that read returns. So a wedged GPU
-holds exactly one thread, never a pile of them, and the other GPUs' readings keep arriving at the poll's cadence.
-A GPU's first read opens its handle and reads what it gives once (its identity, limits, Xid registration): on a
-driver that wakes its GPUs at first use (persistence mode off) that takes seconds, so it gets FIRST_READ_SECONDS
-(at least the deadline) and a start-up is not logged as eight unresponsive GPUs.
+Around an Xid 79 (a GPU fallen off the bus) NVML calls on that GPU can hang for seconds or longer, so no poll makes
+an NVML call on its own thread: the reads run on reader threads (`_Readers`), and a poll waits for them until one
+deadline. A GPU whose read has not returned by then reads as failed (no values), and is not read again until that
+read returns. So a wedged GPU holds exactly one thread, never a pile of them, and the other GPUs' readings keep
+arriving at the poll's cadence. One reader thread reads the GPUs in turn while their reads return promptly (a
+thread per GPU, all woken every poll, cost 8 wake-ups each way and the GIL handed between them call by call: about
+a sixth of a poll's CPU); where no read has returned for 1/(n+1) of the deadline while GPUs wait (a hung read, or
+reads slow enough to miss it in turn), another thread takes the queue on, so the GPUs behind a wedged one are read
+in time. A GPU's first read opens its handle and reads what it gives once (its identity, limits, Xid
+registration): on a driver that wakes its GPUs at first use (persistence mode off) that takes seconds, so it gets
+FIRST_READ_SECONDS (at least the deadline) and a start-up is not logged as eight unresponsive GPUs.
 
-Thread safety: a GPU's handle and what it gave once (`_handles`, `_known`) are written by that GPU's reader only,
-under `_lock` (never held across an NVML call); the Xid watcher's maps are read and written under the same lock. A
-GPU's GPM samples (`_gpm`, gpm.py) are used by its reader alone, and freed by `close()` once that reader has ended.
+Thread safety: a GPU's handle and what it gave once (`_handles`, `_known`) are written by the thread reading that
+GPU, one at a time, under `_lock` (never held across an NVML call); the Xid watcher's maps are read and written
+under the same lock. A GPU's GPM samples (`_gpm`, gpm.py) are used by the thread reading that GPU alone (a GPU is
+read by one thread at a time), and freed by `close()` where no read of it is in flight.
 
 `close()` then `open()` gives a working source again: a new NVML session, the handles opened afresh and registered
 on the new event set, the Xid watcher running again. `close()` is meant for when no poll runs (the runtime stops a
 collector only once its poll has returned); one that does run meanwhile ends with its GPUs failed, not an exception.
-A reader hung in the driver across `close()` stays its GPU's reader (and keeps its GPM samples) until that call
-returns: a GPU reads as unresponsive until then, after `open()` too, and never has two reader threads.
+A read hung in the driver across `close()` keeps its GPU busy (and its GPM samples) until that call returns: the
+GPU reads as unresponsive until then, after `open()` too, and is never read by two threads at once.
 `Versions` flags only ever go from True to False (an older call found), whichever reader learns it first.
 """
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -51,76 +57,137 @@ def unresponsive(timeout: float) -> str:
     return f"NVML did not answer within {timeout:g}s (a call on this GPU hangs; its next read starts once it returns)"
 
 
+IDLE_NAME = "jaxmon-nvml-reader"
+
+
+def reader_name(index: int) -> str:
+    """The name of the thread while it reads GPU `index` (the one thread a wedged GPU holds carries it)."""
+    return f"jaxmon-nvml-gpu{index}"
+
+
 @dataclass
-class _Reader:
-    """GPU `index`'s reader thread: one read at a time, begun by `start()`. A read that hangs keeps it busy, and
-    every `start()` refused, until NVML returns."""
+class _Readers:
+    """The threads that read the GPUs: a queue of GPU reads per poll, taken one at a time by as few threads as keep
+    up. One thread reads every GPU in turn while each read returns promptly (one wake-up per poll each way, and no
+    eight threads handing the GIL around call by call); when no read has returned for `stall` seconds while GPUs
+    wait, one more thread joins, so a hung read holds its thread and the GPUs behind it are read by the next. A GPU
+    whose read is in flight (`_busy`, from this poll or an earlier one) is not queued again until it returns: one
+    thread per wedged GPU, never a pile. Threads stay, idle, for the next poll (at most one per GPU)."""
 
-    index: int
     read: Callable[[int], GpuReading]
-    _cond: threading.Condition = field(default_factory=threading.Condition)
-    _wanted: bool = False
-    _busy: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _work: threading.Condition = field(init=False)
+    _done: threading.Condition = field(init=False)
+    _queue: deque[int] = field(default_factory=deque)
+    _busy: set[int] = field(default_factory=set)
+    _results: dict[int, GpuReading] = field(default_factory=dict)
+    _poll: int = 0  # which poll a read belongs to: a read that returns after its poll ended is dropped
+    _expected: int = 0  # how many readings the running poll waits for
+    _progress: float = 0.0  # when a read last returned (or the poll began): time.monotonic()
+    _idle: int = 0  # threads waiting for work
+    _signalled: int = 0  # of those, woken and not yet running
+    _threads: list[threading.Thread] = field(default_factory=list)
     _stopped: bool = False
-    _result: GpuReading | None = None
-    _thread: threading.Thread | None = None
 
-    def start(self) -> bool:
-        """Begin a read; False while the last one has not returned (nothing is begun then)."""
-        with self._cond:
-            if self._busy or self._stopped:
-                return False
-            self._busy = self._wanted = True
-            self._result = None
-            if self._thread is None:
-                # A daemon thread: a read hung in the driver must not keep the process from exiting.
-                self._thread = threading.Thread(target=self._run, name=f"jaxmon-nvml-gpu{self.index}", daemon=True)
-                self._thread.start()
-            self._cond.notify_all()
-            return True
+    def __post_init__(self) -> None:
+        self._work = threading.Condition(self._lock)
+        self._done = threading.Condition(self._lock)
 
-    def result(self, deadline: float) -> GpuReading | None:
-        """The reading begun by `start()`, or None when it has not returned by `deadline` (time.monotonic())."""
-        with self._cond:
-            self._cond.wait_for(lambda: not self._busy, timeout=max(0.0, deadline - time.monotonic()))
-            return None if self._busy else self._result
+    def busy(self) -> set[int]:
+        """The GPUs whose read is in flight (a hung one from an earlier poll included)."""
+        with self._lock:
+            return set(self._busy)
+
+    def poll(self, indexes: list[int], limit: Callable[[int], float], stall: float) -> dict[int, GpuReading]:
+        """Read `indexes` (none of them in flight: `busy()`), each until `limit(index)` (time.monotonic()); the
+        readings that returned in time, by index. The calling thread wakes when the last one returns, and every
+        `stall` seconds while reads wait in the queue (to add a thread where none has returned meanwhile)."""
+        with self._lock:
+            if self._stopped or not indexes:
+                return {}
+            self._poll += 1
+            self._results = {}
+            self._expected = len(indexes)
+            self._queue.extend(indexes)
+            self._progress = time.monotonic()
+            self._wake()
+            while not self._stopped and len(self._results) < self._expected:
+                now = time.monotonic()
+                until = max(limit(i) for i in indexes if i not in self._results)
+                if now >= until:
+                    break
+                if not self._queue:
+                    self._done.wait(until - now)
+                    continue
+                if now - self._progress >= stall:
+                    # Every thread is inside a read that has not returned for `stall`: one more takes the queue on.
+                    self._progress = now
+                    self._wake()
+                self._done.wait(min(until - now, max(self._progress + stall - now, 0.001)))
+            self._queue.clear()  # a read not begun by the deadline never will: its GPU is failed this poll
+            self._poll += 1  # reads still in flight are dropped when they return
+            return dict(self._results)
 
     def stop(self) -> None:
-        """End the thread once its current read (if any) returns; does not wait for it. A read asked for that has
-        not begun never will: its `result()` is None at once."""
-        with self._cond:
+        """End the idle threads now and a busy one when its read returns; does not wait for them."""
+        with self._lock:
             self._stopped = True
-            if self._wanted:
-                self._wanted = self._busy = False
-            self._cond.notify_all()
+            self._queue.clear()
+            self._work.notify_all()
+            self._done.notify_all()
 
-    def ended(self) -> bool:
-        """True once stopped and its thread has ended (a reader stopped while its read hung ends when it returns)."""
-        with self._cond:
-            return self._stopped and (self._thread is None or not self._thread.is_alive())
+    def restart(self) -> None:
+        """Take polls again after stop() (a thread still in a hung read keeps its GPU busy until it returns)."""
+        with self._lock:
+            self._stopped = False
 
-    def join(self, deadline: float) -> bool:
-        """Wait until `deadline` (time.monotonic()) for the stopped thread to end; True when it has (or never ran)."""
-        if self._thread is None:
-            return True
-        self._thread.join(max(0.0, deadline - time.monotonic()))
-        return not self._thread.is_alive()
+    def join(self, deadline: float) -> None:
+        """Wait until `deadline` (time.monotonic()) for the stopped threads to end (a hung one does not)."""
+        for thread in list(self._threads):
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _wake(self) -> None:
+        """With the lock held: wake an idle thread for the queue, else start one."""
+        if self._idle > self._signalled:
+            self._signalled += 1  # so that a second wake before that thread runs wakes another, or starts one
+            self._work.notify()
+            return
+        self._threads = [t for t in self._threads if t.is_alive()]
+        if len(self._threads) >= len(self._busy) + len(self._queue):
+            return  # a thread for every read in flight or queued already: a woken one has not run yet
+        # A daemon thread: a read hung in the driver must not keep the process from exiting.
+        thread = threading.Thread(target=self._run, name=IDLE_NAME, daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._wanted or self._stopped)
-                if self._stopped:
-                    return
-                self._wanted = False
-            try:
-                reading = self.read(self.index)
-            except Exception as err:  # read() turns NVML errors into readings; nothing else may end this thread
-                reading = GpuReading(index=self.index, error=f"{type(err).__name__}: {err}")
-            with self._cond:
-                self._result = reading
-                self._busy = False
-                self._cond.notify_all()
+        me = threading.current_thread()
+        with self._lock:
+            while not self._stopped:
+                if not self._queue:
+                    self._idle += 1
+                    self._work.wait()
+                    self._idle -= 1
+                    self._signalled = max(0, self._signalled - 1)
+                    continue
+                index = self._queue.popleft()
+                self._busy.add(index)
+                poll = self._poll
+                self._lock.release()
+                me.name = reader_name(index)
+                try:
+                    reading = self.read(index)
+                except Exception as err:  # read() turns NVML errors into readings; nothing else may end this thread
+                    reading = GpuReading(index=index, error=f"{type(err).__name__}: {err}")
+                finally:
+                    me.name = IDLE_NAME
+                    self._lock.acquire()
+                self._busy.discard(index)
+                if poll == self._poll:
+                    self._results[index] = reading
+                    self._progress = time.monotonic()
+                    if len(self._results) == self._expected:
+                        self._done.notify_all()
 
 
 def _address(handle: Any) -> int:
@@ -138,7 +205,9 @@ class Nvml:
     # GPM (gpm.py): "auto" samples it where NVML says a GPU supports it, True the same but an unsupported GPU is
     # logged as a warning, False never asks.
     gpm: bool | Literal["auto"] = "auto"
-    _readers: dict[int, _Reader] = field(default_factory=dict)
+    _readers: _Readers = field(init=False)
+    # GPUs whose read hung across close(): their GPM samples are the old session's, freed once the read returns.
+    _stale: set[int] = field(default_factory=set)
     _answered: set[int] = field(default_factory=set)  # GPUs whose reader has returned a reading at least once
     _handles: dict[int, Any] = field(default_factory=dict)
     _known: dict[int, Known] = field(default_factory=dict)
@@ -154,11 +223,15 @@ class Nvml:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
+    def __post_init__(self) -> None:
+        self._readers = _Readers(self.read)
+
     def open(self) -> None:
         """Initialise NVML and start the Xid watcher; raises NvmlUnavailable."""
         if self._open:
             return
         self._stop.clear()  # a watcher stopped by close() runs again
+        self._readers.restart()
         reason = None
         try:
             pynvml.nvmlInit()
@@ -179,19 +252,16 @@ class Nvml:
         """Stop the watcher and the readers (a hung read is not waited for), free the event set and shut NVML down;
         `open()` starts afresh (the handles are re-opened and registered for Xid events on the new event set)."""
         self._stop.set()
-        readers = list(self._readers.values())
-        for reader in readers:
-            reader.stop()
+        self._readers.stop()
         if self._thread is not None:
             self._thread.join(self.xid_wait_seconds + 5.0)
             self._thread = None
         # An idle reader ends at once; one hung in the driver keeps its GPU's GPM samples (freeing them under a call
-        # that may still use them would be worse than leaving them to the process's exit), and stays the GPU's
-        # reader (stopped), so that a re-opened source starts no second thread on that GPU until the call returns.
-        deadline = time.monotonic() + 1.0
-        hung = {reader.index for reader in readers if not reader.join(deadline)}
-        for index in [i for i in self._readers if i not in hung]:
-            del self._readers[index]
+        # that may still use them would be worse than leaving them to the process's exit), and its GPU busy, so that
+        # a re-opened source starts no second read of that GPU until the call returns.
+        self._readers.join(time.monotonic() + 1.0)
+        hung = self._readers.busy()
+        self._stale |= hung
         self._answered.clear()
         for index in [i for i in self._gpm if i not in hung]:
             self._gpm.pop(index).free()
@@ -220,25 +290,20 @@ class Nvml:
         now = time.monotonic()
         deadline = now + self.timeout_seconds
         first = now + max(self.timeout_seconds, FIRST_READ_SECONDS)
-        readers = {}
-        started = {}
-        for index in range(count):
-            reader = self._readers.get(index)
-            if reader is not None and reader.ended():
-                # Stopped by close() while its read hung, and that read has returned since: the GPU's GPM samples
-                # are of the old session's reader; a new reader starts afresh.
-                gpm = self._gpm.pop(index, None)
-                if gpm is not None:
-                    gpm.free()
-                reader = None
-            if reader is None:
-                reader = self._readers[index] = _Reader(index, self.read)
-            readers[index] = reader
-            started[index] = reader.start()
+        busy = self._readers.busy()
+        for index in [i for i in self._stale if i not in busy]:
+            # Hung across close(), and returned since: the GPU's GPM samples are of the old session; start afresh.
+            self._stale.discard(index)
+            gpm = self._gpm.pop(index, None)
+            if gpm is not None:
+                gpm.free()
+        wanted = [index for index in range(count) if index not in busy]
+        # A poll of n GPUs fits its deadline if each read that stalls gets a thread of its own within 1/(n+1) of it.
+        stall = self.timeout_seconds / (len(wanted) + 1)
+        readings = self._readers.poll(wanted, lambda i: deadline if i in self._answered else first, stall)
         out = []
         for index in range(count):
-            waits = deadline if index in self._answered else first
-            reading = readers[index].result(waits) if started[index] else None
+            reading = readings.get(index)
             if reading is not None:
                 self._answered.add(index)
             out.append(reading if reading is not None else self._failed(index, unresponsive(self.timeout_seconds)))

@@ -50,6 +50,20 @@ class Process:
 
 
 @dataclass(frozen=True)
+class ProcessUtilization:
+    """A compute process's share of a GPU's engines over the samples NVML took of it since the previous poll
+    (nvmlDeviceGetProcessUtilization, or nvmlDeviceGetProcessesUtilizationInfo where the driver has it): the mean of
+    those samples, each NVML's percent of its sample period, as a ratio 0-1. `samples`: how many were averaged."""
+
+    pid: int
+    sm: float
+    memory: float
+    encoder: float
+    decoder: float
+    samples: int
+
+
+@dataclass(frozen=True)
 class NvLink:
     """One NVLink of a GPU: whether it is up, and for an active link its data traffic and its data-link error
     counters (since the driver loaded). An inactive link has its state alone."""
@@ -149,6 +163,9 @@ class GpuReading:
     mig_enabled: bool | None = None
     mig_devices: tuple[MigDevice, ...] | None = None
     processes: tuple[Process, ...] | None = None
+    # Each process NVML sampled since the previous poll (one entry per pid); () where none was sampled since, None
+    # where NVML offers no per-process utilization here (MIG mode, a driver without the calls).
+    process_utilization: tuple[ProcessUtilization, ...] | None = None
     # Whether GPM (nvmlGpmQueryDeviceSupport) serves this GPU; None where jaxmon does not ask (--collector.nvml.gpm
     # false). `gpm`: the metrics over the interval between its last two samples (None until a second sample exists).
     gpm_supported: bool | None = None

@@ -438,6 +438,44 @@ def test_a_process_without_a_memory_figure_is_absent_and_known_pids_carry_their_
     }
 
 
+def test_a_time_sliced_gpu_has_a_utilization_series_per_process_bounded_and_none_on_mig(rig: Rig) -> None:
+    """Three processes share GPU 0: each has its SM, memory, encoder and decoder share (the scenario's percent as a
+    ratio), labelled as its memory series; --collector.nvml.max-processes keeps the busiest by SM; a MIG GPU has
+    none."""
+
+    def util(sm: int, memory: int) -> dict[str, int]:
+        return {"sm": sm, "memory": memory, "encoder": 0, "decoder": 1}
+
+    procs = [
+        {"pid": 301, "used": GIB, "utilization": util(70, 40)},
+        {"pid": 302, "used": 9 * GIB, "utilization": util(60, 20)},
+        {"pid": 303, "used": 4 * GIB, "utilization": util(25, 10)},
+    ]
+    rig.scenario.update(0, processes=procs)
+    rig.scenario.update(1, processes=procs, mig={"current": 1, "devices": [mig_device(1, 0, "1g.18gb", 9)]})
+    _, s = rig.poll()
+    sm = {dict(k[1])["pid"]: v for k, v in s.items() if k[0] == "jaxmon_process_sm_utilization_ratio"}
+    assert sm == {"301": 0.70, "302": 0.60, "303": 0.25}
+    for pid, memory in (("301", 0.40), ("302", 0.20), ("303", 0.10)):
+        assert sample(s, "jaxmon_process_memory_bandwidth_utilization_ratio", **gpu(0, pid=pid)) == memory
+        assert sample(s, "jaxmon_process_encoder_utilization_ratio", **gpu(0, pid=pid)) == 0
+        assert sample(s, "jaxmon_process_decoder_utilization_ratio", **gpu(0, pid=pid)) == 0.01
+        assert sample(s, "jaxmon_process_device_memory_bytes", **gpu(0, pid=pid)) is not None  # the same labels
+    # GPU 1 in MIG mode: its processes' memory, no utilization.
+    assert {dict(k[1])["device"] for k in s if k[0].startswith("jaxmon_process_") and "utilization" in k[0]} == {"0"}
+    assert sample(s, "jaxmon_process_device_memory_bytes", **gpu(1, pid="302")) == 9 * GIB
+
+    bounded = make_collector(max_processes=2)
+    try:
+        s = render(bounded, Snapshot(), bounded.update().state)
+    finally:
+        bounded.stop()
+    sm = {dict(k[1])["pid"]: v for k, v in s.items() if k[0] == "jaxmon_process_sm_utilization_ratio"}
+    assert sm == {"301": 0.70, "302": 0.60}  # the busiest two by SM
+    kept = {dict(k[1])["pid"] for k in s if k[0] == "jaxmon_process_device_memory_bytes" and ("device", "0") in k[1]}
+    assert kept == {"302", "303"}  # where the memory series keep the largest two
+
+
 def test_xid_events_are_counted_per_device_and_xid_and_stop_ends_the_thread(rig: Rig) -> None:
     rig.poll()  # opens the handles and registers both GPUs for Xid events
     for index, xid in ((0, 79), (1, 48), (0, 79), (0, 13)):

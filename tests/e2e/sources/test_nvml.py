@@ -12,13 +12,23 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pynvml
 import pytest
 
-from jaxmon.sources.nvml import GpuReading, MigDevice, NvLink, Nvml, Process, RemappedRows, probe_library
+from jaxmon.sources.nvml import (
+    GpuReading,
+    MigDevice,
+    NvLink,
+    Nvml,
+    Process,
+    ProcessUtilization,
+    RemappedRows,
+    probe_library,
+)
 from tests.conftest import ROOT
 from tests.fakenvml import (
     GPU_IS_LOST,
@@ -99,6 +109,7 @@ def test_every_gpu_reads_as_the_scenario_has_it(scenario: Scenario, nvml: Nvml) 
         mig_enabled=False,
         mig_devices=None,
         processes=(),
+        process_utilization=(),  # nothing sampled (NOT_FOUND), nothing running
         gpm_supported=True,  # an H200: GPM's values come with a second sample (test_gpm_*)
         gpm=None,
     )
@@ -118,6 +129,8 @@ def test_every_gpu_reads_as_the_scenario_has_it(scenario: Scenario, nvml: Nvml) 
     )
     # A process NVML gives no memory figure for is kept, with None (never 0).
     assert one.processes == (Process(4242, 3 * GIB), Process(4343, None))
+    # Running, never sampled (NVML samples only busy processes): idle.
+    assert one.process_utilization == (ProcessUtilization(4242, 0, 0, 0, 0, 0), ProcessUtilization(4343, 0, 0, 0, 0, 0))
 
 
 def test_fans_encoder_power_energy_clocks_pcie_and_row_remapping_are_the_scenarios(
@@ -363,6 +376,159 @@ def test_an_old_driver_library_is_read_through_its_older_calls(tmp_path: Path) -
         "energy": 3_600_000.0,
         "gpm": [False, None],
     }
+
+
+def _readers() -> list[str]:
+    return sorted(
+        t.name for t in threading.enumerate() if t.name.startswith("jaxmon-nvml-") and t.name != "jaxmon-nvml-xid"
+    )
+
+
+def test_healthy_gpus_share_one_reader_thread_and_a_wedged_one_holds_one_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight GPUs that answer promptly are read in turn by one thread (a thread per GPU cost a wake-up each way per
+    GPU and the GIL handed between them call by call); a GPU wedged first in the queue keeps its thread, and the
+    seven behind it are read by another within the same poll's deadline, poll after poll, with no third thread."""
+    scenario = Scenario(tmp_path / "scenario.json", [device(i) for i in range(8)])
+    for key, value in scenario.env().items():
+        monkeypatch.setenv(key, value)
+    # A stall is 1/9 of the deadline: 0.33 s, which a prompt read does not take even on a loaded machine.
+    nvml = Nvml(xid_wait_seconds=0.05, timeout_seconds=3.0, gpm=False)
+    nvml.open()
+    try:
+        for _ in range(3):
+            assert all(g.up for g in nvml.read_all())
+        assert _readers() == ["jaxmon-nvml-reader"]
+        scenario.hang(0, 30)  # the test ends it sooner, below
+        for temperature in (61, 62):
+            scenario.update(7, temperature_c=temperature)
+            started = time.monotonic()
+            gpus = nvml.read_all()
+            assert time.monotonic() - started < 3.0 + 1.0  # the deadline, and a loaded machine's slack
+            assert [g.up for g in gpus] == [False] + [True] * 7
+            assert gpus[7].temperature_celsius == temperature
+            # The wedged GPU's one thread, and one more (two, were a healthy read to stall on a loaded machine).
+            assert _readers().count("jaxmon-nvml-gpu0") == 1 and len(_readers()) in (2, 3), _readers()
+        scenario.update(0, hang_until=None, temperature_c=77)
+        wait_until(lambda: _readers().count("jaxmon-nvml-gpu0") == 0, what="the hung read to return")
+        gpus = nvml.read_all()
+        assert [g.up for g in gpus] == [True] * 8 and gpus[0].temperature_celsius == 77
+        assert _readers().count("jaxmon-nvml-reader") == len(_readers()) <= 3  # idle, for the next stall
+    finally:
+        scenario.update(0, hang_until=None)
+        nvml.close()
+
+
+def _utilization(sm: int, memory: int, encoder: int = 0, decoder: int = 0, **at: int) -> dict[str, int]:
+    return {"sm": sm, "memory": memory, "encoder": encoder, "decoder": decoder, **at}
+
+
+def test_a_time_sliced_gpus_processes_each_read_their_own_utilization(scenario: Scenario, nvml: Nvml) -> None:
+    """Three processes share GPU 0 (time-slicing): each gets the scenario's SM, memory, encoder and decoder shares,
+    as ratios, through nvmlDeviceGetProcessesUtilizationInfo; GPU 1, with no process, reads an empty tuple."""
+    procs = [
+        {"pid": 4001, "used": 20 * GIB, "utilization": _utilization(55, 30, 1, 2)},
+        {"pid": 4002, "used": 10 * GIB, "utilization": _utilization(25, 12)},
+        {"pid": 4003, "used": GIB, "utilization": _utilization(5, 1, 0, 7)},
+    ]
+    scenario.update(0, processes=procs)
+    for _ in range(2):  # every poll: each process sampled again (stamped at the call) since the previous one
+        zero, one = nvml.read_all()
+        assert zero.process_utilization == (
+            ProcessUtilization(4001, 0.55, 0.30, 0.01, 0.02, 1),
+            ProcessUtilization(4002, 0.25, 0.12, 0.0, 0.0, 1),
+            ProcessUtilization(4003, 0.05, 0.01, 0.0, 0.07, 1),
+        )
+        assert one.process_utilization == ()
+    assert nvml._versions.processes_utilization_info  # the newer call answered
+
+
+def test_a_poll_averages_the_samples_since_the_previous_one_and_keeps_its_timestamp(
+    scenario: Scenario, nvml: Nvml
+) -> None:
+    """The lastSeenTimeStamp is kept per GPU between polls: a poll averages the samples NVML took since the previous
+    one, a running process sampled no more reads 0, and an old sample is never counted twice."""
+    t = time.time_ns() // 1000 - 10_000_000
+    busy = [_utilization(40, 10, at_us=t), _utilization(80, 30, at_us=t + 1)]
+    scenario.update(0, processes=[{"pid": 11, "used": GIB, "utilization": busy}, {"pid": 12, "used": GIB}])
+    # GPU 1's samples carry timestamps after GPU 0's: each GPU keeps its own.
+    scenario.update(1, processes=[{"pid": 21, "used": GIB, "utilization": [_utilization(9, 9, at_us=t + 500)]}])
+    zero, one = nvml.read_all()
+    assert zero.process_utilization == (
+        ProcessUtilization(11, 0.6, 0.2, 0, 0, 2),
+        ProcessUtilization(12, 0, 0, 0, 0, 0),
+    )
+    assert one.process_utilization == (ProcessUtilization(21, 0.09, 0.09, 0, 0, 1),)
+    zero, one = nvml.read_all()  # nothing new since: both idle, not the old samples again
+    assert zero.process_utilization == (ProcessUtilization(11, 0, 0, 0, 0, 0), ProcessUtilization(12, 0, 0, 0, 0, 0))
+    assert one.process_utilization == (ProcessUtilization(21, 0, 0, 0, 0, 0),)
+    # A new sample of 12, stamped between GPU 0's last and GPU 1's: read on GPU 0 (after its own timestamp) alone.
+    later = [_utilization(20, 4, at_us=t + 2)]
+    scenario.update(
+        0, processes=[{"pid": 11, "used": GIB, "utilization": busy}, {"pid": 12, "used": GIB, "utilization": later}]
+    )
+    zero, _ = nvml.read_all()
+    assert zero.process_utilization == (
+        ProcessUtilization(11, 0, 0, 0, 0, 0),
+        ProcessUtilization(12, 0.2, 0.04, 0, 0, 1),
+    )
+
+
+def test_per_process_utilization_is_none_in_mig_mode_and_where_not_supported(scenario: Scenario, nvml: Nvml) -> None:
+    """MIG-enabled GPUs do not support it (nvml.h); a GPU that answers NOT_SUPPORTED has none either, and stays up."""
+    procs = [{"pid": 7, "used": GIB, "utilization": _utilization(50, 5)}]
+    scenario.update(0, processes=procs, mig={"current": 1, "devices": [mig_device(0, 0, "1g.18gb", 9)]})
+    scenario.update(1, processes=procs, not_supported=["process_utilization"])
+    zero, one = nvml.read_all()
+    assert zero.up and one.up
+    assert (zero.process_utilization, one.process_utilization) == (None, None)
+    assert zero.processes == one.processes == (Process(7, GIB),)
+    scenario.update(1, not_supported=None, fail={"process_utilization": GPU_IS_LOST})
+    _, one = nvml.read_all()  # any other error fails the GPU, as every other call's does
+    assert one.error is not None and "GPU_IS_LOST" in one.error
+
+
+UTILIZATION = """
+import json
+from jaxmon.sources.nvml import Nvml
+nvml = Nvml(xid_wait_seconds=0.05, gpm=False)
+nvml.open()
+polls = [nvml.read(0) for _ in range(3)]
+versions = nvml._versions
+nvml.close()
+print(json.dumps({"util": [[(p.pid, p.sm) for p in r.process_utilization] if r.process_utilization is not None
+                           else None for r in polls], "errors": [r.error for r in polls],
+                  "versions": [versions.processes_utilization_info, versions.process_utilization]}))
+"""
+
+
+@pytest.mark.parametrize("variant", ["legacy", "without"])
+def test_an_older_driver_falls_back_and_one_without_the_calls_reads_none_silently(variant: str, tmp_path: Path) -> None:
+    """A legacy library (no nvmlDeviceGetProcessesUtilizationInfo) answers through nvmlDeviceGetProcessUtilization;
+    a library with neither call gives None every poll, learnt once, with nothing logged and the GPU up."""
+    dev = device(0, processes=[{"pid": 5, "used": GIB, "utilization": _utilization(33, 3)}], gpm=None)
+    scenario = Scenario(tmp_path / "scenario.json", [dev])
+    env = scenario.env(legacy=True) if variant == "legacy" else scenario.env(process_utilization=False)
+    result = subprocess.run(
+        [sys.executable, "-c", UTILIZATION],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, **env},
+    )
+    assert result.returncode == 0, result.stderr
+    *logged, last = result.stdout.strip().splitlines()
+    assert logged == []  # no error storm: not a line
+    out = json.loads(last)
+    assert out["errors"] == [None, None, None]
+    if variant == "legacy":
+        assert out["util"] == [[[5, 0.33]]] * 3
+        assert out["versions"] == [False, True]
+    else:
+        assert out["util"] == [None, None, None]
+        assert out["versions"] == [False, False]
 
 
 def test_the_fakes_mig_handles_answer_as_nvmls_do(scenario: Scenario, nvml: Nvml) -> None:

@@ -21,7 +21,7 @@ from jaxmon.app import default_settings, load_settings
 from jaxmon.collectors.nvml import DeviceMatch, NvmlOptions, NvmlState, match_devices, render
 from jaxmon.families.nvml import NvLinkTotals
 from jaxmon.model import DeviceInfo
-from jaxmon.sources.nvml import GpuReading, MigDevice, NvLink, Process, RemappedRows
+from jaxmon.sources.nvml import GpuReading, MigDevice, NvLink, Process, ProcessUtilization, RemappedRows
 from tests.deploy_files import readme_metrics
 from tests.helpers import Samples, parse_samples, sample
 
@@ -82,6 +82,7 @@ MIG_LARGE = MigDevice(
     duty_cycle_ratio=0.5,
 )
 
+BUSY = ProcessUtilization(77, 0.61, 0.22, 0.03, 0.04, 6)
 FULL = GpuReading(
     index=3,
     name="NVIDIA H200",
@@ -118,6 +119,10 @@ FULL = GpuReading(
     mig_enabled=True,
     mig_devices=(MIG_SMALL, MIG_LARGE),
     processes=(Process(77, 5 << 30), Process(78, None)),
+    process_utilization=(
+        ProcessUtilization(77, 0.61, 0.22, 0.03, 0.04, 6),
+        ProcessUtilization(78, 0.0, 0.0, 0.0, 0.0, 0),
+    ),
     gpm_supported=True,
     # GPM metric id -> ratio: every metric jaxmon reads but FP32's (failed this interval: absent).
     gpm=(
@@ -236,10 +241,45 @@ def test_processes_beyond_the_bound_are_counted_per_gpu_not_given_a_series_each(
     assert sample(s, "jaxmon_process_device_memory_other_bytes", **g) == 0
     assert sample(s, "jaxmon_process_device_memory_other_processes", **g) == 0
     # A GPU whose process list NVML does not report has none of them.
-    s = rendered(NvmlState(gpus=(replace(FULL, processes=None),)))
+    s = rendered(NvmlState(gpus=(replace(FULL, processes=None, process_utilization=None),)))
     assert not [k for k in s if k[0].startswith("jaxmon_process_")]
     assert nvml_options().max_processes == 16
     assert nvml_options("--collector.nvml.max-processes", "0").max_processes == 0
+
+
+PROCESS_UTILIZATION = {
+    "jaxmon_process_sm_utilization_ratio": "sm",
+    "jaxmon_process_memory_bandwidth_utilization_ratio": "memory",
+    "jaxmon_process_encoder_utilization_ratio": "encoder",
+    "jaxmon_process_decoder_utilization_ratio": "decoder",
+}
+
+
+def test_per_process_utilization_is_a_series_per_pid_labelled_as_the_process_memory() -> None:
+    s = rendered(NvmlState(gpus=(FULL,)), {77: "trainer"})
+    g = gpu(3)
+    for name, attr in PROCESS_UTILIZATION.items():
+        assert sample(s, name, **g, pid="77", workload="trainer") == getattr(BUSY, attr)
+        assert sample(s, name, **g, pid="78") == 0.0  # running, not sampled since the last poll: idle
+    memory = {frozenset(dict(k[1]).keys()) for k in s if k[0] == "jaxmon_process_device_memory_bytes"}
+    sm = {frozenset(dict(k[1]).keys()) for k in s if k[0] == "jaxmon_process_sm_utilization_ratio"}
+    assert sm == memory | {frozenset(gpu(3, pid="78"))}  # the same label names (78 has no memory figure)
+    # None (MIG mode, a driver without the calls) and () (nothing sampled, nothing running) give no series.
+    for none in (None, ()):
+        s = rendered(NvmlState(gpus=(replace(FULL, process_utilization=none),)))
+        assert not [k for k in s if k[0] in PROCESS_UTILIZATION]
+
+
+def test_per_process_utilization_keeps_the_busiest_by_sm_within_the_bound() -> None:
+    many = tuple(ProcessUtilization(1000 + n, (n % 7) / 10, n / 100, 0.0, 0.0, 3) for n in range(40))
+    s = rendered(NvmlState(gpus=(replace(FULL, process_utilization=many),)), max_processes=3)
+    sm = {dict(k[1])["pid"]: v for k, v in s.items() if k[0] == "jaxmon_process_sm_utilization_ratio"}
+    # SM 0.6 for n = 6, 13, 20, 27, 34: the highest memory bandwidth breaks the tie.
+    assert sm == {"1034": 0.6, "1027": 0.6, "1020": 0.6}
+    mem = {dict(k[1])["pid"] for k in s if k[0] == "jaxmon_process_memory_bandwidth_utilization_ratio"}
+    assert mem == set(sm)  # every sibling keeps the same processes
+    s = rendered(NvmlState(gpus=(replace(FULL, process_utilization=many),)), max_processes=0)
+    assert not [k for k in s if k[0] in PROCESS_UTILIZATION]
 
 
 def test_nvlink_series_are_per_link_with_the_option_and_an_inactive_link_has_its_state_alone() -> None:
