@@ -29,7 +29,6 @@ from jaxmon.sources.nvml import (
     GpuReading,
     MigDevice,
     NvLink,
-    ProcessUtilization,
 )
 
 Labels = Callable[[GpuReading, MigDevice | None], dict[str, str]]
@@ -363,68 +362,3 @@ def _gpm(gpus: Iterable[GpuReading], labels: Labels, pipes: bool) -> Iterator[Me
                     add(families[spec.name], {**own, "pipe": pipe}, value)
     yield supported
     yield from families.values()
-
-
-_PROCESS_SHARE = (
-    " over NVML's samples of it since the previous poll (the mean; 0 for a running process NVML did not sample: "
-    "idle), 0-1; pid in NVML's PID namespace. The --collector.nvml.max-processes busiest (by SM) per GPU; none on "
-    "MIG-enabled GPUs."
-)
-# Per-process utilization (nvmlDeviceGetProcessesUtilizationInfo / nvmlDeviceGetProcessUtilization): (family,
-# ProcessUtilization attribute), labelled as jaxmon_process_device_memory_bytes (the GPU's labels, pid, workload).
-PROCESS_UTILIZATION: tuple[tuple[Spec, str], ...] = (
-    (
-        Spec(
-            "jaxmon_process_sm_utilization_ratio",
-            "Share of the GPU's SM (3D/compute) time the process used" + _PROCESS_SHARE,
-        ),
-        "sm",
-    ),
-    (
-        Spec(
-            "jaxmon_process_memory_bandwidth_utilization_ratio",
-            "Share of the GPU's memory (frame buffer) bandwidth time the process used" + _PROCESS_SHARE,
-        ),
-        "memory",
-    ),
-    (
-        Spec(
-            "jaxmon_process_encoder_utilization_ratio",
-            "Share of the GPU's video encoder (NVENC) time the process used" + _PROCESS_SHARE,
-        ),
-        "encoder",
-    ),
-    (
-        Spec(
-            "jaxmon_process_decoder_utilization_ratio",
-            "Share of the GPU's video decoder (NVDEC) time the process used" + _PROCESS_SHARE,
-        ),
-        "decoder",
-    ),
-)
-
-
-def busiest(processes: Iterable[ProcessUtilization], bound: int) -> list[ProcessUtilization]:
-    """The `bound` processes with the most SM use (then memory bandwidth, then the lower pid): on a shared GPU the
-    question is who uses it, which a process's memory does not answer (a small server may take most of the SMs)."""
-    return sorted(processes, key=lambda p: (-p.sm, -p.memory, p.pid))[:bound]
-
-
-def process_utilization(
-    gpus: Iterable[GpuReading],
-    labels: Labels,
-    workloads: Mapping[int, str],
-    bound: int,
-) -> Iterator[Metric]:
-    """Each GPU's `bound` busiest processes' utilization (a pid is a new series: bounded as the process memory is);
-    GPUs without per-process utilization (MIG, an old driver: None) give none."""
-    families = [(spec.new(), attr) for spec, attr in PROCESS_UTILIZATION]
-    for gpu in gpus:
-        for proc in busiest(gpu.process_utilization or (), bound):
-            own = {**labels(gpu, None), "pid": str(proc.pid)}
-            if proc.pid in workloads:
-                own["workload"] = workloads[proc.pid]
-            for fam, attr in families:
-                add(fam, own, getattr(proc, attr))
-    for fam, _ in families:
-        yield fam

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxmon.families import Spec, libtpu, memory, nvml, shared, slurm, training
+from jaxmon.families import Spec, libtpu, memory, nvml, nvml_process, shared, slurm, training
 from jaxmon.families import compile as compile_families
 from jaxmon.families import kubernetes as kubernetes_families
 from jaxmon.families.labels import LABELS_AND_SOURCE
@@ -182,7 +182,7 @@ def sections() -> list[Section]:
     nvml_specs += [nvml.NVLINK_ERRORS, nvml.MIG_ENABLED, nvml.MIG_INFO, nvml.MIG_MEMORY_TOTAL, nvml.MIG_MEMORY_USED]
     nvml_specs += [nvml.MIG_DUTY_CYCLE, nvml.GPM_SUPPORTED]
     nvml_specs += list(dict.fromkeys(spec for spec, _ in nvml.GPM_SERIES.values()))
-    process_specs = [spec for spec, _ in nvml.PROCESS_UTILIZATION]
+    process_specs = [spec for spec, _ in nvml_process.PROCESS_UTILIZATION]
     memory_specs = [memory.STATS_SUPPORTED, memory.READ_SUCCESS, memory.READ_ERRORS, memory.LIVE_ARRAY_BYTES]
     memory_specs += [memory.REPLICATED_ARRAY_BYTES, memory.HOST_ARRAY_BYTES]
     tpu_specs = [libtpu.IDLE_DURATION, libtpu.HLO_QUEUE, libtpu.HLO_EXECUTION, libtpu.HLO_EXECUTION_MEAN]

@@ -9,8 +9,9 @@ import time
 from types import SimpleNamespace
 
 from jaxmon.sources.nvml import GpuReading, ProcessUtilization
-from jaxmon.sources.nvml.library import IDLE_NAME, _Readers, reader_name
 from jaxmon.sources.nvml.process_util import reduce
+from jaxmon.sources.nvml.readers import IDLE_NAME, reader_name
+from jaxmon.sources.nvml.readers import Readers as _Readers
 
 
 def _threads() -> list[str]:
