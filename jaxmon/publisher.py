@@ -1,4 +1,5 @@
-"""`jaxmon.publish()`: a training process writes its allocator stats to a shared spool directory.
+"""`jaxmon.publish()`: a training process writes its allocator stats (and its training telemetry, and where its
+arrays lie) to a shared spool directory.
 
 The file vanishes when the process exits normally (or `stop()` is called); a killed process's file ages out by
 the sidecar's TTL, and a later publisher of the same workload on the same host removes it once it is old.
@@ -24,7 +25,7 @@ from jaxmon.files import write_atomically
 from jaxmon.finalization import EXIT_WAIT, before_finalization
 from jaxmon.identity import host_name, scheduler_labels
 from jaxmon.logsetup import ErrorLog, ensure_library_logging
-from jaxmon.model import DeviceInfo
+from jaxmon.model import HOST_MEMORY_KINDS, ArrayBytes, DeviceInfo
 from jaxmon.settings import Settings
 from jaxmon.sources import DeviceSource, InProcess
 from jaxmon.sources.spool import FILE_NAME, TMP_NAME, safe_name
@@ -134,20 +135,32 @@ class Publisher:
         return removed
 
     def document(self, source: DeviceSource, devices: list[DeviceInfo], in_process: InProcess) -> SpoolDocument:
-        """This process's snapshot: raw `memory_stats()` per device (live arrays where it reports nothing)."""
+        """This process's snapshot: raw `memory_stats()` per device (live arrays where it reports nothing), and
+        every device's replicated and host-memory array bytes, from one pass over the live arrays (as the embedded
+        memory collector makes it)."""
         entries: list[SpoolDevice] = []
-        live: dict[tuple[str, int], int] | None = None
+        arrays: ArrayBytes | None = None
+        failed = ""
+        try:
+            arrays = in_process.array_bytes()
+        except Exception as exc:  # the devices' allocator numbers still go out
+            failed = f"{type(exc).__name__}: {exc}"[:4096]
         for dev in devices:
             fields: dict[str, Any] = dev.identity()
             try:
                 stats = source.read_memory(dev)
-                if stats is None:
-                    live = in_process.live_array_bytes() if live is None else live
-                    fields["live_array_bytes"] = live.get(dev.key, 0)
+                if stats is None:  # live arrays are this device's only memory figure
+                    if arrays is None:
+                        fields["error"] = failed
+                    else:
+                        fields["live_array_bytes"] = arrays.live.get(dev.key, 0)
                 else:
                     fields["memory_stats"] = {k: v for k, v in stats.items() if _number(v)}
             except Exception as exc:
                 fields["error"] = f"{type(exc).__name__}: {exc}"[:4096]
+            if arrays is not None:  # no arrays on a device is 0 bytes
+                fields["replicated_array_bytes"] = arrays.replicated.get(dev.key, 0)
+                fields["host_array_bytes"] = {kind: arrays.host.get((dev.key, kind), 0) for kind in HOST_MEMORY_KINDS}
             entries.append(SpoolDevice.model_validate(fields))
         reading = in_process.training()
         now = time.time()

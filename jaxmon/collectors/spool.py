@@ -44,6 +44,8 @@ class WorkloadDevice:
     info: DeviceInfo
     reading: MemoryReading
     live_array_bytes: int | None
+    replicated_array_bytes: int | None = None  # schema 3
+    host_array_bytes: Mapping[str, int] | None = None  # schema 3: bytes per host memory kind
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,15 @@ def workload_report(doc: SpoolDocument) -> WorkloadReport:
             reading = MemoryReading(numbers=None, error=d.error)
         else:
             reading = MemoryReading(numbers=memory_numbers(d.memory_stats))
-        devices.append(WorkloadDevice(info=info, reading=reading, live_array_bytes=d.live_array_bytes))
+        devices.append(
+            WorkloadDevice(
+                info=info,
+                reading=reading,
+                live_array_bytes=d.live_array_bytes,
+                replicated_array_bytes=d.replicated_array_bytes,
+                host_array_bytes=d.host_array_bytes,
+            )
+        )
     return WorkloadReport(
         workload=doc.workload,
         host=doc.host,
@@ -245,9 +255,14 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
                 labels = {"device": str(wd.info.id), "platform": wd.info.platform, "workload": w.workload}
                 # Never two samples with one label set, even if two reports claim the same device (two
                 # independent processes under one workload name): the newest report (listed first) wins.
-                rows.setdefault(
-                    frozenset(labels.items()), (MemoryRow(labels, wd.reading, None, wd.live_array_bytes), wd.info)
+                row = MemoryRow(
+                    labels,
+                    wd.reading,
+                    live_array_bytes=wd.live_array_bytes,
+                    replicated_array_bytes=wd.replicated_array_bytes,
+                    host_array_bytes=wd.host_array_bytes,
                 )
+                rows.setdefault(frozenset(labels.items()), (row, wd.info))
         for row, dev in rows.values():
             add(info, {**row.labels, **dev.identity_labels(), "source": "spool"}, 1)
         yield info

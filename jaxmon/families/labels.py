@@ -32,11 +32,11 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
         "`jax.live_arrays()`",
     ),
     "jaxmon_memory_replicated_array_bytes": (
-        "device, platform (+ pod, namespace, container)",
+        "device, platform, workload (+ pod, namespace, container)",
         "`jax.live_arrays()`: `sharding.is_fully_replicated` over more than one device",
     ),
     "jaxmon_memory_host_array_bytes": (
-        "device, platform, memory_kind (+ pod, namespace, container)",
+        "device, platform, memory_kind, workload (+ pod, namespace, container)",
         "`jax.live_arrays()`: `sharding.memory_kind` `pinned_host`, `unpinned_host`",
     ),
     "jaxmon_device_info": (

@@ -96,12 +96,12 @@ LIVE_ARRAY_BYTES = Spec(
 REPLICATED_ARRAY_BYTES = Spec(
     "jaxmon_memory_replicated_array_bytes",
     "Bytes of live jax.Array shards in the device's memory that belong to arrays fully replicated over more than "
-    "one device (embedded): what a sharded layout would save.",
+    "one device, in the workload process: what a sharded layout would save.",
 )
 HOST_ARRAY_BYTES = Spec(
     "jaxmon_memory_host_array_bytes",
     "Bytes of live jax.Array shards in a host memory kind (pinned_host, unpinned_host) attached to the device "
-    "(embedded): offloaded state that memory_stats() does not see.",
+    "in the workload process: offloaded state that memory_stats() does not see.",
 )
 
 

@@ -238,6 +238,8 @@ ALSO = {
     **{m.spec.name: ("spool",) for m in memory.MEMORY_METRICS},
     **{s.name: ("spool",) for s in (memory.STATS_SUPPORTED, memory.READ_SUCCESS, memory.READ_ERRORS)},
     memory.LIVE_ARRAY_BYTES.name: ("spool",),
+    memory.REPLICATED_ARRAY_BYTES.name: ("spool",),
+    memory.HOST_ARRAY_BYTES.name: ("spool",),
     **{spec.name: ("spool",) for spec, _ in compile_families.COMPILE_METRICS},
     shared.DEVICE_INFO.name: ("spool", "nvml"),
     shared.WORKLOAD_INFO.name: ("spool",),

@@ -1,6 +1,6 @@
-"""The spool file's format: the document a publisher writes (schema `jaxmon.spool/2`; the reader also reads
-`/1`), and reading one file safely. Every bound a forged file could break is in the models; jaxmon.sources.spool
-is the reader of the directory."""
+"""The spool file's format: the document a publisher writes (schema `jaxmon.spool/3`; the reader also reads
+`/1` and `/2`), and reading one file safely. Every bound a forged file could break is in the models;
+jaxmon.sources.spool is the reader of the directory."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 # What publishers write now, and every schema the reader still reads (a sidecar newer than its trainers).
-SCHEMA: Literal["jaxmon.spool/2"] = "jaxmon.spool/2"
-SCHEMAS = ("jaxmon.spool/1", SCHEMA)
+SCHEMA: Literal["jaxmon.spool/3"] = "jaxmon.spool/3"
+SCHEMAS = ("jaxmon.spool/1", "jaxmon.spool/2", SCHEMA)
 REJECT_REASONS = (
     "symlink",
     "not_a_file",
@@ -40,6 +40,7 @@ Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
 Float64 = Annotated[float, Field(ge=-(2.0**63), le=2.0**63)]
 Timestamp = Annotated[float, Field(ge=0, le=MAX_TIME)]
 StatKey = Annotated[str, Field(min_length=1, max_length=128)]
+MemoryKind = Annotated[str, Field(min_length=1, max_length=64)]  # a JAX memory kind: pinned_host, unpinned_host
 # allow_inf_nan=False: JSON has no Infinity or NaN, and Python's json module accepts them anyway.
 # protected_namespaces=(): `model_flops_total` is a field, not pydantic's; before 2.10 pydantic warned at import about
 # any field named `model_*`.
@@ -61,6 +62,9 @@ class SpoolDevice(BaseModel):
     error: str | None = Field(default=None, max_length=4096)
     live_array_bytes: Count | None = None
     num_cores: Count | None = None  # schema 2
+    # schema 3: the live arrays by placement (jaxmon.model.ArrayBytes), on every device, whatever memory_stats() says
+    replicated_array_bytes: Count | None = None
+    host_array_bytes: dict[MemoryKind, Count] | None = Field(default=None, max_length=8)  # bytes per memory kind
 
 
 class SpoolCompile(BaseModel):
@@ -136,7 +140,7 @@ class SpoolDocument(BaseModel):
 
     model_config = _MODEL
 
-    schema_: Literal["jaxmon.spool/1", "jaxmon.spool/2"] = Field(alias="schema")
+    schema_: Literal["jaxmon.spool/1", "jaxmon.spool/2", "jaxmon.spool/3"] = Field(alias="schema")
     workload: str = Field(min_length=1, max_length=200)
     host: str = Field(min_length=1, max_length=255)
     pid: Count

@@ -6,7 +6,8 @@ The scraped setup (one module fixture, all processes killed at teardown):
   demo's deploy/demo/replay.json (a fragmented, nearly full GPU);
 - jaxmon-cpu: the 8 JAX CPU devices with the probe every second; cpu:3's probe is then made to hang (faults file);
 - jaxmon-spool: a sidecar reading a spool fed by two `publish` children of tests/workloads/train.py, with the TPU
-  backend requested so that it fails; then one child compiles 40 programs, the other is killed, and a broken
+  backend requested so that it fails; one child (the trainer) holds an array replicated over its 8 devices and one
+  in pinned_host memory (the placement panels); then it compiles 40 programs, the other is killed, and a broken
   file is dropped into the spool; its tpu collector points at an address nobody listens on;
 - jaxmon-tpu: a TPU sidecar (JAX on CPU) reading a loopback libtpu runtime metrics service (tests/fake_libtpu.py)
   with one idle chip and one nearly full, and every megascale distribution of a multi-slice host, and the same spool;
@@ -56,6 +57,7 @@ from tests.helpers import Child
 from tests.prometheus import Prometheus
 
 SCRAPE_INTERVAL = 1.0
+PLACED = 1 << 20  # bytes of the trainer's replicated array, and of its pinned_host one
 # $__rate_interval as Grafana computes it for a 1s scrape interval is 4s; 10s leaves room for a missed scrape.
 RATE_INTERVAL = "10s"
 
@@ -190,15 +192,10 @@ EMPTY_PANEL_QUERIES: dict[str, set[tuple[str, str]]] = {
         ("Probe estimate", "A"),
     },
     # The trainer's memory: its devices are CPU devices, whose allocator keeps no statistics (no bytes in use,
-    # limit or headroom), and it holds no live arrays between steps, so its median device holds 0 bytes and the
-    # skew (over the median) is undefined. Its alerts (JaxmonTrainingGoodputLow, JaxmonTrainingMfuLow) are pending,
-    # not firing, for the length of this test.
-    "jaxmon-job.json": {("Memory skew: the most loaded devices", "A"), ("Job alerts", "A")},
-    "jaxmon-training.json": {
-        ("Least OOM headroom", "A"),
-        ("Fullest devices (in use / limit)", "A"),
-        ("Memory skew: the most loaded devices", "A"),
-    },
+    # limit or headroom); its live arrays (the replicated one on every device) give the memory skew. Its alerts
+    # (JaxmonTrainingGoodputLow, JaxmonTrainingMfuLow) are pending, not firing, for the length of this test.
+    "jaxmon-job.json": {("Job alerts", "A")},
+    "jaxmon-training.json": {("Least OOM headroom", "A"), ("Fullest devices (in use / limit)", "A")},
 }
 # What the single-valued variables (the workload of the Job and JAX training dashboards) are set to.
 ONE_VALUE = {"workload": "trainer"}
@@ -370,6 +367,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         trainer.send("steps 6 5")
         trainer.send("restore 2")
         trainer.send("steps 3")
+        # Placement through the spool (schema 3): 1 MiB replicated on each device, 1 MiB of pinned_host over all 8.
+        trainer.send(f"replicate {PLACED}")
+        trainer.send(f"offload pinned_host {PLACED}")
         for d in daemons:
             d.wait_ready()
         instances = {
@@ -415,6 +415,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "both workloads",
         )
         p.wait_for('count(jaxmon_device_source_up{job="jaxmon-tpu"} == 1)', lambda r: _value(r) == 4, "four TPU chips")
+        trainer_spool = 'job="jaxmon-spool", workload="trainer"'
+        p.wait_for(
+            f"count(jaxmon_memory_replicated_array_bytes{{{trainer_spool}}} == {PLACED})",
+            lambda r: _value(r) == 8,
+            "the trainer's replicated array on its 8 devices, through the spool",
+        )
+        p.wait_for(
+            f'count(jaxmon_memory_host_array_bytes{{{trainer_spool}, memory_kind="pinned_host"}} == {PLACED // 8})',
+            lambda r: _value(r) == 8,
+            "the trainer's pinned_host array, an eighth on each device, through the spool",
+        )
         p.wait_for(
             'jaxmon_spool_rejected_files_total{job="jaxmon-spool", reason="bad_json"}',
             lambda r: len(r) == 1,

@@ -5,6 +5,9 @@ MODE is `embedded` (jaxmon.start), `publish` (jaxmon.publish) or `none`. Command
 answered on stdout with `OK <json>`:
   alloc DEVICE NBYTES      keep a float32 array of NBYTES on device DEVICE alive
   shard NBYTES             keep an NBYTES array sharded evenly over all devices alive
+  replicate NBYTES         keep an NBYTES array fully replicated over all devices alive (NBYTES on each)
+  offload KIND NBYTES      keep an NBYTES array in host memory kind KIND (pinned_host, unpinned_host), sharded
+                           evenly over all devices, alive
   compile K                jit-compile K new functions (K backend compilations)
   recompile                clear JAX's in-memory caches and call every compiled function again (with a
                            persistent compilation cache configured, each is a cache hit)
@@ -49,6 +52,7 @@ import jaxmon.training
 from jaxmon.logsetup import configure_logging
 
 kept: list[jax.Array] = []
+placed: list[jax.Array] = []  # replicated and host-memory arrays, apart from `kept` (whose first `compile` uses)
 
 
 def answer(**fields: object) -> None:
@@ -147,6 +151,15 @@ def main() -> None:
             nbytes = int(rest[0])
             mesh = Mesh(np.array(jax.devices()), ("d",))
             kept.append(jax.device_put(np.ones(nbytes // 4, np.float32), NamedSharding(mesh, PartitionSpec("d"))))
+            answer()
+        elif cmd in ("replicate", "offload"):
+            mesh = Mesh(np.array(jax.devices()), ("d",))
+            nbytes = int(rest[-1])
+            if cmd == "replicate":
+                where = NamedSharding(mesh, PartitionSpec())
+            else:
+                where = NamedSharding(mesh, PartitionSpec("d"), memory_kind=rest[0])
+            placed.append(jax.device_put(np.ones(nbytes // 4, np.float32), where))
             answer()
         elif cmd == "compile":
             for _ in range(int(rest[0])):
