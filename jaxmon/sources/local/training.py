@@ -114,7 +114,16 @@ class JaxTraining:
         training thread (step()), so nothing deletes the array between the check and the clone: `clone()` of an
         array that `delete()` emptied would crash, of a donated one returns a handle that reads as deleted."""
         try:
-            return None if array.is_deleted() else array.clone()
+            if array.is_deleted():
+                return None
+            if array.is_fully_addressable:
+                return array.clone()
+            # A multi-process array (jax.distributed): its clone() copies to every device of its sharding and
+            # fails on each process but the one holding the first device ("Cannot copy array to non-addressable
+            # device"). The same array made of clones of this process's shards instead: waiting on it waits for
+            # this process's part (as block_until_ready on the user's array does), and it reads as the user's would.
+            shards = [shard.data.clone() for shard in array.addressable_shards]
+            return self._jax.make_array_from_single_device_arrays(array.shape, array.sharding, shards)
         except Exception:  # not a concrete array (a tracer): nothing jaxmon can wait for
             return None
 
