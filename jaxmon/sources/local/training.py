@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import structlog
 
+from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo
 from jaxmon.probe.engine import PROBE_THREAD_PREFIX
 from jaxmon.sources.local.devices import LocalSource
@@ -78,6 +80,9 @@ class JaxTraining:
         except (ImportError, AttributeError):
             pass
         self._lock = threading.Lock()
+        # An array step() could not take a handle on for another reason than its deletion (its step counts as
+        # unready): said once an hour with what failed, so that it is not read as the user deleting arrays.
+        self._hold_errors = ErrorLog(structlog.get_logger("jaxmon.training"), 3600.0)
 
     def devices(self) -> list[DeviceInfo]:
         """This process's devices (those a step runs on)."""
@@ -124,7 +129,14 @@ class JaxTraining:
             # this process's part (as block_until_ready on the user's array does), and it reads as the user's would.
             shards = [shard.data.clone() for shard in array.addressable_shards]
             return self._jax.make_array_from_single_device_arrays(array.shape, array.sharding, shards)
-        except Exception:  # not a concrete array (a tracer): nothing jaxmon can wait for
+        except Exception as exc:  # not a concrete array (a tracer), or one jaxmon cannot hold: nothing to wait for
+            self._hold_errors.error(
+                "hold",
+                "jaxmon could not take its own handle on an array given to step() (not deleted): its step counts as "
+                "unready",
+                f"{type(exc).__name__}: {str(exc)[:200]}",
+                array=type(array).__name__,
+            )
             return None
 
     def barrier(self) -> list[Any]:

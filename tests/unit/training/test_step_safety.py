@@ -328,3 +328,23 @@ def test_a_ready_tree_without_arrays_waits_on_the_barrier(make_tracker: MakeTrac
     assert reading.duration_count == 7 and reading.problems == {}
     # The last step was booked complete once the device had computed it: after `behind`, not when it was queued.
     assert reading.last_step_timestamp is not None and reading.last_step_timestamp >= behind
+
+
+def test_an_array_jaxmon_cannot_hold_is_named_in_the_log_not_taken_for_a_deletion(source: LocalSource) -> None:
+    """hold() of an array that is not deleted but cannot be held (here a tracer, as a step() called inside a jitted
+    function gives it) returns no handle, and the log says why, with the error, instead of leaving the step's
+    `unready` to read as the user deleting arrays (what hid the multi-process arrays' failed clone())."""
+    ops = JaxTraining(source)
+    held: list[Any] = []
+
+    def inside(x: jax.Array) -> jax.Array:
+        held.append(ops.hold(x))
+        return x + 1
+
+    with capture_logs() as logs:
+        jax.jit(inside)(jnp.ones(3)).block_until_ready()
+    assert held == [None]
+    (entry,) = [e for e in logs if "could not take its own handle" in e["event"]]
+    assert "Tracer" in entry["error"] or "tracer" in entry["error"].lower(), entry
+    alive = jnp.ones(3) + 1
+    assert ops.hold(alive) is not None  # a plain array is held, and says nothing
