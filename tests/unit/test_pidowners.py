@@ -5,6 +5,7 @@ NVML, kubelet and API server is tests/e2e/test_daemon_processes.py's."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from structlog.testing import capture_logs
@@ -100,10 +101,9 @@ def test_cgroup_v1_and_v2_paths_go_through_to_the_labels_of_each_processs_own_se
     )
     daemon = Daemon([])
     nvml = NvmlState(gpus=(gpu(0, pids=(301, 302, 303, 304)),))
-    snap = daemon.snapshot(nvml, held)
     kubernetes = KubernetesState(devices=held, attribution=attribute(held), taken=0.0, processes=named.pids)
-    snap.states["kubernetes"] = kubernetes
-    got = daemon.scrape(snap)
+    snap = daemon.snapshot(nvml)
+    got = daemon.scrape(replace(snap, states={**snap.states, "kubernetes": kubernetes}))
     memory = {labels["pid"]: owners_of(labels) for name, labels in got if name == "jaxmon_process_device_memory_bytes"}
     shared = {"namespace": "team-a,team-b,team-c", "pod": "early,notebook,train-0", "container": "jupyter,main,trainer"}
     assert memory == {
