@@ -11,15 +11,18 @@ from pathlib import Path
 from structlog.testing import capture_logs
 
 from jaxmon.attribution import attribute
-from jaxmon.collectors.kubernetes import KubernetesState
+from jaxmon.collectors.base import standalone_context
+from jaxmon.collectors.kubernetes import KubernetesCollector, KubernetesOptions, KubernetesState
 from jaxmon.collectors.nvml import NvmlState
 from jaxmon.exchange import GpuProcesses
 from jaxmon.owners import Owner
 from jaxmon.pidowners import PodProcesses, name_processes
+from jaxmon.snapshot import Snapshot
 from jaxmon.sources.cgroups import Owner as CgroupOwner
 from jaxmon.sources.cgroups import PodOwner, SlurmJob
 from jaxmon.sources.kubelet import Allocation
-from jaxmon.sources.kubernetes_api import pod_index
+from jaxmon.sources.kubernetes_api import ApiHealth, pod_index
+from jaxmon.sources.node import NodeSource
 from tests.cgroup_tree import write_process
 from tests.fake_apiserver import pod_item
 from tests.unit.test_owners import UUIDS, Daemon, gpu, owners_of
@@ -144,3 +147,19 @@ def test_without_the_api_servers_pods_no_process_is_named_and_it_is_said_once(tm
     assert len(said) == 1 and said[0]["log_level"] == "warning", logs
     assert KubernetesState().owners.pids == {}
     assert KubernetesState(processes={7: frozenset({TRAIN})}).owners.pids == {7: frozenset({TRAIN})}
+
+
+def test_the_unnamed_processes_are_counted_in_the_collectors_family_only_where_pods_are_listed() -> None:
+    collector = KubernetesCollector(KubernetesOptions(), standalone_context(NodeSource()))
+
+    def problems(state: KubernetesState) -> list[tuple[dict[str, str], float]]:
+        return [
+            (dict(s.labels), s.value)
+            for fam in collector.families(Snapshot(), state)
+            for s in fam.samples
+            if s.name == "jaxmon_kubernetes_process_problems_total"
+        ]
+
+    listed = KubernetesState(api=ApiHealth(up={"pods": True}), pods=PODS, process_problems=2)
+    assert problems(listed) == [({"reason": "pod_not_listed"}, 2.0)]
+    assert problems(KubernetesState()) == []  # no API server: nothing named, nothing counted
