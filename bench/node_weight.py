@@ -25,6 +25,11 @@ readings find a real process). Each side runs at its defaults as a real process 
 With `--kubernetes` a third process runs beside them: node mode with `--collector.kubernetes` on a fake kubelet
 (tests/fake_kubelet.py, a gRPC pod-resources server on a unix socket) where 8 pods hold one GPU each, so gRPC,
 protobuf and the generated stubs are loaded; its extra RSS over plain node mode is reported on its own.
+`--apiserver` adds the API server to that side (issue 35): the fake API server of the tests (tests/fake_apiserver.py,
+HTTPS with a test CA and a token) lists the node's ResourceSlice of the 8 GPUs and the 8 pods, `NODE_NAME` and the
+service account are set as the DaemonSet sets them, and each GPU's `sleep` process is moved into a cgroup shaped
+like its pod's container (tests/cgroup_tree.py, where the machine lets this script make cgroups; else they stay
+where they are, said on the console), so each poll also reads the processes' cgroups and names them by the pods.
 
 One scraper scrapes every side at the same rate (gzip, one keep-alive connection per side, as Prometheus does):
 every 15 s, then every 1 s. After a settle, windows of `--window` seconds (60) run with every side at once;
@@ -64,6 +69,8 @@ from typing import Any
 
 from common import Child, cpu_seconds, free_port, median, parse_samples, proc_status, save, sched_seconds
 
+from tests.cgroup_tree import Cgroups, hierarchy, usable
+from tests.fake_apiserver import FakeApiServer, nvidia_slice, pod_item
 from tests.fake_kubelet import FakeKubelet, container, pod
 from tests.fakenvml import Scenario, build, device
 from tests.helpers import wait_until
@@ -312,6 +319,31 @@ def _serves(side: Side, expected: dict[str, float]) -> bool:
         return False
 
 
+NODE = "node-a"
+
+
+def api_server(uuids: list[str], pids: list[int]) -> tuple[FakeApiServer, Cgroups | None]:
+    """The fake API server listing the node's slice of the GPUs and pod train-i (its trainer container) for each,
+    started; and the GPUs' processes moved into those containers' cgroups where this machine allows (else None)."""
+    uid = [f"00000000-0000-4000-8000-{i:012x}" for i in range(len(uuids))]
+    cid = [f"{i:02x}" * 32 for i in range(len(uuids))]
+    listed = [
+        pod_item(NODE, "team", f"train-{i}", uid[i], {"trainer": f"containerd://{cid[i]}"}) for i in range(len(uuids))
+    ]
+    server = FakeApiServer([nvidia_slice(NODE, [(u, i) for i, u in enumerate(uuids)])], listed).start()
+    mount = hierarchy(None)
+    why = usable(mount)
+    if why is not None or mount is None:
+        print(f"the GPU processes stay in their cgroups: {why}", flush=True)
+        return server, None
+    made = Cgroups(mount)
+    for i, pid in enumerate(pids):
+        slice_ = f"kubepods-burstable-pod{uid[i].replace('-', '_')}.slice"
+        made.move(pid, f"kubepods.slice/kubepods-burstable.slice/{slice_}/cri-containerd-{cid[i]}.scope")
+    print(f"the GPU processes are in pod cgroups under {made.root}", flush=True)
+    return server, made
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nvitop", type=Path, help="the nvitop-exporter script of its own venv")
@@ -320,6 +352,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="windows per scrape rate")
     ap.add_argument("--settle", type=float, default=30.0, help="seconds after both serve, before the first window")
     ap.add_argument("--kubernetes", action="store_true", help="also node mode with the kubernetes collector")
+    ap.add_argument(
+        "--apiserver",
+        action="store_true",
+        help="with --kubernetes: the fake API server (slices, pods), NODE_NAME, and the GPU processes in pod cgroups",
+    )
     ap.add_argument("--breakdown", action="store_true", help="only the import layers of each side")
     ap.add_argument("--tree", type=Path, help="run the jaxmon sides from this directory's jaxmon/ package")
     ap.add_argument("--name", default="node_weight", help="results file name (bench/results/NAME.json)")
@@ -355,6 +392,8 @@ def main() -> None:
     package = subprocess.run([sys.executable, "-c", where], env=jaxmon_env, capture_output=True, text=True, cwd="/")
     print(f"jaxmon sides run {package.stdout.strip()}", flush=True)
     kubelet: FakeKubelet | None = None
+    apiserver: FakeApiServer | None = None
+    cgroups: Cgroups | None = None
     sides: list[Side] = []
     try:
         port = free_port()
@@ -372,7 +411,12 @@ def main() -> None:
             port = free_port()
             argv = [jaxmon_exe, "serve", "--node", "--web.listen-address", f"127.0.0.1:{port}"]
             argv += ["--collector.kubernetes", "--collector.kubernetes.socket", str(kubelet.socket)]
-            sides.append(Side("jaxmon_kubernetes", argv, jaxmon_env, port))
+            k_env = jaxmon_env
+            if args.apiserver:
+                apiserver, cgroups = api_server(uuids, [p.pid for p in sleepers])
+                argv += ["--collector.kubernetes.service-account", str(apiserver.account)]
+                k_env = {**jaxmon_env, **apiserver.env, "NODE_NAME": NODE}
+            sides.append(Side("jaxmon_kubernetes", argv, k_env, port))
         expected = {str(i): float((10 + i) * GIB) for i in range(GPUS)}
         for side in sides:
 
@@ -391,6 +435,16 @@ def main() -> None:
                 lambda: any(dict(lab).get("pod") == "train-0" for _, lab in k.samples()),
                 30,
                 "pod labels on the kubernetes side",
+            )
+        if apiserver is not None:
+            k = sides[2]
+            wait_until(
+                lambda: any(
+                    n == "jaxmon_kubernetes_api_up" and v == 1 and ("list", "pods") in lab
+                    for (n, lab), v in k.samples().items()
+                ),
+                30,
+                "the API server's pods listed on the kubernetes side",
             )
         print(f"all serving the {GPUS} GPUs; settling {args.settle:.0f} s", flush=True)
         time.sleep(args.settle)
@@ -417,6 +471,10 @@ def main() -> None:
             side.child.stop()
         if kubelet is not None:
             kubelet.close()
+        if apiserver is not None:
+            apiserver.close()
+        if cgroups is not None:
+            cgroups.close()  # the sleepers back to the hierarchy's root, their cgroups removed
         for p in sleepers:
             p.kill()
             p.wait()

@@ -27,7 +27,9 @@ The rules (the labels and the tests of the per-collector stamping before it):
   exactly one (the node's TPU chips, whose numbering no source relates to libtpu's: the one container on the node
   holding TPU chips, none where several do).
 - A series with a `pid` label whose pid has owners (`Owners.pids`) carries the process's owners instead of its
-  device's; a pid no source knows keeps its device's, as before.
+  device's; a pid no source knows keeps its device's, as before. A pid whose owners are an empty set (a process
+  of a pod its source cannot name: jaxmon.pidowners) carries no owner labels at all, never its device's, which
+  may be other pods'.
 - A series that already carries `pod` (the kubelet's own jaxmon_kubernetes_pod_device_info, a workload's
   scheduler labels) is left as it is.
 """
@@ -193,8 +195,8 @@ class OwnerIndex:
     ) -> dict[str, str]:
         if pid is not None and self.owners.pids:
             process = self.owners.pids.get(int(pid)) if pid.isdigit() else None
-            if process:
-                return owner_labels(process)
+            if process is not None:
+                return owner_labels(process)  # {} for an empty set: a process known to be nobody's we can name
         if mig is not None:
             return self.owners.labels((device_id(MIG_UUID, mig),))
         if source is None or source == self._source:

@@ -21,6 +21,12 @@ owner transform (`KubernetesState.owners`), so a pod that got its GPUs through D
 plugin's would; `jaxmon_kubernetes_pod_device_info` lists the claimed devices with their `claim`, the API
 server's health is `jaxmon_kubernetes_api_*`, and a claimed device no slice names is counted in
 `jaxmon_kubernetes_dra_problems_total{reason}`, never labelled.
+
+The processes NVML reports on each GPU (the nvml collector's GPU_PROCESSES, its last poll) are owner-named too
+where the API server's pods are listed: each one's pod UID and container id from `<--path.procfs>/<pid>/cgroup`
+(hostPID), named by those pods (jaxmon.pidowners), offered as the transform's pid map, so a per-process series
+carries its own pod where several pods share a GPU; a process of a pod the list does not name carries none, and is
+counted in `jaxmon_kubernetes_process_problems_total{reason}`.
 """
 
 from __future__ import annotations
@@ -40,10 +46,12 @@ from pydantic import BeforeValidator, Field
 from jaxmon.attribution import GPU_RESOURCES, TPU_RESOURCES, Attribution, accelerators, attribute
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
+from jaxmon.exchange import GPU_PROCESSES
 from jaxmon.families import add, family
-from jaxmon.families.kubernetes import API_FAILURES, API_LAST_SUCCESS, API_UP, DRA_PROBLEMS
+from jaxmon.families.kubernetes import API_FAILURES, API_LAST_SUCCESS, API_UP, DRA_PROBLEMS, PROCESS_PROBLEMS
 from jaxmon.logsetup import ErrorLog
-from jaxmon.owners import OWNERS, Owners
+from jaxmon.owners import OWNERS, Owner, Owners
+from jaxmon.pidowners import POD_NOT_LISTED, PodProcesses
 from jaxmon.settings import CollectorOptions, Enabled, format_duration, parse_duration
 from jaxmon.settings.durations import bounded
 from jaxmon.snapshot import Snapshot
@@ -144,13 +152,18 @@ class KubernetesState:
     api: ApiHealth | None = None
     pods: PodIndex | None = None
     dra_problems: Mapping[str, int] = field(default_factory=dict)
+    # The owners of the processes on the GPUs (pid -> owners; empty: a pod the pods list does not name), and how
+    # many processes of unnamed pods were found (None: no pods list, so no process is named).
+    processes: Mapping[int, frozenset[Owner]] = field(default_factory=dict)
+    process_problems: int | None = None
 
     @property
     def owners(self) -> Owners:
-        """What the owner transform is offered: the device plugins' holders and, beside them, DRA's."""
-        if self.dra is None or not self.dra.devices:
-            return self.attribution.owners
-        return Owners.merged([self.attribution.owners, self.dra.owners])
+        """What the owner transform is offered: the device plugins' holders and, beside them, DRA's; the processes'."""
+        owners = self.attribution.owners
+        if self.dra is not None and self.dra.devices:
+            owners = Owners.merged([owners, self.dra.owners])
+        return replace(owners, pids=self.processes) if self.processes else owners
 
 
 @register
@@ -176,6 +189,7 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         self._good: KubernetesState | None = None
         self._cache: ClusterCache | None = None
         self._problems: ProblemCounter | None = None
+        self._processes = PodProcesses(ctx.procfs)
 
     @classmethod
     def unavailable(cls, opts: KubernetesOptions, ctx: Context) -> str | None:
@@ -197,10 +211,22 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
     def update(self) -> Update[KubernetesState]:
         """One List call; on failure the last good mapping while it is younger than the ttl, else none."""
         done = self._update()
-        cache = self._cache
-        api, pods = (cache.health(), cache.view().pods) if cache is not None else (None, None)
+        cache = self._api_cache()  # None without a node name
+        view = cache.view() if cache is not None else None
+        api, pods = (cache.health(), view.pods) if cache is not None and view is not None else (None, None)
         problems = dict(self._problems.counts) if self._problems is not None else {}
-        return replace(done, state=replace(done.state, api=api, pods=pods, dra_problems=problems))
+        # The processes on the GPUs at the nvml collector's last poll, named by the pods list (jaxmon.pidowners).
+        gpus = [gpu for processes in self.ctx.exchange.read(GPU_PROCESSES) for gpu in processes]
+        named = self._processes.update(gpus, pods, view is not None and view.pods_taken is not None)
+        state = replace(
+            done.state,
+            api=api,
+            pods=pods,
+            dra_problems=problems,
+            processes=named.pids,
+            process_problems=None if pods is None else self._processes.problems,
+        )
+        return replace(done, state=state)
 
     def _update(self) -> Update[KubernetesState]:
         now = time.monotonic()
@@ -312,6 +338,10 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         for reason, count in sorted({NOT_IN_SLICES: 0, NO_IDENTITY: 0, **state.dra_problems}.items()):
             add(problems, {"reason": reason}, float(count))
         yield problems
+        if state.process_problems is not None:
+            processes = PROCESS_PROBLEMS.new()
+            add(processes, {"reason": POD_NOT_LISTED}, float(state.process_problems))
+            yield processes
 
     def stop(self) -> None:
         if self._client is not None:

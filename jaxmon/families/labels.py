@@ -379,6 +379,10 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
         "API server `GET` of the node's resourceslices, pods",
     ),
     "jaxmon_kubernetes_dra_problems": ("reason", "kubelet `dynamic_resources` against the node's ResourceSlices"),
+    "jaxmon_kubernetes_process_problems": (
+        "reason",
+        "NVML compute processes' `/proc/<pid>/cgroup` against the API server's pods on the node",
+    ),
     "jaxmon_slurm_job_device_info": (
         "job_id, uid, device, uuid",
         "NVML compute processes' `/proc/<pid>/cgroup` (Slurm's job cgroups)",

@@ -16,7 +16,8 @@ The scraped setup (one module fixture, all processes killed at teardown):
   trainer below runs (so its MFU is GPU 0's); GPU 1 nearly full with uncorrected ECC errors, a failed row
   remapping, an NVLink down, and after start an Xid 79, NVLink replays, PCIe replays and a row remapped for an
   uncorrectable error, its process (pid 4242) a Slurm job's (a procfs the test writes: --path.procfs); GPU 2 lost;
-  GPU 3 in MIG mode with two MIG devices;
+  GPU 3 in MIG mode with two MIG devices; GPU 0's three processes are three pods' (their cgroups in that procfs, the
+  pods listed by the fake API server, tests/fake_apiserver.py), so its process series carry each its own pod;
 - jaxmon-gone: a target nobody listens on.
 So almost every alert fires for a known reason, and the rest are listed with why they stay quiet here. Prometheus
 loads job.yml beside alerts.yml: the Utilization ladder row reads its records.
@@ -49,6 +50,7 @@ from tests.deploy_files import (
     recording_rules,
     variable_query,
 )
+from tests.fake_apiserver import FakeApiServer, pod_item
 from tests.fake_kubelet import FakeKubelet, container, pod
 from tests.fake_libtpu import MEGASCALE, Chip, Entry, FakeLibtpu, Timing, connection, sized
 from tests.fake_libtpu import Scenario as LibtpuScenario
@@ -199,6 +201,13 @@ EMPTY_PANEL_QUERIES: dict[str, set[tuple[str, str]]] = {
 }
 # What the single-valued variables (the workload of the Job and JAX training dashboards) are set to.
 ONE_VALUE = {"workload": "trainer"}
+NODE = "node-a"
+# GPU 0's processes 4100, 4101, 4102 (SM 60 %, 25 %, 5 %): (namespace, pod, container, pod UID, container id).
+GPU0_PODS = [
+    ("team-a", "train-0", "trainer", "7c9e6679-7425-40de-944b-e07fc1f90ae7", "a1" * 32),
+    ("team-b", "notebook", "jupyter", "0f8fad5b-d9cb-469f-a165-70867728950e", "b2" * 32),
+    ("team-c", "infer", "server", "16fd2706-8baf-433b-82eb-8c7fada847da", "c3" * 32),
+]
 MAX_SERIES = 50
 
 # Vector selectors (of dashboard or alert queries) that legitimately match no series here, and why.
@@ -298,8 +307,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     libtpu = FakeLibtpu(LibtpuScenario(chips=tpu_chips(), host=multislice_host())).start()
     # The nvml daemon's kubelet: a pod holds GPU 0, by the UUID the fake NVML gives it.
     kubelet = FakeKubelet([pod("team-a", "train-0", container("trainer", {"nvidia.com/gpu": [device(0)["uuid"]]}))])
+    # The node's pods (the API server's): GPU 0's processes 4100-4102 are the trainer's and two other pods' that use
+    # GPU 0 without the kubelet knowing (NVIDIA_VISIBLE_DEVICES=all), each named by its cgroup (below).
+    apiserver = FakeApiServer(
+        [], [pod_item(NODE, ns, name, uid, {ctr: f"containerd://{cid}"}) for ns, name, ctr, uid, cid in GPU0_PODS]
+    )
     try:
         kubelet.start()
+        apiserver.start()
         shapes = Daemon(tmp, ["--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s"])
         daemons.append(shapes)
         demo = Daemon(tmp, ["--replay", str(ROOT / "deploy" / "demo" / "replay.json"), "--poll.interval", "1s"])
@@ -340,7 +355,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # GPU 1's process is job 31337's (cgroup v2), in a procfs of the test's: jaxmon_slurm_job_device_info.
         write_process(tmp / "proc", 4242, "0::/system.slice/slurmstepd.scope/job_31337/step_0/user/task_0\n")
         nvml_args += ["--collector.slurm", "--path.procfs", str(tmp / "proc")]
-        nvml = Daemon(tmp, nvml_args, env=scenario.env())
+        for n, (_, _, _, uid, cid) in enumerate(GPU0_PODS):
+            slice_ = f"kubepods-besteffort-pod{uid.replace('-', '_')}.slice"
+            path = f"/kubepods.slice/kubepods-besteffort.slice/{slice_}/cri-containerd-{cid}.scope"
+            write_process(tmp / "proc", 4100 + n, f"0::{path}\n")
+        # The API server first answers 503 (a failed list of each: jaxmon_kubernetes_api_failures_total), then
+        # lists every second.
+        apiserver.update(status=503)
+        nvml_args += ["--collector.kubernetes.service-account", str(apiserver.account)]
+        nvml_args += ["--collector.kubernetes.resourceslice-interval", "1s"]
+        nvml = Daemon(tmp, nvml_args, env={**scenario.env(), **apiserver.env, "NODE_NAME": NODE})
         daemons.append(nvml)
         # The children finish their start-up compilations before Prometheus sees them, so that the only
         # compilations it watches are the ones this test asks for.
@@ -372,6 +396,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         trainer.send(f"offload pinned_host {PLACED}")
         for d in daemons:
             d.wait_ready()
+        wait_until(lambda: len(apiserver.calls()) >= 2, timeout=30, what="the nvml daemon's first API server lists")
+        apiserver.update(status=None)
         instances = {
             "shapes": f"127.0.0.1:{shapes.port}",
             "demo": f"127.0.0.1:{demo.port}",
@@ -485,6 +511,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             d.stop(signal.SIGKILL)
         libtpu.stop()
         kubelet.close()
+        apiserver.close()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -662,3 +689,21 @@ def test_the_ladder_records_each_gpus_rungs(stack: Stack) -> None:
     tensor = p.query('jaxmon:device_tensor_active_ratio:clock_adjusted{job="jaxmon-nvml", gpu_instance=""}')
     by_device = {r["metric"]["device"]: float(r["value"][1]) for r in tensor}
     assert by_device == pytest.approx({"0": 0.605, "1": 0.595 * 1979 / 1980, "3": 0.575 * 1977 / 1980}), by_device
+
+
+def test_the_fleet_sm_by_pod_panel_names_each_pod_using_the_time_sliced_gpu(stack: Stack) -> None:
+    """The fleet dashboard's "SM use by pod" panel on GPU 0, which three pods' processes share: one line per pod,
+    its own processes' SM share (each process's series carries its pod: its cgroup, the API server's pods)."""
+    fleet = DASHBOARDS[0].parent / "jaxmon-fleet.json"
+    values, _ = resolve_variables(stack.prometheus, fleet)
+    (expr,) = [e for title, _, e in dashboard_targets(fleet) if title.startswith("SM use by pod")]
+    expected = {("team-a", "train-0"): 0.60, ("team-b", "notebook"): 0.25, ("team-c", "infer"): 0.05}
+    got: dict[tuple[str, str], float] = {}
+
+    def per_pod(result: list[dict[str, Any]]) -> bool:
+        got.clear()
+        got.update({(r["metric"]["namespace"], r["metric"]["pod"]): float(r["value"][1]) for r in result})
+        return got.keys() == expected.keys()
+
+    stack.prometheus.wait_for(substitute(expr, values), per_pod, "one line per pod on GPU 0", timeout=30)
+    assert got == pytest.approx(expected)

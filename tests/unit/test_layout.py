@@ -128,7 +128,7 @@ def test_the_exposition_imports_no_collector() -> None:
 
 
 # Who owns a device is said in these modules, and written on series (these labels) by the owner transform alone.
-OWNER_MODULES = {"jaxmon.owners", "jaxmon.attribution"}
+OWNER_MODULES = {"jaxmon.owners", "jaxmon.attribution", "jaxmon.pidowners"}
 OWNER_LABELS = {"namespace", "pod", "container"}
 # The names that carry owners: the owner model and its channel, and DEVICE_PODS / DevicePods, the channel through
 # which the nvml and tpu collectors read the kubelet's pods and stamped them themselves before issue 35.
