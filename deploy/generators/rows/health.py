@@ -79,9 +79,14 @@ ROW = Row(
                     top(f"increase(jaxmon_kubernetes_dra_problems_total{{{INST}}}[$__rate_interval])"),
                     "{{instance}} DRA {{reason}}",
                 ),
+                Target(
+                    top(f"increase(jaxmon_kubernetes_process_problems_total{{{INST}}}[$__rate_interval])"),
+                    "{{instance}} processes {{reason}}",
+                ),
             ],
-            "Failed lists by reason (forbidden: the ClusterRole is missing), and DRA-claimed devices no "
-            "ResourceSlice names (not_in_slices) or names without a uuid (no_identity): their pods label nothing.",
+            "Failed lists by reason (forbidden: the ClusterRole is missing), DRA-claimed devices no "
+            "ResourceSlice names (not_in_slices) or names without a uuid (no_identity), and GPU processes whose "
+            "cgroup names a pod the API server does not list (pod_not_listed): they label nothing.",
             min=0,
         ),
         Panel(
