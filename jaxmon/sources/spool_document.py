@@ -113,7 +113,7 @@ class SpoolDeviceTraining(BaseModel):
     peak_source: Literal["table", "setting"] | None = None
     mfu: NonNegative | None = None
     hfu: NonNegative | None = None
-    collective_bytes_total: list[SpoolCollectiveBytes] = Field(default_factory=list, max_length=128)  # schema 3
+    collective_bytes_total: list[SpoolCollectiveBytes] = Field(default_factory=list, max_length=1024)  # schema 3
     program_peak_memory_bytes: NonNegative | None = None  # schema 3
 
 

@@ -2,10 +2,13 @@
 
 At a new program's first call the training thread does only what must be done there (`Tracker.measure`): the
 cache-hit lowering it does for the cost analysis anyway, and a look at the program's shardings for the mesh and
-device order (`JaxTraining.compiled`). The rest, `Compiled.as_text()` (megabytes for a large program), its parse
-(jaxmon.training.hlo) and `memory_analysis()`, runs here, on one jaxmon thread: the program's `communication` is
-None until it is done, and its steps add no collective bytes and no peak meanwhile (never a guess); no step waits
-for it. Nothing here imports JAX.
+device order (`JaxTraining.compiled`), then it queues the program (an append: no notify, no thread start). The
+rest, `Compiled.as_text()` (megabytes for a large program), its parse (jaxmon.training.hlo) and
+`memory_analysis()`, runs here, on one jaxmon thread, which the waiter wakes when it books a step (`kick()`): a
+notify from the training thread would hand the GIL to the analysis right there, inside the user's call (measured:
+the first call of a tracked function then took 30-120 ms longer). The program's `communication` is None until it
+is done, and its steps add no collective bytes and no peak meanwhile (never a guess); no step waits for it.
+Nothing here imports JAX.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from jaxmon.training.hlo import MeshLayout
 # not analysed and counted (reason="communication").
 MAX_QUEUED = 64
 THREAD_NAME = "jaxmon-programs"
+# (op, axes) series per device at most: 7 ops x the axis combinations a mesh's programs use are a handful; a new
+# pair past this many is not counted (the spool carries at most 1024).
+MAX_PAIRS = 256
 
 
 @dataclass(frozen=True)
@@ -63,23 +69,27 @@ class Analyzer:
         self._failed = failed
         self._queue: deque[tuple[Any, Compiled]] = deque()
         self._wake = threading.Condition()
-        self._thread: threading.Thread | None = None
         self._stopping = False
         self._running = False  # an analysis is under way
+        # Started here (with the tracker, in start() or publish()), not at the first program: a thread's start
+        # waits for the thread to run, which would be the training thread's wait.
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
 
     def submit(self, program: Any, compiled: Compiled) -> None:
-        """Analyse `program` later, on the analysis thread; returns at once (an append and a notify)."""
-        with self._wake:
-            if self._stopping:
-                return
-            if len(self._queue) >= MAX_QUEUED:
-                self._failed(f"more than {MAX_QUEUED} programs wait for their analysis", None)
-                return
-            self._queue.append((program, compiled))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
-                self._thread.start()
-            self._wake.notify()
+        """Analyse `program` once `kick()`ed; returns at once: a deque's append (atomic), no lock taken."""
+        if self._stopping:
+            return
+        if len(self._queue) >= MAX_QUEUED:
+            self._failed(f"more than {MAX_QUEUED} programs wait for their analysis", None)
+            return
+        self._queue.append((program, compiled))
+
+    def kick(self) -> None:
+        """Start on the queued programs (the waiter calls this when it books a step; cheap when none wait)."""
+        if self._queue:  # a racy read: a program queued just now is kicked at the next step
+            with self._wake:
+                self._wake.notify()
 
     def _run(self) -> None:
         while True:
@@ -109,9 +119,8 @@ class Analyzer:
         with self._wake:
             self._stopping = True
             self._wake.notify()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
 
 class WindowMax:
@@ -167,7 +176,8 @@ def book(
             if comm.collective_bytes:
                 mine = totals.setdefault(device, {})
                 for key, nbytes in comm.collective_bytes.items():
-                    mine[key] = mine.get(key, 0.0) + nbytes * count
+                    if key in mine or len(mine) < MAX_PAIRS:
+                        mine[key] = mine.get(key, 0.0) + nbytes * count
             if comm.peak_memory is not None and comm.peak_memory > peaks.get(device, -1.0):
                 peaks[device] = float(comm.peak_memory)
     return peaks

@@ -284,6 +284,7 @@ class Tracker:
                 if cost.bytes_accessed is not None:
                     self._bytes[device] = self._bytes.get(device, 0.0) + cost.bytes_accessed * count
         self._peak_memory.step(book(item.programs.values(), self._collectives))
+        self._analyzer.kick()  # new programs are analysed from now on, off the training thread
         for totals, add in ((self._model, model), (self._hardware, hardware)):
             for device, flops in add.items():
                 totals[device] = totals.get(device, 0.0) + flops

@@ -297,3 +297,17 @@ def test_collective_bytes_add_per_call_and_device() -> None:
     assert totals == {("cpu", 0): {("all-reduce", "data"): 300.0}, ("cpu", 1): {("all-reduce", "data"): 300.0,
                       ("all-gather", "model"): 14.0}}  # fmt: skip
     assert peaks == {("cpu", 0): 50.0, ("cpu", 1): 80.0}
+
+
+def test_the_pairs_per_device_are_bounded() -> None:
+    from jaxmon.training.communication import MAX_PAIRS, book
+
+    class Prog:
+        communication = Communication(
+            {("all-reduce", f"axis{i}"): 1.0 for i in range(MAX_PAIRS + 5)}, None, (("cpu", 0),)
+        )
+
+    totals: dict[tuple[str, int], dict[tuple[str, str], float]] = {}
+    book([(Prog(), 1)], totals)
+    book([(Prog(), 1)], totals)
+    assert len(totals[("cpu", 0)]) == MAX_PAIRS and set(totals[("cpu", 0)].values()) == {2.0}
