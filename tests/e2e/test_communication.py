@@ -11,7 +11,7 @@ from pathlib import Path
 
 import requests
 
-from tests.conftest import ROOT, Samples, promtool, sample
+from tests.conftest import ROOT, Samples, StartDaemon, promtool, sample
 from tests.e2e.test_training import TRAINING_FAMILIES, training_series_budget
 from tests.helpers import Child, wait_for_samples
 
@@ -34,9 +34,10 @@ def collective_bytes(s: Samples) -> dict[tuple[str, str, str], float]:
 
 
 def test_collective_bytes_per_step_and_axis_and_the_predicted_peak_are_what_the_shapes_give(
-    children: list[Child], tmp_path: Path
+    children: list[Child], tmp_path: Path, start_daemon: StartDaemon
 ) -> None:
-    child = Child(tmp_path, script=WORKLOAD, env={"JAXMON_COLLECTOR__PROBE": "false"})
+    spool = tmp_path / "spool"
+    child = Child(tmp_path, "--spool", str(spool), script=WORKLOAD, env={"JAXMON_COLLECTOR__PROBE": "false"})
     children.append(child)
     url = child.hello["url"]
     process = {"workload": "comm", "process_index": "0", "process_count": "1", "host": socket.gethostname()}
@@ -77,6 +78,18 @@ def test_collective_bytes_per_step_and_axis_and_the_predicted_peak_are_what_the_
     assert pairs == {("all-reduce", "data"), ("all-reduce", "model")}
     series = [k for k in after_samples if k[0].startswith(TRAINING_FAMILIES) and ("workload", "comm") in k[1]]
     assert len(series) <= training_series_budget(8, collective_pairs=2), sorted(k[0] for k in series)
+    # The sidecar reads the same figures from the spool (schema 3).
+    peak_series = "jaxmon_training_program_peak_memory_bytes"
+    sidecar = start_daemon("--no-collector.probe", "--collector.spool.dir", str(spool), "--poll.interval", "0.2s")
+    embedded_peaks = {dev: sample(after_samples, peak_series, device=dev, platform="cpu", **process) for dev in DEVICES}
+    sidecar.wait_for(
+        lambda s: (
+            collective_bytes(s) == after
+            and {dev: sample(s, peak_series, device=dev, platform="cpu", **process) for dev in DEVICES}
+            == embedded_peaks
+        ),
+        what="the sidecar's collective bytes and peaks equal the embedded exporter's",
+    )
     text = requests.get(url + "/metrics", timeout=10).text
     check = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr

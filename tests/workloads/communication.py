@@ -2,7 +2,8 @@
 ("data", "model") = (4, 2) mesh of the 8 CPU devices in a permuted order; run as a child by
 tests/e2e/test_communication.py.
 
-Usage: communication.py [--port P]. First line: `OK {"url": ...}`. Then, for each command line:
+Usage: communication.py [--port P] [--spool DIR]. With `--spool`, the process also publishes to DIR (the sidecar's
+view of the same tracker). First line: `OK {"url": ...}`. Then, for each command line:
   `phase NAME`: NAME's step function is called once (compiled, tracked) and handed to jaxmon.step(); the child waits
   until jaxmon's analysis thread is done with it (a test's wait: training never waits for it), and answers
   `OK {"peak": ...}`: the program's `compile().memory_analysis().peak_memory_in_bytes`, computed here.
@@ -87,10 +88,14 @@ def phases(mesh: Mesh) -> dict[str, tuple[Any, list[Any]]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--spool")
     args = ap.parse_args()
     mesh = Mesh(np.array(jax.devices())[PERMUTED].reshape(4, 2), ("data", "model"))
     # A window of 5 steps: the peak gauge is the largest of the programs the last 5 steps called.
     exporter = jaxmon.start(args.port, workload="comm", poll={"interval": 0.2}, training={"window": 5})
+    publisher = (
+        jaxmon.publish(args.spool, workload="comm", interval=0.2, training={"window": 5}) if args.spool else None
+    )
     print("OK " + json.dumps({"url": exporter.url}), flush=True)
     table = phases(mesh)
     handed = 0
@@ -124,6 +129,8 @@ def main() -> None:
             print("OK " + json.dumps({"steps": handed}), flush=True)
         elif command == "exit":
             break
+    if publisher is not None:
+        publisher.stop()
     exporter.stop()
 
 
