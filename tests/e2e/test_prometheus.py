@@ -197,6 +197,8 @@ EMPTY_PANEL_QUERIES: dict[str, set[tuple[str, str]]] = {
     "jaxmon-training.json": {
         ("Least OOM headroom", "A"),
         ("Fullest devices (in use / limit)", "A"),
+        ("Predicted peak memory beside the limit", "B"),
+        ("Predicted peak / limit: the fullest devices", "A"),
         ("Memory skew: the most loaded devices", "A"),
     },
 }
@@ -365,6 +367,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         trainer.send("steps 6 5")
         trainer.send("restore 2")
         trainer.send("steps 3")
+        trainer.send("collective 3")  # a program that all-reduces over a mesh axis: collective bytes
         for d in daemons:
             d.wait_ready()
         instances = {
