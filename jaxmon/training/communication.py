@@ -52,7 +52,7 @@ class Communication:
 
 
 class Analyzer:
-    """A queue of programs and the jaxmon thread that analyses them, started at the first one.
+    """A queue of programs and the jaxmon thread that analyses them, started with the tracker and woken by `kick()`.
 
     `analyze(compiled)` is JaxTraining.communication; `done(program, communication)` stores the result on the
     tracker's program (an attribute write: the waiter reads it under the tracker's lock, and sees the old None or
