@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-for script in scrape_throughput scrape_cost train_step probe_duty probe_memory daemon_cpu daemon_rss readyz utilization nvml_poll tpu_poll spool_scale tracker_poll step_call; do
+for script in scrape_throughput scrape_cost train_step probe_duty probe_memory daemon_cpu daemon_rss readyz utilization nvml_poll tpu_poll spool_scale tracker_poll step_call program_analysis; do
   echo "== bench/$script.py"
   "$PY" "bench/$script.py"
 done

@@ -118,6 +118,8 @@ def training_reading(spooled: SpoolTraining, time: float) -> TrainingReading:
         else ()
     )
     del fields["duration_count"]
+    for d in fields["devices"]:
+        d["collective_bytes_total"] = {(c["op"], c["axes"]): c["bytes"] for c in d["collective_bytes_total"]}
     fields["devices"] = tuple(DeviceTraining(**d) for d in fields["devices"])
     return TrainingReading(**fields)
 

@@ -291,6 +291,14 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
         "device, platform, workload, process_index, process_count, host (+ pod, namespace, container)",
         "same",
     ),
+    "jaxmon_training_collective_bytes": (
+        "device, platform, op, axes, workload, process_index, process_count, host (+ pod, namespace, container)",
+        "`jaxmon.track()`, the compiled HLO (`compile().as_text()`), off the training thread",
+    ),
+    "jaxmon_training_program_peak_memory_bytes": (
+        "device, platform, workload, process_index, process_count, host (+ pod, namespace, container)",
+        "`jaxmon.track()`, `compile().memory_analysis()`, off the training thread",
+    ),
     "jaxmon_device_peak_flops_per_second": (
         "device, platform, workload, process_index, process_count, host, origin (+ pod, namespace, container)",
         "peak table",

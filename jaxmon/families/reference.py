@@ -152,6 +152,7 @@ def _training() -> list[Entry]:
     rest = [training.EXAMPLES, training.TOKENS, training.MODEL_FLOPS, training.HARDWARE_FLOPS]
     rest += [training.HARDWARE_BYTES, training.PEAK, training.MFU, training.HFU, training.HOST_WAIT]
     rest += [training.START_TIME, training.PRODUCTIVE, training.BADPUT, training.PROBLEMS]
+    rest += [training.COLLECTIVE_BYTES, training.PROGRAM_PEAK_MEMORY]
     return [*_entries(specs), Entry(training.DURATION, "histogram"), *_entries(rest)]
 
 

@@ -54,6 +54,20 @@ HARDWARE_BYTES = Spec(
     "Bytes XLA counts as accessed by the tracked functions' programs on this device (cost analysis).",
     counter=True,
 )
+COLLECTIVE_BYTES = Spec(
+    "jaxmon_training_collective_bytes",
+    "Bytes the collectives of the tracked functions' programs moved on this device, by op (all-reduce, all-gather, "
+    "reduce-scatter, all-to-all, collective-permute, ...) and the user's mesh axes their groups span (axes, "
+    "comma-joined; empty without a mesh): per call, from the compiled HLO (nccl-tests' convention: all-reduce, "
+    "all-to-all, collective-permute the buffer, all-gather the gathered output, reduce-scatter the input; a loop "
+    "body's collectives times its trip count), counted once jaxmon's thread has analysed the program.",
+    counter=True,
+)
+PROGRAM_PEAK_MEMORY = Spec(
+    "jaxmon_training_program_peak_memory_bytes",
+    "The largest peak device memory XLA predicts (compile().memory_analysis()) for the tracked functions' "
+    "programs the last window of steps called on this device: compare with jaxmon_memory_limit_bytes.",
+)
 PEAK = Spec(
     "jaxmon_device_peak_flops_per_second",
     "Dense bf16 peak FLOP/s of the device (label origin: table, by device kind; or setting: "
@@ -102,7 +116,8 @@ PROBLEMS = Spec(
     "or donated before it was read), dropped (too many steps pending), cost (no cost analysis), badput_kinds (a "
     "badput() block of a kind past the 10th, counted as other), intervals (closed badput intervals past 10 000 since "
     "the last completed step, dropped), programs (a tracked function's program whose cost was forgotten past 256 "
-    "programs), error (a bug of the waiter's).",
+    "programs), communication (a program's HLO or memory analysis failed, or too many waited for it: that program "
+    "adds no collective bytes nor peak memory), error (a bug of the waiter's).",
     counter=True,
 )
 
@@ -136,6 +151,7 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
     host_wait, start_time, productive, badput, problems = (
         s.new() for s in (HOST_WAIT, START_TIME, PRODUCTIVE, BADPUT, PROBLEMS)
     )
+    collectives, peak_memory = COLLECTIVE_BYTES.new(), PROGRAM_PEAK_MEMORY.new()
     for labels, r in rows:
         add(steps, labels, r.steps_total)
         if r.step is not None:
@@ -168,5 +184,9 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
                     add(fam, per_device, value)
             if d.peak_flops is not None:
                 add(peak, {**per_device, "origin": d.peak_source or "table"}, d.peak_flops)
+            for (op, axes), moved in sorted(d.collective_bytes_total.items()):
+                add(collectives, {**per_device, "op": op, "axes": axes}, moved)
+            if d.program_peak_memory_bytes is not None:
+                add(peak_memory, per_device, d.program_peak_memory_bytes)
     yield from (steps, step, dispatched, last, duration, examples, tokens, model, hardware, nbytes, peak, mfu, hfu)
-    yield from (host_wait, start_time, productive, badput, problems)
+    yield from (host_wait, start_time, productive, badput, problems, collectives, peak_memory)

@@ -1,6 +1,13 @@
 """The spool file's format: the document a publisher writes (schema `jaxmon.spool/3`; the reader also reads
-`/1` and `/2`), and reading one file safely. Every bound a forged file could break is in the models;
-jaxmon.sources.spool is the reader of the directory."""
+`/1` and `/2`), and reading one file safely.
+
+Versioning: every model forbids unknown fields, so a field a publisher adds is a new schema version (a reader that
+does not know the version says so, `schema_version`, rather than `bad_schema`), and the reader keeps reading every
+older version (a sidecar is upgraded before, or with, its trainers). Schema 3 adds, per device, the replicated and
+host-memory array bytes and, per device of `training`, the collective bytes by (op, axes) and the programs'
+predicted peak memory; a /1 or /2 document reads as before.
+
+Every bound a forged file could break is in the models; jaxmon.sources.spool is the reader of the directory."""
 
 from __future__ import annotations
 
@@ -87,6 +94,16 @@ NonNegative = Annotated[float, Field(ge=0, le=2.0**63)]
 Kind = Annotated[str, Field(min_length=1, max_length=64)]
 
 
+class SpoolCollectiveBytes(BaseModel):
+    """Bytes the tracked programs' collectives of one op moved on one device over some mesh axes (schema 3)."""
+
+    model_config = _MODEL
+
+    op: str = Field(pattern=r"^[a-z][a-z0-9-]{0,63}$")
+    axes: str = Field(default="", max_length=256)
+    bytes: NonNegative
+
+
 class SpoolDeviceTraining(BaseModel):
     """One device's training FLOPs and utilization (schema 2)."""
 
@@ -101,6 +118,8 @@ class SpoolDeviceTraining(BaseModel):
     peak_source: Literal["table", "setting"] | None = None
     mfu: NonNegative | None = None
     hfu: NonNegative | None = None
+    collective_bytes_total: list[SpoolCollectiveBytes] = Field(default_factory=list, max_length=1024)  # schema 3
+    program_peak_memory_bytes: NonNegative | None = None  # schema 3
 
 
 class SpoolTraining(BaseModel):

@@ -53,6 +53,8 @@ class TrainingOps(Protocol):
     def signature(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Hashable: ...
     def avals(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any: ...
     def cost(self, fn: Any, avals: Any) -> Any: ...
+    def compiled(self, fn: Any, avals: Any) -> Any: ...
+    def communication(self, program: Any) -> Any: ...
     def cache_size(self, fn: Any) -> int | None: ...
     def on_event_duration(self, callback: Callable[[str, float], None]) -> Callable[[], None]: ...
 
@@ -70,10 +72,12 @@ class TrackerConfig:
 @dataclass
 class Program:
     """One compiled program of a tracked function and its cost, read on the calling thread at its first call (in
-    the loop's own contexts: `with mesh:`, `use_mesh`, Flax's axis rules); None when it could not be read."""
+    the loop's own contexts: `with mesh:`, `use_mesh`, Flax's axis rules); None when it could not be read. Its
+    `communication` (jaxmon.training.communication) is set later by jaxmon's analysis thread: None until then."""
 
     fn: Any
     cost: Any = None
+    communication: Any = None
 
 
 # What step() is given besides the ready arrays, in the order of _Pending.given.
@@ -103,6 +107,34 @@ class _Pending:
     examples: float | None = None
     tokens: float | None = None
     model_flops: float | None = None
+
+
+def read_figures(item: _Pending, read: Callable[[Any], Any], problem: Callable[..., None]) -> int | None:
+    """Read and check the step's number and figures into `item`; the number, None when it is not a usable one.
+    A figure that is not a finite number >= 0, or a number that is not an integer, is dropped for this step
+    and counted as `invalid`, logged once per field with what was given; an array deleted before it could be
+    read is dropped and counted as `unread`."""
+    values: list[Any] = []
+    for name, given in zip(FIELDS, item.given, strict=True):
+        if isinstance(given, _Held):
+            try:
+                if given.handle is None:
+                    raise ValueError("deleted or donated before step() was called")
+                given = read(given.handle)
+            except Exception as exc:
+                problem("unread", "an array given to step() was deleted or donated before it was read",
+                              key=f"unread.{name}", field=name, detail=str(exc)[:200])  # fmt: skip
+                values.append(None)
+                continue
+        value = integer(given) if name == "step" else figure(given)
+        if value is None and (given is not None or name == "step"):
+            problem("invalid", "a number given to step() is not usable: dropped for this step",
+                          key=f"invalid.{name}", field=name, given=shown(given),
+                          expected="an integer" if name == "step" else "a finite number >= 0")  # fmt: skip
+        values.append(value)
+    item.examples, item.tokens, item.model_flops = values[1:]
+    number: int | None = values[0]
+    return number
 
 
 def figure(value: Any) -> float | None:

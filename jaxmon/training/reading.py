@@ -8,7 +8,11 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class DeviceTraining:
-    """One local device's FLOPs and utilization; None where it is not known."""
+    """One local device's FLOPs, utilization and communication; None where it is not known.
+
+    `collective_bytes_total`: bytes of the tracked programs' collectives by (op, axes), axes the user's mesh axes
+    comma-joined ("" without a mesh); `program_peak_memory_bytes`: the largest predicted peak memory of the
+    programs the last window's steps called."""
 
     platform: str
     id: int
@@ -19,6 +23,8 @@ class DeviceTraining:
     peak_source: str | None = None  # "table" or "setting"
     mfu: float | None = None
     hfu: float | None = None
+    collective_bytes_total: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    program_peak_memory_bytes: float | None = None
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ class TrainingReading:
     # figure or step number that is not one), unread (a figure or step number array deleted before it was read),
     # dropped (the waiter fell too far behind), cost (no cost analysis), badput_kinds (a badput() kind past the
     # 10th), intervals (closed badput intervals dropped past MAX_INTERVALS), programs (a tracked function's program
-    # forgotten past MAX_PROGRAMS), error.
+    # forgotten past MAX_PROGRAMS), communication (a program's HLO or memory analysis failed), error.
     problems: Mapping[str, int] = field(default_factory=dict)
 
     @property

@@ -23,11 +23,11 @@ import structlog
 
 from jaxmon.logsetup import ErrorLog
 from jaxmon.training.accounting import MAX_INTERVALS, Accounting, Interval, Intervals
+from jaxmon.training.communication import Analyzer, WindowMax, book
 from jaxmon.training.handed import (
     _PLAIN,
     EVENT_KIND,
     EVENT_KINDS,
-    FIELDS,
     MAX_USER_KINDS,
     OTHER_KIND,
     Program,
@@ -35,8 +35,7 @@ from jaxmon.training.handed import (
     TrainingOps,
     _Held,
     _Pending,
-    figure,
-    integer,
+    read_figures,
     shown,
 )
 from jaxmon.training.peaks import peak_table
@@ -87,6 +86,9 @@ class Tracker:
         self._model: dict[tuple[str, int], float] = {}
         self._hardware: dict[tuple[str, int], float] = {}
         self._bytes: dict[tuple[str, int], float] = {}
+        self._collectives: dict[tuple[str, int], dict[tuple[str, str], float]] = {}  # per device, (op, axes)
+        self._peak_memory = WindowMax(config.window)  # the largest predicted peak of the window's steps' programs
+        self._analyzer = Analyzer(ops.communication, lambda p, c: setattr(p, "communication", c), self._unanalysed)
         self._problems: dict[str, int] = {}
         self._problems_lock = threading.Lock()
         self._stepping = False  # step() was called: a process that never does exports no training series
@@ -127,13 +129,20 @@ class Tracker:
 
     def measure(self, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Program:
         """A new compiled program of a tracked function, just called with `args`: its cost, read here, on the
-        calling thread (lowering it again is a cache hit; a failure is counted and the program has no cost)."""
+        calling thread (lowering it again is a cache hit; a failure is counted and the program has no cost); its
+        communication and peak memory later, on jaxmon's analysis thread (communication.py)."""
         program = Program(fn)
         try:
-            program.cost = self.ops.cost(fn, self.ops.avals(args, kwargs))
+            compiled = self.ops.compiled(fn, self.ops.avals(args, kwargs))
+            program.cost = compiled.cost
         except Exception as exc:
             self._problem("cost", "no cost analysis for a tracked function", detail=f"{type(exc).__name__}: {exc}")
+            return program
+        self._analyzer.submit(program, compiled)
         return program
+
+    def _unanalysed(self, event: str, exc: Exception | None) -> None:
+        self._problem("communication", event, detail=f"{type(exc).__name__}: {exc}"[:200] if exc else None)
 
     def forgot_program(self) -> None:
         """A tracked function let its least recently called program's cost go (jaxmon.training.MAX_PROGRAMS)."""
@@ -249,31 +258,8 @@ class Tracker:
         return None
 
     def _read(self, item: _Pending) -> int | None:
-        """Read and check the step's number and figures into `item`; the number, None when it is not a usable one.
-        A figure that is not a finite number >= 0, or a number that is not an integer, is dropped for this step
-        and counted as `invalid`, logged once per field with what was given; an array deleted before it could be
-        read is dropped and counted as `unread`."""
-        values: list[Any] = []
-        for name, given in zip(FIELDS, item.given, strict=True):
-            if isinstance(given, _Held):
-                try:
-                    if given.handle is None:
-                        raise ValueError("deleted or donated before step() was called")
-                    given = self.ops.value(given.handle)
-                except Exception as exc:
-                    self._problem("unread", "an array given to step() was deleted or donated before it was read",
-                                  key=f"unread.{name}", field=name, detail=str(exc)[:200])  # fmt: skip
-                    values.append(None)
-                    continue
-            value = integer(given) if name == "step" else figure(given)
-            if value is None and (given is not None or name == "step"):
-                self._problem("invalid", "a number given to step() is not usable: dropped for this step",
-                              key=f"invalid.{name}", field=name, given=shown(given),
-                              expected="an integer" if name == "step" else "a finite number >= 0")  # fmt: skip
-            values.append(value)
-        item.examples, item.tokens, item.model_flops = values[1:]
-        number: int | None = values[0]
-        return number
+        """Read and check the step's number and figures into `item` (handed.read_figures)."""
+        return read_figures(item, self.ops.value, self._problem)
 
     def _complete(self, item: _Pending, done: float | None) -> None:
         """Book step `item`, completed at `done` (None: unknown), with the lock held."""
@@ -297,6 +283,8 @@ class Tracker:
                     hardware[device] = hardware.get(device, 0.0) + cost.flops * count
                 if cost.bytes_accessed is not None:
                     self._bytes[device] = self._bytes.get(device, 0.0) + cost.bytes_accessed * count
+        self._peak_memory.step(book(item.programs.values(), self._collectives))
+        self._analyzer.kick()  # new programs are analysed from now on, off the training thread
         for totals, add in ((self._model, model), (self._hardware, hardware)):
             for device, flops in add.items():
                 totals[device] = totals.get(device, 0.0) + flops
@@ -352,6 +340,7 @@ class Tracker:
             if not self._stepping:
                 return None
             mfu, hfu = self._acct.utilization({k: p for k, (p, _) in self._peaks.items()})
+            peak_memory = self._peak_memory.maxima()
             devices = tuple(
                 DeviceTraining(
                     platform=d.platform,
@@ -363,6 +352,8 @@ class Tracker:
                     peak_source=self._peaks[d.key][1] if d.key in self._peaks else None,
                     mfu=mfu.get(d.key),
                     hfu=hfu.get(d.key),
+                    collective_bytes_total=dict(self._collectives.get(d.key, {})),
+                    program_peak_memory_bytes=peak_memory.get(d.key),
                 )
                 for d in self._devices
             )
@@ -390,6 +381,7 @@ class Tracker:
     def stop(self, timeout: float) -> None:
         """End the waiter after the step it waits for (a hung device keeps it: it is a daemon thread)."""
         self._unlisten()
+        self._analyzer.stop(timeout)
         with self._lock:
             self._stopping = True
             self._wake.notify()

@@ -194,10 +194,16 @@ EMPTY_PANEL_QUERIES: dict[str, set[tuple[str, str]]] = {
         ("Probe estimate", "A"),
     },
     # The trainer's memory: its devices are CPU devices, whose allocator keeps no statistics (no bytes in use,
-    # limit or headroom); its live arrays (the replicated one on every device) give the memory skew. Its alerts
-    # (JaxmonTrainingGoodputLow, JaxmonTrainingMfuLow) are pending, not firing, for the length of this test.
+    # limit or headroom); its live arrays (the replicated one on every device) give the memory skew, and its
+    # programs' predicted peak has no limit to stand beside. Its alerts (JaxmonTrainingGoodputLow,
+    # JaxmonTrainingMfuLow) are pending, not firing, for the length of this test.
     "jaxmon-job.json": {("Job alerts", "A")},
-    "jaxmon-training.json": {("Least OOM headroom", "A"), ("Fullest devices (in use / limit)", "A")},
+    "jaxmon-training.json": {
+        ("Least OOM headroom", "A"),
+        ("Fullest devices (in use / limit)", "A"),
+        ("Predicted peak memory beside the limit", "B"),
+        ("Predicted peak / limit: the fullest devices", "A"),
+    },
 }
 # What the single-valued variables (the workload of the Job and JAX training dashboards) are set to.
 ONE_VALUE = {"workload": "trainer"}
@@ -394,6 +400,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # Placement through the spool (schema 3): 1 MiB replicated on each device, 1 MiB of pinned_host over all 8.
         trainer.send(f"replicate {PLACED}")
         trainer.send(f"offload pinned_host {PLACED}")
+        trainer.send("collective 3")  # a program that all-reduces over a mesh axis: collective bytes
         for d in daemons:
             d.wait_ready()
         wait_until(lambda: len(apiserver.calls()) >= 2, timeout=30, what="the nvml daemon's first API server lists")

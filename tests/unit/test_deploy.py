@@ -232,6 +232,8 @@ def test_every_panel_has_a_datasource_variable_queries_and_a_unit(path: Path) ->
                 # A quantile of bucket rates, or a ratio of two rates, is in the histogram's own unit.
                 # A heatmap's buckets are in it too.
                 quantity = "histogram_quantile(" in t["expr"] or "_sum{" in t["expr"] or p["type"] == "heatmap"
+                # A ratio of two rates (bytes per step) is in its numerator's unit.
+                quantity = quantity or (t["expr"].count("rate(") >= 2 and " / " in t["expr"])
                 assert quantity or unit in RATE_UNITS, f"{title}: unit {unit!r} for a rate"
 
 

@@ -20,6 +20,10 @@ answered on stdout with `OK <json>`:
                            just before and just after jaxmon.start() or publish() and the Unix time of the
                            last completion
   restore N                number the next `steps` from N (as a restart from a checkpoint of step N does)
+  collective N             N steps (numbered on) of a tracked program that all-reduces a replicated gradient over
+                           the "data" axis of a ("data", "model") mesh of every device, each synced and booked; the
+                           first is followed by a wait for jaxmon's analysis of the program (so that the rest count
+                           its collective bytes)
   loop N WITH_STEP [SIZE]  an asynchronous loop of N steps of a SIZE x SIZE matmul step (256; synced only at the
                            end), with jaxmon.step(n, loss) each step when WITH_STEP is 1; answer with the wall time
                            and the median time of one jaxmon.step() call on this thread
@@ -201,6 +205,22 @@ def main() -> None:
             flops = step.lower(params, x, y).compile().cost_analysis()["flops"]  # type: ignore[attr-defined]
             (device,) = params["b"].devices()
             answer(done=done, loads=loads, flops=flops, device=int(device.id), started=started, done_unix=done_unix)
+        elif cmd == "collective":
+            mesh = Mesh(np.array(jax.devices()).reshape(-1, 2), ("data", "model"))
+            w = jax.device_put(np.ones((64, 64), np.float32), NamedSharding(mesh, PartitionSpec()))
+            batch = jax.device_put(np.ones((32, 64), np.float32), NamedSharding(mesh, PartitionSpec("data")))
+            reduce = jaxmon.track(jax.jit(lambda w, b: w - 1e-3 * jax.grad(lambda w: jnp.sum(jnp.tanh(b @ w)))(w)))
+            for k in range(int(rest[0])):
+                w = reduce(w, batch)
+                jaxmon.step(number, w)
+                jax.block_until_ready(w)
+                booked(number)
+                number += 1
+                tracker = jaxmon.training.current()
+                while k == 0 and tracker is not None and not tracker._analyzer.idle():
+                    time.sleep(0.01)
+            del w, batch, reduce  # no live arrays kept between commands (the memory panels' premise)
+            answer(steps=number)
         elif cmd == "loop":
             count, with_step = int(rest[0]), rest[1] == "1"
             size = int(rest[2]) if len(rest) > 2 else 256

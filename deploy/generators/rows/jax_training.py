@@ -330,4 +330,63 @@ MEMORY = Row(
     ],
 )
 
-ROWS = [SUMMARY, THROUGHPUT, EFFICIENCY, COMPILATION, STRAGGLERS, MEMORY]
+
+def communication_panels() -> list[Panel]:
+    """The tracked programs' communication and predicted peak memory (jaxmon.track(), from the compiled HLO): a
+    part of the "Where the step goes" row, kept in its own function so the row can gather it with the profile's."""
+    # Each device's bytes per step of its own process, then the mean over the job's devices by mesh axes (a
+    # process's steps and its devices' bytes share every label but the device's and the collective's).
+    per_device_step = (
+        f"sum without (op) ({rate('jaxmon_training_collective_bytes_total')}) "
+        f"/ ignoring (device, platform, axes) group_left () {rate('jaxmon_training_steps_total')}"
+    )
+    peak = f"jaxmon_training_program_peak_memory_bytes{{{JOB}}}"
+    limit = f"(jaxmon_memory_limit_bytes{{{JOB}}} > 0)"
+    return [
+        Panel(
+            "Collective bytes per step by mesh axis",
+            "timeseries",
+            "bytes",
+            [
+                Target(
+                    f'label_replace(avg by (axes) ({per_device_step}), "axes", "(no mesh)", "axes", "")',
+                    "{{axes}}",
+                )
+            ],
+            "Bytes the collectives of the tracked programs move per step on each device (the mean over the job's "
+            "devices), by the mesh axes their groups span (nccl-tests' convention, from the compiled HLO). An axis "
+            "whose bytes dominate is the one to place on the fastest links, or to shard less over.",
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "Predicted peak memory beside the limit",
+            "timeseries",
+            "bytes",
+            [
+                Target(f"max({peak})", "predicted peak (largest device)"),
+                Target(f"min({limit})", "allocator limit (smallest device)"),
+            ],
+            "XLA's predicted peak memory of the programs the last window of steps called (memory_analysis()), "
+            "the largest over the job's devices, beside the smallest allocator limit: a peak near the limit is "
+            "an OOM waiting for the next batch-size or sequence-length change.",
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "Predicted peak / limit: the fullest devices",
+            "timeseries",
+            "percentunit",
+            [Target(top(f"{peak} / ignoring (process_index, process_count, host) {limit}"), DEVICE)],
+            "The $k devices whose programs' predicted peak is the largest share of their allocator's limit "
+            "(where the allocator reports one: not on CPU).",
+            min=0,
+            thresholds=[(0, "green"), (0.9, "orange"), (1.0, "red")],
+            width=8,
+        ),
+    ]
+
+
+WHERE_THE_STEP_GOES = Row("Where the step goes", communication_panels())
+
+ROWS = [SUMMARY, THROUGHPUT, EFFICIENCY, WHERE_THE_STEP_GOES, COMPILATION, STRAGGLERS, MEMORY]

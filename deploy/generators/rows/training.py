@@ -116,6 +116,26 @@ ROW = Row(
             width=8,
         ),
         Panel(
+            "Collective bytes per second",
+            "timeseries",
+            "Bps",
+            [Target(top(rate("jaxmon_training_collective_bytes_total", WL)), DEVICE + " {{op}} [{{axes}}]")],
+            "Bytes the tracked functions' collectives move per second on each device, by op and the mesh axes "
+            "their groups span (from the compiled HLO): the $k busiest.",
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "Predicted peak memory of the programs",
+            "timeseries",
+            "bytes",
+            [Target(top(f"jaxmon_training_program_peak_memory_bytes{{{WL}}}"), DEVICE)],
+            "XLA's predicted peak memory (memory_analysis()) of the largest program the last window of steps "
+            "called, per device: the $k highest. Compare with the allocator's limit in the Memory row.",
+            min=0,
+            width=8,
+        ),
+        Panel(
             "Last completed and dispatched step",
             "table",
             "none",

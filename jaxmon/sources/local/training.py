@@ -33,6 +33,8 @@ from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo
 from jaxmon.probe.engine import PROBE_THREAD_PREFIX
 from jaxmon.sources.local.devices import LocalSource
+from jaxmon.training import hlo
+from jaxmon.training.communication import Communication, Compiled
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,13 @@ class JaxTraining:
     def cost(self, fn: Any, avals: tuple[tuple[Any, ...], dict[str, Any]]) -> Cost:
         """The per-device cost of `fn` at `avals` (the program its first call compiled: a cache hit here). Called on
         the thread that called `fn`, so it lowers in that thread's contexts (mesh, sharding rules)."""
+        cost: Cost = self.compiled(fn, avals).cost
+        return cost
+
+    def compiled(self, fn: Any, avals: tuple[tuple[Any, ...], dict[str, Any]]) -> Compiled:
+        """The program `fn`'s call at `avals` ran (a cache hit), its cost, and what the analysis off this thread
+        needs (`communication()`): the compiled object, the mesh and the program's device order. Only cheap calls
+        here, on the calling thread: the lowering, the cost analysis, the shardings; never the HLO text."""
         args, kwargs = avals
         compiled = fn.lower(*args, **kwargs).compile()
         flops, nbytes = cost_numbers(compiled.cost_analysis())
@@ -202,7 +211,62 @@ class JaxTraining:
                 if int(d.process_index) == self._process
             }
         )
-        return Cost(flops, nbytes, tuple(devices))
+        mesh, assignment = self._placement(compiled, shardings)
+        return Compiled(Cost(flops, nbytes, tuple(devices)), compiled, mesh, assignment)
+
+    def _placement(self, compiled: Any, shardings: list[Any]) -> tuple[hlo.MeshLayout | None, tuple[int, ...] | None]:
+        """The user's mesh the program was compiled against and the program's device assignment (ids in the order
+        its HLO's flattened ids index), None where not known.
+
+        The mesh: that of a `NamedSharding` among the program's shardings (what it was compiled against, whatever
+        context it was called in), else the concrete mesh of `jax.set_mesh()` in this thread's context. The
+        assignment: a NamedSharding's mesh in its own order (a program compiled with it has that assignment: checked
+        with a mesh of permuted devices), else a sharding's `_device_assignment` (jax has no public name for it),
+        else the executable's `local_devices()` (the assignment in a single-process job)."""
+        jax = self._jax
+        named = [s for s in shardings if isinstance(s, jax.sharding.NamedSharding)]
+        mesh = next((s.mesh for s in named if hasattr(s.mesh, "devices")), None)
+        assignment: tuple[int, ...] | None = None
+        if mesh is not None:
+            assignment = tuple(int(d.id) for d in mesh.devices.flat)
+        else:
+            context = jax.sharding.get_mesh()
+            mesh = None if getattr(context, "empty", True) else context
+            for s in shardings:
+                devices = getattr(s, "_device_assignment", None)
+                if devices:
+                    assignment = tuple(int(d.id) for d in devices)
+                    break
+            else:
+                try:
+                    assignment = tuple(int(d.id) for d in compiled.runtime_executable().local_devices())
+                except Exception:
+                    assignment = None
+        if mesh is None:
+            return None, assignment
+        layout = hlo.MeshLayout(
+            tuple(str(a) for a in mesh.axis_names),
+            tuple(int(n) for n in mesh.devices.shape),
+            tuple(int(d.id) for d in mesh.devices.flat),
+        )
+        if assignment is not None and set(assignment) != set(layout.device_ids):
+            return None, assignment  # a mesh of other devices than the program's: its axes say nothing of it
+        return layout, assignment
+
+    def communication(self, program: Compiled) -> Communication:
+        """The collectives' bytes per execution by (op, axes) and the predicted peak memory of a program
+        `compiled()` returned. The heavy part (the HLO text is megabytes for a large program, its parse linear in
+        it): called on jaxmon's analysis thread, never the training thread."""
+        text = program.compiled.as_text()
+        summary = hlo.summarize(hlo.parse(text), program.mesh, program.assignment)
+        peak: int | None = None
+        try:
+            value = program.compiled.memory_analysis().peak_memory_in_bytes
+            peak = int(value) if isinstance(value, int) and value >= 0 else None
+        except Exception:  # a backend without memory analysis: bytes but no peak
+            peak = None
+        collectives = {(op, ",".join(axes)): float(n) for (op, axes), n in summary.items()}
+        return Communication(collectives, peak, program.cost.devices)
 
     def cache_size(self, fn: Any) -> int | None:
         """How many programs `fn` holds compiled (None where the jitted function does not say)."""
