@@ -9,6 +9,8 @@ devices where the nvml collector matched them to a GPU) or a `pid`.
 
 from __future__ import annotations
 
+from jaxmon.families.labels_libtpu import LIBTPU_LABELS_AND_SOURCE
+
 # Each family's labels and the source of its number (name without `_total`).
 LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
     "jaxmon_memory_bytes_in_use": ("device, platform (+ pod, namespace, container)", "`bytes_in_use`"),
@@ -328,54 +330,7 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
     "jaxmon_spool_overflow_files": ("reason", "spool"),
     "jaxmon_spool_removed_files": ("kind", "spool"),
     "jaxmon_spool_stale_files": ("—", "spool"),
-    "jaxmon_device_hlo_queue_size": (
-        "device, platform, source (+ pod, namespace, container)",
-        "libtpu `hlo.queue.size.gauge`",
-    ),
-    "jaxmon_device_hlo_execution_seconds": (
-        "device, platform, source, percentile (+ pod, namespace, container)",
-        "libtpu `hlo.execution.timing.distribution.microseconds` / 10⁶",
-    ),
-    "jaxmon_device_hlo_execution_mean_seconds": (
-        "device, platform, source (+ pod, namespace, container)",
-        "same distribution's mean / 10⁶",
-    ),
-    "jaxmon_device_tensorcore_idle_duration_seconds": (
-        "device, platform, source (+ pod, namespace, container)",
-        "libtpu `tpu.runtime.tensorcore.idle_duration.seconds`",
-    ),
-    "jaxmon_megascale_dcn_transfer_latency_seconds": (
-        "source, buffer_size (+ quantile; + pod, namespace, container)",
-        "libtpu `megascale.dcn_transfer_latencies.microsecond.cumulative.distribution` / 10⁶",
-    ),
-    "jaxmon_megascale_dcn_inbound_transfer_latency_seconds": (
-        "source, buffer_size (+ quantile; + pod, namespace, container)",
-        "libtpu `megascale.dcn_inbound_transfer_latencies.microsecond.cumulative.distribution` / 10⁶",
-    ),
-    "jaxmon_megascale_host_to_device_transfer_latency_seconds": (
-        "source, buffer_size (+ quantile; + pod, namespace, container)",
-        "libtpu `megascale.host_to_device_transfer_latencies.microsecond.cumulative.distribution` / 10⁶",
-    ),
-    "jaxmon_megascale_device_to_host_transfer_latency_seconds": (
-        "source, buffer_size (+ quantile; + pod, namespace, container)",
-        "libtpu `megascale.device_to_host_transfer_latencies.microsecond.cumulative.distribution` / 10⁶",
-    ),
-    "jaxmon_megascale_collective_end_to_end_latency_seconds": (
-        "source, buffer_size (+ quantile; + pod, namespace, container)",
-        "libtpu `megascale.collective_end_to_end_latencies.microsecond.cumulative.distribution` / 10⁶",
-    ),
-    "jaxmon_megascale_host_compute_latency_seconds": (
-        "source, buffer_size (+ quantile; + pod, namespace, container)",
-        "libtpu `megascale.mxla_compute_latencies.microsecond.cumulative.distribution` / 10⁶",
-    ),
-    "jaxmon_megascale_grpc_tcp_min_rtt_seconds": (
-        "source (+ quantile; + pod, namespace, container)",
-        "libtpu `megascale.grpc_tcp_min_rtt.microsecond.cumulative.distribution` / 10⁶",
-    ),
-    "jaxmon_megascale_grpc_tcp_delivery_rate_bytes_per_second": (
-        "source (+ quantile; + pod, namespace, container)",
-        "libtpu `megascale.grpc_tcp_delivery_rate.Mbps.cumulative.distribution` × 125 000 (Mbps to bytes/s)",
-    ),
+    **LIBTPU_LABELS_AND_SOURCE,
     "jaxmon_kubernetes_pod_device_info": (
         "namespace, pod, container, resource, device_id (+ claim: DRA)",
         "kubelet pod-resources `List` (`devices`, `dynamic_resources`)",
