@@ -22,6 +22,7 @@ from jaxmon.model import DeviceInfo
 from jaxmon.training.accounting import MAX_INTERVALS, Accounting, Interval, Intervals
 from jaxmon.training.peaks import peak_table
 from jaxmon.training.reading import DeviceTraining, TrainingReading
+from jaxmon.training.sampler import sampler_for
 
 log = structlog.get_logger("jaxmon.training")
 
@@ -76,6 +77,7 @@ class TrackerConfig:
     window: int = 100
     stall_factor: float = 3.0
     max_pending: int = 1024
+    profile: tuple[int, int] = (0, 2)  # sampled traces: every this many steps (0: off), this many steps (sampler.py)
 
 
 @dataclass
@@ -144,6 +146,7 @@ class Tracker:
         self._dispatched: int | None = None  # the last step number handed to step()
         self._stopping = False
         self._unlisten = ops.on_event_duration(self._on_event)
+        self.sampler = sampler_for(ops, config.profile, clock)  # sampled traces: told of each step and completion
         self._thread = threading.Thread(target=self._wait_loop, name="jaxmon-training", daemon=True)
         self._thread.start()
 
@@ -164,6 +167,7 @@ class Tracker:
                 _Pending(int(number), arrays, handed, _number(examples), _number(tokens), _number(model_flops), calls)
             )
             self._wake.notify()
+        self.sampler.handed(int(number))
 
     def measure(self, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Program:
         """A new compiled program of a tracked function, just called with `args`: its cost, read here, on the
@@ -294,6 +298,7 @@ class Tracker:
         previous, self._last = self._last, (item.number, done)
         if done is None:
             return
+        self.sampler.completed(item.number, done)
         last_done = self._acct.last_done
         follows = previous is not None and item.number == previous[0] + 1
         if last_done is None:
@@ -378,6 +383,7 @@ class Tracker:
     def stop(self, timeout: float) -> None:
         """End the waiter after the step it waits for (a hung device keeps it: it is a daemon thread)."""
         self._unlisten()
+        self.sampler.stop(timeout)
         with self._lock:
             self._stopping = True
             self._wake.notify()

@@ -19,6 +19,7 @@ import numpy as np
 from jaxmon.model import DeviceInfo
 from jaxmon.probe.engine import PROBE_THREAD_PREFIX
 from jaxmon.sources.local.devices import LocalSource
+from jaxmon.sources.local.profiler import JaxProfiler
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,10 @@ class JaxTraining:
                 unregister_listener(listener)
 
         return unregister
+
+    def profiler(self) -> JaxProfiler:
+        """jaxmon's trace sessions (sampled traces, /debug/trace), which give way to the user's own."""
+        return JaxProfiler(self._jax)
 
 
 def _num_cores(device: Any) -> int | None:
