@@ -37,21 +37,18 @@ _OTHER_SESSION = "Another profiling session active"
 
 
 class _Guard:
-    """`_profile_state.lock` of jax.profiler, wrapped: entering it from any thread but the one jaxmon's session
-    belongs to ends that session first. Otherwise the lock it wraps, unchanged."""
+    """`_profile_state.lock` of jax.profiler, wrapped: entering it ends jaxmon's session first (jaxmon itself never
+    enters it: it takes the wrapped lock directly). Otherwise the lock it wraps, unchanged."""
 
     def __init__(self, lock: Any) -> None:
         self._lock = lock
         self._own = threading.Lock()  # jaxmon's session's lock; taken before the wrapped one, never after it
         self.session: Any = None
-        self.owner: int | None = None  # the thread jaxmon's session belongs to
-        self.preempted = False
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         with self._own:
-            if self.session is not None and threading.get_ident() != self.owner:
+            if self.session is not None:
                 session, self.session = self.session, None
-                self.preempted = True
                 del session  # its destructor stops it and frees the profiler, without collecting anything
             return bool(self._lock.acquire(blocking, timeout))
 
@@ -117,14 +114,12 @@ class JaxProfiler:
                 options.python_tracer_level = 1 if python else 0
                 options.host_tracer_level = 2
                 guard.session = self._session_type(options)
-                guard.owner = threading.get_ident()
-                guard.preempted = False
             finally:
                 guard._lock.release()
 
     def _take(self) -> Any:
         guard = self._guard
-        session, guard.session, guard.owner = guard.session, None, None
+        session, guard.session = guard.session, None
         if session is None:
             raise Busy("the user started a trace: jaxmon ended its own")
         return session
