@@ -25,11 +25,12 @@ MODULE = "jit_busy_step"
 @pytest.fixture(scope="module")
 def step() -> tuple[jax.stages.Wrapped, jax.Array, jax.Array]:
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
-    w = jax.device_put(jnp.ones((256, 256)), NamedSharding(mesh, PartitionSpec()))
-    x = jax.device_put(jnp.ones((32, 256)), NamedSharding(mesh, PartitionSpec("data")))
+    w = jax.device_put(jnp.ones((256, 256)), NamedSharding(mesh, PartitionSpec()))  # type: ignore[no-untyped-call]
+    x = jax.device_put(jnp.ones((32, 256)), NamedSharding(mesh, PartitionSpec("data")))  # type: ignore[no-untyped-call]
 
     def busy_step(w: jax.Array, x: jax.Array) -> jax.Array:
-        return w - 1e-6 * jax.grad(lambda w: jnp.sum(x @ w))(w)
+        out: jax.Array = w - 1e-6 * jax.grad(lambda w: jnp.sum(x @ w))(w)
+        return out
 
     f = jax.jit(busy_step)
     f(w, x).block_until_ready()  # compiled outside any trace
@@ -66,7 +67,7 @@ def test_jaxmon_takes_no_trace_while_the_user_profiles(step, tmp_path: Path) -> 
             profiler.start(python=False)
         run(step, 2)
     finally:
-        jax.profiler.stop_trace()
+        jax.profiler.stop_trace()  # type: ignore[no-untyped-call]
     assert len(runs_of(tmp_path)) == 4  # every step of the user's trace, the one around jaxmon's attempt too
 
 
@@ -96,5 +97,5 @@ def test_a_sample_needs_no_jax_profiler_state_the_user_sees(step, tmp_path: Path
     assert jax_profiler._profile_state.profile_session is None
     jax.profiler.start_trace(str(tmp_path))
     run(step, 2)
-    jax.profiler.stop_trace()
+    jax.profiler.stop_trace()  # type: ignore[no-untyped-call]
     assert len(runs_of(tmp_path)) == 2
