@@ -285,7 +285,10 @@ class Sampler:
 
     # -- reading ------------------------------------------------------------------------------------------
 
-    def reading(self) -> ProfileReading:
+    def reading(self) -> ProfileReading | None:
+        """The samples' counts and each device's totals; None when sampling is off (traces on demand only)."""
+        if self.config.every <= 0:
+            return None
         with self._lock:
             return ProfileReading(
                 results=dict(self._results),
@@ -337,7 +340,7 @@ def tar_gz(directory: Path) -> bytes:
 
 
 class Off:
-    """No sampled traces (collector.training.profile.every = 0, or no usable jax.profiler): hooks that do nothing."""
+    """No usable jax.profiler: hooks that do nothing, and no trace on demand."""
 
     def handed(self, number: int) -> None:
         pass
@@ -351,15 +354,17 @@ class Off:
     def stop(self, timeout: float) -> None:
         pass
 
+    def demand(self, directory: Path, steps: int | None = None, seconds: float | None = None) -> bytes:
+        raise RuntimeError("jax.profiler cannot be used in this process (the log said why at start)")
+
 
 def sampler_for(ops: Any, profile: tuple[int, int], clock: Callable[[], float]) -> Sampler | Off:
-    """The tracker's sampler: `profile` is (every, steps); `ops.profiler()` (jaxmon.sources.local.training) makes
-    the JAX side. Off when every is 0, or when this JAX's profiler cannot be used (said once, in the log)."""
+    """The tracker's sampler: `profile` is (every, steps), every 0 meaning traces on demand only;
+    `ops.profiler()` (jaxmon.sources.local.training) makes the JAX side. Off when this JAX's profiler cannot be
+    used (said once, in the log)."""
     every, steps = profile
-    if every <= 0 or steps <= 0:
-        return Off()
     try:
-        return Sampler(ops.profiler(), SamplerConfig(every, steps), clock=clock)
+        return Sampler(ops.profiler(), SamplerConfig(max(every, 0), max(steps, 1)), clock=clock)
     except Exception as exc:
         log.warning("no sampled traces: jax.profiler cannot be used here", error=f"{type(exc).__name__}: {exc}")
         return Off()

@@ -90,9 +90,15 @@ class JaxProfiler:
         self._state = jax_profiler._profile_state
         self._options = _profiler.ProfileOptions
         self._session_type = _profiler.ProfilerSession
-        self._guard = _guard(self._state)
+        self._guard_: _Guard | None = None  # wrapped at the first trace: with sampling off, nothing is touched
         # A trace names a device by its local ordinal: its place among this process's devices.
         self._devices = {(str(d.platform), i): (str(d.platform), int(d.id)) for i, d in enumerate(jax.local_devices())}
+
+    @property
+    def _guard(self) -> _Guard:
+        if self._guard_ is None:
+            self._guard_ = _guard(self._state)
+        return self._guard_
 
     def devices(self) -> Mapping[tuple[str, int], tuple[str, int]]:
         """A trace's device ((platform, local ordinal)) as the device the training families name."""

@@ -87,13 +87,19 @@ def at(us: float, end_us: float = 100.0) -> float:
     return NOW - (end_us - us) * US
 
 
+def got(sampler: Sampler) -> ProfileReading:
+    reading = sampler.reading()
+    assert reading is not None
+    return reading
+
+
 def run_block(sampler: Sampler, profiler: FakeProfiler, completions: list[tuple[int, float]]) -> ProfileReading:
     sampler.handed(8)  # block 10 starts: the trace starts two steps ahead
     wait_until(lambda: profiler.starts == 1 or profiler.user, what="the trace started")
     for number, done in completions:
         sampler.completed(number, done)
-    wait_until(lambda: sum(sampler.reading().results.values()) == 1, what="the sample booked")
-    return sampler.reading()
+    wait_until(lambda: sum(got(sampler).results.values()) == 1, what="the sample booked")
+    return got(sampler)
 
 
 def test_blocks_start_at_multiples_of_every_in_every_process() -> None:
@@ -114,7 +120,7 @@ def test_only_the_block_is_traced(make) -> None:  # type: ignore[no-untyped-def]
     for n in range(0, 8):
         sampler.handed(n)
         sampler.completed(n, at(0) - (8 - n))
-    assert profiler.starts == 0 and sampler.reading().results == {"taken": 0, "busy": 0, "failed": 0}
+    assert profiler.starts == 0 and got(sampler).results == {"taken": 0, "busy": 0, "failed": 0}
 
 
 def test_gpu_split_lands_on_the_job_devices(make) -> None:  # type: ignore[no-untyped-def]
@@ -155,8 +161,8 @@ def test_tpu_split_and_a_second_sample_adds_up(make) -> None:  # type: ignore[no
     wait_until(lambda: profiler.starts == 2, what="the second trace started")
     sampler.completed(19, at(0))
     sampler.completed(20, at(100))
-    wait_until(lambda: sampler.reading().results["taken"] == 2, what="two samples")
-    by_id = {d.id: d for d in sampler.reading().devices}
+    wait_until(lambda: got(sampler).results["taken"] == 2, what="two samples")
+    by_id = {d.id: d for d in got(sampler).devices}
     assert by_id[4].parts == pytest.approx(
         {"compute": 90 * US, "collective": 60 * US, "copy": 10 * US, "idle": 40 * US}
     )
@@ -198,8 +204,8 @@ def test_busy_when_the_user_profiles_and_when_the_users_trace_ends_jaxmons(make)
     sampler.completed(19, at(0))
     sampler.completed(20, at(50))
     sampler.completed(21, at(100))
-    wait_until(lambda: sampler.reading().results["busy"] == 2, what="the preempted sample counted busy")
-    assert sampler.reading().devices == ()
+    wait_until(lambda: got(sampler).results["busy"] == 2, what="the preempted sample counted busy")
+    assert got(sampler).devices == ()
 
 
 def test_a_trace_on_demand_holds_whole_steps(make, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -214,6 +220,7 @@ def test_a_trace_on_demand_holds_whole_steps(make, tmp_path: Path) -> None:  # t
         sampler.completed(n, at(n * 10))
     thread.join(10)
     assert profiler.python == [True] and profiler.stops == 1
+    assert sampler.reading() is None  # every = 0: traces on demand only, no sampled series
     with tarfile.open(fileobj=io.BytesIO(out[0]), mode="r:gz") as tar:
         (member,) = tar.getmembers()
         assert member.name == "plugins/profile/2026_01_01_00_00_00/fakehost.xplane.pb"
