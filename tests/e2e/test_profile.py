@@ -5,6 +5,8 @@ own timing of its steps, the collectives its step has or has not, and jaxlib's o
 from __future__ import annotations
 
 import io
+import shlex
+import sys
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -181,3 +183,27 @@ def test_no_trace_on_demand_in_the_daemon(start_daemon) -> None:  # type: ignore
     d = start_daemon("--web.enable-profiling")
     r = requests.get(d.url + "/debug/trace?steps=2", timeout=10)
     assert r.status_code == 404 and "daemon or sidecar" in r.text
+
+
+def test_the_t_key_of_jaxmon_top_saves_a_trace(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`jaxmon top` in tmux against the training process: `t` saves /debug/trace?steps=2 to a timestamped file in
+    its working directory, and the screen says where."""
+    from tests.e2e.test_top_tmux import Tmux
+
+    child, url = start("--kind", "allreduce", "--every", "0")
+    work = tmp_path / "cwd"
+    work.mkdir()
+    tmux = Tmux()
+    try:
+        top = f"{shlex.quote(sys.executable)} -m jaxmon top --interval 500ms {url}"
+        tmux.start(f"cd {shlex.quote(str(work))} && {top}", 160, 40)
+        tmux.wait_screen(lambda s: "t: save a trace" in s, "the live view")
+        tmux("send-keys", "-t", "top", "t")
+        tmux.wait_screen(lambda s: "trace: recording 2 steps" in s, "the trace under way")
+        child.send("steps 6")
+        screen = tmux.wait_screen(lambda s: "trace saved:" in s, "the trace saved", timeout=120)
+    finally:
+        tmux.kill()
+    (saved,) = work.glob("jaxmon-trace-127.0.0.1_*-*.tar.gz")
+    assert saved.name in screen.replace("\n", "")
+    assert child.hello["module"] in _modules_in(saved.read_bytes(), tmp_path / "saved")
