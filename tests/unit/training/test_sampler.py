@@ -235,3 +235,15 @@ def key(labels: Mapping[str, str], **more: str) -> tuple[tuple[str, str], ...]:
 def family_samples(reading: TrainingReading) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     families: list[Metric] = list(training_families([({"workload": "w"}, reading)]))
     return {(s.name, key(s.labels)): s.value for f in families for s in f.samples}
+
+
+def test_the_options_reach_the_tracker_and_refuse_a_block_with_no_room() -> None:
+    from pydantic import ValidationError
+
+    from jaxmon.collectors.training import PROFILE_EVERY, TrainingOptions
+
+    assert TrainingOptions().tracker_config().profile == (PROFILE_EVERY, 2)
+    assert TrainingOptions(profile={"every": 0}).tracker_config().profile == (0, 2)  # type: ignore[arg-type]
+    assert TrainingOptions(profile={"every": 50, "steps": 4}).tracker_config().profile == (50, 4)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match=r"profile.every \(3\) must be 0 \(off\) or at least"):
+        TrainingOptions(profile={"every": 3, "steps": 2})  # type: ignore[arg-type]
