@@ -316,9 +316,7 @@ PROFILED = rate("jaxmon_training_profiled_seconds_total", PROFILE_WINDOW)
 PARTS = rate("jaxmon_training_profile_seconds_total", PROFILE_WINDOW)
 EXPOSED = rate('jaxmon_training_profile_seconds_total{part="collective"}', PROFILE_WINDOW).replace("}{", ",")
 DEVICE_KEY = "process_index, host, platform, device"
-DEVICE_SHARE = (
-    f"sum by ({DEVICE_KEY}) ({EXPOSED}) / sum by ({DEVICE_KEY}) ({PROFILED})"  # each device's exposed share
-)
+DEVICE_SHARE = f"sum by ({DEVICE_KEY}) ({EXPOSED}) / sum by ({DEVICE_KEY}) ({PROFILED})"  # each device's exposed share
 
 STEP_GOES = Row(
     "Where the step goes (sampled traces)",
@@ -360,8 +358,7 @@ STEP_GOES = Row(
             [
                 Target(f"sum({EXPOSED}) / sum({PROFILED})", "job"),
                 Target(
-                    "topk($k, sum by (process_index, host) "
-                    f"({EXPOSED}) / sum by (process_index, host) ({PROFILED}))",
+                    f"topk($k, sum by (process_index, host) ({EXPOSED}) / sum by (process_index, host) ({PROFILED}))",
                     PROCESS,
                 ),
             ],
