@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
+from jaxmon.training.sampler import Sampler
 from jaxmon.training.tracker import Tracker, TrackerConfig
 from tests.helpers import wait_until
 
@@ -77,6 +78,7 @@ def test_samples_and_the_users_traces_at_random_moments(tmp_path: Path) -> None:
             jax.profiler.stop_trace()  # type: ignore[no-untyped-call]
             user.append((tracing, covered))
         sampler = tracker.sampler
+        assert isinstance(sampler, Sampler)
         wait_until(lambda: sampler._block is None and sampler._request is None, 60, "the last sample over")
         reading = sampler.reading()
     finally:
