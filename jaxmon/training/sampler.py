@@ -114,7 +114,9 @@ class Sampler:
         self._wake = threading.Condition(self._lock)
         self._request: int | None = None  # the block to trace, asked for by handed()
         self._block: int | None = None  # the block being traced
-        self._done: deque[tuple[int, float]] = deque(maxlen=config.steps + LEAD + 2)  # (number, completion)
+        # (number, completion) of the last steps: the block's and the one before it, with room for the steps that
+        # complete before this thread wakes up to stop the trace.
+        self._done: deque[tuple[int, float]] = deque(maxlen=config.steps + LEAD + 64)
         self._completions = 0  # completions booked (for traces on demand)
         self._last_duration: float | None = None
         self._back = False  # a step number went back since the sample started
