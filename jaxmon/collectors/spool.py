@@ -32,7 +32,7 @@ from jaxmon.settings import CollectorOptions, Duration, Enabled
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.spool import SpoolReader
 from jaxmon.sources.spool_document import SpoolDocument, SpoolTraining
-from jaxmon.training.reading import DeviceTraining, TrainingReading
+from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 
 log = structlog.get_logger("jaxmon.collectors.spool")
 
@@ -121,6 +121,10 @@ def training_reading(spooled: SpoolTraining, time: float) -> TrainingReading:
     for d in fields["devices"]:
         d["collective_bytes_total"] = {(c["op"], c["axes"]): c["bytes"] for c in d["collective_bytes_total"]}
     fields["devices"] = tuple(DeviceTraining(**d) for d in fields["devices"])
+    if (profile := fields.get("profile")) is not None:
+        fields["profile"] = ProfileReading(
+            results=profile["results"], devices=tuple(DeviceProfile(**d) for d in profile["devices"])
+        )
     return TrainingReading(**fields)
 
 

@@ -11,18 +11,49 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Update
 from jaxmon.families.training import training_families, training_labels
 from jaxmon.identity import host_name
 from jaxmon.settings import CollectorOptions, Enabled
+from jaxmon.settings.model import Section
 from jaxmon.snapshot import Snapshot
 from jaxmon.training.reading import TrainingReading
 
 if TYPE_CHECKING:
     from jaxmon.training.tracker import TrackerConfig
+
+
+# Sampled traces' default interval, sized so that their cost stays under 0.5 % of a job's throughput
+# (bench/profile_sampling.py, BENCHMARKS.md "Sampled traces").
+PROFILE_EVERY = 1000
+# A sampled trace starts this many steps before its block (jaxmon.training.sampler.LEAD, not imported: a daemon
+# loads no tracker module).
+LEAD = 2
+
+
+class TrainingProfileOptions(Section):
+    """`--collector.training.profile.*`: sampled traces of whole steps (docs/training.md, "Where the step goes")."""
+
+    every: int = Field(
+        default=PROFILE_EVERY,
+        ge=0,
+        le=100_000_000,
+        description="Trace `steps` whole steps every this many steps (blocks start at step numbers that are "
+        "multiples of it, the same in every process of a job); 0 turns sampled traces off.",
+    )
+    steps: int = Field(default=2, ge=1, le=100, description="Steps each sampled trace holds.")
+
+    @model_validator(mode="after")
+    def _room(self) -> TrainingProfileOptions:
+        if self.every and self.every < self.steps + LEAD:
+            raise ValueError(
+                f"profile.every ({self.every}) must be 0 (off) or at least profile.steps + {LEAD} "
+                f"({self.steps + LEAD}): a trace starts {LEAD} steps before its block"
+            )
+        return self
 
 
 class TrainingOptions(CollectorOptions):
@@ -44,12 +75,19 @@ class TrainingOptions(CollectorOptions):
     max_pending: int = Field(
         default=1024, ge=1, le=1_000_000, description="Steps waiting to complete, at most; more are not tracked."
     )
+    profile: TrainingProfileOptions = Field(default_factory=TrainingProfileOptions)
 
     def tracker_config(self) -> TrackerConfig:
         """What the tracker takes of these options (the tracker itself is loaded only in a training process)."""
         from jaxmon.training.tracker import TrackerConfig
 
-        return TrackerConfig(self.peak_flops, self.window, self.stall_factor, self.max_pending)
+        return TrackerConfig(
+            self.peak_flops,
+            self.window,
+            self.stall_factor,
+            self.max_pending,
+            profile=(self.profile.every, self.profile.steps),
+        )
 
 
 @register

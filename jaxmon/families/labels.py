@@ -321,6 +321,19 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
         "`badput()`, `jax.monitoring`",
     ),
     "jaxmon_training_tracking_problems": ("workload, process_index, process_count, host, reason", "tracker"),
+    "jaxmon_training_profiles": ("workload, process_index, process_count, host, result", "sampled traces"),
+    "jaxmon_training_profiled_seconds": (
+        "device, platform, workload, process_index, process_count, host (+ pod, namespace, container)",
+        "sampled traces (`jax.profiler`), the tracker's step intervals",
+    ),
+    "jaxmon_training_profile_seconds": (
+        "device, platform, workload, process_index, process_count, host, part (+ pod, namespace, container)",
+        "sampled traces: union of the device's op intervals",
+    ),
+    "jaxmon_training_profile_collective_seconds": (
+        "device, platform, workload, process_index, process_count, host, op (+ pod, namespace, container)",
+        "sampled traces: union of each collective kind's intervals",
+    ),
     "jaxmon_workload_info": (
         "workload, process_index, host, pid, jax_version (+ pod, namespace, node, slurm_job_id where set)",
         "spool; the process",

@@ -153,6 +153,7 @@ def _training() -> list[Entry]:
     rest += [training.HARDWARE_BYTES, training.PEAK, training.MFU, training.HFU, training.HOST_WAIT]
     rest += [training.START_TIME, training.PRODUCTIVE, training.BADPUT, training.PROBLEMS]
     rest += [training.COLLECTIVE_BYTES, training.PROGRAM_PEAK_MEMORY]
+    rest += [training.PROFILES, training.PROFILED, training.PROFILE_PARTS, training.PROFILE_COLLECTIVES]
     return [*_entries(specs), Entry(training.DURATION, "histogram"), *_entries(rest)]
 
 

@@ -121,6 +121,33 @@ PROBLEMS = Spec(
     counter=True,
 )
 
+PROFILED = Spec(
+    "jaxmon_training_profiled_seconds",
+    "Time of the steps the sampled traces held on this device (collector.training.profile: every `every` steps, "
+    "`steps` whole steps, each the tracker's completion-to-completion interval): the sum of "
+    "jaxmon_training_profile_seconds_total's parts.",
+    counter=True,
+)
+PROFILE_PARTS = Spec(
+    "jaxmon_training_profile_seconds",
+    "Where the sampled steps' time went on this device, by part (the union of the device's op intervals, in this "
+    "order of precedence): compute (any op not a collective or a copy running), collective (a collective running "
+    "and no compute: exposed communication), copy (only host-device or device-device transfers), idle (nothing).",
+    counter=True,
+)
+PROFILE_COLLECTIVES = Spec(
+    "jaxmon_training_profile_collective_seconds",
+    "Time a collective of this kind (op: all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute, "
+    "...) ran on this device in the sampled steps, overlapped with compute or not (the union of its intervals).",
+    counter=True,
+)
+PROFILES = Spec(
+    "jaxmon_training_profiles",
+    "Sampled traces by result: taken, busy (the user was profiling: jaxmon took none, or ended its own when the "
+    "user's trace started), failed (no step of the block was traced whole, or the trace could not be read).",
+    counter=True,
+)
+
 
 def training_labels(workload: str, process_index: int, process_count: int | None, host: str) -> dict[str, str]:
     """The labels of a workload process's training series: a job is `workload`, a member `process_index` (of
@@ -151,7 +178,10 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
     host_wait, start_time, productive, badput, problems = (
         s.new() for s in (HOST_WAIT, START_TIME, PRODUCTIVE, BADPUT, PROBLEMS)
     )
-    collectives, peak_memory = COLLECTIVE_BYTES.new(), PROGRAM_PEAK_MEMORY.new()
+    collective_bytes, peak_memory = COLLECTIVE_BYTES.new(), PROGRAM_PEAK_MEMORY.new()
+    profiles, profiled, parts, profile_collectives = (
+        s.new() for s in (PROFILES, PROFILED, PROFILE_PARTS, PROFILE_COLLECTIVES)
+    )
     for labels, r in rows:
         add(steps, labels, r.steps_total)
         if r.step is not None:
@@ -185,8 +215,19 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
             if d.peak_flops is not None:
                 add(peak, {**per_device, "origin": d.peak_source or "table"}, d.peak_flops)
             for (op, axes), moved in sorted(d.collective_bytes_total.items()):
-                add(collectives, {**per_device, "op": op, "axes": axes}, moved)
+                add(collective_bytes, {**per_device, "op": op, "axes": axes}, moved)
             if d.program_peak_memory_bytes is not None:
                 add(peak_memory, per_device, d.program_peak_memory_bytes)
+        if r.profile is not None:
+            for result, count in sorted(r.profile.results.items()):
+                add(profiles, {**labels, "result": result}, count)
+            for p in r.profile.devices:
+                per_device = {**labels, "device": str(p.id), "platform": p.platform}
+                add(profiled, per_device, p.profiled_seconds_total)
+                for part, seconds in p.parts.items():
+                    add(parts, {**per_device, "part": part}, seconds)
+                for op, seconds in sorted(p.collectives.items()):
+                    add(profile_collectives, {**per_device, "op": op}, seconds)
     yield from (steps, step, dispatched, last, duration, examples, tokens, model, hardware, nbytes, peak, mfu, hfu)
-    yield from (host_wait, start_time, productive, badput, problems, collectives, peak_memory)
+    yield from (host_wait, start_time, productive, badput, problems, collective_bytes, peak_memory)
+    yield from (profiles, profiled, parts, profile_collectives)

@@ -122,6 +122,27 @@ class SpoolDeviceTraining(BaseModel):
     program_peak_memory_bytes: NonNegative | None = None  # schema 3
 
 
+class SpoolDeviceProfile(BaseModel):
+    """One device's time in the sampled traces (jaxmon.training.reading.DeviceProfile)."""
+
+    model_config = _MODEL
+
+    platform: str = Field(min_length=1, max_length=64)
+    id: Count
+    profiled_seconds_total: NonNegative = 0.0
+    parts: dict[Literal["compute", "collective", "copy", "idle"], NonNegative] = Field(default_factory=dict)
+    collectives: dict[Kind, NonNegative] = Field(default_factory=dict, max_length=16)
+
+
+class SpoolProfile(BaseModel):
+    """The sampled traces of a training process (jaxmon.training.reading.ProfileReading)."""
+
+    model_config = _MODEL
+
+    results: dict[Literal["taken", "busy", "failed"], Count] = Field(default_factory=dict)
+    devices: list[SpoolDeviceProfile] = Field(default_factory=list, max_length=4096)
+
+
 class SpoolTraining(BaseModel):
     """A workload process's training telemetry (schema 2; jaxmon.training.reading.TrainingReading)."""
 
@@ -143,6 +164,7 @@ class SpoolTraining(BaseModel):
     badput_seconds_total: dict[Kind, NonNegative] = Field(default_factory=dict, max_length=64)
     devices: list[SpoolDeviceTraining] = Field(default_factory=list, max_length=4096)
     problems: dict[Kind, Count] = Field(default_factory=dict, max_length=16)
+    profile: SpoolProfile | None = None  # sampled traces; absent when they are off (and before this field existed)
 
     @model_validator(mode="after")
     def _a_histogram(self) -> SpoolTraining:

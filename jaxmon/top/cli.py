@@ -24,6 +24,7 @@ from rich.live import Live
 from jaxmon.settings.durations import parse_duration
 from jaxmon.top.fetch import DEFAULT_URL, ClientConfig, EndpointError, Poller, metrics_url
 from jaxmon.top.model import SORT_NAMES, next_sort
+from jaxmon.top.trace import TRACE_KEYS, TraceSaver
 from jaxmon.top.view import ASCII, UNICODE, frame
 
 PROG = "jaxmon top"
@@ -141,7 +142,8 @@ def wake_pipe() -> Iterator[tuple[int, int]]:
 
 
 def interactive(poller: Poller, sort: str, interval: float, timeout: float) -> int:
-    """Redraw every `interval`, on each finished scrape and on resize; `s` cycles the sort, `q` quits."""
+    """Redraw every `interval`, on each finished scrape and on resize; `s` cycles the sort, `t` saves a trace of
+    the first endpoint's job to the working directory, `q` quits."""
     stdin = sys.stdin.fileno()
     # rich takes $COLUMNS/$LINES over the terminal's size and would then never follow a resize (rich console.py).
     for var in ("COLUMNS", "LINES"):
@@ -150,6 +152,7 @@ def interactive(poller: Poller, sort: str, interval: float, timeout: float) -> i
     limit = stale_after(interval, timeout)
     with wake_pipe() as (wake_r, wake_w), cbreak(stdin):
         poller.on_change = lambda: _poke(wake_w)
+        tracer = TraceSaver(poller.states[0].url, poller.config, Path.cwd(), lambda: _poke(wake_w))
         with Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False) as live:
             poller.start()
             next_draw = 0.0
@@ -158,7 +161,9 @@ def interactive(poller: Poller, sort: str, interval: float, timeout: float) -> i
                 now = time.monotonic()
                 if redraw or now >= next_draw:
                     # process_rows=None: as many processes as fit below the devices, on this screen's height
-                    shown = frame(poller.snapshot(), sort, now, limit, UNICODE, True, console, process_rows=None)
+                    shown = frame(
+                        poller.snapshot(), sort, now, limit, UNICODE, True, console, process_rows=None, note=tracer.note
+                    )
                     live.update(shown, refresh=True)
                     next_draw, redraw = now + interval, False
                 ready, _, _ = select.select([stdin, wake_r], [], [], max(next_draw - time.monotonic(), 0.0))
@@ -172,6 +177,9 @@ def interactive(poller: Poller, sort: str, interval: float, timeout: float) -> i
                         return 0
                     for _ in range(sum(k in SORT_KEYS for k in keys)):
                         sort = next_sort(sort)
+                        redraw = True
+                    if TRACE_KEYS & set(keys):
+                        tracer.start()
                         redraw = True
 
 

@@ -271,6 +271,11 @@ class Poller:
         self._threads: list[threading.Thread] = []
         self.on_change: Callable[[], None] = lambda: None  # called on a scraping thread after each scrape
 
+    @property
+    def config(self) -> ClientConfig:
+        """How the endpoints are reached (the `t` key's trace goes the same way)."""
+        return self._config
+
     def scrape_all_once(self) -> None:
         """Scrape every endpoint once, concurrently, waiting at most the timeout (plus a little) for each."""
         threads = [threading.Thread(target=self._once, args=(s,), daemon=True) for s in self.states]

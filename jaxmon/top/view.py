@@ -272,8 +272,11 @@ def fitted_process_rows(console: Console, above: RenderableType, processes: list
     return len(processes) if len(processes) <= room + 1 else max(room, 0)  # all shown: no "more" line needed
 
 
-def header(states: list[EndpointState], now: float, stale_after: float, sort: str, interactive: bool) -> Text:
-    """One line per endpoint (reachable, /healthz, failing collectors, device-wide sources) and the key help."""
+def header(
+    states: list[EndpointState], now: float, stale_after: float, sort: str, interactive: bool, note: str = ""
+) -> Text:
+    """One line per endpoint (reachable, /healthz, failing collectors, device-wide sources), the key help and
+    `note` (what the `t` key's trace did)."""
     out = Text()
     for s in states:
         reason = s.down_reason(now, stale_after)
@@ -298,7 +301,9 @@ def header(states: list[EndpointState], now: float, stale_after: float, sort: st
                         out.append(f"  {source} down on {total - up} of {total} devices", style="yellow")
         out.append("\n")
     out.append(f"sort: {sort}", style="dim")
-    out.append("   s: next sort   q: quit" if interactive else "", style="dim")
+    out.append("   s: next sort   t: save a trace   q: quit" if interactive else "", style="dim")
+    if note:
+        out.append(f"\n{note}", style="bold")
     return out
 
 
@@ -311,6 +316,7 @@ def frame(
     interactive: bool,
     console: Console | None = None,
     process_rows: int | None = ONCE_PROCESS_ROWS,
+    note: str = "",
 ) -> Group:
     """Header, device table and process table, fitted to `console`'s width (and height when `process_rows` is None)."""
     rows = [r for s in states for r in s.rows(now, stale_after)]
@@ -318,7 +324,7 @@ def frame(
     slow = {(j.slowest.endpoint, j.workload, j.slowest.process_index) for j in found if j.slowest is not None}
     for r in rows:
         r.slowest = (r.key.endpoint, r.key.workload, r.process_index) in slow
-    top = Group(header(states, now, stale_after, sort, interactive), table(rows, sort, glyphs, console))
+    top = Group(header(states, now, stale_after, sort, interactive, note), table(rows, sort, glyphs, console))
     if found:
         top = Group(top, job_section(found, glyphs))
     processes = [p for s in states for p in s.processes(now, stale_after)]

@@ -67,6 +67,7 @@ class TrackerConfig:
     window: int = 100
     stall_factor: float = 3.0
     max_pending: int = 1024
+    profile: tuple[int, int] = (0, 2)  # sampled traces: every this many steps (0: off), this many steps (sampler.py)
 
 
 @dataclass

@@ -28,6 +28,27 @@ class DeviceTraining:
 
 
 @dataclass(frozen=True)
+class DeviceProfile:
+    """One local device's time in the sampled traces (jaxmon.training.sampler), in seconds since the tracker
+    started: `parts` (compute, collective, copy, idle) sum to `profiled_seconds_total`; `collectives` is the union
+    time of each collective kind, overlapped with compute or not."""
+
+    platform: str
+    id: int
+    profiled_seconds_total: float = 0.0
+    parts: Mapping[str, float] = field(default_factory=dict)
+    collectives: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProfileReading:
+    """The sampled traces of a training process: samples by result (taken, busy, failed) and each device's split."""
+
+    results: Mapping[str, int] = field(default_factory=dict)
+    devices: tuple[DeviceProfile, ...] = ()
+
+
+@dataclass(frozen=True)
 class TrainingReading:
     """A training process's telemetry at one instant (counters since its tracker started)."""
 
@@ -56,6 +77,8 @@ class TrainingReading:
     # 10th), intervals (closed badput intervals dropped past MAX_INTERVALS), programs (a tracked function's program
     # forgotten past MAX_PROGRAMS), communication (a program's HLO or memory analysis failed), error.
     problems: Mapping[str, int] = field(default_factory=dict)
+    # The sampled traces; None when sampling is off (collector.training.profile.every = 0).
+    profile: ProfileReading | None = None
 
     @property
     def duration_count(self) -> int:

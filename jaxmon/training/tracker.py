@@ -40,6 +40,7 @@ from jaxmon.training.handed import (
 )
 from jaxmon.training.peaks import peak_table
 from jaxmon.training.reading import DeviceTraining, TrainingReading
+from jaxmon.training.sampler import sampler_for
 
 log = structlog.get_logger("jaxmon.training")
 
@@ -95,6 +96,7 @@ class Tracker:
         self._dispatched: int | None = None  # the last step number handed to step()
         self._stopping = False
         self._unlisten = ops.on_event_duration(self._on_event)
+        self.sampler = sampler_for(ops, config.profile, clock)  # sampled traces: told of each step and completion
         self._thread = threading.Thread(target=self._wait_loop, name="jaxmon-training", daemon=True)
         self._thread.start()
 
@@ -126,6 +128,8 @@ class Tracker:
                 return
             self._pending.append(_Pending(given, handles, handed, calls, lost=len(handles) < len(held)))
             self._wake.notify()
+        if type(number) is int or (isinstance(number, numbers.Integral) and not isinstance(number, bool)):
+            self.sampler.handed(int(number))  # a device step number starts no sampled trace (it is not read here)
 
     def measure(self, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Program:
         """A new compiled program of a tracked function, just called with `args`: its cost, read here, on the
@@ -293,6 +297,7 @@ class Tracker:
         previous, self._last = self._last, (item.number, done)
         if done is None:
             return
+        self.sampler.completed(item.number, done)
         last_done = self._acct.last_done
         follows = previous is not None and item.number == previous[0] + 1
         if last_done is None:
@@ -382,6 +387,7 @@ class Tracker:
         """End the waiter after the step it waits for (a hung device keeps it: it is a daemon thread)."""
         self._unlisten()
         self._analyzer.stop(timeout)
+        self.sampler.stop(timeout)
         with self._lock:
             self._stopping = True
             self._wake.notify()

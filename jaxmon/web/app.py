@@ -1,4 +1,4 @@
-"""The ASGI application: /metrics, /healthz, /readyz, the landing page and the device memory profile.
+"""The ASGI application: /metrics, /healthz, /readyz, the landing page, the device memory profile and traces.
 
 GET and HEAD on known paths, 404 elsewhere, 405 for other methods. The web config's rate limit (429) and basic
 auth (401) come first, as in exporter-toolkit; a request whose credentials passed recently is answered without
@@ -26,6 +26,7 @@ from jaxmon.runtime import Runtime
 from jaxmon.web.access import CheckQueue
 from jaxmon.web.profiling import PPROF_PATH, DeviceMemoryProfiles
 from jaxmon.web.reload import WebState
+from jaxmon.web.tracing import TRACE_PATH, Traces
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -98,6 +99,7 @@ class App:
         }
         # Only a workload process (jaxmon.start) holds device buffers worth profiling.
         self._profiles = DeviceMemoryProfiles(enable_profiling, runtime.in_process)
+        self._traces = Traces(enable_profiling, runtime.in_process)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -143,11 +145,13 @@ class App:
 
     async def _handle(self, scope: Scope) -> Response:
         route = self._routes.get(scope["path"])
-        profile = scope["path"] == PPROF_PATH
-        if route is None and not profile:
+        debug = scope["path"] in (PPROF_PATH, TRACE_PATH)
+        if route is None and not debug:
             return 404, TEXT, b"not found\n", []
         if scope["method"] not in ("GET", "HEAD"):
             return 405, TEXT, b"method not allowed\n", [(b"allow", b"GET, HEAD")]
+        if scope["path"] == TRACE_PATH:
+            return await self._traces.respond(scope.get("query_string", b""))
         if route is None:
             return await self._profiles.respond()
         if route == self._metrics and self._exposition.waits:
@@ -210,7 +214,11 @@ def landing_page(runtime: Runtime, telemetry_path: str, profiles: DeviceMemoryPr
     path = esc(telemetry_path)
     ok, reason = runtime.health()
     profiling = (
-        f'<li><a href="{PPROF_PATH}">{PPROF_PATH}</a> (live device buffers, pprof)</li>' if profiles.available else ""
+        f'<li><a href="{PPROF_PATH}">{PPROF_PATH}</a> (live device buffers, pprof)</li>'
+        f'<li><a href="{TRACE_PATH}?steps=2">{TRACE_PATH}?steps=2</a> (a trace of two steps, for XProf or '
+        "Perfetto)</li>"
+        if profiles.available
+        else ""
     )
     collectors = "".join(
         f"<li><code>{esc(name)}</code>: "

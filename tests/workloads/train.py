@@ -12,11 +12,12 @@ answered on stdout with `OK <json>`:
   recompile                clear JAX's in-memory caches and call every compiled function again (with a
                            persistent compilation cache configured, each is a cache hit)
   train N                  run N training steps, answer with the median step time
-  steps N [DATA_MS]        run N training steps reported with jaxmon.step() (numbered on from the last), each synced
+  steps N [DATA_MS] [ALL]  run N training steps reported with jaxmon.step() (numbered on from the last), each synced
                            by this loop after step() (then waiting for jaxmon's waiter to book it), with DATA_MS of
                            badput("data") before each; answer with the
                            loop's own completion times (time.monotonic), how long each data block took as it
-                           measured it, and the step program's XLA FLOPs; with the times (monotonic and Unix)
+                           measured it, and the step program's XLA FLOPs (ALL 1: each step followed by an
+                           all-reduce of a small array over every device); with the times (monotonic and Unix)
                            just before and just after jaxmon.start() or publish() and the Unix time of the
                            last completion
   restore N                number the next `steps` from N (as a restart from a checkpoint of step N does)
@@ -107,8 +108,11 @@ def main() -> None:
     ap.add_argument("--train-forever", action="store_true")
     ap.add_argument("--alloc", type=int, default=0, help="bytes to keep alive on device 0 at start")
     ap.add_argument("--peak-flops", type=float, help="collector.training.peak_flops (per device)")
+    ap.add_argument("--profile-every", type=int, help="collector.training.profile.every (with profile.steps 1)")
     args = ap.parse_args()
-    training = {"peak_flops": args.peak_flops} if args.peak_flops else {}
+    training: dict[str, object] = {"peak_flops": args.peak_flops} if args.peak_flops else {}
+    if args.profile_every is not None:
+        training["profile"] = {"every": args.profile_every, "steps": 1}
     configure_logging("info", "json", stream=sys.stderr)
 
     if args.alloc:
@@ -129,6 +133,8 @@ def main() -> None:
     started["unix"].append(time.time())
 
     step, params, x, y = make_step()
+    spread = NamedSharding(Mesh(np.array(jax.devices()), ("d",)), PartitionSpec("d"))
+    all_sum = jax.jit(jnp.sum)
     if args.train_forever:
         n = 0
         while True:
@@ -188,6 +194,7 @@ def main() -> None:
             answer(median=statistics.median(times))
         elif cmd == "steps":
             data = float(rest[1]) / 1000 if len(rest) > 1 else 0.0
+            collective = len(rest) > 2 and rest[2] == "1"
             done, loads = [], []
             for _ in range(int(rest[0])):
                 if data:
@@ -198,6 +205,9 @@ def main() -> None:
                 params = tracked(params, x, y)
                 jaxmon.step(number, params["b"], examples=256, tokens=2560, model_flops=8e6)
                 jax.block_until_ready(params)
+                if collective:  # an all-reduce over every device, in the step's interval
+                    # (its input freed at once: the process's live arrays stay the step's)
+                    jax.block_until_ready(all_sum(jax.device_put(np.ones(8 * 1024, np.float32), spread)))
                 done.append(time.monotonic())
                 done_unix = time.time()
                 booked(number)

@@ -387,6 +387,101 @@ def communication_panels() -> list[Panel]:
     ]
 
 
-WHERE_THE_STEP_GOES = Row("Where the step goes", communication_panels())
+# Sampled traces come every collector.training.profile.every steps (1000: every ~17 minutes at 1 s steps), so
+# their shares are read over an hour, as JaxmonTrainingCommunicationBound reads them.
+PROFILE_WINDOW = "1h"
+PROFILED = rate("jaxmon_training_profiled_seconds_total", PROFILE_WINDOW)
+PARTS = rate("jaxmon_training_profile_seconds_total", PROFILE_WINDOW)
+EXPOSED = rate('jaxmon_training_profile_seconds_total{part="collective"}', PROFILE_WINDOW).replace("}{", ",")
+DEVICE_KEY = "process_index, host, platform, device"
+DEVICE_SHARE = f"sum by ({DEVICE_KEY}) ({EXPOSED}) / sum by ({DEVICE_KEY}) ({PROFILED})"  # each device's exposed share
+
+
+def profile_panels() -> list[Panel]:
+    """Where each sampled step's time went (the sampled traces, docs/training.md): the other part of the row."""
+    return [
+        Panel(
+            "Where the step goes (the job)",
+            "timeseries",
+            "percentunit",
+            [Target(f"sum by (part) ({PARTS}) / on () group_left () sum({PROFILED})", "{{part}}")],
+            f"The sampled steps' time over {PROFILE_WINDOW}, all the job's devices together, by part: compute, "
+            "collective (exposed: a collective and no compute running), copy (transfers only), idle. Stacked: the "
+            "stack is 1.",
+            min=0,
+            max=1,
+            width=5,
+            stack=True,
+        ),
+        Panel(
+            "Where the step goes: the most communication-bound devices",
+            "bargauge",
+            "percentunit",
+            [
+                Target(
+                    f"sum by ({DEVICE_KEY}, part) ({PARTS}) / on ({DEVICE_KEY}) group_left () "
+                    f"sum by ({DEVICE_KEY}) ({PROFILED}) and on ({DEVICE_KEY}) topk($k, {DEVICE_SHARE})",
+                    DEVICE + " {{part}}",
+                )
+            ],
+            f"The four parts of the sampled steps' time over {PROFILE_WINDOW} (they sum to 1 per device) of the $k "
+            "devices with the largest exposed collective share.",
+            min=0,
+            max=1,
+            width=5,
+        ),
+        Panel(
+            "Exposed collective share",
+            "timeseries",
+            "percentunit",
+            [
+                Target(f"sum({EXPOSED}) / sum({PROFILED})", "job"),
+                Target(
+                    f"topk($k, sum by (process_index, host) ({EXPOSED}) / sum by (process_index, host) ({PROFILED}))",
+                    PROCESS,
+                ),
+            ],
+            f"Exposed collective time over the sampled steps' time, over {PROFILE_WINDOW}: the job's and the $k "
+            "highest processes'. At 15 % for 30 minutes (XProf's highly communication-bound) a process fires "
+            "JaxmonTrainingCommunicationBound.",
+            min=0,
+            thresholds=[(0, "green"), (0.03, "orange"), (0.15, "red")],
+            width=5,
+        ),
+        Panel(
+            "Collective time by op",
+            "timeseries",
+            "percentunit",
+            [
+                Target(
+                    f"sum by (op) ({rate('jaxmon_training_profile_collective_seconds_total', PROFILE_WINDOW)}) "
+                    f"/ on () group_left () sum({PROFILED})",
+                    "{{op}}",
+                ),
+            ],
+            f"Each collective kind's time (overlapped with compute or not) as a share of the sampled steps' time, "
+            f"over {PROFILE_WINDOW}, all the job's devices together.",
+            min=0,
+            width=5,
+        ),
+        Panel(
+            "Sampled traces (1h)",
+            "bargauge",
+            "short",
+            [
+                Target(
+                    f"sum by (result) (increase(jaxmon_training_profiles_total{{{JOB}}}[{PROFILE_WINDOW}]))",
+                    "{{result}}",
+                )
+            ],
+            "The job's sampled traces in the last hour by result: taken; busy (the user was profiling: jaxmon took "
+            "none, or gave way to the user's trace); failed (no step of the block traced whole: the log says why).",
+            min=0,
+            width=4,
+        ),
+    ]
+
+
+WHERE_THE_STEP_GOES = Row("Where the step goes", [*profile_panels(), *communication_panels()])
 
 ROWS = [SUMMARY, THROUGHPUT, EFFICIENCY, WHERE_THE_STEP_GOES, COMPILATION, STRAGGLERS, MEMORY]

@@ -7,6 +7,11 @@ from ..panels import INST, WL, Panel, Row, Target, bottom, rate, top
 PROCESS = "{{workload}} process {{process_index}}"
 DEVICE = "{{workload}} process {{process_index}} {{platform}}:{{device}}"
 BUCKETS = f"rate(jaxmon_training_step_duration_seconds_bucket{{{WL}}}[$__rate_interval])"
+# Sampled traces come every collector.training.profile.every steps (every ~17 minutes at 1 s steps by default):
+# their shares are read over an hour, as JaxmonTrainingCommunicationBound reads them.
+PROFILE_WINDOW = "1h"
+PROFILED = f"rate(jaxmon_training_profiled_seconds_total{{{WL}}}[{PROFILE_WINDOW}])"
+EXPOSED = f'rate(jaxmon_training_profile_seconds_total{{{WL}, part="collective"}}[{PROFILE_WINDOW}])'
 
 ROW = Row(
     "Training",
@@ -177,6 +182,52 @@ ROW = Row(
             ],
             "What the tracker could not use: step numbers that go back or jump, a donated ready array, too many "
             "steps pending, no cost analysis. Anything above 0 means some steps are missing from these panels.",
+            min=0,
+            width=8,
+            height=6,
+        ),
+        Panel(
+            "Exposed collective share (sampled traces)",
+            "timeseries",
+            "percentunit",
+            [Target(f"sum by (workload) ({EXPOSED}) / sum by (workload) ({PROFILED})", "{{workload}}")],
+            f"Time in collectives that no compute overlapped, over the sampled steps' time, over {PROFILE_WINDOW} "
+            "(samples come every collector.training.profile.every steps). 15 % is XProf's highly "
+            "communication-bound (JaxmonTrainingCommunicationBound); the JAX training dashboard has the rest.",
+            min=0,
+            thresholds=[(0, "green"), (0.03, "orange"), (0.15, "red")],
+            width=8,
+            height=6,
+        ),
+        Panel(
+            "Collective time by op (sampled traces)",
+            "timeseries",
+            "percentunit",
+            [
+                Target(
+                    "sum by (workload, op) (rate(jaxmon_training_profile_collective_seconds_total"
+                    f"{{{WL}}}[{PROFILE_WINDOW}])) / on (workload) group_left () sum by (workload) ({PROFILED})",
+                    "{{workload}} {{op}}",
+                )
+            ],
+            f"Each collective kind's time, overlapped with compute or not, over the sampled steps' time, over "
+            f"{PROFILE_WINDOW}.",
+            min=0,
+            width=8,
+            height=6,
+        ),
+        Panel(
+            "Sampled traces (1h)",
+            "timeseries",
+            "short",
+            [
+                Target(
+                    f"sum by (workload, result) (increase(jaxmon_training_profiles_total{{{INST}}}[{PROFILE_WINDOW}]))",
+                    "{{workload}} {{result}}",
+                )
+            ],
+            "Sampled traces in the last hour by result: taken; busy (the user was profiling); failed (the log says "
+            "why).",
             min=0,
             width=8,
             height=6,

@@ -33,6 +33,7 @@ from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo
 from jaxmon.probe.engine import PROBE_THREAD_PREFIX
 from jaxmon.sources.local.devices import LocalSource
+from jaxmon.sources.local.profiler import JaxProfiler
 from jaxmon.training import hlo
 from jaxmon.training.communication import Communication, Compiled
 
@@ -293,6 +294,10 @@ class JaxTraining:
                 unregister_listener(listener)
 
         return unregister
+
+    def profiler(self) -> JaxProfiler:
+        """jaxmon's trace sessions (sampled traces, /debug/trace), which give way to the user's own."""
+        return JaxProfiler(self._jax)
 
 
 def _num_cores(device: Any) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import threading
 from dataclasses import dataclass
@@ -32,8 +33,12 @@ class InProcessWorkload:
         return self._tracker
 
     def training(self) -> TrainingReading | None:
-        """The training tracker's reading, None without one."""
-        return None if self._tracker is None else self._tracker.reading()
+        """The training tracker's reading with its sampled traces' (jaxmon.training.sampler), None without one."""
+        tracker = self._tracker
+        reading = None if tracker is None else tracker.reading()
+        if reading is None or tracker is None:
+            return reading
+        return dataclasses.replace(reading, profile=tracker.sampler.reading())
 
     def training_devices(self, within: float) -> frozenset[tuple[str, int]]:
         """This process's devices (those its steps run on: the tracker's) when a step ended within the last

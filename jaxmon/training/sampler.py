@@ -1,0 +1,372 @@
+"""Sampled traces: every `every` steps, a trace of `steps` whole steps, split per device into compute, exposed
+collective, copy and idle time (jaxmon.profile), and traces on demand (`/debug/trace`).
+
+Which steps: a block starts at each step number that is a multiple of `every`, so every process of a job traces the
+same step numbers and a job's samples line up. The trace starts when step `n0 - LEAD` is handed to `jaxmon.step()`
+(the training thread only notes the request: a modulo and, once per sample, a notify); by then step `n0` is not even
+dispatched, and its window, the tracker's booked interval from step `n0 - 1`'s completion to its own, begins after
+the trace did. The trace stops once the waiter booked the block's last completion. Start, stop and parse run on this
+module's thread (`jaxmon-profile`), never on the training thread; the parser hands the GIL over every 1024 events.
+
+Nothing here imports JAX: `Profiler` (jaxmon.sources.local.profiler.JaxProfiler) starts and stops the sessions, and
+says `Busy` when the user (or another tool) is profiling; jaxmon then counts the sample `busy` and leaves the user's
+session alone, and a user's trace started while jaxmon's runs ends jaxmon's first (that module says how).
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from jaxmon.logsetup import ErrorLog
+from jaxmon.profile import Trace, read
+from jaxmon.training.reading import DeviceProfile, ProfileReading
+
+log = structlog.get_logger("jaxmon.training.sampler")
+
+PARTS = ("compute", "collective", "copy", "idle")
+RESULTS = ("taken", "busy", "failed")
+# The trace starts when step n0 - LEAD is handed: step n0 - 1 may be dispatched right after, and its completion
+# (the start of n0's window) must come after the trace started.
+LEAD = 2
+# A sample the job does not finish (it stopped stepping, or steps take long) ends after this many seconds at least,
+# and after 4x the block's expected time (the last step's duration x (steps + LEAD)) at most.
+MIN_TIMEOUT = 60.0
+# On demand (/debug/trace): at most this many steps and seconds; a request waits this long for the steps at most.
+MAX_DEMAND_STEPS = 100
+MAX_DEMAND_SECONDS = 60.0
+DEMAND_STEP_TIMEOUT = 300.0
+PS = 1e-12
+
+
+class Busy(Exception):
+    """The user (or another tool) is profiling: jaxmon takes no trace now, or ended its own to let the user's run."""
+
+
+class Profiler(Protocol):
+    """What the sampler needs of JAX's profiler (jaxmon.sources.local.profiler.JaxProfiler)."""
+
+    def start(self, python: bool) -> None: ...  # raises Busy
+    def stop(self) -> bytes: ...  # the serialized XSpace; raises Busy when the user's trace ended jaxmon's
+    def export(self, directory: Path) -> None: ...  # stop, writing plugins/profile/<run>/<host>.xplane.pb there
+    def devices(self) -> Mapping[tuple[str, int], tuple[str, int]]: ...  # trace (platform, ordinal) -> device key
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    every: int
+    steps: int
+
+
+def block_start(handed: int, every: int) -> int | None:
+    """The first step of the block whose trace starts when step `handed` is handed, or None: blocks start at the
+    multiples of `every` (the same in every process of a job)."""
+    if every <= 0:
+        return None
+    n0 = handed + LEAD
+    return n0 if n0 % every == 0 and n0 > 0 else None
+
+
+def traced_steps(n0: int, steps: int) -> range:
+    """The step numbers of the block starting at `n0`."""
+    return range(n0, n0 + steps)
+
+
+@dataclass
+class _Totals:
+    profiled: float = 0.0
+    compute: float = 0.0
+    collective: float = 0.0
+    copy: float = 0.0
+    idle: float = 0.0
+    collectives: dict[str, float] | None = None
+
+
+class Sampler:
+    """The sampled traces of one training process (`handed` and `completed` are the tracker's hooks)."""
+
+    def __init__(
+        self,
+        profiler: Profiler,
+        config: SamplerConfig,
+        collectives: Callable[[], Mapping[str, str]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        """`clock` is the tracker's monotonic clock (its completions are on it); `wall_ns` the Unix clock the trace
+        is related to; `collectives` names the tracked programs' collective instructions (jaxmon.training.hlo)."""
+        self.profiler = profiler
+        self.config = config
+        self._collectives = collectives
+        self._clock = clock
+        self._wall_ns = wall_ns
+        self._errors = ErrorLog(log, 3600.0)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._request: int | None = None  # the block to trace, asked for by handed()
+        self._block: int | None = None  # the block being traced
+        # (number, completion) of the last steps: the block's and the one before it, with room for the steps that
+        # complete before this thread wakes up to stop the trace.
+        self._done: deque[tuple[int, float]] = deque(maxlen=config.steps + LEAD + 64)
+        self._completions = 0  # completions booked (for traces on demand)
+        self._last_duration: float | None = None
+        self._back = False  # a step number went back since the sample started
+        self._results = dict.fromkeys(RESULTS, 0)
+        self._totals: dict[tuple[str, int], _Totals] = {}
+        self._session = threading.Lock()  # one jaxmon trace at a time: a sample or one on demand
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="jaxmon-profile", daemon=True)
+        self._thread.start()
+
+    # -- the tracker's hooks ------------------------------------------------------------------------------
+
+    def handed(self, number: int) -> None:
+        """Step `number` was handed to jaxmon.step() (the training thread: O(1), no JAX, a notify per sample)."""
+        n0 = block_start(number, self.config.every)
+        if n0 is None:
+            return
+        with self._lock:
+            if self._request is None and self._block is None:
+                self._request = n0
+                self._wake.notify_all()
+
+    def completed(self, number: int, done: float) -> None:
+        """The waiter booked step `number` complete at `done` (the tracker's clock)."""
+        with self._lock:
+            if self._done and self._done[-1][0] == number - 1:
+                self._last_duration = done - self._done[-1][1]
+            if self._done and number <= self._done[-1][0]:
+                self._back = True
+            self._done.append((number, done))
+            self._completions += 1
+            self._wake.notify_all()
+
+    # -- the sampler's thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while self._request is None and not self._stopping:
+                    self._wake.wait()
+                n0 = self._request
+                if n0 is None or self._stopping:
+                    return
+                self._block, self._request = n0, None
+            try:
+                self._sample(n0)
+            except Exception as exc:  # a bug here must not end the sampling (nor reach training)
+                self._count("failed")
+                self._errors.error("error", "a sampled trace failed", f"{type(exc).__name__}: {exc}")
+            finally:
+                with self._lock:
+                    self._block = None
+
+    def _count(self, result: str) -> None:
+        with self._lock:
+            self._results[result] += 1
+
+    def _sample(self, n0: int) -> None:
+        last = n0 + self.config.steps - 1
+        if not self._session.acquire(blocking=False):
+            return  # a trace on demand runs: it is the sample's trace of these steps, not the user's
+        try:
+            try:
+                self.profiler.start(python=False)
+            except Busy:
+                self._count("busy")
+                return
+            started = self._clock()
+            with self._lock:
+                self._back = False
+                expected = (self._last_duration or 0.0) * (self.config.steps + LEAD)
+                deadline = started + max(MIN_TIMEOUT, 4 * expected)
+                while not self._stopping and not self._finished(last):
+                    left = deadline - self._clock()
+                    if left <= 0:
+                        break
+                    self._wake.wait(left)
+                books = dict(self._done)
+            try:
+                data = self.profiler.stop()
+            except Busy:
+                self._count("busy")
+                return
+            # The completions are on the monotonic clock; the trace is on the Unix clock: relate them now.
+            mono, wall = self._clock(), self._wall_ns()
+        finally:
+            self._session.release()
+        windows = [
+            (books[k - 1], books[k]) for k in traced_steps(n0, self.config.steps) if k - 1 in books and k in books
+        ]
+        self._book(n0, data, [(wall - round((mono - a) * 1e9), wall - round((mono - b) * 1e9)) for a, b in windows])
+
+    def _finished(self, last: int) -> bool:
+        """The block's last completion is booked (or numbers went past it, or back: the job restarted)."""
+        return self._back or (bool(self._done) and self._done[-1][0] >= last)
+
+    def _book(self, n0: int, data: bytes, windows: list[tuple[int, int]]) -> None:
+        """Split the trace over the steps' windows (Unix ns) and add each device's parts to the totals."""
+        trace = read(data, self._known_collectives())
+        lo, hi = trace.extent_ns()
+        inside = [(trace.trace_ns(a), trace.trace_ns(b)) for a, b in windows]
+        inside = [(a, b) for a, b in inside if lo <= a <= b <= hi]
+        if not inside:
+            self._count("failed")
+            self._errors.error(
+                "window",
+                "a sampled trace holds none of its steps whole (the job ran ahead of the trace's start, or stopped "
+                "stepping)",
+                "window",
+                block=n0,
+                steps=len(windows),
+            )
+            return
+        add = _splits(trace, inside)
+        keys = self.profiler.devices()
+        with self._lock:
+            for device, (seconds, parts, collectives) in add.items():
+                totals = self._totals.setdefault(keys.get(device, device), _Totals(collectives={}))
+                totals.profiled += seconds
+                totals.compute += parts[0]
+                totals.collective += parts[1]
+                totals.copy += parts[2]
+                totals.idle += parts[3]
+                assert totals.collectives is not None
+                for op, value in collectives.items():
+                    totals.collectives[op] = totals.collectives.get(op, 0.0) + value
+            self._results["taken"] += 1
+
+    def _known_collectives(self) -> Mapping[str, str] | None:
+        if self._collectives is None:
+            return None
+        try:
+            return self._collectives()
+        except Exception:
+            return None
+
+    # -- traces on demand ---------------------------------------------------------------------------------
+
+    def demand(self, directory: Path, steps: int | None = None, seconds: float | None = None) -> bytes:
+        """Trace `steps` whole steps (or `seconds`) into `directory` and answer it as a gzip tar (XProf and Perfetto
+        open it as it is). Raises Busy when the user is profiling, TimeoutError when the steps do not come, and
+        RuntimeError when another trace of jaxmon's runs (a sample ends within its steps: the caller may retry)."""
+        if not self._session.acquire(timeout=MIN_TIMEOUT):
+            raise RuntimeError("jaxmon's own sampled trace did not end: try again later")
+        try:
+            self.profiler.start(python=True)
+            try:
+                self._wait_for(steps, seconds)
+            finally:
+                self.profiler.export(directory)
+        finally:
+            self._session.release()
+        return tar_gz(directory)
+
+    def _wait_for(self, steps: int | None, seconds: float | None) -> None:
+        if steps is None:
+            time.sleep(seconds or 0.0)
+            return
+        with self._lock:
+            # The first completion after the start opens the first whole step; `steps` more close them.
+            target = self._completions + steps + 1
+            deadline = self._clock() + DEMAND_STEP_TIMEOUT
+            while self._completions < target and not self._stopping:
+                left = deadline - self._clock()
+                if left <= 0:
+                    raise TimeoutError(f"the job completed no {steps} steps in {DEMAND_STEP_TIMEOUT:.0f} s")
+                self._wake.wait(left)
+
+    # -- reading ------------------------------------------------------------------------------------------
+
+    def reading(self) -> ProfileReading | None:
+        """The samples' counts and each device's totals; None when sampling is off (traces on demand only)."""
+        if self.config.every <= 0:
+            return None
+        with self._lock:
+            return ProfileReading(
+                results=dict(self._results),
+                devices=tuple(
+                    DeviceProfile(
+                        platform=platform,
+                        id=device,
+                        profiled_seconds_total=t.profiled,
+                        parts={"compute": t.compute, "collective": t.collective, "copy": t.copy, "idle": t.idle},
+                        collectives=dict(t.collectives or {}),
+                    )
+                    for (platform, device), t in sorted(self._totals.items())
+                ),
+            )
+
+    def stop(self, timeout: float) -> None:
+        with self._lock:
+            self._stopping = True
+            self._wake.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+
+def _splits(
+    trace: Trace, windows: list[tuple[int, int]]
+) -> dict[tuple[str, int], tuple[float, list[float], dict[str, float]]]:
+    """Each device's seconds, parts (compute, collective, copy, idle) and collective union time by kind, summed over
+    the windows (trace ns)."""
+    out: dict[tuple[str, int], tuple[float, list[float], dict[str, float]]] = {}
+    for t0, t1 in windows:
+        for device, s in trace.split(t0, t1).items():
+            seconds, parts, collectives = out.setdefault(device, (0.0, [0.0] * 4, {}))
+            for i, ps in enumerate((s.compute, s.collective, s.copy, s.idle)):
+                parts[i] += ps * PS
+            for op, ps in s.collectives.items():
+                collectives[op] = collectives.get(op, 0.0) + ps * PS
+            out[device] = (seconds + s.window * PS, parts, collectives)
+    return out
+
+
+def tar_gz(directory: Path) -> bytes:
+    """`directory`'s files as a gzip tar, paths relative to it (`plugins/profile/<run>/<host>.xplane.pb`)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for path in sorted(directory.rglob("*")):
+            if path.is_file():
+                tar.add(path, arcname=str(path.relative_to(directory)))
+    return buf.getvalue()
+
+
+class Off:
+    """No usable jax.profiler: hooks that do nothing, and no trace on demand."""
+
+    def handed(self, number: int) -> None:
+        pass
+
+    def completed(self, number: int, done: float) -> None:
+        pass
+
+    def reading(self) -> None:
+        return None
+
+    def stop(self, timeout: float) -> None:
+        pass
+
+    def demand(self, directory: Path, steps: int | None = None, seconds: float | None = None) -> bytes:
+        raise RuntimeError("jax.profiler cannot be used in this process (the log said why at start)")
+
+
+def sampler_for(ops: Any, profile: tuple[int, int], clock: Callable[[], float]) -> Sampler | Off:
+    """The tracker's sampler: `profile` is (every, steps), every 0 meaning traces on demand only;
+    `ops.profiler()` (jaxmon.sources.local.training) makes the JAX side. Off when this JAX's profiler cannot be
+    used (said once, in the log)."""
+    every, steps = profile
+    try:
+        return Sampler(ops.profiler(), SamplerConfig(max(every, 0), max(steps, 1)), clock=clock)
+    except Exception as exc:
+        log.warning("no sampled traces: jax.profiler cannot be used here", error=f"{type(exc).__name__}: {exc}")
+        return Off()

@@ -1,0 +1,249 @@
+"""Sampled traces (jaxmon.training.sampler): which steps are traced, how a trace's split lands in the families, and
+what `busy` means, with the profiler faked at its boundary (GPU and TPU XSpace bytes, tests/xspace_fakes.py).
+
+The booked completions are placed on the fake trace's clock by hand: the sampler relates the tracker's monotonic
+clock to the Unix one when it stops the trace (both injected here), so each step's window is a span of the fake
+profile the test chose."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+from prometheus_client.core import Metric
+
+from jaxmon.families.training import training_families
+from jaxmon.training.reading import ProfileReading, TrainingReading
+from jaxmon.training.sampler import Busy, Sampler, SamplerConfig, block_start, traced_steps
+from tests.helpers import wait_until
+from tests.unit.profile.test_split_fakes import GPU0, GPU1, TPU0, TPU1
+from tests.xspace_fakes import START_UNIX_NS, gpu_space, tpu_space
+
+US = 1e-6
+NOW = 5000.0  # the tracker's clock when the trace stops: the block's last completion
+
+
+class FakeProfiler:
+    """Hands back `data` as the trace; `user` makes every start Busy, `preempt` makes the stop Busy."""
+
+    def __init__(self, data: bytes, platform: str = "gpu") -> None:
+        self.data = data
+        self.platform = platform
+        self.user = False
+        self.preempt = False
+        self.starts = 0
+        self.stops = 0
+        self.python: list[bool] = []
+
+    def start(self, python: bool) -> None:
+        if self.user:
+            raise Busy("the user is profiling")
+        self.starts += 1
+        self.python.append(python)
+
+    def stop(self) -> bytes:
+        self.stops += 1
+        if self.preempt:
+            raise Busy("the user started a trace")
+        return self.data
+
+    def export(self, directory: Path) -> None:
+        self.stops += 1
+        run = directory / "plugins" / "profile" / "2026_01_01_00_00_00"
+        run.mkdir(parents=True)
+        (run / "fakehost.xplane.pb").write_bytes(self.data)
+
+    def devices(self) -> Mapping[tuple[str, int], tuple[str, int]]:
+        # local ordinals 0, 1 are the job's devices 4, 5 (a second process's)
+        return {(self.platform, 0): (self.platform, 4), (self.platform, 1): (self.platform, 5)}
+
+
+@pytest.fixture
+def make() -> Iterator[object]:
+    made: list[Sampler] = []
+
+    def factory(profiler: FakeProfiler, every: int = 10, steps: int = 2, end_us: float = 100.0) -> Sampler:
+        # At the stop, the monotonic clock reads NOW and the Unix clock the fake profile's `end_us`.
+        sampler = Sampler(
+            profiler,
+            SamplerConfig(every, steps),
+            clock=lambda: NOW,
+            wall_ns=lambda: START_UNIX_NS + round(end_us * 1000),
+        )
+        made.append(sampler)
+        return sampler
+
+    yield factory
+    for s in made:
+        s.stop(5)
+
+
+def at(us: float, end_us: float = 100.0) -> float:
+    """The tracker's clock at `us` of the fake profile (NOW is `end_us`)."""
+    return NOW - (end_us - us) * US
+
+
+def got(sampler: Sampler) -> ProfileReading:
+    reading = sampler.reading()
+    assert reading is not None
+    return reading
+
+
+def run_block(sampler: Sampler, profiler: FakeProfiler, completions: list[tuple[int, float]]) -> ProfileReading:
+    sampler.handed(8)  # block 10 starts: the trace starts two steps ahead
+    wait_until(lambda: profiler.starts == 1 or profiler.user, what="the trace started")
+    for number, done in completions:
+        sampler.completed(number, done)
+    wait_until(lambda: sum(got(sampler).results.values()) == 1, what="the sample booked")
+    return got(sampler)
+
+
+def test_blocks_start_at_multiples_of_every_in_every_process() -> None:
+    every = 10
+    starts = {n: block_start(n, every) for n in range(0, 45)}
+    assert {n: b for n, b in starts.items() if b is not None} == {8: 10, 18: 20, 28: 30, 38: 40}
+    assert list(traced_steps(20, 2)) == [20, 21]
+    # Two processes of a job, one of which joins late (its first number 13): the same blocks from there on.
+    late = {n: block_start(n, every) for n in range(13, 45)}
+    assert {n: b for n, b in late.items() if b is not None} == {18: 20, 28: 30, 38: 40}
+    assert all(block_start(n, 0) is None for n in range(100))  # every = 0: off
+    assert block_start(-2, every) is None  # step 0 (the compilation's) is never a block
+
+
+def test_only_the_block_is_traced(make) -> None:  # type: ignore[no-untyped-def]
+    profiler = FakeProfiler(gpu_space({0: GPU0, 1: GPU1}))
+    sampler = make(profiler)
+    for n in range(0, 8):
+        sampler.handed(n)
+        sampler.completed(n, at(0) - (8 - n))
+    assert profiler.starts == 0 and got(sampler).results == {"taken": 0, "busy": 0, "failed": 0}
+
+
+def test_gpu_split_lands_on_the_job_devices(make) -> None:  # type: ignore[no-untyped-def]
+    """Steps 10 and 11: windows [0, 50) and [50, 100) us of the fake GPU profile; the split is the hand-laid one
+    (tests/unit/profile/test_split_fakes.py), on the job's device ids."""
+    profiler = FakeProfiler(gpu_space({0: GPU0, 1: GPU1}))
+    sampler = make(profiler)
+    reading = run_block(sampler, profiler, [(9, at(0)), (10, at(50)), (11, at(100))])
+    assert reading.results == {"taken": 1, "busy": 0, "failed": 0}
+    assert profiler.python == [False]  # a sample traces no Python calls
+    by_id = {d.id: d for d in reading.devices}
+    assert sorted(by_id) == [4, 5]
+    g0, g1 = by_id[4], by_id[5]
+    assert g0.profiled_seconds_total == pytest.approx(100 * US)
+    expected = {"compute": 50 * US, "collective": 20 * US, "copy": 15 * US, "idle": 15 * US}
+    assert g0.parts == pytest.approx(expected)
+    assert g0.collectives == pytest.approx({"all-reduce": 30 * US, "all-gather": 10 * US})
+    assert g1.parts == pytest.approx({"compute": 65 * US, "collective": 15 * US, "copy": 0, "idle": 20 * US})
+    assert g1.collectives == pytest.approx({"all-reduce": 40 * US, "send-recv": 10 * US})
+
+    samples = family_samples(TrainingReading(profile=reading))
+    device = {"workload": "w", "device": "4", "platform": "gpu"}
+    assert samples[("jaxmon_training_profiles_total", key({"workload": "w"}, result="taken"))] == 1
+    parts = {p: samples[("jaxmon_training_profile_seconds_total", key(device, part=p))] for p in expected}
+    assert parts == pytest.approx(expected)
+    assert sum(parts.values()) == pytest.approx(samples[("jaxmon_training_profiled_seconds_total", key(device))])
+    assert samples[("jaxmon_training_profile_collective_seconds_total", key(device, op="all-gather"))] == (
+        pytest.approx(10 * US)
+    )
+
+
+def test_tpu_split_and_a_second_sample_adds_up(make) -> None:  # type: ignore[no-untyped-def]
+    """One window over the whole TPU profile, twice: the counters hold the sum of both samples."""
+    profiler = FakeProfiler(tpu_space({0: TPU0, 1: TPU1}), platform="tpu")
+    sampler = make(profiler, steps=1)
+    run_block(sampler, profiler, [(9, at(0)), (10, at(100))])
+    sampler.handed(18)
+    wait_until(lambda: profiler.starts == 2, what="the second trace started")
+    sampler.completed(19, at(0))
+    sampler.completed(20, at(100))
+    wait_until(lambda: got(sampler).results["taken"] == 2, what="two samples")
+    by_id = {d.id: d for d in got(sampler).devices}
+    assert by_id[4].parts == pytest.approx(
+        {"compute": 90 * US, "collective": 60 * US, "copy": 10 * US, "idle": 40 * US}
+    )
+    assert by_id[4].collectives == pytest.approx({"all-reduce": 30 * US, "all-gather": 30 * US})
+    assert by_id[5].parts["collective"] == pytest.approx(24 * US)
+    assert by_id[5].profiled_seconds_total == pytest.approx(200 * US)
+
+
+def test_a_step_that_began_before_the_trace_is_left_out(make) -> None:  # type: ignore[no-untyped-def]
+    """The job ran ahead: step 9 completed before the trace's start (its clock's 0), so step 10's window is not
+    whole inside it and only step 11's counts."""
+    profiler = FakeProfiler(gpu_space({0: GPU0}))
+    sampler = make(profiler)
+    reading = run_block(sampler, profiler, [(9, at(-20)), (10, at(40)), (11, at(100))])
+    assert reading.results["taken"] == 1
+    (g0,) = reading.devices
+    assert g0.profiled_seconds_total == pytest.approx(60 * US)  # [40, 100) us only
+    # [40,60) compute; [60,70) copy; [70,80) the all-gather alone; [80,85) idle; [85,90) copy; [90,100) idle
+    assert g0.parts == pytest.approx({"compute": 20 * US, "collective": 10 * US, "copy": 15 * US, "idle": 15 * US})
+
+
+def test_no_whole_step_is_a_failed_sample(make) -> None:  # type: ignore[no-untyped-def]
+    profiler = FakeProfiler(gpu_space({0: GPU0}))
+    sampler = make(profiler)
+    reading = run_block(sampler, profiler, [(9, at(-50)), (10, at(-10)), (11, at(-5))])
+    assert reading.results == {"taken": 0, "busy": 0, "failed": 1} and reading.devices == ()
+
+
+def test_busy_when_the_user_profiles_and_when_the_users_trace_ends_jaxmons(make) -> None:  # type: ignore[no-untyped-def]
+    profiler = FakeProfiler(gpu_space({0: GPU0}))
+    profiler.user = True
+    sampler = make(profiler)
+    reading = run_block(sampler, profiler, [(9, at(0)), (10, at(50)), (11, at(100))])
+    assert reading.results == {"taken": 0, "busy": 1, "failed": 0}
+    assert profiler.starts == 0 and profiler.stops == 0  # nothing started, nothing stopped: nothing disturbed
+    profiler.user, profiler.preempt = False, True
+    sampler.handed(18)
+    wait_until(lambda: profiler.starts == 1, what="the second trace started")
+    sampler.completed(19, at(0))
+    sampler.completed(20, at(50))
+    sampler.completed(21, at(100))
+    wait_until(lambda: got(sampler).results["busy"] == 2, what="the preempted sample counted busy")
+    assert got(sampler).devices == ()
+
+
+def test_a_trace_on_demand_holds_whole_steps(make, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    profiler = FakeProfiler(gpu_space({0: GPU0}))
+    sampler = make(profiler, every=0)
+    out: list[bytes] = []
+    thread = threading.Thread(target=lambda: out.append(sampler.demand(tmp_path, steps=2)))
+    thread.start()
+    wait_until(lambda: profiler.starts == 1, what="the trace on demand started")
+    for n in range(3):  # the first completion opens the first whole step
+        assert profiler.stops == 0
+        sampler.completed(n, at(n * 10))
+    thread.join(10)
+    assert profiler.python == [True] and profiler.stops == 1
+    assert sampler.reading() is None  # every = 0: traces on demand only, no sampled series
+    with tarfile.open(fileobj=io.BytesIO(out[0]), mode="r:gz") as tar:
+        (member,) = tar.getmembers()
+        assert member.name == "plugins/profile/2026_01_01_00_00_00/fakehost.xplane.pb"
+        extracted = tar.extractfile(member)
+        assert extracted is not None and extracted.read() == profiler.data
+
+
+def key(labels: Mapping[str, str], **more: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted({**labels, **more}.items()))
+
+
+def family_samples(reading: TrainingReading) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    families: list[Metric] = list(training_families([({"workload": "w"}, reading)]))
+    return {(s.name, key(s.labels)): s.value for f in families for s in f.samples}
+
+
+def test_the_options_reach_the_tracker_and_refuse_a_block_with_no_room() -> None:
+    from pydantic import ValidationError
+
+    from jaxmon.collectors.training import PROFILE_EVERY, TrainingOptions
+
+    assert TrainingOptions().tracker_config().profile == (PROFILE_EVERY, 2)
+    assert TrainingOptions(profile={"every": 0}).tracker_config().profile == (0, 2)  # type: ignore[arg-type]
+    assert TrainingOptions(profile={"every": 50, "steps": 4}).tracker_config().profile == (50, 4)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match=r"profile.every \(3\) must be 0 \(off\) or at least"):
+        TrainingOptions(profile={"every": 3, "steps": 2})  # type: ignore[arg-type]
