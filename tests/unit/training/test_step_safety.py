@@ -14,7 +14,7 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -24,40 +24,16 @@ import pytest
 from structlog.testing import capture_logs
 
 import jaxmon
-from jaxmon import training
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
 from jaxmon.training.reading import TrainingReading
-from jaxmon.training.tracker import Tracker, TrackerConfig
+from jaxmon.training.tracker import Tracker
 from tests.helpers import wait_until
+from tests.unit.training.conftest import MakeTracker
 
 # Bound at import: the first use of jaxmon's public names imports the embedded exporter (half a second), which a
 # test that times step() or holds the waiter behind a first step must not pay inside it.
 step = jaxmon.step
-
-
-@pytest.fixture(scope="module")
-def source() -> LocalSource:
-    return LocalSource(sidecar_defaults=False)
-
-
-MakeTracker = Callable[..., Tracker]
-
-
-@pytest.fixture
-def make_tracker(source: LocalSource, monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeTracker]:
-    """A tracker of this process, made the current one (as start() or publish() would), stopped afterwards."""
-    made: list[Tracker] = []
-
-    def make(**config: Any) -> Tracker:
-        tracker = Tracker(JaxTraining(source), TrackerConfig(**{"peak_flops": 1e12, **config}))
-        monkeypatch.setattr(training, "_tracker", tracker)
-        made.append(tracker)
-        return tracker
-
-    yield make
-    for tracker in made:
-        tracker.stop(10)
 
 
 def booked(tracker: Tracker, steps: int, problems: int = 0) -> TrainingReading:

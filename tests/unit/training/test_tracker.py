@@ -11,7 +11,7 @@ import itertools
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -22,37 +22,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jaxmon
 from jaxmon import training
-from jaxmon.sources.local import CompileCounters, LocalSource
-from jaxmon.sources.local.training import JaxTraining, cost_numbers
+from jaxmon.sources.local import CompileCounters
+from jaxmon.sources.local.training import cost_numbers
 from jaxmon.training.reading import TrainingReading
-from jaxmon.training.tracker import MAX_USER_KINDS, OTHER_KIND, Tracker, TrackerConfig
+from jaxmon.training.tracker import MAX_USER_KINDS, OTHER_KIND, Tracker
 from tests.helpers import wait_until
-
-PEAK = 1e12
-
-
-@pytest.fixture(scope="module")
-def source() -> LocalSource:
-    return LocalSource(sidecar_defaults=False)
-
-
-MakeTracker = Callable[..., Tracker]
-
-
-@pytest.fixture
-def make_tracker(source: LocalSource, monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeTracker]:
-    """A tracker of this process, made the current one (as start() or publish() would), stopped afterwards."""
-    made: list[Tracker] = []
-
-    def make(**config: Any) -> Tracker:
-        tracker = Tracker(JaxTraining(source), TrackerConfig(**{"peak_flops": PEAK, **config}))
-        monkeypatch.setattr(training, "_tracker", tracker)
-        made.append(tracker)
-        return tracker
-
-    yield make
-    for tracker in made:
-        tracker.stop(10)
+from tests.unit.training.conftest import (
+    PEAK,
+    MakeTracker,
+)
 
 
 def settled(tracker: Tracker, steps: int) -> TrainingReading:

@@ -1,0 +1,41 @@
+"""The training tests' tracker of this process: JAX's 8 CPU devices (one LocalSource for a file), and trackers made
+the current one, as jaxmon.start() or publish() would, stopped after the test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from jaxmon import training
+from jaxmon.sources.local import LocalSource
+from jaxmon.sources.local.training import JaxTraining
+from jaxmon.training.tracker import Tracker, TrackerConfig
+
+# The peak FLOP/s per device the trackers are given: CPU devices have none in the table.
+PEAK = 1e12
+
+MakeTracker = Callable[..., Tracker]
+
+
+@pytest.fixture(scope="module")
+def source() -> LocalSource:
+    return LocalSource(sidecar_defaults=False)
+
+
+@pytest.fixture
+def make_tracker(source: LocalSource, monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeTracker]:
+    """A tracker of this process (options as TrackerConfig's keywords, peak_flops PEAK unless given), made the
+    current one, stopped afterwards."""
+    made: list[Tracker] = []
+
+    def make(**config: Any) -> Tracker:
+        tracker = Tracker(JaxTraining(source), TrackerConfig(**{"peak_flops": PEAK, **config}))
+        monkeypatch.setattr(training, "_tracker", tracker)
+        made.append(tracker)
+        return tracker
+
+    yield make
+    for tracker in made:
+        tracker.stop(10)
