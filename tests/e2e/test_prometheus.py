@@ -405,7 +405,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # Placement through the spool (schema 3): 1 MiB replicated on each device, 1 MiB of pinned_host over all 8.
         trainer.send(f"replicate {PLACED}")
         trainer.send(f"offload pinned_host {PLACED}")
-        trainer.send("collective 3")  # a program that all-reduces over a mesh axis: collective bytes
         for d in daemons:
             d.wait_ready()
         wait_until(lambda: len(apiserver.calls()) >= 2, timeout=30, what="the nvml daemon's first API server lists")
@@ -479,6 +478,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # 4 steps after 200 ms of badput("data") each: goodput far under a half; each with a small all-reduce, and step
         # 8 traced (profile.every 4): its exposed collective share is far under JaxmonTrainingCommunicationBound's.
         trainer.send("steps 4 200 1")
+        # Then a program that all-reduces over a mesh axis: collective bytes (after the sampled step 8, whose number
+        # the steps before it set).
+        trainer.send("collective 3")
         (spool / "broken.json").write_text('{"schema": "jaxmon.spool/1", "devices": [')
         ephemeral.close()
         nvml_events(scenario)
