@@ -62,8 +62,10 @@ def _grad_step(mesh: Mesh) -> tuple[str, Any]:
 
 def test_a_replicated_gradient_is_all_reduced_over_data_with_the_gradients_bytes(mesh: Mesh) -> None:
     text, _ = _grad_step(mesh)
-    # jax 0.10.2's CPU backend spells these groups with the compiler's own mesh axes: the test reads that spelling.
-    assert "replica_groups=mesh[" in text, "the mesh-axes spelling this test exercises is gone from the HLO"
+    # jax 0.10's CPU backend spells these groups with the compiler's own mesh axes: the test reads that spelling
+    # there (0.9, jaxmon's floor, spells them as lists; the literal-HLO tests below read every spelling on any jax).
+    if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 10):
+        assert "replica_groups=mesh[" in text, "the mesh-axes spelling this test exercises is gone from the HLO"
     program = parse(text)
     assert program.num_partitions == 8 and program.replica_count == 1
     [c] = program.collectives
