@@ -23,14 +23,13 @@ import structlog
 
 from jaxmon.sources import InProcess
 from jaxmon.training.sampler import MAX_DEMAND_SECONDS, MAX_DEMAND_STEPS, Busy
+from jaxmon.web.profiling import TEXT, Response
 
 log = structlog.get_logger("jaxmon.web.tracing")
 
 TRACE_PATH = "/debug/trace"
 TAR_TYPE = "application/gzip"
-TEXT = "text/plain; charset=utf-8"
 
-Response = tuple[int, str, bytes, list[tuple[bytes, bytes]]]
 
 DISABLED = (
     "traces on demand are off: start the exporter with --web.enable-profiling "
