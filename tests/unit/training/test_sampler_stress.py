@@ -21,12 +21,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
-from jaxmon.training.sampler import Sampler
+from jaxmon.training.sampler import LEAD, Sampler
 from jaxmon.training.tracker import Tracker, TrackerConfig
 from tests.helpers import wait_until
 
-STEPS = 300
 EVERY = 5
+TRACED = 2  # steps per sample
+# The loop asks for no block it does not finish: a block is asked for when step n0 - LEAD is handed and ends with
+# step n0 + TRACED - 1, so with an n0 in [STEPS - TRACED + 1, STEPS - 1 + LEAD] a multiple of EVERY, the last sample
+# would wait for steps that never come until the sampler's own timeout (MIN_TIMEOUT, as long as this test's wait).
+STEPS = 302
 MODULE = "jit_stress_step"
 
 
@@ -43,6 +47,9 @@ def runs_of(directory: Path) -> int:
 
 
 def test_samples_and_the_users_traces_at_random_moments(tmp_path: Path) -> None:
+    assert all((n0 % EVERY) != 0 for n0 in range(STEPS - TRACED + 1, STEPS + LEAD)), (
+        "a last block the loop does not finish"
+    )
     faulthandler.enable()
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
     w = jax.device_put(jnp.ones((256, 256)) / 256, NamedSharding(mesh, PartitionSpec()))  # type: ignore[no-untyped-call]
@@ -55,7 +62,7 @@ def test_samples_and_the_users_traces_at_random_moments(tmp_path: Path) -> None:
     step = jax.jit(stress_step)
     w, loss = step(w, x)
     loss.block_until_ready()
-    tracker = Tracker(JaxTraining(LocalSource(sidecar_defaults=False)), TrackerConfig(profile=(EVERY, 2)))
+    tracker = Tracker(JaxTraining(LocalSource(sidecar_defaults=False)), TrackerConfig(profile=(EVERY, TRACED)))
     rng = random.Random(34)
     user: list[tuple[Path, int]] = []  # each trace of the user's and the steps it covered
     tracing: Path | None = None
