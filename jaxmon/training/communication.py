@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jaxmon.training.hlo import MeshLayout
@@ -28,6 +28,9 @@ THREAD_NAME = "jaxmon-programs"
 # (op, axes) series per device at most: 7 ops x the axis combinations a mesh's programs use are a handful; a new
 # pair past this many is not counted (the spool carries at most 1024).
 MAX_PAIRS = 256
+# Collective instruction names kept for the sampled traces at most (a large program has hundreds; MAX_PROGRAMS are
+# kept): past it a new name is not learnt, and its events are classified by their name's opcode as without any.
+MAX_NAMES = 16384
 
 
 @dataclass(frozen=True)
@@ -44,11 +47,14 @@ class Compiled:
 @dataclass(frozen=True)
 class Communication:
     """One execution of a program on each of its local `devices`: bytes per device by (op, axes), nccl-tests'
-    convention (jaxmon.training.hlo; axes comma-joined, "" without a mesh), and XLA's predicted peak memory."""
+    convention (jaxmon.training.hlo; axes comma-joined, "" without a mesh), and XLA's predicted peak memory.
+    `collective_names`: the program's collective instructions by name, with their op (what a sampled trace's
+    events are named by: jaxmon.profile.read)."""
 
     collective_bytes: Mapping[tuple[str, str], float]
     peak_memory: int | None
     devices: tuple[tuple[str, int], ...]
+    collective_names: Mapping[str, str] = field(default_factory=dict)
 
 
 class Analyzer:
@@ -121,6 +127,25 @@ class Analyzer:
             self._wake.notify()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
+
+
+class CollectiveNames:
+    """The collective instructions of every analysed program by name, with their op: the analysis thread adds a
+    program's; the sampler's thread reads them all (a copy) when it classifies a trace's events."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._names: dict[str, str] = {}
+
+    def add(self, names: Mapping[str, str]) -> None:
+        with self._lock:
+            for name, op in names.items():
+                if name in self._names or len(self._names) < MAX_NAMES:
+                    self._names[name] = op
+
+    def __call__(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._names)
 
 
 class WindowMax:

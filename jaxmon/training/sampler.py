@@ -360,13 +360,18 @@ class Off:
         raise RuntimeError("jax.profiler cannot be used in this process (the log said why at start)")
 
 
-def sampler_for(ops: Any, profile: tuple[int, int], clock: Callable[[], float]) -> Sampler | Off:
+def sampler_for(
+    ops: Any,
+    profile: tuple[int, int],
+    clock: Callable[[], float],
+    collectives: Callable[[], Mapping[str, str]] | None = None,
+) -> Sampler | Off:
     """The tracker's sampler: `profile` is (every, steps), every 0 meaning traces on demand only;
-    `ops.profiler()` (jaxmon.sources.local.training) makes the JAX side. Off when this JAX's profiler cannot be
-    used (said once, in the log)."""
+    `ops.profiler()` (jaxmon.sources.local.training) makes the JAX side; `collectives` names the tracked
+    programs' collective instructions. Off when this JAX's profiler cannot be used (said once, in the log)."""
     every, steps = profile
     try:
-        return Sampler(ops.profiler(), SamplerConfig(max(every, 0), max(steps, 1)), clock=clock)
+        return Sampler(ops.profiler(), SamplerConfig(max(every, 0), max(steps, 1)), collectives, clock=clock)
     except Exception as exc:
         log.warning("no sampled traces: jax.profiler cannot be used here", error=f"{type(exc).__name__}: {exc}")
         return Off()

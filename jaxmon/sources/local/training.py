@@ -258,8 +258,8 @@ class JaxTraining:
         """The collectives' bytes per execution by (op, axes) and the predicted peak memory of a program
         `compiled()` returned. The heavy part (the HLO text is megabytes for a large program, its parse linear in
         it): called on jaxmon's analysis thread, never the training thread."""
-        text = program.compiled.as_text()
-        summary = hlo.summarize(hlo.parse(text), program.mesh, program.assignment)
+        parsed = hlo.parse(program.compiled.as_text())
+        summary = hlo.summarize(parsed, program.mesh, program.assignment)
         peak: int | None = None
         try:
             value = program.compiled.memory_analysis().peak_memory_in_bytes
@@ -267,7 +267,8 @@ class JaxTraining:
         except Exception:  # a backend without memory analysis: bytes but no peak
             peak = None
         collectives = {(op, ",".join(axes)): float(n) for (op, axes), n in summary.items()}
-        return Communication(collectives, peak, program.cost.devices)
+        names = {c.name: c.op for c in parsed.collectives}
+        return Communication(collectives, peak, program.cost.devices, names)
 
     def cache_size(self, fn: Any) -> int | None:
         """How many programs `fn` holds compiled (None where the jitted function does not say)."""

@@ -9,6 +9,7 @@ import os
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
 import json
+import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,6 +30,7 @@ from jaxmon.sources.local.training import JaxTraining
 from jaxmon.sources.spool_document import SpoolDocument
 from jaxmon.training.communication import THREAD_NAME, Communication, Compiled, WindowMax
 from jaxmon.training.reading import DeviceTraining, TrainingReading
+from jaxmon.training.sampler import Sampler
 from jaxmon.training.tracker import Tracker, TrackerConfig
 from tests.helpers import wait_until
 from tests.spool_files import GOOD
@@ -195,6 +197,36 @@ def test_the_analysis_runs_off_the_training_thread_and_steps_before_it_count_not
     assert {thread for _, thread in ops.calls} == {THREAD_NAME}
     assert [name for name, _ in ops.calls] == ["as_text", "memory_analysis"]
     assert threading.current_thread().name != THREAD_NAME
+
+
+def test_the_sampled_traces_learn_each_analysed_programs_collective_instructions(
+    source: LocalSource, mesh: Mesh, make_tracker: Callable[[JaxTraining], Tracker]
+) -> None:
+    tracker = make_tracker(JaxTraining(source))
+    sampler = tracker.sampler
+    assert isinstance(sampler, Sampler)
+    assert sampler._known_collectives() == {}
+    w = jax.device_put(jnp.ones((D, D)), NamedSharding(mesh, P()))
+    x = jax.device_put(jnp.ones((B, D)), NamedSharding(mesh, P("data")))
+    both = ("data", "model")
+    gather = jax.shard_map(
+        lambda a: jax.lax.all_gather(a, both, tiled=True), mesh=mesh, in_specs=P(both), out_specs=P(), check_vma=False
+    )
+    xs = jax.device_put(jnp.ones((B, D)), NamedSharding(mesh, P(both)))
+    step, gathered = jaxmon.track(jax.jit(sgd)), jaxmon.track(jax.jit(gather))
+    for n in range(2):
+        w = step(w, x)
+        jaxmon.step(n, (w, gathered(xs)))
+    steps_seen(tracker, 2)
+    wait_until(lambda: tracker._analyzer.idle(), what="the analysis done")
+    # The truth: each program's optimized HLO text, read here with a pattern of its own (name = shape opcode(...).
+    expected: dict[str, str] = {}
+    for fn, args in ((sgd, (w, x)), (gather, (xs,))):
+        text = jax.jit(fn).lower(*args).compile().as_text()
+        for name, op in re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = .*? (all-reduce|all-gather)(?:-start)?\(", text, re.M):
+            expected[name] = op
+    assert sorted(set(expected.values())) == ["all-gather", "all-reduce"]
+    assert sampler._known_collectives() == expected
 
 
 def test_a_program_that_cannot_be_analysed_is_counted_and_adds_nothing(
