@@ -11,7 +11,10 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 
 def mounts(fstype: str) -> list[tuple[Path, set[str]]]:
@@ -94,6 +97,23 @@ def usable(mount: Path | None) -> str | None:
 
 
 # A procfs and a sysfs the tests write, where real cgroups are not needed (or not allowed).
+
+
+def made(controller: str | None, instead: str) -> Iterator[Cgroups]:
+    """A fixture's body: real cgroups in the hierarchy of `controller` (None: the unified one), removed after the
+    test; where none can be made, the test is skipped saying what runs `instead`, except under CI, which runs as
+    root on a machine that makes them and fails instead of skipping."""
+    mount = hierarchy(controller)
+    why = usable(mount)
+    if why is not None or mount is None:
+        message = f"real cgroups cannot be made here ({why}); {instead}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    cgroups = Cgroups(mount)
+    yield cgroups
+    cgroups.close()
+    assert not cgroups.root.exists()
 
 
 def write_process(procfs: Path, pid: int, cgroup: str, started: int = 1000, uid: int = 1000) -> None:

@@ -14,11 +14,8 @@ refused); starting it again listens on the same port.
 from __future__ import annotations
 
 import json
-import os
 import ssl
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,7 +23,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.helpers import ROOT, free_port, terminate, wait_until
+from tests.fake_child import ScenarioChild
+from tests.helpers import free_port
 from tests.tls_helpers import make_certs
 
 TOKEN = "fake-service-account-token"
@@ -133,12 +131,27 @@ def pod_item(node: str, namespace: str, name: str, uid: str, containers: dict[st
     }
 
 
-class FakeApiServer:
+class FakeApiServer(ScenarioChild):
     """The server as a child process on `port`, with the test PKI in a directory of its own; `ca` is the CA file
-    a client trusts and `account` a service-account directory (`token`, `ca.crt`, `namespace`)."""
+    a client trusts and `account` a service-account directory (`token`, `ca.crt`, `namespace`). `update()` changes
+    slices, pods, token, status, delay_seconds or page_size; stopping it refuses connections until it starts
+    again."""
+
+    module = "tests.fake_apiserver"
+    what = "the fake API server"
 
     def __init__(self, slices: list[dict[str, Any]] | None = None, pods: list[dict[str, Any]] | None = None) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="apiserver-"))
+        super().__init__(
+            "apiserver-",
+            {
+                "slices": slices or [],
+                "pods": pods or [],
+                "token": TOKEN,
+                "status": None,
+                "delay_seconds": 0,
+                "page_size": 500,
+            },
+        )
         self.certs = make_certs(self.dir)
         self.account = self.dir / "serviceaccount"
         self.account.mkdir()
@@ -146,75 +159,29 @@ class FakeApiServer:
         (self.account / "ca.crt").write_bytes(self.certs.server_ca.read_bytes())
         (self.account / "namespace").write_text("monitoring")
         self.port = free_port()
-        self.scenario_path = self.dir / "scenario.json"
-        self.scenario: dict[str, Any] = {
-            "slices": slices or [],
-            "pods": pods or [],
-            "token": TOKEN,
-            "status": None,
-            "delay_seconds": 0,
-            "page_size": 500,
-        }
-        self._write()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = self.dir / "fake-apiserver.log"
 
     @property
     def env(self) -> dict[str, str]:
         """The in-cluster variables a pod would see for this server."""
         return {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.port)}
 
-    def _write(self) -> None:
-        tmp = self.scenario_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.scenario), encoding="utf-8")
-        os.replace(tmp, self.scenario_path)
-
-    def update(self, **changes: Any) -> None:
-        """Change the scenario (slices, pods, token, status, delay_seconds, page_size); the next request sees it."""
-        self.scenario.update(changes)
-        self._write()
+    def node_mode(self, socket: Path, node: str) -> tuple[list[str], dict[str, str]]:
+        """The daemon's arguments and environment for node mode on `node`, reading the kubelet at `socket` and this
+        server as its service account would (append the test's own arguments and variables)."""
+        args = ["--node", "--collector.kubernetes", "--collector.kubernetes.socket", str(socket)]
+        args += ["--collector.kubernetes.service-account", str(self.account)]
+        return args, {**self.env, "NODE_NAME": node}
 
     def calls(self) -> list[str]:
         """`path?query` of every request so far, in order."""
-        path = self.scenario_path.with_suffix(".calls")
-        return path.read_text().splitlines() if path.exists() else []
+        return self.call_lines()
+
+    def args(self) -> list[str]:
+        return [str(self.port), str(self.certs.server_cert), str(self.certs.server_key), str(self.scenario_path)]
 
     def start(self) -> FakeApiServer:
-        with open(self.log_path, "a") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "tests.fake_apiserver",
-                    str(self.port),
-                    str(self.certs.server_cert),
-                    str(self.certs.server_key),
-                    str(self.scenario_path),
-                ],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        wait_until(
-            lambda: (self.dir / "ready").exists(),
-            timeout=30,
-            what="the fake API server listening",
-            detail=lambda: self.log_path.read_text(),
-        )
+        self._start()
         return self
-
-    def stop(self) -> None:
-        """End the process: connections are refused until it starts again."""
-        if self.proc is not None:
-            terminate(self.proc)
-        self.proc = None
-        (self.dir / "ready").unlink(missing_ok=True)
-
-    def close(self) -> None:
-        self.stop()
-        for path in sorted(self.dir.rglob("*"), reverse=True):
-            path.rmdir() if path.is_dir() else path.unlink()
-        self.dir.rmdir()
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:

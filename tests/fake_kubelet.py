@@ -13,18 +13,15 @@ process removes the socket, as a kubelet restart does; starting it again makes a
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent import futures
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import ROOT, terminate, wait_until
+from tests.fake_child import ScenarioChild
 
 
 def pod(namespace: str, name: str, *containers: dict[str, Any]) -> dict[str, Any]:
@@ -62,67 +59,40 @@ def claimed(driver: str, pool: str, device: str, share_id: str | None = None) ->
     return out
 
 
-class FakeKubelet:
-    """The service as a child process; `socket` is in a short directory of its own (unix paths hold 107 bytes)."""
+class FakeKubelet(ScenarioChild):
+    """The service as a child process; `socket` is in a short directory of its own (unix paths hold 107 bytes).
+    `update()` changes pods, delay_seconds or status."""
+
+    module = "tests.fake_kubelet"
+    what = "the fake kubelet"
 
     def __init__(self, pods: list[dict[str, Any]] | None = None) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="kubelet-"))
+        super().__init__("kubelet-", {"pods": pods or [], "delay_seconds": 0, "status": None})
         (self.dir / "pod-resources").mkdir()
         self.socket = self.dir / "pod-resources" / "kubelet.sock"
-        self.scenario_path = self.dir / "scenario.json"
-        self.scenario: dict[str, Any] = {"pods": pods or [], "delay_seconds": 0, "status": None}
-        self._write()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = self.dir / "fake-kubelet.log"
-
-    def _write(self) -> None:
-        tmp = self.scenario_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.scenario), encoding="utf-8")
-        os.replace(tmp, self.scenario_path)
-
-    def update(self, **changes: Any) -> None:
-        """Change the scenario (pods, delay_seconds, status); the next call answers it."""
-        self.scenario.update(changes)
-        self._write()
 
     def calls(self) -> int:
         """List calls answered or begun so far."""
-        path = self.scenario_path.with_suffix(".calls")
-        return len(path.read_text().splitlines()) if path.exists() else 0
+        return len(self.call_lines())
 
     def last_call(self) -> float:
         """Unix time the last List call began."""
-        return float(self.scenario_path.with_suffix(".calls").read_text().split()[-1])
+        return float(self.call_lines()[-1])
+
+    def args(self) -> list[str]:
+        return [str(self.socket), str(self.scenario_path)]
+
+    def listening(self) -> bool:
+        return self.socket.exists() and super().listening()
 
     def start(self) -> FakeKubelet:
-        with open(self.log_path, "a") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.fake_kubelet", str(self.socket), str(self.scenario_path)],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        wait_until(
-            lambda: self.socket.exists() and (self.dir / "ready").exists(),
-            timeout=30,
-            what="the fake kubelet listening",
-            detail=lambda: self.log_path.read_text(),
-        )
+        self._start()
         return self
 
     def stop(self) -> None:
         """End the process; its socket goes with it."""
-        if self.proc is not None:
-            terminate(self.proc)
-        self.proc = None
-        (self.dir / "ready").unlink(missing_ok=True)
+        super().stop()
         self.socket.unlink(missing_ok=True)
-
-    def close(self) -> None:
-        self.stop()
-        for path in sorted(self.dir.rglob("*"), reverse=True):
-            path.rmdir() if path.is_dir() else path.unlink()
-        self.dir.rmdir()
 
 
 def _serve(socket: Path, scenario: Path) -> None:

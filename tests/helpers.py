@@ -236,6 +236,12 @@ def wait_for_fresh_samples(url: str, collector: str, what: str = "", timeout: fl
     return wait_for_samples(url, lambda s: last_success(s, collector) > stamp, f"another {collector} update", timeout)
 
 
+def importable() -> str:
+    """PYTHONPATH for a child run as a script (`python tests/workloads/x.py`): the checkout first, so that it imports
+    `tests.workloads.protocol` as the suite does."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+
+
 class Child:
     """tests/workloads/train.py (a JAX training loop with jaxmon embedded or publishing), or another workload
     `script` that answers `OK <json>` lines the same way, driven line by line."""
@@ -254,7 +260,7 @@ class Child:
             stderr=self._stderr,
             text=True,
             cwd=ROOT,
-            env={**os.environ, "JAX_NUM_CPU_DEVICES": "8", **(env or {})},
+            env={**os.environ, "JAX_NUM_CPU_DEVICES": "8", "PYTHONPATH": importable(), **(env or {})},
         )
         self.hello: dict[str, Any] = self.read_ok() if hello else {}
 

@@ -40,26 +40,15 @@ from collections.abc import Mapping
 
 from jaxmon.profile.intervals import COLLECTIVE, COMPUTE, COPY, Segment, innermost
 from jaxmon.profile.xspace import Plane, XSpace
+from jaxmon.training.hlo import COLLECTIVES
 
 __all__ = ["COLLECTIVE_OPS", "Device", "collective_kind", "device_segments"]
 
 # (platform, local device ordinal)
 Device = tuple[str, int]
 
-# HLO's collective opcodes (as in jaxmon.training.hlo.COLLECTIVES) and the point-to-point send/recv.
-COLLECTIVE_OPS = frozenset(
-    {
-        "all-reduce",
-        "all-gather",
-        "reduce-scatter",
-        "all-to-all",
-        "ragged-all-to-all",
-        "collective-permute",
-        "collective-broadcast",
-        "send",
-        "recv",
-    }
-)
+# HLO's collective opcodes and the point-to-point send/recv.
+COLLECTIVE_OPS = COLLECTIVES | {"send", "recv"}
 _COPY_OPS = frozenset({"copy-start", "copy-done", "infeed", "outfeed"})
 # XProf's hlo_category values (tsl xla_op_utils.h, xprof signal_provider.h IsCollective) mapped to a kind.
 _COLLECTIVE_CATEGORIES = {

@@ -137,11 +137,14 @@ class CollectiveNames:
         self._lock = threading.Lock()
         self._names: dict[str, str] = {}
 
-    def add(self, names: Mapping[str, str]) -> None:
+    def analysed(self, program: Any, communication: Communication) -> None:
+        """The Analyzer's `done`: learn the program's names, then store its result on it (an attribute write the
+        waiter sees whole: the old None or this)."""
         with self._lock:
-            for name, op in names.items():
+            for name, op in communication.collective_names.items():
                 if name in self._names or len(self._names) < MAX_NAMES:
                     self._names[name] = op
+        program.communication = communication
 
     def __call__(self) -> dict[str, str]:
         with self._lock:

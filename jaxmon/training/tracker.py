@@ -23,7 +23,7 @@ import structlog
 
 from jaxmon.logsetup import ErrorLog
 from jaxmon.training.accounting import MAX_INTERVALS, Accounting, Interval, Intervals
-from jaxmon.training.communication import Analyzer, CollectiveNames, Communication, WindowMax, book
+from jaxmon.training.communication import Analyzer, CollectiveNames, WindowMax, book
 from jaxmon.training.handed import (
     _PLAIN,
     EVENT_KIND,
@@ -90,7 +90,7 @@ class Tracker:
         self._collectives: dict[tuple[str, int], dict[tuple[str, str], float]] = {}  # per device, (op, axes)
         self._peak_memory = WindowMax(config.window)  # the largest predicted peak of the window's steps' programs
         self._collective_names = CollectiveNames()  # every analysed program's, for the sampled traces' events
-        self._analyzer = Analyzer(ops.communication, self._analysed, self._unanalysed)
+        self._analyzer = Analyzer(ops.communication, self._collective_names.analysed, self._unanalysed)
         self._problems: dict[str, int] = {}
         self._problems_lock = threading.Lock()
         self._stepping = False  # step() was called: a process that never does exports no training series
@@ -146,11 +146,6 @@ class Tracker:
             return program
         self._analyzer.submit(program, compiled)
         return program
-
-    def _analysed(self, program: Program, communication: Communication) -> None:
-        """The analysis thread read `program` (an attribute write the waiter sees whole: the old None or this)."""
-        self._collective_names.add(communication.collective_names)
-        program.communication = communication
 
     def _unanalysed(self, event: str, exc: Exception | None) -> None:
         self._problem("communication", event, detail=f"{type(exc).__name__}: {exc}"[:200] if exc else None)

@@ -60,18 +60,10 @@ def kubelet() -> Iterator[FakeKubelet]:
 
 
 def dra_daemon(start_daemon: StartDaemon, kubelet: FakeKubelet, apiserver: FakeApiServer) -> Daemon:
+    args, env = apiserver.node_mode(kubelet.socket, NODE)
+    # The resourceslice period shortened: each failed refresh in the outage stands for a minute's.
     return start_daemon(
-        "--node",
-        "--poll.interval",
-        f"{POLL}s",
-        "--collector.kubernetes",
-        "--collector.kubernetes.socket",
-        str(kubelet.socket),
-        "--collector.kubernetes.service-account",
-        str(apiserver.account),
-        "--collector.kubernetes.resourceslice-interval",
-        "500ms",  # the period shortened: each failed refresh in the outage stands for a minute's
-        env={**apiserver.env, "NODE_NAME": NODE},
+        *args, "--poll.interval", f"{POLL}s", "--collector.kubernetes.resourceslice-interval", "500ms", env=env
     )
 
 
@@ -176,20 +168,10 @@ def test_a_pod_holding_gpus_through_dra_only_labels_every_series_of_them_mig_inc
     ]
     server, kubelet = FakeApiServer(slices).start(), FakeKubelet(held).start()
     try:
-        d = start_daemon(
-            "--node",
-            "--poll.interval",
-            f"{POLL}s",
-            "--collector.nvml",
-            "--collector.kubernetes",
-            "--collector.kubernetes.socket",
-            str(kubelet.socket),
-            "--collector.kubernetes.service-account",
-            str(server.account),
-            "--collector.kubernetes.resourceslice-interval",
-            "300ms",  # each failed refresh in the outage below stands for a minute's
-            env={**nvml.env(), **server.env, "NODE_NAME": NODE},
-        )
+        args, env = server.node_mode(kubelet.socket, NODE)
+        # The resourceslice period shortened: each failed refresh in the outage below stands for a minute's.
+        interval = ["--collector.kubernetes.resourceslice-interval", "300ms"]
+        d = start_daemon(*args, "--poll.interval", f"{POLL}s", "--collector.nvml", *interval, env={**nvml.env(), **env})
         train = {"namespace": "team-a", "pod": "train-0", "container": "trainer"}
         s = d.wait_for(
             lambda s: (

@@ -78,19 +78,8 @@ def test_each_pod_sharing_a_time_sliced_gpu_gets_its_own_process_series_and_the_
     ]
     server, kubelet = FakeApiServer([], listed).start(), FakeKubelet(held).start()
     try:
-        d = start_daemon(
-            "--node",
-            "--poll.interval",
-            f"{POLL}s",
-            "--collector.nvml",
-            "--collector.kubernetes",
-            "--collector.kubernetes.socket",
-            str(kubelet.socket),
-            "--collector.kubernetes.service-account",
-            str(server.account),
-            *flags,
-            env={**nvml.env(), **server.env, "NODE_NAME": NODE},
-        )
+        args, env = server.node_mode(kubelet.socket, NODE)
+        d = start_daemon(*args, "--poll.interval", f"{POLL}s", "--collector.nvml", *flags, env={**nvml.env(), **env})
 
         def own(s: Samples, family: str) -> dict[str, tuple[str, str, str, float]]:
             return {

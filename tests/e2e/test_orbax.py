@@ -1,7 +1,8 @@
 """Checkpoints with the real Orbax: a training loop under jaxmon.start() saves synchronously (ocp.Checkpointer) and
 asynchronously (ocp.CheckpointManager) and restores, with no badput() of its own. Orbax's jax.monitoring events
-are the only way the time reaches jaxmon: checkpoint and restore badput each within 10 % of what the loop measured
-around its calls."""
+are the only way the time reaches jaxmon: checkpoint and restore badput are the time those events say the calls
+blocked (the loop's own listener sums them), which lies inside what the loop measured around its calls (most of it:
+a CheckpointManager's save does some work before its blocking part, more of it on a loaded machine)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,14 @@ def test_orbax_saves_and_restores_are_checkpoint_and_restore_badput(child: Child
     s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == steps, "every step")
     checkpoint = sample(s, "jaxmon_training_badput_seconds_total", **labels, kind="checkpoint")
     restore = sample(s, "jaxmon_training_badput_seconds_total", **labels, kind="restore")
-    measured = f"loop: saves {ran['saved']:.3f} s, restores {ran['restored']:.3f} s; exported {checkpoint}, {restore}"
-    assert checkpoint == pytest.approx(ran["saved"], rel=0.1), measured
-    assert restore == pytest.approx(ran["restored"], rel=0.1), measured
+    measured = (
+        f"loop: saves {ran['saved']:.3f} s, restores {ran['restored']:.3f} s; Orbax's events: {ran['orbax_saved']:.3f}"
+        f" s, {ran['orbax_restored']:.3f} s; exported {checkpoint}, {restore}"
+    )
+    assert checkpoint == pytest.approx(ran["orbax_saved"], rel=0.02), measured
+    assert restore == pytest.approx(ran["orbax_restored"], rel=0.02), measured
+    for kind in ("saved", "restored"):
+        assert 0.5 * ran[kind] < ran[f"orbax_{kind}"] <= ran[kind], measured
     check = subprocess.run(
         [promtool(), "check", "metrics"], input=requests.get(url + "/metrics", timeout=10).text, capture_output=True,
         text=True,

@@ -6,14 +6,14 @@ Usage: checkpoint.py DIR [--mb N]. Answers `OK {"url": ...}`, then reads command
 `OK <json>`:
   run    train, save with a synchronous ocp.Checkpointer and with an asynchronous ocp.CheckpointManager, restore
          from both, with jaxmon.step() between (so each save and restore lies between two steps, where the device
-         waits); answer with the seconds the loop measured around the saves and the restores, and the steps
+         waits); answer with the seconds the loop measured around the saves and the restores, the seconds
+         Orbax's own events say they blocked (`orbax_saved`, `orbax_restored`), and the steps
   exit
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -28,12 +28,13 @@ import orbax.checkpoint as ocp
 
 import jaxmon
 from jaxmon.logsetup import configure_logging
+from tests.workloads.protocol import answer, booked
 
 SAVES = 3  # of each kind
-
-
-def answer(**fields: object) -> None:
-    print("OK " + json.dumps(fields), flush=True)
+# The events orbax-checkpoint records for the time a save or restore blocks the caller (docs/training.md): a
+# synchronous save records the second, a CheckpointManager's save the first; a restore one of the read names.
+SAVE_EVENTS = ("/jax/checkpoint/write/async/blocking_duration_secs", "/jax/orbax/write/total_duration_secs")
+RESTORE_EVENTS = ("/jax/orbax/read/total_duration_secs", "/jax/orbax/read/async/blocking_duration_secs")
 
 
 def main() -> None:
@@ -50,6 +51,14 @@ def main() -> None:
     ocp.Checkpointer(ocp.StandardCheckpointHandler()).save(root / "warm", args=ocp.args.StandardSave(warm))
     ocp.Checkpointer(ocp.StandardCheckpointHandler()).restore(root / "warm")
     exporter = jaxmon.start(0, workload="ckpt", poll={"interval": 0.2}, collector={"probe": False})
+    orbax = {"saved": 0.0, "restored": 0.0}
+
+    def listener(event: str, duration_secs: float, **_: str | int) -> None:
+        kind = "saved" if event in SAVE_EVENTS else "restored" if event in RESTORE_EVENTS else None
+        if kind is not None:
+            orbax[kind] += duration_secs
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
     answer(url=exporter.url, pid=os.getpid())
 
     n = args.mb * (1 << 20) // 4 // 2
@@ -63,12 +72,14 @@ def main() -> None:
         state = update(state)
         jaxmon.step(number, state["w"])
         jax.block_until_ready(state)
+        booked(number)  # the checkpoint that follows starts after jaxmon saw the step complete
         number += 1
 
     for line in sys.stdin:
         cmd = line.split()[0]
         if cmd == "run":
             saved = restored = 0.0
+            orbax.update(saved=0.0, restored=0.0)
             sync = ocp.Checkpointer(ocp.StandardCheckpointHandler())
             abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
             for _ in range(3):
@@ -99,7 +110,13 @@ def main() -> None:
                 restored += time.monotonic() - t0
                 step()
             manager.close()
-            answer(saved=saved, restored=restored, steps=number)
+            answer(
+                saved=saved,
+                restored=restored,
+                orbax_saved=orbax["saved"],
+                orbax_restored=orbax["restored"],
+                steps=number,
+            )
         elif cmd == "exit":
             break
     exporter.stop()

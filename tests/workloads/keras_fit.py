@@ -15,7 +15,6 @@ one per line; each is answered on stdout with `OK <json>`:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
@@ -31,13 +30,10 @@ import numpy as np
 import jaxmon
 from jaxmon.keras import JaxmonCallback
 from jaxmon.logsetup import configure_logging
+from tests.workloads.protocol import answer
 
 BATCH = 128
 WIDTH = 1024
-
-
-def answer(**fields: object) -> None:
-    print("OK " + json.dumps(fields), flush=True)
 
 
 class Timing(keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no types

@@ -10,7 +10,6 @@ each answered with `OK <json>`:
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -21,13 +20,10 @@ from prometheus_client import Counter
 
 import jaxmon
 from jaxmon.logsetup import configure_logging
+from tests.workloads.protocol import answer
 
 # The loop's own metric, in prometheus_client's default registry as every prometheus_client user writes it.
 BATCHES = Counter("trainer_batches", "Batches the training loop read.", ["split"])
-
-
-def answer(**fields: object) -> None:
-    print("OK " + json.dumps(fields), flush=True)
 
 
 def main() -> None:

@@ -15,7 +15,6 @@ device: no collective at all. Commands on stdin, one per line, each answered on 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from typing import Any
@@ -29,12 +28,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jaxmon
 import jaxmon.training
+from tests.workloads.protocol import answer, booked
 
 MODULE = "jit_sharded_step"
-
-
-def answer(**fields: object) -> None:
-    print("OK " + json.dumps(fields), flush=True)
 
 
 def main() -> None:
@@ -106,17 +102,6 @@ def main() -> None:
             answer(done=done)
         else:
             raise SystemExit(f"unknown command {cmd!r}")
-
-
-def booked(number: int) -> None:
-    """Wait (up to 10 s) until jaxmon's waiter has booked step `number` complete."""
-    tracker = jaxmon.training.current()
-    deadline = time.monotonic() + 10
-    while tracker is not None and time.monotonic() < deadline:
-        reading = tracker.reading()
-        if reading is not None and reading.step is not None and reading.step >= number:
-            return
-        time.sleep(0.005)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ Usage: stuck_collector.py (JAXMON_* settings, the web config included, from the 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -24,6 +23,7 @@ from prometheus_client.registry import Collector
 
 import jaxmon
 from jaxmon.logsetup import configure_logging
+from tests.workloads.protocol import answer
 
 
 class Stuck(Collector):
@@ -40,10 +40,6 @@ class Stuck(Collector):
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # no collect() at register time: only scrapes enter it
-
-
-def answer(**fields: object) -> None:
-    print("OK " + json.dumps(fields), flush=True)
 
 
 def main() -> None:

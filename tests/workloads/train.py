@@ -38,7 +38,6 @@ With --train-forever the loop trains until killed and prints `STEP n` lines inst
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -55,30 +54,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import jaxmon
 import jaxmon.training
 from jaxmon.logsetup import configure_logging
+from tests.workloads.protocol import answer, booked
 
 kept: list[jax.Array] = []
 placed: list[jax.Array] = []  # replicated and host-memory arrays, apart from `kept` (whose first `compile` uses)
-
-
-def answer(**fields: object) -> None:
-    print("OK " + json.dumps(fields), flush=True)
-
-
-def booked(number: int) -> None:
-    """Wait (up to 10 s) until jaxmon's waiter thread has booked step `number` as complete.
-
-    The loop saw it complete; the waiter sees it a little later, later still on a loaded machine (4 ms seen beside
-    two CPU burners). A data block that starts in between overlaps what jaxmon books as the step's device time, so it
-    is rightly no badput, but the loop cannot time that instant. Waiting keeps the loop's own timings an exact truth
-    for the exported step times, badput and MFU.
-    """
-    tracker = jaxmon.training.current()
-    deadline = time.monotonic() + 10
-    while tracker is not None and time.monotonic() < deadline:
-        reading = tracker.reading()
-        if reading is not None and reading.step is not None and reading.step >= number:
-            return
-        time.sleep(0.001)
 
 
 def make_step() -> tuple[object, dict[str, jax.Array], jax.Array, jax.Array]:

@@ -3,6 +3,7 @@ the current one, as jaxmon.start() or publish() would, stopped after the test.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -11,7 +12,9 @@ import pytest
 from jaxmon import training
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
+from jaxmon.training.reading import TrainingReading
 from jaxmon.training.tracker import Tracker, TrackerConfig
+from tests.helpers import wait_until
 
 # The peak FLOP/s per device the trackers are given: CPU devices have none in the table.
 PEAK = 1e12
@@ -26,12 +29,18 @@ def source() -> LocalSource:
 
 @pytest.fixture
 def make_tracker(source: LocalSource, monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeTracker]:
-    """A tracker of this process (options as TrackerConfig's keywords, peak_flops PEAK unless given), made the
-    current one, stopped afterwards."""
+    """A tracker of this process (options as TrackerConfig's keywords, peak_flops PEAK unless given; `ops` the JAX
+    side, `clock` and `wall` its clocks, the real ones unless given), made the current one, stopped afterwards."""
     made: list[Tracker] = []
 
-    def make(**config: Any) -> Tracker:
-        tracker = Tracker(JaxTraining(source), TrackerConfig(**{"peak_flops": PEAK, **config}))
+    def make(
+        ops: JaxTraining | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        **config: Any,
+    ) -> Tracker:
+        config = {"peak_flops": PEAK, **config}
+        tracker = Tracker(ops or JaxTraining(source), TrackerConfig(**config), clock=clock, wall=wall)
         monkeypatch.setattr(training, "_tracker", tracker)
         made.append(tracker)
         return tracker
@@ -39,3 +48,11 @@ def make_tracker(source: LocalSource, monkeypatch: pytest.MonkeyPatch) -> Iterat
     yield make
     for tracker in made:
         tracker.stop(10)
+
+
+def booked(tracker: Tracker, steps: int) -> TrainingReading:
+    """The reading once the waiter has booked `steps` steps."""
+    wait_until(lambda: (r := tracker.reading()) is not None and r.steps_total >= steps, what=f"{steps} steps booked")
+    reading = tracker.reading()
+    assert reading is not None
+    return reading

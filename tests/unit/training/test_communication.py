@@ -11,7 +11,6 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 import json
 import re
 import threading
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -21,7 +20,6 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jaxmon
-from jaxmon import training
 from jaxmon.collectors.spool import training_reading
 from jaxmon.families.training import training_families
 from jaxmon.publisher import spool_training
@@ -31,9 +29,9 @@ from jaxmon.sources.spool_document import SpoolDocument
 from jaxmon.training.communication import THREAD_NAME, Communication, Compiled, WindowMax
 from jaxmon.training.reading import DeviceTraining, TrainingReading
 from jaxmon.training.sampler import Sampler
-from jaxmon.training.tracker import Tracker, TrackerConfig
 from tests.helpers import wait_until
 from tests.spool_files import GOOD
+from tests.unit.training.conftest import MakeTracker, booked
 
 PERMUTED = [3, 1, 0, 2, 7, 5, 6, 4]
 
@@ -43,11 +41,6 @@ def P(*axes: Any) -> PartitionSpec:
 
 
 D, B = 256, 32
-
-
-@pytest.fixture(scope="module")
-def source() -> LocalSource:
-    return LocalSource(sidecar_defaults=False)
 
 
 @pytest.fixture(scope="module")
@@ -91,28 +84,6 @@ class WatchedTraining(JaxTraining):
     def compiled(self, fn: Any, avals: tuple[tuple[Any, ...], dict[str, Any]]) -> Compiled:
         c = super().compiled(fn, avals)
         return Compiled(c.cost, Watched(c.compiled, self.calls, self.gate, self.fail), c.mesh, c.assignment)
-
-
-@pytest.fixture
-def make_tracker(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[JaxTraining], Tracker]]:
-    made: list[Tracker] = []
-
-    def make(ops: JaxTraining) -> Tracker:
-        tracker = Tracker(ops, TrackerConfig(peak_flops=1e12, window=3))
-        monkeypatch.setattr(training, "_tracker", tracker)
-        made.append(tracker)
-        return tracker
-
-    yield make
-    for tracker in made:
-        tracker.stop(10)
-
-
-def steps_seen(tracker: Tracker, n: int) -> TrainingReading:
-    wait_until(lambda: (r := tracker.reading()) is not None and r.steps_total >= n, what=f"{n} steps seen")
-    reading = tracker.reading()
-    assert reading is not None
-    return reading
 
 
 def test_a_permuted_meshs_groups_map_to_its_axes_and_its_devices(source: LocalSource, mesh: Mesh) -> None:
@@ -169,17 +140,17 @@ def test_an_allgather_over_both_axes_names_both(source: LocalSource, mesh: Mesh)
 
 
 def test_the_analysis_runs_off_the_training_thread_and_steps_before_it_count_nothing(
-    source: LocalSource, mesh: Mesh, make_tracker: Callable[[JaxTraining], Tracker]
+    source: LocalSource, mesh: Mesh, make_tracker: MakeTracker
 ) -> None:
     ops = WatchedTraining(source)
-    tracker = make_tracker(ops)
+    tracker = make_tracker(ops=ops, window=3)
     w = jax.device_put(jnp.ones((D, D)), NamedSharding(mesh, P()))
     x = jax.device_put(jnp.ones((B, D)), NamedSharding(mesh, P("data")))
     step = jaxmon.track(jax.jit(sgd))
     for n in range(3):  # the analysis is held: these steps complete, and add no bytes and no peak
         w = step(w, x)
         jaxmon.step(n, w)
-    held = steps_seen(tracker, 3)
+    held = booked(tracker, 3)
     assert all(d.collective_bytes_total == {} and d.program_peak_memory_bytes is None for d in held.devices)
     assert ops.calls == [("as_text", THREAD_NAME)]  # the analysis thread is in it, not the training thread
     ops.gate.set()
@@ -187,7 +158,7 @@ def test_the_analysis_runs_off_the_training_thread_and_steps_before_it_count_not
     for n in range(3, 8):
         w = step(w, x)
         jaxmon.step(n, w)
-    reading = steps_seen(tracker, 8)
+    reading = booked(tracker, 8)
     analysis = jax.jit(sgd).lower(w, x).compile().memory_analysis()
     assert analysis is not None
     peak = analysis.peak_memory_in_bytes
@@ -200,9 +171,9 @@ def test_the_analysis_runs_off_the_training_thread_and_steps_before_it_count_not
 
 
 def test_the_sampled_traces_learn_each_analysed_programs_collective_instructions(
-    source: LocalSource, mesh: Mesh, make_tracker: Callable[[JaxTraining], Tracker]
+    source: LocalSource, mesh: Mesh, make_tracker: MakeTracker
 ) -> None:
-    tracker = make_tracker(JaxTraining(source))
+    tracker = make_tracker(window=3)
     sampler = tracker.sampler
     assert isinstance(sampler, Sampler)
     assert sampler._known_collectives() == {}
@@ -217,12 +188,13 @@ def test_the_sampled_traces_learn_each_analysed_programs_collective_instructions
     for n in range(2):
         w = step(w, x)
         jaxmon.step(n, (w, gathered(xs)))
-    steps_seen(tracker, 2)
+    booked(tracker, 2)
     wait_until(lambda: tracker._analyzer.idle(), what="the analysis done")
     # The truth: each program's optimized HLO text, read here with a pattern of its own (name = shape opcode(...).
     expected: dict[str, str] = {}
     for fn, args in ((sgd, (w, x)), (gather, (xs,))):
         text = jax.jit(fn).lower(*args).compile().as_text()
+        assert text is not None
         for name, op in re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = .*? (all-reduce|all-gather)(?:-start)?\(", text, re.M):
             expected[name] = op
     assert sorted(set(expected.values())) == ["all-gather", "all-reduce"]
@@ -230,11 +202,11 @@ def test_the_sampled_traces_learn_each_analysed_programs_collective_instructions
 
 
 def test_a_program_that_cannot_be_analysed_is_counted_and_adds_nothing(
-    source: LocalSource, mesh: Mesh, make_tracker: Callable[[JaxTraining], Tracker]
+    source: LocalSource, mesh: Mesh, make_tracker: MakeTracker
 ) -> None:
     ops = WatchedTraining(source, fail=True)
     ops.gate.set()
-    tracker = make_tracker(ops)
+    tracker = make_tracker(ops=ops, window=3)
     w = jax.device_put(jnp.ones((D, D)), NamedSharding(mesh, P()))
     x = jax.device_put(jnp.ones((B, D)), NamedSharding(mesh, P("data")))
     step = jaxmon.track(jax.jit(sgd))
@@ -244,7 +216,7 @@ def test_a_program_that_cannot_be_analysed_is_counted_and_adds_nothing(
     for n in range(1, 4):
         w = step(w, x)
         jaxmon.step(n, w)
-    reading = steps_seen(tracker, 4)
+    reading = booked(tracker, 4)
     assert reading.problems.get("communication") == 1
     assert all(d.collective_bytes_total == {} and d.program_peak_memory_bytes is None for d in reading.devices)
     assert reading.devices[0].hardware_flops_total  # the cost, read on the calling thread, is still there

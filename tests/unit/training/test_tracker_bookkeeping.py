@@ -10,7 +10,7 @@ import os
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -20,14 +20,9 @@ from structlog.testing import capture_logs
 
 import jaxmon
 from jaxmon import training
-from jaxmon.sources.local import LocalSource
-from jaxmon.sources.local.training import JaxTraining
 from jaxmon.training.accounting import INTERVALS_AFTER_DROP, MAX_INTERVALS
-from jaxmon.training.reading import TrainingReading
-from jaxmon.training.tracker import Tracker, TrackerConfig
-from tests.helpers import wait_until
+from tests.unit.training.conftest import PEAK, MakeTracker, booked
 
-PEAK = 1e12
 NO_PEAK_LOG = "no peak FLOP/s known for this device kind: no MFU or HFU series (set collector.training.peak_flops)"
 
 
@@ -41,38 +36,6 @@ class Clock:
         return self.now
 
 
-@pytest.fixture(scope="module")
-def source() -> LocalSource:
-    return LocalSource(sidecar_defaults=False)
-
-
-MakeTracker = Callable[..., Tracker]
-
-
-@pytest.fixture
-def make_tracker(source: LocalSource, monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeTracker]:
-    """A tracker of this process on the given clocks, made the current one, stopped afterwards."""
-    made: list[Tracker] = []
-
-    def make(clock: Callable[[], float], wall: Callable[[], float], **config: Any) -> Tracker:
-        tracker = Tracker(JaxTraining(source), TrackerConfig(**{"peak_flops": PEAK, **config}), clock=clock, wall=wall)
-        monkeypatch.setattr(training, "_tracker", tracker)
-        made.append(tracker)
-        return tracker
-
-    yield make
-    for tracker in made:
-        tracker.stop(10)
-
-
-def booked(tracker: Tracker, steps: int) -> TrainingReading:
-    """The reading once the waiter has booked `steps` steps (the test's clocks do not move meanwhile)."""
-    wait_until(lambda: (r := tracker.reading()) is not None and r.steps_total >= steps, what=f"{steps} steps booked")
-    reading = tracker.reading()
-    assert reading is not None
-    return reading
-
-
 def ready() -> jax.Array:
     return jnp.ones(4).block_until_ready()
 
@@ -81,7 +44,7 @@ def test_an_open_eval_holding_ten_thousand_data_blocks_is_charged_whole(make_tra
     """Issue 33's case: a 98 s badput("eval") holding 10 000 badput("data") blocks. The intervals were a deque of
     10 000: the open eval fell out first, and its 98 s read as host badput, with no problem counted."""
     clock = Clock(0.0)
-    tracker = make_tracker(clock, Clock(1e9))
+    tracker = make_tracker(clock=clock, wall=Clock(1e9))
     clock.now = 1.0
     jaxmon.step(0, ready())
     booked(tracker, 1)
@@ -110,7 +73,7 @@ def test_intervals_past_the_bound_are_dropped_oldest_first_counted_and_the_kept_
     """A loop of badput blocks and no step: past MAX_INTERVALS the oldest closed ones go, each counted, and their
     time reads as host badput (the open block among them stays)."""
     clock = Clock(0.0)
-    tracker = make_tracker(clock, Clock(1e9))
+    tracker = make_tracker(clock=clock, wall=Clock(1e9))
     jaxmon.step(0, ready())
     booked(tracker, 1)
     blocks = MAX_INTERVALS + 1
@@ -134,7 +97,7 @@ def test_timestamps_are_the_wall_clock_at_each_event_and_durations_the_monotonic
     wall clock's at that moment; step durations and the accounting never see the step. A wall-clock offset taken
     once at the start stayed an hour behind, and JaxmonTrainingStalled read it."""
     clock, wall = Clock(50.0), Clock(1_700_000_000.0)
-    tracker = make_tracker(clock, wall)
+    tracker = make_tracker(clock=clock, wall=wall)
     clock.now, wall.now = 51.0, 1_700_000_001.0
     jaxmon.step(0, ready())
     reading = booked(tracker, 1)
@@ -162,7 +125,7 @@ def test_a_steps_timestamp_is_its_completion_not_when_the_waiter_booked_it(make_
     """Read beside the monotonic clock, the wall clock's time of the event is the one the completion had, even
     when the booking comes later: the start and the last completion differ by the accounting's seconds exactly."""
     real = Clock(0.0)
-    tracker = make_tracker(real, lambda: 1e9 + real.now)
+    tracker = make_tracker(clock=real, wall=lambda: 1e9 + real.now)
     real.now = 3.0
     jaxmon.step(0, ready())
     reading = booked(tracker, 1)
@@ -175,7 +138,7 @@ def test_the_peak_warning_comes_once_when_mfu_is_first_wanted_not_at_start(make_
     """CPU devices have no peak: the warning said so at every start(), even in a process that never steps."""
     clock = Clock(0.0)
     with capture_logs() as logs:
-        tracker = make_tracker(clock, Clock(1e9), peak_flops=None)
+        tracker = make_tracker(clock=clock, wall=Clock(1e9), peak_flops=None)
         for n in range(3):  # steps without FLOPs want no MFU
             jaxmon.step(n, ready())
         booked(tracker, 3)
@@ -192,7 +155,7 @@ def test_the_peak_warning_comes_with_the_first_tracked_program_with_a_cost(make_
     clock = Clock(0.0)
     f = jaxmon.track(jax.jit(lambda x: jnp.tanh(x @ x)))
     with capture_logs() as logs:
-        tracker = make_tracker(clock, Clock(1e9), peak_flops=None)
+        tracker = make_tracker(clock=clock, wall=Clock(1e9), peak_flops=None)
         assert [e for e in logs if e["event"] == NO_PEAK_LOG] == []
         x = jnp.ones((8, 8))
         for n in range(3):
@@ -209,7 +172,7 @@ def test_a_tracked_function_keeps_a_bounded_number_of_programs_and_measures_a_fo
     and counted; called again, its cost is read again and its step gets its own FLOPs."""
     monkeypatch.setattr(training, "MAX_PROGRAMS", 3)
     clock = Clock(0.0)
-    tracker = make_tracker(clock, Clock(1e9))
+    tracker = make_tracker(clock=clock, wall=Clock(1e9))
     fn = jax.jit(lambda x: jnp.tanh(x @ x.T))
     f = jaxmon.track(fn)
     sizes = [8, 16, 24, 32, 40, 8]  # five programs, then the first again (forgotten by then)
@@ -253,7 +216,7 @@ def test_a_reading_reads_no_step_of_the_window_whatever_its_length(make_tracker:
     keys = [(d.platform, d.id) for d in jax.devices()]
     for window in (10, 10_000):
         clock = Clock(0.0)
-        tracker = make_tracker(clock, Clock(1e9), window=window)
+        tracker = make_tracker(clock=clock, wall=Clock(1e9), window=window)
         jaxmon.step(0, ready())
         booked(tracker, 1)
         acct = tracker._acct
