@@ -55,7 +55,8 @@ assert "jaxmon.sources.kubernetes_api" not in sys.modules, "loaded before its la
 out["node mode with the kubelet"] = rss()
 from jaxmon.dra import resolve
 from jaxmon.sources.kubelet import ClaimedDevice
-from jaxmon.sources.kubernetes_api import ApiClient, ClusterCache, InCluster
+from jaxmon.sources.cluster_cache import ClusterCache
+from jaxmon.sources.kubernetes_api import ApiClient, InCluster
 out["+ kubernetes_api, dra imported"] = rss()
 env, account = json.loads(sys.argv[1]), sys.argv[2]
 from pathlib import Path

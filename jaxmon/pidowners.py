@@ -11,8 +11,10 @@ The kubernetes collector calls it each poll with the pids the nvml collector rep
   pod, gives the pod without a container name, never another container's.
 - A process whose cgroup names a pod the list does not have (a pod newer than the last list, or none listed yet):
   no owner labels at all on its series (an empty owner set: the transform then writes none), never its GPU's
-  holders, which may be other pods. Each such process is counted once
-  (`jaxmon_kubernetes_process_problems_total{reason="pod_not_listed"}`) where a list has come, and logged once.
+  holders, which may be other pods. The collector asks for a pods list at once (jaxmon.sources.kubernetes_api:
+  `ClusterCache.want_pods`), so a new pod's processes are named a poll or two later. A process whose pod a list
+  taken after it was first seen still does not name (a static pod, whose mirror has another UID) is counted once
+  (`jaxmon_kubernetes_process_problems_total{reason="pod_not_listed"}`) and logged once.
 - A process whose cgroup names no pod (the host's, a plain container's), or that ended before its cgroup was read,
   is not in the map: its series keep their GPU's owners, as before.
 
@@ -24,7 +26,8 @@ without a node name (no API server lists) no process gets an owner of its own.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -76,15 +79,18 @@ class PodProcesses:
     """The owners of the processes on the node's GPUs, read from `<procfs>/<pid>/cgroup` (cached by start time) and
     named by the API server's pods; counts the processes of pods the list does not name, each once."""
 
-    def __init__(self, procfs: Path) -> None:
+    def __init__(self, procfs: Path, clock: Callable[[], float] = time.monotonic) -> None:
         self._owners = cgroups.ProcessOwners(procfs)
+        self._clock = clock
+        self._first: dict[tuple[int, str], float] = {}  # (pid, pod UID) unnamed -> when first seen so
         self._counted: set[tuple[int, str]] = set()
         self.problems = 0
         self._errors = ErrorLog(log, math.inf)
 
-    def update(self, gpus: Iterable[GpuProcesses], pods: PodIndex | None, listed: bool) -> Named:
-        """The owners of `gpus`' processes by `pods` (None: no API server, so none can be named); `listed`: whether
-        the pods list has come at least once (before it, an unnamed pod is not a problem yet)."""
+    def update(self, gpus: Iterable[GpuProcesses], pods: PodIndex | None, taken: float | None) -> Named:
+        """The owners of `gpus`' processes by `pods` (None: no API server, so none can be named); `taken`: when
+        that pods list came (the clock's time; None before the first), which says whether an unnamed pod is a
+        problem yet."""
         wanted = {pid for gpu in gpus for pid in gpu.pids}
         if pods is None:
             if wanted:
@@ -96,8 +102,10 @@ class PodProcesses:
                 )
             return Named()
         named = name_processes(self._owners.owners(wanted), pods)
-        if listed:
-            new = {(pid, uid) for pid, uid in named.unlisted.items()} - self._counted
+        now = self._clock()
+        self._first = {key: self._first.get(key, now) for key in named.unlisted.items()}
+        if taken is not None:
+            new = {key for key, first in self._first.items() if taken > first} - self._counted
             for pid, uid in sorted(new):
                 log.warning("a process on a GPU runs in a pod the API server does not list", pid=pid, pod_uid=uid)
             self.problems += len(new)

@@ -67,7 +67,8 @@ from jaxmon.sources.kubelet.stubs import StubsUnavailable
 
 if TYPE_CHECKING:  # imported where the node's name is known or the kubelet reports DRA claims (RSS: issue 35)
     from jaxmon.dra import ProblemCounter, Resolution
-    from jaxmon.sources.kubernetes_api import ApiHealth, ClusterCache, PodIndex
+    from jaxmon.sources.cluster_cache import ApiHealth, ClusterCache
+    from jaxmon.sources.kubernetes_api import PodIndex
 
 log = structlog.get_logger("jaxmon.collectors.kubernetes")
 
@@ -118,8 +119,8 @@ class KubernetesOptions(CollectorOptions):
     resourceslice_interval: Annotated[float, BeforeValidator(parse_duration), bounded(0.0, 86400.0)] = Field(
         default=60.0,
         description="How often the node's ResourceSlices and pods are listed from the API server (also at once, "
-        "at most every 5 s, when a newly claimed device is not yet in them); an API server that does not answer "
-        "leaves the last good lists in use.",
+        "at most every 5 s, when a newly claimed device or a GPU process's pod is not yet in them); an API server "
+        "that does not answer leaves the last good lists in use.",
     )
     api_timeout: Annotated[float, BeforeValidator(parse_duration), bounded(0.0, 60.0)] = Field(
         default=5.0, description="Deadline of one request to the API server (a list of several pages: 6 times that)."
@@ -217,7 +218,9 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         problems = dict(self._problems.counts) if self._problems is not None else {}
         # The processes on the GPUs at the nvml collector's last poll, named by the pods list (jaxmon.pidowners).
         gpus = [gpu for processes in self.ctx.exchange.read(GPU_PROCESSES) for gpu in processes]
-        named = self._processes.update(gpus, pods, view is not None and view.pods_taken is not None)
+        named = self._processes.update(gpus, pods, view.pods_taken if view is not None else None)
+        if named.unlisted and cache is not None:
+            cache.want_pods(named.unlisted.values())  # a pod newer than the list: named at a next poll
         state = replace(
             done.state,
             api=api,
@@ -284,7 +287,8 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
             node = self._node()
             if not node:
                 return None
-            from jaxmon.sources.kubernetes_api import ApiClient, ClusterCache, InCluster
+            from jaxmon.sources.cluster_cache import ClusterCache
+            from jaxmon.sources.kubernetes_api import ApiClient, InCluster
 
             account, timeout = self.opts.service_account, self.opts.api_timeout
             self._cache = ClusterCache(

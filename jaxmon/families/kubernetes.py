@@ -28,8 +28,9 @@ DRA_PROBLEMS = Spec(
 )
 PROCESS_PROBLEMS = Spec(
     "jaxmon_kubernetes_process_problems",
-    "Processes on the GPUs whose owner cannot be named, each counted once when found: pod_not_listed (its cgroup "
-    "names a pod UID the API server's pods on this node do not list). Their per-process series carry no pod.",
+    "Processes on the GPUs whose owner cannot be named, each counted once: pod_not_listed (its cgroup names a pod "
+    "UID that a pods list of this node taken after the process was found does not list, e.g. a static pod). Their "
+    "per-process series carry no pod.",
     True,
 )
 SPECS = (API_UP, API_FAILURES, API_LAST_SUCCESS, DRA_PROBLEMS, PROCESS_PROBLEMS)

@@ -63,10 +63,11 @@ def test_each_pod_sharing_a_time_sliced_gpu_gets_its_own_process_series_and_the_
 ) -> None:
     pids, flags = processes
     gpu = device(0)
-    gpu["processes"] = [
+    running = [
         {"pid": pid, "used": mem * GIB, "utilization": {"sm": sm, "memory": sm // 2, "encoder": 0, "decoder": 0}}
         for pid, (*_, sm, mem) in zip(pids, PODS, strict=True)
     ]
+    gpu["processes"] = running[:2]  # the third pod starts later
     nvml = Scenario(tmp_path / "nvml.json", [gpu])
     held = [
         pod(ns, name, container(ctr, {"nvidia.com/gpu": [f"{gpu['uuid']}::{n}"]}))
@@ -76,9 +77,11 @@ def test_each_pod_sharing_a_time_sliced_gpu_gets_its_own_process_series_and_the_
     listed = [
         pod_item(NODE, ns, name, uid, {ctr: f"{runtimes[rt]}://{cid}"}) for ns, name, ctr, uid, cid, rt, *_ in PODS
     ]
-    server, kubelet = FakeApiServer([], listed).start(), FakeKubelet(held).start()
+    server, kubelet = FakeApiServer([], listed[:2]).start(), FakeKubelet(held).start()
     try:
         args, env = server.node_mode(kubelet.socket, NODE)
+        # The lists' period is an hour: the third pod below is named only if its process asks for a list at once.
+        args += ["--collector.kubernetes.resourceslice-interval", "1h"]
         d = start_daemon(*args, "--poll.interval", f"{POLL}s", "--collector.nvml", *flags, env={**nvml.env(), **env})
 
         def own(s: Samples, family: str) -> dict[str, tuple[str, str, str, float]]:
@@ -94,6 +97,14 @@ def test_each_pod_sharing_a_time_sliced_gpu_gets_its_own_process_series_and_the_
             }
 
         expected_pods = {str(pid): (ns, name, ctr) for pid, (ns, name, ctr, *_) in zip(pids, PODS, strict=True)}
+        first = dict(list(expected_pods.items())[:2])
+        d.wait_for(
+            lambda s: {p: v[:3] for p, v in own(s, "jaxmon_process_sm_utilization_ratio").items()} == first,
+            what="the first two pods' processes named",
+        )
+        # The third pod is scheduled (the API server lists it), then its process starts on the GPU.
+        server.update(pods=listed)
+        nvml.update(0, processes=running)
         s = d.wait_for(
             lambda s: {p: v[:3] for p, v in own(s, "jaxmon_process_sm_utilization_ratio").items()} == expected_pods,
             what="each process's SM series with its own pod",

@@ -20,8 +20,9 @@ from jaxmon.pidowners import PodProcesses, name_processes
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.cgroups import Owner as CgroupOwner
 from jaxmon.sources.cgroups import PodOwner, SlurmJob
+from jaxmon.sources.cluster_cache import ApiHealth
 from jaxmon.sources.kubelet import Allocation
-from jaxmon.sources.kubernetes_api import ApiHealth, pod_index
+from jaxmon.sources.kubernetes_api import pod_index
 from jaxmon.sources.node import NodeSource
 from tests.cgroup_tree import write_process
 from tests.fake_apiserver import pod_item
@@ -94,8 +95,8 @@ def test_cgroup_v1_and_v2_paths_go_through_to_the_labels_of_each_processs_own_se
     write_process(tmp_path, 302, crio_v2(UID_B, CID_B))
     write_process(tmp_path, 303, cgroupfs_v1(UID_GONE, CID_B2))
     write_process(tmp_path, 304, "0::/system.slice/nvidia-persistenced.service\n")
-    processes = PodProcesses(tmp_path)
-    named = processes.update([GpuProcesses("0", UUIDS[0], (301, 302, 303, 304))], PODS, listed=True)
+    processes = PodProcesses(tmp_path, clock=lambda: 10.0)
+    named = processes.update([GpuProcesses("0", UUIDS[0], (301, 302, 303, 304))], PODS, taken=11.0)
     held = tuple(
         Allocation(ns, pod, ctr, "nvidia.com/gpu", (f"{UUIDS[0]}::{n}",))
         for n, (ns, pod, ctr) in enumerate(
@@ -120,20 +121,28 @@ def test_cgroup_v1_and_v2_paths_go_through_to_the_labels_of_each_processs_own_se
     assert processes.problems == 1
 
 
-def test_a_pod_the_list_does_not_name_is_counted_once_and_only_once_a_list_has_come(tmp_path: Path) -> None:
+def test_a_pod_no_list_after_its_process_names_is_counted_once(tmp_path: Path) -> None:
     write_process(tmp_path, 7, systemd_v2(UID_GONE, CID_A))
     gpus = [GpuProcesses("0", UUIDS[0], (7,))]
-    processes = PodProcesses(tmp_path)
+    clock = [10.0]
+    processes = PodProcesses(tmp_path, clock=lambda: clock[0])
     with capture_logs() as logs:
-        assert processes.update(gpus, pod_index([]), listed=False).pids == {7: frozenset()}  # no list yet: no label
+        assert processes.update(gpus, pod_index([]), taken=None).pids == {7: frozenset()}  # no list yet: no label
         assert processes.problems == 0
+        # The list is older than the process (a pod started since): not named, and no problem yet.
         for _ in range(3):
-            assert processes.update(gpus, pod_index([]), listed=True).pids == {7: frozenset()}
+            clock[0] += 1
+            assert processes.update(gpus, pod_index([]), taken=9.0).pids == {7: frozenset()}
+        assert processes.problems == 0
+        # A list taken since the process was first seen does not name its pod either: one problem, however many polls.
+        for _ in range(3):
+            clock[0] += 1
+            assert processes.update(gpus, pod_index([]), taken=10.5).pids == {7: frozenset()}
     assert processes.problems == 1
     assert [e["pid"] for e in logs if "does not list" in e["event"]] == [7]
     # Listed at last: named, nothing more counted.
     listed = pod_index([pod_item("node-a", "team-c", "late", UID_GONE, {"main": f"containerd://{CID_A}"})])
-    assert processes.update(gpus, listed, listed=True).pids == {7: frozenset({Owner("team-c", "late", "main")})}
+    assert processes.update(gpus, listed, taken=20.0).pids == {7: frozenset({Owner("team-c", "late", "main")})}
     assert processes.problems == 1
 
 
@@ -142,7 +151,7 @@ def test_without_the_api_servers_pods_no_process_is_named_and_it_is_said_once(tm
     processes = PodProcesses(tmp_path)
     with capture_logs() as logs:
         for _ in range(3):
-            assert processes.update([GpuProcesses("0", UUIDS[0], (7,))], None, listed=False).pids == {}
+            assert processes.update([GpuProcesses("0", UUIDS[0], (7,))], None, taken=None).pids == {}
     said = [e for e in logs if "NODE_NAME" in e.get("error", "")]
     assert len(said) == 1 and said[0]["log_level"] == "warning", logs
     assert KubernetesState().owners.pids == {}

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from jaxmon.dra import NOT_IN_SLICES, ClaimHolder, ProblemCounter, resolve
+from jaxmon.sources.cluster_cache import ClusterCache
 from jaxmon.sources.kubelet import Allocation, ClaimedDevice, PodResourcesClient
-from jaxmon.sources.kubernetes_api import ApiClient, ApiError, ClusterCache, InCluster
+from jaxmon.sources.kubernetes_api import ApiClient, ApiError, InCluster
 from tests.fake_apiserver import FakeApiServer, nvidia_slice, pod_item, tpu_slice
 from tests.fake_kubelet import FakeKubelet, claim, claimed, container, pod
 from tests.helpers import wait_until
@@ -197,5 +198,37 @@ def test_a_claimed_device_no_slice_names_is_a_problem_and_costs_the_api_server_o
             ("uuid", UUIDS[2].lower()): {ClaimHolder("team-d", "newer", "main", "gpus")},
         }
         assert counter.counts == {NOT_IN_SLICES: 1}
+    finally:
+        cache.stop()
+
+
+def test_a_process_of_a_pod_newer_than_the_list_asks_for_one_pods_list_at_once(server: FakeApiServer) -> None:
+    cache = ClusterCache(lambda: _client(server), NODE, interval=3600, min_gap=0).start()
+
+    def pod_lists() -> int:
+        return sum(c.startswith("/api/v1/pods") for c in server.calls())
+
+    try:
+        wait_until(lambda: cache.health().refreshes >= 1, timeout=30, what="the first lists")
+        assert pod_lists() == 1 and "uid-new" not in cache.view().pods.pods
+        # Known pods ask for nothing.
+        asked = cache._last_demand
+        cache.want_pods(["uid-train", "uid-nb"])
+        assert cache._last_demand == asked and cache.health().refreshes == 1
+        # A pod scheduled since the list: a process of it asks for a list, not waiting for the hour's period.
+        server.update(pods=[*PODS, pod_item(NODE, "team-c", "new", "uid-new", {"main": "containerd://ddd"})])
+        cache.want_pods(["uid-train", "uid-new"])
+        wait_until(lambda: "uid-new" in cache.view().pods.pods, timeout=30, what="the new pod listed")
+        assert cache.view().pods.pods["uid-new"] == ("team-c", "new")
+        assert pod_lists() == 2
+        # A UID no list names (a pod of another node, or deleted): one list for it, then none at each poll.
+        cache.want_pods(["uid-gone"])
+        wait_until(lambda: pod_lists() == 3, timeout=30, what="one list for the unknown pod")
+        wait_until(lambda: cache.health().refreshes == 3, timeout=30, what="that refresh done")
+        asked = cache._last_demand
+        for _ in range(3):
+            cache.want_pods(["uid-gone"])
+        assert cache._last_demand == asked  # no refresh asked for (want_pods does not wait for one)
+        assert cache.health().refreshes == 3 and pod_lists() == 3
     finally:
         cache.stop()

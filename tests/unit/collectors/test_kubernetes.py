@@ -238,8 +238,8 @@ def test_the_api_server_options_default_to_the_pods_service_account_and_a_minute
 
 def test_dra_claims_are_listed_with_their_claim_and_the_api_servers_health_beside_them() -> None:
     from jaxmon.dra import index_slices, resolve
+    from jaxmon.sources.cluster_cache import ApiHealth
     from jaxmon.sources.kubelet import ClaimedDevice
-    from jaxmon.sources.kubernetes_api import ApiHealth
 
     slices = index_slices(
         [

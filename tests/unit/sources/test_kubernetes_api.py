@@ -12,15 +12,8 @@ from typing import Any
 import pytest
 
 from jaxmon.collectors.kubernetes import health_families
-from jaxmon.sources.kubernetes_api import (
-    ApiClient,
-    ApiError,
-    ApiHealth,
-    ClusterCache,
-    InCluster,
-    PodIndex,
-    pod_index,
-)
+from jaxmon.sources.cluster_cache import ApiHealth, ClusterCache
+from jaxmon.sources.kubernetes_api import ApiClient, ApiError, InCluster, PodIndex, pod_index
 from tests.helpers import wait_until
 
 PODS = json.loads(
