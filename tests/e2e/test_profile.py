@@ -69,15 +69,15 @@ def test_exposed_collectives_of_an_allreduce_step_and_none_without(start) -> Non
     is the loop's own time of the traced steps."""
     for kind in ("allreduce", "local"):
         child, url = start("--kind", kind, "--every", str(EVERY))
-        # Blocks 10-11, 20-21, 30-31: each sample ends (its trace read) before the next block's starts.
+        # Blocks 10-11 and 20-21: each sample ends (its trace read) before the next block's starts.
         done = []
-        for n, steps in enumerate((12, 10, 10), start=1):
+        for n, steps in enumerate((12, 10), start=1):
             done += child.send(f"steps {steps}")["done"]
             s = wait_for_samples(url, taken(n), f"sampled trace {n} of the {kind} loop", timeout=60)
-        assert by(s, "jaxmon_training_profiles_total", "result") == {"taken": 3, "busy": 0, "failed": 0}
+        assert by(s, "jaxmon_training_profiles_total", "result") == {"taken": 2, "busy": 0, "failed": 0}
         profiled = by(s, "jaxmon_training_profiled_seconds_total", "device", platform="cpu")
         assert sorted(profiled, key=int) == [str(d) for d in range(8)]
-        truth = blocks_of(done, 3)
+        truth = blocks_of(done, 2)
         exposed = by(s, "jaxmon_training_profile_seconds_total", "device", part="collective")
         if kind == "allreduce":
             # XProf's "highly communication-bound": 15 % of the step in exposed collectives, over the job's devices
@@ -88,7 +88,7 @@ def test_exposed_collectives_of_an_allreduce_step_and_none_without(start) -> Non
             assert sorted(parts) == sorted(PARTS)
             assert sum(parts.values()) == pytest.approx(seconds, rel=1e-9)
             # The waiter books each completion within a thread switch or two of the loop's own reading.
-            assert seconds == pytest.approx(truth, rel=0.05, abs=0.01 * 3), (device, seconds, truth)
+            assert seconds == pytest.approx(truth, rel=0.05, abs=0.01 * 2), (device, seconds, truth)
             collectives = by(s, "jaxmon_training_profile_collective_seconds_total", "op", device=device)
             if kind == "allreduce":
                 assert parts["collective"] >= 0.05 * seconds, (device, parts)
