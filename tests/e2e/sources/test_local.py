@@ -16,13 +16,13 @@ import jax, jax.numpy as jnp
 from jaxmon.sources.local.workload import live_array_bytes
 
 @jax.jit
-def slow(a):
-    return jax.lax.fori_loop(0, 600, lambda i, b: jnp.tanh(b @ a), a)
+def slow(a, n):  # n matmuls: a trip count known at run time, so one program serves every n
+    return jax.lax.fori_loop(0, n, lambda i, b: jnp.tanh(b @ a), a)
 
 x = jnp.ones((1024, 1024), jnp.float32) / 1024  # 4 MiB, ready
-slow(x).block_until_ready()  # compiled
-running = slow(x)
-queued = slow(running)
+slow(x, 1).block_until_ready()  # compiled
+running = slow(x, 600)
+queued = slow(running, 1)
 assert not running.is_ready()
 totals = live_array_bytes(jax)
 print(running.is_ready(), totals[("cpu", 0)])
