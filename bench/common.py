@@ -50,6 +50,39 @@ def base_env(devices: int = 8, **extra: str) -> dict[str, str]:
     return jaxmon_env(extra, devices)
 
 
+def run_code(code: str, env: dict[str, str], tree: Path | None) -> dict[str, Any]:
+    """Run `code` in a child with this checkout's jaxmon, or with `tree`'s (an older commit's, for a before/after
+    comparison); its last line of output is JSON holding `jaxmon` (the jaxmon it imported, checked here)."""
+    env = {**env, "PATH": "/usr/bin:/bin"}
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tree or ROOT, capture_output=True, text=True, check=True
+    )
+    data: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    expected = (tree or ROOT) / "jaxmon" / "__init__.py"
+    assert Path(data["jaxmon"]) == expected, f"the child imported {data['jaxmon']}, not {expected}"
+    return data
+
+
+def mlp_step(layers: int) -> Any:
+    """A fresh MLP training step of `layers` square weights (its own function object: nothing cached from another
+    round), taking (params, x) and returning the new params. JAX is imported here: most benches must not."""
+    import jax
+    import jax.numpy as jnp
+
+    def loss(params: list[jax.Array], x: jax.Array) -> jax.Array:
+        for w in params:
+            x = jnp.tanh(x @ w)
+        return jnp.mean(x**2)
+
+    def step(params: list[jax.Array], x: jax.Array) -> list[jax.Array]:
+        grads = jax.grad(loss)(params, x)
+        return [w - 0.01 * g for w, g in zip(params, grads, strict=True)]
+
+    return step
+
+
 class Child(Process):
     """A child process logging to bench/results/NAME.log; stopped with SIGTERM, then SIGKILL."""
 

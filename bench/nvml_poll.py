@@ -28,7 +28,6 @@ Target: <= 5 ms per poll.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, median, save
+from common import ROOT, median, run_code, save
 
 sys.path.insert(0, str(ROOT))
 
@@ -86,16 +85,7 @@ def run_child(
     """One child's polls, from this checkout's jaxmon or from `tree`'s, with these NvmlOptions."""
     code = CHILD.replace("WARMUP", str(WARMUP)).replace("POLLS", str(polls)).replace("GPUS", str(GPUS))
     code = code.replace("PAUSE", str(PAUSE)).replace("OPTIONS", repr(options or {}))
-    env = {**scenario.env(), "PATH": "/usr/bin:/bin"}
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree)
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=tree or ROOT, capture_output=True, text=True, check=True
-    )
-    data: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    expected = (tree or ROOT) / "jaxmon" / "__init__.py"
-    assert Path(data["jaxmon"]) == expected, f"the child imported {data['jaxmon']}, not {expected}"
-    return data
+    return run_code(code, scenario.env(), tree)
 
 
 def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:

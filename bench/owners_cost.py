@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, median, save
+from common import ROOT, median, run_code, save
 
 sys.path.insert(0, str(ROOT))
 
@@ -104,16 +104,7 @@ def run_child(scenario: Scenario, uuids: list[str], tree: Path | None) -> dict[s
     """One child's renders, from this checkout's jaxmon or from `tree`'s."""
     code = CHILD.replace("UUIDS_LITERAL", repr(uuids)).replace("WARMUP", str(WARMUP)).replace("RENDERS", str(RENDERS))
     code = code.replace("STATES", str(STATES)).replace("GPUS", str(GPUS))
-    env = {**scenario.env(), "PATH": "/usr/bin:/bin"}
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree)
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=tree or ROOT, capture_output=True, text=True, check=True
-    )
-    data: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    expected = (tree or ROOT) / "jaxmon" / "__init__.py"
-    assert Path(data["jaxmon"]) == expected, f"the child imported {data['jaxmon']}, not {expected}"
-    return data
+    return run_code(code, scenario.env(), tree)
 
 
 def summary(rounds: list[dict[str, Any]], key: str) -> dict[str, Any]:

@@ -30,13 +30,12 @@ import argparse
 import gc
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import median, save
+from common import median, mlp_step, save
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jaxmon
@@ -49,19 +48,6 @@ WIDTH = 1024
 
 def P(*axes: Any) -> PartitionSpec:
     return PartitionSpec(*axes)
-
-
-def make_step(layers: int) -> Callable[..., Any]:
-    def loss(params: list[jax.Array], x: jax.Array) -> jax.Array:
-        for w in params:
-            x = jnp.tanh(x @ w)
-        return jnp.mean(x**2)
-
-    def step(params: list[jax.Array], x: jax.Array) -> list[jax.Array]:
-        grads = jax.grad(loss)(params, x)
-        return [w - 0.01 * g for w, g in zip(params, grads, strict=True)]
-
-    return step
 
 
 def before(ops: Any, fn: Any, args: tuple[Any, ...]) -> None:
@@ -131,7 +117,7 @@ def main() -> None:
         if args.isolated:
             for _ in range(args.rounds):
                 for kind in ("before_ms", "measure_ms"):
-                    fn = jax.jit(make_step(layers))
+                    fn = jax.jit(mlp_step(layers))
                     with jax.set_mesh(mesh):
                         jax.block_until_ready(fn(params, x))
                         start = time.perf_counter()
@@ -145,7 +131,7 @@ def main() -> None:
             results.append(row)
             continue
         for _ in range(args.rounds):
-            fn = jax.jit(make_step(layers))
+            fn = jax.jit(mlp_step(layers))
             with jax.set_mesh(mesh):
                 jax.block_until_ready(fn(params, x))
                 collector.reset()
@@ -153,7 +139,7 @@ def main() -> None:
                 before(ops, fn, (params, x))
                 rows["before_ms"].append((time.perf_counter() - start) * 1e3)
                 rows["before_gc_ms"].append(collector.total * 1e3)
-            fn = jax.jit(make_step(layers))
+            fn = jax.jit(mlp_step(layers))
             with jax.set_mesh(mesh):
                 jax.block_until_ready(fn(params, x))
                 collector.reset()

@@ -28,28 +28,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from common import median, save
+from common import median, mlp_step, save
 
 import jaxmon
 from jaxmon import training
 from jaxmon.sources.local import CompileCounters
 
 WIDTH = 512
-
-
-def make_step(layers: int) -> Callable[..., Any]:
-    """A fresh MLP training step (its own function object: nothing cached from another round)."""
-
-    def loss(params: list[jax.Array], x: jax.Array) -> jax.Array:
-        for w in params:
-            x = jnp.tanh(x @ w)
-        return jnp.mean(x**2)
-
-    def step(params: list[jax.Array], x: jax.Array) -> list[jax.Array]:
-        grads = jax.grad(loss)(params, x)
-        return [w - 0.01 * g for w, g in zip(params, grads, strict=True)]
-
-    return step
 
 
 def first_call(fn: Callable[..., Any], params: list[jax.Array], x: jax.Array) -> float:
@@ -73,9 +58,9 @@ def main() -> None:
         params = [jnp.eye(WIDTH) * 0.5 for _ in range(layers)]
         plain, tracked, measured, compiled = [], [], [], []
         for _ in range(args.rounds):
-            plain.append(first_call(jax.jit(make_step(layers)), params, x))
-            tracked.append(first_call(jaxmon.track(jax.jit(make_step(layers))), params, x))
-            fn = jax.jit(make_step(layers))
+            plain.append(first_call(jax.jit(mlp_step(layers)), params, x))
+            tracked.append(first_call(jaxmon.track(jax.jit(mlp_step(layers))), params, x))
+            fn = jax.jit(mlp_step(layers))
             first_call(fn, params, x)
             before = counters.as_dict()["compilations"]
             start = time.perf_counter()
@@ -83,7 +68,7 @@ def main() -> None:
             measured.append((time.perf_counter() - start) * 1e3)
             compiled.append(counters.as_dict()["compilations"] - before)
             assert program.cost is not None and program.cost.flops
-        ops = len(jax.jit(make_step(layers)).lower(params, x).as_text().splitlines())
+        ops = len(jax.jit(mlp_step(layers)).lower(params, x).as_text().splitlines())
         row = {
             "layers": layers,
             "hlo_lines": ops,
