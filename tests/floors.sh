@@ -5,6 +5,7 @@
 # so CI does. A floor the code outgrows fails here, not in a trainer's environment that pins an old version.
 #
 #   bash tests/floors.sh [pytest arguments]
+#   bash tests/floors.sh --prepare      make or update the venv only (tests/run.sh does it beside the main run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,5 +20,6 @@ if ! [ -x $VENV/bin/python ] || ! sha256sum --check --status "$STAMP" 2>/dev/nul
   $VENV/bin/python -m pip install -q -c $VENV/constraints.txt -e '.[serve,top]' -r $VENV/requirements.txt
   sha256sum pyproject.toml tests/floors.py >"$STAMP"
 fi
+if [ "${1:-}" = "--prepare" ]; then exit 0; fi
 $VENV/bin/python tests/floors.py check
 JAX_NUM_CPU_DEVICES=8 exec $VENV/bin/python -m pytest tests/unit -n 2 "$@"

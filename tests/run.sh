@@ -7,7 +7,7 @@
 #                               changed, no apt-get, no lint; the fast loop while writing code
 #
 # The whole suite ends with tests/floors.sh: the unit tests again in a venv of their own (.venv-floors) with every
-# runtime dependency at its declared floor (about 100 s from scratch, 40 s with the venv made).
+# runtime dependency at its declared floor (the venv is made beside pytest; its tests take 30-50 s).
 #
 # Arguments after these go to pytest, e.g. `bash tests/run.sh --unit -k spool -x`.
 set -euo pipefail
@@ -66,10 +66,26 @@ install_venv
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy
+# mypy and the floors' venv (tests/floors.sh --prepare) run beside pytest: both are CPU for a minute or so, and
+# pytest's end-to-end tests spend much of their time waiting (for Prometheus' rule windows, for children). Their
+# output comes after pytest's; a failure of either fails the run.
+logs=$(mktemp -d)
+.venv/bin/mypy >"$logs/mypy" 2>&1 &
+mypy_pid=$!
+bash tests/floors.sh --prepare >"$logs/floors-venv" 2>&1 &
+floors_pid=$!
 # pyproject.toml's testpaths (tests/unit and tests/e2e) on two workers, each file a group run on one worker; the
 # longest end-to-end files (tests/conftest.py's LONG_LANE) are one group, started first. `-n 0` runs them all in
 # one process.
-JAX_NUM_CPU_DEVICES=8 .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
+tests=0
+JAX_NUM_CPU_DEVICES=8 .venv/bin/python -m pytest -n 2 --dist loadfile "$@" || tests=$?
+types=0
+wait $mypy_pid || types=$?
+cat "$logs/mypy"
+if [ "$tests" -ne 0 ] || [ "$types" -ne 0 ]; then
+  kill $floors_pid 2>/dev/null || true
+  exit $((tests ? tests : types))
+fi
+wait $floors_pid || { status=$?; cat "$logs/floors-venv"; exit "$status"; }
 # Every runtime dependency at its `>=` floor in pyproject.toml, the unit suite again (tests/floors.sh).
 bash tests/floors.sh -q
