@@ -69,7 +69,7 @@ IDLE_SM_GPU = 2
 KUBELET_TTL = 3.0
 # The kubelet outage: its labels are gone for all but the TTL of it. The alerts' `for:` are 4 s here (from 1 to 15
 # minutes shipped): an alert whose condition the outage made true would fire many times over within it.
-OUTAGE_SECONDS = 30.0
+OUTAGE_SECONDS = 20.0
 STALL_ALERTS = ("JaxmonTrainingProcessStalled", "JaxmonTrainingStalled")
 
 
@@ -270,30 +270,31 @@ def test_a_steady_job_fires_nothing(view: View) -> None:
 def test_the_jobs_tokens_per_second_is_the_sum_over_its_processes(view: View) -> None:
     """Every process passes the job's global batch and tokens to jaxmon.step() and exports its share: sum() over
     the job's series is the job's tokens/s, as the loop measures it (within 5 %)."""
-    # A minute of steps in Prometheus first: rate() over [1m] of a series younger than the window under-reads (it
-    # extrapolates at most a scrape interval past the first sample), and Prometheus's first scrape of the job comes
-    # some seconds after the loop's first step. A sample 62 s old says the window is covered.
+    # Half a minute of steps in Prometheus first (the loop measures over its last 30 s too): rate() over [30s] of a
+    # series younger than the window under-reads (it extrapolates at most a scrape interval past the first sample),
+    # and Prometheus's first scrape of the job comes some seconds after the loop's first step. A sample 32 s old
+    # says the window is covered.
     started = float(view.job[0].send("status")["started"])
     assert started > 0
     view.prometheus.wait_for(
-        f'jaxmon_training_tokens_total{{workload="{WORKLOAD}"}} offset 62s',
+        f'jaxmon_training_tokens_total{{workload="{WORKLOAD}"}} offset 32s',
         lambda r: len(r) == PROCESSES,
-        "a minute of every process's tokens in Prometheus",
+        "half a minute of every process's tokens in Prometheus",
         timeout=150,
     )
     status = view.job[0].send("status")
     measured, at = float(status["tokens_per_second"]), float(status["time"])
     assert measured > 0, status
     (result,) = view.prometheus.api(
-        "query", query=f'sum(rate(jaxmon_training_tokens_total{{workload="{WORKLOAD}"}}[1m]))', time=at
+        "query", query=f'sum(rate(jaxmon_training_tokens_total{{workload="{WORKLOAD}"}}[30s]))', time=at
     )["result"]
     exported = float(result["value"][1])
-    steps = view.prometheus.query(f'rate(jaxmon_training_steps_total{{workload="{WORKLOAD}"}}[1m])')
+    steps = view.prometheus.query(f'rate(jaxmon_training_steps_total{{workload="{WORKLOAD}"}}[30s])')
     problems = view.prometheus.query("jaxmon_training_tracking_problems_total")
     assert exported == pytest.approx(measured, rel=0.05), (exported, measured, status, steps, problems)
     # Each process exports a quarter of it.
     shares = view.prometheus.api(
-        "query", query=f'rate(jaxmon_training_tokens_total{{workload="{WORKLOAD}"}}[1m])', time=at
+        "query", query=f'rate(jaxmon_training_tokens_total{{workload="{WORKLOAD}"}}[30s])', time=at
     )["result"]
     assert len(shares) == PROCESSES
     for share in shares:

@@ -12,7 +12,7 @@ step in flight (it waits for step n-1 after dispatching step n, as a loop that l
 Commands on stdin, one per line, each answered with `OK <json>`:
   delay MS     sleep MS before dispatching each step from now on (a host-bound process: a slow input pipeline)
   stall        stop dispatching steps; jaxmon keeps serving (a hung input pipeline)
-  status       the last dispatched step number, and the job's tokens per second over the last minute as this loop
+  status       the last dispatched step number, and the job's tokens per second over the last 30 s as this loop
                measures them (steps it saw complete x the global batch's tokens, over wall time): `tokens_per_second`
                and the unix `time` it was taken at; `started`: when the first step completed (unix time)
   exit
@@ -52,7 +52,7 @@ def answer(**fields: object) -> None:
 
 # Each row of the global batch stands for a sequence of this many tokens.
 TOKENS_PER_EXAMPLE = 128
-WINDOW = 60.0
+WINDOW = 30.0
 
 
 class Loop:
@@ -112,7 +112,7 @@ class Loop:
             n += 1
 
     def tokens_per_second(self) -> tuple[float, float]:
-        """The job's tokens per second over the last minute, as this loop measures them, and when."""
+        """The job's tokens per second over the last WINDOW seconds, as this loop measures them, and when."""
         now = time.time()
         with self.lock:
             first = next(((t, c) for t, c in self.completions if t >= now - WINDOW), None)
