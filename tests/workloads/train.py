@@ -184,8 +184,10 @@ def main() -> None:
                 params = tracked(params, x, y)
                 jaxmon.step(number, params["b"], examples=256, tokens=2560, model_flops=8e6)
                 jax.block_until_ready(params)
-                if collective:  # an all-reduce over every device, in the step's interval
-                    # (its input freed at once: the process's live arrays stay the step's)
+                if collective:  # an all-reduce over every device, in the next step's interval
+                    # (its input freed at once: the process's live arrays stay the step's), once jaxmon has booked
+                    # this step complete: run before that, it would lie before the next step's interval starts
+                    booked(number)
                     jax.block_until_ready(all_sum(jax.device_put(np.ones(8 * 1024, np.float32), spread)))
                 done.append(time.monotonic())
                 done_unix = time.time()
