@@ -60,10 +60,12 @@ def _check_against_the_loop(s: Samples, answer: dict[str, Any], **labels: str) -
     data = sample(s, "jaxmon_training_badput_seconds_total", **labels, kind="data")
     assert data is not None and data <= sum(answer["loads"]) + 1e-3
     counted = total - (data - answer["loads"][0])
-    # Within 5 %: a millisecond either way of a ~30 ms window (the first block's share, which the loop times from
-    # outside the block); with the data blocks left in (the old denominator) it would be several times lower.
+    # Within 2 ms either way of a ~30 ms window (the first block's share, which the loop times from outside the
+    # block, and a thread switch; 1.7 ms was seen on a quiet machine); with the data blocks left in (the old
+    # denominator) it would be several times lower.
     mfu = sample(s, "jaxmon_training_model_flops_utilization_ratio", **per_device)
-    assert mfu == pytest.approx((STEPS - 1) * 1e6 / (counted * PEAK), rel=0.05)
+    assert mfu is not None
+    assert (STEPS - 1) * 1e6 / ((counted + 0.002) * PEAK) <= mfu <= (STEPS - 1) * 1e6 / ((counted - 0.002) * PEAK)
     hfu = sample(s, "jaxmon_training_hardware_flops_utilization_ratio", **per_device)
     assert hfu == pytest.approx((STEPS - 1) * flops / (counted * PEAK), rel=0.05)
     # The blocks as the loop timed them (a loaded machine wakes a 20 ms sleep late: 0.236 s for 0.2 s was seen).
