@@ -19,18 +19,17 @@ UID = "7c9e6679-7425-40de-944b-e07fc1f90ae7"
 CID = "0123456789abcdef" * 4
 
 
-def cgroups(controller: str | None) -> Iterator[Cgroups]:
-    yield from made(controller, "tests/unit/sources/test_cgroups.py reads the paths")
+INSTEAD = "tests/unit/sources/test_cgroups.py reads the paths"
 
 
 @pytest.fixture
 def v2() -> Iterator[Cgroups]:
-    yield from cgroups(None)
+    yield from made(None, INSTEAD)
 
 
 @pytest.fixture
 def v1_freezer() -> Iterator[Cgroups]:
-    yield from cgroups("freezer")
+    yield from made("freezer", INSTEAD)
 
 
 @pytest.mark.parametrize(
