@@ -34,8 +34,8 @@ from jaxmon.model import DeviceInfo
 from jaxmon.probe.engine import PROBE_THREAD_PREFIX
 from jaxmon.sources.local.devices import LocalSource
 from jaxmon.sources.local.profiler import JaxProfiler
-from jaxmon.training import hlo
 from jaxmon.training.communication import Communication, Compiled
+from jaxmon.xla import hlo
 
 
 @dataclass(frozen=True)
