@@ -12,9 +12,9 @@ import structlog
 
 from jaxmon.finalization import EXIT_WAIT, before_finalization
 from jaxmon.logsetup import ensure_library_logging
-from jaxmon.probe.engine import PROBE_THREAD_PREFIX
 from jaxmon.publisher import default_workload_name
 from jaxmon.settings import Settings
+from jaxmon.threads import PROBE
 
 log = structlog.get_logger("jaxmon.embedded")
 
@@ -119,7 +119,7 @@ class Exporter:
         self.stop()
         deadline = time.monotonic() + EXIT_WAIT
         for thread in threading.enumerate():
-            if thread.name.startswith(PROBE_THREAD_PREFIX):
+            if thread.name.startswith(PROBE):
                 thread.join(max(deadline - time.monotonic(), 0.0))
                 if thread.is_alive():
                     log.warning("exiting while a probe is still inside JAX", thread=thread.name)

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxmon.model import HOST_MEMORY_KINDS, ArrayBytes, DeviceKey
-from jaxmon.probe.engine import PROBE_THREAD_PREFIX
 from jaxmon.sources.local.devices import LocalSource
 from jaxmon.sources.local.probe import _OWN, _OWN_LOCK
+from jaxmon.threads import on_probe_thread
 from jaxmon.training.reading import TrainingReading
 from jaxmon.training.tracker import Tracker
 
@@ -218,7 +218,7 @@ class CompileCounters:
             return cls._instance
 
     def _on_event(self, event: str, **_: str | int) -> None:
-        if threading.current_thread().name.startswith(PROBE_THREAD_PREFIX):
+        if on_probe_thread():
             return  # the probe's own cache traffic is not the workload's
         if event == self.CACHE_HIT_EVENT:
             self._looking.request = False
@@ -238,7 +238,7 @@ class CompileCounters:
     def _on_duration(self, event: str, duration_secs: float, **_: str | int) -> None:
         if event == self.COMPILE_EVENT:
             # The event fires on the compiling thread: the probe compiles on its own workers, and is not counted.
-            if threading.current_thread().name.startswith(PROBE_THREAD_PREFIX):
+            if on_probe_thread():
                 return
             self._missed()
             with self._lock:
