@@ -8,7 +8,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from jaxmon import training
 from jaxmon.model import HOST_MEMORY_KINDS, ArrayBytes, DeviceKey
+from jaxmon.sources import TraceDemand
 from jaxmon.sources.local.devices import LocalSource
 from jaxmon.sources.local.probe import _OWN, _OWN_LOCK
 from jaxmon.threads import on_probe_thread
@@ -27,11 +29,6 @@ class InProcessWorkload:
         self._tracker = tracker
         self._devices: frozenset[tuple[str, int]] | None = None  # the tracker's devices, read on first use
 
-    @property
-    def tracker(self) -> Tracker | None:
-        """The training tracker this process's exporter or publisher holds (jaxmon.training.release() at its stop)."""
-        return self._tracker
-
     def training(self) -> TrainingReading | None:
         """The training tracker's reading with its sampled traces' (jaxmon.training.sampler), None without one."""
         tracker = self._tracker
@@ -39,6 +36,16 @@ class InProcessWorkload:
         if reading is None or tracker is None:
             return reading
         return dataclasses.replace(reading, profile=tracker.sampler.reading())
+
+    @property
+    def trace_demand(self) -> TraceDemand | None:
+        """The tracker's traces on demand (jaxmon.training.sampler), None without a tracker."""
+        return None if self._tracker is None else self._tracker.sampler.demand
+
+    def release(self) -> None:
+        """The holder of this view stopped: its share of the tracker goes (jaxmon.training.release)."""
+        if self._tracker is not None:
+            training.release(self._tracker)
 
     def training_devices(self, within: float) -> frozenset[tuple[str, int]]:
         """This process's devices (those its steps run on: the tracker's) when a step ended within the last
