@@ -1,9 +1,7 @@
-"""The names of jaxmon's threads: each one jaxmon starts is named `PREFIX` + what it does (`jaxmon-training`,
-`jaxmon-http`, ...), so a thread list, a profile or `py-spy dump` says which threads are jaxmon's.
+"""jaxmon's own threads: the prefix every one of their names starts with, and the probe's workers' names.
 
-The probe's workers are named `PROBE` + the device: JAX work on them (compilations, cache lookups, monitoring
-events) is jaxmon's own, never the workload's, and the listeners that count the workload's leave it out
-(`on_probe_thread()`). A leaf: it imports no other jaxmon module.
+A leaf module (it imports nothing of jaxmon), so that any room can name its threads and tell jaxmon's from the
+user's (a jax.monitoring event of a jaxmon thread is no training time) without importing up.
 """
 
 from __future__ import annotations
@@ -11,9 +9,12 @@ from __future__ import annotations
 import threading
 
 PREFIX = "jaxmon-"
+# The probe's workers, `PROBE` + the device's name: JAX work on them (compilations, cache lookups, monitoring events)
+# is jaxmon's own, never the workload's.
 PROBE = PREFIX + "probe-"
 
 
 def on_probe_thread() -> bool:
-    """Whether the calling thread is one of the probe's workers."""
+    """Whether the calling thread is one of the probe's workers (the listeners that count the workload's
+    compilations and badput leave their events out)."""
     return threading.current_thread().name.startswith(PROBE)

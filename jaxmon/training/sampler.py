@@ -33,7 +33,6 @@ from jaxmon.xla.profile import Trace, read
 
 log = structlog.get_logger("jaxmon.training.sampler")
 
-PARTS = ("compute", "collective", "copy", "idle")
 RESULTS = ("taken", "busy", "failed")
 # The trace starts when step n0 - LEAD is handed: step n0 - 1 may be dispatched right after, and its completion
 # (the start of n0's window) must come after the trace started.

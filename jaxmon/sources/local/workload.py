@@ -14,6 +14,7 @@ from jaxmon.sources import TraceDemand
 from jaxmon.sources.local.devices import LocalSource
 from jaxmon.sources.local.probe import _OWN, _OWN_LOCK
 from jaxmon.threads import on_probe_thread
+from jaxmon.training.handed import COMPILE_EVENT
 from jaxmon.training.reading import TrainingReading
 from jaxmon.training.tracker import Tracker
 
@@ -196,7 +197,7 @@ class CompileCounters:
     names are looked up in the installed JAX; a version that emits fewer simply leaves those counters at 0.
     """
 
-    COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+    COMPILE_EVENT = COMPILE_EVENT  # one name for JAX's event: the tracker's (its compile badput)
     CACHE_REQUEST_EVENT = "/jax/compilation_cache/compile_requests_use_cache"
     CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
