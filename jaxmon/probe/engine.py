@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from jaxmon import threads
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
 from jaxmon.probe.baseline import Baseline, BaselineStore
+from jaxmon.threads import PROBE
 
 log = structlog.get_logger("jaxmon.probe")
 
@@ -114,7 +114,7 @@ class DeviceProbe:
         self._stopping = threading.Event()
         self._busy_since: float | None = None
         self._abandoned = False  # run_once stopped waiting for the run in flight
-        self._thread = threading.Thread(target=self._work, name=f"{threads.PROBE}{device.name}", daemon=True)
+        self._thread = threading.Thread(target=self._work, name=f"{PROBE}{device.name}", daemon=True)
         self._thread.start()
 
     def status(self) -> ProbeStatus:

@@ -8,12 +8,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from jaxmon import training
 from jaxmon.model import HOST_MEMORY_KINDS, ArrayBytes, DeviceKey
 from jaxmon.sources import TraceDemand
 from jaxmon.sources.local.devices import LocalSource
 from jaxmon.sources.local.probe import _OWN, _OWN_LOCK
 from jaxmon.threads import on_probe_thread
+from jaxmon.training import release as release_tracker
 from jaxmon.training.handed import COMPILE_EVENT
 from jaxmon.training.reading import TrainingReading
 from jaxmon.training.tracker import Tracker
@@ -46,7 +46,7 @@ class InProcessWorkload:
     def release(self) -> None:
         """The holder of this view stopped: its share of the tracker goes (jaxmon.training.release)."""
         if self._tracker is not None:
-            training.release(self._tracker)
+            release_tracker(self._tracker)
 
     def training_devices(self, within: float) -> frozenset[tuple[str, int]]:
         """This process's devices (those its steps run on: the tracker's) when a step ended within the last
