@@ -1,4 +1,4 @@
-"""Time to read a large program's collectives from its HLO text (jaxmon.training.hlo.parse, issue 34 groundwork).
+"""Time to read a large program's collectives from its HLO text (jaxmon.xla.hlo.parse, issue 34 groundwork).
 
     .venv/bin/python bench/hlo_parse.py            # about 10 seconds
 
@@ -19,7 +19,7 @@ import time
 
 from common import save
 
-from jaxmon.training.hlo import parse, summarize
+from jaxmon.xla.hlo import parse, summarize
 
 META = ', metadata={{op_name="jit(train_step)/transpose(jvp(while))/body/closed_call/layer_{i}/dot_general"' \
     ' source_file="/workspace/model/transformer.py" source_line={i}}}'  # fmt: skip

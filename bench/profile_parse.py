@@ -1,4 +1,4 @@
-"""Time to read a profile and split each device's time (jaxmon.profile, issue 34 groundwork), and how long the
+"""Time to read a profile and split each device's time (jaxmon.xla.profile, issue 34 groundwork), and how long the
 parse keeps a training thread from the GIL.
 
     JAX_NUM_CPU_DEVICES=8 .venv/bin/python bench/profile_parse.py      # about a minute
@@ -42,8 +42,8 @@ from common import ROOT, save
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxmon.profile import read
-from jaxmon.profile.xspace import parse
+from jaxmon.xla.profile import read
+from jaxmon.xla.xspace import parse
 from tests.xspace_fakes import Kernel, gpu_space
 
 assert ROOT  # bench/common.py puts the repository on sys.path

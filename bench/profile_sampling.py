@@ -7,7 +7,7 @@ weights replicated (their gradients all-reduced over `data`), at most two steps 
 handed to jaxmon's real tracker (`Tracker.step`, as `jaxmon.step()` does).
 
 1. One sample, piece by piece (--samples times): jaxmon's session start and stop (JaxProfiler), the parse and split
-   (`jaxmon.profile.read`, `Trace.split`) of its 2 steps, and the traced steps' time against the untraced ones'.
+   (`jaxmon.xla.profile.read`, `Trace.split`) of its 2 steps, and the traced steps' time against the untraced ones'.
 2. The training thread while a sample is parsed: the loop's median step with a thread parsing that trace over and
    over (as the sampler's thread does once per sample), against without, alternating blocks.
 3. Throughput: alternating runs of --steps steps with sampling on (every --every steps, 2 steps each) and off, in one
@@ -37,11 +37,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxmon.collectors.training import PROFILE_EVERY
-from jaxmon.profile import read
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.profiler import JaxProfiler
 from jaxmon.sources.local.training import JaxTraining
 from jaxmon.training.tracker import Tracker, TrackerConfig
+from jaxmon.xla.profile import read
 
 RESULTS = Path(os.environ.get("JAXMON_BENCH_RESULTS", Path(__file__).resolve().parent / "results"))
 

@@ -41,7 +41,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import jaxmon
 from jaxmon import training
 from jaxmon.sources.local.training import cost_numbers
-from jaxmon.training import hlo
+from jaxmon.xla import hlo
 
 WIDTH = 1024
 

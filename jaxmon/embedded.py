@@ -12,9 +12,10 @@ import structlog
 
 from jaxmon.finalization import EXIT_WAIT, before_finalization
 from jaxmon.logsetup import ensure_library_logging
-from jaxmon.probe.engine import PROBE_THREAD_PREFIX
 from jaxmon.publisher import default_workload_name
 from jaxmon.settings import Settings
+from jaxmon.sources import InProcess
+from jaxmon.threads import PROBE
 
 log = structlog.get_logger("jaxmon.embedded")
 
@@ -32,7 +33,7 @@ class Exporter:
         self._stopped = False
         self._stop_lock = threading.Lock()
         source, in_process = workload_source(settings)  # the trainer's JAX: change none of its settings
-        self._tracker = in_process.tracker
+        self._in_process: InProcess | None = in_process  # released once, at the stop
         try:
             self.runtime = build_runtime(settings, source, workload=workload, in_process=in_process)
         except BaseException:
@@ -99,11 +100,9 @@ class Exporter:
                 _running = None
 
     def _release_tracker(self) -> None:
-        tracker, self._tracker = self._tracker, None
-        if tracker is not None and os.getpid() == self._pid:  # a forked child's copy holds no share
-            from jaxmon.training import release
-
-            release(tracker)
+        in_process, self._in_process = self._in_process, None
+        if in_process is not None and os.getpid() == self._pid:  # a forked child's copy holds no share
+            in_process.release()
 
     def __enter__(self) -> Exporter:
         return self
@@ -119,7 +118,7 @@ class Exporter:
         self.stop()
         deadline = time.monotonic() + EXIT_WAIT
         for thread in threading.enumerate():
-            if thread.name.startswith(PROBE_THREAD_PREFIX):
+            if thread.name.startswith(PROBE):
                 thread.join(max(deadline - time.monotonic(), 0.0))
                 if thread.is_alive():
                     log.warning("exiting while a probe is still inside JAX", thread=thread.name)

@@ -213,11 +213,8 @@ class Publisher:
         with _publishers_lock:
             if _publishers.get(self.directory) is self:
                 del _publishers[self.directory]
-        tracker = None if self._workload is None else self._workload[1].tracker
-        if tracker is not None and os.getpid() == self.pid:
-            from jaxmon.training import release
-
-            release(tracker)
+        if self._workload is not None and os.getpid() == self.pid:
+            self._workload[1].release()
 
     def _exit(self) -> None:
         """At interpreter exit: the thread leaves JAX first (jaxmon.finalization), then a clean exit removes the

@@ -2,7 +2,7 @@
 
 No GPU or TPU here, so the tests build the XSpace such a machine's `jax.profiler.stop_trace()` writes: tsl's
 `xplane.proto` (package tensorflow.profiler) encoded by hand, with its field numbers (listed in
-`jaxmon/profile/xspace.py`; tests/unit/profile/test_xspace_fakes.py checks that jaxlib's own parser,
+`jaxmon/xla/xspace.py`; tests/unit/xla/test_xspace_fakes.py checks that jaxlib's own parser,
 `jax.profiler.ProfileData.from_serialized_xspace`, reads back every plane, line, event and stat written here).
 
 The layouts follow XLA's CUPTI collector (GPU stream lines `Stream #<id>(<kinds>)`, NCCL and XLA kernels with

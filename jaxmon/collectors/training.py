@@ -21,6 +21,7 @@ from jaxmon.settings import CollectorOptions, Enabled
 from jaxmon.settings.model import Section
 from jaxmon.snapshot import Snapshot
 from jaxmon.training.reading import TrainingReading
+from jaxmon.training.sampler import LEAD  # a sampled trace starts this many steps before its block
 
 if TYPE_CHECKING:
     from jaxmon.training.tracker import TrackerConfig
@@ -29,9 +30,6 @@ if TYPE_CHECKING:
 # Sampled traces' default interval, sized so that their cost stays under 0.5 % of a job's throughput
 # (bench/profile_sampling.py, BENCHMARKS.md "Sampled traces").
 PROFILE_EVERY = 1000
-# A sampled trace starts this many steps before its block (jaxmon.training.sampler.LEAD, not imported: a daemon
-# loads no tracker module).
-LEAD = 2
 
 
 class TrainingProfileOptions(Section):

@@ -17,11 +17,10 @@ import structlog
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
 from jaxmon.probe.baseline import Baseline, BaselineStore
+from jaxmon.threads import PROBE
 
 log = structlog.get_logger("jaxmon.probe")
 
-# Probe worker threads' names: compilations on them are jaxmon's own, not the workload's (sources/local.py).
-PROBE_THREAD_PREFIX = "jaxmon-probe-"
 MAX_STEPS = 4096
 BASELINE_WINDOW = 120
 # The window lowers the baseline only to its median: a lower quantile sits below most idle runs on a noisy host and
@@ -115,7 +114,7 @@ class DeviceProbe:
         self._stopping = threading.Event()
         self._busy_since: float | None = None
         self._abandoned = False  # run_once stopped waiting for the run in flight
-        self._thread = threading.Thread(target=self._work, name=f"{PROBE_THREAD_PREFIX}{device.name}", daemon=True)
+        self._thread = threading.Thread(target=self._work, name=f"{PROBE}{device.name}", daemon=True)
         self._thread.start()
 
     def status(self) -> ProbeStatus:

@@ -5,14 +5,18 @@ Sources return raw readings (`memory_stats()`-shaped dicts, published documents)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from jaxmon.model import ArrayBytes, BackendStatus, DeviceInfo, ProbeKernel
 
-if TYPE_CHECKING:  # a type alone: importing jaxmon.training here would load the tracker in every daemon
+if TYPE_CHECKING:  # a type alone: the sources load nothing of the tracker
     from jaxmon.training.reading import TrainingReading
-    from jaxmon.training.tracker import Tracker
+
+# A trace of the training process on demand (/debug/trace): `(directory, steps, seconds)` records `steps` whole steps
+# or `seconds` (one of the two) into `directory` and returns it as a gzip tar.
+TraceDemand = Callable[[Path, int | None, float | None], bytes]
 
 
 class DeviceSource(Protocol):
@@ -32,7 +36,9 @@ class DeviceSource(Protocol):
 
 
 class InProcess(Protocol):
-    """A workload process's view of itself (embedded mode, publisher): live arrays and compile counters."""
+    """A workload process's view of itself (embedded mode, publisher): live arrays, compile counters, and the
+    training tracker's reading and traces. The one surface through which the exporter and the publisher reach the
+    tracker."""
 
     process_index: int
     process_count: int
@@ -53,12 +59,17 @@ class InProcess(Protocol):
     def device_memory_profile(self) -> bytes:
         """The process's live device buffers as a gzipped pprof profile (slow: call off the event loop)."""
 
-    @property
-    def tracker(self) -> Tracker | None:
-        """The training tracker (jaxmon.step()) held for this process's exporter or publisher, None without one."""
-
     def training(self) -> TrainingReading | None:
-        """The training tracker's reading (jaxmon.step()), None without a tracker."""
+        """The training tracker's reading (jaxmon.step()), its sampled traces' split included, None without a
+        tracker."""
+
+    @property
+    def trace_demand(self) -> TraceDemand | None:
+        """Traces of this process's steps on demand (/debug/trace), None without a tracker."""
+
+    def release(self) -> None:
+        """The exporter or publisher that holds this view stopped: it lets go of its share of the tracker (the last
+        share stops it)."""
 
     def training_devices(self, within: float) -> frozenset[tuple[str, int]]:
         """The devices this process's job is training on: all of the process's devices when a step of it ended

@@ -3,7 +3,7 @@
 At a new program's first call the training thread does only what must be done there (`Tracker.measure`): the
 cache-hit lowering it does for the cost analysis anyway, and a look at the program's shardings for the mesh and
 device order (`JaxTraining.compiled`), then it queues the program (an append: no notify, no thread start). The
-rest, `Compiled.as_text()` (megabytes for a large program), its parse (jaxmon.training.hlo) and
+rest, `Compiled.as_text()` (megabytes for a large program), its parse (jaxmon.xla.hlo) and
 `memory_analysis()`, runs here, on one jaxmon thread, which the waiter wakes when it books a step (`kick()`): a
 notify from the training thread would hand the GIL to the analysis right there, inside the user's call (measured:
 the first call of a tracked function then took 30-120 ms longer). The program's `communication` is None until it
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from jaxmon.training.hlo import MeshLayout
+from jaxmon.xla.hlo import MeshLayout
 
 # Programs waiting for their analysis at most (each holds its compiled object until then); past it a new program is
 # not analysed and counted (reason="communication").
@@ -47,9 +47,9 @@ class Compiled:
 @dataclass(frozen=True)
 class Communication:
     """One execution of a program on each of its local `devices`: bytes per device by (op, axes), nccl-tests'
-    convention (jaxmon.training.hlo; axes comma-joined, "" without a mesh), and XLA's predicted peak memory.
+    convention (jaxmon.xla.hlo; axes comma-joined, "" without a mesh), and XLA's predicted peak memory.
     `collective_names`: the program's collective instructions by name, with their op (what a sampled trace's
-    events are named by: jaxmon.profile.read)."""
+    events are named by: jaxmon.xla.profile.read)."""
 
     collective_bytes: Mapping[tuple[str, str], float]
     peak_memory: int | None

@@ -1,5 +1,5 @@
 """Sampled traces: every `every` steps, a trace of `steps` whole steps, split per device into compute, exposed
-collective, copy and idle time (jaxmon.profile), and traces on demand (`/debug/trace`).
+collective, copy and idle time (jaxmon.xla.profile), and traces on demand (`/debug/trace`).
 
 Which steps: a block starts at each step number that is a multiple of `every`, so every process of a job traces the
 same step numbers and a job's samples line up. The trace starts when step `n0 - LEAD` is handed to `jaxmon.step()`
@@ -28,12 +28,11 @@ from typing import Any, Protocol
 import structlog
 
 from jaxmon.logsetup import ErrorLog
-from jaxmon.profile import Trace, read
 from jaxmon.training.reading import DeviceProfile, ProfileReading
+from jaxmon.xla.profile import Trace, read
 
 log = structlog.get_logger("jaxmon.training.sampler")
 
-PARTS = ("compute", "collective", "copy", "idle")
 RESULTS = ("taken", "busy", "failed")
 # The trace starts when step n0 - LEAD is handed: step n0 - 1 may be dispatched right after, and its completion
 # (the start of n0's window) must come after the trace started.
@@ -103,7 +102,7 @@ class Sampler:
         wall_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         """`clock` is the tracker's monotonic clock (its completions are on it); `wall_ns` the Unix clock the trace
-        is related to; `collectives` names the tracked programs' collective instructions (jaxmon.training.hlo)."""
+        is related to; `collectives` names the tracked programs' collective instructions (jaxmon.xla.hlo)."""
         self.profiler = profiler
         self.config = config
         self._collectives = collectives

@@ -97,8 +97,8 @@ class Traces:
             return 404, TEXT, DISABLED.encode(), []
         if self._in_process is None:
             return 404, TEXT, NO_WORKLOAD.encode(), []
-        tracker = self._in_process.tracker
-        if tracker is None:
+        demand = self._in_process.trace_demand
+        if demand is None:
             return 404, TEXT, NO_TRACKER.encode(), []
         parsed = parse_request(query_string)
         if len(parsed) == 4:
@@ -112,7 +112,7 @@ class Traces:
         try:
             with tempfile.TemporaryDirectory(prefix="jaxmon-trace-") as directory:
                 # Off the event loop: it waits for the job's steps, then writes and packs the profile.
-                body = await asyncio.to_thread(tracker.sampler.demand, Path(directory), steps, seconds)
+                body = await asyncio.to_thread(demand, Path(directory), steps, seconds)
         except Busy as exc:
             text = f"the job is being profiled already (its own jax.profiler trace): jaxmon takes none now ({exc})\n"
             return 503, TEXT, text.encode(), [(b"retry-after", b"60")]

@@ -31,11 +31,11 @@ import structlog
 
 from jaxmon.logsetup import ErrorLog
 from jaxmon.model import DeviceInfo
-from jaxmon.probe.engine import PROBE_THREAD_PREFIX
 from jaxmon.sources.local.devices import LocalSource
 from jaxmon.sources.local.profiler import JaxProfiler
-from jaxmon.training import hlo
+from jaxmon.threads import on_probe_thread
 from jaxmon.training.communication import Communication, Compiled
+from jaxmon.xla import hlo
 
 
 @dataclass(frozen=True)
@@ -284,7 +284,7 @@ class JaxTraining:
         monitoring = self._jax.monitoring
 
         def listener(event: str, duration_secs: float, **_: Any) -> None:
-            if not threading.current_thread().name.startswith(PROBE_THREAD_PREFIX):
+            if not on_probe_thread():
                 callback(event, float(duration_secs))
 
         monitoring.register_event_duration_secs_listener(listener)

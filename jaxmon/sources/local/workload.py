@@ -9,9 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxmon.model import HOST_MEMORY_KINDS, ArrayBytes, DeviceKey
-from jaxmon.probe.engine import PROBE_THREAD_PREFIX
+from jaxmon.sources import TraceDemand
 from jaxmon.sources.local.devices import LocalSource
 from jaxmon.sources.local.probe import _OWN, _OWN_LOCK
+from jaxmon.threads import on_probe_thread
+from jaxmon.training import release as release_tracker
+from jaxmon.training.handed import COMPILE_EVENT
 from jaxmon.training.reading import TrainingReading
 from jaxmon.training.tracker import Tracker
 
@@ -27,11 +30,6 @@ class InProcessWorkload:
         self._tracker = tracker
         self._devices: frozenset[tuple[str, int]] | None = None  # the tracker's devices, read on first use
 
-    @property
-    def tracker(self) -> Tracker | None:
-        """The training tracker this process's exporter or publisher holds (jaxmon.training.release() at its stop)."""
-        return self._tracker
-
     def training(self) -> TrainingReading | None:
         """The training tracker's reading with its sampled traces' (jaxmon.training.sampler), None without one."""
         tracker = self._tracker
@@ -39,6 +37,16 @@ class InProcessWorkload:
         if reading is None or tracker is None:
             return reading
         return dataclasses.replace(reading, profile=tracker.sampler.reading())
+
+    @property
+    def trace_demand(self) -> TraceDemand | None:
+        """The tracker's traces on demand (jaxmon.training.sampler), None without a tracker."""
+        return None if self._tracker is None else self._tracker.sampler.demand
+
+    def release(self) -> None:
+        """The holder of this view stopped: its share of the tracker goes (jaxmon.training.release)."""
+        if self._tracker is not None:
+            release_tracker(self._tracker)
 
     def training_devices(self, within: float) -> frozenset[tuple[str, int]]:
         """This process's devices (those its steps run on: the tracker's) when a step ended within the last
@@ -189,7 +197,7 @@ class CompileCounters:
     names are looked up in the installed JAX; a version that emits fewer simply leaves those counters at 0.
     """
 
-    COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+    COMPILE_EVENT = COMPILE_EVENT  # one name for JAX's event: the tracker's (its compile badput)
     CACHE_REQUEST_EVENT = "/jax/compilation_cache/compile_requests_use_cache"
     CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
@@ -218,7 +226,7 @@ class CompileCounters:
             return cls._instance
 
     def _on_event(self, event: str, **_: str | int) -> None:
-        if threading.current_thread().name.startswith(PROBE_THREAD_PREFIX):
+        if on_probe_thread():
             return  # the probe's own cache traffic is not the workload's
         if event == self.CACHE_HIT_EVENT:
             self._looking.request = False
@@ -238,7 +246,7 @@ class CompileCounters:
     def _on_duration(self, event: str, duration_secs: float, **_: str | int) -> None:
         if event == self.COMPILE_EVENT:
             # The event fires on the compiling thread: the probe compiles on its own workers, and is not counted.
-            if threading.current_thread().name.startswith(PROBE_THREAD_PREFIX):
+            if on_probe_thread():
                 return
             self._missed()
             with self._lock:

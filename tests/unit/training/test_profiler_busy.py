@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxmon.profile import read
 from jaxmon.sources.local.profiler import JaxProfiler
 from jaxmon.training.sampler import Busy
+from jaxmon.xla.profile import read
 
 MODULE = "jit_busy_step"
 

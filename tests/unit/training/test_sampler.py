@@ -20,7 +20,7 @@ from jaxmon.families.training import training_families
 from jaxmon.training.reading import ProfileReading, TrainingReading
 from jaxmon.training.sampler import Busy, Sampler, SamplerConfig, block_start, traced_steps
 from tests.helpers import wait_until
-from tests.unit.profile.test_split_fakes import GPU0, GPU1, TPU0, TPU1
+from tests.unit.xla.test_split_fakes import GPU0, GPU1, TPU0, TPU1
 from tests.xspace_fakes import START_UNIX_NS, gpu_space, tpu_space
 
 US = 1e-6
@@ -125,7 +125,7 @@ def test_only_the_block_is_traced(make) -> None:  # type: ignore[no-untyped-def]
 
 def test_gpu_split_lands_on_the_job_devices(make) -> None:  # type: ignore[no-untyped-def]
     """Steps 10 and 11: windows [0, 50) and [50, 100) us of the fake GPU profile; the split is the hand-laid one
-    (tests/unit/profile/test_split_fakes.py), on the job's device ids."""
+    (tests/unit/xla/test_split_fakes.py), on the job's device ids."""
     profiler = FakeProfiler(gpu_space({0: GPU0, 1: GPU1}))
     sampler = make(profiler)
     reading = run_block(sampler, profiler, [(9, at(0)), (10, at(50)), (11, at(100))])

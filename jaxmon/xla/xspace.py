@@ -34,7 +34,7 @@ from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from jaxmon.profile.wire import SIGN, WRAP, StatValue, XSpaceError, fields, signed, skip, stat, stat_value, text, varint
+from jaxmon.xla.wire import SIGN, WRAP, StatValue, XSpaceError, fields, signed, skip, stat, stat_value, text, varint
 
 __all__ = ["Event", "Line", "Plane", "StatValue", "XSpace", "XSpaceError", "parse"]
 

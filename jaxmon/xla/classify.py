@@ -28,7 +28,7 @@ XProf's sources and the line and op names of its TPU test trace):
 HLO ops are named by instruction (`all-reduce.3`, `all-gather-start.1`, `fusion.12`); the opcode is the name up to
 its first dot, less `-start`/`-done`, except for the collectives a shard_map or pmap body writes, which keep the JAX
 primitive's name (`psum.7` is an all-reduce); the caller can name every collective instruction from the compiled
-HLO (`jaxmon.training.hlo`), which no naming convention can miss. A GPU kernel implementing several ops has them
+HLO (`jaxmon.xla.hlo`), which no naming convention can miss. A GPU kernel implementing several ops has them
 joined by `::`.
 """
 
@@ -38,9 +38,9 @@ import re
 from collections import defaultdict
 from collections.abc import Mapping
 
-from jaxmon.profile.intervals import COLLECTIVE, COMPUTE, COPY, Segment, innermost
-from jaxmon.profile.xspace import Plane, XSpace
-from jaxmon.training.hlo import COLLECTIVES
+from jaxmon.xla.hlo import COLLECTIVES
+from jaxmon.xla.intervals import COLLECTIVE, COMPUTE, COPY, Segment, innermost
+from jaxmon.xla.xspace import Plane, XSpace
 
 __all__ = ["COLLECTIVE_OPS", "Device", "collective_kind", "device_segments"]
 

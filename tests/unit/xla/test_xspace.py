@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import pytest
 
-from jaxmon.profile.xspace import XSpaceError, parse
+from jaxmon.xla.xspace import XSpaceError, parse
 from tests.xspace_fakes import FakeSpace, Kernel, Ref, TpuOp, Uint, gpu_space, tpu_space, varint
 
 KERNELS = [
@@ -166,7 +166,7 @@ def test_the_slow_paths_of_stat_decoding_read_the_same_values() -> None:
 
 
 def test_a_trace_without_its_task_environment_spans_its_device_events() -> None:
-    from jaxmon.profile import read
+    from jaxmon.xla.profile import read
 
     space = FakeSpace()
     space.plane("/device:TPU:0").line("XLA Ops").event("fusion.1", 10, 25.5)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from jaxmon.profile.intervals import COLLECTIVE, COMPUTE, COPY, Segment, innermost, split, union_length
+from jaxmon.xla.intervals import COLLECTIVE, COMPUTE, COPY, Segment, innermost, split, union_length
 
 
 def test_union_counts_overlaps_once() -> None:

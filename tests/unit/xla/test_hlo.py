@@ -20,8 +20,8 @@ from jax import lax, shard_map
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxmon.training.hlo import HloParseError, MeshLayout, mesh_axes, parse, summarize
-from jaxmon.training.hlo_groups import array_bytes
+from jaxmon.xla.hlo import HloParseError, MeshLayout, mesh_axes, parse, summarize
+from jaxmon.xla.hlo_groups import array_bytes
 
 F32 = 4
 BATCH, D_IN, D_OUT = 64, 256, 128  # a batch of 64 rows, sharded 4 ways over "data": 16 rows a device

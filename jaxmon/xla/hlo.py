@@ -1,8 +1,9 @@
 """Communication of one compiled program, read from its optimized HLO text: each collective, its bytes, its groups.
 
-Groundwork for the collective-bytes family (issue 34): a pure module on text, so that it is tested on real and literal
-HLO and runs off the training thread (a large program's text is megabytes). It imports nothing from JAX; the caller
-passes `jax.jit(f).lower(...).compile().as_text()` and, to name mesh axes, the user's mesh as plain data.
+What `jaxmon_training_collective_bytes` counts (the tracker's analysis thread parses each tracked program once): a
+pure module on text, so that it is tested on real and literal HLO and runs off the training thread (a large
+program's text is megabytes). It imports nothing from JAX; the caller passes `compiled.as_text()` (of
+`jax.jit(f).lower(...).compile()`) and, to name mesh axes, the user's mesh as plain data.
 
 What the text holds (XLA's HLO printer; seen on jax 0.10.2's CPU backend, the rest from XLA's sources):
 
@@ -38,7 +39,7 @@ What the text holds (XLA's HLO printer; seen on jax 0.10.2's CPU backend, the re
 
 Linear time: one regex per line, and the work per collective is bounded by its own text; expanded groups are cached
 by their spelling (thousands of collectives share a few). The spellings of shapes and groups are read in
-`jaxmon.training.hlo_groups`; this module reads the structure (computations, calls, loops) and maps to mesh axes.
+`jaxmon.xla.hlo_groups`; this module reads the structure (computations, calls, loops) and maps to mesh axes.
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from jaxmon.training.hlo_groups import GroupReader, HloParseError, collective_bytes
+from jaxmon.xla.hlo_groups import GroupReader, HloParseError, collective_bytes
 
-__all__ = ["COLLECTIVES", "Collective", "HloParseError", "MeshLayout", "Program", "mesh_axes", "parse", "summarize"]
+__all__ = ["COLLECTIVES", "Collective", "HloParseError", "HloProgram", "MeshLayout", "mesh_axes", "parse", "summarize"]
 
 # The collective opcodes, as HLO spells them.
 COLLECTIVES = frozenset(
@@ -92,7 +93,7 @@ class Collective:
 
 
 @dataclass(frozen=True)
-class Program:
+class HloProgram:
     """The collectives of one compiled program, with the module's replica and partition counts."""
 
     name: str
@@ -154,7 +155,7 @@ class _Parser:
     def __init__(self) -> None:
         self.groups = GroupReader()
 
-    def parse(self, text: str) -> Program:
+    def parse(self, text: str) -> HloProgram:
         name = ""
         computations: dict[str, _Computation] = {}
         entry: str | None = None
@@ -209,7 +210,7 @@ class _Parser:
             )
         if entry is None:
             raise HloParseError("no ENTRY computation in the HLO text")
-        return Program(name, self.groups.replicas, self.groups.partitions, _resolve(computations, entry))
+        return HloProgram(name, self.groups.replicas, self.groups.partitions, _resolve(computations, entry))
 
     @staticmethod
     def _calls(opcode: str, line: str, current: _Computation) -> None:
@@ -307,7 +308,7 @@ def _resolve(computations: Mapping[str, _Computation], entry: str) -> tuple[Coll
     return tuple(out)
 
 
-def parse(text: str) -> Program:
+def parse(text: str) -> HloProgram:
     """The collectives of the optimized HLO text of one compiled program (`Compiled.as_text()`)."""
     return _Parser().parse(text)
 
@@ -349,7 +350,7 @@ def mesh_axes(
 
 
 def summarize(
-    program: Program, mesh: MeshLayout | None = None, device_assignment: Sequence[int] | None = None
+    program: HloProgram, mesh: MeshLayout | None = None, device_assignment: Sequence[int] | None = None
 ) -> dict[tuple[str, tuple[str, ...]], int]:
     """Bytes per device and per execution of the program, by (op, mesh axes): each collective's bytes times the
     times it runs. Axes are `()` without a mesh or where the groups do not map onto it."""

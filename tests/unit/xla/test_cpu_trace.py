@@ -20,8 +20,8 @@ from jax import lax, shard_map
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxmon.profile import Trace, read
-from jaxmon.training.hlo import parse
+from jaxmon.xla.hlo import parse
+from jaxmon.xla.profile import Trace, read
 
 CPUS = [("cpu", i) for i in range(8)]
 
@@ -92,7 +92,7 @@ def test_a_step_without_collectives_has_no_collective_time(mesh: Mesh, tmp_path:
 def test_a_psum_inside_a_scan_is_collective_time_not_the_loops(mesh: Mesh, tmp_path: Path) -> None:
     """A shard_map psum in a scan over 3 layers: XLA names the all-reduce after the primitive (`psum.7`), and it
     runs inside the loop's `while` op on the same thread: the innermost op, the psum, owns its instants. The same
-    split comes from naming the collectives from the compiled HLO (jaxmon.training.hlo)."""
+    split comes from naming the collectives from the compiled HLO (jaxmon.xla.hlo)."""
     ws = jax.device_put(jnp.full((3, 256, 256), 0.01), NamedSharding(mesh, P()))
     x = jax.device_put(jnp.ones((64, 256)), NamedSharding(mesh, P("data")))
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from jaxmon.profile.classify import Device, device_segments
-from jaxmon.profile.intervals import Segment, Split, split
-from jaxmon.profile.xspace import XSpace, parse
+from jaxmon.xla.classify import Device, device_segments
+from jaxmon.xla.intervals import Segment, Split, split
+from jaxmon.xla.xspace import XSpace, parse
 
 __all__ = ["Trace", "read"]
 
@@ -76,7 +76,7 @@ def read(data: bytes, collectives: Mapping[str, str] | None = None) -> Trace:
     """Parse a serialized XSpace and classify its device events (raises XSpaceError, a ValueError, on bad bytes).
 
     `collectives`: the collective instructions of the traced programs by name, with their kind, e.g.
-    `{c.name: c.op for p in programs for c in p.collectives}` from `jaxmon.training.hlo.parse(compiled.as_text())`;
+    `{c.name: c.op for p in programs for c in p.collectives}` from `jaxmon.xla.hlo.parse(compiled.as_text())`;
     without it collectives are recognised by opcode or JAX primitive name (classify.py)."""
     space = parse(data)
     segments, modules = device_segments(space, collectives or {})

@@ -3,7 +3,7 @@ hand. Times in microseconds of the trace's clock; the reader's figures are picos
 
 from __future__ import annotations
 
-from jaxmon.profile import read
+from jaxmon.xla.profile import read
 from tests.xspace_fakes import START_UNIX_NS, Kernel, TpuOp, gpu_space, tpu_space
 
 US = 1_000_000  # ps

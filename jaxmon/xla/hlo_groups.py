@@ -1,5 +1,5 @@
 """The attribute spellings of HLO collectives: the bytes of a shape and the device groups of `replica_groups=` and
-`source_target_pairs=`, as flattened device ids. Used by `jaxmon.training.hlo`, whose docstring says what the
+`source_target_pairs=`, as flattened device ids. Used by `jaxmon.xla.hlo`, whose docstring says what the
 spellings mean and where the facts come from.
 """
 

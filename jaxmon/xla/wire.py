@@ -1,6 +1,6 @@
 """Protobuf's wire format, as much of it as an XSpace uses: varints, length-delimited payloads, fixed 64-bit
 doubles, and tsl's XStat (metadata_id=1; double_value=2 | uint64_value=3 | int64_value=4 | str_value=5 |
-bytes_value=6 | ref_value=7). Shared by `jaxmon.profile.xspace`; every error is an XSpaceError naming the byte."""
+bytes_value=6 | ref_value=7). Shared by `jaxmon.xla.xspace`; every error is an XSpaceError naming the byte."""
 
 from __future__ import annotations
 
