@@ -28,8 +28,16 @@ ROW = Row(
             "Memory in use / limit",
             "timeseries",
             "percentunit",
-            [Target(top(f"jaxmon_memory_bytes_in_use{{{MEM}}} / (jaxmon_memory_limit_bytes{{{MEM}}} > 0)"))],
-            "Share of the limit in use; JaxmonMemoryNearLimit fires above 95 % for 15 minutes.",
+            [
+                Target(
+                    top(
+                        f"(jaxmon_memory_bytes_in_use{{{MEM}}} + (jaxmon_memory_reserved_bytes{{{MEM}}} or "
+                        f"jaxmon_memory_bytes_in_use{{{MEM}}} * 0)) / (jaxmon_memory_limit_bytes{{{MEM}}} > 0)"
+                    )
+                )
+            ],
+            "Share of the limit in use, with the programs' reservations on TPU; JaxmonMemoryNearLimit fires above "
+            "95 % for 15 minutes.",
             min=0,
             max=1,
             thresholds=[(0, "green"), (0.95, "red")],
