@@ -29,6 +29,7 @@ from jaxmon.sources import DeviceSource, InProcess
 from jaxmon.sources.faults import Faults, FaultySource
 from jaxmon.sources.node import NodeSource
 from jaxmon.sources.replay import ReplaySource
+from jaxmon.sources.selection import select_devices
 from jaxmon.versions import build_info
 
 log = structlog.get_logger("jaxmon")
@@ -166,7 +167,8 @@ def build_runtime(
 ) -> Runtime:
     """Discover the devices and build the runtime with every collector the settings and the machine allow."""
     source = make_source(settings) if source is None else source
-    devices, backends = source.discover()
+    discovered, backends = source.discover()
+    devices, left_out = select_devices(discovered, settings.devices.include_cpu)
     for backend in backends:
         if not backend.up:
             log.warning("backend unavailable", backend=backend.name, error=backend.error)
@@ -175,6 +177,7 @@ def build_runtime(
         source=source.name,
         devices=[d.name for d in devices],
         backends={b.name: b.up for b in backends},
+        host_cpu_left_out=[d.name for d in left_out] or None,  # --devices.include-cpu reads them
     )
     workload_info: dict[str, str] = {}
     if workload is not None and in_process is not None:

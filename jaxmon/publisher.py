@@ -28,6 +28,7 @@ from jaxmon.logsetup import ErrorLog, ensure_library_logging
 from jaxmon.model import HOST_MEMORY_KINDS, ArrayBytes, DeviceInfo
 from jaxmon.settings import Settings
 from jaxmon.sources import DeviceSource, InProcess
+from jaxmon.sources.selection import select_devices
 from jaxmon.sources.spool import FILE_NAME, TMP_NAME, safe_name
 from jaxmon.sources.spool_document import SCHEMA, SpoolCompile, SpoolDevice, SpoolDocument, SpoolTraining
 from jaxmon.training.reading import TrainingReading
@@ -68,11 +69,14 @@ class Publisher:
         self._stop_lock = threading.Lock()
         self._released = False
         self._workload: tuple[DeviceSource, InProcess] | None = None
+        self._include_cpu = False
         try:
             from jaxmon.app import default_settings, workload_source
 
+            settings = settings or default_settings()
+            self._include_cpu = settings.devices.include_cpu
             # Here, not on the thread: the training tracker must exist before the caller's first jaxmon.step().
-            self._workload = workload_source(settings or default_settings())
+            self._workload = workload_source(settings)
         except Exception as exc:  # never into the training code
             log.error("publisher cannot read JAX devices; not publishing", error=f"{type(exc).__name__}: {exc}")
         self._thread = threading.Thread(target=self._run, name="jaxmon-publisher", daemon=True)
@@ -84,7 +88,7 @@ class Publisher:
             return
         source, in_process = self._workload
         try:
-            devices, _ = source.discover()
+            devices, _ = select_devices(source.discover()[0], self._include_cpu)
         except Exception as exc:  # never into the training code
             log.error("publisher cannot read JAX devices; not publishing", error=f"{type(exc).__name__}: {exc}")
             return

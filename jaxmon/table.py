@@ -54,23 +54,28 @@ def format_table(snap: Snapshot) -> str:
         "util",
         "up",
     ]
-    rows = [header]
     errors: list[str] = []  # whole, under the table: a cell would cut them mid-word
     memory = snap.state(MemoryCollector.name, MemoryState) or MemoryState()
     probes = snap.state(ProbeCollector.name, ProbeState) or ProbeState()
+    # Only an allocator with a stack (TPU) reports reservations: the column is there where one does.
+    reserved = any(r.numbers is not None and r.numbers.reserved_bytes is not None for r in memory.readings.values())
+    if reserved:
+        header.insert(3, "reserved")
+    rows = [header]
     for d in snap.devices:
         reading = memory.readings.get(d.key)
         probe = _probe(probes, d.key)
         n = reading.numbers if reading else None
         mem: list[str]
         if reading is not None and not reading.ok:
-            mem = ["error (below)", "-", "-", "-", "-"]
+            mem = ["error (below)", *["-"] * (4 + reserved)]
             errors.append(f"{d.name}: memory_stats failed: {reading.error}")
         elif n is None or not n.supported:
-            mem = ["unsupported", "-", "-", "-", "-"]
+            mem = ["unsupported", *["-"] * (4 + reserved)]
         else:
             mem = [
                 human_bytes(n.bytes_in_use),
+                *([human_bytes(n.reserved_bytes)] if reserved else []),
                 human_bytes(n.limit_bytes),
                 human_bytes(n.free_bytes),
                 _ratio(n.fragmentation_ratio),

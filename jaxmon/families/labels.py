@@ -26,6 +26,12 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
     "jaxmon_memory_largest_allocatable_bytes": ("device, platform (+ pod, namespace, container)", "derived"),
     "jaxmon_memory_largest_alloc_bytes": ("device, platform (+ pod, namespace, container)", "`largest_alloc_size`"),
     "jaxmon_memory_allocations": ("device, platform (+ pod, namespace, container)", "`num_allocs`"),
+    "jaxmon_memory_reserved_bytes": ("device, platform (+ pod, namespace, container)", "`bytes_reserved`"),
+    "jaxmon_memory_peak_reserved_bytes": ("device, platform (+ pod, namespace, container)", "`peak_bytes_reserved`"),
+    "jaxmon_memory_reservable_limit_bytes": (
+        "device, platform (+ pod, namespace, container)",
+        "`bytes_reservable_limit`",
+    ),
     "jaxmon_memory_stats_supported": ("device, platform (+ pod, namespace, container)", "—"),
     "jaxmon_memory_read_success": ("device, platform (+ pod, namespace, container)", "—"),
     "jaxmon_memory_read_errors": ("device, platform (+ pod, namespace, container)", "—"),

@@ -44,7 +44,14 @@ MEMORY_METRICS = (
         ),
         "pool_bytes",
     ),
-    MemoryMetric(Spec("jaxmon_memory_free_bytes", "bytes_limit - bytes_in_use."), "free_bytes"),
+    MemoryMetric(
+        Spec(
+            "jaxmon_memory_free_bytes",
+            "What a new array can get: bytes_limit - bytes_in_use - bytes_reserved (the reservation is 0 or absent "
+            "on GPU).",
+        ),
+        "free_bytes",
+    ),
     MemoryMetric(
         Spec(
             "jaxmon_memory_largest_free_block_bytes",
@@ -57,7 +64,7 @@ MEMORY_METRICS = (
         Spec(
             "jaxmon_memory_fragmentation_ratio",
             "1 - largest_free_block / free memory in the pool (pool_bytes - bytes_in_use, or bytes_limit - "
-            "bytes_in_use without a pool), in [0, 1]; 0 when nothing is free.",
+            "bytes_in_use - bytes_reserved without a pool), in [0, 1]; 0 when nothing is free.",
         ),
         "fragmentation_ratio",
     ),
@@ -65,7 +72,7 @@ MEMORY_METRICS = (
         Spec(
             "jaxmon_memory_largest_allocatable_bytes",
             "Estimated largest single allocation that can still succeed: max(largest_free_block, bytes_limit - "
-            "pool_bytes) when the pool is known, else largest_free_block.",
+            "pool_bytes - bytes_reserved) when the pool is known, else largest_free_block.",
         ),
         "largest_allocatable_bytes",
     ),
@@ -80,6 +87,29 @@ MEMORY_METRICS = (
             counter=True,
         ),
         "allocations_total",
+    ),
+    MemoryMetric(
+        Spec(
+            "jaxmon_memory_reserved_bytes",
+            "Bytes reserved for programs' temporaries on the allocator's stack, at the other end of memory from the "
+            "arrays (bytes_reserved; TPU). Not free for new arrays. Absent where the allocator keeps no stack (GPU).",
+        ),
+        "reserved_bytes",
+    ),
+    MemoryMetric(
+        Spec(
+            "jaxmon_memory_peak_reserved_bytes",
+            "Highest bytes_reserved since the allocator started (peak_bytes_reserved; never resets; TPU).",
+        ),
+        "peak_reserved_bytes",
+    ),
+    MemoryMetric(
+        Spec(
+            "jaxmon_memory_reservable_limit_bytes",
+            "Upper limit of the stack's reservations (bytes_reservable_limit; TPU): bytes_limit less what the arrays' "
+            "end of memory holds.",
+        ),
+        "reservable_limit_bytes",
     ),
 )
 STATS_SUPPORTED = Spec(

@@ -126,6 +126,16 @@ class GpuSettings(Section):
     )
 
 
+class DeviceSettings(Section):
+    """Which of this process's JAX devices are read."""
+
+    include_cpu: bool = Field(
+        default=False,
+        description="Also read the host's CPU devices (memory, probe, device_info) where a GPU or TPU backend is up; "
+        "without one they are read anyway. For jobs that place work on CPU devices on purpose.",
+    )
+
+
 def _lower(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
 
@@ -181,6 +191,7 @@ class Settings(BaseSettings):
     poll: PollSettings = PollSettings()
     health: HealthSettings = HealthSettings()
     gpu: GpuSettings = GpuSettings()
+    devices: DeviceSettings = DeviceSettings()
     log: LogSettings = LogSettings()
     path: PathSettings = PathSettings()
     config: ConfigSettings = ConfigSettings()

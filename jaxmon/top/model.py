@@ -13,6 +13,7 @@ _ALLOCATOR = {
     "jaxmon_memory_live_array_bytes": "live",
     "jaxmon_memory_limit_bytes": "limit",
     "jaxmon_memory_free_bytes": "free",
+    "jaxmon_memory_reserved_bytes": "reserved",
     "jaxmon_memory_fragmentation_ratio": "fragmentation",
     "jaxmon_memory_largest_allocatable_bytes": "allocatable",
     "jaxmon_memory_read_success": "read_ok",
@@ -61,6 +62,7 @@ class Row:
     live: float | None = None  # live jax.Array bytes: a workload's only memory number where memory_stats() is None
     limit: float | None = None
     free: float | None = None
+    reserved: float | None = None  # the allocator's stack (TPU): programs' temporaries, not free for arrays
     fragmentation: float | None = None
     allocatable: float | None = None
     read_ok: float | None = None
@@ -91,10 +93,11 @@ class Row:
 
     @property
     def used_ratio(self) -> float | None:
-        """in_use / limit, where both are known and the limit is positive."""
+        """(in_use + reserved) / limit, where in_use and a positive limit are known: what arrays and programs'
+        reservations hold (no reservation reported: in_use alone)."""
         if self.in_use is None or not self.limit:
             return None
-        return self.in_use / self.limit
+        return (self.in_use + (self.reserved or 0.0)) / self.limit
 
     @property
     def memory_bytes(self) -> float | None:

@@ -144,6 +144,7 @@ COLUMNS = (
     Column("DEVICE", "device", _device),
     Column("WORKLOAD", None, lambda r, g: r.key.workload or g.absent),
     Column("MEMORY in use/limit", "memory", memory_cell),  # or "… live": live arrays where there is no allocator
+    Column("RESERVED", None, lambda r, g: _num(r.reserved, "bytes", g), drop_rank=5),
     Column("FREE", "free", lambda r, g: _num(r.free, "bytes", g)),
     Column("FRAG", "fragmentation", lambda r, g: _num(r.fragmentation, "ratio", g), drop_rank=3),
     Column("ALLOCATABLE", None, lambda r, g: _num(r.allocatable, "bytes", g), drop_rank=5),
@@ -158,7 +159,8 @@ COLUMNS = (
 
 
 def _columns(rows: list[Row]) -> list[Column]:
-    """Columns with something to show: WORKLOAD only with workloads, DEVICE MEM only with a device-wide source."""
+    """Columns with something to show: WORKLOAD only with workloads, DEVICE MEM only with a device-wide source,
+    RESERVED only where an allocator reports reservations."""
     hidden = set()
     if not any(r.key.workload for r in rows):
         hidden.add("WORKLOAD")
@@ -168,6 +170,8 @@ def _columns(rows: list[Row]) -> list[Column]:
         hidden.add("MFU")
     if not any(r.device_used is not None or r.device_total is not None for r in rows):
         hidden.add("DEVICE MEM")
+    if not any(r.reserved is not None for r in rows):
+        hidden.add("RESERVED")  # only an allocator with a stack (TPU) reports reservations
     return [c for c in COLUMNS if c.heading not in hidden]
 
 

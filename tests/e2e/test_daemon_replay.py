@@ -23,8 +23,11 @@ def _gpu(samples: Samples, name: str, device: int, platform: str = "gpu") -> flo
 
 @pytest.fixture(scope="module")
 def replay_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    """One daemon on shapes.json that polls once (the interval is an hour), for the tests that only read it."""
-    d = Daemon(tmp_path_factory.mktemp("replay"), ["--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1h"])
+    """One daemon on shapes.json that polls once (the interval is an hour), for the tests that only read it. The
+    catalog's CPU device (cpu:5, the allocator that reports nothing) beside its GPUs is read as asked for: by
+    default the host's CPU backend is left out beside accelerators (tests/unit/sources/test_selection.py)."""
+    args = ["--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1h", "--devices.include-cpu"]
+    d = Daemon(tmp_path_factory.mktemp("replay"), args)
     try:
         d.wait_ready()
         yield d
@@ -57,6 +60,11 @@ def test_every_allocator_shape_is_exported_exactly(replay_daemon: Daemon) -> Non
     # TPU
     assert _gpu(s, "jaxmon_memory_fragmentation_ratio", 3, "tpu") == 0.25
     assert _gpu(s, "jaxmon_memory_pool_bytes", 3, "tpu") is None
+    # an idle TPU: nothing reserved, the reservable limit is the limit; GPUs (BFC: bytes_reserved 0) export none
+    assert _gpu(s, "jaxmon_memory_reserved_bytes", 3, "tpu") == 0
+    assert _gpu(s, "jaxmon_memory_reservable_limit_bytes", 3, "tpu") == 16 * GiB
+    reservations = {f"jaxmon_memory_{n}" for n in ("reserved_bytes", "peak_reserved_bytes", "reservable_limit_bytes")}
+    assert {n for n, labels in s if dict(labels).get("platform") == "gpu"}.isdisjoint(reservations)
     info = sample(
         s,
         "jaxmon_device_info",
@@ -90,6 +98,28 @@ def test_every_allocator_shape_is_exported_exactly(replay_daemon: Daemon) -> Non
     assert all(v == v for v in s.values())
     # replayed devices run no probe
     assert not any(name.startswith("jaxmon_probe_") or name == "jaxmon_device_up" for name, _ in s)
+
+
+def test_a_tpu_host_exports_its_reservations_and_not_its_cpu(start_daemon: StartDaemon) -> None:
+    """tests/fixtures/tpu_reserved.json: real v5e dicts, the published large reservation, a full chip and a
+    fragmented one, beside the host's CPU device, as JAX on a TPU host starts them."""
+    s = start_daemon("--replay", str(FIXTURES / "tpu_reserved.json"), "--poll.interval", "1h").scrape()
+    tpu = {name: {d: _gpu(s, f"jaxmon_memory_{name}", d, "tpu") for d in range(5)} for name in MEMORY}
+    # The real v5e chip after steps of a program with 335,802,368 B of temporaries (XLA reserved 335,675,392 B).
+    assert tpu["reserved_bytes"][0] == tpu["peak_reserved_bytes"][0] == 335_675_392
+    assert tpu["reservable_limit_bytes"][0] == 16_673_775_104
+    assert tpu["free_bytes"][0] == 16_909_336_064 - 209_443_328 - 335_675_392
+    # The published run: 27.25 GiB reserved of 31.25 GiB, 1.35 GiB free in one block: not 28.6 GiB, not 0.95.
+    assert tpu["free_bytes"][2] == 1379 * MiB and tpu["fragmentation_ratio"][2] == 0
+    # Full (0.5 GB free in one block) is not fragmented; 1.5 GB free with a 0.3 GB block is.
+    assert (tpu["free_bytes"][3], tpu["fragmentation_ratio"][3]) == (500_000_000, 0)
+    assert tpu["free_bytes"][4] == 1_500_000_000 and tpu["fragmentation_ratio"][4] == pytest.approx(0.8)
+    # The host's CPU backend is up, and its device is not read.
+    assert sample(s, "jaxmon_backend_up", backend="cpu") == 1
+    assert not [n for n, labels in s if dict(labels).get("platform") == "cpu"]
+
+
+MEMORY = ("reserved_bytes", "peak_reserved_bytes", "reservable_limit_bytes", "free_bytes", "fragmentation_ratio")
 
 
 def test_a_replayed_list_advances_one_entry_per_poll(start_daemon: StartDaemon) -> None:

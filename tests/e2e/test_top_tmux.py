@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import FIXTURES, ROOT, StartDaemon, free_port
 from tests.fakenvml import Scenario, device
 
-REPLAY = ("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s")
+REPLAY = ("--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1s", "--devices.include-cpu")
 DEVICE = re.compile(r"\b(?:gpu|tpu|cpu):\d+\b")
 
 

@@ -27,7 +27,7 @@ def restore_environ() -> Iterator[None]:
 
 
 def test_snapshot_json_of_a_replay_holds_the_derived_numbers(cli: CLI) -> None:
-    code, out, err = cli("snapshot", "--replay", str(FIXTURES / "shapes.json"), "--json")
+    code, out, err = cli("snapshot", "--replay", str(FIXTURES / "shapes.json"), "--json", "--devices.include-cpu")
     assert code == 0, err
     doc = json.loads(out)
     devices = {(d["platform"], d["id"]): d for d in doc["devices"]}
@@ -68,3 +68,25 @@ def test_a_device_error_is_printed_whole_under_the_table() -> None:
     assert "error (below)" in lines[1] and error not in lines[1]
     assert "unsupported" in lines[2]
     assert lines[3] == f"gpu:0: memory_stats failed: {error}"
+
+
+def test_snapshot_table_shows_a_tpus_reservation_beside_in_use(cli: CLI) -> None:
+    """tests/fixtures/tpu_reserved.json's real v5e dict: 199.7 MiB in use, 320.1 MiB reserved, and free memory
+    without the reservation (15.2 GiB, not 15.5). The host's CPU device is left out beside the TPUs."""
+    code, out, err = cli("snapshot", "--replay", str(FIXTURES / "tpu_reserved.json"))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split()[:8] == ["device", "kind", "in", "use", "reserved", "limit", "free", "frag"]
+    row = lines[1].split()
+    assert row[:2] == ["tpu:0", "TPU"]
+    assert row[4:12] == ["199.7", "MiB", "320.1", "MiB", "15.7", "GiB", "15.2", "GiB"]
+    assert not [line for line in lines if line.startswith("cpu:")]
+
+
+def test_snapshot_table_has_no_reserved_column_without_reservations() -> None:
+    gpu0 = DeviceInfo(id=0, platform="gpu", device_kind="NVIDIA H100 80GB HBM3")
+    stats = {"bytes_in_use": GiB, "bytes_limit": 4 * GiB, "bytes_reserved": 0, "largest_free_block_bytes": GiB}
+    snap = make_snapshot(devices=[gpu0], memory={gpu0.key: MemoryReading(memory_numbers(stats))})
+    lines = format_table(snap).splitlines()
+    assert "reserved" not in lines[0]
+    assert lines[1].split()[5:9] == ["1.0", "GiB", "4.0", "GiB"]  # in use, then the limit

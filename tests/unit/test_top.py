@@ -307,3 +307,34 @@ def test_bad_arguments_exit_2_naming_what_is_wrong(tmp_path: Path, capsys: pytes
     code, err = run("127.0.0.1:1")  # the live view, with pytest's stdin: not a terminal
     assert code == 2
     assert "stdin and stdout must be a terminal for the live view; use --once" in err
+
+
+RESERVED = """\
+# TYPE jaxmon_memory_bytes_in_use gauge
+jaxmon_memory_bytes_in_use{device="0",platform="tpu"} 13000000000
+jaxmon_memory_bytes_in_use{device="1",platform="tpu"} 4000000000
+# TYPE jaxmon_memory_limit_bytes gauge
+jaxmon_memory_limit_bytes{device="0",platform="tpu"} 16000000000
+jaxmon_memory_limit_bytes{device="1",platform="tpu"} 16000000000
+# TYPE jaxmon_memory_reserved_bytes gauge
+jaxmon_memory_reserved_bytes{device="0",platform="tpu"} 2500000000
+jaxmon_memory_reserved_bytes{device="1",platform="tpu"} 0
+# TYPE jaxmon_memory_free_bytes gauge
+jaxmon_memory_free_bytes{device="0",platform="tpu"} 500000000
+jaxmon_memory_free_bytes{device="1",platform="tpu"} 12000000000
+"""
+
+
+def test_a_tpu_with_reservations_shows_them_and_its_bar_counts_them() -> None:
+    """16 GB limit, 13 GB in use and 2.5 GB reserved: the bar is 97 % full (in use alone would be 81 %)."""
+    text = _plain(_state(RESERVED))
+    header = next(line.split() for line in text.splitlines() if line.startswith("ENDPOINT"))
+    assert header[2:6] == ["MEMORY", "in", "use/limit", "RESERVED"]
+    assert _cells(text, "tpu:0")[2:6] == ["##########", "12.1GiB/14.9GiB", "2.3GiB", "476.8MiB"]
+    assert _cells(text, "tpu:1")[2:6] == ["##........", "3.7GiB/14.9GiB", "0B", "11.2GiB"]
+    rows = parse_exposition(RESERVED, "h:1").rows
+    assert [r.used_ratio for r in rows] == [pytest.approx(15.5 / 16), pytest.approx(4 / 16)]
+
+
+def test_the_reserved_column_is_absent_where_no_device_reports_reservations() -> None:
+    assert "RESERVED" not in _plain(_state(EXPOSITION))

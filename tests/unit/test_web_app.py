@@ -32,7 +32,7 @@ from jaxmon.web.app import App
 from jaxmon.web.reload import WebState
 from tests.conftest import FIXTURES, ROOT, parse_samples, sample, wait_until
 
-REPLAY = ["--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1h"]
+REPLAY = ["--replay", str(FIXTURES / "shapes.json"), "--poll.interval", "1h", "--devices.include-cpu"]  # all 9
 Message = MutableMapping[str, Any]
 
 

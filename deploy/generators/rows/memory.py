@@ -14,19 +14,30 @@ ROW = Row(
             "bytes",
             [
                 Target(top(f"jaxmon_memory_bytes_in_use{{{MEM}}}"), DEVICE_LEGEND + " in use"),
+                Target(top(f"jaxmon_memory_reserved_bytes{{{MEM}}}"), DEVICE_LEGEND + " reserved"),
                 Target(top(f"jaxmon_memory_limit_bytes{{{MEM}}}"), DEVICE_LEGEND + " limit"),
                 Target(top(f"jaxmon_memory_pool_bytes{{{MEM}}}"), DEVICE_LEGEND + " pool"),
+                Target(top(f"jaxmon_memory_reservable_limit_bytes{{{MEM}}}"), DEVICE_LEGEND + " reservable limit"),
             ],
             "Bytes allocated, the allocator's limit (total x memory fraction) and, with the BFC allocator, the "
-            "pool actually obtained from the driver.",
+            "pool actually obtained from the driver. On TPU, reserved: what XLA holds for programs' temporaries "
+            "at the other end of memory (not free for arrays), and the most the reservations may grow to.",
             min=0,
         ),
         Panel(
             "Memory in use / limit",
             "timeseries",
             "percentunit",
-            [Target(top(f"jaxmon_memory_bytes_in_use{{{MEM}}} / (jaxmon_memory_limit_bytes{{{MEM}}} > 0)"))],
-            "Share of the limit in use; JaxmonMemoryNearLimit fires above 95 % for 15 minutes.",
+            [
+                Target(
+                    top(
+                        f"(jaxmon_memory_bytes_in_use{{{MEM}}} + (jaxmon_memory_reserved_bytes{{{MEM}}} or "
+                        f"jaxmon_memory_bytes_in_use{{{MEM}}} * 0)) / (jaxmon_memory_limit_bytes{{{MEM}}} > 0)"
+                    )
+                )
+            ],
+            "Share of the limit in use, with the programs' reservations on TPU; JaxmonMemoryNearLimit fires above "
+            "95 % for 15 minutes.",
             min=0,
             max=1,
             thresholds=[(0, "green"), (0.95, "red")],
@@ -35,8 +46,12 @@ ROW = Row(
             "Peak memory in use",
             "timeseries",
             "bytes",
-            [Target(top(f"jaxmon_memory_peak_bytes_in_use{{{MEM}}}"))],
-            "The allocator's high-water mark since it started (never resets).",
+            [
+                Target(top(f"jaxmon_memory_peak_bytes_in_use{{{MEM}}}"), DEVICE_LEGEND + " in use"),
+                Target(top(f"jaxmon_memory_peak_reserved_bytes{{{MEM}}}"), DEVICE_LEGEND + " reserved"),
+            ],
+            "The allocator's high-water marks since it started (never reset): of the arrays and, on TPU, of the "
+            "programs' reservations.",
             min=0,
         ),
         Panel(
@@ -44,7 +59,7 @@ ROW = Row(
             "timeseries",
             "bytes",
             [Target(bottom(f"jaxmon_memory_free_bytes{{{MEM}}}"))],
-            "bytes_limit - bytes_in_use.",
+            "What a new array can get: bytes_limit - bytes_in_use - bytes_reserved (TPU's reservations; 0 on GPU).",
             min=0,
         ),
         Panel(
@@ -52,8 +67,9 @@ ROW = Row(
             "timeseries",
             "percentunit",
             [Target(top(f"jaxmon_memory_fragmentation_ratio{{{MEM}}}"))],
-            "1 - largest free block / free memory in the pool; absent where the allocator does not track free "
-            "blocks (cuda_async). JaxmonMemoryFragmented fires above 0.5 with under 20 % free.",
+            "1 - largest free block / free memory in the pool (reservations are not free); absent where the "
+            "allocator does not track free blocks (cuda_async). JaxmonMemoryFragmented fires above 0.5 with under "
+            "20 % free.",
             min=0,
             max=1,
             thresholds=[(0, "green"), (0.5, "orange"), (0.8, "red")],

@@ -6,6 +6,7 @@ The sidecar daemon reading real spool directories is tests/e2e/test_spool_harden
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from jaxmon.exposition import Exposition
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.replay import ReplaySource
 from tests.conftest import FIXTURES, parse_samples, sample
+
+SHAPES = FIXTURES / "shapes.json"
 
 
 class _Families(PromCollector):
@@ -71,4 +74,25 @@ def test_a_published_document_becomes_its_workloads_families(tmp_path: Path) -> 
     assert sample(s, "jaxmon_workload_info", **info) == 1
     assert sample(s, "jaxmon_workload_last_report_timestamp_seconds", **ident) == path.stat().st_mtime
     assert sample(s, "jaxmon_spool_rejected_files_total", reason="bad_json") == 0
+    collector.stop()
+
+
+def test_a_published_tpu_dict_keeps_its_reservation(tmp_path: Path) -> None:
+    """A publisher writes memory_stats() as JAX returned it: the v5e chip's reservation keys reach the sidecar, which
+    leaves the reservation out of free memory and exports it (the real dict of tests/fixtures/tpu_reserved.json)."""
+    doc = json.loads((FIXTURES / "spool_document.json").read_text())
+    v5e = json.loads((FIXTURES / "tpu_reserved.json").read_text())["devices"][0]
+    doc["devices"][0].update(platform="tpu", device_kind=v5e["device_kind"], memory_stats=v5e["memory_stats"])
+    (tmp_path / "fixture.host-a.4242.json").write_text(json.dumps(doc))
+    collector = SpoolCollector(SpoolOptions(dir=tmp_path, ttl=3600.0), standalone_context(ReplaySource(SHAPES)))
+    update = collector.update()
+    assert update.success
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(list(collector.families(Snapshot(), update.state))))
+    s = parse_samples(generate_latest(registry).decode())
+    tpu = {"device": "0", "platform": "tpu", "workload": "fixture"}
+    assert sample(s, "jaxmon_memory_reserved_bytes", **tpu) == 335_675_392
+    assert sample(s, "jaxmon_memory_peak_reserved_bytes", **tpu) == 335_675_392
+    assert sample(s, "jaxmon_memory_reservable_limit_bytes", **tpu) == 16_673_775_104
+    assert sample(s, "jaxmon_memory_free_bytes", **tpu) == 16_909_336_064 - 209_443_328 - 335_675_392
     collector.stop()
