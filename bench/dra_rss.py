@@ -48,7 +48,7 @@ def rss():
             return int(line.split()[1]) * 1024
 out = {"python": rss()}
 import grpc, hypercorn.asyncio, pydantic, prometheus_client, structlog
-import jaxmon.web.app, jaxmon.attribution, jaxmon.logsetup, jaxmon.families, jaxmon.sources.kubelet
+import jaxmon.web.asgi, jaxmon.attribution, jaxmon.logsetup, jaxmon.families, jaxmon.sources.kubelet
 from jaxmon.sources.kubelet.stubs import stubs
 stubs()
 assert "jaxmon.sources.kubernetes_api" not in sys.modules, "loaded before its layer"

@@ -69,7 +69,7 @@ if hasattr(exchange, "DEVICE_PODS"):  # before issue 35: the nvml collector stam
     ctx.exchange.constant(exchange.DEVICE_PODS, pods.attribution)
 else:
     from jaxmon.owners import OwnerTransform
-    for c in collectors:  # as jaxmon.app.build_runtime wires them
+    for c in collectors:  # as jaxmon.compose.build_runtime wires them
         for channel, read in c.offers.items():
             ctx.exchange.offer(channel, c.name, read)
     transform = OwnerTransform(ctx.exchange)

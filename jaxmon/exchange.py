@@ -1,7 +1,7 @@
 """Readings one collector offers to others: one explicit, typed mechanism, wired by the composition root.
 
 No collector imports another or searches the snapshot for a type. A collector class declares what its state
-offers (`Collector.offers`: channel -> function of its state); `app.py` registers each running collector's offers
+offers (`Collector.offers`: channel -> function of its state); `compose.py` registers each running collector's offers
 (and constants, such as an embedded workload's own pid) on the runtime's `Exchange`, which every collector receives
 when it is built, and a collector that needs a reading calls `exchange.read(CHANNEL)`.
 """

@@ -21,11 +21,11 @@ from typing import Any
 
 import structlog
 
+from jaxmon.device_readings import HOST_MEMORY_KINDS, ArrayBytes, DeviceInfo
 from jaxmon.files import write_atomically
 from jaxmon.finalization import EXIT_WAIT, before_finalization
 from jaxmon.identity import host_name, scheduler_labels
 from jaxmon.logsetup import ErrorLog, ensure_library_logging
-from jaxmon.model import HOST_MEMORY_KINDS, ArrayBytes, DeviceInfo
 from jaxmon.settings import Settings
 from jaxmon.sources import DeviceSource, InProcess
 from jaxmon.sources.spool import FILE_NAME, TMP_NAME, safe_name
@@ -69,7 +69,7 @@ class Publisher:
         self._released = False
         self._workload: tuple[DeviceSource, InProcess] | None = None
         try:
-            from jaxmon.app import default_settings, workload_source
+            from jaxmon.compose import default_settings, workload_source
 
             # Here, not on the thread: the training tracker must exist before the caller's first jaxmon.step().
             self._workload = workload_source(settings or default_settings())
@@ -283,7 +283,7 @@ def publish(
     missing, unwritable or full directory) are logged and retried every interval; they never reach the caller.
     """
     ensure_library_logging()
-    from jaxmon.app import load_settings, log_settings_notes
+    from jaxmon.compose import load_settings, log_settings_notes
 
     path = Path(directory).absolute()
     with _publishers_lock:

@@ -19,9 +19,9 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from prometheus_client.core import Metric
 
+from jaxmon.device_readings import DeviceInfo
 from jaxmon.exchange import Channel, Exchange
-from jaxmon.model import DeviceInfo
-from jaxmon.settings.model import CollectorOptions
+from jaxmon.settings.schema import CollectorOptions
 from jaxmon.snapshot import Snapshot, Update
 from jaxmon.sources import DeviceSource, InProcess
 
@@ -52,7 +52,7 @@ def _ignore(update: Update[object]) -> None:
 
 @dataclass(frozen=True)
 class Context:
-    """What a collector is built from, besides its options (app.py makes one per collector)."""
+    """What a collector is built from, besides its options (compose.py makes one per collector)."""
 
     source: DeviceSource
     devices: tuple[DeviceInfo, ...]

@@ -28,11 +28,11 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Job, Update
+from jaxmon.device_readings import DeviceInfo, ProbeKernel, ProbeStatus
 from jaxmon.exchange import DUTY_CYCLES
 from jaxmon.families import add, family, sample_name
 from jaxmon.families.probe import PROBE_METRICS
 from jaxmon.logsetup import ErrorLog
-from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
 from jaxmon.probe import WARMUP_STEPS, DeviceProbe, ProbeConfig, longest_pauses
 from jaxmon.probe.baseline import BaselineStore
 from jaxmon.probe.idle import BUSY_DUTY_CYCLE, HostCpuMeter

@@ -20,6 +20,7 @@ from pydantic import Field, field_validator
 from jaxmon.allocator import memory_numbers
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
+from jaxmon.device_readings import DeviceInfo, MemoryReading
 from jaxmon.exchange import WORKLOAD_PIDS
 from jaxmon.families import add, family
 from jaxmon.families.compile import compile_families
@@ -27,7 +28,6 @@ from jaxmon.families.memory import MemoryRow, memory_families
 from jaxmon.families.shared import DEVICE_INFO, WORKLOAD_INFO
 from jaxmon.families.training import training_families, training_labels
 from jaxmon.logsetup import ErrorLog
-from jaxmon.model import DeviceInfo, MemoryReading
 from jaxmon.settings import CollectorOptions, Duration, Enabled
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.spool import SpoolReader

@@ -18,7 +18,7 @@ from jaxmon.collectors.base import Collector, Context, Update
 from jaxmon.families.training import training_families, training_labels
 from jaxmon.identity import host_name
 from jaxmon.settings import CollectorOptions, Enabled
-from jaxmon.settings.model import Section
+from jaxmon.settings.schema import Section
 from jaxmon.snapshot import Snapshot
 from jaxmon.training.reading import TrainingReading
 

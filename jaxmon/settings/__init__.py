@@ -2,12 +2,12 @@
 
 `model` holds the core sections and `CollectorOptions`, the base of each collector's own options; `load` reads
 every source; `errors` words what is wrong as the user wrote it; `help` is --help in the user's words; `aliases`
-keeps old names working. Nothing here imports a collector: `jaxmon.app` builds the model from the registry.
+keeps old names working. Nothing here imports a collector: `jaxmon.compose` builds the model from the registry.
 """
 
 from jaxmon.settings.durations import Duration, format_duration, parse_duration
 from jaxmon.settings.load import load_settings
-from jaxmon.settings.model import (
+from jaxmon.settings.schema import (
     DEFAULT_PORT,
     CollectorOptions,
     Enabled,

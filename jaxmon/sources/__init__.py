@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from jaxmon.model import ArrayBytes, BackendStatus, DeviceInfo, ProbeKernel
+from jaxmon.device_readings import ArrayBytes, BackendStatus, DeviceInfo, ProbeKernel
 
 if TYPE_CHECKING:  # a type alone: importing jaxmon.training here would load the tracker in every daemon
     from jaxmon.training.reading import TrainingReading

@@ -19,9 +19,9 @@ from jaxmon.collectors.base import AnyCollector, standalone_context
 from jaxmon.collectors.kubernetes import KubernetesCollector, KubernetesOptions, KubernetesState
 from jaxmon.collectors.memory import MemoryCollector, MemoryOptions, MemoryState
 from jaxmon.collectors.nvml import DeviceMatch, NvmlCollector, NvmlOptions, NvmlState
+from jaxmon.device_readings import DeviceInfo, MemoryReading
 from jaxmon.exchange import GPU_UUID
 from jaxmon.exposition import Exposition
-from jaxmon.model import DeviceInfo, MemoryReading
 from jaxmon.owners import OWNERS, Owner, Owners, OwnerTransform
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.kubelet import Allocation
@@ -63,7 +63,7 @@ class Daemon:
             NvmlCollector(NvmlOptions(), ctx),
             KubernetesCollector(KubernetesOptions(), ctx),
         ]
-        for c in self.collectors:  # as jaxmon.app.build_runtime does
+        for c in self.collectors:  # as jaxmon.compose.build_runtime does
             for channel, read in c.offers.items():
                 self.exchange.offer(channel, c.name, read)
         self.transform = OwnerTransform(self.exchange)

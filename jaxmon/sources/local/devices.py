@@ -9,7 +9,7 @@ from typing import Any
 
 import structlog
 
-from jaxmon.model import BackendStatus, DeviceInfo
+from jaxmon.device_readings import BackendStatus, DeviceInfo
 from jaxmon.sources.local.probe import JaxProbeKernel
 
 log = structlog.get_logger("jaxmon.sources.local")

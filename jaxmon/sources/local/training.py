@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import structlog
 
+from jaxmon.device_readings import DeviceInfo
 from jaxmon.logsetup import ErrorLog
-from jaxmon.model import DeviceInfo
 from jaxmon.probe.engine import PROBE_THREAD_PREFIX
 from jaxmon.sources.local.devices import LocalSource
 from jaxmon.sources.local.profiler import JaxProfiler

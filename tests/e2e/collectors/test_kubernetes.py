@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from jaxmon.app import load_settings
 from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.kubernetes import KubernetesCollector, KubernetesOptions
+from jaxmon.compose import load_settings
 from jaxmon.dra import ClaimHolder
 from jaxmon.sources.node import NodeSource
 from tests.fake_apiserver import FakeApiServer, nvidia_slice, pod_item

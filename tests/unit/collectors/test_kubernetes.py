@@ -15,12 +15,12 @@ import pytest
 from prometheus_client.core import Metric
 from structlog.testing import capture_logs
 
-from jaxmon.app import default_settings, load_settings
 from jaxmon.attribution import Holder, attribute
 from jaxmon.collectors.base import AnyCollector, Context, standalone_context
 from jaxmon.collectors.kubernetes import KubernetesCollector, KubernetesOptions, KubernetesState
 from jaxmon.collectors.nvml import DeviceMatch, NvmlCollector, NvmlOptions, NvmlState
 from jaxmon.collectors.tpu import TpuCollector, TpuDevice, TpuOptions, TpuState
+from jaxmon.compose import default_settings, load_settings
 from jaxmon.owners import OwnerTransform
 from jaxmon.settings import SettingsError
 from jaxmon.snapshot import Snapshot

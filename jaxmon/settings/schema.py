@@ -1,7 +1,7 @@
 """The settings model: the core sections, the base of every collector's options, and the model built from both.
 
 The `collector` section is not written here: each collector owns its options (`CollectorOptions` subclasses in its
-own module), and the composition root (`jaxmon.app`) builds the whole model from the registry with
+own module), and the composition root (`jaxmon.compose`) builds the whole model from the registry with
 `settings_model()`. So importing the settings imports no collector.
 """
 
