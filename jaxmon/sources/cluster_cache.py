@@ -17,8 +17,8 @@ from typing import Any
 
 import structlog
 
-from jaxmon.dra import DeviceName, SliceDevice, SliceError, index_slices
 from jaxmon.logsetup import ErrorLog
+from jaxmon.ownership.dra import DeviceName, SliceDevice, SliceError, index_slices
 from jaxmon.sources.kubernetes_api import ApiClient, ApiError, PodIndex, pod_index
 
 log = structlog.get_logger("jaxmon.sources.kubernetes_api")

@@ -1,8 +1,8 @@
 """The Kubernetes API server, read with the pod's service account: the node's ResourceSlices and pods.
 
 Both lists are filtered to this node (`fieldSelector=spec.nodeName=NODE`, NODE from the downward API):
-`resource.k8s.io/v1` ResourceSlices say which GPU or chip a DRA claim's device is (jaxmon.dra), `v1` pods name the
-pod of a UID or container id read from a process's cgroup. No Kubernetes client library (tens of MiB): the
+`resource.k8s.io/v1` ResourceSlices say which GPU or chip a DRA claim's device is (jaxmon.ownership.dra), `v1` pods name
+the pod of a UID or container id read from a process's cgroup. No Kubernetes client library (tens of MiB): the
 stdlib's http.client and ssl, as `jaxmon top` fetches with urllib. In-cluster configuration as client-go's:
 `KUBERNETES_SERVICE_HOST`/`_PORT`, the token and CA in `/var/run/secrets/kubernetes.io/serviceaccount/`; the
 token (projected, rotated by the kubelet) is re-read whenever its file changes and once more on a 401; TLS is

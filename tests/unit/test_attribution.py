@@ -1,10 +1,10 @@
-"""Which pod holds which device (jaxmon.attribution), on literal allocations as the kubelet lists them."""
+"""Which pod holds which device (jaxmon.ownership.attribution), on literal allocations as the kubelet lists them."""
 
 from __future__ import annotations
 
 import pytest
 
-from jaxmon.attribution import Attribution, Holder, accelerators, attribute, gpu_key, labels, matches
+from jaxmon.ownership.attribution import Attribution, Holder, accelerators, attribute, gpu_key, labels, matches
 from jaxmon.sources.kubelet import Allocation
 
 UUID = "GPU-3d4f1c2a-9b8e-4c1d-a2b3-c4d5e6f70819"
@@ -118,7 +118,7 @@ def test_a_tpu_carries_the_one_container_holding_chips_and_nothing_when_several_
 def test_the_tpu_collectors_chip_and_host_series_carry_the_holder_of_the_chips() -> None:
     """Through the owner transform's index, with the identities the tpu collector's state offers for its series."""
     from jaxmon.collectors.tpu import TpuDevice, TpuState, chip_labels, host_labels
-    from jaxmon.owners import OwnerIndex
+    from jaxmon.ownership.owners import OwnerIndex
 
     identities = TpuState(devices=(TpuDevice(9, True),)).identities
 

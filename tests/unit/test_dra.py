@@ -1,5 +1,5 @@
-"""Which GPU, MIG device or TPU chip a DRA claim's device is (jaxmon.dra), on literal ResourceSlice JSON as the API
-server answers it (resource.k8s.io/v1) and claimed devices as the kubelet lists them."""
+"""Which GPU, MIG device or TPU chip a DRA claim's device is (jaxmon.ownership.dra), on literal ResourceSlice JSON as
+the API server answers it (resource.k8s.io/v1) and claimed devices as the kubelet lists them."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from jaxmon.attribution import Holder, labels
-from jaxmon.dra import (
+from jaxmon.ownership.attribution import Holder, labels
+from jaxmon.ownership.dra import (
     NO_IDENTITY,
     NOT_IN_SLICES,
     ClaimHolder,
@@ -232,8 +232,8 @@ def test_problems_are_counted_once_per_device_and_again_when_one_comes_back() ->
 
 
 def test_the_owner_transforms_map_has_gpus_by_uuid_and_tpu_chips_as_the_nodes() -> None:
-    from jaxmon.attribution import TPU_ANY
     from jaxmon.exchange import TPU_DEVICE
+    from jaxmon.ownership.attribution import TPU_ANY
 
     got = resolve(
         index_slices([NVIDIA, TPU]),

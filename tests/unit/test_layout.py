@@ -1,6 +1,6 @@
 """The package's layout rules, read from its source: no import circles, collectors that import no other collector
 nor the composition root, settings and the exposition that import no collector, no collector that stamps owners
-itself (the owner transform does, jaxmon.owners), and no module over 400 lines.
+itself (the owner transform does, jaxmon.ownership.owners), and no module over 400 lines.
 
 Imports are read with `ast`, those under `if TYPE_CHECKING:` and inside functions included: a circle through a
 type-only or a lazy import is still a circle in the design.
@@ -128,7 +128,7 @@ def test_the_exposition_imports_no_collector() -> None:
 
 
 # Who owns a device is said in these modules, and written on series (these labels) by the owner transform alone.
-OWNER_MODULES = {"jaxmon.owners", "jaxmon.attribution", "jaxmon.pidowners"}
+OWNER_MODULES = {"jaxmon.ownership.owners", "jaxmon.ownership.attribution", "jaxmon.ownership.pidowners"}
 OWNER_LABELS = {"namespace", "pod", "container"}
 # The names that carry owners: the owner model and its channel, and DEVICE_PODS / DevicePods, the channel through
 # which the nvml and tpu collectors read the kubelet's pods and stamped them themselves before issue 35.
@@ -169,7 +169,7 @@ def test_no_collector_stamps_owners_itself() -> None:
 def test_the_owner_sources_offer_owners() -> None:
     """A check on the exemption: each owner source is one because its state offers owners to the transform."""
     from jaxmon.collectors import registry
-    from jaxmon.owners import OWNERS
+    from jaxmon.ownership.owners import OWNERS
 
     sources = {f"{cls.__module__}" for cls in registry().values() if OWNERS in cls.offers}
     assert sources == OWNER_SOURCES

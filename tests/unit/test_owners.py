@@ -1,5 +1,5 @@
-"""The owner transform (jaxmon.owners) on hand-made states of the real collectors, wired as the composition root
-wires them: one step that labels every series of an owned device or process, whatever collector made it (the
+"""The owner transform (jaxmon.ownership.owners) on hand-made states of the real collectors, wired as the composition
+root wires them: one step that labels every series of an owned device or process, whatever collector made it (the
 JAX device series of a sidecar whose device NVML matched to a GPU included), once per rendered snapshot.
 
 The kubelet's rules themselves (ids, shared GPUs, the TPU holder) are tests/unit/test_attribution.py's; the
@@ -14,7 +14,6 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from jaxmon.allocator import memory_numbers
-from jaxmon.attribution import attribute
 from jaxmon.collectors.base import AnyCollector, standalone_context
 from jaxmon.collectors.kubernetes import KubernetesCollector, KubernetesOptions, KubernetesState
 from jaxmon.collectors.memory import MemoryCollector, MemoryOptions, MemoryState
@@ -22,7 +21,8 @@ from jaxmon.collectors.nvml import DeviceMatch, NvmlCollector, NvmlOptions, Nvml
 from jaxmon.device_readings import DeviceInfo, MemoryReading
 from jaxmon.exchange import GPU_UUID
 from jaxmon.exposition import Exposition
-from jaxmon.owners import OWNERS, Owner, Owners, OwnerTransform
+from jaxmon.ownership.attribution import attribute
+from jaxmon.ownership.owners import OWNERS, Owner, Owners, OwnerTransform
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.kubelet import Allocation
 from jaxmon.sources.nvml import GpuReading, Process

@@ -1,7 +1,7 @@
-"""Processes to owners (jaxmon.pidowners): a process's cgroup (pod UID, container id) named by the API server's pods,
-through the kubernetes collector's offer and the owner transform to the labels of its per-process series. Cgroup
-files are written under a procfs root of the test's (tests/cgroup_tree.py); the daemon with real cgroups, the fake
-NVML, kubelet and API server is tests/e2e/test_daemon_processes.py's."""
+"""Processes to owners (jaxmon.ownership.pidowners): a process's cgroup (pod UID, container id) named by the API
+server's pods, through the kubernetes collector's offer and the owner transform to the labels of its per-process series.
+Cgroup files are written under a procfs root of the test's (tests/cgroup_tree.py); the daemon with real cgroups, the
+fake NVML, kubelet and API server is tests/e2e/test_daemon_processes.py's."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 
 from structlog.testing import capture_logs
 
-from jaxmon.attribution import attribute
 from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.kubernetes import KubernetesCollector, KubernetesOptions, KubernetesState
 from jaxmon.collectors.nvml import NvmlState
 from jaxmon.exchange import GpuProcesses
-from jaxmon.owners import Owner
-from jaxmon.pidowners import PodProcesses, name_processes
+from jaxmon.ownership.attribution import attribute
+from jaxmon.ownership.owners import Owner
+from jaxmon.ownership.pidowners import PodProcesses, name_processes
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.cgroups import Owner as CgroupOwner
 from jaxmon.sources.cgroups import PodOwner, SlurmJob

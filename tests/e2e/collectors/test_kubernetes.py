@@ -13,7 +13,7 @@ import pytest
 from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.kubernetes import KubernetesCollector, KubernetesOptions
 from jaxmon.compose import load_settings
-from jaxmon.dra import ClaimHolder
+from jaxmon.ownership.dra import ClaimHolder
 from jaxmon.sources.node import NodeSource
 from tests.fake_apiserver import FakeApiServer, nvidia_slice, pod_item
 from tests.fake_kubelet import FakeKubelet, claim, claimed, container, pod

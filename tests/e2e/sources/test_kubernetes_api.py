@@ -1,7 +1,7 @@
 """DRA end to end at the sources: the fake kubelet (tests/fake_kubelet.py, gRPC on a unix socket) lists claims beside
 device-plugin devices, the fake API server (tests/fake_apiserver.py, HTTPS on loopback with a test CA) publishes
 the node's ResourceSlices and pods, and jaxmon's client, cache and resolution (jaxmon.sources.kubernetes_api,
-jaxmon.dra) turn them into the holders of each GPU, MIG device and TPU chip: the token checked, TLS verified,
+jaxmon.ownership.dra) turn them into the holders of each GPU, MIG device and TPU chip: the token checked, TLS verified,
 pages followed, an outage that keeps every known mapping, and a claimed device no slice names counted as a problem."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxmon.dra import NOT_IN_SLICES, ClaimHolder, ProblemCounter, resolve
+from jaxmon.ownership.dra import NOT_IN_SLICES, ClaimHolder, ProblemCounter, resolve
 from jaxmon.sources.cluster_cache import ClusterCache
 from jaxmon.sources.kubelet import Allocation, ClaimedDevice, PodResourcesClient
 from jaxmon.sources.kubernetes_api import ApiClient, ApiError, InCluster

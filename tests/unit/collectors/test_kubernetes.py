@@ -15,13 +15,13 @@ import pytest
 from prometheus_client.core import Metric
 from structlog.testing import capture_logs
 
-from jaxmon.attribution import Holder, attribute
 from jaxmon.collectors.base import AnyCollector, Context, standalone_context
 from jaxmon.collectors.kubernetes import KubernetesCollector, KubernetesOptions, KubernetesState
 from jaxmon.collectors.nvml import DeviceMatch, NvmlCollector, NvmlOptions, NvmlState
 from jaxmon.collectors.tpu import TpuCollector, TpuDevice, TpuOptions, TpuState
 from jaxmon.compose import default_settings, load_settings
-from jaxmon.owners import OwnerTransform
+from jaxmon.ownership.attribution import Holder, attribute
+from jaxmon.ownership.owners import OwnerTransform
 from jaxmon.settings import SettingsError
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.kubelet import Allocation
@@ -237,7 +237,7 @@ def test_the_api_server_options_default_to_the_pods_service_account_and_a_minute
 
 
 def test_dra_claims_are_listed_with_their_claim_and_the_api_servers_health_beside_them() -> None:
-    from jaxmon.dra import index_slices, resolve
+    from jaxmon.ownership.dra import index_slices, resolve
     from jaxmon.sources.cluster_cache import ApiHealth
     from jaxmon.sources.kubelet import ClaimedDevice
 

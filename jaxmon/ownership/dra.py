@@ -9,12 +9,12 @@ name without a domain is in the driver's own, so `uuid` and `gpu.nvidia.com/uuid
 
 - NVIDIA's driver (`gpu.nvidia.com`): devices `gpu-0`, `gpu-1`, ... with `type` `gpu`, `uuid` (`GPU-…`), `index`,
   `minor`; MIG devices with `type` `mig`, their own `uuid` (`MIG-…`) and `parentUUID`. A GPU is known by its UUID,
-  a MIG device by its MIG UUID: the keys jaxmon.attribution uses for device-plugin ids (`("uuid", "gpu-…")`,
+  a MIG device by its MIG UUID: the keys jaxmon.ownership.attribution uses for device-plugin ids (`("uuid", "gpu-…")`,
   `("mig", "mig-…")`), so both paths label the same series.
 - TPU drivers (`tpu.google.com`, kubernetes-sigs/dra-driver-google-tpu): one device per chip (`accel0`, or `0`
   on chips bound to vfio), with `index` (an int), `uuid` (`tpu-…`), `tpuGen`, `accelerator`, `topology`,
   `chipCount`. The key is `("tpu", "<index>")` (without `index`, the number the device's name ends with).
-  jaxmon.attribution's rule for TPU chips stays what decides a series' labels (the node's one holder of TPU
+  jaxmon.ownership.attribution's rule for TPU chips stays what decides a series' labels (the node's one holder of TPU
   chips), as libtpu's device ids and the node's chip numbers are not known to agree.
 
 A claimed device the slices do not name (the driver has not published it yet, or it is gone), or that they name
@@ -32,14 +32,15 @@ from fnmatch import fnmatchcase
 from functools import cached_property
 from typing import Any
 
-from jaxmon.attribution import TPU_ANY, Holder
-from jaxmon.owners import Owner, Owners
+from jaxmon.ownership.attribution import TPU_ANY, Holder
+from jaxmon.ownership.owners import Owner, Owners
 from jaxmon.sources.kubelet import ClaimedDevice
 
 NVIDIA_DRIVERS = ("gpu.nvidia.com",)
 TPU_DRIVERS = ("tpu.google.com",)
 
-# What a device is known by: ("uuid", "gpu-…"), ("mig", "mig-…") (as jaxmon.attribution.GpuKey) or ("tpu", "3").
+# What a device is known by: ("uuid", "gpu-…"), ("mig", "mig-…") (as jaxmon.ownership.attribution.GpuKey) or ("tpu",
+# "3").
 DeviceKey = tuple[str, str]
 # How DRA names a device: (driver, pool, device).
 DeviceName = tuple[str, str, str]
@@ -81,7 +82,7 @@ class ClaimHolder:
 
     @property
     def holder(self) -> Holder:
-        """The same container as jaxmon.attribution names holders (the labels of device-wide series)."""
+        """The same container as jaxmon.ownership.attribution names holders (the labels of device-wide series)."""
         return Holder(self.namespace, self.pod, self.container)
 
 
@@ -97,7 +98,7 @@ class Unresolved:
 class Resolution:
     """The holders of every device DRA claims on the node, by device identity, and the claimed devices without one.
 
-    `devices` has the shape of jaxmon.attribution.Attribution.gpus (holders by key), with the claim in each
+    `devices` has the shape of jaxmon.ownership.attribution.Attribution.gpus (holders by key), with the claim in each
     holder; `resolved` pairs each claimed device with its key, in the kubelet's order
     (jaxmon_kubernetes_pod_device_info).
     """
@@ -107,13 +108,14 @@ class Resolution:
     unresolved: tuple[Unresolved, ...] = ()
 
     def holders(self, key: DeviceKey) -> frozenset[Holder]:
-        """The holders of device `key` as jaxmon.attribution.Holder (claims dropped), for attribution.labels()."""
+        """The holders of device `key` as jaxmon.ownership.attribution.Holder (claims dropped), for
+        attribution.labels()."""
         return frozenset(h.holder for h in self.devices.get(key, frozenset()))
 
     @cached_property
     def owners(self) -> Owners:
-        """The owner transform's map (jaxmon.owners): GPUs and MIG devices by UUID; TPU chips, whose DRA index no
-        source relates to libtpu's device ids, as the node's TPU chips (`TPU_ANY`, one holder or none), as the
+        """The owner transform's map (jaxmon.ownership.owners): GPUs and MIG devices by UUID; TPU chips, whose DRA index
+        no source relates to libtpu's device ids, as the node's TPU chips (`TPU_ANY`, one holder or none), as the
         device plugin's are. Each owner keeps its claim (`extra`), which no device series carries."""
         devices: dict[tuple[str, str], set[Owner]] = {}
         for key, holders in self.devices.items():

@@ -5,9 +5,9 @@ Two inputs meet here, both read through the exchange from the snapshot being ren
 
 - **Owners** (`OWNERS`): what the owner sources know, each an `Owners` map from device identities (GPU UUID, MIG
   UUID, minor number, PCI bus id, TPU chip: jaxmon.exchange's kinds) and from process ids to the containers that
-  own them. Today the kubelet's device-plugin allocations give it (jaxmon.attribution, offered by the kubernetes
-  collector); every other source (DRA through ResourceSlices, processes through their cgroups) offers one more, and
-  the offers are merged: owners of one identity from several sources are its owners together.
+  own them. Today the kubelet's device-plugin allocations give it (jaxmon.ownership.attribution, offered by the
+  kubernetes collector); every other source (DRA through ResourceSlices, processes through their cgroups) offers one
+  more, and the offers are merged: owners of one identity from several sources are its owners together.
 - **Identities** (`DEVICE_IDENTITIES`): which device each series of a collector is about, offered by the collectors
   that export devices (NVML: each GPU's series, and a JAX device's where the nvml collector matched it to a GPU;
   libtpu: each chip's and the host's). No collector stamps owners itself (tests/unit/test_layout.py holds it).
@@ -28,7 +28,7 @@ The rules (the labels and the tests of the per-collector stamping before it):
   holding TPU chips, none where several do).
 - A series with a `pid` label whose pid has owners (`Owners.pids`) carries the process's owners instead of its
   device's; a pid no source knows keeps its device's, as before. A pid whose owners are an empty set (a process
-  of a pod its source cannot name: jaxmon.pidowners) carries no owner labels at all, never its device's, which
+  of a pod its source cannot name: jaxmon.ownership.pidowners) carries no owner labels at all, never its device's, which
   may be other pods'.
 - A series that already carries `pod` (the kubelet's own jaxmon_kubernetes_pod_device_info, a workload's
   scheduler labels) is left as it is.

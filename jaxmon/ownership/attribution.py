@@ -1,5 +1,5 @@
 """Which pod holds which accelerator: the kubelet's device-plugin allocations turned into `Owners` (pure), the map
-the owner transform (jaxmon.owners) labels every series of a held device with.
+the owner transform (jaxmon.ownership.owners) labels every series of a held device with.
 
 Device ids are the device plugins' (docs/deploy.md, "Pod attribution"):
 
@@ -16,7 +16,7 @@ Device ids are the device plugins' (docs/deploy.md, "Pod attribution"):
   where several do.
 
 Several holders of one device (a time-sliced GPU) give one label set, each label the sorted, distinct values of
-the holders joined by commas (jaxmon.owners): one series per device, so sums over pods or namespaces count the
+the holders joined by commas (jaxmon.ownership.owners): one series per device, so sums over pods or namespaces count the
 device once. `jaxmon_kubernetes_pod_device_info` lists each holder on its own.
 """
 
@@ -30,7 +30,7 @@ from functools import cached_property
 
 from jaxmon.exchange import GPU_MINOR, GPU_UUID, MIG_UUID, TPU_DEVICE, TPU_NODE, DeviceId
 from jaxmon.exchange import device_id as identity
-from jaxmon.owners import Owner, Owners, owner_labels
+from jaxmon.ownership.owners import Owner, Owners, owner_labels
 from jaxmon.sources.kubelet import Allocation
 
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-*")
@@ -66,7 +66,8 @@ def matches(resource: str, patterns: Sequence[str]) -> bool:
 
 
 def labels(holders: Iterable[Holder]) -> dict[str, str]:
-    """`namespace`, `pod` and `container` of the holders of one device; {} for none (jaxmon.owners.owner_labels)."""
+    """`namespace`, `pod` and `container` of the holders of one device; {} for none
+    (jaxmon.ownership.owners.owner_labels)."""
     return owner_labels(holders)
 
 

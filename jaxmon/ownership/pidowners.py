@@ -36,13 +36,13 @@ import structlog
 
 from jaxmon.exchange import GpuProcesses
 from jaxmon.logsetup import ErrorLog
-from jaxmon.owners import Owner
+from jaxmon.ownership.owners import Owner
 from jaxmon.sources import cgroups
 
 if TYPE_CHECKING:  # the API server's client is imported only where a node name is known (RSS)
     from jaxmon.sources.kubernetes_api import PodIndex
 
-log = structlog.get_logger("jaxmon.pidowners")
+log = structlog.get_logger("jaxmon.ownership.pidowners")
 
 POD_NOT_LISTED = "pod_not_listed"
 
