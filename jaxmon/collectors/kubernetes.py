@@ -45,16 +45,16 @@ from pydantic import BeforeValidator, Field
 
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
-from jaxmon.exchange import GPU_PROCESSES
+from jaxmon.exchange import GPU_PROCESSES, OWNERS, Owner, Owners
 from jaxmon.families import add, family
 from jaxmon.families.kubernetes import API_FAILURES, API_LAST_SUCCESS, API_UP, DRA_PROBLEMS, PROCESS_PROBLEMS
 from jaxmon.logsetup import ErrorLog
 from jaxmon.ownership.attribution import GPU_RESOURCES, TPU_RESOURCES, Attribution, accelerators, attribute
-from jaxmon.ownership.owners import OWNERS, Owner, Owners
 from jaxmon.ownership.pidowners import POD_NOT_LISTED, PodProcesses
 from jaxmon.settings import CollectorOptions, Enabled, format_duration, parse_duration
 from jaxmon.settings.durations import bounded
 from jaxmon.snapshot import Snapshot
+from jaxmon.sources.cgroups import ProcessCgroups
 from jaxmon.sources.kubelet import (
     DEFAULT_SOCKET,
     Allocation,
@@ -72,7 +72,8 @@ if TYPE_CHECKING:  # imported where the node's name is known or the kubelet repo
 
 log = structlog.get_logger("jaxmon.collectors.kubernetes")
 
-# Where Kubernetes mounts the pod's service account (jaxmon.sources.kubernetes_api.SERVICE_ACCOUNT).
+# Where Kubernetes mounts the pod's service account (client-go's in-cluster configuration): the one place it is
+# written, the default of --collector.kubernetes.service-account, which the API source is given.
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -190,7 +191,8 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         self._good: KubernetesState | None = None
         self._cache: ClusterCache | None = None
         self._problems: ProblemCounter | None = None
-        self._processes = PodProcesses(ctx.procfs)
+        self._cgroups = ProcessCgroups(ctx.procfs)
+        self._processes = PodProcesses()
 
     @classmethod
     def unavailable(cls, opts: KubernetesOptions, ctx: Context) -> str | None:
@@ -216,12 +218,14 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         view = cache.view() if cache is not None else None
         api, pods = (cache.health(), view.pods) if cache is not None and view is not None else (None, None)
         problems = dict(self._problems.counts) if self._problems is not None else {}
-        # The processes on the GPUs at the nvml collector's last poll, named by the pods list
-        # (jaxmon.ownership.pidowners).
-        gpus = [gpu for processes in self.ctx.exchange.read(GPU_PROCESSES) for gpu in processes]
-        named = self._processes.update(gpus, pods, view.pods_taken if view is not None else None)
-        if named.unlisted and cache is not None:
-            cache.want_pods(named.unlisted.values())  # a pod newer than the list: named at a next poll
+        # The processes on the GPUs at the nvml collector's last poll: their cgroups read (where a pods list can name
+        # them), the pods those name asked of the API server (a pod newer than the list: listed again at once, named
+        # at a next poll), then named by the pods list (jaxmon.ownership.pidowners).
+        wanted = {pid for processes in self.ctx.exchange.read(GPU_PROCESSES) for gpu in processes for pid in gpu.pids}
+        found = self._cgroups.read_all(wanted) if pods is not None else {}
+        if cache is not None:
+            cache.want_pods(c.pod.uid for c in found.values() if c.pod is not None)
+        named = self._processes.update(wanted, found, pods, view.pods_taken if view is not None else None)
         state = replace(
             done.state,
             api=api,
@@ -293,7 +297,7 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
 
             account, timeout = self.opts.service_account, self.opts.api_timeout
             self._cache = ClusterCache(
-                lambda: ApiClient(InCluster.from_env(account=account), timeout=timeout, deadline=6 * timeout),
+                lambda: ApiClient(InCluster.from_env(None, account), timeout=timeout, deadline=6 * timeout),
                 node,
                 interval=self.opts.resourceslice_interval,
             ).start()

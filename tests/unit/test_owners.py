@@ -19,10 +19,10 @@ from jaxmon.collectors.kubernetes import KubernetesCollector, KubernetesOptions,
 from jaxmon.collectors.memory import MemoryCollector, MemoryOptions, MemoryState
 from jaxmon.collectors.nvml import DeviceMatch, NvmlCollector, NvmlOptions, NvmlState
 from jaxmon.device_readings import DeviceInfo, MemoryReading
-from jaxmon.exchange import GPU_UUID
+from jaxmon.exchange import GPU_UUID, OWNERS, Owner, Owners
 from jaxmon.exposition import Exposition
 from jaxmon.ownership.attribution import attribute
-from jaxmon.ownership.owners import OWNERS, Owner, Owners, OwnerTransform
+from jaxmon.ownership.owners import OwnerTransform
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.kubelet import Allocation
 from jaxmon.sources.nvml import GpuReading, Process
