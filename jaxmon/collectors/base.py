@@ -30,7 +30,7 @@ S = TypeVar("S")
 
 
 @dataclass(frozen=True)
-class Job:
+class PollJob:
     """A function the scheduler runs every `interval` seconds, first after `first_delay`.
 
     It returns the collector's new state (recorded by the runtime), or None when there is nothing to record.
@@ -126,9 +126,9 @@ class Collector(ABC, Generic[O, S]):
         """Seconds between updates: the poll interval unless the collector says otherwise."""
         return self.ctx.poll_interval
 
-    def jobs(self) -> list[Job]:
+    def jobs(self) -> list[PollJob]:
         """What the scheduler runs: by default `update()` every `interval`, first at once."""
-        return [Job(self.name, self.interval, self.update)]
+        return [PollJob(self.name, self.interval, self.update)]
 
     @abstractmethod
     def update(self) -> Update[S]:
@@ -151,4 +151,13 @@ class Collector(ABC, Generic[O, S]):
 
 AnyCollector = Collector[Any, Any]
 
-__all__ = ["AnyCollector", "Collector", "CollectorOptions", "Context", "Job", "Offers", "Update", "standalone_context"]
+__all__ = [
+    "AnyCollector",
+    "Collector",
+    "CollectorOptions",
+    "Context",
+    "Offers",
+    "PollJob",
+    "Update",
+    "standalone_context",
+]

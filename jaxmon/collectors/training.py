@@ -18,7 +18,7 @@ from jaxmon.collectors.base import Collector, Context, Update
 from jaxmon.families.training import training_families, training_labels
 from jaxmon.identity import host_name
 from jaxmon.settings import CollectorOptions, Enabled
-from jaxmon.settings.schema import Section
+from jaxmon.settings.schema import SettingsSection
 from jaxmon.snapshot import Snapshot
 from jaxmon.training.reading import TrainingReading
 
@@ -34,7 +34,7 @@ PROFILE_EVERY = 1000
 LEAD = 2
 
 
-class TrainingProfileOptions(Section):
+class TrainingProfileOptions(SettingsSection):
     """`--collector.training.profile.*`: sampled traces of whole steps (docs/training.md, "Where the step goes")."""
 
     every: int = Field(

@@ -147,6 +147,22 @@ def test_no_module_basename_names_two_different_things() -> None:
         assert not {"jaxmon.sources", "jaxmon.sources.local"} <= set(packages), f"two sources named {name}.py"
 
 
+# Classes of one name in two modules, each with why it is left so: the training room's programs (jaxmon/training/
+# handed.py: a tracked function's program as the tracker books it; hlo.py: a program's HLO as the analysis reads it),
+# which its rebuild renames.
+SHARED_CLASS_NAMES = {"Program"}
+
+
+def test_no_two_classes_share_a_name() -> None:
+    where: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(module)
+    twice = {name: sorted(modules) for name, modules in where.items() if len(modules) > 1}
+    assert set(twice) <= SHARED_CLASS_NAMES, {n: m for n, m in twice.items() if n not in SHARED_CLASS_NAMES}
+
+
 def test_no_module_imports_itself_round_a_circle() -> None:
     assert _cycles() == []
 
