@@ -5,8 +5,8 @@ library): the import, the use, and the daemon with it on against the daemon with
 
 1. **Import and use**, in a fresh interpreter: VmRSS after importing what node mode with the kubernetes collector
    loads anyway (the web app, hypercorn, pydantic, prometheus_client, structlog, the kubelet source and its
-   stubs, grpc), then after importing jaxmon.sources.kubernetes_api and jaxmon.dra (http.client, ssl, json), then
-   after 50 refreshes of a ClusterCache against the fake API server over TLS (tests/fake_apiserver.py: one
+   stubs, grpc), then after importing jaxmon.sources.kubernetes_api and jaxmon.ownership.dra (http.client, ssl, json),
+   then after 50 refreshes of a ClusterCache against the fake API server over TLS (tests/fake_apiserver.py: one
    NVIDIA slice of 8 GPUs with 7 MIG devices each, and 110 pods, the kubelet's default pod limit), resolving 8
    claimed GPUs each time.
 2. **The daemon**: `jaxmon serve --node --collector.kubernetes` on the fake kubelet (8 pods claiming a GPU each
@@ -48,12 +48,12 @@ def rss():
             return int(line.split()[1]) * 1024
 out = {"python": rss()}
 import grpc, hypercorn.asyncio, pydantic, prometheus_client, structlog
-import jaxmon.web.app, jaxmon.attribution, jaxmon.logsetup, jaxmon.families, jaxmon.sources.kubelet
+import jaxmon.web.asgi, jaxmon.ownership.attribution, jaxmon.logsetup, jaxmon.families, jaxmon.sources.kubelet
 from jaxmon.sources.kubelet.stubs import stubs
 stubs()
 assert "jaxmon.sources.kubernetes_api" not in sys.modules, "loaded before its layer"
 out["node mode with the kubelet"] = rss()
-from jaxmon.dra import resolve
+from jaxmon.ownership.dra import resolve
 from jaxmon.sources.kubelet import ClaimedDevice
 from jaxmon.sources.cluster_cache import ClusterCache
 from jaxmon.sources.kubernetes_api import ApiClient, InCluster

@@ -216,7 +216,7 @@ JAXMON_LAYERS = [
     ("apscheduler", "import apscheduler.schedulers.background, apscheduler.executors.pool"),
     ("pynvml (nvidia-ml-py)", "import pynvml"),
     ("jaxmon: settings", "import jaxmon.settings"),
-    ("jaxmon: sources, collectors.base, runtime, app", "import jaxmon.app"),
+    ("jaxmon: sources, collectors.base, runtime, app", "import jaxmon.compose"),
     ("jaxmon: the nvml collector and its source", "import jaxmon.collectors.nvml"),
     (
         "jaxmon: the other collectors (options for the settings)",
@@ -376,7 +376,7 @@ def main() -> None:
 
     # Read in a child: this script imports nothing of jaxmon's, so no page of the daemon's libraries is shared with
     # it (PSS splits shared pages between the processes that map them).
-    default = "from jaxmon.app import default_settings; print(default_settings().poll.interval)"
+    default = "from jaxmon.compose import default_settings; print(default_settings().poll.interval)"
     poll_interval = float(subprocess.run([sys.executable, "-c", default], capture_output=True, text=True).stdout)
     build()  # the fake library, kept until this script exits
     sleepers = [subprocess.Popen(["sleep", "infinity"]) for _ in range(GPUS)]

@@ -48,7 +48,7 @@ CHILD = """
 import json, sys, time
 import jaxmon
 from jaxmon import exchange
-from jaxmon.attribution import attribute
+from jaxmon.ownership.attribution import attribute
 from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.kubernetes import KubernetesCollector, KubernetesOptions, KubernetesState
 from jaxmon.collectors.nvml import NvmlCollector, NvmlOptions
@@ -68,8 +68,8 @@ transform = None
 if hasattr(exchange, "DEVICE_PODS"):  # before issue 35: the nvml collector stamps the pods itself
     ctx.exchange.constant(exchange.DEVICE_PODS, pods.attribution)
 else:
-    from jaxmon.owners import OwnerTransform
-    for c in collectors:  # as jaxmon.app.build_runtime wires them
+    from jaxmon.ownership.owners import OwnerTransform
+    for c in collectors:  # as jaxmon.compose.build_runtime wires them
         for channel, read in c.offers.items():
             ctx.exchange.offer(channel, c.name, read)
     transform = OwnerTransform(ctx.exchange)

@@ -6,7 +6,7 @@ Replay files are generated (bench/results/replay/devices-N.json): N GPU devices 
 `memory_stats()` key, each a list of 64 different dicts, so every poll brings new numbers (the worst case for
 any caching). The figure is the cost of a scrape that has to render: the scrape right after a poll changed the
 snapshot (later scrapes of the same snapshot are served from the cached bytes). Measured in-process on the
-server's own code path: the runtime `jaxmon.app.build_runtime` builds on the replay file, `update_all_once()`, then
+server's own code path: the runtime `jaxmon.compose.build_runtime` builds on the replay file, `update_all_once()`, then
 `jaxmon.exposition.Exposition.render()` timed (with the process_* families it reads per scrape), plain and with
 gzip (what Prometheus asks for), median of 60 polls. Interleaved with it, the same snapshot rendered by
 prometheus_client's `generate_latest` over a registry holding the same families (what jaxmon did before) for
@@ -32,12 +32,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
-from jaxmon.app import build_runtime, load_settings, make_source
 from jaxmon.collectors.base import AnyCollector, Update, standalone_context
 from jaxmon.collectors.probe import ProbeCollector, ProbeOptions, ProbeState
+from jaxmon.compose import build_runtime, load_settings, make_source
+from jaxmon.device_readings import ProbeStatus
 from jaxmon.exposition import Exposition, TextFormat, snapshot_families
 from jaxmon.logsetup import configure_logging
-from jaxmon.model import ProbeStatus
 from jaxmon.snapshot import Snapshot
 
 GiB = 2**30

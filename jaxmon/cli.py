@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from jaxmon.app import build_runtime, load_settings, log_settings_notes
+from jaxmon.compose import build_runtime, load_settings, log_settings_notes
 from jaxmon.logsetup import configure_logging
 from jaxmon.settings import Settings, SettingsError
 from jaxmon.sources.replay import ReplayError
@@ -53,7 +53,7 @@ def _load(argv: Sequence[str], prog: str, quiet: bool = False, **help_options: A
 def serve(argv: Sequence[str]) -> int:
     """Run the daemon until SIGTERM/SIGINT."""
     from jaxmon.healthcheck import HealthSocket, HealthSocketError
-    from jaxmon.web.errors import WebConfigError
+    from jaxmon.web.config_error import WebConfigError
     from jaxmon.web.server import HttpServer
     from jaxmon.web.signals import hold_signals_until_serving, serve_until_signalled
 

@@ -24,7 +24,7 @@ class Exporter:
     """A running in-process exporter: scheduler plus HTTP server on a background thread."""
 
     def __init__(self, settings: Settings, workload: str) -> None:
-        from jaxmon.app import build_runtime, workload_source
+        from jaxmon.compose import build_runtime, workload_source
         from jaxmon.web.server import HttpServer
 
         self.settings = settings
@@ -164,7 +164,7 @@ def start(port: int | None = None, *, workload: str | None = None, **overrides: 
     """
     global _running
     ensure_library_logging()
-    from jaxmon.app import load_settings, log_settings_notes
+    from jaxmon.compose import load_settings, log_settings_notes
 
     with _running_lock:
         if _running is not None:

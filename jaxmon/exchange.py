@@ -1,15 +1,15 @@
 """Readings one collector offers to others: one explicit, typed mechanism, wired by the composition root.
 
 No collector imports another or searches the snapshot for a type. A collector class declares what its state
-offers (`Collector.offers`: channel -> function of its state); `app.py` registers each running collector's offers
+offers (`Collector.offers`: channel -> function of its state); `compose.py` registers each running collector's offers
 (and constants, such as an embedded workload's own pid) on the runtime's `Exchange`, which every collector receives
 when it is built, and a collector that needs a reading calls `exchange.read(CHANNEL)`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from jaxmon.snapshot import Snapshot
@@ -59,6 +59,77 @@ class GpuProcesses:
     pids: tuple[int, ...]
 
 
+# Who owns a device or a process: what the owner sources offer on OWNERS, which the owner transform
+# (jaxmon.ownership.owners) writes on series.
+
+
+@dataclass(frozen=True, order=True)
+class Owner:
+    """A container that holds a device or runs a process."""
+
+    namespace: str
+    pod: str
+    container: str
+    # What else its source knows of it (a DRA claim: ("claim", "ns/name")): kept for the source's own families,
+    # never written on device series.
+    extra: tuple[tuple[str, str], ...] = ()
+
+
+def owner_labels(owners: Iterable[Owner]) -> dict[str, str]:
+    """`namespace`, `pod` and `container` of the owners of one device or process, joined; {} for none."""
+    found = set(owners)
+    if not found:
+        return {}
+    return {
+        "namespace": ",".join(sorted({o.namespace for o in found})),
+        "pod": ",".join(sorted({o.pod for o in found})),
+        "container": ",".join(sorted({o.container for o in found})),
+    }
+
+
+@dataclass(frozen=True)
+class Owners:
+    """What one owner source knows (or several, merged): the owners of device identities and of process ids."""
+
+    devices: Mapping[DeviceId, frozenset[Owner]] = field(default_factory=dict)
+    pids: Mapping[int, frozenset[Owner]] = field(default_factory=dict)
+    # Identities whose owners are candidates, not sharers: they count only where they are one (the rules in
+    # jaxmon.ownership.owners).
+    sole: frozenset[DeviceId] = frozenset()
+
+    @property
+    def empty(self) -> bool:
+        """Whether it names no owner at all."""
+        return not self.devices and not self.pids
+
+    def of(self, ids: Iterable[DeviceId]) -> frozenset[Owner]:
+        """The owners of a device known by the identities `ids` (each it has: UUID, minor number, ...)."""
+        found: set[Owner] = set()
+        for key in ids:
+            owners = self.devices.get(key)
+            if owners and (key not in self.sole or len(owners) == 1):
+                found |= owners
+        return frozenset(found)
+
+    def labels(self, ids: Iterable[DeviceId]) -> dict[str, str]:
+        """The owner labels of a device known by `ids`; {} when nobody owns it."""
+        return owner_labels(self.of(ids))
+
+    @classmethod
+    def merged(cls, many: Iterable[Owners]) -> Owners:
+        """Several sources' owners as one: an identity's (or pid's) owners are every source's together."""
+        devices: dict[DeviceId, frozenset[Owner]] = {}
+        pids: dict[int, frozenset[Owner]] = {}
+        sole: frozenset[DeviceId] = frozenset()
+        for owners in many:
+            for key, found in owners.devices.items():
+                devices[key] = devices.get(key, frozenset()) | found
+            for pid, found in owners.pids.items():
+                pids[pid] = pids.get(pid, frozenset()) | found
+            sole |= owners.sole
+        return cls(devices, pids, sole)
+
+
 @dataclass(frozen=True, eq=False)
 class Channel(Generic[T]):
     """A kind of reading, typed by what it carries."""
@@ -82,6 +153,10 @@ DEVICE_IDENTITIES: Channel[DeviceIdentities] = Channel(
 
 GPU_PROCESSES: Channel[Sequence[GpuProcesses]] = Channel(
     "gpu_processes", "the pids of the compute processes on each GPU (NVML): whose processes use which GPU"
+)
+
+OWNERS: Channel[Owners] = Channel(
+    "owners", "who owns each device identity and process id (the kubelet, ...): the owner transform's map"
 )
 
 

@@ -7,7 +7,7 @@ families (`process_*`, `python_*`) are read per scrape and appended as their own
 collectors read at each scrape (`scrape_families`: in a workload process, prometheus_client's default registry) as
 they give them, empty ones included, less the names jaxmon serves. The exposition knows collectors only by this
 shape (`FamilySource`), never by their modules. One step runs between the snapshot's families and the text: the
-`Transform` the composition root gives (the owner transform, jaxmon.owners, which adds who owns each series'
+`Transform` the composition root gives (the owner transform, jaxmon.ownership.owners, which adds who owns each series'
 device), once per rendered snapshot like the families themselves. A scrape may wait for a collector's scrape-time
 families (up to its deadline): where one has them (`waits`), the web app renders off the event loop.
 """
@@ -53,8 +53,8 @@ class FamilySource(Protocol):
         """Its families read at each scrape, as they are (empty ones served); within a deadline of its own."""
 
 
-# A step over one snapshot's families before they are rendered (jaxmon.owners.OwnerTransform); may change them in
-# place (they are fresh), returns those to render.
+# A step over one snapshot's families before they are rendered (jaxmon.ownership.owners.OwnerTransform); may change them
+# in place (they are fresh), returns those to render.
 Transform = Callable[[Snapshot, list[Metric]], list[Metric]]
 
 

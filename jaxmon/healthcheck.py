@@ -194,7 +194,7 @@ def _owner(path: Path) -> str:
 def main(argv: Sequence[str]) -> int:
     """`jaxmon healthcheck`: exit 0 when the daemon's /healthz is 200, 1 otherwise (one line on stdout says why),
     2 for settings it cannot use."""
-    from jaxmon.app import load_settings  # the settings model and the collector registry, as `serve` loads them
+    from jaxmon.compose import load_settings  # the settings model and the collector registry, as `serve` loads them
     from jaxmon.settings import SettingsError
 
     try:

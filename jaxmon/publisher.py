@@ -15,23 +15,22 @@ import stat
 import sys
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from jaxmon.device_readings import ArrayBytes, DeviceInfo
 from jaxmon.files import write_atomically
 from jaxmon.finalization import EXIT_WAIT, before_finalization
 from jaxmon.identity import host_name, scheduler_labels
 from jaxmon.logsetup import ErrorLog, ensure_library_logging
-from jaxmon.model import HOST_MEMORY_KINDS, ArrayBytes, DeviceInfo
 from jaxmon.settings import Settings
 from jaxmon.sources import DeviceSource, InProcess
 from jaxmon.sources.selection import select_devices
 from jaxmon.sources.spool import FILE_NAME, TMP_NAME, safe_name
-from jaxmon.sources.spool_document import SCHEMA, SpoolCompile, SpoolDevice, SpoolDocument, SpoolTraining
-from jaxmon.training.reading import TrainingReading
+from jaxmon.sources.spool_codec import spool_device, spool_training
+from jaxmon.sources.spool_document import SCHEMA, SpoolCompile, SpoolDevice, SpoolDocument
 
 log = structlog.get_logger("jaxmon.publisher")
 
@@ -71,7 +70,7 @@ class Publisher:
         self._workload: tuple[DeviceSource, InProcess] | None = None
         self._include_cpu = False
         try:
-            from jaxmon.app import default_settings, workload_source
+            from jaxmon.compose import default_settings, workload_source
 
             settings = settings or default_settings()
             self._include_cpu = settings.devices.include_cpu
@@ -148,24 +147,14 @@ class Publisher:
         try:
             arrays = in_process.array_bytes()
         except Exception as exc:  # the devices' allocator numbers still go out
-            failed = f"{type(exc).__name__}: {exc}"[:4096]
+            failed = f"{type(exc).__name__}: {exc}"
         for dev in devices:
-            fields: dict[str, Any] = dev.identity()
+            stats, error = None, None
             try:
                 stats = source.read_memory(dev)
-                if stats is None:  # live arrays are this device's only memory figure
-                    if arrays is None:
-                        fields["error"] = failed
-                    else:
-                        fields["live_array_bytes"] = arrays.live.get(dev.key, 0)
-                else:
-                    fields["memory_stats"] = {k: v for k, v in stats.items() if _number(v)}
             except Exception as exc:
-                fields["error"] = f"{type(exc).__name__}: {exc}"[:4096]
-            if arrays is not None:  # no arrays on a device is 0 bytes
-                fields["replicated_array_bytes"] = arrays.replicated.get(dev.key, 0)
-                fields["host_array_bytes"] = {kind: arrays.host.get((dev.key, kind), 0) for kind in HOST_MEMORY_KINDS}
-            entries.append(SpoolDevice.model_validate(fields))
+                error = f"{type(exc).__name__}: {exc}"
+            entries.append(spool_device(dev, stats, error, arrays, failed))
         reading = in_process.training()
         now = time.time()
         return SpoolDocument(
@@ -236,28 +225,6 @@ class Publisher:
         self.stop()
 
 
-def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def spool_training(reading: TrainingReading, now: float) -> SpoolTraining:
-    """The training reading as a spool document of time `now` carries it: the +Inf bucket is the count (JSON has no
-    inf), the start is the seconds before `now` (elapsed_seconds, as schema 2 has always had it)."""
-    finite = [(bound, count) for bound, count in reading.duration_buckets if bound != float("inf")]
-    fields = asdict(reading)
-    del fields["start_time_seconds"]
-    fields.update(
-        duration_buckets=finite,
-        duration_count=reading.duration_count,
-        elapsed_seconds=max(now - reading.start_time_seconds, 0.0),
-    )
-    for device in fields["devices"]:  # (op, axes) keys as objects: JSON keys are strings only
-        device["collective_bytes_total"] = [
-            {"op": op, "axes": axes, "bytes": n} for (op, axes), n in sorted(device["collective_bytes_total"].items())
-        ]
-    return SpoolTraining.model_validate(fields)
-
-
 _publishers: dict[Path, Publisher] = {}
 _publishers_lock = threading.Lock()
 
@@ -284,7 +251,7 @@ def publish(
     missing, unwritable or full directory) are logged and retried every interval; they never reach the caller.
     """
     ensure_library_logging()
-    from jaxmon.app import load_settings, log_settings_notes
+    from jaxmon.compose import load_settings, log_settings_notes
 
     path = Path(directory).absolute()
     with _publishers_lock:

@@ -23,7 +23,7 @@ import structlog
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from jaxmon.collectors.base import AnyCollector, Job
+from jaxmon.collectors.base import AnyCollector, PollJob
 from jaxmon.exposition import Transform
 from jaxmon.logsetup import ErrorLog
 from jaxmon.snapshot import Snapshot, Update
@@ -167,13 +167,13 @@ class Runtime:
 
     # -- updates ----------------------------------------------------------------------------------------
 
-    def _guarded(self, collector: AnyCollector, job: Job) -> Any:
+    def _guarded(self, collector: AnyCollector, job: PollJob) -> Any:
         def run() -> None:
             self.run_job(collector, job)
 
         return run
 
-    def run_job(self, collector: AnyCollector, job: Job) -> None:
+    def run_job(self, collector: AnyCollector, job: PollJob) -> None:
         """Run one job and record what it returned; an exception is a failed run that keeps the last state. After
         `stop()` no job starts; the last job of a collector that `stop()` could not wait for stops it."""
         with self._jobs:
@@ -193,7 +193,7 @@ class Runtime:
             if last:
                 self._stop_collector(collector)
 
-    def _run_job(self, collector: AnyCollector, job: Job) -> None:
+    def _run_job(self, collector: AnyCollector, job: PollJob) -> None:
         started = time.perf_counter()
         try:
             result = job.run()
@@ -209,7 +209,7 @@ class Runtime:
     def update_all_once(self) -> None:
         """Every collector's `update()` once, in order, on this thread (`jaxmon snapshot`)."""
         for collector in self.collectors:
-            self.run_job(collector, Job(collector.name, collector.interval, collector.update))
+            self.run_job(collector, PollJob(collector.name, collector.interval, collector.update))
 
     def record(self, name: str, update: Update[object], duration: float) -> None:
         """Make `update` the latest of collector `name` (and say once when that makes the runtime ready)."""

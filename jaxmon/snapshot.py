@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from jaxmon.model import BackendStatus, DeviceInfo
+from jaxmon.device_readings import BackendStatus, DeviceInfo
 
 T = TypeVar("T")
 S_co = TypeVar("S_co", covariant=True)

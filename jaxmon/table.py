@@ -8,7 +8,7 @@ from typing import Any
 from jaxmon.collectors.memory import MemoryCollector, MemoryState
 from jaxmon.collectors.nvml import NvmlCollector, NvmlState
 from jaxmon.collectors.probe import ProbeCollector, ProbeState
-from jaxmon.model import ProbeStatus
+from jaxmon.device_readings import ProbeStatus
 from jaxmon.snapshot import Snapshot
 
 

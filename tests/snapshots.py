@@ -14,8 +14,8 @@ from jaxmon.allocator import memory_numbers
 from jaxmon.collectors.base import AnyCollector, standalone_context
 from jaxmon.collectors.memory import MemoryCollector, MemoryOptions, MemoryState
 from jaxmon.collectors.probe import ProbeCollector, ProbeOptions, ProbeState
+from jaxmon.device_readings import BackendStatus, DeviceInfo, MemoryReading, ProbeStatus
 from jaxmon.exposition import snapshot_families
-from jaxmon.model import BackendStatus, DeviceInfo, MemoryReading, ProbeStatus
 from jaxmon.snapshot import CollectorStatus, Snapshot
 from jaxmon.sources.replay import ReplaySource
 

@@ -19,9 +19,9 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from prometheus_client.core import Metric
 
+from jaxmon.device_readings import DeviceInfo
 from jaxmon.exchange import Channel, Exchange
-from jaxmon.model import DeviceInfo
-from jaxmon.settings.model import CollectorOptions
+from jaxmon.settings.schema import CollectorOptions
 from jaxmon.snapshot import Snapshot, Update
 from jaxmon.sources import DeviceSource, InProcess
 
@@ -30,7 +30,7 @@ S = TypeVar("S")
 
 
 @dataclass(frozen=True)
-class Job:
+class PollJob:
     """A function the scheduler runs every `interval` seconds, first after `first_delay`.
 
     It returns the collector's new state (recorded by the runtime), or None when there is nothing to record.
@@ -52,7 +52,7 @@ def _ignore(update: Update[object]) -> None:
 
 @dataclass(frozen=True)
 class Context:
-    """What a collector is built from, besides its options (app.py makes one per collector)."""
+    """What a collector is built from, besides its options (compose.py makes one per collector)."""
 
     source: DeviceSource
     devices: tuple[DeviceInfo, ...]
@@ -126,9 +126,9 @@ class Collector(ABC, Generic[O, S]):
         """Seconds between updates: the poll interval unless the collector says otherwise."""
         return self.ctx.poll_interval
 
-    def jobs(self) -> list[Job]:
+    def jobs(self) -> list[PollJob]:
         """What the scheduler runs: by default `update()` every `interval`, first at once."""
-        return [Job(self.name, self.interval, self.update)]
+        return [PollJob(self.name, self.interval, self.update)]
 
     @abstractmethod
     def update(self) -> Update[S]:
@@ -151,4 +151,13 @@ class Collector(ABC, Generic[O, S]):
 
 AnyCollector = Collector[Any, Any]
 
-__all__ = ["AnyCollector", "Collector", "CollectorOptions", "Context", "Job", "Offers", "Update", "standalone_context"]
+__all__ = [
+    "AnyCollector",
+    "Collector",
+    "CollectorOptions",
+    "Context",
+    "Offers",
+    "PollJob",
+    "Update",
+    "standalone_context",
+]

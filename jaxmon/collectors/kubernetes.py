@@ -1,9 +1,9 @@
 """The `kubernetes` collector: which pod holds each GPU, MIG device and TPU chip, from the kubelet's pod-resources API.
 
 Once per poll it calls `v1.PodResourcesLister/List` on the kubelet's socket (with a deadline) and keeps the
-answer as its state. It is an owner source: its state offers the owners of each device (jaxmon.attribution says
-how ids match and what a shared device is labelled) on the exchange (OWNERS), and the owner transform
-(jaxmon.owners) adds `namespace`, `pod` and `container` to every series of a device a pod holds, whatever
+answer as its state. It is an owner source: its state offers the owners of each device (jaxmon.ownership.attribution
+says how ids match and what a shared device is labelled) on the exchange (OWNERS), and the owner transform
+(jaxmon.ownership.owners) adds `namespace`, `pod` and `container` to every series of a device a pod holds, whatever
 collector made it. Where this collector does not run, every series renders as without it.
 
 A kubelet that does not answer (no socket, too slow, an error status) fails the poll
@@ -16,15 +16,15 @@ Devices allocated through Dynamic Resource Allocation come in the same List (`dy
 ResourceSlices, listed from the API server on a thread of its own (jaxmon.sources.kubernetes_api: every
 `--collector.kubernetes.resourceslice-interval`, and at once when a claimed device is not in them yet, the poll
 waiting for that at most `--collector.kubernetes.timeout`), say which GPU, MIG device or TPU chip each is
-(jaxmon.dra). The state keeps that resolution (`dra`) beside the device-plugin attribution, and offers both to the
-owner transform (`KubernetesState.owners`), so a pod that got its GPUs through DRA labels their series as a device
+(jaxmon.ownership.dra). The state keeps that resolution (`dra`) beside the device-plugin attribution, and offers both to
+the owner transform (`KubernetesState.owners`), so a pod that got its GPUs through DRA labels their series as a device
 plugin's would; `jaxmon_kubernetes_pod_device_info` lists the claimed devices with their `claim`, the API
 server's health is `jaxmon_kubernetes_api_*`, and a claimed device no slice names is counted in
 `jaxmon_kubernetes_dra_problems_total{reason}`, never labelled.
 
 The processes NVML reports on each GPU (the nvml collector's GPU_PROCESSES, its last poll) are owner-named too
 where the API server's pods are listed: each one's pod UID and container id from `<--path.procfs>/<pid>/cgroup`
-(hostPID), named by those pods (jaxmon.pidowners), offered as the transform's pid map, so a per-process series
+(hostPID), named by those pods (jaxmon.ownership.pidowners), offered as the transform's pid map, so a per-process series
 carries its own pod where several pods share a GPU; a process of a pod the list does not name carries none, and is
 counted in `jaxmon_kubernetes_process_problems_total{reason}`.
 """
@@ -43,18 +43,18 @@ import structlog
 from prometheus_client.core import Metric
 from pydantic import BeforeValidator, Field
 
-from jaxmon.attribution import GPU_RESOURCES, TPU_RESOURCES, Attribution, accelerators, attribute
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
-from jaxmon.exchange import GPU_PROCESSES
+from jaxmon.exchange import GPU_PROCESSES, OWNERS, Owner, Owners
 from jaxmon.families import add, family
 from jaxmon.families.kubernetes import API_FAILURES, API_LAST_SUCCESS, API_UP, DRA_PROBLEMS, PROCESS_PROBLEMS
 from jaxmon.logsetup import ErrorLog
-from jaxmon.owners import OWNERS, Owner, Owners
-from jaxmon.pidowners import POD_NOT_LISTED, PodProcesses
+from jaxmon.ownership.attribution import GPU_RESOURCES, TPU_RESOURCES, Attribution, accelerators, attribute
+from jaxmon.ownership.pidowners import POD_NOT_LISTED, PodProcesses
 from jaxmon.settings import CollectorOptions, Enabled, format_duration, parse_duration
 from jaxmon.settings.durations import bounded
 from jaxmon.snapshot import Snapshot
+from jaxmon.sources.cgroups import ProcessCgroups
 from jaxmon.sources.kubelet import (
     DEFAULT_SOCKET,
     Allocation,
@@ -66,13 +66,14 @@ from jaxmon.sources.kubelet import (
 from jaxmon.sources.kubelet.stubs import StubsUnavailable
 
 if TYPE_CHECKING:  # imported where the node's name is known or the kubelet reports DRA claims (RSS: issue 35)
-    from jaxmon.dra import ProblemCounter, Resolution
+    from jaxmon.ownership.dra import ProblemCounter, Resolution
     from jaxmon.sources.cluster_cache import ApiHealth, ClusterCache
     from jaxmon.sources.kubernetes_api import PodIndex
 
 log = structlog.get_logger("jaxmon.collectors.kubernetes")
 
-# Where Kubernetes mounts the pod's service account (jaxmon.sources.kubernetes_api.SERVICE_ACCOUNT).
+# Where Kubernetes mounts the pod's service account (client-go's in-cluster configuration): the one place it is
+# written, the default of --collector.kubernetes.service-account, which the API source is given.
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -190,7 +191,8 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         self._good: KubernetesState | None = None
         self._cache: ClusterCache | None = None
         self._problems: ProblemCounter | None = None
-        self._processes = PodProcesses(ctx.procfs)
+        self._cgroups = ProcessCgroups(ctx.procfs)
+        self._processes = PodProcesses()
 
     @classmethod
     def unavailable(cls, opts: KubernetesOptions, ctx: Context) -> str | None:
@@ -216,11 +218,14 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         view = cache.view() if cache is not None else None
         api, pods = (cache.health(), view.pods) if cache is not None and view is not None else (None, None)
         problems = dict(self._problems.counts) if self._problems is not None else {}
-        # The processes on the GPUs at the nvml collector's last poll, named by the pods list (jaxmon.pidowners).
-        gpus = [gpu for processes in self.ctx.exchange.read(GPU_PROCESSES) for gpu in processes]
-        named = self._processes.update(gpus, pods, view.pods_taken if view is not None else None)
-        if named.unlisted and cache is not None:
-            cache.want_pods(named.unlisted.values())  # a pod newer than the list: named at a next poll
+        # The processes on the GPUs at the nvml collector's last poll: their cgroups read (where a pods list can name
+        # them), the pods those name asked of the API server (a pod newer than the list: listed again at once, named
+        # at a next poll), then named by the pods list (jaxmon.ownership.pidowners).
+        wanted = {pid for processes in self.ctx.exchange.read(GPU_PROCESSES) for gpu in processes for pid in gpu.pids}
+        found = self._cgroups.read_all(wanted) if pods is not None else {}
+        if cache is not None:
+            cache.want_pods(c.pod.uid for c in found.values() if c.pod is not None)
+        named = self._processes.update(wanted, found, pods, view.pods_taken if view is not None else None)
         state = replace(
             done.state,
             api=api,
@@ -257,7 +262,7 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         waiting at most the kubelet's deadline) when one is not in them yet; None without claims or a node name."""
         if not claimed and not self._node():
             return None
-        from jaxmon.dra import ProblemCounter, Resolution, accelerator_driver, resolve
+        from jaxmon.ownership.dra import ProblemCounter, Resolution, accelerator_driver, resolve
 
         if self._problems is None:
             self._problems = ProblemCounter()
@@ -292,7 +297,7 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
 
             account, timeout = self.opts.service_account, self.opts.api_timeout
             self._cache = ClusterCache(
-                lambda: ApiClient(InCluster.from_env(account=account), timeout=timeout, deadline=6 * timeout),
+                lambda: ApiClient(InCluster.from_env(None, account), timeout=timeout, deadline=6 * timeout),
                 node,
                 interval=self.opts.resourceslice_interval,
             ).start()
@@ -336,7 +341,7 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
             return  # no node name and no DRA claims: nothing to say (a cluster without DRA)
         if state.api is not None:
             yield from health_families(state.api)
-        from jaxmon.dra import NO_IDENTITY, NOT_IN_SLICES
+        from jaxmon.ownership.dra import NO_IDENTITY, NOT_IN_SLICES
 
         problems = DRA_PROBLEMS.new()
         for reason, count in sorted({NOT_IN_SLICES: 0, NO_IDENTITY: 0, **state.dra_problems}.items()):

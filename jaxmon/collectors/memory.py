@@ -18,9 +18,9 @@ from pydantic import Field
 from jaxmon.allocator import memory_numbers
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Update
+from jaxmon.device_readings import HOST_MEMORY_KINDS, MemoryReading
 from jaxmon.families.memory import MemoryRow, memory_families
 from jaxmon.logsetup import ErrorLog
-from jaxmon.model import HOST_MEMORY_KINDS, MemoryReading
 from jaxmon.settings import CollectorOptions, Enabled
 from jaxmon.snapshot import Snapshot
 

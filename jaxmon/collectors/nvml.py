@@ -260,7 +260,7 @@ def _labels(gpu: GpuReading, match: DeviceMatch, mig: MigDevice | None = None) -
     """The labels of every series about one GPU, or about one of its MIG devices: the ONE place they are made.
 
     They name the device only (`device`, and a MIG device's `mig_uuid`); who owns it is the owner transform's
-    (jaxmon.owners), by the identities this collector offers (`NvmlState.identities`).
+    (jaxmon.ownership.owners), by the identities this collector offers (`NvmlState.identities`).
     """
     labels = {"device": str(match.device(gpu.index)), "platform": "gpu", "source": SOURCE}
     if mig is not None:

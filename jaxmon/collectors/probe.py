@@ -27,12 +27,12 @@ from prometheus_client.samples import Sample
 from pydantic import BeforeValidator, Field, model_validator
 
 from jaxmon.collectors import register
-from jaxmon.collectors.base import Collector, Context, Job, Update
+from jaxmon.collectors.base import Collector, Context, PollJob, Update
+from jaxmon.device_readings import DeviceInfo, ProbeKernel, ProbeStatus
 from jaxmon.exchange import DUTY_CYCLES
 from jaxmon.families import add, family, sample_name
 from jaxmon.families.probe import PROBE_METRICS
 from jaxmon.logsetup import ErrorLog
-from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
 from jaxmon.probe import WARMUP_STEPS, DeviceProbe, ProbeConfig, longest_pauses
 from jaxmon.probe.baseline import BaselineStore
 from jaxmon.probe.idle import BUSY_DUTY_CYCLE, HostCpuMeter
@@ -214,7 +214,7 @@ class ProbeCollector(Collector[ProbeOptions, ProbeState]):
         """Seconds between runs on each device."""
         return self.opts.interval
 
-    def jobs(self) -> list[Job]:
+    def jobs(self) -> list[PollJob]:
         """One job per probed device, each first run at once. Devices that share no hardware (GPU, TPU, the one
         CPU device probed for all) run together; CPU devices probed each on its own share the host's cores, so
         their runs are spread over the interval (at most a quarter second apart): none times another's load."""
@@ -222,7 +222,7 @@ class ProbeCollector(Collector[ProbeOptions, ProbeState]):
         gap = min(self.interval / len(cpus), 0.25) if len(cpus) > 1 else 0.0
         order = {id(p): i for i, p in enumerate(cpus)}
         return [
-            Job(
+            PollJob(
                 f"probe-{probe.device.name}",
                 self.interval,
                 self._runner(probe),

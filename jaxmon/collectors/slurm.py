@@ -25,7 +25,7 @@ from jaxmon.families import add
 from jaxmon.families.slurm import JOB_DEVICE_INFO
 from jaxmon.settings import CollectorOptions, Enabled
 from jaxmon.snapshot import Snapshot
-from jaxmon.sources.cgroups import ProcessOwners, slurm_cgroups
+from jaxmon.sources.cgroups import ProcessCgroups, slurm_cgroups
 
 
 class SlurmOptions(CollectorOptions):
@@ -68,7 +68,7 @@ class SlurmCollector(Collector[SlurmOptions, SlurmState]):
 
     def __init__(self, opts: SlurmOptions, ctx: Context) -> None:
         super().__init__(opts, ctx)
-        self._owners = ProcessOwners(ctx.procfs)
+        self._owners = ProcessCgroups(ctx.procfs)
 
     @classmethod
     def unavailable(cls, opts: SlurmOptions, ctx: Context) -> str | None:
@@ -82,7 +82,7 @@ class SlurmCollector(Collector[SlurmOptions, SlurmState]):
     def update(self) -> Update[SlurmState]:
         """The jobs of the processes on each GPU at the nvml collector's last poll."""
         gpus = [gpu for processes in self.ctx.exchange.read(GPU_PROCESSES) for gpu in processes]
-        owners = self._owners.owners(pid for gpu in gpus for pid in gpu.pids)
+        owners = self._owners.read_all(pid for gpu in gpus for pid in gpu.pids)
         found = set()
         for gpu in gpus:
             for pid in gpu.pids:

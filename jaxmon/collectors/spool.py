@@ -1,9 +1,9 @@
 """The spool collector: what every workload process published (`jaxmon.publish`), labelled by workload.
 
 The reader (`jaxmon.sources.spool`) validates each file and, inside the same per-file guard, calls
-`workload_report` here to turn it into the same memory and compile numbers an embedded exporter has; a file that
-fails either step is one rejected file, never a failed poll. This adds each workload process's identity and what
-the reader had to reject, leave unread or remove.
+`workload_report` (jaxmon.sources.spool_codec, the document's reader) to turn it into the same memory and compile
+numbers an embedded exporter has; a file that fails either step is one rejected file, never a failed poll. This adds
+each workload process's identity and what the reader had to reject, leave unread or remove.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import structlog
 from prometheus_client.core import Metric
 from pydantic import Field, field_validator
 
-from jaxmon.allocator import memory_numbers
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
+from jaxmon.device_readings import DeviceInfo
 from jaxmon.exchange import WORKLOAD_PIDS
 from jaxmon.families import add, family
 from jaxmon.families.compile import compile_families
@@ -27,105 +27,12 @@ from jaxmon.families.memory import MemoryRow, memory_families
 from jaxmon.families.shared import DEVICE_INFO, WORKLOAD_INFO
 from jaxmon.families.training import training_families, training_labels
 from jaxmon.logsetup import ErrorLog
-from jaxmon.model import DeviceInfo, MemoryReading
 from jaxmon.settings import CollectorOptions, Duration, Enabled
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.spool import SpoolReader
-from jaxmon.sources.spool_document import SpoolDocument, SpoolTraining
-from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
+from jaxmon.sources.spool_codec import WorkloadReport, workload_report
 
 log = structlog.get_logger("jaxmon.collectors.spool")
-
-
-@dataclass(frozen=True)
-class WorkloadDevice:
-    """One device as a workload reported it, with the numbers jaxmon derives."""
-
-    info: DeviceInfo
-    reading: MemoryReading
-    live_array_bytes: int | None
-    replicated_array_bytes: int | None = None  # schema 3
-    host_array_bytes: Mapping[str, int] | None = None  # schema 3: bytes per host memory kind
-
-
-@dataclass(frozen=True)
-class WorkloadReport:
-    """The latest snapshot of one workload process."""
-
-    workload: str
-    host: str
-    pid: int
-    process_index: int
-    jax_version: str
-    time: float  # the file's mtime on the reader's clock, set per scan (the document's own `time` is not trusted)
-    started: float
-    devices: tuple[WorkloadDevice, ...]
-    compile: Mapping[str, float]
-    training: TrainingReading | None = None
-    process_count: int | None = None
-    scheduler: Mapping[str, str] = field(default_factory=dict)
-
-
-def workload_report(doc: SpoolDocument) -> WorkloadReport:
-    """The numbers of one published document."""
-    devices = []
-    for d in doc.devices:
-        info = DeviceInfo(
-            id=d.id,
-            platform=d.platform,
-            device_kind=d.device_kind,
-            process_index=d.process_index,
-            coords=d.coords,
-            core_on_chip=d.core_on_chip,
-        )
-        if d.error is not None:
-            reading = MemoryReading(numbers=None, error=d.error)
-        else:
-            reading = MemoryReading(numbers=memory_numbers(d.memory_stats))
-        devices.append(
-            WorkloadDevice(
-                info=info,
-                reading=reading,
-                live_array_bytes=d.live_array_bytes,
-                replicated_array_bytes=d.replicated_array_bytes,
-                host_array_bytes=d.host_array_bytes,
-            )
-        )
-    return WorkloadReport(
-        workload=doc.workload,
-        host=doc.host,
-        pid=doc.pid,
-        process_index=doc.process_index,
-        jax_version=doc.jax_version,
-        time=doc.time,
-        started=doc.started,
-        devices=tuple(devices),
-        compile=doc.compile.model_dump(),
-        training=None if doc.training is None else training_reading(doc.training, doc.time),
-        process_count=doc.process_count,
-        scheduler=dict(doc.scheduler),
-    )
-
-
-def training_reading(spooled: SpoolTraining, time: float) -> TrainingReading:
-    """A published training section of a document written at `time` as the reading it was made from (+Inf bucket
-    from the count, the start from the seconds elapsed by then)."""
-    fields = spooled.model_dump()
-    fields["start_time_seconds"] = time - fields.pop("elapsed_seconds")
-    fields["duration_buckets"] = (
-        (*((b, c) for b, c in spooled.duration_buckets), (float("inf"), spooled.duration_count))
-        if spooled.duration_count or spooled.duration_buckets
-        else ()
-    )
-    del fields["duration_count"]
-    for d in fields["devices"]:
-        d["collective_bytes_total"] = {(c["op"], c["axes"]): c["bytes"] for c in d["collective_bytes_total"]}
-    fields["devices"] = tuple(DeviceTraining(**d) for d in fields["devices"])
-    if (profile := fields.get("profile")) is not None:
-        fields["profile"] = ProfileReading(
-            results=profile["results"], devices=tuple(DeviceProfile(**d) for d in profile["devices"])
-        )
-    return TrainingReading(**fields)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ series with it.
 
 Every series of a chip carries `chip_labels(device)`, and every series of the host `host_labels()`: the one place
 their labels come from. They name the chip (or the host's service) only; who owns it is the owner transform's
-(jaxmon.owners), by the identities the state offers (`TpuState.identities`).
+(jaxmon.ownership.owners), by the identities the state offers (`TpuState.identities`).
 
 Device labels: `device` is libtpu's `device-id`. Where this process's own JAX sees TPU devices, their ids are
 compared with libtpu's; jaxmon cannot verify on its own that the two numberings name the same chip (libtpu's
@@ -58,7 +58,7 @@ _HOST_PORT = re.compile(r"^(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+):(?P<port>\d{1,
 _GRPC_SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:")
 
 SOURCE = "libtpu"
-# Any TPU chip of this node: what the chips' holders are known by (jaxmon.attribution).
+# Any TPU chip of this node: what the chips' holders are known by (jaxmon.ownership.attribution).
 NODE_CHIPS: DeviceId = (TPU_NODE, "")
 
 # A service that stays down is logged once, then reminded of hourly (not per poll): nothing listening is normal

@@ -18,7 +18,7 @@ from jaxmon.collectors.base import Collector, Context, Update
 from jaxmon.families.training import training_families, training_labels
 from jaxmon.identity import host_name
 from jaxmon.settings import CollectorOptions, Enabled
-from jaxmon.settings.model import Section
+from jaxmon.settings.schema import SettingsSection
 from jaxmon.snapshot import Snapshot
 from jaxmon.training.reading import TrainingReading
 from jaxmon.training.sampler import LEAD  # a sampled trace starts this many steps before its block
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 PROFILE_EVERY = 1000
 
 
-class TrainingProfileOptions(Section):
+class TrainingProfileOptions(SettingsSection):
     """`--collector.training.profile.*`: sampled traces of whole steps (docs/training.md, "Where the step goes")."""
 
     every: int = Field(

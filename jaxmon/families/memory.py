@@ -9,8 +9,8 @@ from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
 from jaxmon.allocator import MemoryNumbers
+from jaxmon.device_readings import MemoryReading
 from jaxmon.families import Spec, add, sample_name
-from jaxmon.model import MemoryReading
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from jaxmon.model import ProbeStatus
+from jaxmon.device_readings import ProbeStatus
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 
 import structlog
 
+from jaxmon.device_readings import DeviceInfo, ProbeKernel, ProbeStatus
 from jaxmon.logsetup import ErrorLog
-from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
 from jaxmon.probe.baseline import Baseline, BaselineStore
 from jaxmon.threads import PROBE
 

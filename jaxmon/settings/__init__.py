@@ -2,18 +2,18 @@
 
 `model` holds the core sections and `CollectorOptions`, the base of each collector's own options; `load` reads
 every source; `errors` words what is wrong as the user wrote it; `help` is --help in the user's words; `aliases`
-keeps old names working. Nothing here imports a collector: `jaxmon.app` builds the model from the registry.
+keeps old names working. Nothing here imports a collector: `jaxmon.compose` builds the model from the registry.
 """
 
 from jaxmon.settings.durations import Duration, format_duration, parse_duration
 from jaxmon.settings.load import load_settings
-from jaxmon.settings.model import (
+from jaxmon.settings.schema import (
     DEFAULT_PORT,
     CollectorOptions,
     Enabled,
-    Section,
     Settings,
     SettingsError,
+    SettingsSection,
     parse_listen_address,
     settings_model,
 )
@@ -23,9 +23,9 @@ __all__ = [
     "CollectorOptions",
     "Duration",
     "Enabled",
-    "Section",
     "Settings",
     "SettingsError",
+    "SettingsSection",
     "format_duration",
     "load_settings",
     "parse_duration",

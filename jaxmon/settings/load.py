@@ -25,7 +25,7 @@ import jaxmon.settings.aliases as aliases
 from jaxmon.settings.errors import Given, Origins, config_problems, describe, environment_names, suggestion
 from jaxmon.settings.fields import ENV_PREFIX, Path_, dotted, flag, is_switch, leaves, lookup, path_of_flag, variable
 from jaxmon.settings.help import group_hook, help_hook
-from jaxmon.settings.model import Settings, SettingsError
+from jaxmon.settings.schema import Settings, SettingsError
 
 S = TypeVar("S", bound=Settings)
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from jaxmon.model import ArrayBytes, BackendStatus, DeviceInfo, ProbeKernel
+from jaxmon.device_readings import ArrayBytes, BackendStatus, DeviceInfo, ProbeKernel
 
 if TYPE_CHECKING:  # a type alone: the sources load nothing of the tracker
     from jaxmon.training.reading import TrainingReading

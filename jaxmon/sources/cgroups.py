@@ -41,7 +41,7 @@ log = structlog.get_logger("jaxmon.sources.cgroups")
 
 PROCFS = Path("/proc")
 SYSFS = Path("/sys")
-# Processes whose owners are remembered; a poll forgets those NVML no longer reports (`ProcessOwners.owners`).
+# Processes whose owners are remembered; a poll forgets those NVML no longer reports (`ProcessCgroups.read_all`).
 MAX_CACHED = 4096
 
 # v1 hierarchies in the order their paths are trusted: the controllers Slurm's task/cgroup and proctrack/cgroup plugins
@@ -65,7 +65,7 @@ _SLURM_V2 = re.compile(r"(?:^|/)(?:[^/]+_)?slurmstepd\.scope/job_(?P<job>\d+)(?:
 
 
 @dataclass(frozen=True)
-class PodOwner:
+class CgroupPod:
     """A Kubernetes pod (its metadata.uid) and the container the process runs in."""
 
     uid: str
@@ -88,10 +88,10 @@ class SlurmJob:
 
 
 @dataclass(frozen=True)
-class Owner:
+class ProcessCgroup:
     """Whose a process is: a pod's container, a Slurm job, or both (a job of a slurmd that runs in a pod)."""
 
-    pod: PodOwner | None = None
+    pod: CgroupPod | None = None
     slurm: SlurmJob | None = None
 
 
@@ -105,7 +105,7 @@ def cgroup_lines(text: str) -> list[tuple[str, str, str]]:
     return out
 
 
-def pod_of(path: str) -> PodOwner | None:
+def pod_of(path: str) -> CgroupPod | None:
     """The pod (and container) a cgroup path names, under the systemd or the cgroupfs driver; None for any other."""
     found = _SYSTEMD_POD.search(path) or _CGROUPFS_POD.search(path)
     if found is None:
@@ -116,8 +116,8 @@ def pod_of(path: str) -> PodOwner | None:
         return None
     container = _CONTAINER.fullmatch(found.group("next") or "")
     if container is None:
-        return PodOwner(uid)
-    return PodOwner(uid, container.group("id"), _RUNTIMES.get(container.group("runtime") or "", ""))
+        return CgroupPod(uid)
+    return CgroupPod(uid, container.group("id"), _RUNTIMES.get(container.group("runtime") or "", ""))
 
 
 def slurm_of(path: str) -> SlurmJob | None:
@@ -138,13 +138,13 @@ def _rank(line: tuple[str, str, str]) -> tuple[int, int, str]:
     return (1 if not controllers.startswith("name=") else 2, order, controllers)
 
 
-def owner_of(text: str) -> Owner | None:
+def process_cgroup(text: str) -> ProcessCgroup | None:
     """The owner a /proc/<pid>/cgroup names: from the first line, v2 first then v1 in `V1_ORDER`, that names a pod or
     a Slurm job; None for a process of neither (the host's, a plain container's)."""
     for _, _, path in sorted(cgroup_lines(text), key=_rank):
         pod, slurm = pod_of(path), slurm_of(path)
         if pod is not None or slurm is not None:
-            return Owner(pod, slurm)
+            return ProcessCgroup(pod, slurm)
     return None
 
 
@@ -164,7 +164,7 @@ def real_uid(status: str) -> str:
     return ""
 
 
-class ProcessOwners:
+class ProcessCgroups:
     """The owners of processes, by pid, read from `<procfs>/<pid>/cgroup` and cached with each process's start time.
 
     A pid that is gone (NVML listed it and it exited before the read) has no owner, without a log line: that happens
@@ -177,10 +177,10 @@ class ProcessOwners:
         self._max = max_cached
         self._lock = threading.Lock()
         # pid -> (start time, owner or None): an entry is good while the pid's start time is the same.
-        self._cache: OrderedDict[int, tuple[int, Owner | None]] = OrderedDict()
+        self._cache: OrderedDict[int, tuple[int, ProcessCgroup | None]] = OrderedDict()
         self._errors = ErrorLog(log)
 
-    def owner(self, pid: int) -> Owner | None:
+    def read(self, pid: int) -> ProcessCgroup | None:
         """Pid `pid`'s owner now, or None (no owner, or the process is gone)."""
         started = self._started(pid)
         with self._lock:
@@ -202,12 +202,12 @@ class ProcessOwners:
                 self._cache.popitem(last=False)
         return owner
 
-    def owners(self, pids: Iterable[int]) -> dict[int, Owner]:
+    def read_all(self, pids: Iterable[int]) -> dict[int, ProcessCgroup]:
         """The owners of a poll's `pids` (those that have one); the cache keeps only these pids afterwards."""
         wanted = set(pids)
         out = {}
         for pid in sorted(wanted):
-            owner = self.owner(pid)
+            owner = self.read(pid)
             if owner is not None:
                 out[pid] = owner
         with self._lock:
@@ -224,9 +224,9 @@ class ProcessOwners:
         text = self._text(pid, "stat")
         return None if text is None else start_time(text)
 
-    def _read(self, pid: int) -> Owner | None:
+    def _read(self, pid: int) -> ProcessCgroup | None:
         text = self._text(pid, "cgroup")
-        owner = None if text is None else owner_of(text)
+        owner = None if text is None else process_cgroup(text)
         if owner is not None and owner.slurm is not None and not owner.slurm.uid:
             status = self._text(pid, "status")
             if status is not None:

@@ -17,11 +17,19 @@ from typing import Any
 
 import structlog
 
-from jaxmon.dra import DeviceName, SliceDevice, SliceError, index_slices
 from jaxmon.logsetup import ErrorLog
-from jaxmon.sources.kubernetes_api import ApiClient, ApiError, PodIndex, pod_index
+from jaxmon.sources.kubernetes_api import (
+    ApiClient,
+    ApiError,
+    DeviceName,
+    PodIndex,
+    SliceDevice,
+    SliceError,
+    index_slices,
+    pod_index,
+)
 
-log = structlog.get_logger("jaxmon.sources.kubernetes_api")
+log = structlog.get_logger("jaxmon.sources.cluster_cache")
 
 
 @dataclass(frozen=True)

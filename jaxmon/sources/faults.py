@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from jaxmon.model import BackendStatus, DeviceInfo, ProbeKernel
+from jaxmon.device_readings import BackendStatus, DeviceInfo, ProbeKernel
 from jaxmon.sources import DeviceSource
 
 ENV_VAR = "JAXMON_FAULTS_FILE"

@@ -1,8 +1,8 @@
 """The Kubernetes API server, read with the pod's service account: the node's ResourceSlices and pods.
 
 Both lists are filtered to this node (`fieldSelector=spec.nodeName=NODE`, NODE from the downward API):
-`resource.k8s.io/v1` ResourceSlices say which GPU or chip a DRA claim's device is (jaxmon.dra), `v1` pods name the
-pod of a UID or container id read from a process's cgroup. No Kubernetes client library (tens of MiB): the
+`resource.k8s.io/v1` ResourceSlices say which GPU or chip a DRA claim's device is (jaxmon.ownership.dra), `v1` pods name
+the pod of a UID or container id read from a process's cgroup. No Kubernetes client library (tens of MiB): the
 stdlib's http.client and ssl, as `jaxmon top` fetches with urllib. In-cluster configuration as client-go's:
 `KUBERNETES_SERVICE_HOST`/`_PORT`, the token and CA in `/var/run/secrets/kubernetes.io/serviceaccount/`; the
 token (projected, rotated by the kubelet) is re-read whenever its file changes and once more on a 401; TLS is
@@ -28,7 +28,6 @@ import structlog
 
 log = structlog.get_logger("jaxmon.sources.kubernetes_api")
 
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 PODS = "/api/v1/pods"
 # Items per page: the API server's own default chunk size for kubectl, small enough for a busy node's pods.
@@ -57,8 +56,9 @@ class InCluster:
     ca_path: Path
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, account: Path = SERVICE_ACCOUNT) -> InCluster:
-        """From `KUBERNETES_SERVICE_HOST`/`_PORT` and `account`'s `token` and `ca.crt`; raises ApiError(`config`)."""
+    def from_env(cls, env: Mapping[str, str] | None, account: Path) -> InCluster:
+        """From `KUBERNETES_SERVICE_HOST`/`_PORT` (in `env`, else the process's) and `account`'s `token` and
+        `ca.crt` (the pod's service account: `--collector.kubernetes.service-account`); raises ApiError(`config`)."""
         env = os.environ if env is None else env
         host, port = env.get("KUBERNETES_SERVICE_HOST", ""), env.get("KUBERNETES_SERVICE_PORT", "")
         if not host or not port:
@@ -103,6 +103,95 @@ def pod_index(items: Iterable[Mapping[str, Any]]) -> PodIndex:
                 if isinstance(cid, str) and cid:
                     containers[cid.partition("://")[2] or cid] = (uid, str(cs.get("name", "")))
     return PodIndex(pods, containers)
+
+
+# -- the lists' items as readings --------------------------------------------------------------------------------
+
+# How DRA names a device: (driver, pool, device).
+DeviceName = tuple[str, str, str]
+AttributeValue = str | int | bool
+
+
+class SliceError(ValueError):
+    """A ResourceSlice that is not one (a field missing or of the wrong type), named with what is wrong."""
+
+
+@dataclass(frozen=True)
+class SliceDevice:
+    """One device a ResourceSlice publishes: its name and attributes (names without the driver's domain)."""
+
+    driver: str
+    pool: str
+    name: str
+    attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
+
+    @property
+    def key(self) -> DeviceName:
+        return (self.driver, self.pool, self.name)
+
+
+def _attribute(name: str, value: Any, where: str) -> tuple[str, AttributeValue] | None:
+    """One attribute as (name, value); None for a type jaxmon does not read (a future one)."""
+    if not isinstance(value, dict):
+        raise SliceError(f"{where}: attribute {name!r} is {type(value).__name__}, not an object")
+    for kind, types in (("string", str), ("version", str), ("bool", bool), ("int", int)):
+        if kind in value:
+            got = value[kind]
+            if not isinstance(got, types) or (kind == "int" and isinstance(got, bool)):
+                raise SliceError(f"{where}: attribute {name!r}: {kind} is {got!r}")
+            return name, got
+    return None
+
+
+def slice_devices(item: Mapping[str, Any]) -> tuple[int, tuple[SliceDevice, ...]]:
+    """The pool generation and devices of one ResourceSlice (resource.k8s.io/v1 JSON); raises SliceError."""
+    name = (item.get("metadata") or {}).get("name", "?") if isinstance(item, Mapping) else "?"
+    where = f"ResourceSlice {name}"
+    spec = item.get("spec") if isinstance(item, Mapping) else None
+    if not isinstance(spec, Mapping):
+        raise SliceError(f"{where}: no spec")
+    driver, pool = spec.get("driver"), spec.get("pool")
+    if not isinstance(driver, str) or not driver:
+        raise SliceError(f"{where}: spec.driver is {driver!r}")
+    if not isinstance(pool, Mapping) or not isinstance(pool.get("name"), str):
+        raise SliceError(f"{where}: spec.pool.name missing")
+    generation = pool.get("generation", 0)
+    if not isinstance(generation, int):
+        raise SliceError(f"{where}: spec.pool.generation is {generation!r}")
+    devices = spec.get("devices") or []
+    if not isinstance(devices, list):
+        raise SliceError(f"{where}: spec.devices is {type(devices).__name__}, not a list")
+    prefix = driver + "/"
+    out = []
+    for device in devices:
+        if not isinstance(device, Mapping) or not isinstance(device.get("name"), str):
+            raise SliceError(f"{where}: a device without a name")
+        attributes: dict[str, AttributeValue] = {}
+        raw = device.get("attributes") or {}
+        if not isinstance(raw, Mapping):
+            raise SliceError(f"{where}: device {device['name']}: attributes are not an object")
+        for attr, value in raw.items():
+            read = _attribute(attr, value, f"{where}: device {device['name']}")
+            if read is not None:
+                # An unqualified name is in the driver's domain: `uuid` is `gpu.nvidia.com/uuid`.
+                attributes[attr.removeprefix(prefix)] = read[1]
+        out.append(SliceDevice(driver, pool["name"], device["name"], attributes))
+    return generation, tuple(out)
+
+
+def index_slices(items: Iterable[Mapping[str, Any]]) -> dict[DeviceName, SliceDevice]:
+    """The devices of the slices by (driver, pool, device), each pool at its highest generation; raises SliceError."""
+    pools: dict[tuple[str, str], tuple[int, list[SliceDevice]]] = {}
+    for item in items:
+        generation, devices = slice_devices(item)
+        spec = item["spec"]
+        pool = (spec["driver"], spec["pool"]["name"])
+        held = pools.get(pool)
+        if held is None or generation > held[0]:
+            pools[pool] = (generation, list(devices))
+        elif generation == held[0]:
+            held[1].extend(devices)
+    return {d.key: d for _, devices in pools.values() for d in devices}
 
 
 class ApiClient:

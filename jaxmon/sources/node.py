@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jaxmon.model import BackendStatus, DeviceInfo, ProbeKernel
+from jaxmon.device_readings import BackendStatus, DeviceInfo, ProbeKernel
 
 
 class NodeSource:

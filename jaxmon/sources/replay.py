@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from jaxmon.model import BackendStatus, DeviceInfo, ProbeKernel
+from jaxmon.device_readings import BackendStatus, DeviceInfo, ProbeKernel
 
 StatsDict = dict[str, int | float | None]
 

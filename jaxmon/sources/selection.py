@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jaxmon.model import DeviceInfo
+from jaxmon.device_readings import DeviceInfo
 
 CPU = "cpu"
 

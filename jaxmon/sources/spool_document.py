@@ -69,7 +69,8 @@ class SpoolDevice(BaseModel):
     error: str | None = Field(default=None, max_length=4096)
     live_array_bytes: Count | None = None
     num_cores: Count | None = None  # schema 2
-    # schema 3: the live arrays by placement (jaxmon.model.ArrayBytes), on every device, whatever memory_stats() says
+    # schema 3: the live arrays by placement (jaxmon.device_readings.ArrayBytes), on every device, whatever
+    # memory_stats() says
     replicated_array_bytes: Count | None = None
     host_array_bytes: dict[MemoryKind, Count] | None = Field(default=None, max_length=8)  # bytes per memory kind
 

@@ -23,7 +23,7 @@ from rich.live import Live
 
 from jaxmon.settings.durations import parse_duration
 from jaxmon.top.fetch import DEFAULT_URL, ClientConfig, EndpointError, Poller, metrics_url
-from jaxmon.top.model import SORT_NAMES, next_sort
+from jaxmon.top.rows import SORT_NAMES, next_sort
 from jaxmon.top.trace import TRACE_KEYS, TraceSaver
 from jaxmon.top.view import ASCII, UNICODE, frame
 

@@ -17,7 +17,7 @@ from http.client import HTTPException
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from jaxmon.top.model import (
+from jaxmon.top.rows import (
     ProcessRow,
     Row,
     RowKey,

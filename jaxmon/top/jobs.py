@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from jaxmon.top.model import Row
+from jaxmon.top.rows import Row
 
 
 @dataclass(frozen=True)

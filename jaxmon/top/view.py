@@ -13,7 +13,7 @@ from rich.text import Text
 
 from jaxmon.top.fetch import EndpointState, clip
 from jaxmon.top.jobs import Job, JobProcess, jobs
-from jaxmon.top.model import ProcessRow, Row, sort_processes, sort_rows
+from jaxmon.top.rows import ProcessRow, Row, sort_processes, sort_rows
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 BAR_WIDTH = 10

@@ -9,7 +9,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from jaxmon.model import DeviceInfo
+from jaxmon.device_readings import DeviceInfo
 
 # jax.monitoring duration events that are time not training: XLA compilations, and Orbax's blocking checkpoint
 # saves and its restores (orbax-checkpoint 0.12: an async save records the first name, a synchronous one the second;

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from jaxmon.model import DeviceInfo
+    from jaxmon.device_readings import DeviceInfo
 
 
 @dataclass(frozen=True)

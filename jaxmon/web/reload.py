@@ -9,7 +9,7 @@ from pathlib import Path
 import structlog
 
 from jaxmon.web.access import BasicAuth, RateLimiter
-from jaxmon.web.errors import WebConfigError
+from jaxmon.web.config_error import WebConfigError
 from jaxmon.web.tls import LiveContext, ServerContext, build_context, live_context
 from jaxmon.web.webconfig import WebConfig, load_web_config
 

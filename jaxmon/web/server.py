@@ -1,4 +1,4 @@
-"""HTTP: the bound listeners and the ASGI app (`web/app.py`), served by hypercorn, bounded and optionally TLS.
+"""HTTP: the bound listeners and the ASGI app (`web/asgi.py`), served by hypercorn, bounded and optionally TLS.
 
 prometheus_client's start_http_server has no connection bound or timeouts and runs TLS handshakes in its accept
 loop (DESIGN.md section 6). hypercorn runs every connection as an asyncio task: TLS handshakes happen off the
@@ -20,7 +20,7 @@ from hypercorn.config import Config as HypercornConfig
 from jaxmon.healthcheck import HealthSocket
 from jaxmon.runtime import Runtime
 from jaxmon.settings import Settings, parse_listen_address
-from jaxmon.web.app import App
+from jaxmon.web.asgi import App
 from jaxmon.web.connections import serve as serve_connections
 from jaxmon.web.reload import WebState
 

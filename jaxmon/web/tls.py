@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jaxmon.web.errors import WebConfigError
+from jaxmon.web.config_error import WebConfigError
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from jaxmon.web.errors import WebConfigError
+from jaxmon.web.config_error import WebConfigError
 from jaxmon.web.tls import TLSSettings, build_context
 
 TLS_VERSIONS = ("TLS10", "TLS11", "TLS12", "TLS13")

@@ -37,11 +37,11 @@ from prometheus_client.registry import Collector
 
 from jaxmon.allocator import MemoryNumbers
 from jaxmon.collectors.nvml import NvmlState, match_devices, render
+from jaxmon.device_readings import DeviceInfo, MemoryReading
 from jaxmon.exposition import base_families, merged, status_families
 from jaxmon.families import add, family
 from jaxmon.families.memory import MemoryRow, memory_families
 from jaxmon.families.probe import PROBE_METRICS
-from jaxmon.model import DeviceInfo, MemoryReading
 from jaxmon.snapshot import CollectorStatus, Snapshot
 from jaxmon.sources.nvml import GpuReading
 from tests.conftest import ROOT

@@ -93,7 +93,7 @@ def test_the_same_daemon_without_node_mode_imports_jax(tmp_path: Path) -> None:
 
 
 def test_node_mode_refuses_a_collector_that_needs_jax(tmp_path: Path) -> None:
-    from jaxmon.app import load_settings
+    from jaxmon.compose import load_settings
     from jaxmon.settings import SettingsError
 
     try:

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import grpc
 import pytest
 
-from jaxmon.model import DeviceInfo
+from jaxmon.device_readings import DeviceInfo
 from jaxmon.sources.local import LocalSource
 from tests.helpers import ROOT
 

@@ -1,10 +1,11 @@
-"""Which pod holds which device (jaxmon.attribution), on literal allocations as the kubelet lists them."""
+"""Which pod holds which device (jaxmon.ownership.attribution), on literal allocations as the kubelet lists them."""
 
 from __future__ import annotations
 
 import pytest
 
-from jaxmon.attribution import Attribution, Holder, accelerators, attribute, gpu_key, labels, matches
+from jaxmon.exchange import Owner, owner_labels
+from jaxmon.ownership.attribution import Attribution, accelerators, attribute, gpu_key, matches
 from jaxmon.sources.kubelet import Allocation
 
 UUID = "GPU-3d4f1c2a-9b8e-4c1d-a2b3-c4d5e6f70819"
@@ -55,11 +56,11 @@ def test_resource_names_match_exactly_or_by_pattern() -> None:
 
 
 def test_one_holder_gives_its_names_and_several_give_their_distinct_names_joined() -> None:
-    assert labels([]) == {}
-    assert labels([Holder("ns", "p", "c")]) == {"namespace": "ns", "pod": "p", "container": "c"}
-    shared = [Holder("team-b", "nb-2", "jupyter"), Holder("team-a", "nb-1", "jupyter"), Holder("team-a", "nb-1", "x")]
-    assert labels(shared) == {"namespace": "team-a,team-b", "pod": "nb-1,nb-2", "container": "jupyter,x"}
-    assert labels([Holder("ns", "p", "c"), Holder("ns", "p", "c")]) == labels([Holder("ns", "p", "c")])
+    assert owner_labels([]) == {}
+    assert owner_labels([Owner("ns", "p", "c")]) == {"namespace": "ns", "pod": "p", "container": "c"}
+    shared = [Owner("team-b", "nb-2", "jupyter"), Owner("team-a", "nb-1", "jupyter"), Owner("team-a", "nb-1", "x")]
+    assert owner_labels(shared) == {"namespace": "team-a,team-b", "pod": "nb-1,nb-2", "container": "jupyter,x"}
+    assert owner_labels([Owner("ns", "p", "c"), Owner("ns", "p", "c")]) == owner_labels([Owner("ns", "p", "c")])
 
 
 def test_gpus_are_found_by_uuid_or_minor_number_and_time_slices_join_their_pods() -> None:
@@ -118,7 +119,7 @@ def test_a_tpu_carries_the_one_container_holding_chips_and_nothing_when_several_
 def test_the_tpu_collectors_chip_and_host_series_carry_the_holder_of_the_chips() -> None:
     """Through the owner transform's index, with the identities the tpu collector's state offers for its series."""
     from jaxmon.collectors.tpu import TpuDevice, TpuState, chip_labels, host_labels
-    from jaxmon.owners import OwnerIndex
+    from jaxmon.ownership.owners import OwnerIndex
 
     identities = TpuState(devices=(TpuDevice(9, True),)).identities
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jaxmon.app import load_settings
 from jaxmon.collectors import registry
 from jaxmon.collectors.base import standalone_context
+from jaxmon.compose import load_settings
 from jaxmon.settings.help import WORKLOAD_ONLY
 from jaxmon.sources.replay import ReplaySource
 from tests.conftest import CLI, FIXTURES

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from prometheus_client.core import Metric
 
-from jaxmon.app import build_runtime, load_settings
 from jaxmon.collectors import registry
 from jaxmon.collectors.base import Collector, CollectorOptions, Update, standalone_context
+from jaxmon.compose import build_runtime, load_settings
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.replay import ReplaySource
 from tests.conftest import FIXTURES, parse_samples, sample

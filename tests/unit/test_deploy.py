@@ -581,7 +581,7 @@ def test_the_gke_tpu_jobset_sidecar_reads_libtpu_with_no_tpu_of_its_own() -> Non
     assert "google.com/tpu" not in sidecar_resources
     assert int(trainer["resources"]["limits"]["google.com/tpu"]) > 0
     # Every flag the sidecar is given is one jaxmon accepts.
-    from jaxmon.app import load_settings
+    from jaxmon.compose import load_settings
 
     settings = load_settings(args[1:])
     assert settings.collector_options("tpu").enabled is True
@@ -613,7 +613,7 @@ def _seconds(duration: str) -> float:
 
 
 def test_the_node_daemonset_runs_node_mode_with_nvml_and_the_kubelet_and_holds_no_gpu() -> None:
-    from jaxmon.app import load_settings
+    from jaxmon.compose import load_settings
 
     daemonset = named("DaemonSet", "jaxmon-node")
     template = daemonset["spec"]["template"]
@@ -666,7 +666,7 @@ def test_the_node_daemonset_runs_node_mode_with_nvml_and_the_kubelet_and_holds_n
 
 
 def test_the_node_daemonset_may_list_its_nodes_resourceslices_and_pods_and_nothing_else() -> None:
-    from jaxmon.app import load_settings
+    from jaxmon.compose import load_settings
 
     account, role, binding = (named(k, "jaxmon-node") for k in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"))
     assert role["rules"] == [

@@ -1,5 +1,5 @@
-"""Which GPU, MIG device or TPU chip a DRA claim's device is (jaxmon.dra), on literal ResourceSlice JSON as the API
-server answers it (resource.k8s.io/v1) and claimed devices as the kubelet lists them."""
+"""Which GPU, MIG device or TPU chip a DRA claim's device is (jaxmon.ownership.dra), on literal ResourceSlice JSON as
+the API server answers it (resource.k8s.io/v1) and claimed devices as the kubelet lists them."""
 
 from __future__ import annotations
 
@@ -8,20 +8,16 @@ from typing import Any
 
 import pytest
 
-from jaxmon.attribution import Holder, labels
-from jaxmon.dra import (
-    NO_IDENTITY,
-    NOT_IN_SLICES,
-    ClaimHolder,
-    ProblemCounter,
-    SliceDevice,
-    SliceError,
-    identity,
-    index_slices,
-    resolve,
-    slice_devices,
-)
+from jaxmon.exchange import Owner, owner_labels
+from jaxmon.ownership.dra import NO_IDENTITY, NOT_IN_SLICES, ProblemCounter, published_id, resolve
 from jaxmon.sources.kubelet import ClaimedDevice
+from jaxmon.sources.kubernetes_api import SliceDevice, SliceError, index_slices, slice_devices
+
+
+def claim_holder(namespace: str, pod: str, container: str, claim: str) -> Owner:
+    """The owner a DRA claim gives its device: the container, with the claim kept beside it."""
+    return Owner(namespace, pod, container, (("claim", f"{namespace}/{claim}"),))
+
 
 GPU0 = "GPU-3d4f1c2a-9b8e-4c1d-a2b3-c4d5e6f70819"
 GPU1 = "GPU-8a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d"
@@ -163,7 +159,7 @@ def test_each_pool_is_read_at_its_highest_generation_and_across_its_slices() -> 
     ],
 )
 def test_a_devices_identity_comes_from_its_attributes(device: SliceDevice, key: tuple[str, str] | None) -> None:
-    assert identity(device) == key
+    assert published_id(device) == key
 
 
 def test_claimed_gpus_mig_devices_and_tpu_chips_get_their_holders_with_the_claim() -> None:
@@ -177,10 +173,10 @@ def test_claimed_gpus_mig_devices_and_tpu_chips_get_their_holders_with_the_claim
     ]
     got = resolve(slices, found)
     assert got.devices == {
-        ("uuid", GPU0.lower()): frozenset({ClaimHolder("team", "train", "main", "gpus")}),
-        ("mig", MIG.lower()): frozenset({ClaimHolder("team", "notebook", "main", "mig")}),
-        ("tpu", "0"): frozenset({ClaimHolder("team", "tpu-job", "main", "tpus")}),
-        ("tpu", "1"): frozenset({ClaimHolder("team", "tpu-job", "main", "tpus")}),
+        ("uuid", GPU0.lower()): frozenset({claim_holder("team", "train", "main", "gpus")}),
+        ("mig", MIG.lower()): frozenset({claim_holder("team", "notebook", "main", "mig")}),
+        ("tpu", "0"): frozenset({claim_holder("team", "tpu-job", "main", "tpus")}),
+        ("tpu", "1"): frozenset({claim_holder("team", "tpu-job", "main", "tpus")}),
     }
     assert [key for _, key in got.resolved] == [
         ("uuid", GPU0.lower()),
@@ -190,15 +186,19 @@ def test_claimed_gpus_mig_devices_and_tpu_chips_get_their_holders_with_the_claim
     ]
     assert got.unresolved == ()
     # The holders come out as the device-plugin path names them: the same labels.
-    assert labels(got.holders(("uuid", GPU0.lower()))) == {"namespace": "team", "pod": "train", "container": "main"}
+    assert owner_labels(got.holders(("uuid", GPU0.lower()))) == {
+        "namespace": "team",
+        "pod": "train",
+        "container": "main",
+    }
     assert got.holders(("uuid", GPU1.lower())) == frozenset()
 
 
 def test_a_gpu_shared_by_several_claims_has_every_holder() -> None:
     slices = index_slices([NVIDIA])
     got = resolve(slices, [claimed("gpu-0", pod="a", claim="c1"), claimed("gpu-0", pod="b", claim="c2")])
-    assert got.holders(("uuid", GPU0.lower())) == {Holder("team", "a", "main"), Holder("team", "b", "main")}
-    assert labels(got.holders(("uuid", GPU0.lower())))["pod"] == "a,b"
+    assert got.holders(("uuid", GPU0.lower())) == {Owner("team", "a", "main"), Owner("team", "b", "main")}
+    assert owner_labels(got.holders(("uuid", GPU0.lower())))["pod"] == "a,b"
 
 
 def test_a_claimed_device_the_slices_do_not_name_or_without_a_uuid_is_a_problem_never_a_label() -> None:
@@ -232,8 +232,8 @@ def test_problems_are_counted_once_per_device_and_again_when_one_comes_back() ->
 
 
 def test_the_owner_transforms_map_has_gpus_by_uuid_and_tpu_chips_as_the_nodes() -> None:
-    from jaxmon.attribution import TPU_ANY
     from jaxmon.exchange import TPU_DEVICE
+    from jaxmon.ownership.attribution import TPU_ANY
 
     got = resolve(
         index_slices([NVIDIA, TPU]),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxmon.web.errors import WebConfigError
+from jaxmon.web.config_error import WebConfigError
 from jaxmon.web.webconfig import load_web_config
 from tests.conftest import FIXTURES
 

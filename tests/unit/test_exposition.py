@@ -12,8 +12,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from jaxmon.allocator import memory_numbers
+from jaxmon.device_readings import DeviceInfo, MemoryReading, ProbeStatus
 from jaxmon.exposition import TextFormat
-from jaxmon.model import DeviceInfo, MemoryReading, ProbeStatus
 from jaxmon.snapshot import CollectorStatus, Snapshot
 from jaxmon.sources.replay import ReplaySource
 from tests.helpers import FIXTURES

@@ -1,6 +1,8 @@
 """The package's layout rules, read from its source: no import circles, collectors that import no other collector
 nor the composition root, settings and the exposition that import no collector, no collector that stamps owners
-itself (the owner transform does, jaxmon.owners), and no module over 400 lines.
+itself (the owner transform does, jaxmon.ownership.owners), imports that run one way from the sources through the
+ownership wing to the collectors, no basename that names two things, docs that name only modules that exist, and no
+module over 400 lines.
 
 Imports are read with `ast`, those under `if TYPE_CHECKING:` and inside functions included: a circle through a
 type-only or a lazy import is still a circle in the design.
@@ -9,6 +11,7 @@ type-only or a lazy import is still a circle in the design.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests.helpers import ROOT
@@ -99,8 +102,65 @@ def _cycles() -> list[list[str]]:
 def test_the_reader_sees_the_imports_it_should() -> None:
     """A check on the check: known edges are found, a type-only one too."""
     assert "jaxmon.collectors.base" in GRAPH["jaxmon.collectors.probe"]
-    assert "jaxmon.settings.model" in GRAPH["jaxmon.collectors.base"]
-    assert "jaxmon.collectors" in GRAPH["jaxmon.app"]
+    assert "jaxmon.settings.schema" in GRAPH["jaxmon.collectors.base"]
+    assert "jaxmon.collectors" in GRAPH["jaxmon.compose"]
+
+
+def test_the_reader_sees_the_wings_imports() -> None:
+    """A check on the check below: the wing's edge to a source is found, and the kubernetes collector's to the wing."""
+    assert "jaxmon.sources.kubernetes_api" in GRAPH["jaxmon.ownership.dra"]
+    assert "jaxmon.ownership.pidowners" in GRAPH["jaxmon.collectors.kubernetes"]
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_imports_run_one_way_from_the_sources_through_the_ownership_wing_to_the_collectors() -> None:
+    """Sources give readings, the ownership wing resolves them, collectors offer them: no source imports the wing or
+    a collector, and the wing imports no collector."""
+    above = {"jaxmon.sources": ("jaxmon.ownership", "jaxmon.collectors"), "jaxmon.ownership": ("jaxmon.collectors",)}
+    for module in sorted(MODULES):
+        for package, upper in above.items():
+            if _within(module, package):
+                bad = {t for t in GRAPH[module] if any(_within(t, u) for u in upper)}
+                assert not bad, f"{module} imports {sorted(bad)}"
+
+
+# Basenames that may name several modules: one domain's collector, families and source (collectors/<x>.py,
+# families/<x>.py, sources/<x>.py or sources/local/<x>.py: the probe's, the training's, the spool's, ...), whose
+# packages say which of the three each is; and each command's command line (cli.py: `jaxmon`'s and `jaxmon top`'s).
+DOMAIN_LAYERS = {"jaxmon.collectors", "jaxmon.families", "jaxmon.sources", "jaxmon.sources.local"}
+SHARED_BASENAMES = {"cli"}
+
+
+def test_no_module_basename_names_two_different_things() -> None:
+    by_name: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        if path.name != "__init__.py":
+            by_name.setdefault(path.stem, []).append(module)
+    for name, modules in sorted(by_name.items()):
+        if len(modules) < 2 or name in SHARED_BASENAMES:
+            continue
+        packages = [m.rpartition(".")[0] for m in modules]
+        assert set(packages) <= DOMAIN_LAYERS, f"{name}.py names {sorted(modules)}"
+        assert not {"jaxmon.sources", "jaxmon.sources.local"} <= set(packages), f"two sources named {name}.py"
+
+
+# Classes of one name in two modules, each with why it is left so: the training room's programs (jaxmon/training/
+# handed.py: a tracked function's program as the tracker books it; hlo.py: a program's HLO as the analysis reads it),
+# which its rebuild renames.
+SHARED_CLASS_NAMES = {"Program"}
+
+
+def test_no_two_classes_share_a_name() -> None:
+    where: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(module)
+    twice = {name: sorted(modules) for name, modules in where.items() if len(modules) > 1}
+    assert set(twice) <= SHARED_CLASS_NAMES, {n: m for n, m in twice.items() if n not in SHARED_CLASS_NAMES}
 
 
 def test_no_module_imports_itself_round_a_circle() -> None:
@@ -110,7 +170,7 @@ def test_no_module_imports_itself_round_a_circle() -> None:
 def test_no_collector_imports_another_collector_or_the_composition_root() -> None:
     collectors = {m for m in MODULES if m.startswith("jaxmon.collectors.") and m != "jaxmon.collectors.base"}
     for module in collectors:
-        bad = {t for t in GRAPH[module] if t in collectors or t in ("jaxmon.app", "jaxmon.cli")}
+        bad = {t for t in GRAPH[module] if t in collectors or t in ("jaxmon.compose", "jaxmon.cli")}
         assert not bad, f"{module} imports {sorted(bad)}"
 
 
@@ -121,7 +181,7 @@ def test_the_settings_import_no_collector() -> None:
 
 
 # Rooms (issue 38). A room is a package directly under jaxmon (jaxmon.training, jaxmon.xla, jaxmon.sources with its
-# subpackages, ...) or a module directly under it (jaxmon.model, jaxmon.threads). Room A imports room B when a module
+# subpackages, ...) or a module directly under it (jaxmon.exchange, jaxmon.threads). Room A imports room B when a module
 # of A imports a module of B. An import runs back up when it closes a circle of rooms: A imports B while B, directly
 # or through other rooms, imports A. Before issue 38, jaxmon.profile.classify imported jaxmon.training.hlo while
 # jaxmon.training.sampler imported jaxmon.profile, and jaxmon.sources.local imported probe/engine.py's thread prefix
@@ -209,7 +269,7 @@ def test_the_exposition_imports_no_collector() -> None:
 
 
 # Who owns a device is said in these modules, and written on series (these labels) by the owner transform alone.
-OWNER_MODULES = {"jaxmon.owners", "jaxmon.attribution", "jaxmon.pidowners"}
+OWNER_MODULES = {m for m in MODULES if m == "jaxmon.ownership" or m.startswith("jaxmon.ownership.")}
 OWNER_LABELS = {"namespace", "pod", "container"}
 # The names that carry owners: the owner model and its channel, and DEVICE_PODS / DevicePods, the channel through
 # which the nvml and tpu collectors read the kubelet's pods and stamped them themselves before issue 35.
@@ -250,7 +310,7 @@ def test_no_collector_stamps_owners_itself() -> None:
 def test_the_owner_sources_offer_owners() -> None:
     """A check on the exemption: each owner source is one because its state offers owners to the transform."""
     from jaxmon.collectors import registry
-    from jaxmon.owners import OWNERS
+    from jaxmon.exchange import OWNERS
 
     sources = {f"{cls.__module__}" for cls in registry().values() if OWNERS in cls.offers}
     assert sources == OWNER_SOURCES
@@ -269,6 +329,20 @@ def test_only_the_local_source_imports_jax() -> None:
             or (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "jax")
         ]
         assert not jax or module.startswith("jaxmon.sources.local."), module
+
+
+def test_the_docs_name_only_modules_that_exist() -> None:
+    """DESIGN.md, CONTRIBUTING.md, README.md and docs/ name modules that exist: every `jaxmon/...py` path, and every
+    module named by its file (`compose.py`) in DESIGN.md and CONTRIBUTING.md's maps has a file of that name."""
+    docs = [ROOT / "DESIGN.md", ROOT / "CONTRIBUTING.md", ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    files = {p.name for p in ROOT.rglob("*.py") if not {".venv", ".venv-floors", ".git"} & set(p.parts)}
+    for doc in docs:
+        text = doc.read_text()
+        for path in re.findall(r"(?<![\w/])jaxmon/[\w/]+\.py\b", text):
+            assert (ROOT / path).is_file(), f"{doc.name} names {path}, which does not exist"
+        if doc.name in ("DESIGN.md", "CONTRIBUTING.md"):
+            for name in re.findall(r"`(?:[\w]+/)*(\w+\.py)`", text):
+                assert name in files, f"{doc.name} names `{name}`, which no module is"
 
 
 def test_no_module_is_over_400_lines() -> None:

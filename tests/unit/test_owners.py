@@ -1,5 +1,5 @@
-"""The owner transform (jaxmon.owners) on hand-made states of the real collectors, wired as the composition root
-wires them: one step that labels every series of an owned device or process, whatever collector made it (the
+"""The owner transform (jaxmon.ownership.owners) on hand-made states of the real collectors, wired as the composition
+root wires them: one step that labels every series of an owned device or process, whatever collector made it (the
 JAX device series of a sidecar whose device NVML matched to a GPU included), once per rendered snapshot.
 
 The kubelet's rules themselves (ids, shared GPUs, the TPU holder) are tests/unit/test_attribution.py's; the
@@ -14,15 +14,15 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from jaxmon.allocator import memory_numbers
-from jaxmon.attribution import attribute
 from jaxmon.collectors.base import AnyCollector, standalone_context
 from jaxmon.collectors.kubernetes import KubernetesCollector, KubernetesOptions, KubernetesState
 from jaxmon.collectors.memory import MemoryCollector, MemoryOptions, MemoryState
 from jaxmon.collectors.nvml import DeviceMatch, NvmlCollector, NvmlOptions, NvmlState
-from jaxmon.exchange import GPU_UUID
+from jaxmon.device_readings import DeviceInfo, MemoryReading
+from jaxmon.exchange import GPU_UUID, OWNERS, Owner, Owners
 from jaxmon.exposition import Exposition
-from jaxmon.model import DeviceInfo, MemoryReading
-from jaxmon.owners import OWNERS, Owner, Owners, OwnerTransform
+from jaxmon.ownership.attribution import attribute
+from jaxmon.ownership.owners import OwnerTransform
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.kubelet import Allocation
 from jaxmon.sources.nvml import GpuReading, Process
@@ -63,7 +63,7 @@ class Daemon:
             NvmlCollector(NvmlOptions(), ctx),
             KubernetesCollector(KubernetesOptions(), ctx),
         ]
-        for c in self.collectors:  # as jaxmon.app.build_runtime does
+        for c in self.collectors:  # as jaxmon.compose.build_runtime does
             for channel, read in c.offers.items():
                 self.exchange.offer(channel, c.name, read)
         self.transform = OwnerTransform(self.exchange)

@@ -1,28 +1,28 @@
-"""Processes to owners (jaxmon.pidowners): a process's cgroup (pod UID, container id) named by the API server's pods,
-through the kubernetes collector's offer and the owner transform to the labels of its per-process series. Cgroup
-files are written under a procfs root of the test's (tests/cgroup_tree.py); the daemon with real cgroups, the fake
-NVML, kubelet and API server is tests/e2e/test_daemon_processes.py's."""
+"""Processes to owners (jaxmon.ownership.pidowners): a process's cgroup (pod UID, container id) named by the API
+server's pods, through the kubernetes collector's offer and the owner transform to the labels of its per-process series.
+Cgroup files are written under a procfs root of the test's (tests/cgroup_tree.py); the daemon with real cgroups, the
+fake NVML, kubelet and API server is tests/e2e/test_daemon_processes.py's."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
 from structlog.testing import capture_logs
 
-from jaxmon.attribution import attribute
 from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.kubernetes import KubernetesCollector, KubernetesOptions, KubernetesState
 from jaxmon.collectors.nvml import NvmlState
-from jaxmon.exchange import GpuProcesses
-from jaxmon.owners import Owner
-from jaxmon.pidowners import PodProcesses, name_processes
+from jaxmon.exchange import GpuProcesses, Owner
+from jaxmon.ownership.attribution import attribute
+from jaxmon.ownership.pidowners import Named, PodProcesses, name_processes
 from jaxmon.snapshot import Snapshot
-from jaxmon.sources.cgroups import Owner as CgroupOwner
-from jaxmon.sources.cgroups import PodOwner, SlurmJob
+from jaxmon.sources.cgroups import CgroupPod, ProcessCgroup, ProcessCgroups, SlurmJob
 from jaxmon.sources.cluster_cache import ApiHealth
 from jaxmon.sources.kubelet import Allocation
-from jaxmon.sources.kubernetes_api import pod_index
+from jaxmon.sources.kubernetes_api import PodIndex, pod_index
 from jaxmon.sources.node import NodeSource
 from tests.cgroup_tree import write_process
 from tests.fake_apiserver import pod_item
@@ -42,6 +42,24 @@ PODS = pod_index(
 )
 TRAIN = Owner("team-a", "train-0", "trainer")
 NOTEBOOK = Owner("team-b", "notebook", "jupyter")
+
+
+class GpuProcessOwners:
+    """What the kubernetes collector does with the processes on its GPUs each poll: their cgroups read (the source),
+    then named by the pods list (the ownership wing's PodProcesses)."""
+
+    def __init__(self, procfs: Path, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cgroups = ProcessCgroups(procfs)
+        self.naming = PodProcesses(clock)
+
+    @property
+    def problems(self) -> int:
+        return self.naming.problems
+
+    def update(self, gpus: Iterable[GpuProcesses], pods: PodIndex | None, taken: float | None) -> Named:
+        wanted = {pid for gpu in gpus for pid in gpu.pids}
+        found = self.cgroups.read_all(wanted) if pods is not None else {}
+        return self.naming.update(wanted, found, pods, taken)
 
 
 def systemd_v2(uid: str, cid: str) -> str:
@@ -67,13 +85,13 @@ def cgroupfs_v1(uid: str, cid: str) -> str:
 
 def test_a_processs_pod_and_container_are_named_by_the_pods_list() -> None:
     found = {
-        1: CgroupOwner(PodOwner(UID_A, CID_A, "containerd")),
-        2: CgroupOwner(PodOwner(UID_B, CID_B2, "cri-o")),
-        3: CgroupOwner(PodOwner(UID_B)),  # the pod's own cgroup, no container's
-        4: CgroupOwner(PodOwner(UID_B, CID_A)),  # a container id the list puts in another pod: no container name
-        5: CgroupOwner(PodOwner(UID_A, "d" * 64)),  # a container the list does not name yet
-        6: CgroupOwner(slurm=SlurmJob("42", "0", "1000")),  # a Slurm job's: not the kubernetes source's
-        7: CgroupOwner(PodOwner(UID_GONE, CID_A)),  # a pod the list does not have
+        1: ProcessCgroup(CgroupPod(UID_A, CID_A, "containerd")),
+        2: ProcessCgroup(CgroupPod(UID_B, CID_B2, "cri-o")),
+        3: ProcessCgroup(CgroupPod(UID_B)),  # the pod's own cgroup, no container's
+        4: ProcessCgroup(CgroupPod(UID_B, CID_A)),  # a container id the list puts in another pod: no container name
+        5: ProcessCgroup(CgroupPod(UID_A, "d" * 64)),  # a container the list does not name yet
+        6: ProcessCgroup(slurm=SlurmJob("42", "0", "1000")),  # a Slurm job's: not the kubernetes source's
+        7: ProcessCgroup(CgroupPod(UID_GONE, CID_A)),  # a pod the list does not have
     }
     named = name_processes(found, PODS)
     assert named.pids == {
@@ -95,7 +113,7 @@ def test_cgroup_v1_and_v2_paths_go_through_to_the_labels_of_each_processs_own_se
     write_process(tmp_path, 302, crio_v2(UID_B, CID_B))
     write_process(tmp_path, 303, cgroupfs_v1(UID_GONE, CID_B2))
     write_process(tmp_path, 304, "0::/system.slice/nvidia-persistenced.service\n")
-    processes = PodProcesses(tmp_path, clock=lambda: 10.0)
+    processes = GpuProcessOwners(tmp_path, clock=lambda: 10.0)
     named = processes.update([GpuProcesses("0", UUIDS[0], (301, 302, 303, 304))], PODS, taken=11.0)
     held = tuple(
         Allocation(ns, pod, ctr, "nvidia.com/gpu", (f"{UUIDS[0]}::{n}",))
@@ -125,7 +143,7 @@ def test_a_pod_no_list_after_its_process_names_is_counted_once(tmp_path: Path) -
     write_process(tmp_path, 7, systemd_v2(UID_GONE, CID_A))
     gpus = [GpuProcesses("0", UUIDS[0], (7,))]
     clock = [10.0]
-    processes = PodProcesses(tmp_path, clock=lambda: clock[0])
+    processes = GpuProcessOwners(tmp_path, clock=lambda: clock[0])
     with capture_logs() as logs:
         assert processes.update(gpus, pod_index([]), taken=None).pids == {7: frozenset()}  # no list yet: no label
         assert processes.problems == 0
@@ -148,7 +166,7 @@ def test_a_pod_no_list_after_its_process_names_is_counted_once(tmp_path: Path) -
 
 def test_without_the_api_servers_pods_no_process_is_named_and_it_is_said_once(tmp_path: Path) -> None:
     write_process(tmp_path, 7, systemd_v2(UID_A, CID_A))
-    processes = PodProcesses(tmp_path)
+    processes = GpuProcessOwners(tmp_path)
     with capture_logs() as logs:
         for _ in range(3):
             assert processes.update([GpuProcesses("0", UUIDS[0], (7,))], None, taken=None).pids == {}

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import structlog
 
+from jaxmon.device_readings import DeviceInfo, ProbeKernel
 from jaxmon.logsetup import ErrorLog
-from jaxmon.model import DeviceInfo, ProbeKernel
 from jaxmon.probe import WARMUP_STEPS, DeviceProbe, ProbeConfig
 from jaxmon.probe.baseline import SCHEMA, Baseline, BaselineStore
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import jaxmon
-from jaxmon.app import default_settings, load_settings, model
+from jaxmon.compose import default_settings, load_settings, model
 from jaxmon.settings import DEFAULT_PORT, SettingsError, parse_duration, parse_listen_address
 from jaxmon.settings.errors import unused_environment
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from jaxmon.allocator import memory_numbers
-from jaxmon.model import DeviceInfo, MemoryReading
+from jaxmon.device_readings import DeviceInfo, MemoryReading
 from jaxmon.table import format_table
 from tests.conftest import CLI, FIXTURES
 from tests.snapshots import make_snapshot

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from jaxmon.top import main as top_main
 from jaxmon.top.fetch import EndpointState, clip, display_name, healthz_url, metrics_url
-from jaxmon.top.model import ScrapeError, next_sort, parse_exposition, sort_rows
+from jaxmon.top.rows import ScrapeError, next_sort, parse_exposition, sort_rows
 from jaxmon.top.view import ASCII, frame
 from tests.conftest import FIXTURES
 

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from jaxmon.top.fetch import EndpointState
 from jaxmon.top.jobs import jobs
-from jaxmon.top.model import parse_exposition, recent_step_times
+from jaxmon.top.rows import parse_exposition, recent_step_times
 from jaxmon.top.view import ASCII, frame
 
 

@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from jaxmon.top.model import parse_exposition, recent_step_times
+from jaxmon.top.rows import parse_exposition, recent_step_times
 from jaxmon.top.view import ASCII, fmt_seconds, table
 
 EXPOSITION = """\

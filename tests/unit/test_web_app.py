@@ -23,12 +23,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as PromCollector
 from structlog.testing import capture_logs
 
-from jaxmon.app import build_runtime, load_settings
 from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.default_registry import DefaultRegistryCollector, DefaultRegistryOptions
+from jaxmon.compose import build_runtime, load_settings
 from jaxmon.runtime import Runtime
 from jaxmon.sources.replay import ReplaySource
-from jaxmon.web.app import App
+from jaxmon.web.asgi import App
 from jaxmon.web.reload import WebState
 from tests.conftest import FIXTURES, ROOT, parse_samples, sample, wait_until
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from jaxmon.web.access import DECOY_COST, BasicAuth, RateLimiter, decoy_hash
-from jaxmon.web.errors import WebConfigError
+from jaxmon.web.config_error import WebConfigError
 from jaxmon.web.webconfig import RateLimit, load_web_config, parse_go_duration
 from tests.helpers import FIXTURES
 from tests.tls_helpers import Certs, bcrypt_hash, make_certs

@@ -6,7 +6,7 @@ replaces the socket, so a container mounts its directory, not the socket itself.
 plugin's (`ContainerResources.devices`: a resource name and the plugin's device ids, `Allocation`) and Dynamic
 Resource Allocation's (`ContainerResources.dynamic_resources`, on by default since Kubernetes 1.34: a claim and the
 `(driver, pool, device)` names of its devices, `ClaimedDevice`, which the node's ResourceSlices resolve:
-jaxmon.dra). Every call has a deadline, and
+jaxmon.ownership.dra). Every call has a deadline, and
 the channel is dropped after any failure, so the next call dials the socket afresh (a new kubelet's socket at
 once, without gRPC's reconnect backoff). The stubs are protoc's output, committed (`stubs.py`); grpc is
 imported when a client is made, never at jaxmon import time.

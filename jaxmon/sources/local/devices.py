@@ -9,7 +9,8 @@ from typing import Any
 
 import structlog
 
-from jaxmon.model import BackendStatus, DeviceInfo
+import jaxmon.sources.local.private as private
+from jaxmon.device_readings import BackendStatus, DeviceInfo
 from jaxmon.sources.local.probe import JaxProbeKernel
 
 log = structlog.get_logger("jaxmon.sources.local")
@@ -34,6 +35,11 @@ def apply_gpu_env_defaults(environ: MutableMapping[str, str], memory_fraction: f
 _NOT_INSTALLED = re.compile(r"cannot open shared object file|No such file or directory|Unknown backend")
 _FAILED_BACKEND = re.compile(r"Unable to initialize backend '([^']+)'")
 _GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+
+
+def _requested() -> set[str]:
+    """The platforms JAX_PLATFORMS names (a failure of one of these is reported even when it looks not installed)."""
+    return {p.strip() for p in os.environ.get("JAX_PLATFORMS", "").split(",") if p.strip()}
 
 
 def _coords(device: Any) -> str | None:
@@ -68,28 +74,26 @@ class LocalSource:
         self._devices: dict[tuple[str, int], Any] = {}
 
     def _backends(self) -> tuple[dict[str, Any], dict[str, str]]:
-        from jax._src import xla_bridge  # no public API lists backends together with their errors
-
+        requested = _requested()
         loud_error: dict[str, str] = {}
         try:
-            backends = dict(xla_bridge.backends())
+            backends, errors = private.backends(self._jax, requested)
         except RuntimeError as exc:
             # A plugin that fails loudly aborts JAX's loop; the backends started before it stay usable.
             match = _FAILED_BACKEND.search(str(exc))
             loud_error[match.group(1) if match else "unknown"] = str(exc)
             try:
-                backends = dict(xla_bridge.backends())
+                backends, errors = private.backends(self._jax, requested)
             except Exception as again:  # nothing at all started
                 loud_error.setdefault("unknown", str(again))
-                backends = {}
-        errors = dict(getattr(xla_bridge, "_backend_errors", {}))
+                backends, errors = {}, private.backend_errors()
         errors.update(loud_error)
         return backends, errors
 
     def discover(self) -> tuple[list[DeviceInfo], list[BackendStatus]]:
         """Start every backend that can start; report the ones that cannot, and why."""
         backends, errors = self._backends()
-        requested = {p.strip() for p in os.environ.get("JAX_PLATFORMS", "").split(",") if p.strip()}
+        requested = _requested()
         statuses: list[BackendStatus] = []
         devices: list[DeviceInfo] = []
         for name, backend in sorted(backends.items()):

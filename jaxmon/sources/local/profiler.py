@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import jaxmon.sources.local.private as private
 from jaxmon.training.sampler import Busy
 
 # What XLA says when a session could not take the profiler (another one holds it).
@@ -84,15 +85,18 @@ class JaxProfiler:
     """Start and stop jaxmon's traces; `Busy` whenever the user's profiling is in the way."""
 
     def __init__(self, jax: Any) -> None:
-        from jax._src import profiler as jax_profiler
-        from jax._src.lib import _profiler
-
-        self._state = jax_profiler._profile_state
-        self._options = _profiler.ProfileOptions
-        self._session_type = _profiler.ProfilerSession
+        # jax.profiler's state and XLA's session types (private names: jaxmon.sources.local.private), looked up at
+        # the first trace; where one is gone every trace fails (a failed sample), the user's profiling untouched.
+        self._internals: tuple[Any, Any, Any] | None = None
         self._guard_: _Guard | None = None  # wrapped at the first trace: with sampling off, nothing is touched
         # A trace names a device by its local ordinal: its place among this process's devices.
         self._devices = {(str(d.platform), i): (str(d.platform), int(d.id)) for i, d in enumerate(jax.local_devices())}
+
+    @property
+    def _state(self) -> Any:
+        if self._internals is None:
+            self._internals = private.profiler_internals()  # raises PrivateApiMissing where a name is gone
+        return self._internals[0]
 
     @property
     def _guard(self) -> _Guard:
@@ -116,10 +120,11 @@ class JaxProfiler:
                     raise Busy("the user is profiling (jax.profiler.start_trace / jax.profiler.trace)")
                 if guard.session is not None:
                     raise Busy("jaxmon's own trace runs")
-                options = self._options()
+                _, options_type, session_type = self._internals or private.profiler_internals()
+                options = options_type()
                 options.python_tracer_level = 1 if python else 0
                 options.host_tracer_level = 2
-                guard.session = self._session_type(options)
+                guard.session = session_type(options)
             finally:
                 guard._lock.release()
 

@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 import structlog
 
+import jaxmon.sources.local.private as private
+from jaxmon.device_readings import DeviceInfo
 from jaxmon.logsetup import ErrorLog
-from jaxmon.model import DeviceInfo
 from jaxmon.sources.local.devices import LocalSource
 from jaxmon.sources.local.profiler import JaxProfiler
 from jaxmon.threads import on_probe_thread
@@ -170,9 +171,14 @@ class JaxTraining:
     def signature(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Hashable:
         """What selects a jitted function's compiled program: the tree and each leaf's type, shape, dtype, sharding."""
         leaves, treedef = self._jax.tree_util.tree_flatten((args, dict(kwargs)))
+        array, name = self._jax.Array, private.COMMITTED
+        # An uncommitted array's sharding does not select the program; where committedness is not known (the
+        # private name is gone: private.committed), the sharding is kept (a finer key, never a wrong one). Only
+        # what lacks the name pays for the call (per step, per leaf).
         return treedef, tuple(
             (type(x), getattr(x, "shape", None), getattr(x, "dtype", None), getattr(x, "weak_type", None),
-             getattr(x, "sharding", None) if getattr(x, "_committed", False) else None)
+             getattr(x, "sharding", None)
+             if (c := getattr(x, name, None)) or (c is None and private.committed(x, array) is None) else None)
             if hasattr(x, "shape") else x
             for x in leaves
         )  # fmt: skip
@@ -184,7 +190,9 @@ class JaxTraining:
         def aval(x: Any) -> Any:
             if not hasattr(x, "shape") or not hasattr(x, "dtype"):
                 return x
-            committed = getattr(x, "_committed", False)
+            committed = private.committed(x, jax.Array)
+            if committed is None:  # lowering it as uncommitted would compile anew, on the training thread
+                raise private.PrivateApiMissing(f"jax.Array.{private.COMMITTED} is missing in this JAX")
             sharding = getattr(x, "sharding", None) if committed else None
             return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=getattr(x, "weak_type", False))
 
@@ -234,7 +242,7 @@ class JaxTraining:
             context = jax.sharding.get_mesh()
             mesh = None if getattr(context, "empty", True) else context
             for s in shardings:
-                devices = getattr(s, "_device_assignment", None)
+                devices = private.device_assignment(s, jax.sharding.Sharding)
                 if devices:
                     assignment = tuple(int(d.id) for d in devices)
                     break

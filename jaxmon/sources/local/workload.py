@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from jaxmon.model import HOST_MEMORY_KINDS, ArrayBytes, DeviceKey
+from jaxmon.device_readings import HOST_MEMORY_KINDS, ArrayBytes, DeviceKey
 from jaxmon.sources import TraceDemand
 from jaxmon.sources.local.devices import LocalSource
 from jaxmon.sources.local.probe import _OWN, _OWN_LOCK

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from jaxmon.model import DeviceInfo
+from jaxmon.device_readings import DeviceInfo
 
 
 @dataclass(frozen=True)

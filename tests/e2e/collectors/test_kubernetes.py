@@ -10,13 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from jaxmon.app import load_settings
 from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.kubernetes import KubernetesCollector, KubernetesOptions
-from jaxmon.dra import ClaimHolder
+from jaxmon.compose import load_settings
 from jaxmon.sources.node import NodeSource
 from tests.fake_apiserver import FakeApiServer, nvidia_slice, pod_item
 from tests.fake_kubelet import FakeKubelet, claim, claimed, container, pod
+from tests.unit.test_dra import claim_holder
 
 NODE = "node-a"
 UUIDS = [f"GPU-{i:08x}-aaaa-bbbb-cccc-{i:012x}" for i in range(2)]
@@ -64,7 +64,7 @@ def test_the_state_holds_the_claimed_gpus_holders_and_the_nodes_pods(
     try:
         state = c.update().state  # the first poll waits (up to the kubelet's deadline) for the first lists
         assert state.dra is not None
-        assert state.dra.devices == {("uuid", UUIDS[1].lower()): {ClaimHolder("team-a", "train-0", "trainer", "gpus")}}
+        assert state.dra.devices == {("uuid", UUIDS[1].lower()): {claim_holder("team-a", "train-0", "trainer", "gpus")}}
         assert state.dra.unresolved == ()
         assert state.pods is not None and state.pods.pods == {"uid-a": ("team-a", "train-0")}
         assert state.pods.containers == {"a1": ("uid-a", "trainer")}

@@ -23,12 +23,13 @@ from prometheus_client.registry import Collector as PromCollector
 
 from jaxmon.collectors.base import Context, standalone_context
 from jaxmon.collectors.nvml import NvmlCollector, NvmlOptions, NvmlState
-from jaxmon.collectors.spool import SpoolCollector, SpoolState, WorkloadReport
+from jaxmon.collectors.spool import SpoolCollector, SpoolState
+from jaxmon.device_readings import DeviceInfo
 from jaxmon.exchange import DutyCycles
-from jaxmon.model import DeviceInfo
 from jaxmon.runtime import Recorder, Runtime
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS
+from jaxmon.sources.spool_codec import WorkloadReport
 from tests.conftest import ROOT, Samples, parse_samples, sample
 from tests.fakenvml import GPU_IS_LOST, H200_NAME, SONAME, Scenario, build, device, link, mig_device
 from tests.helpers import wait_until
@@ -71,7 +72,7 @@ def render(collector: NvmlCollector, snap: Snapshot, state: NvmlState) -> Sample
 def context() -> Context:
     """The daemon's context as the nvml collector sees it: JAX on CPU devices only (no device source is read)."""
     ctx = standalone_context(None, [DeviceInfo(0, "cpu", "cpu")])  # type: ignore[arg-type]
-    for channel, read in SpoolCollector.offers.items():  # as app.py wires a running spool collector
+    for channel, read in SpoolCollector.offers.items():  # as compose.py wires a running spool collector
         ctx.exchange.offer(channel, SpoolCollector.name, read)
     return ctx
 

@@ -22,8 +22,8 @@ from tpu_info.metrics import MetricName
 
 from jaxmon.collectors.base import Context, Update, standalone_context
 from jaxmon.collectors.tpu import TpuCollector, TpuOptions, TpuState
+from jaxmon.device_readings import DeviceInfo
 from jaxmon.exchange import DutyCycles
-from jaxmon.model import DeviceInfo
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.local import LocalSource
 from tests.conftest import Samples, parse_samples, sample

@@ -1,7 +1,7 @@
 """DRA end to end at the sources: the fake kubelet (tests/fake_kubelet.py, gRPC on a unix socket) lists claims beside
 device-plugin devices, the fake API server (tests/fake_apiserver.py, HTTPS on loopback with a test CA) publishes
 the node's ResourceSlices and pods, and jaxmon's client, cache and resolution (jaxmon.sources.kubernetes_api,
-jaxmon.dra) turn them into the holders of each GPU, MIG device and TPU chip: the token checked, TLS verified,
+jaxmon.ownership.dra) turn them into the holders of each GPU, MIG device and TPU chip: the token checked, TLS verified,
 pages followed, an outage that keeps every known mapping, and a claimed device no slice names counted as a problem."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxmon.dra import NOT_IN_SLICES, ClaimHolder, ProblemCounter, resolve
+from jaxmon.ownership.dra import NOT_IN_SLICES, ProblemCounter, resolve
 from jaxmon.sources.cluster_cache import ClusterCache
 from jaxmon.sources.kubelet import Allocation, ClaimedDevice, PodResourcesClient
 from jaxmon.sources.kubernetes_api import ApiClient, ApiError, InCluster
@@ -19,6 +19,7 @@ from tests.fake_apiserver import FakeApiServer, nvidia_slice, pod_item, tpu_slic
 from tests.fake_kubelet import FakeKubelet, claim, claimed, container, pod
 from tests.helpers import wait_until
 from tests.tls_helpers import make_certs
+from tests.unit.test_dra import claim_holder
 
 NODE = "node-a"
 UUIDS = [f"GPU-{i:08x}-aaaa-bbbb-cccc-{i:012x}" for i in range(4)]
@@ -121,9 +122,9 @@ def test_claims_from_the_kubelet_resolve_through_the_slices_to_their_devices(ser
     cache.refresh()
     got = resolve(cache.view().slices, listed.claimed)
     assert got.devices == {
-        ("uuid", UUIDS[1].lower()): {ClaimHolder("team-a", "train-0", "trainer", "train-gpus")},
-        ("mig", MIG.lower()): {ClaimHolder("team-b", "notebook", "jupyter", "mig")},
-        ("tpu", "3"): {ClaimHolder("team-b", "notebook", "jupyter", "tpu")},
+        ("uuid", UUIDS[1].lower()): {claim_holder("team-a", "train-0", "trainer", "train-gpus")},
+        ("mig", MIG.lower()): {claim_holder("team-b", "notebook", "jupyter", "mig")},
+        ("tpu", "3"): {claim_holder("team-b", "notebook", "jupyter", "tpu")},
     }
     assert got.unresolved == ()
     pods = cache.view().pods
@@ -194,8 +195,8 @@ def test_a_claimed_device_no_slice_names_is_a_problem_and_costs_the_api_server_o
         got = resolve(view.slices, [late, newer])
         counter.observe(got)
         assert got.devices == {
-            ("uuid", UUIDS[3].lower()): {ClaimHolder("team-c", "new", "main", "gpus")},
-            ("uuid", UUIDS[2].lower()): {ClaimHolder("team-d", "newer", "main", "gpus")},
+            ("uuid", UUIDS[3].lower()): {claim_holder("team-c", "new", "main", "gpus")},
+            ("uuid", UUIDS[2].lower()): {claim_holder("team-d", "newer", "main", "gpus")},
         }
         assert counter.counts == {NOT_IN_SLICES: 1}
     finally:

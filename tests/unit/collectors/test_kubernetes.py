@@ -15,13 +15,14 @@ import pytest
 from prometheus_client.core import Metric
 from structlog.testing import capture_logs
 
-from jaxmon.app import default_settings, load_settings
-from jaxmon.attribution import Holder, attribute
 from jaxmon.collectors.base import AnyCollector, Context, standalone_context
 from jaxmon.collectors.kubernetes import KubernetesCollector, KubernetesOptions, KubernetesState
 from jaxmon.collectors.nvml import DeviceMatch, NvmlCollector, NvmlOptions, NvmlState
 from jaxmon.collectors.tpu import TpuCollector, TpuDevice, TpuOptions, TpuState
-from jaxmon.owners import OwnerTransform
+from jaxmon.compose import default_settings, load_settings
+from jaxmon.exchange import Owner
+from jaxmon.ownership.attribution import attribute
+from jaxmon.ownership.owners import OwnerTransform
 from jaxmon.settings import SettingsError
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.kubelet import Allocation
@@ -219,13 +220,13 @@ def test_tpu_series_carry_the_one_container_holding_chips_and_render_as_before_w
 
 
 def test_the_api_server_options_default_to_the_pods_service_account_and_a_minute() -> None:
-    from jaxmon.sources.kubernetes_api import SERVICE_ACCOUNT
+    from jaxmon.collectors.kubernetes import SERVICE_ACCOUNT
 
     default = default_settings().collector_options("kubernetes")
     assert isinstance(default, KubernetesOptions)
     assert (default.resourceslice_interval, default.api_timeout, default.node_name) == (60.0, 5.0, "")
     assert str(default.service_account) == "/var/run/secrets/kubernetes.io/serviceaccount"
-    assert default.service_account == SERVICE_ACCOUNT  # the source's default, which it is not imported for
+    assert default.service_account == SERVICE_ACCOUNT  # written once, as the option's default
     given = options(
         "--collector.kubernetes.resourceslice-interval=2m",
         "--collector.kubernetes.node-name=node-a",
@@ -237,9 +238,10 @@ def test_the_api_server_options_default_to_the_pods_service_account_and_a_minute
 
 
 def test_dra_claims_are_listed_with_their_claim_and_the_api_servers_health_beside_them() -> None:
-    from jaxmon.dra import index_slices, resolve
+    from jaxmon.ownership.dra import resolve
     from jaxmon.sources.cluster_cache import ApiHealth
     from jaxmon.sources.kubelet import ClaimedDevice
+    from jaxmon.sources.kubernetes_api import index_slices
 
     slices = index_slices(
         [
@@ -284,4 +286,4 @@ def test_dra_claims_are_listed_with_their_claim_and_the_api_servers_health_besid
     ]
     # The resolution is the state's, for the owners transform: the claimed GPU by its UUID.
     assert state.dra is not None
-    assert state.dra.holders(("uuid", UUIDS[1].lower())) == {Holder("team-a", "train", "trainer")}
+    assert state.dra.holders(("uuid", UUIDS[1].lower())) == {Owner("team-a", "train", "trainer")}

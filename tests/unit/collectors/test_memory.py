@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from jaxmon.allocator import memory_numbers
-from jaxmon.model import MemoryReading
+from jaxmon.device_readings import MemoryReading
 from tests.snapshots import CPU0, GPU0, GPU1, labels, make_snapshot, memory_snapshot, registry_for
 
 

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector as PromCollector
 
 from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.memory import MemoryCollector, MemoryOptions, MemoryState
-from jaxmon.model import DeviceInfo
+from jaxmon.device_readings import DeviceInfo
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.local import InProcessWorkload, LocalSource
 from tests.conftest import Samples, parse_samples

@@ -17,10 +17,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 import jaxmon.collectors.nvml as nvml_collector
-from jaxmon.app import default_settings, load_settings
 from jaxmon.collectors.nvml import DeviceMatch, NvmlOptions, NvmlState, match_devices, render
+from jaxmon.compose import default_settings, load_settings
+from jaxmon.device_readings import DeviceInfo
 from jaxmon.families.nvml import NvLinkTotals
-from jaxmon.model import DeviceInfo
 from jaxmon.sources.nvml import GpuReading, MigDevice, NvLink, Process, ProcessUtilization, RemappedRows
 from tests.deploy_files import readme_metrics
 from tests.helpers import Samples, parse_samples, sample

@@ -22,8 +22,8 @@ from structlog.testing import capture_logs
 
 from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.probe import ProbeCollector, ProbeOptions
+from jaxmon.device_readings import DeviceInfo, ProbeKernel, ProbeStatus
 from jaxmon.logsetup import ErrorLog
-from jaxmon.model import DeviceInfo, ProbeKernel, ProbeStatus
 from jaxmon.probe.engine import CALIBRATION_SEEDS, WARMUP_STEPS, DeviceProbe, ProbeConfig, nearest_rank, utilization
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.local import InProcessWorkload, LocalSource

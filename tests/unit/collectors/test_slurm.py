@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from jaxmon.app import build_runtime, default_settings, load_settings
 from jaxmon.collectors.base import Context, standalone_context
 from jaxmon.collectors.nvml import NvmlCollector, NvmlState
 from jaxmon.collectors.slurm import JobDevice, SlurmCollector, SlurmOptions, SlurmState
+from jaxmon.compose import build_runtime, default_settings, load_settings
 from jaxmon.exchange import GPU_PROCESSES
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.node import NodeSource

@@ -16,10 +16,11 @@ from prometheus_client.registry import Collector as PromCollector
 
 from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.memory import MemoryCollector, MemoryOptions, MemoryState
-from jaxmon.collectors.spool import SpoolCollector, SpoolOptions, SpoolState, WorkloadReport
+from jaxmon.collectors.spool import SpoolCollector, SpoolOptions, SpoolState
 from jaxmon.exposition import Exposition
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.replay import ReplaySource
+from jaxmon.sources.spool_codec import WorkloadReport
 from tests.conftest import FIXTURES, parse_samples, sample
 
 SHAPES = FIXTURES / "shapes.json"

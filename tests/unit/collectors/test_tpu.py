@@ -15,9 +15,9 @@ from typing import Any, cast
 import pytest
 from structlog.testing import capture_logs
 
-from jaxmon.app import load_settings
 from jaxmon.collectors.base import Context, Update, standalone_context
 from jaxmon.collectors.tpu import TpuCollector, TpuOptions, TpuState, chip_labels, host_labels
+from jaxmon.compose import load_settings
 from jaxmon.exposition import TextFormat
 from jaxmon.settings import SettingsError
 from jaxmon.snapshot import Snapshot

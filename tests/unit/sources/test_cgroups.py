@@ -13,11 +13,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from jaxmon.sources.cgroups import (
-    Owner,
-    PodOwner,
-    ProcessOwners,
+    CgroupPod,
+    ProcessCgroup,
+    ProcessCgroups,
     SlurmJob,
-    owner_of,
+    process_cgroup,
     real_uid,
     slurm_cgroups,
     start_time,
@@ -55,12 +55,12 @@ def v1(path: str, **others: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def pod(uid: str = UID, container: str = CID, runtime: str = "") -> Owner:
-    return Owner(pod=PodOwner(uid, container, runtime))
+def pod(uid: str = UID, container: str = CID, runtime: str = "") -> ProcessCgroup:
+    return ProcessCgroup(pod=CgroupPod(uid, container, runtime))
 
 
-def job(job_id: str, step: str, uid: str = "") -> Owner:
-    return Owner(slurm=SlurmJob(job_id, step, uid))
+def job(job_id: str, step: str, uid: str = "") -> ProcessCgroup:
+    return ProcessCgroup(slurm=SlurmJob(job_id, step, uid))
 
 
 KUBERNETES = [
@@ -119,7 +119,7 @@ SLURM = [
     ),
     (v1("/", freezer="/slurm/uid_0/job_7/step_batch/task_0"), job("7", "batch", "0")),
     (v1("/", memory="/slurm_node01/uid_1001/job_8/step_extern"), job("8", "extern", "1001")),
-    # cgroup v2: no uid in the path (ProcessOwners takes the process's).
+    # cgroup v2: no uid in the path (ProcessCgroups takes the process's).
     ("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_1\n", job("4242", "0")),
     ("0::/system.slice/slurmstepd.scope/job_4242/step_batch/user/task_0\n", job("4242", "batch")),
     ("0::/system.slice/slurmstepd.scope/job_99/step_interactive/slurm\n", job("99", "interactive")),
@@ -148,13 +148,13 @@ NOBODY = [
 
 
 @pytest.mark.parametrize(("text", "expected"), KUBERNETES + SLURM, ids=lambda v: str(v)[:90])
-def test_each_spelling_of_a_pod_or_a_jobs_cgroup_names_its_owner(text: str, expected: Owner) -> None:
-    assert owner_of(text) == expected
+def test_each_spelling_of_a_pod_or_a_jobs_cgroup_names_its_owner(text: str, expected: ProcessCgroup) -> None:
+    assert process_cgroup(text) == expected
 
 
 @pytest.mark.parametrize("text", NOBODY, ids=lambda v: v[:60])
 def test_processes_of_neither_have_no_owner(text: str) -> None:
-    assert owner_of(text) is None
+    assert process_cgroup(text) is None
 
 
 def test_a_slurm_job_inside_a_pod_is_both() -> None:
@@ -163,7 +163,7 @@ def test_a_slurm_job_inside_a_pod_is_both() -> None:
         f"0::/kubepods.slice/kubepods-pod{SYSTEMD_UID}.slice/cri-containerd-{CID}.scope/system.slice/"
         "slurmstepd.scope/job_12/step_0/user/task_0\n"
     )
-    assert owner_of(text) == Owner(PodOwner(UID, CID, "containerd"), SlurmJob("12", "0"))
+    assert process_cgroup(text) == ProcessCgroup(CgroupPod(UID, CID, "containerd"), SlurmJob("12", "0"))
 
 
 def test_the_v2_line_wins_and_v1_lines_are_read_in_one_order_whatever_theirs() -> None:
@@ -174,10 +174,10 @@ def test_the_v2_line_wins_and_v1_lines_are_read_in_one_order_whatever_theirs() -
     lines = text.splitlines()
     for seed in range(5):
         random.Random(seed).shuffle(lines)
-        assert owner_of("\n".join(lines)) == job("1", "0", "5")
-    assert owner_of(text + f"0::/kubepods/pod{UID}/{CID}\n") == pod()
+        assert process_cgroup("\n".join(lines)) == job("1", "0", "5")
+    assert process_cgroup(text + f"0::/kubepods/pod{UID}/{CID}\n") == pod()
     only_systemd = v1("/", systemd=other)
-    assert owner_of(only_systemd) == Owner(PodOwner(UID.replace("3f6c", "0000"), CID))
+    assert process_cgroup(only_systemd) == ProcessCgroup(CgroupPod(UID.replace("3f6c", "0000"), CID))
 
 
 def test_start_time_and_real_uid_read_procs_own_formats() -> None:
@@ -195,28 +195,28 @@ V2_JOB = "0::/system.slice/slurmstepd.scope/job_{}/step_0/user/task_0\n"
 
 def test_an_owner_is_read_once_per_process_and_afresh_for_a_reused_pid(tmp_path: Path) -> None:
     write_process(tmp_path, 300, V2_JOB.format(11), started=5000, uid=1234)
-    owners = ProcessOwners(tmp_path)
-    assert owners.owner(300) == job("11", "0", "1234")  # v2: the uid is the process's
+    owners = ProcessCgroups(tmp_path)
+    assert owners.read(300) == job("11", "0", "1234")  # v2: the uid is the process's
     # The same process (same start time): the cached owner, the cgroup file not read again.
     (tmp_path / "300" / "cgroup").write_text(V2_JOB.format(99))
-    assert owners.owner(300) == job("11", "0", "1234")
+    assert owners.read(300) == job("11", "0", "1234")
     # The pid reused by a new process (another start time): read again.
     write_process(tmp_path, 300, V2_JOB.format(12), started=7000, uid=2000)
-    assert owners.owner(300) == job("12", "0", "2000")
+    assert owners.read(300) == job("12", "0", "2000")
 
 
 def test_a_vanished_pid_has_no_owner_and_logs_nothing(tmp_path: Path) -> None:
     write_process(tmp_path, 301, f"0::/kubepods/pod{UID}/{CID}\n")
-    owners = ProcessOwners(tmp_path)
-    assert owners.owner(301) == pod()
+    owners = ProcessCgroups(tmp_path)
+    assert owners.read(301) == pod()
     for name in ("cgroup", "status", "stat"):
         (tmp_path / "301" / name).unlink()
     (tmp_path / "301").rmdir()
     with capture_logs() as logs:
         for _ in range(50):
-            assert owners.owner(301) is None
-            assert owners.owner(302) is None  # never there
-            assert owners.owners([301, 302, 303]) == {}
+            assert owners.read(301) is None
+            assert owners.read(302) is None  # never there
+            assert owners.read_all([301, 302, 303]) == {}
     assert logs == []
     assert owners.cached() == 0
 
@@ -224,7 +224,7 @@ def test_a_vanished_pid_has_no_owner_and_logs_nothing(tmp_path: Path) -> None:
 def test_a_process_gone_between_its_reads_is_not_cached(tmp_path: Path) -> None:
     """The pid's stat is read before and after its cgroup: a start time that changed means another process."""
 
-    class Reused(ProcessOwners):
+    class Reused(ProcessCgroups):
         calls = 0
 
         def _started(self, pid: int) -> int | None:
@@ -233,7 +233,7 @@ def test_a_process_gone_between_its_reads_is_not_cached(tmp_path: Path) -> None:
 
     write_process(tmp_path, 303, V2_JOB.format(3))
     owners = Reused(tmp_path)
-    assert owners.owner(303) is None
+    assert owners.read(303) is None
     assert owners.cached() == 0
 
 
@@ -241,10 +241,10 @@ def test_an_unreadable_proc_is_logged_once_not_per_poll(tmp_path: Path) -> None:
     write_process(tmp_path, 304, "")
     (tmp_path / "304" / "cgroup").unlink()
     (tmp_path / "304" / "cgroup").mkdir()  # reading it fails with an OSError that is not "gone"
-    owners = ProcessOwners(tmp_path)
+    owners = ProcessCgroups(tmp_path)
     with capture_logs() as logs:
         for _ in range(20):
-            assert owners.owners([304]) == {}
+            assert owners.read_all([304]) == {}
             owners._cache.clear()  # read it again each time, as new processes would be
     warnings = [entry for entry in logs if entry["log_level"] == "warning"]
     assert len(warnings) == 1 and "304/cgroup" in warnings[0]["error"], logs
@@ -254,15 +254,15 @@ def test_the_cache_holds_the_polls_pids_and_at_most_its_bound(tmp_path: Path) ->
     for pid in range(400, 420):
         write_process(tmp_path, pid, v1("/", freezer=f"/slurm/uid_7/job_{pid}/step_0"))
     write_process(tmp_path, 420, "0::/init.scope\n")
-    owners = ProcessOwners(tmp_path, max_cached=8)
-    found = owners.owners(range(400, 421))
+    owners = ProcessCgroups(tmp_path, max_cached=8)
+    found = owners.read_all(range(400, 421))
     assert sorted(found) == list(range(400, 420))  # the host's process has no owner
     assert found[405] == job("405", "0", "7")
     assert owners.cached() == 8
-    owners = ProcessOwners(tmp_path)
-    owners.owners(range(400, 421))
+    owners = ProcessCgroups(tmp_path)
+    owners.read_all(range(400, 421))
     assert owners.cached() == 21  # processes of no owner are remembered too: not read again
-    owners.owners([401, 402])
+    owners.read_all([401, 402])
     assert owners.cached() == 2  # those NVML no longer reports are forgotten
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from jaxmon.model import BackendStatus, DeviceInfo, ProbeKernel
+from jaxmon.device_readings import BackendStatus, DeviceInfo, ProbeKernel
 from jaxmon.sources.faults import ENV_VAR, Faults, FaultySource
 from jaxmon.sources.replay import ReplaySource
 from tests.helpers import FIXTURES

@@ -10,7 +10,7 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 from collections.abc import Callable
 from typing import Any, cast
 
-from jaxmon.model import DeviceInfo
+from jaxmon.device_readings import DeviceInfo
 from jaxmon.sources.local import FRACTION_VARS, PREALLOCATE_VAR, LocalSource, apply_gpu_env_defaults
 from tests.unit.conftest import pick
 

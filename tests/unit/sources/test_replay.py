@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxmon.model import BackendStatus, DeviceInfo
+from jaxmon.device_readings import BackendStatus, DeviceInfo
 from jaxmon.sources.replay import ReplayedDeviceError, ReplayError, ReplaySource
 from tests.helpers import FIXTURES, ROOT
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxmon.app import build_runtime, load_settings
+from jaxmon.compose import build_runtime, load_settings
+from jaxmon.device_readings import DeviceInfo
 from jaxmon.exposition import Exposition
-from jaxmon.model import DeviceInfo
 from jaxmon.runtime import Runtime
 from jaxmon.sources.replay import ReplaySource
 from jaxmon.sources.selection import select_devices

@@ -20,11 +20,10 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jaxmon
-from jaxmon.collectors.spool import training_reading
 from jaxmon.families.training import training_families
-from jaxmon.publisher import spool_training
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
+from jaxmon.sources.spool_codec import spool_training, training_reading
 from jaxmon.sources.spool_document import SpoolDocument
 from jaxmon.training.communication import THREAD_NAME, Communication, Compiled, WindowMax
 from jaxmon.training.reading import DeviceTraining, TrainingReading

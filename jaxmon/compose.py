@@ -3,7 +3,7 @@
 `jaxmon serve` and `jaxmon snapshot` (cli), `jaxmon.start()` (embedded) and `jaxmon.publish()` (publisher) build
 what they run here; no library module imports the CLI, and no collector imports another or this module. The
 settings model is built here from the registry (each collector owns its options), and the cross-collector
-readings (`jaxmon.exchange`) and the owner transform (`jaxmon.owners`) are wired here.
+readings (`jaxmon.exchange`) and the owner transform (`jaxmon.ownership.owners`) are wired here.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from jaxmon.collectors import registry
 from jaxmon.collectors.base import AnyCollector, Context
 from jaxmon.exchange import WORKLOAD_PIDS, Exchange
 from jaxmon.identity import host_name, scheduler_labels
-from jaxmon.owners import OwnerTransform
+from jaxmon.ownership.owners import OwnerTransform
 from jaxmon.runtime import Recorder, Runtime
 from jaxmon.settings import Settings, SettingsError, settings_model
 from jaxmon.settings import load_settings as _load
@@ -216,6 +216,6 @@ def build_runtime(
     for collector in collectors:
         for channel, read in collector.offers.items():
             exchange.offer(channel, collector.name, read)
-    # Who owns each series' device or process: one step over every collector's families (jaxmon.owners).
+    # Who owns each series' device or process: one step over every collector's families (jaxmon.ownership.owners).
     transform = OwnerTransform(exchange)
     return Runtime(recorder, collectors, settings.max_staleness, unavailable, in_process, transform)

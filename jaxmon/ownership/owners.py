@@ -5,9 +5,9 @@ Two inputs meet here, both read through the exchange from the snapshot being ren
 
 - **Owners** (`OWNERS`): what the owner sources know, each an `Owners` map from device identities (GPU UUID, MIG
   UUID, minor number, PCI bus id, TPU chip: jaxmon.exchange's kinds) and from process ids to the containers that
-  own them. Today the kubelet's device-plugin allocations give it (jaxmon.attribution, offered by the kubernetes
-  collector); every other source (DRA through ResourceSlices, processes through their cgroups) offers one more, and
-  the offers are merged: owners of one identity from several sources are its owners together.
+  own them. Today the kubelet's device-plugin allocations give it (jaxmon.ownership.attribution, offered by the
+  kubernetes collector); every other source (DRA through ResourceSlices, processes through their cgroups) offers one
+  more, and the offers are merged: owners of one identity from several sources are its owners together.
 - **Identities** (`DEVICE_IDENTITIES`): which device each series of a collector is about, offered by the collectors
   that export devices (NVML: each GPU's series, and a JAX device's where the nvml collector matched it to a GPU;
   libtpu: each chip's and the host's). No collector stamps owners itself (tests/unit/test_layout.py holds it).
@@ -28,7 +28,7 @@ The rules (the labels and the tests of the per-collector stamping before it):
   holding TPU chips, none where several do).
 - A series with a `pid` label whose pid has owners (`Owners.pids`) carries the process's owners instead of its
   device's; a pid no source knows keeps its device's, as before. A pid whose owners are an empty set (a process
-  of a pod its source cannot name: jaxmon.pidowners) carries no owner labels at all, never its device's, which
+  of a pod its source cannot name: jaxmon.ownership.pidowners) carries no owner labels at all, never its device's, which
   may be other pods'.
 - A series that already carries `pod` (the kubelet's own jaxmon_kubernetes_pod_device_info, a workload's
   scheduler labels) is left as it is.
@@ -37,7 +37,6 @@ The rules (the labels and the tests of the per-collector stamping before it):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import Metric
@@ -46,88 +45,19 @@ from jaxmon.exchange import (
     DEVICE_IDENTITIES,
     JAX_DEVICE,
     MIG_UUID,
-    Channel,
+    OWNERS,
     DeviceId,
     DeviceIdentities,
     Exchange,
+    Owners,
     SeriesKey,
     device_id,
+    owner_labels,
 )
 from jaxmon.snapshot import Snapshot
 
 # The labels the transform writes (and the only ones): who owns the series' device or process.
 OWNER_LABELS = ("namespace", "pod", "container")
-
-
-@dataclass(frozen=True, order=True)
-class Owner:
-    """A container that holds a device or runs a process."""
-
-    namespace: str
-    pod: str
-    container: str
-    # What else its source knows of it (a DRA claim: ("claim", "ns/name")): kept for the source's own families,
-    # never written on device series.
-    extra: tuple[tuple[str, str], ...] = ()
-
-
-def owner_labels(owners: Iterable[Owner]) -> dict[str, str]:
-    """`namespace`, `pod` and `container` of the owners of one device or process, joined; {} for none."""
-    found = set(owners)
-    if not found:
-        return {}
-    return {
-        "namespace": ",".join(sorted({o.namespace for o in found})),
-        "pod": ",".join(sorted({o.pod for o in found})),
-        "container": ",".join(sorted({o.container for o in found})),
-    }
-
-
-@dataclass(frozen=True)
-class Owners:
-    """What one owner source knows (or several, merged): the owners of device identities and of process ids."""
-
-    devices: Mapping[DeviceId, frozenset[Owner]] = field(default_factory=dict)
-    pids: Mapping[int, frozenset[Owner]] = field(default_factory=dict)
-    # Identities whose owners are candidates, not sharers: they count only where they are one (module doc).
-    sole: frozenset[DeviceId] = frozenset()
-
-    @property
-    def empty(self) -> bool:
-        """Whether it names no owner at all."""
-        return not self.devices and not self.pids
-
-    def of(self, ids: Iterable[DeviceId]) -> frozenset[Owner]:
-        """The owners of a device known by the identities `ids` (each it has: UUID, minor number, ...)."""
-        found: set[Owner] = set()
-        for key in ids:
-            owners = self.devices.get(key)
-            if owners and (key not in self.sole or len(owners) == 1):
-                found |= owners
-        return frozenset(found)
-
-    def labels(self, ids: Iterable[DeviceId]) -> dict[str, str]:
-        """The owner labels of a device known by `ids`; {} when nobody owns it."""
-        return owner_labels(self.of(ids))
-
-    @classmethod
-    def merged(cls, many: Iterable[Owners]) -> Owners:
-        """Several sources' owners as one: an identity's (or pid's) owners are every source's together."""
-        devices: dict[DeviceId, frozenset[Owner]] = {}
-        pids: dict[int, frozenset[Owner]] = {}
-        sole: frozenset[DeviceId] = frozenset()
-        for owners in many:
-            for key, found in owners.devices.items():
-                devices[key] = devices.get(key, frozenset()) | found
-            for pid, found in owners.pids.items():
-                pids[pid] = pids.get(pid, frozenset()) | found
-            sole |= owners.sole
-        return cls(devices, pids, sole)
-
-
-OWNERS: Channel[Owners] = Channel(
-    "owners", "who owns each device identity and process id (the kubelet, ...): the owner transform's map"
-)
 
 
 def merged_identities(many: Iterable[DeviceIdentities]) -> dict[SeriesKey, tuple[DeviceId, ...]]:

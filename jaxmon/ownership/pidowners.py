@@ -1,18 +1,22 @@
-"""Which pod runs each process on a GPU: the process's cgroup (jaxmon.sources.cgroups: pod UID and container id)
-named by the API server's pods on this node (jaxmon.sources.kubernetes_api.PodIndex: namespace, pod, container
-name), as the owner transform's pid map (`Owners.pids`), so that each per-process series (`jaxmon_process_*`, with
-`pid`) carries its own pod's labels where a time-sliced or MPS GPU is held by several pods, as dcgm-exporter's
+"""Which pod runs each process on a GPU: the process's cgroup (a reading of jaxmon.sources.cgroups: pod UID and
+container id) named by the API server's pods on this node (jaxmon.sources.kubernetes_api.PodIndex: namespace, pod,
+container name), as the owner transform's pid map (`Owners.pids`), so that each per-process series (`jaxmon_process_*`,
+with `pid`) carries its own pod's labels where a time-sliced or MPS GPU is held by several pods, as dcgm-exporter's
 pidmapper does (PR #594).
 
-The kubernetes collector calls it each poll with the pids the nvml collector reported (GPU_PROCESSES). The rules:
+The path runs one way. Each poll the kubernetes collector reads the sources: the pids the nvml collector reported
+(GPU_PROCESSES), their cgroups (`ProcessCgroups.read_all`), and the API server's pods (the cluster cache, which it
+tells of every pod UID those cgroups name, so that a pod newer than its list is listed again at once:
+`ClusterCache.want_pods` in jaxmon.sources.cluster_cache); it hands those readings to `PodProcesses.update` here, which
+names them; its state offers the result as the owner transform's pid map. The rules:
 
 - A process whose cgroup names a pod the pods list has: that pod's namespace and name, and the container whose id
   its cgroup names (the list's container statuses); a container id the list does not name (yet), or names in another
   pod, gives the pod without a container name, never another container's.
 - A process whose cgroup names a pod the list does not have (a pod newer than the last list, or none listed yet):
   no owner labels at all on its series (an empty owner set: the transform then writes none), never its GPU's
-  holders, which may be other pods. The collector asks for a pods list at once (jaxmon.sources.kubernetes_api:
-  `ClusterCache.want_pods`), so a new pod's processes are named a poll or two later. A process whose pod a list
+  holders, which may be other pods. The collector has asked for a pods list at once (above), so a new pod's
+  processes are named a poll or two later. A process whose pod a list
   taken after it was first seen still does not name (a static pod, whose mirror has another UID) is counted once
   (`jaxmon_kubernetes_process_problems_total{reason="pod_not_listed"}`) and logged once.
 - A process whose cgroup names no pod (the host's, a plain container's), or that ended before its cgroup was read,
@@ -27,22 +31,20 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
 
-from jaxmon.exchange import GpuProcesses
+from jaxmon.exchange import Owner
 from jaxmon.logsetup import ErrorLog
-from jaxmon.owners import Owner
-from jaxmon.sources import cgroups
+from jaxmon.sources.cgroups import ProcessCgroup
 
 if TYPE_CHECKING:  # the API server's client is imported only where a node name is known (RSS)
     from jaxmon.sources.kubernetes_api import PodIndex
 
-log = structlog.get_logger("jaxmon.pidowners")
+log = structlog.get_logger("jaxmon.ownership.pidowners")
 
 POD_NOT_LISTED = "pod_not_listed"
 
@@ -56,8 +58,8 @@ class Named:
     unlisted: Mapping[int, str] = field(default_factory=dict)
 
 
-def name_processes(found: Mapping[int, cgroups.Owner], pods: PodIndex) -> Named:
-    """The owners of the processes `found` in their cgroups (ProcessOwners.owners) as `pods` names them."""
+def name_processes(found: Mapping[int, ProcessCgroup], pods: PodIndex) -> Named:
+    """The owners of the processes `found` in their cgroups (ProcessCgroups.read_all) as `pods` names them."""
     pids: dict[int, frozenset[Owner]] = {}
     unlisted: dict[int, str] = {}
     for pid, owner in found.items():
@@ -76,22 +78,22 @@ def name_processes(found: Mapping[int, cgroups.Owner], pods: PodIndex) -> Named:
 
 
 class PodProcesses:
-    """The owners of the processes on the node's GPUs, read from `<procfs>/<pid>/cgroup` (cached by start time) and
-    named by the API server's pods; counts the processes of pods the list does not name, each once."""
+    """The owners of the processes on the node's GPUs: their cgroups named by the API server's pods; counts the
+    processes of pods the list does not name, each once."""
 
-    def __init__(self, procfs: Path, clock: Callable[[], float] = time.monotonic) -> None:
-        self._owners = cgroups.ProcessOwners(procfs)
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._first: dict[tuple[int, str], float] = {}  # (pid, pod UID) unnamed -> when first seen so
         self._counted: set[tuple[int, str]] = set()
         self.problems = 0
         self._errors = ErrorLog(log, math.inf)
 
-    def update(self, gpus: Iterable[GpuProcesses], pods: PodIndex | None, taken: float | None) -> Named:
-        """The owners of `gpus`' processes by `pods` (None: no API server, so none can be named); `taken`: when
-        that pods list came (the clock's time; None before the first), which says whether an unnamed pod is a
-        problem yet."""
-        wanted = {pid for gpu in gpus for pid in gpu.pids}
+    def update(
+        self, wanted: Set[int], found: Mapping[int, ProcessCgroup], pods: PodIndex | None, taken: float | None
+    ) -> Named:
+        """The owners of the processes `wanted` (the pids on the GPUs), `found` in their cgroups (those that name
+        one), by `pods` (None: no API server, so none can be named); `taken`: when that pods list came (the clock's
+        time; None before the first), which says whether an unnamed pod is a problem yet."""
         if pods is None:
             if wanted:
                 self._errors.error(
@@ -101,7 +103,7 @@ class PodProcesses:
                     "$NODE_NAME (the kubelet's pod-resources API names no pod UID)",
                 )
             return Named()
-        named = name_processes(self._owners.owners(wanted), pods)
+        named = name_processes(found, pods)
         now = self._clock()
         self._first = {key: self._first.get(key, now) for key in named.unlisted.items()}
         if taken is not None:

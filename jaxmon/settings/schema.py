@@ -1,7 +1,7 @@
 """The settings model: the core sections, the base of every collector's options, and the model built from both.
 
 The `collector` section is not written here: each collector owns its options (`CollectorOptions` subclasses in its
-own module), and the composition root (`jaxmon.app`) builds the whole model from the registry with
+own module), and the composition root (`jaxmon.compose`) builds the whole model from the registry with
 `settings_model()`. So importing the settings imports no collector.
 """
 
@@ -35,13 +35,13 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     return host, port
 
 
-class Section(BaseModel):
+class SettingsSection(BaseModel):
     """A settings section: unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid")
 
 
-class CollectorOptions(Section):
+class CollectorOptions(SettingsSection):
     """The settings section of one collector: `--collector.<name>` / `--no-collector.<name>` set `enabled`."""
 
     enabled: Enabled = Field(default=True, description="true, false, or auto (on where its source is present).")
@@ -51,7 +51,7 @@ class CollectorOptions(Section):
         return sorted(self.model_fields_set - {"enabled"})
 
 
-class WebConfigFileSettings(Section):
+class WebConfigFileSettings(SettingsSection):
     """`--web.config.file`."""
 
     file: Path | None = Field(
@@ -59,7 +59,7 @@ class WebConfigFileSettings(Section):
     )
 
 
-class WebSettings(Section):
+class WebSettings(SettingsSection):
     """HTTP endpoint."""
 
     listen_address: str = Field(
@@ -91,7 +91,7 @@ class WebSettings(Section):
         return value
 
 
-class PollSettings(Section):
+class PollSettings(SettingsSection):
     """The default interval of every collector that polls."""
 
     interval: Duration = Field(
@@ -101,7 +101,7 @@ class PollSettings(Section):
     )
 
 
-class HealthSettings(Section):
+class HealthSettings(SettingsSection):
     """/healthz."""
 
     max_staleness: Duration | None = Field(
@@ -115,7 +115,7 @@ class HealthSettings(Section):
     )
 
 
-class GpuSettings(Section):
+class GpuSettings(SettingsSection):
     """Defaults applied when jaxmon itself starts a GPU backend."""
 
     memory_fraction: float = Field(
@@ -126,7 +126,7 @@ class GpuSettings(Section):
     )
 
 
-class DeviceSettings(Section):
+class DeviceSettings(SettingsSection):
     """Which of this process's JAX devices are read."""
 
     include_cpu: bool = Field(
@@ -140,7 +140,7 @@ def _lower(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
 
 
-class LogSettings(Section):
+class LogSettings(SettingsSection):
     """Logging."""
 
     # JAXMON_LOG__LEVEL=DEBUG is how people write levels (Python's own names are upper case).
@@ -152,7 +152,7 @@ class LogSettings(Section):
     )
 
 
-class PathSettings(Section):
+class PathSettings(SettingsSection):
     """Where the host's pseudo-filesystems are (node_exporter's `--path.procfs` and `--path.sysfs`)."""
 
     procfs: Path = Field(
@@ -165,13 +165,13 @@ class PathSettings(Section):
     )
 
 
-class ConfigSettings(Section):
+class ConfigSettings(SettingsSection):
     """The YAML config file."""
 
     file: Path | None = Field(default=None, description="YAML file with any of these settings.")
 
 
-class CollectorSettings(Section):
+class CollectorSettings(SettingsSection):
     """Which collectors run, and each one's options (the fields come from the registry: `settings_model`)."""
 
 

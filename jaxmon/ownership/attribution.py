@@ -1,5 +1,5 @@
 """Which pod holds which accelerator: the kubelet's device-plugin allocations turned into `Owners` (pure), the map
-the owner transform (jaxmon.owners) labels every series of a held device with.
+the owner transform (jaxmon.ownership.owners) labels every series of a held device with.
 
 Device ids are the device plugins' (docs/deploy.md, "Pod attribution"):
 
@@ -16,7 +16,7 @@ Device ids are the device plugins' (docs/deploy.md, "Pod attribution"):
   where several do.
 
 Several holders of one device (a time-sliced GPU) give one label set, each label the sorted, distinct values of
-the holders joined by commas (jaxmon.owners): one series per device, so sums over pods or namespaces count the
+the holders joined by commas (jaxmon.ownership.owners): one series per device, so sums over pods or namespaces count the
 device once. `jaxmon_kubernetes_pod_device_info` lists each holder on its own.
 """
 
@@ -28,9 +28,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from functools import cached_property
 
-from jaxmon.exchange import GPU_MINOR, GPU_UUID, MIG_UUID, TPU_DEVICE, TPU_NODE, DeviceId
-from jaxmon.exchange import device_id as identity
-from jaxmon.owners import Owner, Owners, owner_labels
+from jaxmon.exchange import GPU_MINOR, GPU_UUID, MIG_UUID, TPU_DEVICE, TPU_NODE, DeviceId, Owner, Owners, device_id
 from jaxmon.sources.kubelet import Allocation
 
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-*")
@@ -40,22 +38,18 @@ _UUID = re.compile(r"^(GPU-[0-9A-Fa-f-]+)(?:::\d+)?$")
 _MIG = re.compile(r"^(MIG-[^:]+)(?:::\d+)?$")
 _MINOR = re.compile(r"^nvidia(\d+)(?:/vgpu\d+)?(?:::\d+)?$")
 
-# What a GPU series is looked up by: ("uuid", "gpu-…"), ("mig", "mig-…") or ("minor", "3") (jaxmon.exchange's kinds).
-GpuKey = DeviceId
 # The identity every TPU chip of the node has for the kubelet's allocations (the tpu collector gives its series it).
 TPU_ANY = (TPU_NODE, "")
 
-# A container that holds a device (the owner transform's Owner).
-Holder = Owner
 
-
-def gpu_key(device_id: str) -> GpuKey | None:
-    """The GPU (or MIG device) a device plugin's id names, replica suffixes dropped; None when it names none."""
-    if m := _UUID.match(device_id):
-        return identity(GPU_UUID, m.group(1))
-    if m := _MIG.match(device_id):
-        return identity(MIG_UUID, m.group(1))
-    if m := _MINOR.match(device_id):
+def gpu_key(plugin_id: str) -> DeviceId | None:
+    """The identity of the GPU (or MIG device) a device plugin's id names, replica suffixes dropped ("uuid", "mig"
+    or "minor": jaxmon.exchange's kinds); None when it names none."""
+    if m := _UUID.match(plugin_id):
+        return device_id(GPU_UUID, m.group(1))
+    if m := _MIG.match(plugin_id):
+        return device_id(MIG_UUID, m.group(1))
+    if m := _MINOR.match(plugin_id):
         return (GPU_MINOR, str(int(m.group(1))))
     return None
 
@@ -65,18 +59,13 @@ def matches(resource: str, patterns: Sequence[str]) -> bool:
     return any(fnmatchcase(resource, pattern) for pattern in patterns)
 
 
-def labels(holders: Iterable[Holder]) -> dict[str, str]:
-    """`namespace`, `pod` and `container` of the holders of one device; {} for none (jaxmon.owners.owner_labels)."""
-    return owner_labels(holders)
-
-
 @dataclass(frozen=True)
 class Attribution:
     """The holders of every GPU, MIG device and TPU chip on the node, and the same as the owner transform's map
     (`owners`, what the kubernetes collector offers); the lookups below answer as the transform labels series."""
 
-    gpus: Mapping[GpuKey, frozenset[Holder]] = field(default_factory=dict)
-    tpu_holders: frozenset[Holder] = frozenset()
+    gpus: Mapping[DeviceId, frozenset[Owner]] = field(default_factory=dict)
+    tpu_holders: frozenset[Owner] = frozenset()
 
     @cached_property
     def owners(self) -> Owners:
@@ -88,14 +77,14 @@ class Attribution:
 
     def gpu(self, uuid: str | None, minor_number: int | None) -> dict[str, str]:
         """The labels of a whole GPU, by its UUID or its minor number; {} when no pod holds it."""
-        ids = [] if uuid is None else [identity(GPU_UUID, uuid)]
+        ids = [] if uuid is None else [device_id(GPU_UUID, uuid)]
         if minor_number is not None:
             ids.append((GPU_MINOR, str(minor_number)))
         return self.owners.labels(ids)
 
     def mig(self, uuid: str) -> dict[str, str]:
         """The labels of a MIG device, by its UUID (`MIG-…`); {} when no pod holds it."""
-        return self.owners.labels([identity(MIG_UUID, uuid)])
+        return self.owners.labels([device_id(MIG_UUID, uuid)])
 
     def tpu(self, device: int) -> dict[str, str]:
         """The labels of libtpu device `device`: the one container on the node holding TPU chips, else {}."""
@@ -113,13 +102,13 @@ def attribute(
     tpu_resources: Sequence[str] = TPU_RESOURCES,
 ) -> Attribution:
     """The holders of each device among the allocations of the GPU and TPU resources (others are ignored)."""
-    gpus: dict[GpuKey, set[Holder]] = {}
-    tpu: set[Holder] = set()
+    gpus: dict[DeviceId, set[Owner]] = {}
+    tpu: set[Owner] = set()
     for a in found:
-        holder = Holder(a.namespace, a.pod, a.container)
+        holder = Owner(a.namespace, a.pod, a.container)
         if matches(a.resource, gpu_resources):
-            for device_id in a.device_ids:
-                key = gpu_key(device_id)
+            for plugin_id in a.device_ids:
+                key = gpu_key(plugin_id)
                 if key is not None:
                     gpus.setdefault(key, set()).add(holder)
         elif matches(a.resource, tpu_resources):

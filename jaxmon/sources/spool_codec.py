@@ -1,0 +1,169 @@
+"""The spool document's codec: what a publisher writes (`jaxmon.publish()`, jaxmon.publisher) and what the spool
+collector reads back, beside the schema (jaxmon.sources.spool_document), so that every field of the document is
+written and read in one place.
+
+Writing: a device's identity, its raw `memory_stats()` (numbers only) or the error reading it, and the live arrays
+by placement (`spool_device`); the training reading (`spool_training`: the +Inf bucket as the count, the start as
+the seconds before the document's time, the collective bytes' (op, axes) keys as objects). Reading: the document as
+a `WorkloadReport` (`workload_report`), with the allocator numbers jaxmon derives and the training reading as it was
+made (`training_reading`). tests/unit/sources/test_spool_codec.py round-trips every field of schema 3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from jaxmon.allocator import memory_numbers
+from jaxmon.device_readings import HOST_MEMORY_KINDS, ArrayBytes, DeviceInfo, MemoryReading
+from jaxmon.sources.spool_document import SpoolDevice, SpoolDocument, SpoolTraining
+from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
+
+# The longest error text a document carries (SpoolDevice.error's bound).
+MAX_ERROR = 4096
+
+
+# -- writing -------------------------------------------------------------------------------------------------------
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def spool_device(
+    device: DeviceInfo,
+    stats: Mapping[str, Any] | None = None,
+    error: str | None = None,
+    arrays: ArrayBytes | None = None,
+    arrays_error: str = "",
+) -> SpoolDevice:
+    """One device's entry: `stats` (its `memory_stats()`, None where it reports nothing: then the live arrays, from
+    `arrays`, are its only memory figure, or `arrays_error` where they could not be read) or `error` (reading them
+    failed), and every device's replicated and host-memory array bytes from `arrays` (none on a device: 0)."""
+    fields: dict[str, Any] = device.identity()
+    if error is not None:
+        fields["error"] = error[:MAX_ERROR]
+    elif stats is None:
+        if arrays is None:
+            fields["error"] = arrays_error[:MAX_ERROR]
+        else:
+            fields["live_array_bytes"] = arrays.live.get(device.key, 0)
+    else:
+        fields["memory_stats"] = {k: v for k, v in stats.items() if _number(v)}
+    if arrays is not None:
+        fields["replicated_array_bytes"] = arrays.replicated.get(device.key, 0)
+        fields["host_array_bytes"] = {kind: arrays.host.get((device.key, kind), 0) for kind in HOST_MEMORY_KINDS}
+    return SpoolDevice.model_validate(fields)
+
+
+def spool_training(reading: TrainingReading, now: float) -> SpoolTraining:
+    """The training reading as a spool document of time `now` carries it: the +Inf bucket is the count (JSON has no
+    inf), the start is the seconds before `now` (elapsed_seconds, as schema 2 has always had it)."""
+    finite = [(bound, count) for bound, count in reading.duration_buckets if bound != float("inf")]
+    fields = asdict(reading)
+    del fields["start_time_seconds"]
+    fields.update(
+        duration_buckets=finite,
+        duration_count=reading.duration_count,
+        elapsed_seconds=max(now - reading.start_time_seconds, 0.0),
+    )
+    for device in fields["devices"]:  # (op, axes) keys as objects: JSON keys are strings only
+        device["collective_bytes_total"] = [
+            {"op": op, "axes": axes, "bytes": n} for (op, axes), n in sorted(device["collective_bytes_total"].items())
+        ]
+    return SpoolTraining.model_validate(fields)
+
+
+# -- reading -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkloadDevice:
+    """One device as a workload reported it, with the numbers jaxmon derives."""
+
+    info: DeviceInfo
+    reading: MemoryReading
+    live_array_bytes: int | None
+    replicated_array_bytes: int | None = None  # schema 3
+    host_array_bytes: Mapping[str, int] | None = None  # schema 3: bytes per host memory kind
+
+
+@dataclass(frozen=True)
+class WorkloadReport:
+    """The latest snapshot of one workload process."""
+
+    workload: str
+    host: str
+    pid: int
+    process_index: int
+    jax_version: str
+    time: float  # the file's mtime on the reader's clock, set per scan (the document's own `time` is not trusted)
+    started: float
+    devices: tuple[WorkloadDevice, ...]
+    compile: Mapping[str, float]
+    training: TrainingReading | None = None
+    process_count: int | None = None
+    scheduler: Mapping[str, str] = field(default_factory=dict)
+
+
+def workload_report(doc: SpoolDocument) -> WorkloadReport:
+    """The numbers of one published document."""
+    devices = []
+    for d in doc.devices:
+        info = DeviceInfo(
+            id=d.id,
+            platform=d.platform,
+            device_kind=d.device_kind,
+            process_index=d.process_index,
+            coords=d.coords,
+            core_on_chip=d.core_on_chip,
+        )
+        if d.error is not None:
+            reading = MemoryReading(numbers=None, error=d.error)
+        else:
+            reading = MemoryReading(numbers=memory_numbers(d.memory_stats))
+        devices.append(
+            WorkloadDevice(
+                info=info,
+                reading=reading,
+                live_array_bytes=d.live_array_bytes,
+                replicated_array_bytes=d.replicated_array_bytes,
+                host_array_bytes=d.host_array_bytes,
+            )
+        )
+    return WorkloadReport(
+        workload=doc.workload,
+        host=doc.host,
+        pid=doc.pid,
+        process_index=doc.process_index,
+        jax_version=doc.jax_version,
+        time=doc.time,
+        started=doc.started,
+        devices=tuple(devices),
+        compile=doc.compile.model_dump(),
+        training=None if doc.training is None else training_reading(doc.training, doc.time),
+        process_count=doc.process_count,
+        scheduler=dict(doc.scheduler),
+    )
+
+
+def training_reading(spooled: SpoolTraining, time: float) -> TrainingReading:
+    """A published training section of a document written at `time` as the reading it was made from (+Inf bucket
+    from the count, the start from the seconds elapsed by then)."""
+    fields = spooled.model_dump()
+    fields["start_time_seconds"] = time - fields.pop("elapsed_seconds")
+    fields["duration_buckets"] = (
+        (*((b, c) for b, c in spooled.duration_buckets), (float("inf"), spooled.duration_count))
+        if spooled.duration_count or spooled.duration_buckets
+        else ()
+    )
+    del fields["duration_count"]
+    for d in fields["devices"]:
+        d["collective_bytes_total"] = {(c["op"], c["axes"]): c["bytes"] for c in d["collective_bytes_total"]}
+    fields["devices"] = tuple(DeviceTraining(**d) for d in fields["devices"])
+    if (profile := fields.get("profile")) is not None:
+        fields["profile"] = ProfileReading(
+            results=profile["results"], devices=tuple(DeviceProfile(**d) for d in profile["devices"])
+        )
+    return TrainingReading(**fields)
