@@ -186,8 +186,8 @@ def test_the_settings_import_no_collector() -> None:
 # or through other rooms, imports A. Before issue 38, jaxmon.profile.classify imported jaxmon.training.hlo while
 # jaxmon.training.sampler imported jaxmon.profile, and jaxmon.sources.local imported probe/engine.py's thread prefix
 # while jaxmon.probe.idle imported jaxmon.sources.hostcpu.
-# Circles that another open issue rebuilds: issue 41's ownership wing (jaxmon.sources.cluster_cache imports
-# jaxmon.dra, which imports jaxmon.sources.kubelet). Remove the entry once it lands.
+# Issue 41's ownership wing removed the last one (jaxmon.sources.cluster_cache imported jaxmon.dra, which imported
+# jaxmon.sources.kubelet).
 def _room(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
