@@ -138,7 +138,8 @@ def reading(**kw: Any) -> libtpu.LibtpuReading:
 
 
 def with_stub(context: Context, stub: StubClient) -> TpuCollector:
-    collector = TpuCollector(TpuOptions(enabled=True), context)
+    # The SDK's child is a process: tests/e2e/test_tpu_sdk.py runs it.
+    collector = TpuCollector(TpuOptions(enabled=True, sdk=False), context)
     collector._client = cast(libtpu.LibtpuClient, stub)
     return collector
 
