@@ -101,12 +101,23 @@ def memory_stages(out: Path, jax: Any, jnp: Any, dry: bool) -> None:
     record("after_freeing_every_other")
     size = 2048 if dry else 14336  # the outer product: size^2 float32 temporaries (805 MiB on the chip)
 
-    @jax.jit
-    def outer(x: Any) -> Any:
-        return (x[:, None] * x[None, :]).sum(axis=1)
-
-    x = jnp.arange(size, dtype=jnp.float32)
-    compiled = outer.lower(x).compile()
+    # A program whose temporaries are size^2 floats (805 MiB on the chip): the first of these whose compiled
+    # memory_analysis() says so (XLA fuses a product into its consumer where it can, leaving no temporary).
+    candidates = {
+        "product_matmul": lambda x: ((x[:, None] * x[None, :]) @ (x[:, None] * x[None, :]))[0],
+        "product_cumsum": lambda x: jnp.cumsum(x[:, None] * x[None, :], axis=0)[-1],
+        "product_sort": lambda x: jnp.sort((x[:, None] * x[None, :]).ravel())[: x.shape[0]],
+    }
+    x = jnp.arange(size, dtype=jnp.float32) / size
+    compiled = None
+    for name, fn in candidates.items():
+        compiled = jax.jit(fn).lower(x).compile()
+        temp = getattr(compiled.memory_analysis(), "temp_size_in_bytes", 0) or 0
+        notes.setdefault("temp_by_program", {})[name] = temp
+        if temp >= size * size * 4:
+            notes["program"] = name
+            break
+    assert compiled is not None
     analysis = compiled.memory_analysis()
     if analysis is not None:
         notes["large_temp_program"] = {
@@ -186,7 +197,14 @@ class SdkWatch:
             lines = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
         except OSError:
             return {}
-        return {k: v.strip() for k, _, v in (ln.partition(":") for ln in lines) if k in ("VmRSS", "VmHWM", "Threads")}
+        keys = ("VmRSS", "VmHWM", "RssAnon", "RssFile", "Threads")
+        out = {k: v.strip() for k, _, v in (ln.partition(":") for ln in lines) if k in keys}
+        try:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out["cpu_seconds"] = str((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+        except (OSError, IndexError, ValueError):
+            pass
+        return out
 
     def run(self) -> None:
         while not self.stop.wait(1.0):
