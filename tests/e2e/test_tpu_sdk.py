@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,8 +188,41 @@ def test_the_daemon_serves_tensorcore_utilization_and_outlives_the_sdk(
         assert starts is not None and starts >= 3
         assert daemon.alive()
         assert "libtpu monitoring SDK status" in daemon.log()
+        # One child at a time, and none outlives the daemon, even one killed with no chance to stop it, even one
+        # hung in libtpu: here the next child hangs in its import, as the daemon is killed.
+        sc.write(metrics=util(10), on_data="segfault", on_import="hang", hang_seconds=60)
+        daemon.wait_for(lambda s: status(s) == "starting", what="a child hung in its import")
+        (child,) = sdk_children(daemon.proc.pid)
+        daemon.stop(signal.SIGKILL)
+        end = time.monotonic() + 10
+        while running(child):
+            assert time.monotonic() < end, "the SDK child outlived the daemon"
+            time.sleep(0.1)
     finally:
         fake.stop()
+
+
+def sdk_children(parent: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and b"sdk_child.py" in cmdline:
+            out.append(int(entry.name))
+    return out
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def cores(samples: Samples) -> list[Any]:

@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
 from typing import Any, TextIO
 
 
@@ -51,7 +53,21 @@ def _read(monitoring: Any, names: list[str]) -> dict[str, Any]:
     return {"data": data, "errors": errors}
 
 
+def _exit_with_parent(parent: int) -> None:
+    """A thread that ends this process once its parent is gone (reparented): a child hung in libtpu does not
+    outlive a daemon that was killed (one not hung reads the end of its stdin and exits by itself)."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="jaxmon-sdk-parent-watch", daemon=True).start()
+
+
 def main() -> int:
+    _exit_with_parent(os.getppid())
     out = _protocol_out()
     try:
         from libtpu.sdk import tpumonitoring
