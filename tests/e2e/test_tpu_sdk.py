@@ -39,7 +39,8 @@ class SdkScenario:
         os.replace(tmp, self.path)  # the child never reads half a file
 
     def env(self) -> dict[str, str]:
-        return {"PYTHONPATH": str(STANDIN), "JAXMON_TEST_SDK_SCENARIO": str(self.path)}
+        # A daemon with libtpu on its path runs its own JAX on CPU beside the job that holds the chips.
+        return {"PYTHONPATH": str(STANDIN), "JAXMON_TEST_SDK_SCENARIO": str(self.path), "JAX_PLATFORMS": "cpu"}
 
 
 def util(*percent: float) -> dict[str, list[str]]:
