@@ -21,6 +21,7 @@ from .rows import (
     memory,
     overview,
     probe,
+    tpu_ladder,
     training,
     workloads,
 )
@@ -331,6 +332,7 @@ JAXMON = Dashboard(
         probe.ROW,
         devicewide.ROW,
         ladder.ROW,
+        tpu_ladder.ROW,
         megascale.ROW,
         workloads.ROW,
         hosts.ROW,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import structlog
@@ -38,6 +38,7 @@ from jaxmon.families.libtpu import (
     HLO_QUEUE,
     IDLE_DURATION,
     MEGASCALE,
+    sdk_families,
     summary_family,
 )
 from jaxmon.families.shared import (
@@ -51,6 +52,7 @@ from jaxmon.logsetup import ErrorLog
 from jaxmon.settings import CollectorOptions, Duration, Enabled
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources import libtpu
+from jaxmon.sources.libtpu import sdk, sdk_state
 
 log = structlog.get_logger("jaxmon.collectors.tpu")
 
@@ -76,6 +78,14 @@ class TpuOptions(CollectorOptions):
     )
     address: str = Field(default="localhost:8431", description="host:port of libtpu's runtime metrics service.")
     timeout: Duration = Field(default=2.0, description="Deadline of one poll of the service (all calls together).")
+    sdk: bool = Field(
+        default=True,
+        description="Also read libtpu's monitoring SDK (TensorCore utilization) in a child process of the daemon. "
+        "Never in a training process: the embedded exporter leaves it off.",
+    )
+    sdk_timeout: Duration = Field(
+        default=2.0, description="Deadline of one read of libtpu's monitoring SDK by its child process."
+    )
 
     @field_validator("address")
     @classmethod
@@ -117,6 +127,8 @@ class TpuState:
     # True when this process's JAX sees TPU devices with exactly libtpu's ids (embedded in a trainer, or a daemon
     # that owns the chips): only then are a JAX device and a libtpu device-id taken to be the same chip.
     same_ids_as_jax: bool = False
+    # libtpu's monitoring SDK, read by a child process (None where it is not read: embedded, or sdk off).
+    sdk: sdk_state.SdkState | None = None
 
     @property
     def identities(self) -> dict[SeriesKey, tuple[DeviceId, ...]]:
@@ -159,6 +171,9 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
         self._mapping_checked = False
         # The optional metrics last logged as not served here (logged again only when the set changes).
         self._unserved: frozenset[str] = frozenset()
+        # The SDK's child (never inside a training process: importing libtpu there has crashed jobs).
+        self._sdk = sdk.SdkChild(opts.sdk_timeout) if opts.sdk and ctx.in_process is None else None
+        self._sdk_status = ""
 
     @classmethod
     def unavailable(cls, opts: TpuOptions, ctx: Context) -> str | None:
@@ -204,10 +219,23 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
                 "service", "libtpu runtime metrics unavailable", exc.code, address=self.opts.address, detail=exc.detail
             )
             self._known.clear()
-            return Update(TpuState(error=str(exc)), success=False)
+            return Update(TpuState(error=str(exc), sdk=self._read_sdk()), success=False)
         self._errors.ok("service", "libtpu runtime metrics answer", address=self.opts.address)
         self._log_metrics(reading)
-        return Update(self._state(reading), success=not reading.failed)
+        st = self._state(reading)
+        return Update(replace(st, sdk=self._read_sdk()), success=not reading.failed)
+
+    def _read_sdk(self) -> sdk_state.SdkState | None:
+        """The SDK's reading this poll (its own status; it never makes the poll partial), logged when it changes."""
+        if self._sdk is None:
+            return None
+        reading = self._sdk.read((sdk.TENSORCORE_UTIL, *sdk.PER_CHIP))
+        st = sdk_state.state(reading, self._sdk.starts, sorted(self._known))
+        if st.status != self._sdk_status:
+            self._sdk_status = st.status
+            level = log.info if st.status in ("ok", "starting", "empty", "not_installed") else log.warning
+            level("libtpu monitoring SDK status", status=st.status, detail=st.detail, version=reading.version)
+        return st
 
     def _log_metrics(self, reading: libtpu.LibtpuReading) -> None:
         """One line per change: metrics not served here, each failing metric, each metric jaxmon cannot read."""
@@ -315,8 +343,11 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
         host = host_labels()
         for spec in libtpu.MEGASCALE:
             yield summary_family(MEGASCALE[spec.name], ((host, s) for s in state.host.get(spec.name, ())))
+        yield from sdk_families(state.sdk)
 
     def stop(self) -> None:
+        if self._sdk is not None:
+            self._sdk.close()
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -52,4 +52,10 @@ LIBTPU_LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
         "source (+ quantile; + pod, namespace, container)",
         "libtpu `megascale.grpc_tcp_delivery_rate.Mbps.cumulative.distribution` × 125 000 (Mbps to bytes/s)",
     ),
+    "jaxmon_device_tensorcore_utilization_ratio": (
+        "device, platform, source, core (+ pod, namespace, container)",
+        'libtpu SDK `tpumonitoring.get_metric("tensorcore_util").data()` / 100, read in the daemon\'s child process',
+    ),
+    "jaxmon_libtpu_sdk_status": ("source, status", "the daemon's SDK child: its import, its answers, its deadline"),
+    "jaxmon_libtpu_sdk_child_starts": ("source", "the daemon's SDK child processes started"),
 }

@@ -8,13 +8,14 @@ alert), and its quantiles are tpu-info's percentiles (p50, p90, p95, p999) since
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
-from jaxmon.families import Spec
-from jaxmon.sources.libtpu import Summary, names
+from jaxmon.families import Spec, add
+from jaxmon.sources.libtpu import Summary, names, sdk
+from jaxmon.sources.libtpu.sdk_state import SdkState
 
 IDLE_DURATION = Spec(
     "jaxmon_device_tensorcore_idle_duration_seconds",
@@ -28,6 +29,26 @@ HLO_EXECUTION = Spec(
     "from libtpu's distribution.",
 )
 HLO_EXECUTION_MEAN = Spec("jaxmon_device_hlo_execution_mean_seconds", "Mean HLO program execution time (libtpu).")
+
+# From libtpu's monitoring SDK, read in a child process of the daemon (jaxmon/collectors/tpu_sdk.py).
+TENSORCORE_UTILIZATION = Spec(
+    "jaxmon_device_tensorcore_utilization_ratio",
+    "Utilization of one TensorCore of the chip (label core: its index in libtpu's list), from libtpu's monitoring "
+    "SDK (tensorcore_util; tpu-info's TensorCore Utilization), 0-1: the TPU ladder's rung between the duty cycle "
+    "and MFU.",
+)
+SDK_STATUS = Spec(
+    "jaxmon_libtpu_sdk_status",
+    "1 on the current status of the daemon's reading of libtpu's monitoring SDK (its child process), 0 on the "
+    "others: ok, empty (the SDK answered no values), starting (libtpu is being imported), not_installed, "
+    "import_failed, failed (the SDK raised), crashed (the child died), timeout (no answer within "
+    "--collector.tpu.sdk-timeout).",
+)
+SDK_STARTS = Spec(
+    "jaxmon_libtpu_sdk_child_starts",
+    "Child processes started to read libtpu's monitoring SDK (one, unless children crashed or hung).",
+    counter=True,
+)
 
 _CUMULATIVE = (
     " From libtpu's cumulative distribution on this host: quantiles 0.5, 0.9, 0.95 and 0.999 since libtpu started "
@@ -92,3 +113,19 @@ def summary_family(spec: Spec, rows: Iterable[tuple[dict[str, str], Summary]]) -
         fam.samples.append(Sample(spec.name + "_count", labels, float(s.count)))
         fam.samples.append(Sample(spec.name + "_sum", labels, s.total))
     return fam
+
+
+def sdk_families(st: SdkState | None) -> Iterator[Metric]:
+    """The SDK's status set (one series per status, 1 on the current one), the child's starts, and each
+    TensorCore's utilization; nothing where the SDK is not read."""
+    if st is None:
+        return
+    status = SDK_STATUS.new()
+    for name in sdk.STATUSES:
+        add(status, {"source": "libtpu", "status": name}, 1.0 if name == st.status else 0.0)
+    starts = SDK_STARTS.new()
+    add(starts, {"source": "libtpu"}, st.starts)
+    util = TENSORCORE_UTILIZATION.new()
+    for core in st.cores:
+        add(util, {"device": core.device, "platform": "tpu", "source": "libtpu", "core": str(core.core)}, core.ratio)
+    yield from (status, starts, util)

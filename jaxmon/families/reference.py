@@ -188,6 +188,7 @@ def sections() -> list[Section]:
     memory_specs = [memory.STATS_SUPPORTED, memory.READ_SUCCESS, memory.READ_ERRORS, memory.LIVE_ARRAY_BYTES]
     memory_specs += [memory.REPLICATED_ARRAY_BYTES, memory.HOST_ARRAY_BYTES]
     tpu_specs = [libtpu.IDLE_DURATION, libtpu.HLO_QUEUE, libtpu.HLO_EXECUTION, libtpu.HLO_EXECUTION_MEAN]
+    sdk_specs = [libtpu.TENSORCORE_UTILIZATION, libtpu.SDK_STATUS, libtpu.SDK_STARTS]
     return [
         Section(
             "exposition",
@@ -220,6 +221,11 @@ def sections() -> list[Section]:
             "tpu",
             "every mode where libtpu's runtime metrics service answers (node mode included)",
             [*_entries(tpu_specs), *[Entry(spec, "summary") for spec in libtpu.MEGASCALE.values()]],
+        ),
+        Section(
+            "tpu (libtpu's monitoring SDK)",
+            "the daemon (sidecar or node mode) with the tpu collector, read in a child process; never embedded",
+            _entries(sdk_specs),
         ),
         Section(
             "kubernetes",

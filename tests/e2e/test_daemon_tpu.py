@@ -90,7 +90,7 @@ def test_the_sidecar_serves_every_libtpu_series_the_service_answers(
         assert p50 == pytest.approx((2000 + 2000 * 100 / 600) * 1e-6)
     # The daemon's own JAX devices are CPU devices: no TPU series carries their ids.
     cpu_ids = {str(i) for i in range(8)}
-    assert not [k for k in samples if dict(k[1]).get("source") == "libtpu" and dict(k[1])["device"] in cpu_ids]
+    assert not [k for k in samples if dict(k[1]).get("source") == "libtpu" and dict(k[1]).get("device") in cpu_ids]
 
     # /metrics?collect[]=tpu selects the tpu collector's families alone, and they pass Prometheus's own lint.
     r = daemon.get("/metrics", params={"collect[]": "tpu"})

@@ -149,6 +149,13 @@ FIRING: dict[str, list[dict[str, str]]] = {
 TPU_IDS = (8, 9, 12, 13)
 
 
+# libtpu's monitoring SDK as the stand-in serves it: one TensorCore a chip (a percentage each), one entry a chip.
+TPU_SDK = {
+    "tensorcore_util": ["1.5", "40", "55.5", "70"],
+    "hbm_capacity_total": [str(16 * (1 << 30))] * len(TPU_IDS),
+}
+
+
 def tpu_chips() -> dict[int, Chip]:
     """Chip 8 idles (2 % duty cycle), chip 9 has 97 % of its HBM in use; all serve every metric."""
     timing = Timing(counts=[0, 10, 30, 5], scale=100.0, growth=2.0, mean_us=210.0)
@@ -188,6 +195,10 @@ EMPTY_PANEL_QUERIES: dict[str, set[tuple[str, str]]] = {
         # matched.
         ("The ladder, mean over the GPUs", "E"),
         ("Probe estimate", "A"),
+        # The TPU ladder's MFU rung: the trainer beside the TPU sidecar runs on CPU devices, so no TPU MFU is
+        # joined to a chip (deploy/prometheus/job_test.yml's cases record it).
+        ("The ladder, mean over the TPU chips", "C"),
+        ("MFU beside the chip", "A"),
     },
     "jaxmon-fleet.json": {
         # The exporter down is jaxmon-gone's, a job that never served jaxmon_build_info, so $job does not list it
@@ -195,6 +206,8 @@ EMPTY_PANEL_QUERIES: dict[str, set[tuple[str, str]]] = {
         ("Exporters and devices down", "A"),
         ("The ladder, mean over the GPUs", "E"),
         ("Probe estimate", "A"),
+        ("The ladder, mean over the TPU chips", "C"),
+        ("MFU beside the chip", "A"),
     },
     # The trainer's memory: its devices are CPU devices, whose allocator keeps no statistics (no bytes in use,
     # limit or headroom); its live arrays (the replicated one on every device) give the memory skew, and its
@@ -355,7 +368,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             tmp, [*spool_args, "--collector.tpu", "--collector.tpu.address", nobody], env={"JAX_PLATFORMS": "cpu,tpu"}
         )
         daemons.append(sidecar)
-        tpu = Daemon(tmp, [*spool_args, "--collector.tpu", "--collector.tpu.address", libtpu.address])
+        # The TPU sidecar's libtpu monitoring SDK: the stand-in package (tests/sdk_standin) on its path, for its SDK
+        # child; the sidecar's own JAX runs on CPU beside the job that holds the chips, as a real one does.
+        sdk_scenario = tmp / "sdk.json"
+        sdk_scenario.write_text(json.dumps({"metrics": TPU_SDK}))
+        tpu = Daemon(
+            tmp,
+            [*spool_args, "--collector.tpu", "--collector.tpu.address", libtpu.address],
+            env={
+                "PYTHONPATH": str(ROOT / "tests" / "sdk_standin"),
+                "JAXMON_TEST_SDK_SCENARIO": str(sdk_scenario),
+                "JAX_PLATFORMS": "cpu",
+            },
+        )
         daemons.append(tpu)
         scenario = nvml_scenario(tmp / "nvml.json")
         nvml_args = ["--no-collector.probe", "--collector.nvml", "--collector.nvml.gpm-pipes"]
@@ -710,6 +735,21 @@ def test_the_ladder_records_each_gpus_rungs(stack: Stack) -> None:
     tensor = p.query('jaxmon:device_tensor_active_ratio:clock_adjusted{job="jaxmon-nvml", gpu_instance=""}')
     by_device = {r["metric"]["device"]: float(r["value"][1]) for r in tensor}
     assert by_device == pytest.approx({"0": 0.605, "1": 0.595 * 1979 / 1980, "3": 0.575 * 1977 / 1980}), by_device
+
+
+def test_the_tpu_ladder_records_each_chips_tensorcore_rung(stack: Stack) -> None:
+    """job.yml's TPU ladder on the TPU sidecar's chips: each chip's TensorCore utilization, the SDK's percentage
+    (the stand-in's, one core a chip, in the order of libtpu's device-ids) as a ratio. The trainer there runs on
+    CPU devices, so no TPU MFU is joined (job_test.yml's cases join it)."""
+    p = stack.prometheus
+    query = 'jaxmon:device_tensorcore_utilization_ratio:chip{job="jaxmon-tpu"}'
+    p.wait_for(query, lambda r: len(r) == len(TPU_IDS), "four chips' TensorCore rung", timeout=30)
+    got = {r["metric"]["device"]: float(r["value"][1]) for r in p.query(query)}
+    want = {str(dev): float(pct) / 100 for dev, pct in zip(TPU_IDS, TPU_SDK["tensorcore_util"], strict=True)}
+    assert got == pytest.approx(want), got
+    assert not p.query('jaxmon:device_model_flops_utilization_ratio{platform="tpu"}')
+    status = p.query('jaxmon_libtpu_sdk_status{job="jaxmon-tpu"} == 1')
+    assert [r["metric"]["status"] for r in status] == ["ok"]
 
 
 def test_the_fleet_sm_by_pod_panel_names_each_pod_using_the_time_sliced_gpu(stack: Stack) -> None:

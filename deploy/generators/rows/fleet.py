@@ -6,7 +6,7 @@ jaxmon with the kubernetes collector labels them); "All" also keeps the devices 
 from __future__ import annotations
 
 from ..panels import DEV, INST, OK_MAPPING, Panel, Row, Target, bottom, exporters_up, top
-from . import ladder
+from . import ladder, tpu_ladder
 
 POD = 'namespace=~"$namespace", pod=~"$pod"'
 FLEET = DEV + ", " + POD
@@ -351,4 +351,4 @@ SLURM = Row(
     ],
 )
 
-ROWS = [HEALTH, MEMORY, UTILIZATION, ladder.row(FLEET), PODS, SLURM]
+ROWS = [HEALTH, MEMORY, UTILIZATION, ladder.row(FLEET), tpu_ladder.row(FLEET), PODS, SLURM]

@@ -23,6 +23,7 @@ from jaxmon.settings import SettingsError
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources import libtpu
 from jaxmon.sources.local import LocalSource
+from jaxmon.sources.local.workload import InProcessWorkload
 from tests.helpers import parse_samples, sample
 
 
@@ -138,7 +139,8 @@ def reading(**kw: Any) -> libtpu.LibtpuReading:
 
 
 def with_stub(context: Context, stub: StubClient) -> TpuCollector:
-    collector = TpuCollector(TpuOptions(enabled=True), context)
+    # The SDK's child is a process: tests/e2e/test_tpu_sdk.py runs it.
+    collector = TpuCollector(TpuOptions(enabled=True, sdk=False), context)
     collector._client = cast(libtpu.LibtpuClient, stub)
     return collector
 
@@ -233,3 +235,17 @@ def test_tpu_infos_package_imports_nothing_so_its_device_module_loads_no_grpc() 
     assert spec is not None and spec.origin is not None
     tree = ast.parse(Path(spec.origin).read_text())
     assert [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)] == []
+
+
+def test_inside_a_training_process_the_sdk_child_is_never_started() -> None:
+    """Embedded, the SDK stays off whatever the setting: importing libtpu in a training process has crashed jobs,
+    and the child is a process (which this unit test's isolation would refuse: the update must not start one)."""
+    source = LocalSource(environ={})
+    devices, _ = source.discover()
+    embedded = standalone_context(source, devices, workload="trainer", in_process=InProcessWorkload(source))
+    collector = TpuCollector(TpuOptions(enabled=True, sdk=True), embedded)
+    collector._client = cast(libtpu.LibtpuClient, StubClient(reading()))
+    update = collector.update()
+    assert update.success and update.state.sdk is None
+    assert "jaxmon_libtpu_sdk_status" not in exposition(collector, update)
+    collector.stop()

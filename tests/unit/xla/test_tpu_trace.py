@@ -1,0 +1,55 @@
+"""A real TPU trace (tests/fixtures/tpu-v5e-3steps.xplane.pb): the TPU layout's real counterpart to
+tests/xspace_fakes.py. Recorded by jax.profiler.trace on a Cloud TPU v5e chip (libtpu 0.0.42.1, JAX 0.10.2) around
+3 steps of a bf16 MLP (B=8192, D=4096, 4 layers, value_and_grad + SGD, donated; about 16.3 ms a step).
+
+The independent truth is jaxlib's own XSpace parser (jax.profiler.ProfileData), read here line by line: the device
+plane's `XLA Ops` events are the steps' ops (compute, and the `%copy-start`/`%copy-done` of XLA's host-memory
+offload), `Steps` holds the three steps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from jax.profiler import ProfileData
+
+from jaxmon.xla.profile import read
+
+TRACE = Path(__file__).resolve().parents[2] / "fixtures" / "tpu-v5e-3steps.xplane.pb"
+PS_PER_NS = 1000
+
+
+def device_line(name: str) -> list[tuple[str, float]]:
+    data = ProfileData.from_serialized_xspace(TRACE.read_bytes())
+    (plane,) = [p for p in data.planes if p.name == "/device:TPU:0"]
+    (line,) = [ln for ln in plane.lines if ln.name == name]
+    return [(e.name, e.duration_ns) for e in line.events]
+
+
+def test_the_reader_splits_the_real_tpu_trace_into_its_ops_compute_and_copies() -> None:
+    trace = read(TRACE.read_bytes())
+    assert trace.devices == [("tpu", 0)]
+    assert trace.modules == frozenset({"jit__step"})
+    assert trace.extent_ns() == (0, 644_005_154)
+    (split,) = trace.split().values()
+    # The figures jaxmon reads (picoseconds): compute 48.77 ms, copy 0.24 ms, no collective, the rest idle.
+    assert split.compute == 48_773_022_658
+    assert split.copy == 243_799_062
+    assert split.collective == 0
+    assert split.window == 644_005_154 * PS_PER_NS
+    assert split.compute + split.copy + split.collective + split.idle == split.window
+
+    ops = device_line("XLA Ops")
+    assert len(ops) == 75
+    ops_ns = sum(d for _, d in ops)
+    copies_ns = sum(d for name, d in ops if name.startswith(("%copy-start", "%copy-done")))
+    # jaxlib gives whole nanoseconds per event; jaxmon keeps picoseconds.
+    assert (split.compute + split.copy) / PS_PER_NS == pytest.approx(ops_ns, rel=1e-5)
+    assert split.copy / PS_PER_NS == pytest.approx(copies_ns, rel=2e-3)
+
+    # Three steps of about 16.3 ms; the ops fill them (the device waited for nothing).
+    steps = device_line("Steps")
+    assert len(steps) == 3
+    assert all(16.2e6 < d < 16.5e6 for _, d in steps)
+    assert ops_ns == pytest.approx(sum(d for _, d in steps), rel=1e-3)
