@@ -70,3 +70,28 @@ def test_jaxmon_serves_the_real_dicts_fields_unchanged(cli: CLI) -> None:
         assert memory["largest_free_block_bytes"] == want["largest_free_block_bytes"]
         assert memory["peak_bytes_in_use"] == want["peak_bytes_in_use"]
         assert memory["allocations_total"] == want["num_allocs"]
+
+
+def test_free_memory_and_fragmentation_on_the_real_chip_leave_the_reservation_out() -> None:
+    """What a new array can get is the limit less the arrays less XLA's reservation, and the chip's own largest free
+    block says how much of that is one block: with no holes (fresh, after whole arrays, freed) it is all of it (0
+    fragmentation, but for the 2 KiB of alignment after the arrays); with every other array freed the holes below the
+    arrays' high mark are the fragmentation, the same with the program's reservation on top (it is not)."""
+    from jaxmon.allocator import memory_numbers
+
+    fresh, arrays, half, program, freed = stages()
+    for s in stages():
+        numbers = memory_numbers(s)
+        assert numbers.free_bytes == s["bytes_limit"] - s["bytes_in_use"] - s["bytes_reserved"]
+        assert numbers.reserved_bytes == s["bytes_reserved"]
+        assert numbers.fragmentation_ratio is not None and numbers.free_bytes
+        assert abs(numbers.fragmentation_ratio - (1 - s["largest_free_block_bytes"] / numbers.free_bytes)) < 1e-12
+    assert memory_numbers(fresh).fragmentation_ratio == memory_numbers(freed).fragmentation_ratio == 0
+    assert memory_numbers(arrays).fragmentation_ratio < 1e-6
+    # The holes: 4 x 64 MiB freed below the high mark, whether or not the program's reservation sits above them.
+    holes = 4 * 64 * MIB
+    for s in (half, program):
+        assert abs(memory_numbers(s).free_bytes - s["largest_free_block_bytes"] - holes) <= 4 * MIB  # small buffers
+    # The reservation is not read as fragmentation: without it the same chip would read over 10 % fragmented.
+    old = 1 - program["largest_free_block_bytes"] / (program["bytes_limit"] - program["bytes_in_use"])
+    assert old > 0.1 and memory_numbers(program).fragmentation_ratio < 0.02
