@@ -250,9 +250,10 @@ def spool_training(reading: TrainingReading, now: float) -> SpoolTraining:
         duration_count=reading.duration_count,
         elapsed_seconds=max(now - reading.start_time_seconds, 0.0),
     )
-    for device in fields["devices"]:  # (op, axes) keys as objects: JSON keys are strings only
+    for device in fields["devices"]:  # (op, axes, link) keys as objects: JSON keys are strings only
         device["collective_bytes_total"] = [
-            {"op": op, "axes": axes, "bytes": n} for (op, axes), n in sorted(device["collective_bytes_total"].items())
+            {"op": op, "axes": axes, "link": link, "bytes": n}
+            for (op, axes, link), n in sorted(device["collective_bytes_total"].items())
         ]
     return SpoolTraining.model_validate(fields)
 

@@ -119,7 +119,7 @@ def training_reading(spooled: SpoolTraining, time: float) -> TrainingReading:
     )
     del fields["duration_count"]
     for d in fields["devices"]:
-        d["collective_bytes_total"] = {(c["op"], c["axes"]): c["bytes"] for c in d["collective_bytes_total"]}
+        d["collective_bytes_total"] = {(c["op"], c["axes"], c["link"]): c["bytes"] for c in d["collective_bytes_total"]}
     fields["devices"] = tuple(DeviceTraining(**d) for d in fields["devices"])
     if (profile := fields.get("profile")) is not None:
         fields["profile"] = ProfileReading(

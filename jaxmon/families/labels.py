@@ -294,7 +294,7 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
         "same",
     ),
     "jaxmon_training_collective_bytes": (
-        "device, platform, op, axes, workload, process_index, process_count, host (+ pod, namespace, container)",
+        "device, platform, op, axes, link, workload, process_index, process_count, host (+ pod, namespace, container)",
         "`jaxmon.track()`, the compiled HLO (`compile().as_text()`), off the training thread",
     ),
     "jaxmon_training_program_peak_memory_bytes": (

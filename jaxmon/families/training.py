@@ -58,9 +58,11 @@ COLLECTIVE_BYTES = Spec(
     "jaxmon_training_collective_bytes",
     "Bytes the collectives of the tracked functions' programs moved on this device, by op (all-reduce, all-gather, "
     "reduce-scatter, all-to-all, collective-permute, ...) and the user's mesh axes their groups span (axes, "
-    "comma-joined; empty without a mesh): per call, from the compiled HLO (nccl-tests' convention: all-reduce, "
+    "comma-joined; empty without a mesh) and the slowest link their groups cross (link: local, nvlink, ici, pcie, "
+    "sys, dcn, network, unknown): per call, from the compiled HLO (nccl-tests' convention: all-reduce, "
     "all-to-all, collective-permute the buffer, all-gather the gathered output, reduce-scatter the input; a loop "
-    "body's collectives times its trip count), counted once jaxmon's thread has analysed the program.",
+    "body's collectives times its trip count); the calls made before jaxmon's thread has analysed the program are "
+    "added once it has.",
     counter=True,
 )
 PROGRAM_PEAK_MEMORY = Spec(
@@ -214,8 +216,8 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
                     add(fam, per_device, value)
             if d.peak_flops is not None:
                 add(peak, {**per_device, "origin": d.peak_source or "table"}, d.peak_flops)
-            for (op, axes), moved in sorted(d.collective_bytes_total.items()):
-                add(collective_bytes, {**per_device, "op": op, "axes": axes}, moved)
+            for (op, axes, link), moved in sorted(d.collective_bytes_total.items()):
+                add(collective_bytes, {**per_device, "op": op, "axes": axes, "link": link}, moved)
             if d.program_peak_memory_bytes is not None:
                 add(peak_memory, per_device, d.program_peak_memory_bytes)
         if r.profile is not None:

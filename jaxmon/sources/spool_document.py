@@ -101,6 +101,8 @@ class SpoolCollectiveBytes(BaseModel):
 
     op: str = Field(pattern=r"^[a-z][a-z0-9-]{0,63}$")
     axes: str = Field(default="", max_length=256)
+    # The slowest link the groups cross (jaxmon.training.links); a publisher before it wrote none: not known.
+    link: Literal["local", "nvlink", "ici", "pcie", "sys", "dcn", "network", "unknown"] = "unknown"
     bytes: NonNegative
 
 

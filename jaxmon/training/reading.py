@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 class DeviceTraining:
     """One local device's FLOPs, utilization and communication; None where it is not known.
 
-    `collective_bytes_total`: bytes of the tracked programs' collectives by (op, axes), axes the user's mesh axes
-    comma-joined ("" without a mesh); `program_peak_memory_bytes`: the largest predicted peak memory of the
-    programs the last window's steps called."""
+    `collective_bytes_total`: bytes of the tracked programs' collectives by (op, axes, link), axes the user's mesh
+    axes comma-joined ("" without a mesh), link the slowest their groups cross (jaxmon.training.links);
+    `program_peak_memory_bytes`: the largest predicted peak memory of the programs the last window's steps called."""
 
     platform: str
     id: int
@@ -23,7 +23,7 @@ class DeviceTraining:
     peak_source: str | None = None  # "table" or "setting"
     mfu: float | None = None
     hfu: float | None = None
-    collective_bytes_total: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    collective_bytes_total: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
     program_peak_memory_bytes: float | None = None
 
 

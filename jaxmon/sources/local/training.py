@@ -21,6 +21,7 @@ nothing.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from jaxmon.model import DeviceInfo
 from jaxmon.probe.engine import PROBE_THREAD_PREFIX
 from jaxmon.sources.local.devices import LocalSource
 from jaxmon.sources.local.profiler import JaxProfiler
-from jaxmon.training import hlo
+from jaxmon.training import hlo, links
 from jaxmon.training.communication import Communication, Compiled
 
 
@@ -83,6 +84,11 @@ class JaxTraining:
         except (ImportError, AttributeError):
             pass
         self._lock = threading.Lock()
+        # Every device of the job as the link classification sees it (read at the first analysis); the GPUs of
+        # this host pairwise, where NVML's topology was read (None: not read, their links are unknown).
+        self._topology: dict[int, links.DeviceTopology] | None = None
+        self._host = socket.gethostname()
+        self.gpu_pairs: links.GpuPairs | None = None
         # An array step() could not take a handle on for another reason than its deletion (its step counts as
         # unready): said once an hour with what failed, so that it is not read as the user deleting arrays.
         self._hold_errors = ErrorLog(structlog.get_logger("jaxmon.training"), 3600.0)
@@ -259,16 +265,19 @@ class JaxTraining:
         `compiled()` returned. The heavy part (the HLO text is megabytes for a large program, its parse linear in
         it): called on jaxmon's analysis thread, never the training thread."""
         parsed = hlo.parse(program.compiled.as_text())
-        summary = hlo.summarize(parsed, program.mesh, program.assignment)
+        if self._topology is None:  # once, here: jax.devices() of a large job is thousands of objects
+            self._topology = {int(d.id): links.describe(d, self._host, self._process) for d in self._jax.devices()}
+        placed = links.place(parsed, program.mesh, program.assignment, self._topology, self.gpu_pairs)
         peak: int | None = None
         try:
             value = program.compiled.memory_analysis().peak_memory_in_bytes
             peak = int(value) if isinstance(value, int) and value >= 0 else None
         except Exception:  # a backend without memory analysis: bytes but no peak
             peak = None
-        collectives = {(op, ",".join(axes)): float(n) for (op, axes), n in summary.items()}
         names = {c.name: c.op for c in parsed.collectives}
-        return Communication(collectives, peak, program.cost.devices, names)
+        return Communication(
+            placed.collective_bytes, peak, program.cost.devices, names, placed.places, placed.sizes, placed.unknown
+        )
 
     def cache_size(self, fn: Any) -> int | None:
         """How many programs `fn` holds compiled (None where the jitted function does not say)."""
