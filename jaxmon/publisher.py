@@ -255,6 +255,11 @@ def spool_training(reading: TrainingReading, now: float) -> SpoolTraining:
             {"op": op, "axes": axes, "link": link, "bytes": n}
             for (op, axes, link), n in sorted(device["collective_bytes_total"].items())
         ]
+    for device in (fields.get("profile") or {}).get("devices", []):
+        device["placed"] = [
+            {"op": op, "axes": axes, "link": link, "seconds": t, "exposed_seconds": e, "bytes": n}
+            for (op, axes, link), (t, e, n) in sorted(device["placed"].items())
+        ]
     return SpoolTraining.model_validate(fields)
 
 

@@ -123,7 +123,19 @@ def training_reading(spooled: SpoolTraining, time: float) -> TrainingReading:
     fields["devices"] = tuple(DeviceTraining(**d) for d in fields["devices"])
     if (profile := fields.get("profile")) is not None:
         fields["profile"] = ProfileReading(
-            results=profile["results"], devices=tuple(DeviceProfile(**d) for d in profile["devices"])
+            results=profile["results"],
+            devices=tuple(
+                DeviceProfile(
+                    **{
+                        **d,
+                        "placed": {
+                            (c["op"], c["axes"], c["link"]): (c["seconds"], c["exposed_seconds"], c["bytes"])
+                            for c in d["placed"]
+                        },
+                    }
+                )
+                for d in profile["devices"]
+            ),
         )
     return TrainingReading(**fields)
 

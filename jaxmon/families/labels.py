@@ -331,8 +331,16 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
         "sampled traces: union of the device's op intervals",
     ),
     "jaxmon_training_profile_collective_seconds": (
-        "device, platform, workload, process_index, process_count, host, op (+ pod, namespace, container)",
-        "sampled traces: union of each collective kind's intervals",
+        "device, platform, workload, process_index, process_count, host, op, axes, link (+ pod, namespace, container)",
+        "sampled traces: union of each collective instruction's intervals, by its place (compiled HLO)",
+    ),
+    "jaxmon_training_profile_exposed_collective_seconds": (
+        "device, platform, workload, process_index, process_count, host, op, axes, link (+ pod, namespace, container)",
+        "sampled traces: each collective's time with no compute running",
+    ),
+    "jaxmon_training_profile_collective_bytes": (
+        "device, platform, workload, process_index, process_count, host, op, axes, link (+ pod, namespace, container)",
+        "sampled traces' events x the compiled HLO's bytes per execution",
     ),
     "jaxmon_workload_info": (
         "workload, process_index, host, pid, jax_version (+ pod, namespace, node, slurm_job_id where set)",

@@ -140,7 +140,22 @@ PROFILE_PARTS = Spec(
 PROFILE_COLLECTIVES = Spec(
     "jaxmon_training_profile_collective_seconds",
     "Time a collective of this kind (op: all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute, "
-    "...) ran on this device in the sampled steps, overlapped with compute or not (the union of its intervals).",
+    "...), mesh axes and link (jaxmon_training_collective_bytes_total's) ran on this device in the sampled steps, "
+    "overlapped with compute or not (the union of each instruction's intervals, summed; an event of an "
+    "instruction jaxmon did not analyse: axes empty, link unknown).",
+    counter=True,
+)
+PROFILE_EXPOSED = Spec(
+    "jaxmon_training_profile_exposed_collective_seconds",
+    "Time collectives of this op, mesh axes and link ran on this device in the sampled steps with no compute "
+    "running (exposed: what the step waited on them; collectives running at once each count it).",
+    counter=True,
+)
+PROFILE_COLLECTIVE_BYTES = Spec(
+    "jaxmon_training_profile_collective_bytes",
+    "Bytes of the collectives of this op, mesh axes and link inside the sampled steps on this device: each traced "
+    "event times its instruction's bytes per execution (the compiled HLO, nccl-tests' convention); "
+    "rate(bytes) / rate(jaxmon_training_profile_collective_seconds_total) is the achieved bus bandwidth.",
     counter=True,
 )
 PROFILES = Spec(
@@ -181,8 +196,9 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
         s.new() for s in (HOST_WAIT, START_TIME, PRODUCTIVE, BADPUT, PROBLEMS)
     )
     collective_bytes, peak_memory = COLLECTIVE_BYTES.new(), PROGRAM_PEAK_MEMORY.new()
-    profiles, profiled, parts, profile_collectives = (
-        s.new() for s in (PROFILES, PROFILED, PROFILE_PARTS, PROFILE_COLLECTIVES)
+    profiles, profiled, parts, profile_collectives, exposed, profile_bytes = (
+        s.new()
+        for s in (PROFILES, PROFILED, PROFILE_PARTS, PROFILE_COLLECTIVES, PROFILE_EXPOSED, PROFILE_COLLECTIVE_BYTES)
     )
     for labels, r in rows:
         add(steps, labels, r.steps_total)
@@ -228,8 +244,14 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
                 add(profiled, per_device, p.profiled_seconds_total)
                 for part, seconds in p.parts.items():
                     add(parts, {**per_device, "part": part}, seconds)
-                for op, seconds in sorted(p.collectives.items()):
-                    add(profile_collectives, {**per_device, "op": op}, seconds)
+                # by place; a spool written before places were read: by op, axes "" and link unknown
+                placed = p.placed or {(op, "", "unknown"): (t, 0.0, 0.0) for op, t in p.collectives.items()}
+                for (op, axes, link), (seconds, hidden, moved) in sorted(placed.items()):
+                    where = {**per_device, "op": op, "axes": axes, "link": link}
+                    add(profile_collectives, where, seconds)
+                    if p.placed:
+                        add(exposed, where, hidden)
+                        add(profile_bytes, where, moved)
     yield from (steps, step, dispatched, last, duration, examples, tokens, model, hardware, nbytes, peak, mfu, hfu)
     yield from (host_wait, start_time, productive, badput, problems, collective_bytes, peak_memory)
-    yield from (profiles, profiled, parts, profile_collectives)
+    yield from (profiles, profiled, parts, profile_collectives, exposed, profile_bytes)

@@ -106,6 +106,13 @@ class SpoolCollectiveBytes(BaseModel):
     bytes: NonNegative
 
 
+class SpoolPlacedCollective(SpoolCollectiveBytes):
+    """A sampled trace's collectives of one (op, axes, link) on one device: time run, exposed time and bytes."""
+
+    seconds: NonNegative = 0.0
+    exposed_seconds: NonNegative = 0.0
+
+
 class SpoolDeviceTraining(BaseModel):
     """One device's training FLOPs and utilization (schema 2)."""
 
@@ -134,6 +141,7 @@ class SpoolDeviceProfile(BaseModel):
     profiled_seconds_total: NonNegative = 0.0
     parts: dict[Literal["compute", "collective", "copy", "idle"], NonNegative] = Field(default_factory=dict)
     collectives: dict[Kind, NonNegative] = Field(default_factory=dict, max_length=16)
+    placed: list[SpoolPlacedCollective] = Field(default_factory=list, max_length=1024)
 
 
 class SpoolProfile(BaseModel):

@@ -38,6 +38,8 @@ class DeviceProfile:
     profiled_seconds_total: float = 0.0
     parts: Mapping[str, float] = field(default_factory=dict)
     collectives: Mapping[str, float] = field(default_factory=dict)
+    # (op, axes, link) -> (seconds run, exposed seconds, bytes of its events in the windows): trace_links
+    placed: Mapping[tuple[str, str, str], tuple[float, float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
 from jaxmon.sources.spool_document import SpoolDocument
 from jaxmon.training.communication import THREAD_NAME, Communication, Compiled, WindowMax
-from jaxmon.training.reading import DeviceTraining, TrainingReading
+from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 from jaxmon.training.sampler import Sampler
 from tests.helpers import wait_until
 from tests.spool_files import GOOD
@@ -177,7 +177,7 @@ def test_the_sampled_traces_learn_each_analysed_programs_collective_instructions
     tracker = make_tracker(window=3)
     sampler = tracker.sampler
     assert isinstance(sampler, Sampler)
-    assert sampler._known_collectives() == {}
+    assert sampler._known_collectives() == (({}, {}))
     w = jax.device_put(jnp.ones((D, D)), NamedSharding(mesh, P()))
     x = jax.device_put(jnp.ones((B, D)), NamedSharding(mesh, P("data")))
     both = ("data", "model")
@@ -199,7 +199,14 @@ def test_the_sampled_traces_learn_each_analysed_programs_collective_instructions
         for name, op in re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = .*? (all-reduce|all-gather)(?:-start)?\(", text, re.M):
             expected[name] = op
     assert sorted(set(expected.values())) == ["all-gather", "all-reduce"]
-    assert sampler._known_collectives() == expected
+    names, places = sampler._known_collectives()
+    assert names == expected
+    # each placed: its op, the mesh axes its groups span and the link (one process's CPU devices: local)
+    assert set(places) == set(expected)
+    assert {p[:3] for p in places.values()} == {("all-reduce", "data", "local"), ("all-gather", "data,model", "local")}
+    assert {n: p[3] for n, p in places.items() if p[0] == "all-gather"} == {
+        n: B * D * 4 for n, op in expected.items() if op == "all-gather"
+    }
 
 
 def test_a_program_that_cannot_be_analysed_is_counted_and_adds_nothing(
@@ -250,7 +257,26 @@ def _reading() -> TrainingReading:
         collective_bytes_total={("all-reduce", "data", "ici"): 4194304.0, ("all-gather", "", "unknown"): 12.0},
         program_peak_memory_bytes=2129920.0,
     )
-    return TrainingReading(steps_total=4, step=3, start_time_seconds=1000.0, devices=(device, DeviceTraining("cpu", 4)))
+    profile = ProfileReading(
+        results={"taken": 1},
+        devices=(
+            DeviceProfile(
+                "cpu",
+                3,
+                1.0,
+                {"compute": 0.5, "collective": 0.25, "copy": 0.0, "idle": 0.25},
+                {"all-reduce": 0.3},
+                {("all-reduce", "data", "network"): (0.3, 0.25, 8192.0)},
+            ),
+        ),
+    )
+    return TrainingReading(
+        steps_total=4,
+        step=3,
+        start_time_seconds=1000.0,
+        devices=(device, DeviceTraining("cpu", 4)),
+        profile=profile,
+    )
 
 
 def test_the_spool_carries_collective_bytes_and_peak_memory_to_the_sidecar() -> None:
@@ -260,6 +286,7 @@ def test_the_spool_carries_collective_bytes_and_peak_memory_to_the_sidecar() -> 
     assert parsed.training is not None
     back = training_reading(parsed.training, 1010.0)
     assert back.devices == reading.devices
+    assert back.profile == reading.profile  # the sampled collectives by place too
     # The sidecar renders what the trainer would.
     here = [(m.name, s.labels, s.value) for m in training_families([({"w": "x"}, reading)]) for s in m.samples]
     there = [(m.name, s.labels, s.value) for m in training_families([({"w": "x"}, back)]) for s in m.samples]
