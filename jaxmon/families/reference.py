@@ -154,6 +154,7 @@ def _training() -> list[Entry]:
     rest += [training.START_TIME, training.PRODUCTIVE, training.BADPUT, training.PROBLEMS]
     rest += [training.COLLECTIVE_BYTES, training.PROGRAM_PEAK_MEMORY]
     rest += [training.PROFILES, training.PROFILED, training.PROFILE_PARTS, training.PROFILE_COLLECTIVES]
+    rest += [training.PROFILE_EXPOSED, training.PROFILE_COLLECTIVE_BYTES]
     return [*_entries(specs), Entry(training.DURATION, "histogram"), *_entries(rest)]
 
 
