@@ -297,6 +297,10 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
         "device, platform, op, axes, link, workload, process_index, process_count, host (+ pod, namespace, container)",
         "`jaxmon.track()`, the compiled HLO (`compile().as_text()`), off the training thread",
     ),
+    "jaxmon_link_nominal_bandwidth_bytes_per_second": (
+        "device, platform, link, workload, process_index, process_count, host (+ pod, namespace, container)",
+        "nominal link table (vendor figures)",
+    ),
     "jaxmon_training_program_peak_memory_bytes": (
         "device, platform, workload, process_index, process_count, host (+ pod, namespace, container)",
         "`jaxmon.track()`, `compile().memory_analysis()`, off the training thread",

@@ -65,6 +65,12 @@ COLLECTIVE_BYTES = Spec(
     "added once it has.",
     counter=True,
 )
+LINK_BANDWIDTH = Spec(
+    "jaxmon_link_nominal_bandwidth_bytes_per_second",
+    "Nominal bandwidth per direction of each link of this device's kind (nvlink, pcie, ici, dcn), from the vendor's "
+    "figure (bidirectional ones halved, as nccl-tests compares bus bandwidth with one direction; sources in "
+    "jaxmon/training/nominal.py): what the achieved bus bandwidth is compared with. None for a kind not in the table.",
+)
 PROGRAM_PEAK_MEMORY = Spec(
     "jaxmon_training_program_peak_memory_bytes",
     "The largest peak device memory XLA predicts (compile().memory_analysis()) for the tracked functions' "
@@ -195,7 +201,7 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
     host_wait, start_time, productive, badput, problems = (
         s.new() for s in (HOST_WAIT, START_TIME, PRODUCTIVE, BADPUT, PROBLEMS)
     )
-    collective_bytes, peak_memory = COLLECTIVE_BYTES.new(), PROGRAM_PEAK_MEMORY.new()
+    collective_bytes, peak_memory, bandwidth = COLLECTIVE_BYTES.new(), PROGRAM_PEAK_MEMORY.new(), LINK_BANDWIDTH.new()
     profiles, profiled, parts, profile_collectives, exposed, profile_bytes = (
         s.new()
         for s in (PROFILES, PROFILED, PROFILE_PARTS, PROFILE_COLLECTIVES, PROFILE_EXPOSED, PROFILE_COLLECTIVE_BYTES)
@@ -236,6 +242,8 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
                 add(collective_bytes, {**per_device, "op": op, "axes": axes, "link": link}, moved)
             if d.program_peak_memory_bytes is not None:
                 add(peak_memory, per_device, d.program_peak_memory_bytes)
+            for link, value in sorted(d.link_bandwidth.items()):
+                add(bandwidth, {**per_device, "link": link}, value)
         if r.profile is not None:
             for result, count in sorted(r.profile.results.items()):
                 add(profiles, {**labels, "result": result}, count)
@@ -253,5 +261,5 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
                         add(exposed, where, hidden)
                         add(profile_bytes, where, moved)
     yield from (steps, step, dispatched, last, duration, examples, tokens, model, hardware, nbytes, peak, mfu, hfu)
-    yield from (host_wait, start_time, productive, badput, problems, collective_bytes, peak_memory)
+    yield from (host_wait, start_time, productive, badput, problems, collective_bytes, peak_memory, bandwidth)
     yield from (profiles, profiled, parts, profile_collectives, exposed, profile_bytes)

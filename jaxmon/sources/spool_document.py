@@ -129,6 +129,9 @@ class SpoolDeviceTraining(BaseModel):
     hfu: NonNegative | None = None
     collective_bytes_total: list[SpoolCollectiveBytes] = Field(default_factory=list, max_length=1024)  # schema 3
     program_peak_memory_bytes: NonNegative | None = None  # schema 3
+    link_bandwidth: dict[Literal["local", "nvlink", "ici", "pcie", "sys", "dcn", "network"], NonNegative] = Field(
+        default_factory=dict
+    )
 
 
 class SpoolDeviceProfile(BaseModel):

@@ -25,6 +25,8 @@ class DeviceTraining:
     hfu: float | None = None
     collective_bytes_total: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
     program_peak_memory_bytes: float | None = None
+    # Each link's nominal bandwidth per direction for the device's kind (jaxmon.training.nominal; {}: not known).
+    link_bandwidth: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

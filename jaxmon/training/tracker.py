@@ -38,6 +38,7 @@ from jaxmon.training.handed import (
     read_figures,
     shown,
 )
+from jaxmon.training.nominal import per_link
 from jaxmon.training.peaks import peak_table
 from jaxmon.training.reading import DeviceTraining, TrainingReading
 from jaxmon.training.sampler import sampler_for
@@ -362,6 +363,7 @@ class Tracker:
                     hfu=hfu.get(d.key),
                     collective_bytes_total=dict(self._collectives.get(d.key, {})),
                     program_peak_memory_bytes=peak_memory.get(d.key),
+                    link_bandwidth=per_link(d.device_kind),
                 )
                 for d in self._devices
             )

@@ -256,6 +256,7 @@ def _reading() -> TrainingReading:
         hardware_flops_total=1e9,
         collective_bytes_total={("all-reduce", "data", "ici"): 4194304.0, ("all-gather", "", "unknown"): 12.0},
         program_peak_memory_bytes=2129920.0,
+        link_bandwidth={"ici": 200e9, "dcn": 3.125e9},
     )
     profile = ProfileReading(
         results={"taken": 1},
