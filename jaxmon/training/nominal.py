@@ -12,6 +12,7 @@ device per chip: the v5e, v5p (a megacore) and v6e chips, and every GPU).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -91,10 +92,11 @@ TABLE = (
 )
 
 
-def per_link(device_kind: str) -> dict[str, float]:
+def per_link(device_kind: str, overrides: Iterable[tuple[str, float]] = ()) -> dict[str, float]:
     """Each link's nominal bandwidth per direction (bytes/s) for `device_kind`: for each link, the row whose kind is
-    the longest prefix of it; {} for a kind the table does not know."""
-    best: dict[str, tuple[int, float]] = {}
+    the longest prefix of it; {} for a kind the table does not know. `overrides` (collector.training.link_bandwidth)
+    replace or add links, for every kind."""
+    best: dict[str, tuple[int, float]] = {link: (1 << 30, value) for link, value in overrides if value > 0}
     for row in TABLE:
         for kind in row.kinds:
             if device_kind.startswith(kind) and len(kind) > best.get(row.link, (-1, 0.0))[0]:

@@ -363,7 +363,7 @@ class Tracker:
                     hfu=hfu.get(d.key),
                     collective_bytes_total=dict(self._collectives.get(d.key, {})),
                     program_peak_memory_bytes=peak_memory.get(d.key),
-                    link_bandwidth=per_link(d.device_kind),
+                    link_bandwidth=per_link(d.device_kind, self.config.link_bandwidth),
                 )
                 for d in self._devices
             )

@@ -27,6 +27,17 @@ def test_per_link(kind: str, want: dict[str, float]) -> None:
     assert per_link(kind) == pytest.approx(want)
 
 
+def test_the_setting_overrides_or_adds_links_for_every_kind() -> None:
+    assert per_link("cpu", (("local", 1e10), ("network", 1.25e9))) == {"local": 1e10, "network": 1.25e9}
+    assert per_link("TPU v5 lite", (("dcn", 12.5e9),)) == {"dcn": 12.5e9, "ici": 200e9}
+    from jaxmon.collectors.training import TrainingOptions
+
+    config = TrainingOptions(link_bandwidth="local=1e10,network=1.25e9").tracker_config()
+    assert config.link_bandwidth == (("local", 1e10), ("network", 1.25e9))
+    with pytest.raises(ValueError, match="link_bandwidth"):
+        TrainingOptions(link_bandwidth="warp=1e10")
+
+
 def test_every_figure_names_its_vendor_source() -> None:
     for row in TABLE:
         assert row.source and any(v in row.source for v in ("NVIDIA", "Cloud TPU")), row
