@@ -21,6 +21,7 @@ nothing.
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from collections.abc import Callable, Hashable, Mapping
@@ -267,6 +268,7 @@ class JaxTraining:
         parsed = hlo.parse(program.compiled.as_text())
         if self._topology is None:  # once, here: jax.devices() of a large job is thousands of objects
             self._topology = {int(d.id): links.describe(d, self._host, self._process) for d in self._jax.devices()}
+            self.gpu_pairs = _gpu_pairs(self.devices())
         placed = links.place(parsed, program.mesh, program.assignment, self._topology, self.gpu_pairs)
         peak: int | None = None
         try:
@@ -313,3 +315,14 @@ class JaxTraining:
 def _num_cores(device: Any) -> int | None:
     cores = getattr(device, "num_cores", None)
     return int(cores) if isinstance(cores, int) and not isinstance(cores, bool) else None
+
+
+def _gpu_pairs(devices: list[DeviceInfo]) -> links.GpuPairs | None:
+    """The links between this process's GPUs from NVML (jaxmon.sources.nvml.topology), read once on the analysis
+    thread; None without NVML or a certain match of its GPUs to the JAX devices (their links are then unknown)."""
+    if not any(d.platform == "gpu" for d in devices):
+        return None
+    from jaxmon.sources.nvml.topology import read_gpu_pairs
+
+    pairs = read_gpu_pairs(devices, os.environ)
+    return None if pairs is None else lambda a, b: pairs.get(frozenset((a, b)))
