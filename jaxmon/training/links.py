@@ -14,7 +14,8 @@ The links, fastest first (LINKS):
 - `dcn`: TPU chips of different slices (the data-center network between slices).
 - `network`: devices of different hosts (GPU) or of different processes (CPU).
 
-`unknown` where the topology cannot be read: a device without a descriptor, a TPU without `slice_index`, GPUs of
+`unknown` where the topology cannot be read: a device without a descriptor, TPUs of several processes without
+`slice_index`, GPUs of
 one host without NVML's topology for a pair, GPUs of different processes whose hosts are not known. Never a guess:
 a group is `network` only if some pair is known to cross hosts (no link is slower), else `unknown` if any pair is.
 """
@@ -129,6 +130,10 @@ def _group(members: list[DeviceTopology], gpu_pairs: GpuPairs | None) -> tuple[s
     if platform == "tpu":
         slices = {m.slice_index for m in members}
         if None in slices:
+            # A host's chips are one slice's (ICI joins them): the chips of one process need no slice_index (a
+            # single-host TPU VM's devices have none: seen on a v5e chip, jax 0.10.2); across processes, unknown.
+            if len({m.process_index for m in members}) == 1:
+                return ICI, None
             return UNKNOWN, NO_SLICE
         return (ICI if len(slices) == 1 else DCN), None
     if platform != "gpu":

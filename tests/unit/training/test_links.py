@@ -45,10 +45,14 @@ def test_tpu_chips_are_ici_within_a_slice_and_dcn_across() -> None:
     assert group_link([(0, 1), (2, 6)], ASSIGN8, devices) == ("dcn", None)
 
 
-def test_a_tpu_without_slice_index_is_unknown_never_guessed() -> None:
-    devices = tpus([0, 0, None, 0, 1, 1, 1, 1])
+def test_tpus_without_slice_index_are_ici_within_a_process_and_unknown_across() -> None:
+    devices = tpus([0, 0, None, 0, None, 1, 1, 1])  # processes: chips 0-3, 4-7
     assert group_link([(0, 1)], ASSIGN8, devices) == ("ici", None)
-    assert group_link([(0, 2)], ASSIGN8, devices) == ("unknown", "slice")
+    # one host's chips are one slice's: no slice_index needed (a single-host TPU VM's devices have none)
+    assert group_link([(0, 2)], ASSIGN8, devices) == ("ici", None)
+    # across processes, a chip without slice_index may be in another slice: never guessed
+    assert group_link([(0, 4)], ASSIGN8, devices) == ("unknown", "slice")
+    assert group_link([(2, 5)], ASSIGN8, devices) == ("unknown", "slice")
 
 
 def test_gpus_of_one_host_follow_nvml_pairwise() -> None:
@@ -169,5 +173,7 @@ def test_place_counts_unknown_links_by_why() -> None:
     mesh = hlo.MeshLayout(("proc", "local"), (2, 4), tuple(range(8)))
     placed = place(program, mesh, None, tpus([0, 0, 0, 0, None, None, None, None]))
     assert placed.collective_bytes[("all-reduce", "proc", "unknown")] == 16 * 16 * 4
-    assert placed.unknown == {"slice": 2}  # both collectives touch a chip without slice_index
+    # "local" stays in each process (its chips one host's, one slice): ici; "proc" crosses to chips without a slice
+    assert placed.collective_bytes[("all-reduce", "local", "ici")] == 16 * 16 * 4
+    assert placed.unknown == {"slice": 1}
     assert links.REASONS == ("device", "assignment", "slice", "host", "topology")
