@@ -12,6 +12,7 @@ device per chip: the v5e, v5p (a megacore) and v6e chips, and every GPU).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -95,10 +96,15 @@ TABLE = (
 def per_link(device_kind: str, overrides: Iterable[tuple[str, float]] = ()) -> dict[str, float]:
     """Each link's nominal bandwidth per direction (bytes/s) for `device_kind`: for each link, the row whose kind is
     the longest prefix of it; {} for a kind the table does not know. `overrides` (collector.training.link_bandwidth)
-    replace or add links, for every kind."""
+    replace or add links, for every kind. Cached per (kind, overrides): the tracker asks at every poll."""
+    return dict(_per_link(device_kind, tuple(overrides)))
+
+
+@functools.lru_cache(maxsize=64)
+def _per_link(device_kind: str, overrides: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
     best: dict[str, tuple[int, float]] = {link: (1 << 30, value) for link, value in overrides if value > 0}
     for row in TABLE:
         for kind in row.kinds:
             if device_kind.startswith(kind) and len(kind) > best.get(row.link, (-1, 0.0))[0]:
                 best[row.link] = (len(kind), row.per_direction)
-    return {link: value for link, (_, value) in sorted(best.items())}
+    return tuple((link, value) for link, (_, value) in sorted(best.items()))
