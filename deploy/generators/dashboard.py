@@ -17,6 +17,7 @@ from .rows import (
     jax_training,
     job,
     ladder,
+    links,
     megascale,
     memory,
     overview,
@@ -328,6 +329,7 @@ JAXMON = Dashboard(
     rows=[
         overview.ROW,
         training.ROW,
+        links.MAIN,
         memory.ROW,
         probe.ROW,
         devicewide.ROW,

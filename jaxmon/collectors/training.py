@@ -66,6 +66,12 @@ class TrainingOptions(CollectorOptions):
         description="Dense bf16 peak FLOP/s of one device, overriding the table (needed for MFU on a device kind "
         "the table does not know, such as CPU).",
     )
+    link_bandwidth: str = Field(
+        default="",
+        pattern=r"^$|^(local|nvlink|ici|pcie|sys|dcn|network)=[0-9.eE+]+(,(local|nvlink|ici|pcie|sys|dcn|network)=[0-9.eE+]+)*$",
+        description="Nominal bandwidth per direction of links, bytes/s, overriding the table for every device "
+        "(`local=1e10,network=1.25e9`): for a device kind the table does not know (docs/placement.md).",
+    )
     window: int = Field(default=100, ge=2, le=100_000, description="Steps MFU, HFU and the stall median cover.")
     stall_factor: float = Field(
         default=3.0, gt=1, le=1000, description="A step longer than this x the window's median is a stall."
@@ -85,6 +91,10 @@ class TrainingOptions(CollectorOptions):
             self.stall_factor,
             self.max_pending,
             profile=(self.profile.every, self.profile.steps),
+            link_bandwidth=tuple(
+                (link, float(value))
+                for link, value in (item.split("=", 1) for item in self.link_bandwidth.split(",") if item)
+            ),
         )
 
 

@@ -300,8 +300,12 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
         "same",
     ),
     "jaxmon_training_collective_bytes": (
-        "device, platform, op, axes, workload, process_index, process_count, host (+ pod, namespace, container)",
+        "device, platform, op, axes, link, workload, process_index, process_count, host (+ pod, namespace, container)",
         "`jaxmon.track()`, the compiled HLO (`compile().as_text()`), off the training thread",
+    ),
+    "jaxmon_link_nominal_bandwidth_bytes_per_second": (
+        "device, platform, link, workload, process_index, process_count, host (+ pod, namespace, container)",
+        "nominal link table (vendor figures)",
     ),
     "jaxmon_training_program_peak_memory_bytes": (
         "device, platform, workload, process_index, process_count, host (+ pod, namespace, container)",
@@ -337,8 +341,16 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
         "sampled traces: union of the device's op intervals",
     ),
     "jaxmon_training_profile_collective_seconds": (
-        "device, platform, workload, process_index, process_count, host, op (+ pod, namespace, container)",
-        "sampled traces: union of each collective kind's intervals",
+        "device, platform, workload, process_index, process_count, host, op, axes, link (+ pod, namespace, container)",
+        "sampled traces: union of each collective instruction's intervals, by its place (compiled HLO)",
+    ),
+    "jaxmon_training_profile_exposed_collective_seconds": (
+        "device, platform, workload, process_index, process_count, host, op, axes, link (+ pod, namespace, container)",
+        "sampled traces: each collective's time with no compute running",
+    ),
+    "jaxmon_training_profile_collective_bytes": (
+        "device, platform, workload, process_index, process_count, host, op, axes, link (+ pod, namespace, container)",
+        "sampled traces' events x the compiled HLO's bytes per execution",
     ),
     "jaxmon_workload_info": (
         "workload, process_index, host, pid, jax_version (+ pod, namespace, node, slurm_job_id where set)",

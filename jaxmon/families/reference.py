@@ -152,8 +152,9 @@ def _training() -> list[Entry]:
     rest = [training.EXAMPLES, training.TOKENS, training.MODEL_FLOPS, training.HARDWARE_FLOPS]
     rest += [training.HARDWARE_BYTES, training.PEAK, training.MFU, training.HFU, training.HOST_WAIT]
     rest += [training.START_TIME, training.PRODUCTIVE, training.BADPUT, training.PROBLEMS]
-    rest += [training.COLLECTIVE_BYTES, training.PROGRAM_PEAK_MEMORY]
+    rest += [training.COLLECTIVE_BYTES, training.PROGRAM_PEAK_MEMORY, training.LINK_BANDWIDTH]
     rest += [training.PROFILES, training.PROFILED, training.PROFILE_PARTS, training.PROFILE_COLLECTIVES]
+    rest += [training.PROFILE_EXPOSED, training.PROFILE_COLLECTIVE_BYTES]
     return [*_entries(specs), Entry(training.DURATION, "histogram"), *_entries(rest)]
 
 

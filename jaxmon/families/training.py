@@ -58,10 +58,18 @@ COLLECTIVE_BYTES = Spec(
     "jaxmon_training_collective_bytes",
     "Bytes the collectives of the tracked functions' programs moved on this device, by op (all-reduce, all-gather, "
     "reduce-scatter, all-to-all, collective-permute, ...) and the user's mesh axes their groups span (axes, "
-    "comma-joined; empty without a mesh): per call, from the compiled HLO (nccl-tests' convention: all-reduce, "
+    "comma-joined; empty without a mesh) and the slowest link their groups cross (link: local, nvlink, ici, pcie, "
+    "sys, dcn, network, unknown): per call, from the compiled HLO (nccl-tests' convention: all-reduce, "
     "all-to-all, collective-permute the buffer, all-gather the gathered output, reduce-scatter the input; a loop "
-    "body's collectives times its trip count), counted once jaxmon's thread has analysed the program.",
+    "body's collectives times its trip count); the calls made before jaxmon's thread has analysed the program are "
+    "added once it has.",
     counter=True,
+)
+LINK_BANDWIDTH = Spec(
+    "jaxmon_link_nominal_bandwidth_bytes_per_second",
+    "Nominal bandwidth per direction of each link of this device's kind (nvlink, pcie, ici, dcn), from the vendor's "
+    "figure (bidirectional ones halved, as nccl-tests compares bus bandwidth with one direction; sources in "
+    "jaxmon/training/nominal.py): what the achieved bus bandwidth is compared with. None for a kind not in the table.",
 )
 PROGRAM_PEAK_MEMORY = Spec(
     "jaxmon_training_program_peak_memory_bytes",
@@ -138,7 +146,22 @@ PROFILE_PARTS = Spec(
 PROFILE_COLLECTIVES = Spec(
     "jaxmon_training_profile_collective_seconds",
     "Time a collective of this kind (op: all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute, "
-    "...) ran on this device in the sampled steps, overlapped with compute or not (the union of its intervals).",
+    "...), mesh axes and link (jaxmon_training_collective_bytes_total's) ran on this device in the sampled steps, "
+    "overlapped with compute or not (the union of each instruction's intervals, summed; an event of an "
+    "instruction jaxmon did not analyse: axes empty, link unknown).",
+    counter=True,
+)
+PROFILE_EXPOSED = Spec(
+    "jaxmon_training_profile_exposed_collective_seconds",
+    "Time collectives of this op, mesh axes and link ran on this device in the sampled steps with no compute "
+    "running (exposed: what the step waited on them; collectives running at once each count it).",
+    counter=True,
+)
+PROFILE_COLLECTIVE_BYTES = Spec(
+    "jaxmon_training_profile_collective_bytes",
+    "Bytes of the collectives of this op, mesh axes and link inside the sampled steps on this device: each traced "
+    "event times its instruction's bytes per execution (the compiled HLO, nccl-tests' convention); "
+    "rate(bytes) / rate(jaxmon_training_profile_collective_seconds_total) is the achieved bus bandwidth.",
     counter=True,
 )
 PROFILES = Spec(
@@ -178,9 +201,10 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
     host_wait, start_time, productive, badput, problems = (
         s.new() for s in (HOST_WAIT, START_TIME, PRODUCTIVE, BADPUT, PROBLEMS)
     )
-    collective_bytes, peak_memory = COLLECTIVE_BYTES.new(), PROGRAM_PEAK_MEMORY.new()
-    profiles, profiled, parts, profile_collectives = (
-        s.new() for s in (PROFILES, PROFILED, PROFILE_PARTS, PROFILE_COLLECTIVES)
+    collective_bytes, peak_memory, bandwidth = COLLECTIVE_BYTES.new(), PROGRAM_PEAK_MEMORY.new(), LINK_BANDWIDTH.new()
+    profiles, profiled, parts, profile_collectives, exposed, profile_bytes = (
+        s.new()
+        for s in (PROFILES, PROFILED, PROFILE_PARTS, PROFILE_COLLECTIVES, PROFILE_EXPOSED, PROFILE_COLLECTIVE_BYTES)
     )
     for labels, r in rows:
         add(steps, labels, r.steps_total)
@@ -214,10 +238,12 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
                     add(fam, per_device, value)
             if d.peak_flops is not None:
                 add(peak, {**per_device, "origin": d.peak_source or "table"}, d.peak_flops)
-            for (op, axes), moved in sorted(d.collective_bytes_total.items()):
-                add(collective_bytes, {**per_device, "op": op, "axes": axes}, moved)
+            for (op, axes, link), moved in sorted(d.collective_bytes_total.items()):
+                add(collective_bytes, {**per_device, "op": op, "axes": axes, "link": link}, moved)
             if d.program_peak_memory_bytes is not None:
                 add(peak_memory, per_device, d.program_peak_memory_bytes)
+            for link, value in sorted(d.link_bandwidth.items()):
+                add(bandwidth, {**per_device, "link": link}, value)
         if r.profile is not None:
             for result, count in sorted(r.profile.results.items()):
                 add(profiles, {**labels, "result": result}, count)
@@ -226,8 +252,14 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
                 add(profiled, per_device, p.profiled_seconds_total)
                 for part, seconds in p.parts.items():
                     add(parts, {**per_device, "part": part}, seconds)
-                for op, seconds in sorted(p.collectives.items()):
-                    add(profile_collectives, {**per_device, "op": op}, seconds)
+                # by place; a spool written before places were read: by op, axes "" and link unknown
+                placed = p.placed or {(op, "", "unknown"): (t, 0.0, 0.0) for op, t in p.collectives.items()}
+                for (op, axes, link), (seconds, hidden, moved) in sorted(placed.items()):
+                    where = {**per_device, "op": op, "axes": axes, "link": link}
+                    add(profile_collectives, where, seconds)
+                    if p.placed:
+                        add(exposed, where, hidden)
+                        add(profile_bytes, where, moved)
     yield from (steps, step, dispatched, last, duration, examples, tokens, model, hardware, nbytes, peak, mfu, hfu)
-    yield from (host_wait, start_time, productive, badput, problems, collective_bytes, peak_memory)
-    yield from (profiles, profiled, parts, profile_collectives)
+    yield from (host_wait, start_time, productive, badput, problems, collective_bytes, peak_memory, bandwidth)
+    yield from (profiles, profiled, parts, profile_collectives, exposed, profile_bytes)

@@ -68,9 +68,15 @@ def spool_training(reading: TrainingReading, now: float) -> SpoolTraining:
         duration_count=reading.duration_count,
         elapsed_seconds=max(now - reading.start_time_seconds, 0.0),
     )
-    for device in fields["devices"]:  # (op, axes) keys as objects: JSON keys are strings only
+    for device in fields["devices"]:  # (op, axes, link) keys as objects: JSON keys are strings only
         device["collective_bytes_total"] = [
-            {"op": op, "axes": axes, "bytes": n} for (op, axes), n in sorted(device["collective_bytes_total"].items())
+            {"op": op, "axes": axes, "link": link, "bytes": n}
+            for (op, axes, link), n in sorted(device["collective_bytes_total"].items())
+        ]
+    for device in (fields.get("profile") or {}).get("devices", []):
+        device["placed"] = [
+            {"op": op, "axes": axes, "link": link, "seconds": t, "exposed_seconds": e, "bytes": n}
+            for (op, axes, link), (t, e, n) in sorted(device["placed"].items())
         ]
     return SpoolTraining.model_validate(fields)
 
@@ -160,10 +166,22 @@ def training_reading(spooled: SpoolTraining, time: float) -> TrainingReading:
     )
     del fields["duration_count"]
     for d in fields["devices"]:
-        d["collective_bytes_total"] = {(c["op"], c["axes"]): c["bytes"] for c in d["collective_bytes_total"]}
+        d["collective_bytes_total"] = {(c["op"], c["axes"], c["link"]): c["bytes"] for c in d["collective_bytes_total"]}
     fields["devices"] = tuple(DeviceTraining(**d) for d in fields["devices"])
     if (profile := fields.get("profile")) is not None:
         fields["profile"] = ProfileReading(
-            results=profile["results"], devices=tuple(DeviceProfile(**d) for d in profile["devices"])
+            results=profile["results"],
+            devices=tuple(
+                DeviceProfile(
+                    **{
+                        **d,
+                        "placed": {
+                            (c["op"], c["axes"], c["link"]): (c["seconds"], c["exposed_seconds"], c["bytes"])
+                            for c in d["placed"]
+                        },
+                    }
+                )
+                for d in profile["devices"]
+            ),
         )
     return TrainingReading(**fields)

@@ -102,7 +102,16 @@ class SpoolCollectiveBytes(BaseModel):
 
     op: str = Field(pattern=r"^[a-z][a-z0-9-]{0,63}$")
     axes: str = Field(default="", max_length=256)
+    # The slowest link the groups cross (jaxmon.training.links); a publisher before it wrote none: not known.
+    link: Literal["local", "nvlink", "ici", "pcie", "sys", "dcn", "network", "unknown"] = "unknown"
     bytes: NonNegative
+
+
+class SpoolPlacedCollective(SpoolCollectiveBytes):
+    """A sampled trace's collectives of one (op, axes, link) on one device: time run, exposed time and bytes."""
+
+    seconds: NonNegative = 0.0
+    exposed_seconds: NonNegative = 0.0
 
 
 class SpoolDeviceTraining(BaseModel):
@@ -121,6 +130,9 @@ class SpoolDeviceTraining(BaseModel):
     hfu: NonNegative | None = None
     collective_bytes_total: list[SpoolCollectiveBytes] = Field(default_factory=list, max_length=1024)  # schema 3
     program_peak_memory_bytes: NonNegative | None = None  # schema 3
+    link_bandwidth: dict[Literal["local", "nvlink", "ici", "pcie", "sys", "dcn", "network"], NonNegative] = Field(
+        default_factory=dict
+    )
 
 
 class SpoolDeviceProfile(BaseModel):
@@ -133,6 +145,7 @@ class SpoolDeviceProfile(BaseModel):
     profiled_seconds_total: NonNegative = 0.0
     parts: dict[Literal["compute", "collective", "copy", "idle"], NonNegative] = Field(default_factory=dict)
     collectives: dict[Kind, NonNegative] = Field(default_factory=dict, max_length=16)
+    placed: list[SpoolPlacedCollective] = Field(default_factory=list, max_length=1024)
 
 
 class SpoolProfile(BaseModel):

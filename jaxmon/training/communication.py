@@ -7,7 +7,8 @@ rest, `Compiled.as_text()` (megabytes for a large program), its parse (jaxmon.xl
 `memory_analysis()`, runs here, on one jaxmon thread, which the waiter wakes when it books a step (`kick()`): a
 notify from the training thread would hand the GIL to the analysis right there, inside the user's call (measured:
 the first call of a tracked function then took 30-120 ms longer). The program's `communication` is None until it
-is done, and its steps add no collective bytes and no peak meanwhile (never a guess); no step waits for it.
+is done: its calls meanwhile are counted (by the waiter, per step) and their bytes added once it is (`book()`), and
+its steps add no peak meanwhile (never a guess); no step waits for it. A program whose analysis fails gets NOTHING.
 Nothing here imports JAX.
 """
 
@@ -25,12 +26,15 @@ from jaxmon.xla.hlo import MeshLayout
 # not analysed and counted (reason="communication").
 MAX_QUEUED = 64
 THREAD_NAME = "jaxmon-programs"
-# (op, axes) series per device at most: 7 ops x the axis combinations a mesh's programs use are a handful; a new
-# pair past this many is not counted (the spool carries at most 1024).
+# (op, axes, link) series per device at most: 7 ops x the axis combinations a mesh's programs use (one link each)
+# are a handful; a new one past this many is not counted (the spool carries at most 1024).
 MAX_PAIRS = 256
 # Collective instruction names kept for the sampled traces at most (a large program has hundreds; MAX_PROGRAMS are
 # kept): past it a new name is not learnt, and its events are classified by their name's opcode as without any.
 MAX_NAMES = 16384
+# Programs whose calls wait for their analysis at most (book()): those queued (MAX_QUEUED) and the few whose
+# analysis failed or was never submitted.
+MAX_WAITING = 4 * MAX_QUEUED
 
 
 @dataclass(frozen=True)
@@ -46,15 +50,23 @@ class Compiled:
 
 @dataclass(frozen=True)
 class Communication:
-    """One execution of a program on each of its local `devices`: bytes per device by (op, axes), nccl-tests'
-    convention (jaxmon.xla.hlo; axes comma-joined, "" without a mesh), and XLA's predicted peak memory.
-    `collective_names`: the program's collective instructions by name, with their op (what a sampled trace's
-    events are named by: jaxmon.xla.profile.read)."""
+    """One execution of a program on each of its local `devices`: bytes per device by (op, axes, link), nccl-tests'
+    convention (jaxmon.xla.hlo; axes comma-joined, "" without a mesh; link: jaxmon.training.links), and XLA's
+    predicted peak memory. `collective_names`: the program's collective instructions by name, with their op (what a
+    sampled trace's events are named by: jaxmon.xla.profile.read); `places`: each one's (op, axes, link), `sizes` its
+    bytes per device and execution; `unknown_links`: its collectives whose link could not be read, by why."""
 
-    collective_bytes: Mapping[tuple[str, str], float]
+    collective_bytes: Mapping[tuple[str, str, str], float]
     peak_memory: int | None
     devices: tuple[tuple[str, int], ...]
     collective_names: Mapping[str, str] = field(default_factory=dict)
+    places: Mapping[str, tuple[str, str, str]] = field(default_factory=dict)
+    sizes: Mapping[str, float] = field(default_factory=dict)
+    unknown_links: Mapping[str, int] = field(default_factory=dict)
+
+
+# What a program whose analysis failed (or was never made) contributes: no bytes, no peak.
+NOTHING = Communication({}, None, ())
 
 
 class Analyzer:
@@ -62,15 +74,18 @@ class Analyzer:
 
     `analyze(compiled)` is JaxTraining.communication; `done(program, communication)` stores the result on the
     tracker's program (an attribute write: the waiter reads it under the tracker's lock, and sees the old None or
-    the whole result); `failed(exc)` counts a program whose analysis raised (it then contributes nothing)."""
+    the whole result); `failed(exc)` counts a program whose analysis raised (it then contributes nothing);
+    `problem` counts the collectives whose link is unknown, by why (reason="link_<why>": jaxmon.training.links)."""
 
     def __init__(
         self,
         analyze: Callable[[Compiled], Communication],
         done: Callable[[Any, Communication], None],
         failed: Callable[[str, Exception | None], None],
+        problem: Callable[..., None] | None = None,
     ) -> None:
         self._analyze = analyze
+        self._problem = problem  # the tracker's: (reason, event, times=) counted and logged
         self._done = done
         self._failed = failed
         self._queue: deque[tuple[Any, Compiled]] = deque()
@@ -88,6 +103,7 @@ class Analyzer:
             return
         if len(self._queue) >= MAX_QUEUED:
             self._failed(f"more than {MAX_QUEUED} programs wait for their analysis", None)
+            program.communication = NOTHING  # its calls wait for no analysis (book())
             return
         self._queue.append((program, compiled))
 
@@ -108,9 +124,14 @@ class Analyzer:
                 program, compiled = self._queue.popleft()
                 self._running = True
             try:
-                self._done(program, self._analyze(compiled))
+                communication = self._analyze(compiled)
+                if self._problem is not None:
+                    for why, count in communication.unknown_links.items():
+                        self._problem(f"link_{why}", 'collectives whose link is not known: link="unknown"', times=count)
+                self._done(program, communication)
             except Exception as exc:  # a program jaxmon cannot read: it contributes nothing, the thread goes on
                 self._failed("no collectives or peak memory for a tracked program", exc)
+                program.communication = NOTHING
             del program, compiled  # the compiled object is not held past its analysis
             with self._wake:
                 self._running = False
@@ -131,11 +152,13 @@ class Analyzer:
 
 class CollectiveNames:
     """The collective instructions of every analysed program by name, with their op: the analysis thread adds a
-    program's; the sampler's thread reads them all (a copy) when it classifies a trace's events."""
+    program's; the sampler's thread reads them all (a copy) when it classifies a trace's events. `places()`: each
+    one's (op, axes, link) and bytes per execution, where the analysis placed it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._names: dict[str, str] = {}
+        self._places: dict[str, tuple[str, str, str, float]] = {}
 
     def analysed(self, program: Any, communication: Communication) -> None:
         """The Analyzer's `done`: learn the program's names, then store its result on it (an attribute write the
@@ -144,11 +167,19 @@ class CollectiveNames:
             for name, op in communication.collective_names.items():
                 if name in self._names or len(self._names) < MAX_NAMES:
                     self._names[name] = op
+                    place = communication.places.get(name)
+                    if place is not None:
+                        self._places[name] = (*place, communication.sizes.get(name, 0.0))
         program.communication = communication
 
     def __call__(self) -> dict[str, str]:
         with self._lock:
             return dict(self._names)
+
+    def places(self) -> dict[str, tuple[str, str, str, float]]:
+        """Instruction name -> (op, axes, link, bytes per device and execution)."""
+        with self._lock:
+            return dict(self._places)
 
 
 class WindowMax:
@@ -190,22 +221,42 @@ class WindowMax:
 
 
 def book(
-    programs: Iterable[tuple[Any, int]], totals: dict[tuple[str, int], dict[tuple[str, str], float]]
+    programs: Iterable[tuple[Any, int]],
+    totals: dict[tuple[str, int], dict[tuple[str, str, str], float]],
+    waiting: dict[int, tuple[Any, int]] | None = None,
 ) -> dict[tuple[str, int], float]:
     """One step's calls (program, calls) of tracked programs: each analysed program's bytes x calls added to
-    `totals` per local device and (op, axes); returns the largest predicted peak per device among them. A program
-    not analysed yet (or that could not be) adds nothing."""
+    `totals` per local device and (op, axes, link); returns the largest predicted peak per device among them.
+
+    Every call counts: the calls of a program not analysed yet wait in `waiting` (program id -> (program, calls)),
+    and each step books those whose analysis has completed since, at their bytes per call. A program whose
+    analysis failed keeps waiting at no cost but its entry (a bounded number: MAX_QUEUED programs are analysed at
+    once, the rest counted and never submitted). Runs on the waiter thread: the training thread only counted."""
     peaks: dict[tuple[str, int], float] = {}
+    if waiting:
+        ready = [(k, p, n) for k, (p, n) in waiting.items() if p.communication is not None]
+        for k, program, count in ready:
+            del waiting[k]
+            _add(program.communication, count, totals)
     for program, count in programs:
         comm: Communication | None = program.communication
         if comm is None:
+            if waiting is not None and getattr(program, "cost", None) is not None and len(waiting) < MAX_WAITING:
+                _, before = waiting.get(id(program), (program, 0))
+                waiting[id(program)] = (program, before + count)
             continue
+        _add(comm, count, totals)
         for device in comm.devices:
-            if comm.collective_bytes:
-                mine = totals.setdefault(device, {})
-                for key, nbytes in comm.collective_bytes.items():
-                    if key in mine or len(mine) < MAX_PAIRS:
-                        mine[key] = mine.get(key, 0.0) + nbytes * count
             if comm.peak_memory is not None and comm.peak_memory > peaks.get(device, -1.0):
                 peaks[device] = float(comm.peak_memory)
     return peaks
+
+
+def _add(comm: Communication, count: int, totals: dict[tuple[str, int], dict[tuple[str, str, str], float]]) -> None:
+    if not comm.collective_bytes:
+        return
+    for device in comm.devices:
+        mine = totals.setdefault(device, {})
+        for key, nbytes in comm.collective_bytes.items():
+            if key in mine or len(mine) < MAX_PAIRS:
+                mine[key] = mine.get(key, 0.0) + nbytes * count

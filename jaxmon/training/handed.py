@@ -68,6 +68,7 @@ class TrackerConfig:
     stall_factor: float = 3.0
     max_pending: int = 1024
     profile: tuple[int, int] = (0, 2)  # sampled traces: every this many steps (0: off), this many steps (sampler.py)
+    link_bandwidth: tuple[tuple[str, float], ...] = ()  # (link, bytes/s per direction): overrides the table
 
 
 @dataclass

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 class DeviceTraining:
     """One local device's FLOPs, utilization and communication; None where it is not known.
 
-    `collective_bytes_total`: bytes of the tracked programs' collectives by (op, axes), axes the user's mesh axes
-    comma-joined ("" without a mesh); `program_peak_memory_bytes`: the largest predicted peak memory of the
-    programs the last window's steps called."""
+    `collective_bytes_total`: bytes of the tracked programs' collectives by (op, axes, link), axes the user's mesh
+    axes comma-joined ("" without a mesh), link the slowest their groups cross (jaxmon.training.links);
+    `program_peak_memory_bytes`: the largest predicted peak memory of the programs the last window's steps called."""
 
     platform: str
     id: int
@@ -23,8 +23,10 @@ class DeviceTraining:
     peak_source: str | None = None  # "table" or "setting"
     mfu: float | None = None
     hfu: float | None = None
-    collective_bytes_total: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    collective_bytes_total: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
     program_peak_memory_bytes: float | None = None
+    # Each link's nominal bandwidth per direction for the device's kind (jaxmon.training.nominal; {}: not known).
+    link_bandwidth: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class DeviceProfile:
     profiled_seconds_total: float = 0.0
     parts: Mapping[str, float] = field(default_factory=dict)
     collectives: Mapping[str, float] = field(default_factory=dict)
+    # (op, axes, link) -> (seconds run, exposed seconds, bytes of its events in the windows): trace_links
+    placed: Mapping[tuple[str, str, str], tuple[float, float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

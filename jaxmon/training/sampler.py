@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,6 +29,7 @@ import structlog
 
 from jaxmon.logsetup import ErrorLog
 from jaxmon.training.reading import DeviceProfile, ProfileReading
+from jaxmon.training.trace_links import PlacedTotals, kinds, place_of
 from jaxmon.xla.profile import Trace, read
 
 log = structlog.get_logger("jaxmon.training.sampler")
@@ -88,6 +89,7 @@ class _Totals:
     copy: float = 0.0
     idle: float = 0.0
     collectives: dict[str, float] | None = None
+    placed: PlacedTotals = field(default_factory=PlacedTotals)  # by (op, axes, link): trace_links
 
 
 class Sampler:
@@ -214,7 +216,8 @@ class Sampler:
 
     def _book(self, n0: int, data: bytes, windows: list[tuple[int, int]]) -> None:
         """Split the trace over the steps' windows (Unix ns) and add each device's parts to the totals."""
-        trace = read(data, self._known_collectives())
+        names, places = self._known_collectives()
+        trace = read(data, kinds(names or {}, places))
         lo, hi = trace.extent_ns()
         inside = [(trace.trace_ns(a), trace.trace_ns(b)) for a, b in windows]
         inside = [(a, b) for a, b in inside if lo <= a <= b <= hi]
@@ -229,10 +232,10 @@ class Sampler:
                 steps=len(windows),
             )
             return
-        add = _splits(trace, inside)
+        add = _splits(trace, inside, places)
         keys = self.profiler.devices()
         with self._lock:
-            for device, (seconds, parts, collectives) in add.items():
+            for device, (seconds, parts, collectives, placed) in add.items():
                 totals = self._totals.setdefault(keys.get(device, device), _Totals(collectives={}))
                 totals.profiled += seconds
                 totals.compute += parts[0]
@@ -242,15 +245,18 @@ class Sampler:
                 assert totals.collectives is not None
                 for op, value in collectives.items():
                     totals.collectives[op] = totals.collectives.get(op, 0.0) + value
+                totals.placed.merge(placed)
             self._results["taken"] += 1
 
-    def _known_collectives(self) -> Mapping[str, str] | None:
+    def _known_collectives(self) -> tuple[Mapping[str, str] | None, Mapping[str, tuple[str, str, str, float]]]:
+        """The tracked programs' collective instructions: name -> op, and name -> (op, axes, link, bytes)."""
         if self._collectives is None:
-            return None
+            return None, {}
         try:
-            return self._collectives()
+            places = getattr(self._collectives, "places", None)
+            return self._collectives(), places() if places is not None else {}
         except Exception:
-            return None
+            return None, {}
 
     # -- traces on demand ---------------------------------------------------------------------------------
 
@@ -300,6 +306,7 @@ class Sampler:
                         profiled_seconds_total=t.profiled,
                         parts={"compute": t.compute, "collective": t.collective, "copy": t.copy, "idle": t.idle},
                         collectives=dict(t.collectives or {}),
+                        placed=t.placed.table(),
                     )
                     for (platform, device), t in sorted(self._totals.items())
                 ),
@@ -314,19 +321,21 @@ class Sampler:
 
 
 def _splits(
-    trace: Trace, windows: list[tuple[int, int]]
-) -> dict[tuple[str, int], tuple[float, list[float], dict[str, float]]]:
-    """Each device's seconds, parts (compute, collective, copy, idle) and collective union time by kind, summed over
-    the windows (trace ns)."""
-    out: dict[tuple[str, int], tuple[float, list[float], dict[str, float]]] = {}
+    trace: Trace, windows: list[tuple[int, int]], places: Mapping[str, tuple[str, str, str, float]]
+) -> dict[tuple[str, int], tuple[float, list[float], dict[str, float], PlacedTotals]]:
+    """Each device's seconds, parts (compute, collective, copy, idle), collective time by op (the sum of its
+    instructions' union times) and by place, summed over the windows (trace ns)."""
+    out: dict[tuple[str, int], tuple[float, list[float], dict[str, float], PlacedTotals]] = {}
     for t0, t1 in windows:
         for device, s in trace.split(t0, t1).items():
-            seconds, parts, collectives = out.setdefault(device, (0.0, [0.0] * 4, {}))
+            seconds, parts, collectives, placed = out.setdefault(device, (0.0, [0.0] * 4, {}, PlacedTotals()))
             for i, ps in enumerate((s.compute, s.collective, s.copy, s.idle)):
                 parts[i] += ps * PS
-            for op, ps in s.collectives.items():
+            for kind, ps in s.collectives.items():
+                op = place_of(kind)[0][0]
                 collectives[op] = collectives.get(op, 0.0) + ps * PS
-            out[device] = (seconds + s.window * PS, parts, collectives)
+            placed.add(s, places, PS)
+            out[device] = (seconds + s.window * PS, parts, collectives, placed)
     return out
 
 

@@ -38,6 +38,7 @@ from jaxmon.training.handed import (
     read_figures,
     shown,
 )
+from jaxmon.training.nominal import per_link
 from jaxmon.training.peaks import peak_table
 from jaxmon.training.reading import DeviceTraining, TrainingReading
 from jaxmon.training.sampler import sampler_for
@@ -87,10 +88,11 @@ class Tracker:
         self._model: dict[tuple[str, int], float] = {}
         self._hardware: dict[tuple[str, int], float] = {}
         self._bytes: dict[tuple[str, int], float] = {}
-        self._collectives: dict[tuple[str, int], dict[tuple[str, str], float]] = {}  # per device, (op, axes)
+        self._collectives: dict[tuple[str, int], dict[tuple[str, str, str], float]] = {}  # (op, axes, link)
         self._peak_memory = WindowMax(config.window)  # the largest predicted peak of the window's steps' programs
         self._collective_names = CollectiveNames()  # every analysed program's, for the sampled traces' events
-        self._analyzer = Analyzer(ops.communication, self._collective_names.analysed, self._unanalysed)
+        self._analyzer = Analyzer(ops.communication, self._collective_names.analysed, self._unanalysed, self._problem)
+        self._waiting: dict[int, tuple[Program, int]] = {}  # calls of programs not analysed yet (book())
         self._problems: dict[str, int] = {}
         self._problems_lock = threading.Lock()
         self._stepping = False  # step() was called: a process that never does exports no training series
@@ -289,7 +291,7 @@ class Tracker:
                     hardware[device] = hardware.get(device, 0.0) + cost.flops * count
                 if cost.bytes_accessed is not None:
                     self._bytes[device] = self._bytes.get(device, 0.0) + cost.bytes_accessed * count
-        self._peak_memory.step(book(item.programs.values(), self._collectives))
+        self._peak_memory.step(book(item.programs.values(), self._collectives, self._waiting))
         self._analyzer.kick()  # new programs are analysed from now on, off the training thread
         for totals, add in ((self._model, model), (self._hardware, hardware)):
             for device, flops in add.items():
@@ -361,6 +363,7 @@ class Tracker:
                     hfu=hfu.get(d.key),
                     collective_bytes_total=dict(self._collectives.get(d.key, {})),
                     program_peak_memory_bytes=peak_memory.get(d.key),
+                    link_bandwidth=per_link(d.device_kind, self.config.link_bandwidth),
                 )
                 for d in self._devices
             )

@@ -77,7 +77,9 @@ class Split:
     """A window's time on one device, in picoseconds: `compute + collective + copy + idle == window`.
 
     `collective` is exposed communication (a collective running and no compute); `collectives` is the union time of
-    each collective kind, overlapped with compute or not.
+    each collective kind, overlapped with compute or not; `exposed` each kind's time with no compute running (kinds
+    running at once each count it: their sum is at least `collective`); `events` the collective segments of each
+    kind that start inside the window (one per op event: a collective nests no op of its own).
     """
 
     window: int
@@ -86,6 +88,8 @@ class Split:
     copy: int = 0
     idle: int = 0
     collectives: dict[str, int] = field(default_factory=dict)
+    exposed: dict[str, int] = field(default_factory=dict)
+    events: dict[str, int] = field(default_factory=dict)
 
 
 def split(segments: Iterable[Segment], t0: int, t1: int) -> Split:
@@ -93,26 +97,40 @@ def split(segments: Iterable[Segment], t0: int, t1: int) -> Split:
     of overlapping timelines (streams, threads) of one device, clipped to the window."""
     if t1 < t0:
         raise ValueError(f"window ends ({t1}) before it starts ({t0})")
-    points: list[tuple[int, int, int]] = []
+    points: list[tuple[int, int, int, str]] = []
     kinds: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    events: dict[str, int] = {}
     for start, end, cls, op in segments:
+        if cls == COLLECTIVE and t0 <= start < t1:
+            events[op] = events.get(op, 0) + 1
         start, end = max(start, t0), min(end, t1)
         if end <= start:
             continue
-        points.append((start, 1, cls))
-        points.append((end, -1, cls))
+        points.append((start, 1, cls, op))
+        points.append((end, -1, cls, op))
         if cls == COLLECTIVE:
             kinds[op].append((start, end))
     points.sort()
     running = [0, 0, 0]
     parts = [0, 0, 0, 0]  # compute, collective, copy, idle
+    collectives: dict[str, int] = {}  # the collective kinds running now, and how many of each
+    exposed: dict[str, int] = {}
     prev = t0
-    for t, delta, cls in points:
+    for t, delta, cls, op in points:
         if t > prev:
-            parts[
-                COMPUTE if running[COMPUTE] else COLLECTIVE if running[COLLECTIVE] else COPY if running[COPY] else 3
-            ] += t - prev
+            if running[COMPUTE]:
+                parts[COMPUTE] += t - prev
+            elif running[COLLECTIVE]:
+                parts[COLLECTIVE] += t - prev
+                for kind, count in collectives.items():
+                    if count:
+                        exposed[kind] = exposed.get(kind, 0) + t - prev
+            else:
+                parts[COPY if running[COPY] else 3] += t - prev
             prev = t
         running[cls] += delta
+        if cls == COLLECTIVE:
+            collectives[op] = collectives.get(op, 0) + delta
     parts[3] += t1 - prev
-    return Split(t1 - t0, parts[0], parts[1], parts[2], parts[3], {op: union_length(iv) for op, iv in kinds.items()})
+    unions = {op: union_length(iv) for op, iv in kinds.items()}
+    return Split(t1 - t0, parts[0], parts[1], parts[2], parts[3], unions, exposed, events)

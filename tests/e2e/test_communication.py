@@ -24,10 +24,10 @@ DEVICES = [str(d) for d in range(8)]
 COLLECTIVES = "jaxmon_training_collective_bytes_total"
 
 
-def collective_bytes(s: Samples) -> dict[tuple[str, str, str], float]:
-    """(device, op, axes) -> bytes of the comm workload's series."""
+def collective_bytes(s: Samples) -> dict[tuple[str, str, str, str], float]:
+    """(device, op, axes, link) -> bytes of the comm workload's series."""
     return {
-        (labels["device"], labels["op"], labels["axes"]): value
+        (labels["device"], labels["op"], labels["axes"], labels["link"]): value
         for (name, key), value in s.items()
         if name == COLLECTIVES and (labels := dict(key))["workload"] == "comm"
     }
@@ -44,28 +44,28 @@ def test_collective_bytes_per_step_and_axis_and_the_predicted_peak_are_what_the_
     # Per device and step, by nccl-tests' convention: an all-reduce moves its buffer.
     expected = {
         # the gradient of the replicated w (D x D), all-reduced over the 4 "data" devices
-        "allreduce": {("all-reduce", "data"): D * D * F32},
+        "allreduce": {("all-reduce", "data", "local"): D * D * F32},
         # the same step with the batch replicated: nothing to reduce
         "local": {},
         # L layers, each a psum over "data" of the (B/4 x D) block of a device
-        "scan": {("all-reduce", "data"): L * (B // 4) * D * F32},
+        "scan": {("all-reduce", "data", "local"): L * (B // 4) * D * F32},
         # a psum over "model" of each device's (B x D/2) block
-        "psum_model": {("all-reduce", "model"): B * (D // 2) * F32},
+        "psum_model": {("all-reduce", "model", "local"): B * (D // 2) * F32},
     }
 
     def seen(n: int) -> Samples:
         return wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **process) == n, f"{n} steps")
 
+    before: dict[tuple[str, str, str, str], float] = {}
     for phase, per_step in expected.items():
         warm = child.send(f"phase {phase}")  # compiled, tracked, analysed; its first step handed
         steps = warm["steps"]
-
-        before = collective_bytes(seen(steps))
         assert child.send(f"run {STEPS}")["steps"] == steps + STEPS
         after_samples = seen(steps + STEPS)
         after = collective_bytes(after_samples)
         added = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
-        want = {(d, op, axes): float(STEPS * n) for d in DEVICES for (op, axes), n in per_step.items()}
+        # Every call counts: the phase's first, made before jaxmon analysed its program, too.
+        want = {(d, *key): float((STEPS + 1) * n) for d in DEVICES for key, n in per_step.items()}
         assert added == want, (phase, added, want)
         # The largest predicted peak of the programs the window's steps called: this phase's, as the loop computed.
         for d in DEVICES:
@@ -73,9 +73,11 @@ def test_collective_bytes_per_step_and_axis_and_the_predicted_peak_are_what_the_
                 after_samples, "jaxmon_training_program_peak_memory_bytes", device=d, platform="cpu", **process
             )
             assert peak == warm["peak"], (phase, d, peak, warm["peak"])
-    # Two (op, axes) pairs on each of the 8 devices: all-reduce over data, all-reduce over model.
-    pairs = {(op, axes) for _, op, axes in collective_bytes(after_samples)}
-    assert pairs == {("all-reduce", "data"), ("all-reduce", "model")}
+        before = after
+    # Two (op, axes, link) series on each of the 8 devices: all-reduce over data, all-reduce over model (one
+    # process of CPU devices: every group is local).
+    pairs = {(op, axes, link) for _, op, axes, link in collective_bytes(after_samples)}
+    assert pairs == {("all-reduce", "data", "local"), ("all-reduce", "model", "local")}
     series = [k for k in after_samples if k[0].startswith(TRAINING_FAMILIES) and ("workload", "comm") in k[1]]
     assert len(series) <= training_series_budget(8, collective_pairs=2), sorted(k[0] for k in series)
     # The sidecar reads the same figures from the spool (schema 3).

@@ -418,6 +418,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "1e12",
                 "--profile-every",
                 "4",
+                # CPU devices have no nominal link figures in jaxmon's table: the setting gives them some, so that
+                # the nominal bandwidth family and its panels have data.
+                "--link-bandwidth",
+                "local=1e10,network=1.25e9",
                 env=env,
             )
             children.append(child)
@@ -504,8 +508,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # 8 traced (profile.every 4): its exposed collective share is far under JaxmonTrainingCommunicationBound's.
         trainer.send("steps 4 200 1")
         # Then a program that all-reduces over a mesh axis: collective bytes (after the sampled step 8, whose number
-        # the steps before it set).
-        trainer.send("collective 3")
+        # the steps before it set), its steps 9 to 12, step 12 traced: the sampled collectives by axis and link.
+        trainer.send("collective 4")
         (spool / "broken.json").write_text('{"schema": "jaxmon.spool/1", "devices": [')
         ephemeral.close()
         nvml_events(scenario)
@@ -521,9 +525,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             'jaxmon_training_steps_total{job="jaxmon-spool", workload="trainer"}', lambda r: _value(r) >= 13, "13 steps"
         )
         p.wait_for(
-            'jaxmon_training_profile_collective_seconds_total{job="jaxmon-spool", workload="trainer", op="all-reduce"}',
+            'jaxmon_training_profile_collective_seconds_total{job="jaxmon-spool", workload="trainer", op="all-reduce", '
+            'axes=""}',
             lambda r: len(r) == 8,
             "the sampled trace of step 8, through the spool",
+        )
+        p.wait_for(  # the tracked program's all-reduce over "data", within one process: local
+            'jaxmon_training_profile_collective_bytes_total{job="jaxmon-spool", workload="trainer", op="all-reduce", '
+            'axes="data", link="local"}',
+            lambda r: len(r) == 8 and all(_value([x]) > 0 for x in r),
+            "the sampled trace of step 12 by axis and link, through the spool",
         )
         p.wait_for(
             'jaxmon_jit_compilations_total{job="jaxmon-spool", workload="trainer"}',

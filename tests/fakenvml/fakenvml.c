@@ -32,7 +32,11 @@
  *      "pcie": {"tx_kbps": 0, "rx_kbps": 0, "replays": 0, "sample_ms": 0},    sample_ms: each throughput call
  *                                                  sleeps this long, as the driver samples for 20 ms
  *      "nvlink": [{"active": true, "tx_kib": 0, "rx_kib": 0,                  one entry per link; past the last:
- *                  "replay": 0, "recovery": 0, "crc_flit": 0, "crc_data": 0}], INVALID_ARGUMENT
+ *                  "replay": 0, "recovery": 0, "crc_flit": 0, "crc_data": 0,  INVALID_ARGUMENT; "remote": the PCI
+ *                  "remote": "00000000:3B:00.0"}],              bus id at the link's far end (absent: NOT_SUPPORTED)
+ *      "topology": {"1": 10, "2": 40},             the common ancestor with each other GPU by its index
+ *                                                  (nvmlGpuTopologyLevel_t; a GPU left out: NOT_SUPPORTED)
+ *      "p2p_nvlink": {"1": true},                  GPUs whose NVLink P2P status is OK (the others NOT_SUPPORTED)
  *      "mig": {"current": 1, "pending": 1, "max_devices": 7,                  absent: no MIG on this GPU
  *              "devices": [{"index": 0, "uuid": "MIG-...", "name": "NVIDIA H200 MIG 1g.18gb",
  *                           "gpu_instance": 9, "compute_instance": 0, "memory": {...},
@@ -64,7 +68,7 @@
  *                                                  encoder, decoder, power, power_limit, power_management_limit,
  *                                                  energy, temperature, fans, clock, max_clock,
  *                                                  clocks_event_reasons, remapped_rows, pcie_throughput,
- *                                                  pcie_replay, nvlink, nvlink_errors, nvlink_throughput (the
+ *                                                  pcie_replay, nvlink, nvlink_errors, nvlink_throughput, topology (the
  *                                                  fields' own return codes), field_values (the whole call),
  *                                                  mig, processes, process_utilization, events
  *    "events": [{"device": 0, "type": 8, "data": 79}]}   delivered once each, in order, by nvmlEventSetWait_v2
@@ -1105,6 +1109,65 @@ nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int l
     if (counter == 4) return leave(NVML_ERROR_NOT_SUPPORTED);
     if (counter > 4) return leave(NVML_ERROR_INVALID_ARGUMENT);
     *value = (unsigned long long)jnum(l, names[counter], 0);
+    return leave(NVML_SUCCESS);
+}
+
+/* ---- Topology between two GPUs -------------------------------------------------------------------------------- */
+
+/* The pair's entry of the scenario's "topology" on `dev` (keyed by the other GPU's index), or NULL. */
+static const jnode *pair_node(const jnode *dev, const char *field, nvmlDevice_t other) {
+    char key[16];
+    snprintf(key, sizeof key, "%d", other->index);
+    return jget(jget(dev, field), key);
+}
+
+/* nvmlGpuTopologyLevel_t from "topology": {"<index>": level} (0 internal, 10 single switch, 20 multiple switches,
+ * 30 host bridge, 40 NUMA node, 50 system); a pair the scenario leaves out: NOT_SUPPORTED. */
+nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2, int *pathInfo) {
+    jnode *dev;
+    if (!pathInfo || !is_gpu_handle(device2)) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device1, "topology", &dev);
+    if (r) return r;
+    const jnode *level = pair_node(dev, "topology", device2);
+    if (!level || level->type != J_NUM) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *pathInfo = (int)level->num;
+    return leave(NVML_SUCCESS);
+}
+
+/* nvmlGpuP2PStatus_t for NVML_P2P_CAPS_INDEX_NVLINK (2) from "p2p_nvlink": {"<index>": true}: OK (0) or
+ * NOT_SUPPORTED (5); the other capabilities (read, write, atomics, prop) answer OK between any two GPUs. */
+nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, int p2pIndex, int *p2pStatus) {
+    jnode *dev;
+    if (!p2pStatus || !is_gpu_handle(device2) || p2pIndex < 0 || p2pIndex > 4) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device1, "topology", &dev);
+    if (r) return r;
+    if (p2pIndex != 2) {
+        *p2pStatus = 0;
+        return leave(NVML_SUCCESS);
+    }
+    const jnode *ok = pair_node(dev, "p2p_nvlink", device2);
+    *p2pStatus = ok && ok->type == J_BOOL && ok->num ? 0 : 5;
+    return leave(NVML_SUCCESS);
+}
+
+/* The PCI bus id at the far end of `link`: the link's "remote" in the scenario (absent: NOT_SUPPORTED). */
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link, nvmlPciInfo_t *pci) {
+    jnode *dev;
+    const jnode *l;
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_device(device, "nvlink", &dev);
+    if (r) return r;
+    if ((r = link_node(dev, link, &l))) return leave(r);
+    const char *remote = jstr(l, "remote", NULL);
+    if (!remote) return leave(NVML_ERROR_NOT_SUPPORTED);
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busId, sizeof pci->busId, "%s", remote);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%s", remote + (strlen(remote) > 12 ? 4 : 0));
+    unsigned int domain = 0, bus = 0, dev_no = 0;
+    sscanf(remote, "%x:%x:%x", &domain, &bus, &dev_no);
+    pci->domain = domain;
+    pci->bus = bus;
+    pci->device = dev_no;
     return leave(NVML_SUCCESS);
 }
 

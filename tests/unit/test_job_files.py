@@ -26,10 +26,16 @@ from tests.deploy_files import (
     recording_rules,
 )
 
-JOB_ALERTS = {"JaxmonTrainingStraggler", "JaxmonTrainingProcessStalled", "JaxmonDeviceMemorySkew"}
-# Each alert's labels must name what it is about: a process, or a device.
+JOB_ALERTS = {
+    "JaxmonTrainingStraggler",
+    "JaxmonTrainingProcessStalled",
+    "JaxmonDeviceMemorySkew",
+    "JaxmonTrainingAxisOnSlowLink",
+}
+# Each alert's labels must name what it is about: a process, a device, or a mesh axis of a job and its link.
 NAMES_A_PROCESS = {"workload", "process_index"}
 NAMES_A_DEVICE = {"instance", "platform", "device"}
+NAMES_AN_AXIS = {"workload", "axes", "link"}
 
 
 def test_every_recorded_series_is_in_the_readme_and_nothing_else_is() -> None:
@@ -88,7 +94,7 @@ def test_job_alerts_name_the_process_or_device_and_have_tests_both_ways() -> Non
     assert load_yaml(JOB_RULE_TESTS)["rule_files"] == ["job.yml", "alerts.yml"]
     for name, label_sets in fires.items():
         for labels in label_sets:
-            assert labels >= NAMES_A_PROCESS or labels >= NAMES_A_DEVICE, (name, labels)
+            assert labels >= NAMES_A_PROCESS or labels >= NAMES_A_DEVICE or labels >= NAMES_AN_AXIS, (name, labels)
     for name, rule in rules.items():
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
         # Every alert's runbook (docs/alerts.md) tells where its threshold is set: tests/unit/test_alert_runbooks.py.

@@ -87,11 +87,13 @@ def test_free_memory_and_fragmentation_on_the_real_chip_leave_the_reservation_ou
         assert numbers.fragmentation_ratio is not None and numbers.free_bytes
         assert abs(numbers.fragmentation_ratio - (1 - s["largest_free_block_bytes"] / numbers.free_bytes)) < 1e-12
     assert memory_numbers(fresh).fragmentation_ratio == memory_numbers(freed).fragmentation_ratio == 0
-    assert memory_numbers(arrays).fragmentation_ratio < 1e-6
+    assert (memory_numbers(arrays).fragmentation_ratio or 0) < 1e-6
     # The holes: 4 x 64 MiB freed below the high mark, whether or not the program's reservation sits above them.
     holes = 4 * 64 * MIB
     for s in (half, program):
-        assert abs(memory_numbers(s).free_bytes - s["largest_free_block_bytes"] - holes) <= 4 * MIB  # small buffers
+        assert (
+            abs((memory_numbers(s).free_bytes or 0) - s["largest_free_block_bytes"] - holes) <= 4 * MIB
+        )  # small buffers
     # The reservation is not read as fragmentation: without it the same chip would read over 10 % fragmented.
     old = 1 - program["largest_free_block_bytes"] / (program["bytes_limit"] - program["bytes_in_use"])
-    assert old > 0.1 and memory_numbers(program).fragmentation_ratio < 0.02
+    assert old > 0.1 and (memory_numbers(program).fragmentation_ratio or 1) < 0.02

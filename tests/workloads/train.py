@@ -88,8 +88,11 @@ def main() -> None:
     ap.add_argument("--alloc", type=int, default=0, help="bytes to keep alive on device 0 at start")
     ap.add_argument("--peak-flops", type=float, help="collector.training.peak_flops (per device)")
     ap.add_argument("--profile-every", type=int, help="collector.training.profile.every (with profile.steps 1)")
+    ap.add_argument("--link-bandwidth", default="", help="collector.training.link_bandwidth (link=bytes/s,...)")
     args = ap.parse_args()
     training: dict[str, object] = {"peak_flops": args.peak_flops} if args.peak_flops else {}
+    if args.link_bandwidth:
+        training["link_bandwidth"] = args.link_bandwidth
     if args.profile_every is not None:
         training["profile"] = {"every": args.profile_every, "steps": 1}
     configure_logging("info", "json", stream=sys.stderr)

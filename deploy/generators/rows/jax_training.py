@@ -338,7 +338,7 @@ def communication_panels() -> list[Panel]:
     # process's steps and its devices' bytes share every label but the device's and the collective's).
     per_device_step = (
         f"sum without (op) ({rate('jaxmon_training_collective_bytes_total')}) "
-        f"/ ignoring (device, platform, axes) group_left () {rate('jaxmon_training_steps_total')}"
+        f"/ ignoring (device, platform, axes, link) group_left () {rate('jaxmon_training_steps_total')}"
     )
     peak = f"jaxmon_training_program_peak_memory_bytes{{{JOB}}}"
     limit = f"(jaxmon_memory_limit_bytes{{{JOB}}} > 0)"

@@ -5,6 +5,7 @@ that the dashboard reads the same at 4 processes as at 4,096."""
 from __future__ import annotations
 
 from ..panels import Panel, Row, Target
+from . import links
 
 JOB = 'workload="$workload"'
 PROCESS = "process {{process_index}} ({{host}})"
@@ -261,4 +262,4 @@ DEVICES = Row(
 )
 
 
-ROWS = [SUMMARY, THROUGHPUT, PROCESSES, DEVICES]
+ROWS = [SUMMARY, THROUGHPUT, PROCESSES, DEVICES, links.ROW]

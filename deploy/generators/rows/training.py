@@ -124,7 +124,7 @@ ROW = Row(
             "Collective bytes per second",
             "timeseries",
             "Bps",
-            [Target(top(rate("jaxmon_training_collective_bytes_total", WL)), DEVICE + " {{op}} [{{axes}}]")],
+            [Target(top(rate("jaxmon_training_collective_bytes_total", WL)), DEVICE + " {{op}} [{{axes}}] {{link}}")],
             "Bytes the tracked functions' collectives move per second on each device, by op and the mesh axes "
             "their groups span (from the compiled HLO): the $k busiest.",
             min=0,

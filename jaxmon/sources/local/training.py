@@ -21,6 +21,8 @@ nothing.
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ from jaxmon.logsetup import ErrorLog
 from jaxmon.sources.local.devices import LocalSource
 from jaxmon.sources.local.profiler import JaxProfiler
 from jaxmon.threads import on_probe_thread
+from jaxmon.training import links
 from jaxmon.training.communication import Communication, Compiled
 from jaxmon.xla import hlo
 
@@ -84,6 +87,11 @@ class JaxTraining:
         except (ImportError, AttributeError):
             pass
         self._lock = threading.Lock()
+        # Every device of the job as the link classification sees it (read at the first analysis); the GPUs of
+        # this host pairwise, where NVML's topology was read (None: not read, their links are unknown).
+        self._topology: dict[int, links.DeviceTopology] | None = None
+        self._host = socket.gethostname()
+        self.gpu_pairs: links.GpuPairs | None = None
         # An array step() could not take a handle on for another reason than its deletion (its step counts as
         # unready): said once an hour with what failed, so that it is not read as the user deleting arrays.
         self._hold_errors = ErrorLog(structlog.get_logger("jaxmon.training"), 3600.0)
@@ -267,16 +275,20 @@ class JaxTraining:
         `compiled()` returned. The heavy part (the HLO text is megabytes for a large program, its parse linear in
         it): called on jaxmon's analysis thread, never the training thread."""
         parsed = hlo.parse(program.compiled.as_text())
-        summary = hlo.summarize(parsed, program.mesh, program.assignment)
+        if self._topology is None:  # once, here: jax.devices() of a large job is thousands of objects
+            self._topology = {int(d.id): links.describe(d, self._host, self._process) for d in self._jax.devices()}
+            self.gpu_pairs = _gpu_pairs(self.devices())
+        placed = links.place(parsed, program.mesh, program.assignment, self._topology, self.gpu_pairs)
         peak: int | None = None
         try:
             value = program.compiled.memory_analysis().peak_memory_in_bytes
             peak = int(value) if isinstance(value, int) and value >= 0 else None
         except Exception:  # a backend without memory analysis: bytes but no peak
             peak = None
-        collectives = {(op, ",".join(axes)): float(n) for (op, axes), n in summary.items()}
         names = {c.name: c.op for c in parsed.collectives}
-        return Communication(collectives, peak, program.cost.devices, names)
+        return Communication(
+            placed.collective_bytes, peak, program.cost.devices, names, placed.places, placed.sizes, placed.unknown
+        )
 
     def cache_size(self, fn: Any) -> int | None:
         """How many programs `fn` holds compiled (None where the jitted function does not say)."""
@@ -312,3 +324,14 @@ class JaxTraining:
 def _num_cores(device: Any) -> int | None:
     cores = getattr(device, "num_cores", None)
     return int(cores) if isinstance(cores, int) and not isinstance(cores, bool) else None
+
+
+def _gpu_pairs(devices: list[DeviceInfo]) -> links.GpuPairs | None:
+    """The links between this process's GPUs from NVML (jaxmon.sources.nvml.topology), read once on the analysis
+    thread; None without NVML or a certain match of its GPUs to the JAX devices (their links are then unknown)."""
+    if not any(d.platform == "gpu" for d in devices):
+        return None
+    from jaxmon.sources.nvml.topology import read_gpu_pairs
+
+    pairs = read_gpu_pairs(devices, os.environ)
+    return None if pairs is None else lambda a, b: pairs.get(frozenset((a, b)))

@@ -26,7 +26,7 @@ from jaxmon.sources.local.training import JaxTraining
 from jaxmon.sources.spool_codec import spool_training, training_reading
 from jaxmon.sources.spool_document import SpoolDocument
 from jaxmon.training.communication import THREAD_NAME, Communication, Compiled, WindowMax
-from jaxmon.training.reading import DeviceTraining, TrainingReading
+from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 from jaxmon.training.sampler import Sampler
 from tests.helpers import wait_until
 from tests.spool_files import GOOD
@@ -98,8 +98,8 @@ def test_a_permuted_meshs_groups_map_to_its_axes_and_its_devices(source: LocalSo
     psum_model = jax.jit(jax.shard_map(psum, mesh=mesh, in_specs=P(None, "model"), out_specs=P()))
     # nccl-tests' convention, per device: an all-reduce moves its buffer (w; a block of xm).
     cases = [
-        (jax.jit(sgd), (w, x), {("all-reduce", "data"): D * D * 4}),
-        (psum_model, (xm,), {("all-reduce", "model"): B * (D // 2) * 4}),
+        (jax.jit(sgd), (w, x), {("all-reduce", "data", "local"): D * D * 4}),
+        (psum_model, (xm,), {("all-reduce", "model", "local"): B * (D // 2) * 4}),
     ]
     for fn, args, expected in cases:
         fn(*args)
@@ -135,10 +135,10 @@ def test_an_allgather_over_both_axes_names_both(source: LocalSource, mesh: Mesh)
     )
     gather(x)
     comm = ops.communication(ops.compiled(gather, ops.avals((x,), {})))
-    assert dict(comm.collective_bytes) == {("all-gather", "data,model"): B * D * 4}  # the gathered output
+    assert dict(comm.collective_bytes) == {("all-gather", "data,model", "local"): B * D * 4}  # the gathered output
 
 
-def test_the_analysis_runs_off_the_training_thread_and_steps_before_it_count_nothing(
+def test_the_analysis_runs_off_the_training_thread_and_the_calls_before_it_count_once_it_is_done(
     source: LocalSource, mesh: Mesh, make_tracker: MakeTracker
 ) -> None:
     ops = WatchedTraining(source)
@@ -146,7 +146,7 @@ def test_the_analysis_runs_off_the_training_thread_and_steps_before_it_count_not
     w = jax.device_put(jnp.ones((D, D)), NamedSharding(mesh, P()))
     x = jax.device_put(jnp.ones((B, D)), NamedSharding(mesh, P("data")))
     step = jaxmon.track(jax.jit(sgd))
-    for n in range(3):  # the analysis is held: these steps complete, and add no bytes and no peak
+    for n in range(3):  # the analysis is held: these steps complete, and add no bytes and no peak yet
         w = step(w, x)
         jaxmon.step(n, w)
     held = booked(tracker, 3)
@@ -162,7 +162,8 @@ def test_the_analysis_runs_off_the_training_thread_and_steps_before_it_count_not
     assert analysis is not None
     peak = analysis.peak_memory_in_bytes
     for d in reading.devices:
-        assert d.collective_bytes_total == {("all-reduce", "data"): 5 * D * D * 4}, d
+        # every call counts: the 3 made while the analysis was held too (one process of CPU devices: local)
+        assert d.collective_bytes_total == {("all-reduce", "data", "local"): 8 * D * D * 4}, d
         assert d.program_peak_memory_bytes == peak
     assert {thread for _, thread in ops.calls} == {THREAD_NAME}
     assert [name for name, _ in ops.calls] == ["as_text", "memory_analysis"]
@@ -175,7 +176,7 @@ def test_the_sampled_traces_learn_each_analysed_programs_collective_instructions
     tracker = make_tracker(window=3)
     sampler = tracker.sampler
     assert isinstance(sampler, Sampler)
-    assert sampler._known_collectives() == {}
+    assert sampler._known_collectives() == (({}, {}))
     w = jax.device_put(jnp.ones((D, D)), NamedSharding(mesh, P()))
     x = jax.device_put(jnp.ones((B, D)), NamedSharding(mesh, P("data")))
     both = ("data", "model")
@@ -197,7 +198,14 @@ def test_the_sampled_traces_learn_each_analysed_programs_collective_instructions
         for name, op in re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = .*? (all-reduce|all-gather)(?:-start)?\(", text, re.M):
             expected[name] = op
     assert sorted(set(expected.values())) == ["all-gather", "all-reduce"]
-    assert sampler._known_collectives() == expected
+    names, places = sampler._known_collectives()
+    assert names == expected
+    # each placed: its op, the mesh axes its groups span and the link (one process's CPU devices: local)
+    assert set(places) == set(expected)
+    assert {p[:3] for p in places.values()} == {("all-reduce", "data", "local"), ("all-gather", "data,model", "local")}
+    assert {n: p[3] for n, p in places.items() if p[0] == "all-gather"} == {
+        n: B * D * 4 for n, op in expected.items() if op == "all-gather"
+    }
 
 
 def test_a_program_that_cannot_be_analysed_is_counted_and_adds_nothing(
@@ -245,10 +253,30 @@ def _reading() -> TrainingReading:
         platform="cpu",
         id=3,
         hardware_flops_total=1e9,
-        collective_bytes_total={("all-reduce", "data"): 4194304.0, ("all-gather", ""): 12.0},
+        collective_bytes_total={("all-reduce", "data", "ici"): 4194304.0, ("all-gather", "", "unknown"): 12.0},
         program_peak_memory_bytes=2129920.0,
+        link_bandwidth={"ici": 200e9, "dcn": 3.125e9},
     )
-    return TrainingReading(steps_total=4, step=3, start_time_seconds=1000.0, devices=(device, DeviceTraining("cpu", 4)))
+    profile = ProfileReading(
+        results={"taken": 1},
+        devices=(
+            DeviceProfile(
+                "cpu",
+                3,
+                1.0,
+                {"compute": 0.5, "collective": 0.25, "copy": 0.0, "idle": 0.25},
+                {"all-reduce": 0.3},
+                {("all-reduce", "data", "network"): (0.3, 0.25, 8192.0)},
+            ),
+        ),
+    )
+    return TrainingReading(
+        steps_total=4,
+        step=3,
+        start_time_seconds=1000.0,
+        devices=(device, DeviceTraining("cpu", 4)),
+        profile=profile,
+    )
 
 
 def test_the_spool_carries_collective_bytes_and_peak_memory_to_the_sidecar() -> None:
@@ -258,17 +286,18 @@ def test_the_spool_carries_collective_bytes_and_peak_memory_to_the_sidecar() -> 
     assert parsed.training is not None
     back = training_reading(parsed.training, 1010.0)
     assert back.devices == reading.devices
+    assert back.profile == reading.profile  # the sampled collectives by place too
     # The sidecar renders what the trainer would.
     here = [(m.name, s.labels, s.value) for m in training_families([({"w": "x"}, reading)]) for s in m.samples]
     there = [(m.name, s.labels, s.value) for m in training_families([({"w": "x"}, back)]) for s in m.samples]
     assert here == there
     bytes_samples = {
-        (s.labels["device"], s.labels["op"], s.labels["axes"]): s.value
+        (s.labels["device"], s.labels["op"], s.labels["axes"], s.labels["link"]): s.value
         for m in training_families([({"w": "x"}, back)])
         for s in m.samples
         if s.name == "jaxmon_training_collective_bytes_total"
     }
-    assert bytes_samples == {("3", "all-reduce", "data"): 4194304.0, ("3", "all-gather", ""): 12.0}
+    assert bytes_samples == {("3", "all-reduce", "data", "ici"): 4194304.0, ("3", "all-gather", "", "unknown"): 12.0}
     # A document of schema 2 (no such fields) still reads, with none.
     older = {
         **GOOD,
@@ -293,13 +322,39 @@ def test_collective_bytes_add_per_call_and_device() -> None:
         def __init__(self, comm: Communication | None) -> None:
             self.communication = comm
 
-    two = Communication({("all-reduce", "data"): 100.0}, 50, (("cpu", 0), ("cpu", 1)))
-    one = Communication({("all-gather", "model"): 7.0}, 80, (("cpu", 1),))
-    totals: dict[tuple[str, int], dict[tuple[str, str], float]] = {}
+    two = Communication({("all-reduce", "data", "ici"): 100.0}, 50, (("cpu", 0), ("cpu", 1)))
+    one = Communication({("all-gather", "model", "dcn"): 7.0}, 80, (("cpu", 1),))
+    totals: dict[tuple[str, int], dict[tuple[str, str, str], float]] = {}
     peaks = book([(Prog(two), 3), (Prog(one), 2), (Prog(None), 5)], totals)
-    assert totals == {("cpu", 0): {("all-reduce", "data"): 300.0}, ("cpu", 1): {("all-reduce", "data"): 300.0,
-                      ("all-gather", "model"): 14.0}}  # fmt: skip
+    assert totals == {("cpu", 0): {("all-reduce", "data", "ici"): 300.0}, ("cpu", 1): {("all-reduce", "data", "ici"):
+                      300.0, ("all-gather", "model", "dcn"): 14.0}}  # fmt: skip
     assert peaks == {("cpu", 0): 50.0, ("cpu", 1): 80.0}
+
+
+def test_calls_before_the_analysis_wait_and_are_added_once_it_is_done() -> None:
+    from jaxmon.training.communication import NOTHING, book
+
+    class Prog:
+        cost = object()  # a program with a cost was submitted for its analysis
+        communication: Communication | None = None
+
+    rare, failed = Prog(), Prog()
+    totals: dict[tuple[str, int], dict[tuple[str, str, str], float]] = {}
+    waiting: dict[int, tuple[object, int]] = {}
+    book([(rare, 2), (failed, 1)], totals, waiting)  # step 1: neither is analysed; their calls wait
+    book([(rare, 1)], totals, waiting)
+    assert totals == {} and waiting == {id(rare): (rare, 3), id(failed): (failed, 1)}
+    rare.communication = Communication({("all-reduce", "data", "local"): 10.0}, 5, (("cpu", 0),))
+    failed.communication = NOTHING
+    peaks = book([], totals, waiting)  # a step that calls neither: the waiting calls are booked all the same
+    assert totals == {("cpu", 0): {("all-reduce", "data", "local"): 30.0}} and waiting == {} and peaks == {}
+    book([(rare, 1)], totals, waiting)
+    assert totals == {("cpu", 0): {("all-reduce", "data", "local"): 40.0}}
+    # a program without a cost was never submitted: its calls do not wait for an analysis that never comes
+    nocost = Prog()
+    nocost.cost = None
+    book([(nocost, 1)], totals, waiting)
+    assert waiting == {}
 
 
 def test_the_pairs_per_device_are_bounded() -> None:
@@ -307,10 +362,10 @@ def test_the_pairs_per_device_are_bounded() -> None:
 
     class Prog:
         communication = Communication(
-            {("all-reduce", f"axis{i}"): 1.0 for i in range(MAX_PAIRS + 5)}, None, (("cpu", 0),)
+            {("all-reduce", f"axis{i}", "local"): 1.0 for i in range(MAX_PAIRS + 5)}, None, (("cpu", 0),)
         )
 
-    totals: dict[tuple[str, int], dict[tuple[str, str], float]] = {}
+    totals: dict[tuple[str, int], dict[tuple[str, str, str], float]] = {}
     book([(Prog(), 1)], totals)
     book([(Prog(), 1)], totals)
     assert len(totals[("cpu", 0)]) == MAX_PAIRS and set(totals[("cpu", 0)].values()) == {2.0}

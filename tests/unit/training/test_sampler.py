@@ -147,9 +147,9 @@ def test_gpu_split_lands_on_the_job_devices(make) -> None:  # type: ignore[no-un
     parts = {p: samples[("jaxmon_training_profile_seconds_total", key(device, part=p))] for p in expected}
     assert parts == pytest.approx(expected)
     assert sum(parts.values()) == pytest.approx(samples[("jaxmon_training_profiled_seconds_total", key(device))])
-    assert samples[("jaxmon_training_profile_collective_seconds_total", key(device, op="all-gather"))] == (
-        pytest.approx(10 * US)
-    )
+    assert samples[
+        ("jaxmon_training_profile_collective_seconds_total", key(device, op="all-gather", axes="", link="unknown"))
+    ] == (pytest.approx(10 * US))
 
 
 def test_tpu_split_and_a_second_sample_adds_up(make) -> None:  # type: ignore[no-untyped-def]

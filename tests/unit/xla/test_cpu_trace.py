@@ -113,3 +113,44 @@ def test_a_psum_inside_a_scan_is_collective_time_not_the_loops(mesh: Mesh, tmp_p
             assert s.collective > 0 and set(s.collectives) == {"all-reduce"}, (device, s)
             assert s.compute > 0, device
             assert s.compute + s.collective + s.copy + s.idle == s.window, device
+
+
+def test_each_collective_event_is_attributed_to_its_instructions_axes_link_and_bytes(
+    mesh: Mesh, tmp_path: Path
+) -> None:
+    """The same scan of psums, its instructions placed by the analysis (jaxmon.training.links): each traced event
+    counts under (all-reduce, data, local), its bytes are the events in the window times the instruction's bytes
+    (the shapes: a (16 x 256) f32 block per device and layer), and the per-place exposed times are the exposed
+    collective time (one program on each device: its collectives never run at once)."""
+    from jaxmon.training.links import DeviceTopology, place
+    from jaxmon.training.trace_links import PlacedTotals, kinds
+    from jaxmon.xla.hlo import MeshLayout
+
+    ws = jax.device_put(jnp.full((3, 256, 256), 0.01), NamedSharding(mesh, P()))
+    x = jax.device_put(jnp.ones((64, 256)), NamedSharding(mesh, P("data")))
+
+    def layers(ws: jax.Array, x: jax.Array) -> jax.Array:
+        out, _ = lax.scan(lambda c, w: (lax.psum(jnp.tanh(c @ w), "data"), None), x, ws)
+        return out
+
+    step = jax.jit(shard_map(layers, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data"), check_vma=False))
+    text = step.lower(ws, x).compile().as_text()
+    assert text is not None
+    program = parse(text)
+    layout = MeshLayout(mesh.axis_names, mesh.devices.shape, tuple(d.id for d in mesh.devices.flat))
+    placed = place(program, layout, None, {d.id: DeviceTopology(d.id, "cpu", 0) for d in jax.devices()})
+    places = {n: (*placed.places[n], placed.sizes[n]) for n in placed.places}
+    assert {p[:3] for p in places.values()} == {("all-reduce", "data", "local")}
+    trace, t0, t1 = _trace(
+        tmp_path, step, ws, x, collectives=kinds({c.name: c.op for c in program.collectives}, places)
+    )
+    block = (64 // 4) * 256 * 4
+    for device, s in trace.split(trace.trace_ns(t0), trace.trace_ns(t1)).items():
+        totals = PlacedTotals()
+        totals.add(s, places, 1e-12)
+        table = totals.table()
+        assert set(table) == {("all-reduce", "data", "local")}, device
+        seconds, exposed, moved = table[("all-reduce", "data", "local")]
+        assert moved == 2 * 3 * block, device  # 2 steps x 3 layers, one psum each
+        assert exposed == pytest.approx(s.collective * 1e-12), device
+        assert seconds >= exposed > 0, device

@@ -25,6 +25,21 @@ def test_split_by_precedence() -> None:
     assert (s.compute, s.collective, s.copy, s.idle) == (30, 20 + 20, 10, 20)
     assert s.collectives == {"all-reduce": 30, "all-gather": 20}
     assert s.compute + s.collective + s.copy + s.idle == s.window == 100
+    # exposed: each kind's time with no compute running; events: its segments starting in the window
+    assert s.exposed == {"all-reduce": 20, "all-gather": 20} and s.events == {"all-reduce": 1, "all-gather": 1}
+
+
+def test_kinds_running_at_once_each_count_their_exposed_time() -> None:
+    segments: list[Segment] = [
+        (0, 40, COLLECTIVE, "a"),
+        (10, 30, COLLECTIVE, "b"),
+        (20, 25, COMPUTE, ""),
+        (50, 60, COLLECTIVE, "a"),
+    ]
+    s = split(segments, 5, 55)
+    assert s.collective == 35 + 5 - 5  # [5, 40) and [50, 55) less the compute's [20, 25)
+    assert s.exposed == {"a": 30 + 5, "b": 15}  # b: [10, 30) less [20, 25)
+    assert s.events == {"a": 1, "b": 1}  # a's first event started before the window
 
 
 def test_split_clips_to_the_window() -> None:
