@@ -190,12 +190,6 @@ class JaxTraining:
 
         return jax.tree.map(aval, tuple(args)), jax.tree.map(aval, dict(kwargs))
 
-    def cost(self, fn: Any, avals: tuple[tuple[Any, ...], dict[str, Any]]) -> Cost:
-        """The per-device cost of `fn` at `avals` (the program its first call compiled: a cache hit here). Called on
-        the thread that called `fn`, so it lowers in that thread's contexts (mesh, sharding rules)."""
-        cost: Cost = self.compiled(fn, avals).cost
-        return cost
-
     def compiled(self, fn: Any, avals: tuple[tuple[Any, ...], dict[str, Any]]) -> Compiled:
         """The program `fn`'s call at `avals` ran (a cache hit), its cost, and what the analysis off this thread
         needs (`communication()`): the compiled object, the mesh and the program's device order. Only cheap calls
