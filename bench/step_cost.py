@@ -6,6 +6,7 @@
     .venv/bin/python bench/step_cost.py --tree DIR               # another tree's jaxmon/ (DIR: `git archive REV
                                                                  #   jaxmon | tar -x -C DIR`), for a before/after
     .venv/bin/python bench/step_cost.py --rss-steps 1000000      # also RSS over a long no-device run
+    .venv/bin/python bench/step_cost.py --sizes "" --paced-steps 2000   # step()'s median in a loop paced at 2 ms
 
 Each figure comes from child processes, alternated: the plain loop, then the same loop with jaxmon at its defaults
 (`jaxmon.start(port)`, `jaxmon.track(jitted step)`, `jaxmon.step(n, loss, examples=, tokens=, model_flops=)`), in
@@ -20,6 +21,8 @@ length (in a child of its own) so that the plain loop's step takes about the len
   in `jaxmon.step()` (time.thread_time_ns around it), per step; `track_us` what the tracked call took beyond the
   plain loop's raw call (each loop's own mean; noisy: a difference of two means of tens of microseconds). `total_us`
   is the three together: all of jaxmon's host CPU per step.
+- `paced`: step()'s own wall time (median, p90) in a loop paced at one step every 2 ms, a ready loss and three
+  figures (the waiter idle between steps).
 - `rss`: a loop of `--rss-steps` steps with no device work (`jaxmon.step(n, ready, examples=...)` on one computed
   array) and the process's RSS every tenth of them: flat means the step path keeps nothing per step.
 
@@ -53,6 +56,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--alternations", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=3.0, help="measured loop time per child")
     ap.add_argument("--rss-steps", type=int, default=0, help="steps of the no-device RSS run (0: none)")
+    ap.add_argument("--paced-steps", type=int, default=0, help="steps of the paced step() timing, one every 2 ms")
     ap.add_argument("--tree", help="a directory holding another tree's jaxmon/ package, measured instead of this one")
     ap.add_argument("--port", type=int, default=0, help="jaxmon.start()'s port (0: any free one)")
     ap.add_argument("--out", help="where the JSON goes (default bench/results/step_cost.json)")
@@ -71,13 +75,13 @@ def jaxmon_threads() -> dict[int, str]:
     return {t.native_id: t.name for t in threading.enumerate() if t.name.startswith("jaxmon") and t.native_id}
 
 
-def thread_ns(tids: dict[int, str]) -> int:
-    """CPU nanoseconds the threads `tids` ran (a thread that ended since counts what it ran until then: no more)."""
-    total = 0
-    for tid in tids:
+def thread_ns(tids: dict[int, str]) -> dict[str, int]:
+    """CPU nanoseconds each of the threads `tids` ran, by name (a thread that ended since counts nothing more)."""
+    out: dict[str, int] = {}
+    for tid, name in tids.items():
         with contextlib.suppress(OSError, ValueError, IndexError):
-            total += int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
-    return total
+            out[name] = int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+    return out
 
 
 def make_step(k: int) -> Any:
@@ -110,7 +114,7 @@ def loop(args: argparse.Namespace, with_jaxmon: bool) -> dict[str, Any]:
     losses: list[Any] = []
     call_ns = step_ns = 0
     mine: dict[int, str] = {}
-    cpu0 = 0
+    cpu0: dict[str, int] = {}
     start = 0.0
     clock = time.thread_time_ns
     for n in range(warm + args.steps):
@@ -133,7 +137,10 @@ def loop(args: argparse.Namespace, with_jaxmon: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"steps_per_s": args.steps / elapsed, "step_ms": elapsed / args.steps * 1e3}
     out["call_us"] = call_ns / args.steps / 1e3
     if with_jaxmon:
-        out["thread_cpu_us"] = (thread_ns(mine) - cpu0) / args.steps / 1e3
+        cpu1 = thread_ns(mine)
+        per = {name: (ns - cpu0.get(name, 0)) / args.steps / 1e3 for name, ns in cpu1.items()}
+        out["thread_cpu_us"] = sum(per.values())
+        out["thread_cpu_us_by_thread"] = per
         out["step_us"] = step_ns / args.steps / 1e3
         out["threads"] = sorted(mine.values())
         out["jaxmon"] = jaxmon.__file__
@@ -206,6 +213,37 @@ def rss(args: argparse.Namespace) -> dict[str, Any]:
     return {"steps": args.steps, "seconds": elapsed, "rss_kib": samples}
 
 
+def paced(args: argparse.Namespace) -> dict[str, Any]:
+    """step()'s own wall time on the training thread in a loop paced at one step every 2 ms (the waiter idle between
+    steps, as on a loop of 2 ms steps), with a ready loss and three figures: the median and p90 of the calls."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxmon
+
+    exporter = jaxmon.start(args.port, workload="bench")
+    fn = jaxmon.track(make_step(1))
+    device = jax.devices(args.platform)[0]
+    state = jax.device_put(jnp.eye(D, dtype=jnp.float32), device)
+    w = jax.device_put(jnp.full((D, D), 1.0 / D, dtype=jnp.float32), device)
+    calls, losses = [], []
+    tick = time.perf_counter()
+    for n in range(args.steps):
+        state, loss = fn(state, w)
+        t0 = time.perf_counter()
+        jaxmon.step(n, loss, examples=32, tokens=32 * 512, model_flops=1e9)
+        calls.append((time.perf_counter() - t0) * 1e6)
+        losses.append(loss)
+        if len(losses) > 2:
+            losses.pop(0).block_until_ready()
+        tick += 0.002
+        time.sleep(max(tick - time.perf_counter(), 0.0))
+    exporter.stop()
+    calls = calls[len(calls) // 10 :]
+    ordered = sorted(calls)
+    return {"steps": len(calls), "median_us": statistics.median(calls), "p90_us": ordered[int(0.9 * len(ordered))]}
+
+
 def rss_kib() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -248,12 +286,12 @@ def main() -> None:
     args = parse()
     if args.child:
         run = {"plain": lambda: loop(args, False), "jaxmon": lambda: loop(args, True)}
-        run |= {"calibrate": lambda: calibrate(args), "rss": lambda: rss(args)}
+        run |= {"calibrate": lambda: calibrate(args), "rss": lambda: rss(args), "paced": lambda: paced(args)}
         print(json.dumps(run[args.child]()))
         return
     sizes = [float(s) for s in args.sizes.split(",") if s]
     started = time.time()
-    cal = child(args, "calibrate", target=max(sizes))
+    cal = child(args, "calibrate", target=max(sizes)) if sizes else {"ms": {}}
     result: dict[str, Any] = {
         "benchmark": "step_cost",
         "platform": args.platform,
@@ -292,12 +330,14 @@ def main() -> None:
         }
     if args.rss_steps:
         result["rss"] = child(args, "rss", steps=args.rss_steps)
+    if args.paced_steps:
+        result["paced"] = child(args, "paced", steps=args.paced_steps)
     result["seconds"] = time.time() - started
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / "step_cost.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     brief = {s: {k: v for k, v in r.items() if k != "rows"} for s, r in result["sizes"].items()}
-    print(json.dumps({"sizes": brief, "rss": result.get("rss")}, indent=2))
+    print(json.dumps({"sizes": brief, "rss": result.get("rss"), "paced": result.get("paced")}, indent=2))
     print(f"written {out}")
 
 

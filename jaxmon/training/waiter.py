@@ -142,7 +142,8 @@ class Waiter:
         self._leads.append(len(later))
         later = later[: min(self._leads)]
         start = self._last_done()
-        start = start if start is not None else batch[0].handed
+        if start is None:  # the first steps: no completion known before them, and no look before
+            start, later, ran = batch[0].handed, [], True
         self._ran.append(ran)
         paced = 2 * sum(self._ran) > len(self._ran)  # the device behind the host at most recent looks
         completions: list[float | None] = list(apportion(start, newest, [i.handed for i in batch], later, ran, paced))
@@ -187,7 +188,7 @@ def apportion(
     n = len(handed)
     if n == 1:  # the completion seen (a step that was done already: when the waiter looked, at most LOOK late)
         return [end]
-    if not ran and not paced:  # the device keeps up with the host (idle at the looks): each step done once handed
+    if not ran and not paced and handed[0] >= start:  # the device keeps up with the host: each done once handed
         out, previous = [], start
         for time in handed:
             previous = min(max(time, previous), end)
@@ -196,7 +197,9 @@ def apportion(
     times = [*handed, *later]
     shift = len(later) + 1  # a paced loop calls step() for step k + shift right after step k completed
     bounds = [times[i + shift] for i in range(n - 1)]
-    if bounds[0] < start - (end - start) / n / 2:  # not paced by the device (it ran ahead): no rhythm to follow
+    # Not paced by the device: the host's calls came before the interval began, or in a burst long before its end
+    # (it ran ahead): no rhythm of the device's to follow.
+    if bounds[0] < start - (end - start) / n / 2 or end - bounds[-1] > 6 * (end - start) / n:
         span = max(end - start, 0.0) / n
         return [start + span * (i + 1) for i in range(n - 1)] + [end]
     out, previous = [], start
