@@ -29,6 +29,7 @@ import structlog
 
 from jaxmon.logsetup import ErrorLog
 from jaxmon.profile import Trace, read
+from jaxmon.threads import Worker
 from jaxmon.training.reading import DeviceProfile, ProfileReading
 
 log = structlog.get_logger("jaxmon.training.sampler")
@@ -123,9 +124,8 @@ class Sampler:
         self._results = dict.fromkeys(RESULTS, 0)
         self._totals: dict[tuple[str, int], _Totals] = {}
         self._session = threading.Lock()  # one jaxmon trace at a time: a sample or one on demand
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="jaxmon-profile", daemon=True)
-        self._thread.start()
+        self._worker = Worker("profile", self._run, self._notify)
+        self._thread = self._worker.start().thread
 
     # -- the tracker's hooks ------------------------------------------------------------------------------
 
@@ -306,12 +306,16 @@ class Sampler:
                 ),
             )
 
-    def stop(self, timeout: float) -> None:
+    @property
+    def _stopping(self) -> bool:
+        return self._worker.stopping
+
+    def _notify(self) -> None:
         with self._lock:
-            self._stopping = True
             self._wake.notify_all()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+
+    def stop(self, timeout: float) -> None:
+        self._worker.stop(timeout)
 
 
 def _splits(
