@@ -4,7 +4,8 @@ jax.monitoring events that are time not training."""
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from jaxmon.model import DeviceInfo
@@ -54,6 +55,24 @@ class TrainingOps(Protocol):
     def communication(self, program: Any) -> Any: ...
     def cache_size(self, fn: Any) -> int | None: ...
     def on_event_duration(self, callback: Callable[[str, float], None]) -> Callable[[], None]: ...
+    def profiler(self) -> Profiler: ...
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Sampled traces: every `every` steps (0: off, traces on demand only), a trace of `steps` whole steps."""
+
+    every: int
+    steps: int
+
+
+class Profiler(Protocol):
+    """What the sampler needs of JAX's profiler (jaxmon.sources.local.profiler.JaxProfiler)."""
+
+    def start(self, python: bool) -> None: ...  # raises sampler.Busy
+    def stop(self) -> bytes: ...  # the serialized XSpace; raises Busy when the user's trace ended jaxmon's
+    def export(self, directory: Path) -> None: ...  # stop, writing plugins/profile/<run>/<host>.xplane.pb there
+    def devices(self) -> Mapping[tuple[str, int], tuple[str, int]]: ...  # trace (platform, ordinal) -> device key
 
 
 @dataclass(frozen=True)
@@ -64,7 +83,7 @@ class TrackerConfig:
     window: int = 100
     stall_factor: float = 3.0
     max_pending: int = 1024
-    profile: tuple[int, int] = (0, 2)  # sampled traces: every this many steps (0: off), this many steps (sampler.py)
+    profile: SamplerConfig = field(default_factory=lambda: SamplerConfig(0, 2))  # sampled traces (sampler.py)
 
 
 @dataclass

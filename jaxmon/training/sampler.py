@@ -23,13 +23,13 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 
 import structlog
 
 from jaxmon.logsetup import ErrorLog
 from jaxmon.profile import Trace, read
 from jaxmon.threads import Worker
+from jaxmon.training.handed import Profiler, SamplerConfig, TrainingOps
 from jaxmon.training.reading import DeviceProfile, ProfileReading
 
 log = structlog.get_logger("jaxmon.training.sampler")
@@ -51,21 +51,6 @@ PS = 1e-12
 
 class Busy(Exception):
     """The user (or another tool) is profiling: jaxmon takes no trace now, or ended its own to let the user's run."""
-
-
-class Profiler(Protocol):
-    """What the sampler needs of JAX's profiler (jaxmon.sources.local.profiler.JaxProfiler)."""
-
-    def start(self, python: bool) -> None: ...  # raises Busy
-    def stop(self) -> bytes: ...  # the serialized XSpace; raises Busy when the user's trace ended jaxmon's
-    def export(self, directory: Path) -> None: ...  # stop, writing plugins/profile/<run>/<host>.xplane.pb there
-    def devices(self) -> Mapping[tuple[str, int], tuple[str, int]]: ...  # trace (platform, ordinal) -> device key
-
-
-@dataclass(frozen=True)
-class SamplerConfig:
-    every: int
-    steps: int
 
 
 def block_start(handed: int, every: int) -> int | None:
@@ -365,17 +350,17 @@ class Off:
 
 
 def sampler_for(
-    ops: Any,
-    profile: tuple[int, int],
+    ops: TrainingOps,
+    config: SamplerConfig,
     clock: Callable[[], float],
     collectives: Callable[[], Mapping[str, str]] | None = None,
 ) -> Sampler | Off:
-    """The tracker's sampler: `profile` is (every, steps), every 0 meaning traces on demand only;
-    `ops.profiler()` (jaxmon.sources.local.training) makes the JAX side; `collectives` names the tracked
-    programs' collective instructions. Off when this JAX's profiler cannot be used (said once, in the log)."""
-    every, steps = profile
+    """The tracker's sampler (`config.every` 0: traces on demand only); `ops.profiler()`
+    (jaxmon.sources.local.training) makes the JAX side; `collectives` names the tracked programs' collective
+    instructions. Off when this JAX's profiler cannot be used (said once, in the log)."""
     try:
-        return Sampler(ops.profiler(), SamplerConfig(max(every, 0), max(steps, 1)), collectives, clock=clock)
+        config = SamplerConfig(max(config.every, 0), max(config.steps, 1))
+        return Sampler(ops.profiler(), config, collectives, clock=clock)
     except Exception as exc:
         log.warning("no sampled traces: jax.profiler cannot be used here", error=f"{type(exc).__name__}: {exc}")
         return Off()
