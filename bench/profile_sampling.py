@@ -40,6 +40,7 @@ from jaxmon.collectors.training import PROFILE_EVERY
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.profiler import JaxProfiler
 from jaxmon.sources.local.training import JaxTraining
+from jaxmon.training.handed import SamplerConfig
 from jaxmon.training.tracker import Tracker, TrackerConfig
 from jaxmon.xla.profile import read
 
@@ -155,7 +156,9 @@ def throughput(loop: Loop, every: int, steps: int, rounds: int) -> dict[str, Any
     taken = 0
     for r in range(rounds):
         for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
-            tracker = Tracker(JaxTraining(source), TrackerConfig(profile=(every if mode == "on" else 0, 2)))
+            tracker = Tracker(
+                JaxTraining(source), TrackerConfig(profile=SamplerConfig(every if mode == "on" else 0, 2))
+            )
             loop.number = 1  # blocks at the multiples of `every`, from the run's start
             loop.run(3, tracker)  # warm: the waiter and the sampler's thread start
             t0 = time.perf_counter()

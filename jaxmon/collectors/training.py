@@ -83,14 +83,14 @@ class TrainingOptions(CollectorOptions):
 
     def tracker_config(self) -> TrackerConfig:
         """What the tracker takes of these options (the tracker itself is loaded only in a training process)."""
-        from jaxmon.training.tracker import TrackerConfig
+        from jaxmon.training.handed import SamplerConfig, TrackerConfig
 
         return TrackerConfig(
             self.peak_flops,
             self.window,
             self.stall_factor,
             self.max_pending,
-            profile=(self.profile.every, self.profile.steps),
+            profile=SamplerConfig(self.profile.every, self.profile.steps),
             link_bandwidth=tuple(
                 (link, float(value))
                 for link, value in (item.split("=", 1) for item in self.link_bandwidth.split(",") if item)

@@ -158,6 +158,7 @@ def badput(kind: str) -> Iterator[None]:
         _not_running("badput")
         yield
         return
+    tracker.pause()  # the host stops stepping: the waiter sees the steps so far complete now, not at its next look
     interval = tracker.interval(str(kind), tracker.now())  # open: a step completing meanwhile is charged for it
     try:
         yield

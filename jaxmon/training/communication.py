@@ -20,12 +20,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from jaxmon.threads import PREFIX, Worker
 from jaxmon.xla.hlo import MeshLayout
 
 # Programs waiting for their analysis at most (each holds its compiled object until then); past it a new program is
 # not analysed and counted (reason="communication").
 MAX_QUEUED = 64
-THREAD_NAME = "jaxmon-programs"
+THREAD_NAME = PREFIX + "programs"
 # (op, axes, link) series per device at most: 7 ops x the axis combinations a mesh's programs use (one link each)
 # are a handful; a new one past this many is not counted (the spool carries at most 1024).
 MAX_PAIRS = 256
@@ -90,12 +91,11 @@ class Analyzer:
         self._failed = failed
         self._queue: deque[tuple[Any, Compiled]] = deque()
         self._wake = threading.Condition()
-        self._stopping = False
         self._running = False  # an analysis is under way
         # Started here (with the tracker, in start() or publish()), not at the first program: a thread's start
         # waits for the thread to run, which would be the training thread's wait.
-        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
-        self._thread.start()
+        self._worker = Worker(THREAD_NAME.removeprefix(PREFIX), self._run, self._notify)
+        self._thread = self._worker.start().thread
 
     def submit(self, program: Any, compiled: Compiled) -> None:
         """Analyse `program` once `kick()`ed; returns at once: a deque's append (atomic), no lock taken."""
@@ -141,13 +141,17 @@ class Analyzer:
         with self._wake:
             return not self._queue and not self._running
 
+    @property
+    def _stopping(self) -> bool:
+        return self._worker.stopping
+
+    def _notify(self) -> None:
+        with self._wake:
+            self._wake.notify()
+
     def stop(self, timeout: float) -> None:
         """End the thread after the analysis it is in (a daemon: a huge program's parse does not hold the exit)."""
-        with self._wake:
-            self._stopping = True
-            self._wake.notify()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        self._worker.stop(timeout)
 
 
 class CollectiveNames:

@@ -23,11 +23,12 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
 
 import structlog
 
 from jaxmon.logsetup import ErrorLog
+from jaxmon.threads import Worker
+from jaxmon.training.handed import Profiler, SamplerConfig, TrainingOps
 from jaxmon.training.reading import DeviceProfile, ProfileReading
 from jaxmon.training.trace_links import PlacedTotals, kinds, place_of
 from jaxmon.xla.profile import Trace, read
@@ -50,21 +51,6 @@ PS = 1e-12
 
 class Busy(Exception):
     """The user (or another tool) is profiling: jaxmon takes no trace now, or ended its own to let the user's run."""
-
-
-class Profiler(Protocol):
-    """What the sampler needs of JAX's profiler (jaxmon.sources.local.profiler.JaxProfiler)."""
-
-    def start(self, python: bool) -> None: ...  # raises Busy
-    def stop(self) -> bytes: ...  # the serialized XSpace; raises Busy when the user's trace ended jaxmon's
-    def export(self, directory: Path) -> None: ...  # stop, writing plugins/profile/<run>/<host>.xplane.pb there
-    def devices(self) -> Mapping[tuple[str, int], tuple[str, int]]: ...  # trace (platform, ordinal) -> device key
-
-
-@dataclass(frozen=True)
-class SamplerConfig:
-    every: int
-    steps: int
 
 
 def block_start(handed: int, every: int) -> int | None:
@@ -124,9 +110,8 @@ class Sampler:
         self._results = dict.fromkeys(RESULTS, 0)
         self._totals: dict[tuple[str, int], _Totals] = {}
         self._session = threading.Lock()  # one jaxmon trace at a time: a sample or one on demand
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="jaxmon-profile", daemon=True)
-        self._thread.start()
+        self._worker = Worker("profile", self._run, self._notify)
+        self._thread = self._worker.start().thread
 
     # -- the tracker's hooks ------------------------------------------------------------------------------
 
@@ -312,12 +297,16 @@ class Sampler:
                 ),
             )
 
-    def stop(self, timeout: float) -> None:
+    @property
+    def _stopping(self) -> bool:
+        return self._worker.stopping
+
+    def _notify(self) -> None:
         with self._lock:
-            self._stopping = True
             self._wake.notify_all()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+
+    def stop(self, timeout: float) -> None:
+        self._worker.stop(timeout)
 
 
 def _splits(
@@ -369,17 +358,17 @@ class Off:
 
 
 def sampler_for(
-    ops: Any,
-    profile: tuple[int, int],
+    ops: TrainingOps,
+    config: SamplerConfig,
     clock: Callable[[], float],
     collectives: Callable[[], Mapping[str, str]] | None = None,
 ) -> Sampler | Off:
-    """The tracker's sampler: `profile` is (every, steps), every 0 meaning traces on demand only;
-    `ops.profiler()` (jaxmon.sources.local.training) makes the JAX side; `collectives` names the tracked
-    programs' collective instructions. Off when this JAX's profiler cannot be used (said once, in the log)."""
-    every, steps = profile
+    """The tracker's sampler (`config.every` 0: traces on demand only); `ops.profiler()`
+    (jaxmon.sources.local.training) makes the JAX side; `collectives` names the tracked programs' collective
+    instructions. Off when this JAX's profiler cannot be used (said once, in the log)."""
     try:
-        return Sampler(ops.profiler(), SamplerConfig(max(every, 0), max(steps, 1)), collectives, clock=clock)
+        config = SamplerConfig(max(config.every, 0), max(config.steps, 1))
+        return Sampler(ops.profiler(), config, collectives, clock=clock)
     except Exception as exc:
         log.warning("no sampled traces: jax.profiler cannot be used here", error=f"{type(exc).__name__}: {exc}")
         return Off()

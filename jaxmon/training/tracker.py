@@ -25,7 +25,6 @@ from jaxmon.logsetup import ErrorLog
 from jaxmon.training.accounting import MAX_INTERVALS, Accounting, Interval, Intervals
 from jaxmon.training.communication import Analyzer, CollectiveNames, WindowMax, book
 from jaxmon.training.handed import (
-    _PLAIN,
     EVENT_KIND,
     EVENT_KINDS,
     MAX_USER_KINDS,
@@ -33,15 +32,13 @@ from jaxmon.training.handed import (
     Program,
     TrackerConfig,
     TrainingOps,
-    _Held,
-    _Pending,
-    read_figures,
-    shown,
 )
 from jaxmon.training.nominal import per_link
 from jaxmon.training.peaks import peak_table
 from jaxmon.training.reading import DeviceTraining, TrainingReading
 from jaxmon.training.sampler import sampler_for
+from jaxmon.training.steps import PLAIN, Handoff, Held, Step, shown
+from jaxmon.training.waiter import Waiter
 
 log = structlog.get_logger("jaxmon.training")
 
@@ -66,9 +63,8 @@ class Tracker:
         self._wall = wall
         self._errors = ErrorLog(log, 3600.0)
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._pending: deque[_Pending] = deque()
-        self._calls: dict[int, tuple[Program, int]] = {}  # tracked calls since the last step()
+        self._handed: deque[Handoff] = deque()  # steps handed, not yet taken by the waiter (appended, no lock)
+        self._calls: list[Program] = []  # tracked calls since the last step(), one entry a call
         self._intervals = Intervals()  # badput intervals since the last completion (and the open ones)
         self._kinds: set[str] = set()  # the badput() kinds seen, MAX_USER_KINDS at most
         self._devices = ops.devices()
@@ -97,42 +93,44 @@ class Tracker:
         self._problems_lock = threading.Lock()
         self._stepping = False  # step() was called: a process that never does exports no training series
         self._dispatched: int | None = None  # the last step number handed to step()
-        self._stopping = False
         self._unlisten = ops.on_event_duration(self._on_event)
         # Sampled traces: told of each step and completion; their events named by the programs' collectives.
         self.sampler = sampler_for(ops, config.profile, clock, self._collective_names)
-        self._thread = threading.Thread(target=self._wait_loop, name="jaxmon-training", daemon=True)
-        self._thread.start()
+        self.waiter = Waiter(self._handed, ops, clock, self._problem, self.last_done, self.book)
+        self._thread = self.waiter.thread
 
     # -- the training thread ------------------------------------------------------------------------------
 
     def step(self, number: Any, ready: tuple[Any, ...], examples: Any, tokens: Any, model_flops: Any) -> None:
         """Step `number` is dispatched; it is complete when the JAX arrays among `ready`'s leaves are (or, with none,
         a barrier on every device). Nothing is read or checked here: any of the numbers may be a JAX array still
-        being computed, which the waiter reads once it is."""
+        being computed, which the waiter reads once it is. No lock, no notify while the waiter is busy: one
+        append to a deque (atomic)."""
         handed = self._clock()
         ops = self.ops
         arrays = ops.arrays(ready)
-        held = [ops.hold(a) for a in arrays]
-        handles = [h for h in held if h is not None]
-        if not arrays:  # no ready, or a tree of host numbers: no array says when the step is done
-            handles = ops.barrier()
+        if arrays:
+            handles = [h for h in map(ops.hold, arrays) if h is not None]
+            lost = len(handles) < len(arrays)
+        else:  # no ready, or a tree of host numbers: no array says when the step is done
+            handles, lost = ops.barrier(), False
         given = (number, examples, tokens, model_flops)
         if not (
-            type(number) is int and type(examples) in _PLAIN and type(tokens) in _PLAIN and type(model_flops) in _PLAIN
+            type(number) is int and type(examples) in PLAIN and type(tokens) in PLAIN and type(model_flops) in PLAIN
         ):
-            given = tuple(_Held(ops.hold(v)) if ops.is_array(v) else v for v in given)  # type: ignore[assignment]
-        with self._lock:
-            self._stepping = True
-            if type(number) is int or (isinstance(number, numbers.Integral) and not isinstance(number, bool)):
-                self._dispatched = int(number)  # a host integer; a device one is set by the waiter
-            calls, self._calls = self._calls, {}
-            if len(self._pending) >= self.config.max_pending:
-                self._problem("dropped", "training steps not tracked: the waiter is far behind", number=shown(number))
-                return
-            self._pending.append(_Pending(given, handles, handed, calls, lost=len(handles) < len(held)))
-            self._wake.notify()
-        if type(number) is int or (isinstance(number, numbers.Integral) and not isinstance(number, bool)):
+            given = tuple(Held(ops.hold(v)) if ops.is_array(v) else v for v in given)  # type: ignore[assignment]
+        self._stepping = True
+        host = type(number) is int or (isinstance(number, numbers.Integral) and not isinstance(number, bool))
+        if host:
+            self._dispatched = int(number)  # a host integer; a device one is set by the waiter
+        calls, self._calls = self._calls, []
+        if len(self._handed) + self.waiter.taken >= self.config.max_pending:
+            self._problem("dropped", "training steps not tracked: the waiter is far behind", number=shown(number))
+            return
+        self._handed.append((handed, given, handles, calls, lost))
+        if self.waiter.idle:  # it waits for a hand-off: only after a pause, never while steps come fast
+            self.waiter.wake()
+        if host:
             self.sampler.handed(int(number))  # a device step number starts no sampled trace (it is not read here)
 
     def measure(self, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Program:
@@ -161,10 +159,9 @@ class Tracker:
         )
 
     def called(self, program: Program) -> None:
-        """A tracked function ran `program` once in the current step."""
-        with self._lock:
-            _, count = self._calls.get(id(program), (program, 0))
-            self._calls[id(program)] = (program, count + 1)
+        """A tracked function ran `program` once in the current step (on the training thread, as step(): a list
+        append, no lock)."""
+        self._calls.append(program)
 
     def interval(self, kind: str, start: float, end: float = float("inf")) -> Interval:
         """Time that was not training, from `start` (and until `end`, or `close()`: a `badput()` block)."""
@@ -188,6 +185,10 @@ class Tracker:
                 )
         return interval
 
+    def pause(self) -> None:
+        """A badput() block opens on the training thread: no step comes for a while."""
+        self.waiter.hurry()
+
     def close(self, interval: Interval) -> None:
         """The interval ends now."""
         with self._lock:
@@ -196,6 +197,10 @@ class Tracker:
     def now(self) -> float:
         """The tracker's clock."""
         return self._clock()
+
+    def pending(self) -> int:
+        """Steps handed that the waiter has not booked yet."""
+        return len(self._handed) + self.waiter.taken
 
     def last_step_seen(self) -> float | None:
         """When (the tracker's clock, monotonic) the waiter last saw a step end, complete or unready; None before
@@ -210,66 +215,24 @@ class Tracker:
 
     # -- the waiter thread --------------------------------------------------------------------------------
 
-    def _wait_loop(self) -> None:
-        while not self._stopping:
-            try:
-                self._wait_one()
-            except Exception as exc:  # a bug here must not end the telemetry (nor reach training)
-                self._problem("error", "the training waiter failed on a step", detail=f"{type(exc).__name__}: {exc}")
-
-    def _wait_one(self) -> None:
+    def book(self, batch: list[Step], numbers: list[int | None], done: list[float | None]) -> None:
+        """The waiter's steps, read (`numbers`: None where unusable) and dated (`done`: None where unknown)."""
+        device_number = type(batch[-1].given[0]) is Held
         with self._lock:
-            while not self._pending and not self._stopping:
-                self._wake.wait()
-            if self._stopping:
-                return
-            item = self._pending[0]
-        try:
-            done = self._wait_arrays(item)
-            number = self._read(item)
-        except Exception as exc:  # a bug here: this step is not booked, and the waiter goes on with the next
-            self._problem("error", "the training waiter failed on a step", detail=f"{type(exc).__name__}: {exc}")
-            done, number = None, None
-        device_number = isinstance(item.given[0], _Held)
-        item.arrays, item.given = [], (None, None, None, None)  # hold no array longer than needed
-        with self._lock:
-            self._pending.popleft()
-            if number is None:  # no step number to book it under (counted): its time goes to the next step's gap
-                return
-            if device_number and not self._pending:
-                self._dispatched = number  # a device step number, and no later step handed: the last one handed
-            item.number = number
-            self._complete(item, done)
+            for item, number, completion in zip(batch, numbers, done, strict=True):
+                if number is None:  # no step number to book it under (counted): its time goes to the next step's gap
+                    continue
+                if item is batch[-1] and device_number and not self._handed:
+                    self._dispatched = number  # a device step number, and no later step handed: the last one handed
+                item.number = number
+                self._complete(item, completion)
+            self._analyzer.kick()  # new programs are analysed from now on, off the training thread
 
-    def _wait_arrays(self, item: _Pending) -> float | None:
-        """When the step's ready arrays were all computed (None: unknown, one was deleted or donated first).
+    def last_done(self) -> float | None:
+        """The last completion booked (the waiter's start for its next batch)."""
+        return self._acct.last_done
 
-        One blocking call for the step's ready arrays and its figure arrays together: one release of the GIL a
-        step, and none of an array that is ready already is needed to get past it. Only jaxmon's own handles are
-        waited on or asked, so a deletion at any moment makes the call raise, never crash."""
-        figures = [g.handle for g in item.given if isinstance(g, _Held) and g.handle is not None]
-        if item.lost:
-            self._problem("unready", "a step's ready array was deleted or donated before step() was called")
-            return None
-        try:
-            self.ops.wait(item.arrays + figures)
-            return self._clock()
-        except Exception as exc:
-            error = exc
-        if figures and not any(self.ops.deleted(h) for h in item.arrays):
-            try:  # a figure array failed (it is read below): the ready arrays alone say when the step was done
-                self.ops.wait(item.arrays)
-                return self._clock()
-            except Exception as exc:
-                error = exc
-        self._problem("unready", "a step's ready array was deleted or donated", detail=str(error)[:200])
-        return None
-
-    def _read(self, item: _Pending) -> int | None:
-        """Read and check the step's number and figures into `item` (handed.read_figures)."""
-        return read_figures(item, self.ops.value, self._problem)
-
-    def _complete(self, item: _Pending, done: float | None) -> None:
+    def _complete(self, item: Step, done: float | None) -> None:
         """Book step `item`, completed at `done` (None: unknown), with the lock held."""
         self._seen = self._clock()
         self._steps += 1
@@ -282,7 +245,8 @@ class Tracker:
             share = item.model_flops / self._device_count
             model = {d.key: share for d in self._devices}
         hardware: dict[tuple[str, int], float] = {}
-        for program, count in item.programs.values():
+        calls = counted(item.programs)
+        for program, count in calls:
             cost = program.cost
             if cost is None:
                 continue
@@ -291,8 +255,7 @@ class Tracker:
                     hardware[device] = hardware.get(device, 0.0) + cost.flops * count
                 if cost.bytes_accessed is not None:
                     self._bytes[device] = self._bytes.get(device, 0.0) + cost.bytes_accessed * count
-        self._peak_memory.step(book(item.programs.values(), self._collectives, self._waiting))
-        self._analyzer.kick()  # new programs are analysed from now on, off the training thread
+        self._peak_memory.step(book(calls, self._collectives, self._waiting))
         for totals, add in ((self._model, model), (self._hardware, hardware)):
             for device, flops in add.items():
                 totals[device] = totals.get(device, 0.0) + flops
@@ -315,6 +278,8 @@ class Tracker:
                 reason = "back" if restart else "jump"
                 self._problem(reason, "training step numbers do not follow", previous=previous[0], number=item.number)
             self._acct.gap(last_done, done, self._intervals, restart)
+            if restart:  # every window starts again: the MFU's (in gap()) and the predicted peak memory's
+                self._peak_memory.clear()
         self._intervals.forget(done)
 
     def _wall_at(self, instant: float | None) -> float:
@@ -389,12 +354,18 @@ class Tracker:
             return dict(self._problems)
 
     def stop(self, timeout: float) -> None:
-        """End the waiter after the step it waits for (a hung device keeps it: it is a daemon thread)."""
+        """End the waiter after the steps it waits for (a hung device keeps it: it is a daemon thread)."""
         self._unlisten()
         self._analyzer.stop(timeout)
         self.sampler.stop(timeout)
-        with self._lock:
-            self._stopping = True
-            self._wake.notify()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        self.waiter.stop(timeout)
+
+
+def counted(programs: list[Program]) -> list[tuple[Program, int]]:
+    """A step's tracked calls (one entry a call) as (program, calls)."""
+    if len(programs) == 1:
+        return [(programs[0], 1)]
+    out: dict[int, tuple[Program, int]] = {}
+    for program in programs:
+        out[id(program)] = (program, out.get(id(program), (program, 0))[1] + 1)
+    return list(out.values())

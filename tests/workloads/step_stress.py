@@ -131,7 +131,7 @@ def main() -> None:
     jax.block_until_ready(w)
     deadline = time.monotonic() + 120
     # Until the waiter has taken every step off its queue (its own emptiness, not a count it could get wrong).
-    while tracker._pending and time.monotonic() < deadline:
+    while tracker.pending() and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.5)  # a poll after the last booking: the exposition's snapshot is the final one
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:

@@ -17,8 +17,9 @@ import pytest
 from prometheus_client.core import Metric
 
 from jaxmon.families.training import training_families
+from jaxmon.training.handed import SamplerConfig
 from jaxmon.training.reading import ProfileReading, TrainingReading
-from jaxmon.training.sampler import Busy, Sampler, SamplerConfig, block_start, traced_steps
+from jaxmon.training.sampler import Busy, Sampler, block_start, traced_steps
 from tests.helpers import wait_until
 from tests.unit.xla.test_split_fakes import GPU0, GPU1, TPU0, TPU1
 from tests.xspace_fakes import START_UNIX_NS, gpu_space, tpu_space
@@ -242,8 +243,9 @@ def test_the_options_reach_the_tracker_and_refuse_a_block_with_no_room() -> None
 
     from jaxmon.collectors.training import PROFILE_EVERY, TrainingOptions
 
-    assert TrainingOptions().tracker_config().profile == (PROFILE_EVERY, 2)
-    assert TrainingOptions(profile={"every": 0}).tracker_config().profile == (0, 2)  # type: ignore[arg-type]
-    assert TrainingOptions(profile={"every": 50, "steps": 4}).tracker_config().profile == (50, 4)  # type: ignore[arg-type]
+    assert TrainingOptions().tracker_config().profile == SamplerConfig(PROFILE_EVERY, 2)
+    assert TrainingOptions(profile={"every": 0}).tracker_config().profile == SamplerConfig(0, 2)  # type: ignore[arg-type]
+    off = TrainingOptions(profile={"every": 50, "steps": 4})  # type: ignore[arg-type]
+    assert off.tracker_config().profile == SamplerConfig(50, 4)
     with pytest.raises(ValidationError, match=r"profile.every \(3\) must be 0 \(off\) or at least"):
         TrainingOptions(profile={"every": 3, "steps": 2})  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
+from jaxmon.training.handed import SamplerConfig
 from jaxmon.training.sampler import LEAD, Sampler
 from jaxmon.training.tracker import Tracker, TrackerConfig
 from tests.helpers import wait_until
@@ -62,7 +63,9 @@ def test_samples_and_the_users_traces_at_random_moments(tmp_path: Path) -> None:
     step = jax.jit(stress_step)
     w, loss = step(w, x)
     loss.block_until_ready()
-    tracker = Tracker(JaxTraining(LocalSource(sidecar_defaults=False)), TrackerConfig(profile=(EVERY, TRACED)))
+    tracker = Tracker(
+        JaxTraining(LocalSource(sidecar_defaults=False)), TrackerConfig(profile=SamplerConfig(EVERY, TRACED))
+    )
     rng = random.Random(34)
     user: list[tuple[Path, int]] = []  # each trace of the user's and the steps it covered
     tracing: Path | None = None

@@ -24,6 +24,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import jaxmon
+from jaxmon import training
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
 from jaxmon.training.reading import TrainingReading
@@ -41,7 +42,7 @@ def booked(tracker: Tracker, steps: int, problems: int = 0) -> TrainingReading:
 
     def done() -> bool:
         reading = tracker.reading()
-        return reading is not None and reading.steps_total + problems >= steps and not tracker._pending
+        return reading is not None and reading.steps_total + problems >= steps and not tracker.pending()
 
     wait_until(done, what=f"{steps} steps taken by the waiter")
     reading = tracker.reading()
@@ -126,6 +127,10 @@ def behind(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
     must be made (compiled, computed) before, or the first step may be done by then."""
     head = f(x)
     step(0, head)
+    tracker = training.current()
+    assert tracker is not None
+    # The waiter took it and waits for it (it takes the steps handed since in batches: these must come after).
+    wait_until(lambda: tracker.waiter.taken == 1 and tracker.pending() == 1, what="the waiter waiting for step 0")
     return head
 
 

@@ -230,3 +230,22 @@ def test_a_reading_reads_no_step_of_the_window_whatever_its_length(make_tracker:
         assert reading is not None
         assert {(d.platform, d.id): d.mfu for d in reading.devices} == dict.fromkeys(keys, pytest.approx(1e9 / PEAK))
     assert reads == {10: 0, 10_000: 0}
+
+
+def test_a_restart_clears_the_predicted_peak_memory_window(make_tracker: MakeTracker) -> None:
+    """Before issue 38 only the MFU window started again at a restore: the peak of the steps before it stayed."""
+    from jaxmon.training.communication import Communication
+    from jaxmon.training.handed import Program
+
+    tracker = make_tracker()
+    key = tracker.ops.devices()[0].key
+    program = Program(fn=None, communication=Communication({}, 1234, (key,)))
+    for n in range(3):
+        tracker.called(program)
+        jaxmon.step(n, ready())
+    reading = booked(tracker, 3)
+    assert {(d.platform, d.id): d.program_peak_memory_bytes for d in reading.devices}[key] == 1234
+    jaxmon.step(1, ready())  # back to step 1: a restore, no tracked call since
+    reading = booked(tracker, 4)
+    assert reading.problems.get("back") == 1
+    assert all(d.program_peak_memory_bytes is None for d in reading.devices)

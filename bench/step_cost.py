@@ -1,0 +1,345 @@
+"""What jaxmon costs a training loop per step, at its defaults: throughput side by side, its threads' CPU, its RSS.
+
+    .venv/bin/python bench/step_cost.py                          # three step lengths on one XLA:CPU device
+    .venv/bin/python bench/step_cost.py --sizes 1,0.3 --alternations 5 --out results.json
+    .venv/bin/python bench/step_cost.py --platform tpu --sizes 16,1,0.36 --out /tmp/step_cost.json   # a TPU host
+    .venv/bin/python bench/step_cost.py --tree DIR               # another tree's jaxmon/ (DIR: `git archive REV
+                                                                 #   jaxmon | tar -x -C DIR`), for a before/after
+    .venv/bin/python bench/step_cost.py --rss-steps 1000000      # also RSS over a long no-device run
+    .venv/bin/python bench/step_cost.py --sizes "" --paced-steps 2000   # step()'s median in a loop paced at 2 ms
+
+Each figure comes from child processes, alternated: the plain loop, then the same loop with jaxmon at its defaults
+(`jaxmon.start(port)`, `jaxmon.track(jitted step)`, `jaxmon.step(n, loss, examples=, tokens=, model_flops=)`), in
+the order plain, jaxmon, jaxmon, plain, ... so that a drift of the machine's load falls on both. The loop is the
+docs' loop: a jitted step donating its state, returning the state and a loss, and waiting for the step before last
+(two in flight). The step is a chain of `k` tanh(state @ w) updates of a D x D state, `k` calibrated once per step
+length (in a child of its own) so that the plain loop's step takes about the length asked.
+
+- `ratio`: the plain loop's steps/s over jaxmon's, per alternation; its median is the throughput lost (1.02 = 2 %).
+- `thread_cpu_us`: the CPU time jaxmon's own threads (every Python thread named `jaxmon-*`, from
+  /proc/self/task/TID/schedstat) took over the measured steps, per step; `step_us` the training thread's CPU time
+  in `jaxmon.step()` (time.thread_time_ns around it), per step; `track_us` what the tracked call took beyond the
+  plain loop's raw call (each loop's own mean; noisy: a difference of two means of tens of microseconds). `total_us`
+  is the three together: all of jaxmon's host CPU per step.
+- `paced`: step()'s own wall time (median, p90) in a loop paced at one step every 2 ms, a ready loss and three
+  figures (the waiter idle between steps).
+- `rss`: a loop of `--rss-steps` steps with no device work (`jaxmon.step(n, ready, examples=...)` on one computed
+  array) and the process's RSS every tenth of them: flat means the step path keeps nothing per step.
+
+Output: JSON at `--out` (default bench/results/step_cost.json). No socket is needed: where `jaxmon.start()` cannot
+bind it logs so and goes on (a TPU host with no network).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+D = 128  # the state's side: one tanh(state @ w) update is 2 D^3 FLOPs
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--platform", default="cpu", help="JAX platform of the one device the loop runs on")
+    ap.add_argument("--sizes", default="10,1,0.3", help="plain step lengths to measure, in ms, comma-separated")
+    ap.add_argument("--alternations", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=3.0, help="measured loop time per child")
+    ap.add_argument("--rss-steps", type=int, default=0, help="steps of the no-device RSS run (0: none)")
+    ap.add_argument("--paced-steps", type=int, default=0, help="steps of the paced step() timing, one every 2 ms")
+    ap.add_argument("--tree", help="a directory holding another tree's jaxmon/ package, measured instead of this one")
+    ap.add_argument("--port", type=int, default=0, help="jaxmon.start()'s port (0: any free one)")
+    ap.add_argument("--out", help="where the JSON goes (default bench/results/step_cost.json)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # plain | jaxmon | calibrate | rss
+    ap.add_argument("--k", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=1000, help=argparse.SUPPRESS)
+    ap.add_argument("--target", type=float, default=1.0, help=argparse.SUPPRESS)
+    return ap.parse_args()
+
+
+# -- the children --------------------------------------------------------------------------------------------
+
+
+def jaxmon_threads() -> dict[int, str]:
+    """The native ids of jaxmon's own Python threads."""
+    return {t.native_id: t.name for t in threading.enumerate() if t.name.startswith("jaxmon") and t.native_id}
+
+
+def thread_ns(tids: dict[int, str]) -> dict[str, int]:
+    """CPU nanoseconds each of the threads `tids` ran, by name (a thread that ended since counts nothing more)."""
+    out: dict[str, int] = {}
+    for tid, name in tids.items():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            out[name] = int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+    return out
+
+
+def make_step(k: int) -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    def step(state: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+        state = jax.lax.fori_loop(0, k, lambda _, s: s - 1e-3 * jnp.tanh(s @ w), state)
+        return state, jnp.mean(state * state)
+
+    return jax.jit(step, donate_argnums=0)
+
+
+def loop(args: argparse.Namespace, with_jaxmon: bool) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    device = jax.devices(args.platform)[0]
+    jaxmon: Any = None
+    if with_jaxmon:
+        import jaxmon
+
+        exporter = jaxmon.start(args.port, workload="bench")
+    fn = make_step(args.k)
+    step_fn = jaxmon.track(fn) if with_jaxmon else fn
+    state = jax.device_put(jnp.eye(D, dtype=jnp.float32), device)
+    w = jax.device_put(jnp.full((D, D), 1.0 / D, dtype=jnp.float32), device)
+    flops = 2.0 * D**3 * args.k
+    warm = max(args.steps // 10, 20)
+    losses: list[Any] = []
+    call_ns = step_ns = 0
+    mine: dict[int, str] = {}
+    cpu0: dict[str, int] = {}
+    start = 0.0
+    clock = time.thread_time_ns
+    for n in range(warm + args.steps):
+        if n == warm:
+            mine = jaxmon_threads()
+            cpu0, start, call_ns, step_ns = thread_ns(mine), time.perf_counter(), 0, 0
+        t0 = clock()
+        state, loss = step_fn(state, w)
+        t1 = clock()
+        if with_jaxmon:
+            jaxmon.step(n, loss, examples=32, tokens=32 * 512, model_flops=flops)
+            step_ns += clock() - t1
+        call_ns += t1 - t0
+        losses.append(loss)
+        if len(losses) > 2:
+            losses.pop(0).block_until_ready()  # the step before last
+    for x in losses:
+        x.block_until_ready()
+    elapsed = time.perf_counter() - start
+    out: dict[str, Any] = {"steps_per_s": args.steps / elapsed, "step_ms": elapsed / args.steps * 1e3}
+    out["call_us"] = call_ns / args.steps / 1e3
+    if with_jaxmon:
+        cpu1 = thread_ns(mine)
+        per = {name: (ns - cpu0.get(name, 0)) / args.steps / 1e3 for name, ns in cpu1.items()}
+        out["thread_cpu_us"] = sum(per.values())
+        out["thread_cpu_us_by_thread"] = per
+        out["step_us"] = step_ns / args.steps / 1e3
+        out["threads"] = sorted(mine.values())
+        out["jaxmon"] = jaxmon.__file__
+        from jaxmon import training
+
+        tracker = training.current()
+        deadline = time.monotonic() + 30
+        while tracker is not None and time.monotonic() < deadline:
+            reading = tracker.reading()
+            if reading is not None and reading.steps_total >= warm + args.steps:
+                break
+            time.sleep(0.01)
+        reading = tracker.reading() if tracker is not None else None
+        out["booked"] = reading.steps_total if reading is not None else None
+        out["problems"] = dict(reading.problems) if reading is not None else None
+        exporter.stop()
+    return out
+
+
+def calibrate(args: argparse.Namespace) -> dict[str, Any]:
+    """The plain step's milliseconds for k = 1, 2, 4, ... (the loop as measured, two in flight)."""
+    import jax
+    import jax.numpy as jnp
+
+    device = jax.devices(args.platform)[0]
+    times: dict[int, float] = {}
+    k = 1
+    while True:
+        fn = make_step(k)
+        state = jax.device_put(jnp.eye(D, dtype=jnp.float32), device)
+        w = jax.device_put(jnp.full((D, D), 1.0 / D, dtype=jnp.float32), device)
+        state, _ = fn(state, w)
+        state.block_until_ready()
+        runs = min(max(int(100 / max(times.get(k // 2, 0.05), 0.05)), 20), 2000)  # about 0.1 s
+        best = float("inf")
+        for _ in range(3):  # the least of three: the machine's other load only ever adds
+            losses: list[Any] = []
+            t0 = time.perf_counter()
+            for _ in range(runs):
+                state, loss = fn(state, w)
+                losses.append(loss)
+                if len(losses) > 2:
+                    losses.pop(0).block_until_ready()
+            state.block_until_ready()
+            best = min(best, (time.perf_counter() - t0) / runs * 1e3)
+        times[k] = best
+        if times[k] > args.target or k >= 1 << 16:  # the longest length asked, in ms
+            return {"ms": {str(key): value for key, value in times.items()}}
+        k *= 2
+
+
+def rss(args: argparse.Namespace) -> dict[str, Any]:
+    """RSS over a long run of steps with no device work: the step path must keep nothing per step."""
+    import jax.numpy as jnp
+
+    import jaxmon
+
+    exporter = jaxmon.start(args.port, workload="bench")
+    ready = jnp.ones(())
+    ready.block_until_ready()
+    samples = []
+    tenth = max(args.steps // 10, 1)
+    t0 = time.perf_counter()
+    for n in range(args.steps):
+        jaxmon.step(n, ready, examples=32, tokens=32 * 512, model_flops=1e9)
+        if n % tenth == 0 or n == args.steps - 1:
+            samples.append((n, rss_kib()))
+    elapsed = time.perf_counter() - t0
+    exporter.stop()
+    return {"steps": args.steps, "seconds": elapsed, "rss_kib": samples}
+
+
+def paced(args: argparse.Namespace) -> dict[str, Any]:
+    """step()'s own wall time on the training thread in a loop paced at one step every 2 ms (the waiter idle between
+    steps, as on a loop of 2 ms steps), with a ready loss and three figures: the median and p90 of the calls."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxmon
+
+    exporter = jaxmon.start(args.port, workload="bench")
+    fn = jaxmon.track(make_step(1))
+    device = jax.devices(args.platform)[0]
+    state = jax.device_put(jnp.eye(D, dtype=jnp.float32), device)
+    w = jax.device_put(jnp.full((D, D), 1.0 / D, dtype=jnp.float32), device)
+    calls, losses = [], []
+    tick = time.perf_counter()
+    for n in range(args.steps):
+        state, loss = fn(state, w)
+        t0 = time.perf_counter()
+        jaxmon.step(n, loss, examples=32, tokens=32 * 512, model_flops=1e9)
+        calls.append((time.perf_counter() - t0) * 1e6)
+        losses.append(loss)
+        if len(losses) > 2:
+            losses.pop(0).block_until_ready()
+        tick += 0.002
+        time.sleep(max(tick - time.perf_counter(), 0.0))
+    exporter.stop()
+    calls = calls[len(calls) // 10 :]
+    ordered = sorted(calls)
+    return {"steps": len(calls), "median_us": statistics.median(calls), "p90_us": ordered[int(0.9 * len(ordered))]}
+
+
+def rss_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+# -- the parent ----------------------------------------------------------------------------------------------
+
+
+def child(args: argparse.Namespace, kind: str, **extra: Any) -> dict[str, Any]:
+    argv = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--platform", args.platform]
+    argv += ["--port", str(args.port)]
+    for key, value in extra.items():
+        argv += [f"--{key}", str(value)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if args.platform == "cpu":
+        env["JAX_NUM_CPU_DEVICES"] = "1"
+        # The device's work on one thread of its own: the loop's host thread and jaxmon's share the other core.
+        env["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    path = [str(Path(args.tree).resolve())] if args.tree else [str(ROOT)]
+    env["PYTHONPATH"] = os.pathsep.join(path + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=args.tree or ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the {kind} child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def pick_k(ms: dict[str, float], target: float) -> int:
+    """The k whose step is nearest `target` ms, interpolated between the powers of two measured (linear in k)."""
+    points = sorted((int(k), v) for k, v in ms.items())
+    for (k0, v0), (k1, v1) in itertools.pairwise(points):
+        if v0 <= target <= v1:
+            return max(1, round(k0 + (target - v0) * (k1 - k0) / max(v1 - v0, 1e-9)))
+    return points[0][0] if target < points[0][1] else points[-1][0]
+
+
+def main() -> None:
+    args = parse()
+    if args.child:
+        run = {"plain": lambda: loop(args, False), "jaxmon": lambda: loop(args, True)}
+        run |= {"calibrate": lambda: calibrate(args), "rss": lambda: rss(args), "paced": lambda: paced(args)}
+        print(json.dumps(run[args.child]()))
+        return
+    sizes = [float(s) for s in args.sizes.split(",") if s]
+    started = time.time()
+    cal = child(args, "calibrate", target=max(sizes)) if sizes else {"ms": {}}
+    result: dict[str, Any] = {
+        "benchmark": "step_cost",
+        "platform": args.platform,
+        "tree": str(Path(args.tree).resolve()) if args.tree else "this",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "nproc": os.cpu_count(),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "calibration_ms": cal["ms"],
+        "sizes": {},
+    }
+    for size in sizes:
+        k = pick_k(cal["ms"], size)
+        steps = max(200, int(args.seconds * 1e3 / size))
+        rows = []
+        for i in range(args.alternations):
+            order = ("plain", "jaxmon") if i % 2 == 0 else ("jaxmon", "plain")
+            got = {kind: child(args, kind, k=k, steps=steps) for kind in order}
+            rows.append({"ratio": got["plain"]["steps_per_s"] / got["jaxmon"]["steps_per_s"], **got})
+            print(f"{size} ms (k={k}) #{i}: ratio {rows[-1]['ratio']:.4f}", file=sys.stderr, flush=True)
+        jm = [r["jaxmon"] for r in rows]
+        track = statistics.median(r["jaxmon"]["call_us"] - r["plain"]["call_us"] for r in rows)
+        thread = statistics.median(j["thread_cpu_us"] for j in jm)
+        step = statistics.median(j["step_us"] for j in jm)
+        result["sizes"][str(size)] = {
+            "k": k,
+            "steps": steps,
+            "plain_step_ms": statistics.median(r["plain"]["step_ms"] for r in rows),
+            "jaxmon_step_ms": statistics.median(j["step_ms"] for j in jm),
+            "ratio_median": statistics.median(r["ratio"] for r in rows),
+            "ratios": [round(r["ratio"], 4) for r in rows],
+            "thread_cpu_us": thread,
+            "step_us": step,
+            "track_us": track,
+            "total_us": thread + step + max(track, 0.0),
+            "rows": rows,
+        }
+    if args.rss_steps:
+        result["rss"] = child(args, "rss", steps=args.rss_steps)
+    if args.paced_steps:
+        result["paced"] = child(args, "paced", steps=args.paced_steps)
+    result["seconds"] = time.time() - started
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / "step_cost.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    brief = {s: {k: v for k, v in r.items() if k != "rows"} for s, r in result["sizes"].items()}
+    print(json.dumps({"sizes": brief, "rss": result.get("rss"), "paced": result.get("paced")}, indent=2))
+    print(f"written {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""How the waiter dates the steps it takes in one batch (jaxmon/training/batch.py): on literals, and on real JAX
+steps against the loop's own completion times, steady and uneven (every 10th step 5x longer)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+
+import bisect
+import itertools
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxmon
+from jaxmon.training.accounting import DURATION_BUCKETS
+from jaxmon.training.tracker import Tracker
+from jaxmon.training.waiter import LOOK, apportion
+from tests.unit.training.conftest import MakeTracker, booked
+
+
+def test_one_step_completes_when_the_wait_returned() -> None:
+    assert apportion(1.0, 2.0, [1.5], []) == [2.0]
+
+
+def test_a_loop_waiting_for_each_step_dates_each_at_the_next_call() -> None:
+    # Steps handed at 0, 1, 4, 5; each completed just before the next call: 0.9, 3.9, 4.9; the newest at 6.
+    assert apportion(0.0, 6.0, [0.0, 1.0, 4.0, 5.0], []) == [1.0, 4.0, 5.0, 6.0]
+
+
+def test_a_loop_two_ahead_dates_each_step_three_calls_later() -> None:
+    # Calls at 0..5 (1 s apart), 6 and 7 while the newest (handed at 5) ran: step k is dated at call k + 3.
+    out = apportion(2.5, 8.5, [3.0, 4.0, 5.0], [6.0, 7.0])
+    assert out == [6.0, 7.0, 8.5]
+
+
+def test_a_loop_far_ahead_of_its_device_shares_the_interval_evenly() -> None:
+    # Calls long before the interval began: no rhythm of the device's in them.
+    assert apportion(10.0, 14.0, [1.0, 1.1, 1.2, 1.3], []) == [11.0, 12.0, 13.0, 14.0]
+
+
+def test_completions_stay_in_order_and_inside_the_interval() -> None:
+    out = apportion(5.0, 9.0, [5.0, 4.9, 12.0, 6.0], [])
+    assert out == sorted(out) and out[0] >= 5.0 and out[-1] == 9.0
+
+
+def steps() -> tuple[jax.stages.Wrapped, jax.stages.Wrapped]:
+    """A step of about 3 ms and one 5x longer (the same work repeated 5x), both compiled."""
+    size = 256
+    x = jnp.ones((size, size))
+
+    def make(repeat: int) -> jax.stages.Wrapped:
+        f = jax.jit(lambda x: jax.lax.fori_loop(0, repeat, lambda _, c: jnp.tanh(c @ c) / size, x))
+        f(x).block_until_ready()
+        return f
+
+    one = make(1)
+    start = time.perf_counter()
+    for _ in range(5):
+        one(x).block_until_ready()
+    repeat = max(1, round(0.003 / ((time.perf_counter() - start) / 5)))
+    return make(repeat), make(5 * repeat)
+
+
+def bucket_counts(durations: list[float]) -> list[int]:
+    counts = [0] * (len(DURATION_BUCKETS) + 1)
+    for d in durations:
+        counts[bisect.bisect_left(DURATION_BUCKETS, d)] += 1
+    return counts
+
+
+@pytest.mark.parametrize("uneven", [False, True], ids=["steady", "uneven"])
+def test_batched_durations_are_the_loops_own(make_tracker: MakeTracker, uneven: bool) -> None:
+    """The loop waits for each step and notes its completion (the truth); the waiter takes the steps in batches of
+    about LOOK's worth and dates them. The durations' sum is the loop's, each is within a few ms of the loop's own,
+    and the histogram sees every long step above the short ones' bucket."""
+    short, long = steps()
+    x = jnp.ones((256, 256))
+    tracker = make_tracker()
+    done = []
+    count = 60
+    for n in range(count):
+        x = (long if uneven and n % 10 == 5 else short)(x)
+        jaxmon.step(n, x)
+        x.block_until_ready()
+        done.append(time.monotonic())
+    reading = booked(tracker, count)
+    assert looks(tracker) < count / 2  # taken in batches (steps of ~3 ms, one look per LOOK)
+    truth = [b - a for a, b in itertools.pairwise(done)]
+    assert reading.duration_count == count - 1 and reading.steps_total == count  # +Inf: every step but the first
+    # The sum is the loop's: the last step, done before the waiter's last look, is dated at most LOOK late.
+    assert reading.duration_sum == pytest.approx(done[-1] - done[0], abs=LOOK + 0.01)
+    mine = [b for _, b in reading.duration_buckets]
+    theirs = list(itertools.accumulate(bucket_counts(truth)))
+    # The typical step lands in the loop's bucket, or the next one either way (a step near a bound moves).
+    assert abs(bisect.bisect_left(mine, count // 2) - bisect.bisect_left(theirs, count // 2)) <= 1, (mine, theirs)
+    if uneven:
+        # Every long step is seen long: above a bound below the long ones, at least as many as there were.
+        longs = [truth[n - 1] for n in range(count) if n % 10 == 5]  # duration n: done[n] - done[n - 1]
+        cut = bisect.bisect_right(DURATION_BUCKETS, 0.6 * statistics_median(longs))
+        assert mine[-1] - mine[cut - 1] >= len(longs) - 1, (mine, theirs, cut)
+
+
+def looks(tracker: Tracker) -> int:
+    return tracker.waiter.looks
+
+
+def statistics_median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
