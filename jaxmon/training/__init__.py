@@ -19,6 +19,7 @@ import contextlib
 import functools
 import os
 import threading
+import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
@@ -94,11 +95,21 @@ def release(tracker: Tracker) -> None:
     if unregister is not None:
         unregister()
     tracker.stop(RELEASE_WAIT)
-    waiter = tracker._thread
-    if waiter.is_alive():
-        # Still waiting inside JAX for a step's arrays: the interpreter's exit waits for it (it holds the tracker,
-        # nothing of the stopped exporter or publisher).
-        before_finalization(lambda: waiter.join(EXIT_WAIT))
+    alive = [thread for thread in tracker.threads() if thread.is_alive()]
+    if alive:
+        # Still inside JAX (the waiter waiting for a step's arrays, the sampler stopping JAX's profiler, an analysis):
+        # the interpreter's exit waits for them (they hold the tracker, nothing of the stopped exporter or
+        # publisher). A daemon thread that comes back from C++ while the interpreter finalizes is ended by a forced
+        # unwind, which C++ code that catches everything turns into an abort of the whole process: seen on a TPU
+        # v5e chip, 3 of 3 exits right after a stop() that left a sampled trace being stopped.
+        before_finalization(lambda: _join(alive, EXIT_WAIT))
+
+
+def _join(threads: list[threading.Thread], timeout: float) -> None:
+    """Join `threads` within `timeout` seconds in all."""
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(deadline - time.monotonic(), 0.0))
 
 
 def current() -> Tracker | None:

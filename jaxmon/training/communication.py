@@ -153,6 +153,10 @@ class Analyzer:
         """End the thread after the analysis it is in (a daemon: a huge program's parse does not hold the exit)."""
         self._worker.stop(timeout)
 
+    @property
+    def threads(self) -> tuple[threading.Thread, ...]:
+        return (self._worker.thread,)
+
 
 class CollectiveNames:
     """The collective instructions of every analysed program by name, with their op: the analysis thread adds a

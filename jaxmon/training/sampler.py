@@ -190,6 +190,8 @@ class Sampler:
             mono, wall = self._clock(), self._wall_ns()
         finally:
             self._session.release()
+        if self._stopping:
+            return  # stopped inside the block: its steps did not all come, and the exit need not wait for a parse
         windows = [
             (books[k - 1], books[k]) for k in traced_steps(n0, self.config.steps) if k - 1 in books and k in books
         ]
@@ -308,6 +310,10 @@ class Sampler:
     def stop(self, timeout: float) -> None:
         self._worker.stop(timeout)
 
+    @property
+    def threads(self) -> tuple[threading.Thread, ...]:
+        return (self._worker.thread,)
+
 
 def _splits(
     trace: Trace, windows: list[tuple[int, int]], places: Mapping[str, tuple[str, str, str, float]]
@@ -340,6 +346,8 @@ def tar_gz(directory: Path) -> bytes:
 
 class Off:
     """No usable jax.profiler: hooks that do nothing, and no trace on demand."""
+
+    threads: tuple[threading.Thread, ...] = ()
 
     def handed(self, number: int) -> None:
         pass

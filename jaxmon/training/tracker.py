@@ -360,6 +360,10 @@ class Tracker:
         self.sampler.stop(timeout)
         self.waiter.stop(timeout)
 
+    def threads(self) -> tuple[threading.Thread, ...]:
+        """Every thread of the tracker's: the waiter's, the sampler's (none when sampling is off), the analysis'."""
+        return (self.waiter.thread, *self.sampler.threads, *self._analyzer.threads)
+
 
 def counted(programs: list[Program]) -> list[tuple[Program, int]]:
     """A step's tracked calls (one entry a call) as (program, calls)."""
