@@ -29,6 +29,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from jaxmon.families import add, go_float
 from jaxmon.families.shared import DEVICE_INFO, WORKLOAD_INFO
+from jaxmon.lastword import LastWord
 from jaxmon.logsetup import ErrorLog
 from jaxmon.snapshot import Snapshot
 
@@ -227,8 +228,10 @@ class Exposition:
         get_snapshot: Callable[[], Snapshot],
         collectors: Sequence[FamilySource],
         transform: Transform | None = None,
+        last_word: LastWord | None = None,
     ) -> None:
         self._get_snapshot = get_snapshot
+        self._last_word = last_word  # an embedded exporter's jaxmon_exporter_stopping, read at each scrape
         self._collectors = list(collectors)
         self._transform = transform
         self.names = {c.name for c in self._collectors}
@@ -267,10 +270,14 @@ class Exposition:
                 self._gzipped = gzip.compress(self._plain, compresslevel=1)
             body, names = (self._gzipped if want_gzip else self._plain) or b"", self._names
         scraped = list(_PROCESS.collect())
+        if self._last_word is not None:
+            scraped.append(self._last_word.family())
         # Read outside the lock: a user's collector may be slow (up to its collector's deadline). jaxmon's names win.
         if self._scraping:
             scraped += scraped_families(self._scraping, names | _names(scraped))
         process = self._scrape_format.render(scraped)
+        if self._last_word is not None:
+            self._last_word.scraped()
         # A gzip stream may hold several members (RFC 1952 2.2); every HTTP client reads them as one body.
         return body + (gzip.compress(process, compresslevel=1) if want_gzip else process)
 

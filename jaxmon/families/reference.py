@@ -23,6 +23,7 @@ from jaxmon.families import Spec, libtpu, memory, nvml, nvml_process, shared, sl
 from jaxmon.families import compile as compile_families
 from jaxmon.families import kubernetes as kubernetes_families
 from jaxmon.families.labels import LABELS_AND_SOURCE
+from jaxmon.lastword import STOPPING, STOPPING_HELP
 
 PATH = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
@@ -62,6 +63,7 @@ INLINE = {
             Spec(
                 "jaxmon_collector_last_success_timestamp_seconds", "Unix time of the collector's last successful run."
             ),
+            Spec(STOPPING, STOPPING_HELP),
         ]
     ),
     "probe": _entries(
