@@ -27,6 +27,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.registry import CollectorRegistry
 
+from jaxmon.births import scraped as births_scraped
 from jaxmon.families import add, go_float
 from jaxmon.families.shared import DEVICE_INFO, WORKLOAD_INFO
 from jaxmon.lastword import LastWord
@@ -276,6 +277,7 @@ class Exposition:
         if self._scraping:
             scraped += scraped_families(self._scraping, names | _names(scraped))
         process = self._scrape_format.render(scraped)
+        births_scraped()  # the new counter series this render held at 0 may count from the next poll
         if self._last_word is not None:
             self._last_word.scraped()
         # A gzip stream may hold several members (RFC 1952 2.2); every HTTP client reads them as one body.
