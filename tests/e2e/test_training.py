@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import requests
 
+from jaxmon.births import BADPUT_KINDS, PROBLEM_REASONS
 from tests.conftest import ROOT, Samples, StartDaemon, promtool, sample
 from tests.helpers import Child, wait_for_samples
 
@@ -23,14 +24,15 @@ STEPS = 10
 DATA_MS = 20
 # The series one training process adds (docs/training.md, "Series per process"): at most 64 (9 counters and gauges,
 # the step histogram's 21, jaxmon_workload_info, 18 kinds of badput, 12 reasons of tracking problems, 3 results of
-# sampled traces) + 7 per local device (model and hardware FLOPs, bytes accessed, peak, MFU, HFU, the programs'
-# predicted peak memory) + 1 per local device and (op, axes) pair the tracked programs' collectives use, before the
-# first sampled trace.
+# sampled traces) + 12 per local device (model and hardware FLOPs, bytes accessed, peak, MFU, HFU, the programs'
+# predicted peak memory; the sampled traces' 4 parts and profiled seconds, at 0 from start where sampling is on:
+# born at zero) + 1 per local device and (op, axes) pair the tracked programs' collectives use, before the first
+# sampled trace (which adds its collective ops).
 TRAINING_FAMILIES = ("jaxmon_training_", "jaxmon_device_peak_flops_per_second", "jaxmon_workload_info")
 
 
 def training_series_budget(devices: int, collective_pairs: int = 0) -> int:
-    return 64 + (7 + collective_pairs) * devices
+    return 64 + (12 + collective_pairs) * devices
 
 
 def _check_against_the_loop(s: Samples, answer: dict[str, Any], **labels: str) -> None:
@@ -106,10 +108,16 @@ def test_an_embedded_trainer_exports_its_steps_flops_mfu_and_badput(children: li
     )  # fmt: skip
     children.append(child)
     url = child.hello["url"]
-    before = requests.get(url + "/metrics", timeout=10).text
-    assert "jaxmon_training_" not in before  # no step() yet: no training series at all
-    answer = child.send(f"steps {STEPS} {DATA_MS}")
     labels = {"workload": "toy", "process_index": "0", "process_count": "1", "host": socket.gethostname()}
+    # No step() yet: the counters are born at zero (jaxmon.births), each built-in badput kind and problem reason.
+    before = wait_for_samples(url, lambda s: ("jaxmon_training_steps_total", frozenset(labels.items())) in s, "born")
+    assert sample(before, "jaxmon_training_steps_total", **labels) == 0
+    assert sample(before, "jaxmon_training_tokens_total", **labels) == 0
+    for kind in BADPUT_KINDS:
+        assert sample(before, "jaxmon_training_badput_seconds_total", kind=kind, **labels) == 0, kind
+    for reason in PROBLEM_REASONS:
+        assert sample(before, "jaxmon_training_tracking_problems_total", reason=reason, **labels) == 0, reason
+    answer = child.send(f"steps {STEPS} {DATA_MS}")
     s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, "every step seen")
     _check_against_the_loop(s, answer, **labels)
     _lint(requests.get(url + "/metrics", timeout=10).text)
