@@ -129,6 +129,24 @@ def _device(row: Row, glyphs: Glyphs) -> str:
     return _place(row.key.platform, row.key.device, glyphs)
 
 
+def _rate(value: float | None, glyphs: Glyphs) -> str:
+    """Per second, in k/M/G."""
+    if value is None:
+        return glyphs.absent
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.1f}{unit}"
+    return f"{value:.0f}"
+
+
+def _top_badput(row: Row, glyphs: Glyphs) -> str:
+    """The largest badput kind and its share of the time, e.g. `eval 3.1%`."""
+    if row.top_badput is None:
+        return glyphs.absent
+    kind, share = row.top_badput
+    return f"{kind} {fmt_ratio(share)}"
+
+
 @dataclass(frozen=True)
 class Column:
     """One table column: its heading, the sort it stands for, its cell, and when it goes on a narrow screen."""
@@ -153,6 +171,9 @@ COLUMNS = (
     Column("STEP", None, lambda r, g: g.absent if r.step is None else f"{r.step:.0f}", drop_rank=8),
     Column("STEP TIME", None, lambda r, g: g.absent if r.step_time is None else fmt_seconds(r.step_time), drop_rank=9),
     Column("MFU", None, lambda r, g: _num(r.mfu, "ratio", g), drop_rank=7),
+    Column("GOODPUT", None, lambda r, g: _num(r.goodput, "ratio", g), drop_rank=10),
+    Column("TOKENS/S", None, lambda r, g: _rate(r.tokens_per_second, g), drop_rank=11),
+    Column("BADPUT", None, lambda r, g: _top_badput(r, g), drop_rank=12),
     Column("STATE", None, state_cell),
 )
 
@@ -166,6 +187,10 @@ def _columns(rows: list[Row]) -> list[Column]:
         hidden |= {"STEP", "STEP TIME"}
     if not any(r.mfu is not None for r in rows):
         hidden.add("MFU")
+    if not any(r.goodput is not None for r in rows):
+        hidden |= {"GOODPUT", "BADPUT"}
+    if not any(r.tokens_per_second for r in rows):
+        hidden.add("TOKENS/S")
     if not any(r.device_used is not None or r.device_total is not None for r in rows):
         hidden.add("DEVICE MEM")
     return [c for c in COLUMNS if c.heading not in hidden]
