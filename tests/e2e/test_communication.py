@@ -13,7 +13,7 @@ import requests
 
 from tests.conftest import ROOT, Samples, StartDaemon, promtool, sample
 from tests.e2e.test_training import TRAINING_FAMILIES, training_series_budget
-from tests.helpers import Child, wait_for_samples
+from tests.helpers import Child, wait_for_fresh_samples, wait_for_samples
 
 WORKLOAD = ROOT / "tests" / "workloads" / "communication.py"
 # The workload's shapes (tests/workloads/communication.py).
@@ -60,9 +60,11 @@ def test_collective_bytes_per_step_and_axis_and_the_predicted_peak_are_what_the_
         warm = child.send(f"phase {phase}")  # compiled, tracked, analysed; its first step handed
         steps = warm["steps"]
 
-        before = collective_bytes(seen(steps))
+        seen(steps)  # a new (op, axes) series reads 0 until a scrape has served it (born at zero): this one
+        before = collective_bytes(wait_for_fresh_samples(url, "training", "after that scrape"))
         assert child.send(f"run {STEPS}")["steps"] == steps + STEPS
-        after_samples = seen(steps + STEPS)
+        seen(steps + STEPS)  # the same for a series first seen since (a program analysed during the run)
+        after_samples = wait_for_fresh_samples(url, "training", "after that scrape")
         after = collective_bytes(after_samples)
         added = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
         want = {(d, op, axes): float(STEPS * n) for d in DEVICES for (op, axes), n in per_step.items()}
