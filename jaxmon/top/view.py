@@ -200,9 +200,45 @@ def _build(rows: list[Row], columns: list[Column], sort: str, glyphs: Glyphs) ->
     t = Table(box=box.SIMPLE_HEAD if glyphs is UNICODE else None, pad_edge=False, show_edge=False)
     for c in columns:
         t.add_column(c.heading + ("*" if c.sort == sort else ""), no_wrap=True, overflow="ellipsis")
-    for r in rows:
-        t.add_row(*(c.cell(r, glyphs) for c in columns))
+    for cells in collapsed(rows, columns, glyphs):
+        t.add_row(*cells)
     return t
+
+
+def collapsed(rows: list[Row], columns: list[Column], glyphs: Glyphs) -> list[list[str | Text]]:
+    """Each row's cells, where CPU devices of one endpoint and workload that show the same in every other column
+    are one row, at the first one's place, its device `cpu:0-7` (N virtual CPU devices of one host read alike)."""
+    out: list[list[str | Text]] = []
+    first: dict[tuple[str, ...], int] = {}  # the other cells -> the row that holds them
+    devices: dict[int, list[int]] = {}
+    at = next((i for i, c in enumerate(columns) if c.heading == "DEVICE"), None)
+    for r in rows:
+        cells = [c.cell(r, glyphs) for c in columns]
+        if at is None or r.key.platform != "cpu" or not r.key.device.isdigit():
+            out.append(cells)
+            continue
+        same = (r.key.endpoint, r.key.workload, *(str(x) for i, x in enumerate(cells) if i != at))
+        if same in first:
+            devices[first[same]].append(int(r.key.device))
+            continue
+        first[same] = len(out)
+        devices[len(out)] = [int(r.key.device)]
+        out.append(cells)
+    for index, ids in devices.items():
+        if len(ids) > 1 and at is not None:
+            out[index][at] = f"cpu:{_span(sorted(ids))}"
+    return out
+
+
+def _span(ids: list[int]) -> str:
+    """Sorted ids as runs: 0-7, 0-4,6-7, 1,3."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def table(rows: list[Row], sort: str, glyphs: Glyphs, console: Console | None = None) -> Table:

@@ -103,3 +103,20 @@ def test_goodput_tokens_per_second_and_the_largest_badput_kind() -> None:
     recent_step_times(restarted, new)
     (row,) = restarted.rows
     assert row.goodput == 1.0 / 6.0 and row.top_badput == ("compile", 0.5)
+
+
+def test_identical_cpu_device_rows_are_one_row() -> None:
+    """8 virtual CPU devices of one host holding the same: one row `cpu:0-7`, but for the one that differs; GPUs
+    that read alike stay a row each."""
+    lines = [
+        f'jaxmon_memory_live_array_bytes{{device="{d}",platform="cpu",workload="w"}} {2048 if d == 5 else 1024}'
+        for d in range(8)
+    ]
+    lines += [f'jaxmon_memory_bytes_in_use{{device="{d}",platform="gpu"}} 1024' for d in range(2)]
+    buffer = io.StringIO()
+    rows = parse_exposition("\n".join(lines) + "\n", "h:1").rows
+    Console(file=buffer, width=300, force_terminal=False, no_color=True).print(table(rows, "device", ASCII))
+    text = buffer.getvalue()
+    assert "cpu:0-4,6-7" in text and "cpu:5 " in text
+    assert sum("cpu:" in line for line in text.splitlines()) == 2
+    assert "gpu:0" in text and "gpu:1" in text
