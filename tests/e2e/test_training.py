@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +151,22 @@ def test_a_publishing_trainers_steps_reach_the_sidecar(
     assert child.send("exit") == {"stopped": True}
     # The trainer's clean exit removes its file: its training series go with it at the next poll.
     d.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) is None, what="the workload gone")
+    # Born at zero on the sidecar: a process it has not served yet (here a new trainer of the same name, stepping
+    # before a new sidecar reads it) reads 0 in its first exposition, every counter, then all of its steps.
+    again = Child(
+        tmp_path, "publish", "--spool", str(spool), "--workload", "pub", "--interval", "0.2",
+        env={"JAXMON_COLLECTOR__PROBE": "false", **SCHEDULER},
+    )  # fmt: skip
+    children.append(again)
+    again.send(f"steps {STEPS} {DATA_MS}")
+    time.sleep(0.5)  # its document with every step written
+    d2 = start_daemon("--no-collector.probe", "--collector.spool.dir", str(spool), "--poll.interval", "0.2s")
+    first = d2.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) is not None, what="it, held")
+    for name in ("jaxmon_training_steps_total", "jaxmon_training_productive_seconds_total"):
+        assert sample(first, name, **labels) == 0, name
+    assert sample(first, "jaxmon_training_badput_seconds_total", kind="startup", **labels) == 0
+    ident = {"workload": "pub", "process_index": "0"}
+    assert sample(first, "jaxmon_jit_compilations_total", **ident) == 0
+    later = d2.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, what="then counted")
+    assert sample(later, "jaxmon_training_badput_seconds_total", kind="startup", **labels) > 0
+    assert sample(later, "jaxmon_jit_compilations_total", **ident) > 0
