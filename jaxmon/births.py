@@ -12,8 +12,9 @@ process whose first exposition holds about what the last one ended with, is lost
   A series is new when the exporter first renders it: at `start()` (all of the above), a new process's series on the
   spool (a restart: its key has the new pid and start time), or a counter whose first event came later (a badput kind
   not declared, collective bytes once a program's axes are known, FLOPs once a step gave them, a new collective op).
-  A scrape is an unfiltered render of /metrics (`scraped()`, called by jaxmon.exposition): where several scrapers
-  read one exporter (Prometheus in pairs, `jaxmon top`), the first one's scrape frees the series.
+  A scrape is a render of /metrics, `collect[]` or not (`scraped()`, called by jaxmon.exposition): where several
+  scrapers read one exporter (Prometheus in pairs, `jaxmon top`), the first one's scrape frees the series, and a
+  scrape Prometheus did not store (past its scrape_timeout) frees it too.
 
 Holding loses nothing: the value a series is held from shows up whole at the next render after the scrape, as an
 increase Prometheus counts. It only delays a new series by one scrape.
@@ -44,7 +45,7 @@ _scrapes = 0
 
 
 def scraped() -> None:
-    """An unfiltered /metrics render was served (jaxmon.exposition)."""
+    """A /metrics render was served (jaxmon.exposition)."""
     global _scrapes
     _scrapes = next(_counter)  # next() on a count is atomic under the GIL
 

@@ -257,6 +257,7 @@ class Exposition:
             families = snapshot_families(snap, self._collectors, selected, self._transform)
             families += scraped_families((c for c in self._scraping if c.name in selected), _names(families))
             body = TextFormat().render(families)
+            births_scraped()  # a scrape of some collectors is a scrape too (Prometheus' `params: collect[]`)
             return gzip.compress(body, compresslevel=1) if want_gzip else body
         with self._lock:
             snap = self._get_snapshot()

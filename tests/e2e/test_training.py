@@ -168,5 +168,5 @@ def test_a_publishing_trainers_steps_reach_the_sidecar(
     ident = {"workload": "pub", "process_index": "0"}
     assert sample(first, "jaxmon_jit_compilations_total", **ident) == 0
     later = d2.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, what="then counted")
-    assert sample(later, "jaxmon_training_badput_seconds_total", kind="startup", **labels) > 0
-    assert sample(later, "jaxmon_jit_compilations_total", **ident) > 0
+    assert (sample(later, "jaxmon_training_badput_seconds_total", kind="startup", **labels) or 0) > 0
+    assert (sample(later, "jaxmon_jit_compilations_total", **ident) or 0) > 0

@@ -123,3 +123,15 @@ def test_compile_counters_are_held_the_same_way() -> None:
     births.begin()
     assert births.compile((), counters) == counters
     births.end()
+
+
+def test_every_render_of_the_exposition_is_a_scrape() -> None:
+    from jaxmon.births import scrape_count
+    from jaxmon.exposition import Exposition
+    from jaxmon.snapshot import Snapshot
+
+    exposition = Exposition(lambda: Snapshot(), [], None)
+    before = scrape_count()
+    exposition.render(False)
+    exposition.render(True, set())  # collect[]: a scrape too
+    assert scrape_count() == before + 2
