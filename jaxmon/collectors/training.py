@@ -38,7 +38,7 @@ MAX_DECLARED_KINDS = 10
 
 
 class TrainingProfileOptions(Section):
-    """`--collector.training.profile.*`: sampled traces of whole steps (docs/training.md, "Where the step goes")."""
+    """`--collector.training.profile.*`: sampled traces of whole steps (docs/training-traces.md)."""
 
     every: int = Field(
         default=PROFILE_EVERY,

@@ -334,9 +334,9 @@ saw it). Every new counter series is held at 0 until a scrape has served it, the
 exporter's and a spooled process's alike (the spool's daemon holds them, per process: a restarted process's series
 start at 0, a counter reset Prometheus sees, even where it compiled the same programs as the process before it).
 A scrape is any `/metrics` render (`collect[]` too): where `jaxmon top` or a second Prometheus reads the same
-exporter, the first one's scrape frees the series, and so does a scrape Prometheus gave up on (its scrape_timeout). To join the processes of one workload across restarts, use
-`jaxmon_training_start_time_seconds`: each process's own, its value changes at each restart
-(`changes(jaxmon_training_start_time_seconds[1h])` counts them).
+exporter, the first one's scrape frees the series, and so does a scrape Prometheus gave up on (its scrape_timeout).
+To join the processes of one workload across restarts, use `jaxmon_training_start_time_seconds`: each process's
+own, its value changes at each restart (`changes(jaxmon_training_start_time_seconds[1h])` counts them).
 
 **Goodput and throughput** are recorded by deploy/prometheus/job.yml ([job rules](job-rules.md)) once per workload:
 `jaxmon:training_goodput_ratio:rate5m` (productive / (productive + every badput kind), summed over the job's
