@@ -5,7 +5,8 @@ Prometheus cannot see a series' first value: a counter that appears already hold
 process whose first exposition holds about what the last one ended with, is lost to `increase()`. So:
 
 - `with_zeros()` fills in, at 0, every counter a training reading can have before it happens: each built-in badput
-  kind and the kinds the user declared (`collector.training.badput_kinds`), every tracking problem's reason, every
+  kind and the kinds the user declared (`collector.training.badput_kinds`), the step histogram, every tracking
+  problem's reason, every
   sampled-trace result and, per device, every part. The workload process fills them in (it alone knows the declared
   kinds) and every reader again (a publisher of an older jaxmon).
 - `Births` holds each series that is new to this exporter at 0 until a scrape has served it: from then on it counts.
@@ -38,6 +39,10 @@ PROBLEM_REASONS = (
     "communication", "error",
 )  # fmt: skip
 PROFILE_RESULTS = ("taken", "busy", "failed")
+# The step histogram's bounds (jaxmon.training.accounting.DURATION_BUCKETS): at 0 before the first step.
+DURATION_BOUNDS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0, 600.0,
+)  # fmt: skip
 PROFILE_PARTS = ("compute", "collective", "copy", "idle")
 
 _counter = itertools.count(1)
@@ -69,8 +74,10 @@ def with_zeros(reading: TrainingReading, kinds: Iterable[str] = ()) -> TrainingR
             results={**dict.fromkeys(PROFILE_RESULTS, 0), **profile.results},
             devices=tuple(dataclasses.replace(p, parts=_filled(p.parts, PROFILE_PARTS)) for p in profile.devices),
         )
+    buckets = reading.duration_buckets or tuple((b, 0) for b in (*DURATION_BOUNDS, float("inf")))
     return dataclasses.replace(
         reading,
+        duration_buckets=buckets,
         badput_seconds_total=_filled(reading.badput_seconds_total, (*BADPUT_KINDS, *kinds)),
         problems={**dict.fromkeys(PROBLEM_REASONS, 0), **reading.problems},
         profile=profile,

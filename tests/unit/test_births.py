@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from jaxmon.births import (
     BADPUT_KINDS,
+    DURATION_BOUNDS,
     PROBLEM_REASONS,
     PROFILE_PARTS,
     PROFILE_RESULTS,
@@ -25,6 +26,7 @@ def test_the_names_are_the_trackers() -> None:
     }
     assert PROFILE_PARTS == sampler.PARTS and PROFILE_RESULTS == sampler.RESULTS
     assert MAX_DECLARED_KINDS == handed.MAX_USER_KINDS
+    assert DURATION_BOUNDS == accounting.DURATION_BUCKETS
     # Every reason the tracker's help names (the problems family's HELP lists them all).
     from jaxmon.families.training import PROBLEMS
 
@@ -44,6 +46,8 @@ def test_with_zeros_fills_in_what_has_not_happened_and_keeps_what_has() -> None:
     assert full.profile.results == {"taken": 3, "busy": 0, "failed": 0}
     assert full.profile.devices[0].parts == {"compute": 1.0, "collective": 0.0, "copy": 0.0, "idle": 0.0}
     assert with_zeros(TrainingReading()).profile is None  # sampling off: no profile series
+    assert with_zeros(TrainingReading()).duration_buckets[-1] == (float("inf"), 0)  # the histogram, empty
+    assert len(with_zeros(TrainingReading()).duration_buckets) == len(DURATION_BOUNDS) + 1
 
 
 class Scrapes:
