@@ -30,7 +30,6 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jax
-from jaxmon.profile import read
 
 from bench.profile_sampling import PROFILE_EVERY, RESULTS, Loop
 from jaxmon.sources.local.profiler import JaxProfiler
@@ -38,6 +37,7 @@ from jaxmon.training import hlo
 from jaxmon.training.links import DeviceTopology, place
 from jaxmon.training.trace_links import PlacedTotals, kinds
 from jaxmon.xla.intervals import COLLECTIVE, COMPUTE, COPY, Segment, union_length
+from jaxmon.xla.profile import read
 
 
 def split_before(segments: Iterable[Segment], t0: int, t1: int) -> tuple[list[int], dict[str, int]]:

@@ -120,7 +120,8 @@ def workload_source(settings: Settings) -> tuple[DeviceSource, InProcess]:
     if options.enabled is not False:
         config = options.tracker_config()  # type: ignore[attr-defined]  # TrainingOptions
         tracker = activate(lambda: JaxTraining(local), config)
-    return _with_faults(local), InProcessWorkload(local, tracker)
+    kinds = getattr(options, "badput_kinds", ())  # TrainingOptions: declared badput kinds, born at 0
+    return _with_faults(local), InProcessWorkload(local, tracker, kinds)
 
 
 def select_collectors(

@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 
 from jaxmon.finalization import EXIT_WAIT, before_finalization
+from jaxmon.lastword import LastWord
 from jaxmon.logsetup import ensure_library_logging
 from jaxmon.publisher import default_workload_name
 from jaxmon.settings import Settings
@@ -39,20 +40,28 @@ class Exporter:
         except BaseException:
             self._release_tracker()
             raise
+        self.runtime.last_word = LastWord()
         self.runtime.start()
         self._unregister_exit = before_finalization(self._exit)
         self._server: HttpServer | None = None
         self._thread: threading.Thread | None = None
+        # Why the endpoint does not serve (a busy port, a bad web config), None while it does: the script's way to
+        # know, beside `serving`.
+        self.error: str | None = None
         try:
             self._server = HttpServer(self.runtime, settings)
         except (OSError, ValueError) as exc:
             # A busy port or a bad web config must not take the training run down: keep collecting, say so.
+            self.error = f"{type(exc).__name__}: {exc}"
             log.error("jaxmon could not serve HTTP", address=settings.web.listen_address, error=str(exc))
             return
         self._thread = threading.Thread(target=self._serve, name="jaxmon-http", daemon=True)
         self._thread.start()
-        self._server.started.wait(10)
-        log.info("jaxmon serving in this process", url=self.public_url, workload=workload)
+        if not self._server.started.wait(10):
+            self.error = "the HTTP server did not start within 10 s"
+            log.error("jaxmon could not serve HTTP", address=settings.web.listen_address, error=self.error)
+            return
+        log.info(f"jaxmon serving on {self.public_url}", url=self.public_url, workload=workload)
 
     def _serve(self) -> None:
         assert self._server is not None
@@ -60,7 +69,7 @@ class Exporter:
 
     @property
     def serving(self) -> bool:
-        """True while the HTTP endpoint runs."""
+        """True while the HTTP endpoint runs (False when it could not start: `error` says why)."""
         return self._thread is not None and self._thread.is_alive()
 
     @property
@@ -83,13 +92,19 @@ class Exporter:
     def stop(self) -> None:
         """Stop serving and collecting, and let go of what the exporter holds for the process: its exit callback
         (so nothing keeps its runtime alive) and its share of the training tracker (the last holder stops it, and
-        a later `jaxmon.start()` gets a tracker with its own training options). A second call does nothing."""
+        a later `jaxmon.start()` gets a tracker with its own training options). First it serves
+        `jaxmon_exporter_stopping 1` and, where a scraper comes regularly, waits for its next scrape (jaxmon.lastword:
+        up to 1.5 scrape intervals + 1 s, 61 s at most), so that Prometheus knows the job finished rather than died.
+        A second call does nothing."""
         global _running
         with self._stop_lock:
             if self._stopped:
                 return
             self._stopped = True
         self._unregister_exit()
+        last_word = self.runtime.last_word
+        if last_word is not None and self.serving and last_word.stop():
+            time.sleep(0.2)  # the final scrape's response, rendered, is on its way out
         if self._server is not None and self._thread is not None:
             self._server.stop()
             self._thread.join(timeout=10)

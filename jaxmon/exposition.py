@@ -27,8 +27,10 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.registry import CollectorRegistry
 
+from jaxmon.births import scraped as births_scraped
 from jaxmon.families import add, go_float
 from jaxmon.families.shared import DEVICE_INFO, WORKLOAD_INFO
+from jaxmon.lastword import LastWord
 from jaxmon.logsetup import ErrorLog
 from jaxmon.snapshot import Snapshot
 
@@ -227,8 +229,10 @@ class Exposition:
         get_snapshot: Callable[[], Snapshot],
         collectors: Sequence[FamilySource],
         transform: Transform | None = None,
+        last_word: LastWord | None = None,
     ) -> None:
         self._get_snapshot = get_snapshot
+        self._last_word = last_word  # an embedded exporter's jaxmon_exporter_stopping, read at each scrape
         self._collectors = list(collectors)
         self._transform = transform
         self.names = {c.name for c in self._collectors}
@@ -253,6 +257,7 @@ class Exposition:
             families = snapshot_families(snap, self._collectors, selected, self._transform)
             families += scraped_families((c for c in self._scraping if c.name in selected), _names(families))
             body = TextFormat().render(families)
+            births_scraped()  # a scrape of some collectors is a scrape too (Prometheus' `params: collect[]`)
             return gzip.compress(body, compresslevel=1) if want_gzip else body
         with self._lock:
             snap = self._get_snapshot()
@@ -267,10 +272,15 @@ class Exposition:
                 self._gzipped = gzip.compress(self._plain, compresslevel=1)
             body, names = (self._gzipped if want_gzip else self._plain) or b"", self._names
         scraped = list(_PROCESS.collect())
+        if self._last_word is not None:
+            scraped.append(self._last_word.family())
         # Read outside the lock: a user's collector may be slow (up to its collector's deadline). jaxmon's names win.
         if self._scraping:
             scraped += scraped_families(self._scraping, names | _names(scraped))
         process = self._scrape_format.render(scraped)
+        births_scraped()  # the new counter series this render held at 0 may count from the next poll
+        if self._last_word is not None:
+            self._last_word.scraped()
         # A gzip stream may hold several members (RFC 1952 2.2); every HTTP client reads them as one body.
         return body + (gzip.compress(process, compresslevel=1) if want_gzip else process)
 

@@ -25,6 +25,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from jaxmon.collectors.base import AnyCollector, PollJob
 from jaxmon.exposition import Transform
+from jaxmon.lastword import LastWord
 from jaxmon.logsetup import ErrorLog
 from jaxmon.snapshot import Snapshot, Update
 from jaxmon.sources import InProcess
@@ -88,6 +89,8 @@ class Runtime:
         self.transform = transform
         # The workload process's view of itself (embedded), for what the web server serves of it (pprof).
         self.in_process = in_process
+        # The embedded exporter's jaxmon_exporter_stopping and its wait for a final scrape (jaxmon.lastword).
+        self.last_word: LastWord | None = None
         self.collectors = list(collectors)
         self.max_staleness = max_staleness
         self._errors = ErrorLog(log)

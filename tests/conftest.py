@@ -58,7 +58,12 @@ def pytest_configure(config: pytest.Config) -> None:
 # images, a real 4-process job in a real Prometheus over minutes): under pytest-xdist (tests/run.sh: pytest -n 2)
 # they are one group, first in the order, so that one worker starts on it at once while the other goes through the
 # rest. Every other file is a group of its own: its module fixtures are made once, on one worker.
-LONG_LANE = ("tests/e2e/test_container.py", "tests/e2e/test_container_engines.py", "tests/e2e/test_job_view.py")
+LONG_LANE = (
+    "tests/e2e/test_container.py",
+    "tests/e2e/test_container_engines.py",
+    "tests/e2e/test_job_view.py",
+    "tests/e2e/test_prometheus_truth.py",  # three runs of a training loop under a real Prometheus: about a minute
+)
 
 
 def _group(nodeid: str) -> str:

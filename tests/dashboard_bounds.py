@@ -39,8 +39,12 @@ PER_ENTITY = frozenset(
         "coords",
     }
 )
-# Recorded series of one value per job (workload) or a constant: bounded by the number of jobs, not of devices.
-PER_JOB = re.compile(r"^jaxmon:(param:.*|.*:job_median5m|workload_energy_joules_per_step:rate5m)$")
+# Recorded series of one value per job (workload) or a constant: bounded by the number of jobs, not of devices
+# (the badput shares: one per job and kind, the built-in kinds and at most ten of the user's).
+PER_JOB = re.compile(
+    r"^jaxmon:(param:.*|.*:job_median5m|workload_energy_joules_per_step:rate5m|training_goodput_ratio:rate5m"
+    r"|training_badput_ratio:rate5m|training_(tokens|examples)_per_second:rate1m)$"
+)
 AGGREGATIONS = {"sum", "avg", "max", "min", "count", "quantile", "stddev", "stdvar", "group", "count_values"}
 SELECTING = {"topk", "bottomk"}
 # Functions whose result has the series of this argument (0-based); the others are constants.

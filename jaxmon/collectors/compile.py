@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 from pydantic import Field
 
+from jaxmon.births import Births
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Update
 from jaxmon.families.compile import compile_families
@@ -48,11 +49,20 @@ class CompileCollector(Collector[CompileOptions, CompileState]):
         """Only a workload process has compilations of its own to count."""
         return ctx.not_in_workload()
 
+    def __init__(self, opts: CompileOptions, ctx: Context) -> None:
+        super().__init__(opts, ctx)
+        self._births = Births()
+
     def update(self) -> Update[CompileState]:
-        """The counters now."""
+        """The counters now, at 0 until a scrape has served them (jaxmon.births: a restart is a reset)."""
         in_process = self.ctx.in_process
         assert in_process is not None  # unavailable() otherwise
-        return Update(CompileState(in_process.process_index, in_process.compile_counts()))
+        self._births.begin()
+        try:
+            counters = self._births.compile((), in_process.compile_counts())
+        finally:
+            self._births.end()
+        return Update(CompileState(in_process.process_index, counters))
 
     def families(self, snap: Snapshot, state: CompileState) -> Iterator[Metric]:
         """One series per counter, labelled with the workload and its process index."""

@@ -17,6 +17,7 @@ import structlog
 from prometheus_client.core import Metric
 from pydantic import Field, field_validator
 
+from jaxmon.births import Births, with_zeros
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
 from jaxmon.device_readings import DeviceInfo
@@ -123,10 +124,12 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
             rejected=dict(self.reader.rejected), overflow=dict(self.reader.overflow), removed=dict(self.reader.removed)
         )
         self._seen: set[tuple[str, int, str, int]] = set()  # (workload, process_index, host, pid) last scan
+        self._births = Births()
 
     def update(self) -> Update[SpoolState]:
         """Scan the directory; when it cannot be listed, keep serving the last good workloads and say so."""
         directory = str(self.reader.directory)
+        self._births.begin()
         try:
             scan = self.reader.scan()
         except OSError as exc:
@@ -137,10 +140,18 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
             return Update(self._last, success=False)
         self._errors.ok("spool", "spool directory readable again", directory=directory)
         # Last report time: the file's mtime on this clock, the same time liveness is judged by.
-        workloads = tuple(replace(f.value, time=f.mtime) for f in scan.live)
+        workloads = tuple(self._held(replace(f.value, time=f.mtime)) for f in scan.live)
+        self._births.end()
         self._last = SpoolState(workloads, scan.rejected, scan.overflow, scan.removed, scan.stale)
         self._log_arrivals(self._last.workloads)
         return Update(self._last)
+
+    def _held(self, w: WorkloadReport) -> WorkloadReport:
+        """A workload's counters as they may be served: each new series (a new process's all: a restart is a reset
+        Prometheus sees) at 0 until a scrape has served it (jaxmon.births)."""
+        key = (w.workload, w.process_index, w.host, w.pid, w.started)
+        training = None if w.training is None else self._births.training(key, with_zeros(w.training))
+        return replace(w, compile=self._births.compile(key, w.compile), training=training)
 
     def _log_arrivals(self, workloads: tuple[WorkloadReport, ...]) -> None:
         """Log each workload process that started or stopped reporting since the last scan."""

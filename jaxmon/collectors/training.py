@@ -8,11 +8,12 @@ the workload process (`jaxmon.start(training={...})`, `jaxmon.publish(..., train
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 from prometheus_client.core import Metric
 from pydantic import Field, model_validator
 
+from jaxmon.births import Births, with_zeros
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Update
 from jaxmon.families.training import training_families, training_labels
@@ -30,10 +31,12 @@ if TYPE_CHECKING:
 # Sampled traces' default interval, sized so that their cost stays under 0.5 % of a job's throughput
 # (bench/profile_sampling.py, BENCHMARKS.md "Sampled traces").
 PROFILE_EVERY = 1000
+# Declared badput kinds, at most: the tracker's own limit of user kinds (jaxmon.training.handed.MAX_USER_KINDS).
+MAX_DECLARED_KINDS = 10
 
 
 class TrainingProfileOptions(SettingsSection):
-    """`--collector.training.profile.*`: sampled traces of whole steps (docs/training.md, "Where the step goes")."""
+    """`--collector.training.profile.*`: sampled traces of whole steps (docs/training-traces.md)."""
 
     every: int = Field(
         default=PROFILE_EVERY,
@@ -80,6 +83,13 @@ class TrainingOptions(CollectorOptions):
         default=1024, ge=1, le=1_000_000, description="Steps waiting to complete, at most; more are not tracked."
     )
     profile: TrainingProfileOptions = Field(default_factory=TrainingProfileOptions)
+    badput_kinds: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list,
+        max_length=MAX_DECLARED_KINDS,
+        description="Your badput() kinds, declared up front so that their series exist at 0 from start() or "
+        "publish() (jaxmon_training_badput_seconds_total{kind}); one not declared is born at its first booking, "
+        "held at 0 for one scrape.",
+    )
 
     def tracker_config(self) -> TrackerConfig:
         """What the tracker takes of these options (the tracker itself is loaded only in a training process)."""
@@ -112,10 +122,22 @@ class TrainingCollector(Collector[TrainingOptions, TrainingReading | None]):
         """Only a workload process has steps of its own."""
         return ctx.not_in_workload()
 
+    def __init__(self, opts: TrainingOptions, ctx: Context) -> None:
+        super().__init__(opts, ctx)
+        self._births = Births()
+
     def update(self) -> Update[TrainingReading | None]:
-        """The tracker's numbers now (None until the workload's first jaxmon.step())."""
+        """The tracker's numbers now (from start(), every counter at 0 before it happens), each new series held at
+        0 until a scrape has served it (jaxmon.births)."""
         assert self.ctx.in_process is not None  # unavailable() otherwise
-        return Update(self.ctx.in_process.training())
+        reading = self.ctx.in_process.training()
+        if reading is None:
+            return Update(None)
+        self._births.begin()
+        try:
+            return Update(self._births.training((), with_zeros(reading)))
+        finally:
+            self._births.end()
 
     def families(self, snap: Snapshot, state: TrainingReading | None) -> Iterator[Metric]:
         """One set of series for this workload process, once it steps."""

@@ -386,4 +386,5 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
     "jaxmon_collector_duration_seconds": ("collector", "—"),
     "jaxmon_collector_last_success_timestamp_seconds": ("collector", "—"),
     "jaxmon_build_info": ("version, jax_version, jaxlib_version, python_version", "package metadata"),
+    "jaxmon_exporter_stopping": ("—", "`jaxmon.stop()`, the `Exporter`'s `stop()`, the interpreter's exit"),
 }

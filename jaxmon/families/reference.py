@@ -23,6 +23,7 @@ from jaxmon.families import Spec, libtpu, memory, nvml, nvml_process, shared, sl
 from jaxmon.families import compile as compile_families
 from jaxmon.families import kubernetes as kubernetes_families
 from jaxmon.families.labels import LABELS_AND_SOURCE
+from jaxmon.lastword import STOPPING, STOPPING_HELP
 
 PATH = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
@@ -62,6 +63,7 @@ INLINE = {
             Spec(
                 "jaxmon_collector_last_success_timestamp_seconds", "Unix time of the collector's last successful run."
             ),
+            Spec(STOPPING, STOPPING_HELP),
         ]
     ),
     "probe": _entries(
@@ -325,6 +327,31 @@ and never NaN. NVML's series of one NVLink add `link`; those of a MIG device car
 Where jaxmon runs decides what it sees: **embedded** (`jaxmon.start()` in the training script), **publisher +
 sidecar** (`jaxmon.publish()`, and `jaxmon serve --collector.spool.dir`), **sidecar alone** (`jaxmon serve`) and
 **node** (`jaxmon serve --node`, a DaemonSet: no JAX, so no memory or probe collector).
+
+**Counters are born at zero**, so that `rate()` and `increase()` see every second of them (Prometheus cannot see a
+series' first value). From `start()` or `publish()` on, before the first step, a workload process exports at 0: the
+steps, examples and tokens, host wait and productive seconds, the step histogram, each built-in badput kind
+(startup, compile, checkpoint, restore, host, restart, stall) and the kinds declared in
+`collector.training.badput_kinds`, every tracking problem's reason, every sampled-trace result and each device's
+sampled parts (where sampling is on), and the compile counters. A series that cannot exist before its first event is
+exported at 0 for at least one scrape before it counts: a badput kind not declared (from its first booking), the
+model and hardware FLOPs and accessed bytes of a device (from the first step that gives them), collective bytes of a
+program's (op, axes) (once jaxmon's thread has analysed it), a sampled collective op (from the sample that first
+saw it). Every new counter series is held at 0 until a scrape has served it, then counts whole: an embedded
+exporter's and a spooled process's alike (the spool's daemon holds them, per process: a restarted process's series
+start at 0, a counter reset Prometheus sees, even where it compiled the same programs as the process before it).
+A scrape is any `/metrics` render (`collect[]` too): where `jaxmon top` or a second Prometheus reads the same
+exporter, the first one's scrape frees the series, and so does a scrape Prometheus gave up on (its scrape_timeout).
+To join the processes of one workload across restarts, use `jaxmon_training_start_time_seconds`: each process's
+own, its value changes at each restart (`changes(jaxmon_training_start_time_seconds[1h])` counts them).
+
+**Goodput and throughput** are recorded by deploy/prometheus/job.yml ([job rules](job-rules.md)) once per workload:
+`jaxmon:training_goodput_ratio:rate5m` (productive / (productive + every badput kind), summed over the job's
+processes), `jaxmon:training_badput_ratio:rate5m` (each kind's share), `jaxmon:training_tokens_per_second:rate1m` and
+`jaxmon:training_examples_per_second:rate1m`. Over a whole run, goodput is
+`sum(increase(jaxmon_training_productive_seconds_total{workload="W"}[RUN])) /
+(sum(increase(jaxmon_training_productive_seconds_total{workload="W"}[RUN])) +
+sum(increase(jaxmon_training_badput_seconds_total{workload="W"}[RUN])))`.
 """
 
 

@@ -30,6 +30,7 @@ _TRAINING = {
     "jaxmon_training_start_time_seconds": "start",
     "jaxmon_training_last_step_timestamp_seconds": "last",
     "jaxmon_training_productive_seconds_total": "productive",
+    "jaxmon_training_tokens_total": "tokens",
 }
 # Summed over its kinds: with productive, the workload's time from its start to its last completion on its own
 # monotonic clock (the two timestamps are the wall clock's, which may have been stepped in between).
@@ -86,6 +87,14 @@ class Row:
     host_wait: float | None = None
     elapsed: float | None = None
     host_wait_ratio: float | None = None
+    # Goodput (productive over productive + every badput), tokens per second of the process's share, and its
+    # largest badput kind with that kind's share of the time: since the previous scrape, else since start.
+    productive: float | None = None
+    tokens: float | None = None
+    badput: dict[str, float] = field(default_factory=dict)
+    goodput: float | None = None
+    tokens_per_second: float | None = None
+    top_badput: tuple[str, float] | None = None
     slowest: bool = False  # the row's process is its job's slowest (jaxmon.top.jobs), set for each frame
     sources_down: tuple[str, ...] = ()  # device-wide sources that failed for this device in their last poll
     # Set when the endpoint did not answer: the row is the last known device, its numbers cleared.
@@ -144,6 +153,7 @@ def parse_exposition(text: str, endpoint: str) -> Scrape:
     # (workload, process_index) -> the training numbers of that process; which process a row's device is in.
     training: dict[tuple[str, str], dict[str, float]] = {}
     process_of: dict[RowKey, str] = {}
+    kinds: dict[tuple[str, str], dict[str, float]] = {}  # each process's badput seconds by kind
     source_failures: dict[tuple[str, str], list[str]] = {}
     out = Scrape()
 
@@ -167,8 +177,10 @@ def parse_exposition(text: str, endpoint: str) -> Scrape:
                 per_process = training.setdefault((s.labels["workload"], s.labels.get("process_index", "")), {})
                 per_process[_TRAINING[s.name]] = s.value
             elif s.name == _BADPUT and "workload" in s.labels:
-                per_process = training.setdefault((s.labels["workload"], s.labels.get("process_index", "")), {})
+                process = (s.labels["workload"], s.labels.get("process_index", ""))
+                per_process = training.setdefault(process, {})
                 per_process["badput"] = per_process.get("badput", 0.0) + s.value
+                kinds.setdefault(process, {})[s.labels.get("kind", "")] = s.value
             elif s.name == "jaxmon_training_model_flops_utilization_ratio" and "device" in s.labels:
                 row(s.labels).mfu = s.value
             elif s.name in _DEVICE_WIDE and "device" in s.labels:
@@ -219,8 +231,22 @@ def parse_exposition(text: str, endpoint: str) -> Scrape:
                 r.step_time = r.step_sum / r.step_count
             if r.host_wait is not None and r.elapsed:
                 r.host_wait_ratio = min(r.host_wait / r.elapsed, 1.0)
+            r.productive, r.tokens = productive, numbers.get("tokens")
+            r.badput = kinds.get((r.key.workload, r.process_index), {})
+            _throughput(r, r.productive, r.tokens, r.badput, r.elapsed)
     out.rows = sorted(rows.values(), key=SORTS["device"])
     return out
+
+
+def _throughput(
+    r: Row, productive: float | None, tokens: float | None, badput: dict[str, float], elapsed: float | None
+) -> None:
+    """The row's goodput, tokens/s and largest badput kind over `elapsed` seconds of its workload's clock."""
+    if productive is not None and elapsed:
+        r.goodput = min(max(productive / elapsed, 0.0), 1.0)
+        r.tokens_per_second = None if tokens is None else tokens / elapsed
+        kind, seconds = max(badput.items(), key=lambda kv: kv[1], default=("", 0.0))
+        r.top_badput = (kind, seconds / elapsed) if seconds > 0 else None
 
 
 def _wait_share(now: tuple[float | None, float | None], before: tuple[float | None, float | None]) -> float | None:
@@ -240,10 +266,19 @@ def recent_step_times(new: Scrape, old: Scrape | None) -> None:
         return
     before = {r.key: (r.step_sum, r.step_count) for r in old.rows}
     waited = {r.key: (r.host_wait, r.elapsed) for r in old.rows}
+    was = {r.key: r for r in old.rows}
     for r in new.rows:
         share = _wait_share((r.host_wait, r.elapsed), waited.get(r.key, (None, None)))
         if share is not None:
             r.host_wait_ratio = share
+        prev = was.get(r.key)
+        if prev is not None and None not in (r.elapsed, prev.elapsed, r.productive, prev.productive):
+            assert r.elapsed is not None and prev.elapsed is not None
+            assert r.productive is not None and prev.productive is not None
+            if r.elapsed > prev.elapsed and r.productive >= prev.productive:  # else: a restart, or no step since
+                tokens = None if r.tokens is None or prev.tokens is None else r.tokens - prev.tokens
+                badput = {k: v - prev.badput.get(k, 0.0) for k, v in r.badput.items()}
+                _throughput(r, r.productive - prev.productive, tokens, badput, r.elapsed - prev.elapsed)
         was_sum, was_count = before.get(r.key, (None, None))
         if None in (r.step_sum, r.step_count, was_sum, was_count):
             continue

@@ -129,6 +129,24 @@ def _device(row: Row, glyphs: Glyphs) -> str:
     return _place(row.key.platform, row.key.device, glyphs)
 
 
+def _rate(value: float | None, glyphs: Glyphs) -> str:
+    """Per second, in k/M/G."""
+    if value is None:
+        return glyphs.absent
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.1f}{unit}"
+    return f"{value:.0f}"
+
+
+def _top_badput(row: Row, glyphs: Glyphs) -> str:
+    """The largest badput kind and its share of the time, e.g. `eval 3.1%`."""
+    if row.top_badput is None:
+        return glyphs.absent
+    kind, share = row.top_badput
+    return f"{kind} {fmt_ratio(share)}"
+
+
 @dataclass(frozen=True)
 class Column:
     """One table column: its heading, the sort it stands for, its cell, and when it goes on a narrow screen."""
@@ -154,6 +172,9 @@ COLUMNS = (
     Column("STEP", None, lambda r, g: g.absent if r.step is None else f"{r.step:.0f}", drop_rank=8),
     Column("STEP TIME", None, lambda r, g: g.absent if r.step_time is None else fmt_seconds(r.step_time), drop_rank=9),
     Column("MFU", None, lambda r, g: _num(r.mfu, "ratio", g), drop_rank=7),
+    Column("GOODPUT", None, lambda r, g: _num(r.goodput, "ratio", g), drop_rank=10),
+    Column("TOKENS/S", None, lambda r, g: _rate(r.tokens_per_second, g), drop_rank=11),
+    Column("BADPUT", None, lambda r, g: _top_badput(r, g), drop_rank=12),
     Column("STATE", None, state_cell),
 )
 
@@ -168,6 +189,10 @@ def _columns(rows: list[Row]) -> list[Column]:
         hidden |= {"STEP", "STEP TIME"}
     if not any(r.mfu is not None for r in rows):
         hidden.add("MFU")
+    if not any(r.goodput is not None for r in rows):
+        hidden |= {"GOODPUT", "BADPUT"}
+    if not any(r.tokens_per_second for r in rows):
+        hidden.add("TOKENS/S")
     if not any(r.device_used is not None or r.device_total is not None for r in rows):
         hidden.add("DEVICE MEM")
     if not any(r.reserved is not None for r in rows):
@@ -179,9 +204,45 @@ def _build(rows: list[Row], columns: list[Column], sort: str, glyphs: Glyphs) ->
     t = Table(box=box.SIMPLE_HEAD if glyphs is UNICODE else None, pad_edge=False, show_edge=False)
     for c in columns:
         t.add_column(c.heading + ("*" if c.sort == sort else ""), no_wrap=True, overflow="ellipsis")
-    for r in rows:
-        t.add_row(*(c.cell(r, glyphs) for c in columns))
+    for cells in collapsed(rows, columns, glyphs):
+        t.add_row(*cells)
     return t
+
+
+def collapsed(rows: list[Row], columns: list[Column], glyphs: Glyphs) -> list[list[str | Text]]:
+    """Each row's cells, where CPU devices of one endpoint and workload that show the same in every other column
+    are one row, at the first one's place, its device `cpu:0-7` (N virtual CPU devices of one host read alike)."""
+    out: list[list[str | Text]] = []
+    first: dict[tuple[str, ...], int] = {}  # the other cells -> the row that holds them
+    devices: dict[int, list[int]] = {}
+    at = next((i for i, c in enumerate(columns) if c.heading == "DEVICE"), None)
+    for r in rows:
+        cells = [c.cell(r, glyphs) for c in columns]
+        if at is None or r.key.platform != "cpu" or not r.key.device.isdigit():
+            out.append(cells)
+            continue
+        same = (r.key.endpoint, r.key.workload, *(str(x) for i, x in enumerate(cells) if i != at))
+        if same in first:
+            devices[first[same]].append(int(r.key.device))
+            continue
+        first[same] = len(out)
+        devices[len(out)] = [int(r.key.device)]
+        out.append(cells)
+    for index, ids in devices.items():
+        if len(ids) > 1 and at is not None:
+            out[index][at] = f"cpu:{_span(sorted(ids))}"
+    return out
+
+
+def _span(ids: list[int]) -> str:
+    """Sorted ids as runs: 0-7, 0-4,6-7, 1,3."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def table(rows: list[Row], sort: str, glyphs: Glyphs, console: Console | None = None) -> Table:

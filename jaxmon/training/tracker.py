@@ -73,7 +73,7 @@ class Tracker:
         self._peaks, self._no_peak = peak_table(self._devices, config.peak_flops)
         self._peak_warned: set[str] = set()  # the device kinds "no peak FLOP/s known" was said of
         started = clock()
-        self._start_wall = wall()  # Unix time at the start, read beside the monotonic start
+        self.start_time = self._start_wall = wall()  # Unix time at the start, beside the monotonic start
         self._acct = Accounting(started=started, window=config.window, stall_factor=config.stall_factor)
         self._last: tuple[int, float | None] | None = None  # (number, completion) of the last step seen
         self._steps = 0

@@ -90,7 +90,7 @@ class App:
         self._max_requests = max_requests
         self._in_flight = 0
         self._checks = checks if checks is not None else CheckQueue()
-        self._exposition = Exposition(runtime.snapshot, runtime.collectors, runtime.transform)
+        self._exposition = Exposition(runtime.snapshot, runtime.collectors, runtime.transform, runtime.last_word)
         self._routes: dict[str, Callable[[Scope], Response]] = {
             telemetry_path: self._metrics,
             "/healthz": self._healthz,

@@ -13,7 +13,7 @@ import requests
 
 from tests.conftest import ROOT, Samples, StartDaemon, promtool, sample
 from tests.e2e.test_training import TRAINING_FAMILIES, training_series_budget
-from tests.helpers import Child, wait_for_samples
+from tests.helpers import Child, wait_for_fresh_samples, wait_for_samples
 
 WORKLOAD = ROOT / "tests" / "workloads" / "communication.py"
 # The workload's shapes (tests/workloads/communication.py).
@@ -60,8 +60,12 @@ def test_collective_bytes_per_step_and_axis_and_the_predicted_peak_are_what_the_
     for phase, per_step in expected.items():
         warm = child.send(f"phase {phase}")  # compiled, tracked, analysed; its first step handed
         steps = warm["steps"]
+
+        seen(steps)  # a new (op, axes) series reads 0 until a scrape has served it (born at zero): this one
+        before = collective_bytes(wait_for_fresh_samples(url, "training", "after that scrape"))
         assert child.send(f"run {STEPS}")["steps"] == steps + STEPS
-        after_samples = seen(steps + STEPS)
+        seen(steps + STEPS)  # the same for a series first seen since (a program analysed during the run)
+        after_samples = wait_for_fresh_samples(url, "training", "after that scrape")
         after = collective_bytes(after_samples)
         added = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
         # Every call counts: the phase's first, made before jaxmon analysed its program, too.

@@ -45,7 +45,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_check_rules() -> None:
     result = _run(promtool(), "check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"SUCCESS: {len(alert_rules())} rules found" in result.stdout
+    assert f"SUCCESS: {len(alert_rules()) + len(recording_rules(RULES))} rules found" in result.stdout
     result = _run(promtool(), "check", "rules", str(JOB_RULES))
     assert result.returncode == 0, result.stdout + result.stderr
     count = len(alert_rules(JOB_RULES)) + len(recording_rules(JOB_RULES))

@@ -1,10 +1,10 @@
-"""docs/training.md's Flax NNX + Optax loop and its MaxText-style loop, run as written (tests/workloads/flax_loop.py
-and maxtext_loop.py, whose marked regions the doc shows: tests/unit/test_docs_snippets.py) in real child processes
-on 8 CPU devices under jaxmon.start() at its defaults (the probe on), scraped over HTTP: every step counted, the
-tokens and model FLOPs as each process's share of the job's, XLA's FLOPs of the MaxText-style step as its cost
-analysis reads them in the loop's own mesh context (where the step lowers at all), and no tracking problem; each loop
-run twice more, exiting 0, with no probe timeout and no probe run while it steps (docs/probe.md); and the PromQL
-the page shows parses."""
+"""docs/training-loops.md's Flax NNX + Optax loop and its MaxText-style loop, run as written
+(tests/workloads/flax_loop.py and maxtext_loop.py, whose marked regions the doc shows:
+tests/unit/test_docs_snippets.py) in real child processes on 8 CPU devices under jaxmon.start() at its defaults
+(the probe on), scraped over HTTP: every step counted, the tokens and model FLOPs as each process's share of the
+job's, XLA's FLOPs of the MaxText-style step as its cost analysis reads them in the loop's own mesh context (where
+the step lowers at all), and no tracking problem; each loop run twice more, exiting 0, with no probe timeout and no
+probe run while it steps (docs/probe.md); and the PromQL the training pages show parses."""
 
 from __future__ import annotations
 
@@ -157,7 +157,9 @@ def test_the_docs_loops_run_to_the_end_with_no_probe_beside_their_steps(
 
 
 def test_the_promql_of_training_md_parses(tmp_path: Path) -> None:
-    text = (ROOT / "docs" / "training.md").read_text()
+    text = "".join(
+        (ROOT / "docs" / name).read_text() for name in ("training.md", "training-loops.md", "training-traces.md")
+    )
     blocks = re.findall(r"^```promql\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
     assert len(blocks) == 3
     rules = [{"record": f"docs:block{n}", "expr": block} for n, block in enumerate(blocks)]

@@ -22,7 +22,7 @@ GOLDEN = ROOT / "tests" / "golden"
 _UNSTABLE_VALUE = re.compile(
     r"^(jaxmon_probe_\w+|jaxmon_device_utilization_ratio|jaxmon_collector_duration_seconds"
     r"|jaxmon_collector_last_success_timestamp_seconds|jaxmon_workload_last_report_timestamp_seconds"
-    r"|jaxmon_jit_\w+|jaxmon_compilation_cache_\w+)\b"
+    r"|jaxmon_jit_\w+|jaxmon_compilation_cache_\w+|jaxmon_training_start_time_seconds)\b"
 )
 # Label values that are not reproducible.
 _UNSTABLE_LABEL = re.compile(r'\b(pid|host|version|jax_version|jaxlib_version|python_version)="[^"]*"')

@@ -199,6 +199,8 @@ EMPTY_PANEL_QUERIES: dict[str, set[tuple[str, str]]] = {
         # joined to a chip (deploy/prometheus/job_test.yml's cases record it).
         ("The ladder, mean over the TPU chips", "C"),
         ("MFU beside the chip", "A"),
+        # No embedded exporter here (EMPTY_SELECTORS).
+        ("Embedded exporter stopping", "A"),
     },
     "jaxmon-fleet.json": {
         # The exporter down is jaxmon-gone's, a job that never served jaxmon_build_info, so $job does not list it
@@ -240,6 +242,9 @@ EMPTY_SELECTORS = {
     # index. The match, and the alerts' join through it, are tests/e2e/test_alertmanager.py's and alerts_test.yml's.
     'jaxmon_device_info{source="nvml", device_match!="nvml_index"}',
 }
+# Families only an embedded exporter (jaxmon.start()) serves, and none runs here: their selectors match nothing.
+# tests/e2e/test_prometheus_truth.py scrapes embedded loops that finish, crash and restart.
+EMBEDDED_ONLY = {"jaxmon_exporter_stopping"}
 
 SELECTOR = re.compile(r'\b((?:jaxmon_[a-z0-9_]+|up|scrape_duration_seconds)(?:\{(?:[^}"]|"(?:[^"\\]|\\.)*")*\})?)')
 
@@ -688,7 +693,7 @@ def test_prometheus_loaded_the_rules_and_evaluates_them_without_error(stack: Sta
             loaded[rule["name"]] = rule
     shipped = {r["alert"] for r in alert_rules()}
     job = {r["alert"] for r in alert_rules(JOB_RULES)} | {r["record"] for r in recording_rules(JOB_RULES)}
-    assert set(loaded) == shipped | job
+    assert set(loaded) == shipped | {r["record"] for r in recording_rules(RULES)} | job
     for name, rule in loaded.items():
         assert rule["health"] == "ok", f"{name}: {rule.get('lastError')}"
     # Alerts become pending (all have a for: duration) within an evaluation or two. (job.yml's are its own tests'.)
@@ -716,12 +721,12 @@ def test_every_selector_matches_series(stack: Stack) -> None:
         series = stack.prometheus.api("series", **{"match[]": selector, "start": now - 600, "end": now})
         if not series:
             unmatched.add(selector)
-    assert unmatched == EMPTY_SELECTORS
+    assert {u for u in unmatched if u.split("{")[0] not in EMBEDDED_ONLY} == EMPTY_SELECTORS
 
 
 def test_every_readme_metric_family_reaches_prometheus(stack: Stack) -> None:
     names = set(stack.prometheus.api("label/__name__/values"))
-    missing = set(readme_metrics()) - names
+    missing = set(readme_metrics()) - names - EMBEDDED_ONLY
     assert not missing, f"families the setup does not produce (so their panels are untested): {sorted(missing)}"
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
+from jaxmon.births import BADPUT_KINDS, PROBLEM_REASONS
 from tests.conftest import ROOT, Samples, StartDaemon, promtool, sample
 from tests.helpers import Child, wait_for_samples
 
@@ -23,14 +25,15 @@ STEPS = 10
 DATA_MS = 20
 # The series one training process adds (docs/training.md, "Series per process"): at most 64 (9 counters and gauges,
 # the step histogram's 21, jaxmon_workload_info, 18 kinds of badput, 12 reasons of tracking problems, 3 results of
-# sampled traces) + 7 per local device (model and hardware FLOPs, bytes accessed, peak, MFU, HFU, the programs'
-# predicted peak memory) + 1 per local device and (op, axes) pair the tracked programs' collectives use, before the
-# first sampled trace.
+# sampled traces) + 12 per local device (model and hardware FLOPs, bytes accessed, peak, MFU, HFU, the programs'
+# predicted peak memory; the sampled traces' 4 parts and profiled seconds, at 0 from start where sampling is on:
+# born at zero) + 1 per local device and (op, axes) pair the tracked programs' collectives use, before the first
+# sampled trace (which adds its collective ops).
 TRAINING_FAMILIES = ("jaxmon_training_", "jaxmon_device_peak_flops_per_second", "jaxmon_workload_info")
 
 
 def training_series_budget(devices: int, collective_pairs: int = 0) -> int:
-    return 64 + (7 + collective_pairs) * devices
+    return 64 + (12 + collective_pairs) * devices
 
 
 def _check_against_the_loop(s: Samples, answer: dict[str, Any], **labels: str) -> None:
@@ -106,10 +109,16 @@ def test_an_embedded_trainer_exports_its_steps_flops_mfu_and_badput(children: li
     )  # fmt: skip
     children.append(child)
     url = child.hello["url"]
-    before = requests.get(url + "/metrics", timeout=10).text
-    assert "jaxmon_training_" not in before  # no step() yet: no training series at all
-    answer = child.send(f"steps {STEPS} {DATA_MS}")
     labels = {"workload": "toy", "process_index": "0", "process_count": "1", "host": socket.gethostname()}
+    # No step() yet: the counters are born at zero (jaxmon.births), each built-in badput kind and problem reason.
+    before = wait_for_samples(url, lambda s: ("jaxmon_training_steps_total", frozenset(labels.items())) in s, "born")
+    assert sample(before, "jaxmon_training_steps_total", **labels) == 0
+    assert sample(before, "jaxmon_training_tokens_total", **labels) == 0
+    for kind in BADPUT_KINDS:
+        assert sample(before, "jaxmon_training_badput_seconds_total", kind=kind, **labels) == 0, kind
+    for reason in PROBLEM_REASONS:
+        assert sample(before, "jaxmon_training_tracking_problems_total", reason=reason, **labels) == 0, reason
+    answer = child.send(f"steps {STEPS} {DATA_MS}")
     s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, "every step seen")
     _check_against_the_loop(s, answer, **labels)
     _lint(requests.get(url + "/metrics", timeout=10).text)
@@ -142,3 +151,22 @@ def test_a_publishing_trainers_steps_reach_the_sidecar(
     assert child.send("exit") == {"stopped": True}
     # The trainer's clean exit removes its file: its training series go with it at the next poll.
     d.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) is None, what="the workload gone")
+    # Born at zero on the sidecar: a process it has not served yet (here a new trainer of the same name, stepping
+    # before a new sidecar reads it) reads 0 in its first exposition, every counter, then all of its steps.
+    again = Child(
+        tmp_path, "publish", "--spool", str(spool), "--workload", "pub", "--interval", "0.2",
+        env={"JAXMON_COLLECTOR__PROBE": "false", **SCHEDULER},
+    )  # fmt: skip
+    children.append(again)
+    again.send(f"steps {STEPS} {DATA_MS}")
+    time.sleep(0.5)  # its document with every step written
+    d2 = start_daemon("--no-collector.probe", "--collector.spool.dir", str(spool), "--poll.interval", "0.2s")
+    first = d2.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) is not None, what="it, held")
+    for name in ("jaxmon_training_steps_total", "jaxmon_training_productive_seconds_total"):
+        assert sample(first, name, **labels) == 0, name
+    assert sample(first, "jaxmon_training_badput_seconds_total", kind="startup", **labels) == 0
+    ident = {"workload": "pub", "process_index": "0"}
+    assert sample(first, "jaxmon_jit_compilations_total", **ident) == 0
+    later = d2.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, what="then counted")
+    assert (sample(later, "jaxmon_training_badput_seconds_total", kind="startup", **labels) or 0) > 0
+    assert (sample(later, "jaxmon_jit_compilations_total", **ident) or 0) > 0

@@ -111,7 +111,7 @@ def test_embedded_start_twice_returns_the_running_exporter_and_says_so(tmp_path:
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("fine")
     port = result.stdout.split()[1]
-    serving = [line for line in result.stderr.splitlines() if "jaxmon serving in this process" in line]
+    serving = [line for line in result.stderr.splitlines() if "jaxmon serving on http://" in line]
     assert len(serving) == 2 and f":{port}/metrics" in serving[0], result.stderr
     (warning,) = [line for line in result.stderr.splitlines() if "already running" in line]
     assert warning.startswith("WARNING") and "asked_port=10413" in warning and f":{port}/metrics" in warning

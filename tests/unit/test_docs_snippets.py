@@ -35,7 +35,7 @@ def test_each_marked_block_is_its_files_region(doc: Path) -> None:
 
 
 def test_training_md_shows_both_loops_from_the_files_the_suite_runs() -> None:
-    sources = [s for s, _ in marked(ROOT / "docs" / "training.md")]
+    sources = [s for s, _ in marked(ROOT / "docs" / "training-loops.md")]
     assert sources == ["tests/workloads/flax_loop.py", "tests/workloads/maxtext_loop.py"]
     # Each is run by the e2e test, as a child process of its own.
     runs = (ROOT / "tests" / "e2e" / "test_docs_loops.py").read_text()

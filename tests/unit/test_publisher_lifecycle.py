@@ -18,6 +18,7 @@ import pytest
 
 import jaxmon
 from jaxmon import finalization, training
+from jaxmon.births import BADPUT_KINDS, PROBLEM_REASONS
 from jaxmon.publisher import Publisher
 from tests.helpers import wait_until
 
@@ -40,7 +41,14 @@ def test_stop_keeping_the_file_writes_the_steps_since_the_last_document(tmp_path
     publisher = jaxmon.publish(tmp_path, workload="kept", interval=3600.0)
     try:
         first_document(publisher)
-        assert json.loads(publisher.path.read_text())["training"] is None  # no step() yet
+        # No step() yet: the training counters are there at 0 (born at zero, jaxmon.births), each built-in badput
+        # kind and every problem's reason included, since the tracker's start.
+        first = json.loads(publisher.path.read_text())["training"]
+        assert first["steps_total"] == 0 and first["tokens_total"] == 0 and first["productive_seconds_total"] == 0
+        assert set(first["badput_seconds_total"]) >= set(BADPUT_KINDS)
+        assert set(first["badput_seconds_total"].values()) == {0}
+        assert set(first["problems"]) == set(PROBLEM_REASONS) and set(first["problems"].values()) == {0}
+        assert 0 <= first["elapsed_seconds"] < 60
         x = jnp.ones((64, 64))
         for n in range(7):
             x = x @ x / 64.0

@@ -63,3 +63,60 @@ def test_the_training_columns_show_only_where_a_workload_steps() -> None:
     )
     assert "STEP" not in buffer.getvalue() and "MFU" not in buffer.getvalue()
     assert [fmt_seconds(v) for v in (0.0005, 0.0123, 1.25, 185)] == ["500us", "12.3ms", "1.25s", "3m05s"]
+
+
+GOODPUT = """\
+jaxmon_device_info{device="0",device_kind="cpu",platform="cpu",process_index="0",source="spool",workload="gpt"} 1
+jaxmon_memory_live_array_bytes{device="0",platform="cpu",workload="gpt"} 1024
+jaxmon_training_step{process_index="0",workload="gpt"} 9
+jaxmon_training_productive_seconds_total{process_index="0",workload="gpt"} {productive}
+jaxmon_training_badput_seconds_total{kind="startup",process_index="0",workload="gpt"} 2.0
+jaxmon_training_badput_seconds_total{kind="compile",process_index="0",workload="gpt"} 3.0
+jaxmon_training_badput_seconds_total{kind="eval",process_index="0",workload="gpt"} {eval}
+jaxmon_training_tokens_total{process_index="0",workload="gpt"} {tokens}
+"""
+
+
+def _gpt(productive: float, eval_seconds: float, tokens: float) -> str:
+    text = GOODPUT.replace("{productive}", str(productive)).replace("{eval}", str(eval_seconds))
+    return text.replace("{tokens}", str(tokens))
+
+
+def test_goodput_tokens_per_second_and_the_largest_badput_kind() -> None:
+    # Since start: 15 productive seconds of 15 + 2 + 3 + 0 = 20: 75 %; 40 000 tokens in 20 s; compile 15 %.
+    old = parse_exposition(_gpt(15.0, 0.0, 40_000), "h:1")
+    (row,) = old.rows
+    assert row.goodput == 0.75 and row.tokens_per_second == 2000 and row.top_badput == ("compile", 0.15)
+    # Since the previous scrape: 8 s more productive and 2 s of eval: 80 %, 30 000 tokens in 10 s, eval 20 %.
+    new = parse_exposition(_gpt(23.0, 2.0, 70_000), "h:1")
+    recent_step_times(new, old)
+    (row,) = new.rows
+    assert row.goodput == 0.8 and row.tokens_per_second == 3000 and row.top_badput == ("eval", 0.2)
+    buffer = io.StringIO()
+    Console(file=buffer, width=300, force_terminal=False, no_color=True).print(table(new.rows, "device", ASCII))
+    text = buffer.getvalue()
+    assert "GOODPUT" in text and "TOKENS/S" in text and "BADPUT" in text
+    line = next(line for line in text.splitlines() if "gpt" in line)
+    assert "80.0%" in line and "3.0k" in line and "eval 20.0%" in line
+    # A restarted process (its counters began again): the numbers since its start.
+    restarted = parse_exposition(_gpt(1.0, 0.0, 1000), "h:1")
+    recent_step_times(restarted, new)
+    (row,) = restarted.rows
+    assert row.goodput == 1.0 / 6.0 and row.top_badput == ("compile", 0.5)
+
+
+def test_identical_cpu_device_rows_are_one_row() -> None:
+    """8 virtual CPU devices of one host holding the same: one row `cpu:0-7`, but for the one that differs; GPUs
+    that read alike stay a row each."""
+    lines = [
+        f'jaxmon_memory_live_array_bytes{{device="{d}",platform="cpu",workload="w"}} {2048 if d == 5 else 1024}'
+        for d in range(8)
+    ]
+    lines += [f'jaxmon_memory_bytes_in_use{{device="{d}",platform="gpu"}} 1024' for d in range(2)]
+    buffer = io.StringIO()
+    rows = parse_exposition("\n".join(lines) + "\n", "h:1").rows
+    Console(file=buffer, width=300, force_terminal=False, no_color=True).print(table(rows, "device", ASCII))
+    text = buffer.getvalue()
+    assert "cpu:0-4,6-7" in text and "cpu:5 " in text
+    assert sum("cpu:" in line for line in text.splitlines()) == 2
+    assert "gpu:0" in text and "gpu:1" in text

@@ -1,6 +1,6 @@
 """A Flax NNX + Optax training loop, run as a real child process by tests/e2e/test_docs_loops.py.
 
-The lines between `docs:start` and `docs:end` are docs/training.md's Flax example, word for word
+The lines between `docs:start` and `docs:end` are docs/training-loops.md's Flax example, word for word
 (tests/unit/test_docs_snippets.py holds them equal). jaxmon.start() takes its port and settings from the JAXMON_*
 environment the test gives. After the loop it answers `OK <json>` on stdout (the exporter's URL, the loop's figures and
 XLA's FLOPs of one step) and waits for a line on stdin before it exits, so that the test can scrape it.

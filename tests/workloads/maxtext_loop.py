@@ -1,7 +1,7 @@
 """A MaxText-style training loop (a jitted, donated step under a device mesh, shardings constrained with bare
 `PartitionSpec`s, optax), run as a real child process by tests/e2e/test_docs_loops.py.
 
-The lines between `docs:start` and `docs:end` are docs/training.md's MaxText-style example, word for word
+The lines between `docs:start` and `docs:end` are docs/training-loops.md's MaxText-style example, word for word
 (tests/unit/test_docs_snippets.py holds them equal). jaxmon.start() takes its port and settings from the JAXMON_*
 environment the test gives. After the loop it answers `OK <json>` on stdout (the exporter's URL, the loop's figures,
 XLA's FLOPs of one step read in the loop's mesh context, and whether the step lowers outside it) and waits for a line

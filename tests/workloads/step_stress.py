@@ -133,9 +133,11 @@ def main() -> None:
     # Until the waiter has taken every step off its queue (its own emptiness, not a count it could get wrong).
     while tracker.pending() and time.monotonic() < deadline:
         time.sleep(0.01)
-    time.sleep(0.5)  # a poll after the last booking: the exposition's snapshot is the final one
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
-        text = response.read().decode()
+    text = ""
+    for _ in range(2):  # a counter series first seen reads 0 until a scrape has served it (born at zero): twice
+        time.sleep(0.5)  # a poll after the last booking (after the first scrape): the snapshot is the final one
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+            text = response.read().decode()
     exporter.stop()
     print("OK " + json.dumps({**truth, "tokens_per_step": TOKENS, "exposition": text}), flush=True)
 

@@ -36,7 +36,15 @@ HEALTH = Row(
     "Health",
     [
         exporters_up(width=3),
-        stat("Exporters down", count(f"up{{{INST}}} == 0"), "jaxmon targets whose scrape fails (JaxmonExporterDown)."),
+        stat(
+            "Exporters down",
+            count(
+                f"up{{{INST}}} == 0 unless on (job, instance) (jaxmon:exporter_stopped "
+                f"or last_over_time(jaxmon_exporter_stopping{{{INST}}}[10m]) == 1)"
+            ),
+            "jaxmon targets whose scrape fails (JaxmonExporterDown), less embedded exporters whose job finished (their "
+            "last scrape said jaxmon_exporter_stopping 1).",
+        ),
         stat(
             "Devices lost",
             count(f"jaxmon_device_source_up{{{FLEET}}} == 0"),

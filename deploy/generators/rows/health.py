@@ -45,6 +45,14 @@ ROW = Row(
             mappings=UP_MAPPING,
         ),
         Panel(
+            "Embedded exporter stopping",
+            "state-timeline",
+            "none",
+            [Target(bottom(f"jaxmon_exporter_stopping{{{INST}}}"), "{{instance}}")],
+            "An embedded exporter (jaxmon.start()) says 1 in its last scrape when its job ends on purpose (stop() or a "
+            "normal exit): a target down after it finished, not crashed (JaxmonExporterDown stays quiet).",
+        ),
+        Panel(
             "API server lists",
             "state-timeline",
             "none",

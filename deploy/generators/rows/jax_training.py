@@ -23,14 +23,13 @@ def job_sum(metric: str, window: str = "$__rate_interval") -> str:
 
 
 BUCKETS = rate("jaxmon_training_step_duration_seconds_bucket")
-PRODUCTIVE = job_sum("jaxmon_training_productive_seconds_total", WINDOW)
-# No badput yet (no series of any kind) is none, not an unknown goodput.
-BADPUT = f"({job_sum('jaxmon_training_badput_seconds_total', WINDOW)} or vector(0))"
-ACCOUNTED = f"({PRODUCTIVE} + {BADPUT})"
-GOODPUT = f"{PRODUCTIVE} / {ACCOUNTED}"
+# job.yml's records (docs/job-rules.md): goodput and each badput kind's share over 5 minutes, tokens/s over 1.
+GOODPUT = f"jaxmon:training_goodput_ratio:rate{WINDOW}{{{JOB}}}"
+BADPUT_SHARES = f"jaxmon:training_badput_ratio:rate{WINDOW}{{{JOB}}}"
 MFU = f"jaxmon_training_model_flops_utilization_ratio{{{JOB}}}"
 HFU = f"jaxmon_training_hardware_flops_utilization_ratio{{{JOB}}}"
-TOKENS = job_sum("jaxmon_training_tokens_total")
+TOKENS = f"jaxmon:training_tokens_per_second:rate1m{{{JOB}}}"
+EXAMPLES = f"jaxmon:training_examples_per_second:rate1m{{{JOB}}}"
 SCORE_THRESHOLDS = [(0, "red"), (0.5, "orange"), (0.85, "green")]
 
 
@@ -41,7 +40,12 @@ def stat(title: str, unit: str, expr: str, description: str, **kwargs: object) -
 SUMMARY = Row(
     "The job",
     [
-        stat("Tokens per second", "short", TOKENS, "The job's tokens per second: the sum of its processes' shares."),
+        stat(
+            "Tokens per second",
+            "short",
+            TOKENS,
+            "The job's tokens per second over a minute: the sum of its processes' shares.",
+        ),
         stat(
             "Median step time",
             "s",
@@ -103,10 +107,11 @@ THROUGHPUT = Row(
             "short",
             [
                 Target(TOKENS, "tokens/s"),
-                Target(job_sum("jaxmon_training_examples_total"), "examples/s"),
+                Target(EXAMPLES, "examples/s"),
             ],
             "Every process passes the job's figures to jaxmon.step() and exports its share (÷ process count), so "
-            "the sum over the job's processes is the job's.",
+            "the sum over the job's processes is the job's (job.yml's jaxmon:training_tokens_per_second:rate1m and "
+            "examples).",
             min=0,
             width=8,
         ),
@@ -149,7 +154,8 @@ EFFICIENCY = Row(
             "timeseries",
             "percentunit",
             [Target(GOODPUT, "goodput")],
-            f"Productive time / (productive + every badput kind), summed over the job's processes, over {WINDOW}.",
+            f"Productive time / (productive + every badput kind), summed over the job's processes, over {WINDOW} "
+            "(job.yml's jaxmon:training_goodput_ratio:rate5m).",
             min=0,
             max=1,
             width=6,
@@ -158,13 +164,7 @@ EFFICIENCY = Row(
             "Badput by kind",
             "timeseries",
             "percentunit",
-            [
-                Target(
-                    f"sum by (kind) ({rate('jaxmon_training_badput_seconds_total', WINDOW)}) "
-                    f"/ on () group_left () {ACCOUNTED}",
-                    "{{kind}}",
-                )
-            ],
+            [Target(f"sum by (kind) ({BADPUT_SHARES})", "{{kind}}")],
             f"Each badput kind's share of the accounted time over {WINDOW} (startup, compile, checkpoint, restore, "
             "data, eval, restart, stall, your own kinds), stacked: the stack is 1 - goodput.",
             min=0,

@@ -12,8 +12,8 @@ PROCESS = "process {{process_index}} ({{host}})"
 DEVICE = "{{instance}} {{platform}}:{{device}}"
 BUCKETS = f"rate(jaxmon_training_step_duration_seconds_bucket{{{JOB}}}[$__rate_interval])"
 MFU = f"jaxmon_training_model_flops_utilization_ratio{{{JOB}}}"
-PRODUCTIVE = f"sum(rate(jaxmon_training_productive_seconds_total{{{JOB}}}[5m]))"
-BADPUT = f"(sum(rate(jaxmon_training_badput_seconds_total{{{JOB}}}[5m])) or vector(0))"
+# job.yml's records (docs/job-rules.md).
+GOODPUT = f"jaxmon:training_goodput_ratio:rate5m{{{JOB}}}"
 JOB_ALERTS = 'alertname=~"JaxmonTraining.*|JaxmonDeviceMemorySkew"'
 SCORE_THRESHOLDS = [(0, "red"), (0.5, "orange"), (0.85, "green")]
 
@@ -153,10 +153,6 @@ PROCESSES = Row(
 )
 
 
-def rate(metric: str) -> str:
-    return f"rate({metric}{{{JOB}}}[$__rate_interval])"
-
-
 # What the job is for: its throughput, MFU and goodput (as on the JAX training dashboard).
 THROUGHPUT = Row(
     "Throughput, MFU and goodput",
@@ -166,8 +162,8 @@ THROUGHPUT = Row(
             "timeseries",
             "short",
             [
-                Target(f"sum({rate('jaxmon_training_tokens_total')})", "tokens/s"),
-                Target(f"sum({rate('jaxmon_training_examples_total')})", "examples/s"),
+                Target(f"jaxmon:training_tokens_per_second:rate1m{{{JOB}}}", "tokens/s"),
+                Target(f"jaxmon:training_examples_per_second:rate1m{{{JOB}}}", "examples/s"),
             ],
             "Every process passes the job's figures to jaxmon.step() and exports its share (÷ process count), so "
             "the sum over the job's processes is the job's.",
@@ -192,7 +188,7 @@ THROUGHPUT = Row(
             "Goodput",
             "timeseries",
             "percentunit",
-            [Target(f"{PRODUCTIVE} / ({PRODUCTIVE} + {BADPUT})", "goodput")],
+            [Target(GOODPUT, "goodput")],
             "Productive time over productive + every badput kind, summed over the job's processes, over 5 minutes "
             "(the JAX training dashboard shows the badput by kind).",
             min=0,

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from jaxmon.births import with_zeros
 from jaxmon.device_readings import HOST_MEMORY_KINDS, ArrayBytes, DeviceKey
 from jaxmon.sources import TraceDemand
 from jaxmon.sources.local.devices import LocalSource
@@ -15,15 +17,16 @@ from jaxmon.sources.local.probe import _OWN, _OWN_LOCK
 from jaxmon.threads import on_probe_thread
 from jaxmon.training import release as release_tracker
 from jaxmon.training.handed import COMPILE_EVENT
-from jaxmon.training.reading import TrainingReading
+from jaxmon.training.reading import DeviceProfile, TrainingReading
 from jaxmon.training.tracker import Tracker
 
 
 class InProcessWorkload:
     """A workload process's view of itself: live arrays, compile counters, the training tracker."""
 
-    def __init__(self, source: LocalSource, tracker: Tracker | None = None) -> None:
+    def __init__(self, source: LocalSource, tracker: Tracker | None = None, badput_kinds: Iterable[str] = ()) -> None:
         self._jax = source._jax
+        self._kinds = tuple(badput_kinds)  # the user's declared badput kinds (collector.training.badput_kinds)
         self.process_index = int(self._jax.process_index())
         self.process_count = int(self._jax.process_count())
         self._counters = CompileCounters.installed()
@@ -31,12 +34,28 @@ class InProcessWorkload:
         self._devices: frozenset[tuple[str, int]] | None = None  # the tracker's devices, read on first use
 
     def training(self) -> TrainingReading | None:
-        """The training tracker's reading with its sampled traces' (jaxmon.training.sampler), None without one."""
+        """The training tracker's reading with its sampled traces' (jaxmon.training.sampler), None without one.
+        From start() or publish() on, before the first step too: every counter that can happen before it does is
+        there at 0 (jaxmon.births.with_zeros), the declared badput kinds included."""
         tracker = self._tracker
-        reading = None if tracker is None else tracker.reading()
-        if reading is None or tracker is None:
-            return reading
-        return dataclasses.replace(reading, profile=tracker.sampler.reading())
+        if tracker is None:
+            return None
+        reading = tracker.reading()
+        if reading is None:  # no step yet: its start time, and the counters at 0
+            reading = TrainingReading(start_time_seconds=tracker.start_time)
+        profile = tracker.sampler.reading()
+        if profile is not None:  # every device's parts at 0 before its first sample
+            traced = {(p.platform, p.id) for p in profile.devices}
+            unseen = sorted(self._own_devices(tracker) - traced)
+            profile = dataclasses.replace(
+                profile, devices=(*profile.devices, *(DeviceProfile(platform=k, id=i) for k, i in unseen))
+            )
+        return with_zeros(dataclasses.replace(reading, profile=profile), self._kinds)
+
+    def _own_devices(self, tracker: Tracker) -> frozenset[tuple[str, int]]:
+        if self._devices is None:
+            self._devices = frozenset(d.key for d in tracker.ops.devices())
+        return self._devices
 
     @property
     def trace_demand(self) -> TraceDemand | None:
@@ -57,9 +76,7 @@ class InProcessWorkload:
         seen = tracker.last_step_seen()
         if seen is None or tracker.now() - seen >= within:
             return frozenset()
-        if self._devices is None:
-            self._devices = frozenset(d.key for d in tracker.ops.devices())
-        return self._devices
+        return self._own_devices(tracker)
 
     def live_array_bytes(self) -> dict[tuple[str, int], int]:
         """Bytes of live arrays in device memory per device in this process."""

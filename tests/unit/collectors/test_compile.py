@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector as PromCollector
 
+from jaxmon.births import scraped
 from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.compile import CompileCollector, CompileOptions, CompileState
 from jaxmon.snapshot import Snapshot
@@ -58,6 +59,8 @@ def test_a_new_program_compiled_here_is_one_more_compilation_with_its_time() -> 
     import jax
 
     collector = workload_collector()
+    assert set(collector.update().state.counters.values()) == {0}  # born at 0 (jaxmon.births)...
+    scraped()  # ... and counting once a scrape has served them
     before = collector.update().state
     # A program this process has never compiled (a fresh lambda): exactly one backend compilation.
     jax.jit(lambda x: x * 3.0 + 1.0)(np.arange(7, dtype=np.float32)).block_until_ready()

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector as PromCollector
 
+from jaxmon.births import scraped
 from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.memory import MemoryCollector, MemoryOptions, MemoryState
 from jaxmon.collectors.spool import SpoolCollector, SpoolOptions, SpoolState
@@ -50,6 +51,12 @@ def test_a_value_that_cannot_be_rendered_leaves_out_its_collector_not_the_scrape
     assert not [k for k in s if k[0].startswith(("jaxmon_workload", "jaxmon_spool", "jaxmon_jit"))]
 
 
+def _render(collector: SpoolCollector, state: SpoolState) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(list(collector.families(Snapshot(), state))))
+    return generate_latest(registry).decode()
+
+
 def test_a_published_document_becomes_its_workloads_families(tmp_path: Path) -> None:
     """tests/fixtures/spool_document.json in a spool directory: one workload with its device, memory numbers,
     compile counters and identity; the report time is the file's mtime."""
@@ -58,17 +65,22 @@ def test_a_published_document_becomes_its_workloads_families(tmp_path: Path) -> 
     path.write_text(document.read_text())
     ctx = standalone_context(ReplaySource(FIXTURES / "shapes.json"))
     collector = SpoolCollector(SpoolOptions(dir=tmp_path, ttl=3600.0), ctx)
+    # A process new to this jaxmon: its counters read 0 until a scrape has served them (jaxmon.births), so that
+    # Prometheus sees all of them, and a restart as a reset.
+    first = collector.update()
+    held = parse_samples(_render(collector, first.state))
+    ident = {"workload": "fixture", "process_index": "0"}
+    assert sample(held, "jaxmon_jit_compilations_total", **ident) == 0
+    assert sample(held, "jaxmon_compilation_cache_misses_total", **ident) == 0
+    scraped()
     update = collector.update()
     assert update.success
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(list(collector.families(Snapshot(), update.state))))
-    s = parse_samples(generate_latest(registry).decode())
+    s = parse_samples(_render(collector, update.state))
     gpu = {"device": "0", "platform": "gpu", "workload": "fixture"}
     assert sample(s, "jaxmon_memory_bytes_in_use", **gpu) == 1610612736
     assert sample(s, "jaxmon_memory_free_bytes", **gpu) == 64424509440 - 1610612736
     # Pool-aware: 1 - largest free block / (pool - in use) = 1 - 256 MiB / 512 MiB.
     assert sample(s, "jaxmon_memory_fragmentation_ratio", **gpu) == 0.5
-    ident = {"workload": "fixture", "process_index": "0"}
     assert sample(s, "jaxmon_jit_compilations_total", **ident) == 3
     assert sample(s, "jaxmon_compilation_cache_misses_total", **ident) == 2
     info = {**ident, "host": "host-a", "pid": "4242", "jax_version": "0.10.2"}
