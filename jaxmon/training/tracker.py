@@ -355,7 +355,8 @@ class Tracker:
 
     def stop(self, timeout: float) -> None:
         """End the waiter after the steps it waits for (a hung device keeps it: it is a daemon thread)."""
-        self._unlisten()
+        unlisten, self._unlisten = self._unlisten, _nothing  # a second stop() has nothing left to unregister
+        unlisten()
         self._analyzer.stop(timeout)
         self.sampler.stop(timeout)
         self.waiter.stop(timeout)
@@ -363,6 +364,10 @@ class Tracker:
     def threads(self) -> tuple[threading.Thread, ...]:
         """Every thread of the tracker's: the waiter's, the sampler's (none when sampling is off), the analysis'."""
         return (self.waiter.thread, *self.sampler.threads, *self._analyzer.threads)
+
+
+def _nothing() -> None:
+    pass
 
 
 def counted(programs: list[Program]) -> list[tuple[Program, int]]:
