@@ -9,7 +9,7 @@ devices where the nvml collector matched them to a GPU) or a `pid`.
 
 from __future__ import annotations
 
-from jaxmon.families.labels_libtpu import LIBTPU_LABELS_AND_SOURCE
+from jaxmon.families.libtpu import LIBTPU_LABELS_AND_SOURCE
 
 # Each family's labels and the source of its number (name without `_total`).
 LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
