@@ -64,7 +64,8 @@ def fake() -> Iterator[FakeLibtpu]:
 
 
 def make(context: Context, address: str, timeout: float = 1.0) -> TpuCollector:
-    return TpuCollector(TpuOptions(enabled=True, address=address, timeout=timeout), context)
+    # libtpu's gRPC service alone: the SDK child has its own tests (test_tpu_sdk.py)
+    return TpuCollector(TpuOptions(enabled=True, address=address, timeout=timeout, sdk=False), context)
 
 
 class _Families:
