@@ -151,6 +151,8 @@ def test_the_analysis_runs_off_the_training_thread_and_the_calls_before_it_count
         jaxmon.step(n, w)
     held = booked(tracker, 3)
     assert all(d.collective_bytes_total == {} and d.program_peak_memory_bytes is None for d in held.devices)
+    # The waiter kicks the analysis as it books the first step that called the program: it starts soon after.
+    wait_until(lambda: bool(ops.calls), what="the analysis started")
     assert ops.calls == [("as_text", THREAD_NAME)]  # the analysis thread is in it, not the training thread
     ops.gate.set()
     wait_until(lambda: tracker._analyzer.idle(), what="the analysis done")
