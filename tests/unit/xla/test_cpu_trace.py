@@ -89,10 +89,8 @@ def test_a_step_without_collectives_has_no_collective_time(mesh: Mesh, tmp_path:
         assert s.compute + s.collective + s.copy + s.idle == s.window, device
 
 
-def test_a_psum_inside_a_scan_is_collective_time_not_the_loops(mesh: Mesh, tmp_path: Path) -> None:
-    """A shard_map psum in a scan over 3 layers: XLA names the all-reduce after the primitive (`psum.7`), and it
-    runs inside the loop's `while` op on the same thread: the innermost op, the psum, owns its instants. The same
-    split comes from naming the collectives from the compiled HLO (jaxmon.xla.hlo)."""
+def _scan_of_psums(mesh: Mesh) -> tuple[Any, jax.Array, jax.Array, Any]:
+    """A shard_map psum in a scan over 3 layers, its inputs and its compiled HLO parsed."""
     ws = jax.device_put(jnp.full((3, 256, 256), 0.01), NamedSharding(mesh, P()))
     x = jax.device_put(jnp.ones((64, 256)), NamedSharding(mesh, P("data")))
 
@@ -103,7 +101,14 @@ def test_a_psum_inside_a_scan_is_collective_time_not_the_loops(mesh: Mesh, tmp_p
     step = jax.jit(shard_map(layers, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data"), check_vma=False))
     text = step.lower(ws, x).compile().as_text()
     assert text is not None
-    program = parse(text)
+    return step, ws, x, parse(text)
+
+
+def test_a_psum_inside_a_scan_is_collective_time_not_the_loops(mesh: Mesh, tmp_path: Path) -> None:
+    """A shard_map psum in a scan over 3 layers: XLA names the all-reduce after the primitive (`psum.7`), and it
+    runs inside the loop's `while` op on the same thread: the innermost op, the psum, owns its instants. The same
+    split comes from naming the collectives from the compiled HLO (jaxmon.xla.hlo)."""
+    step, ws, x, program = _scan_of_psums(mesh)
     named = {c.name: c.op for c in program.collectives}
     assert named and all(name.startswith("psum") for name in named)  # not "all-reduce": the primitive's name
     for collectives in (None, named):
@@ -126,17 +131,7 @@ def test_each_collective_event_is_attributed_to_its_instructions_axes_link_and_b
     from jaxmon.training.trace_links import PlacedTotals, kinds
     from jaxmon.xla.hlo import MeshLayout
 
-    ws = jax.device_put(jnp.full((3, 256, 256), 0.01), NamedSharding(mesh, P()))
-    x = jax.device_put(jnp.ones((64, 256)), NamedSharding(mesh, P("data")))
-
-    def layers(ws: jax.Array, x: jax.Array) -> jax.Array:
-        out, _ = lax.scan(lambda c, w: (lax.psum(jnp.tanh(c @ w), "data"), None), x, ws)
-        return out
-
-    step = jax.jit(shard_map(layers, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data"), check_vma=False))
-    text = step.lower(ws, x).compile().as_text()
-    assert text is not None
-    program = parse(text)
+    step, ws, x, program = _scan_of_psums(mesh)
     layout = MeshLayout(mesh.axis_names, mesh.devices.shape, tuple(d.id for d in mesh.devices.flat))
     placed = place(program, layout, None, {d.id: DeviceTopology(d.id, "cpu", 0) for d in jax.devices()})
     places = {n: (*placed.places[n], placed.sizes[n]) for n in placed.places}
