@@ -244,7 +244,7 @@ def tracked_loop(out: Path, jax: Any, jnp: Any, dry: bool, steps: int) -> None:
     every = 40
     # On CPU (a dry run) jaxmon knows no peak: the dry run gives it one, and the loop's truth uses the same.
     dry_peak = 1e11
-    training: dict[str, Any] = {"profile": {"every": every, "steps": 2}}
+    training: dict[str, Any] = {"profile": {"every": every, "steps": 2, "min_seconds": 0}}
     if dry:
         training["peak_flops"] = dry_peak
     exporter = jaxmon.start(workload="tpu-bench", collector={"training": training})

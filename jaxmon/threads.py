@@ -22,6 +22,11 @@ def on_probe_thread() -> bool:
     return threading.current_thread().name.startswith(PROBE)
 
 
+def on_jaxmon_thread() -> bool:
+    """Whether the calling thread is one of jaxmon's (its JAX work, e.g. the waiter's barrier, is no training time)."""
+    return threading.current_thread().name.startswith(PREFIX)
+
+
 class Worker:
     """A daemon thread named `PREFIX + name` that runs `body()` once (a loop that checks `stopping`), and a stop
     that wakes it (`wake`: what makes its own waits return, e.g. a Condition's notify) and waits for it a while.

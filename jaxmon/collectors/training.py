@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 # Sampled traces' default interval, sized so that their cost stays under 0.5 % of a job's throughput
 # (bench/profile_sampling.py, BENCHMARKS.md "Sampled traces").
 PROFILE_EVERY = 1000
+# ... and at most one per this many seconds: a trace costs jaxmon's thread tens of milliseconds (the profiler's stop
+# and the parse), which at 1000 steps of a millisecond would be tens of microseconds a step (issue 38's budget: 5).
+PROFILE_MIN_SECONDS = 60.0
 # Declared badput kinds, at most: the tracker's own limit of user kinds (jaxmon.training.handed.MAX_USER_KINDS).
 MAX_DECLARED_KINDS = 10
 
@@ -46,6 +49,14 @@ class TrainingProfileOptions(SettingsSection):
         "multiples of it, the same in every process of a job); 0 turns sampled traces off.",
     )
     steps: int = Field(default=2, ge=1, le=100, description="Steps each sampled trace holds.")
+    min_seconds: float = Field(
+        default=PROFILE_MIN_SECONDS,
+        ge=0,
+        le=86_400,
+        description="At most one sampled trace per this many seconds (a block is traced when a period of this "
+        "length began since the last block start, on the Unix clock: the same blocks in every process of a job); "
+        "0 traces every block.",
+    )
 
     @model_validator(mode="after")
     def _room(self) -> TrainingProfileOptions:
@@ -100,7 +111,7 @@ class TrainingOptions(CollectorOptions):
             self.window,
             self.stall_factor,
             self.max_pending,
-            profile=SamplerConfig(self.profile.every, self.profile.steps),
+            profile=SamplerConfig(self.profile.every, self.profile.steps, self.profile.min_seconds),
             link_bandwidth=tuple(
                 (link, float(value))
                 for link, value in (item.split("=", 1) for item in self.link_bandwidth.split(",") if item)

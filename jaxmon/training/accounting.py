@@ -26,11 +26,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-# Buckets of jaxmon_training_step_duration_seconds: from milliseconds to minutes, fixed so that histograms of every
-# process of a job aggregate (sum by le).
-DURATION_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0, 600.0,
-)  # fmt: skip
+from jaxmon.training.window import Histogram, WindowStep, WindowSums
+
 # A stall is judged once the window holds this many steps (fewer give no stable median).
 STALL_MIN_STEPS = 5
 # Badput intervals kept for attribution (Intervals): past this many since the last completion, closed ones are dropped
@@ -117,129 +114,6 @@ class Intervals:
 
 
 @dataclass
-class Histogram:
-    """A cumulative histogram with fixed upper bounds (Prometheus `le`), sum and count."""
-
-    bounds: tuple[float, ...] = DURATION_BUCKETS
-    counts: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS) + 1))
-    total: float = 0.0
-
-    def observe(self, value: float) -> None:
-        """Count `value` in its bucket."""
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
-
-    @property
-    def count(self) -> int:
-        """Observations so far."""
-        return sum(self.counts)
-
-    def cumulative(self) -> list[tuple[float, int]]:
-        """(upper bound, observations at or below it), +Inf last."""
-        out, running = [], 0
-        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            running += n
-            out.append((bound, running))
-        return out
-
-
-@dataclass(frozen=True)
-class WindowStep:
-    """One step of the window: its interval, its busy part, the part MFU counts (less named badput), and its FLOPs
-    per device."""
-
-    duration: float
-    busy: float
-    counted: float
-    model_flops: Mapping[tuple[str, int], float]
-    hardware_flops: Mapping[tuple[str, int], float]
-
-
-class RunningSum:
-    """A sum that values enter and leave, compensated (Neumaier's variant of Kahan's summation): the window's
-    seconds and FLOPs are kept this way so that reading them is O(1), without the drift of a plain running sum.
-
-    A plain `+=`/`-=` pair loses the low bits of every value it adds to a larger total, and they never come back when
-    that value leaves: over millions of steps the window's total drifts, worst after a huge value (a 10-minute
-    stall, a step of 1e18 FLOPs) entered and left it. The compensation carries those low bits, so the error stays
-    within a few ulps of the true total whatever went through it. A sum whose last value left is reset to exactly
-    0 (the caller counts its values)."""
-
-    __slots__ = ("compensation", "total")
-
-    def __init__(self) -> None:
-        self.total = 0.0
-        self.compensation = 0.0
-
-    def add(self, value: float) -> None:
-        """Add `value` (subtract with its negation)."""
-        total = self.total + value
-        if abs(self.total) >= abs(value):
-            self.compensation += (self.total - total) + value
-        else:
-            self.compensation += (value - total) + self.total
-        self.total = total
-
-    def value(self) -> float:
-        """The sum."""
-        return self.total + self.compensation
-
-
-class WindowSums:
-    """The window's counted seconds and per-device model and hardware FLOPs, kept as steps enter and leave it, and
-    how many of its steps name each device: MFU and HFU are read in O(devices), whatever the window's length (the
-    tracker reads them under the lock step() takes)."""
-
-    def __init__(self) -> None:
-        self.clear()
-
-    def clear(self) -> None:
-        """An empty window: every sum exactly 0."""
-        self.seconds = RunningSum()
-        self.steps = 0
-        self.model: dict[tuple[str, int], RunningSum] = {}
-        self.hardware: dict[tuple[str, int], RunningSum] = {}
-        self.model_steps: dict[tuple[str, int], int] = {}  # steps of the window whose model FLOPs name the device
-        self.hardware_steps: dict[tuple[str, int], int] = {}
-
-    def enter(self, step: WindowStep) -> None:
-        """`step` joins the window."""
-        self.steps += 1
-        self.seconds.add(step.counted)
-        _enter(self.model, self.model_steps, step.model_flops)
-        _enter(self.hardware, self.hardware_steps, step.hardware_flops)
-
-    def leave(self, step: WindowStep) -> None:
-        """`step` (in the window) leaves it; the window that empties is exactly 0 again."""
-        self.steps -= 1
-        if self.steps == 0:
-            self.clear()
-            return
-        self.seconds.add(-step.counted)
-        _leave(self.model, self.model_steps, step.model_flops)
-        _leave(self.hardware, self.hardware_steps, step.hardware_flops)
-
-
-def _enter(
-    sums: dict[tuple[str, int], RunningSum], counts: dict[tuple[str, int], int], flops: Mapping[tuple[str, int], float]
-) -> None:
-    for key, value in flops.items():
-        counts[key] = counts.get(key, 0) + 1
-        sums.setdefault(key, RunningSum()).add(value)
-
-
-def _leave(
-    sums: dict[tuple[str, int], RunningSum], counts: dict[tuple[str, int], int], flops: Mapping[tuple[str, int], float]
-) -> None:
-    for key, value in flops.items():
-        if counts[key] == 1:  # its last step leaves: exactly nothing, as a recomputation would say
-            del counts[key], sums[key]
-        else:
-            counts[key] -= 1
-            sums[key].add(-value)
-
-
-@dataclass
 class Accounting:
     """A process's training time since `started`: productive, badput by kind, stalls, host wait, the window."""
 
@@ -282,32 +156,103 @@ class Accounting:
         hardware_flops: Mapping[tuple[str, int], float],
     ) -> float:
         """A step that completed at `done` right after the one completed at `previous_done`; `handed` is when the
-        host handed it to step(). Returns its duration."""
+        host handed it to step(). Returns its duration. The FLOPs mappings are kept by reference (never written
+        to). A few operations a step (the waiter books every step here)."""
         duration = done - previous_done
-        idle_end = min(max(handed, previous_done), done)
+        idle_end = handed if previous_done < handed < done else (previous_done if handed <= previous_done else done)
         idle = idle_end - previous_done
         busy = duration - idle
-        named = attribute(previous_done, idle_end, intervals)
-        named_total = sum(named.values())
-        self._add(named)
-        self._add({HOST: max(idle - named_total, 0.0)})
+        badput = self.badput
+        named_total = 0.0
+        if intervals and idle > 0:
+            for kind, seconds in attribute(previous_done, idle_end, intervals).items():
+                if seconds > 0:
+                    badput[kind] = badput.get(kind, 0.0) + seconds
+                    named_total += seconds
+        if idle > named_total:
+            badput[HOST] = badput.get(HOST, 0.0) + idle - named_total
+        recent, ordered = self.recent, self._busy
         excess = 0.0
-        if len(self.recent) >= STALL_MIN_STEPS:
-            excess = max(busy - self.stall_factor * _sorted_median(self._busy), 0.0)
-        self._add({STALL: excess})
+        if len(recent) >= STALL_MIN_STEPS:
+            mid = len(ordered) // 2
+            median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+            excess = busy - self.stall_factor * median
+            if excess > 0:
+                badput[STALL] = badput.get(STALL, 0.0) + excess
+            else:
+                excess = 0.0
         self.productive += busy - excess
         self.host_wait += idle
         self.last_done = done
-        self.histogram.observe(duration)
-        entered = WindowStep(duration, busy, duration - named_total, dict(model_flops), dict(hardware_flops))
-        self.recent.append(entered)
+        histogram = self.histogram
+        histogram.counts[bisect.bisect_left(histogram.bounds, duration)] += 1
+        histogram.total += duration
+        entered = WindowStep(duration, busy, duration - named_total, model_flops, hardware_flops)
+        recent.append(entered)
         self._sums.enter(entered)
-        bisect.insort(self._busy, busy)
-        while len(self.recent) > self.window:
-            left = self.recent.popleft()
+        bisect.insort(ordered, busy)
+        if len(recent) > self.window:
+            left = recent.popleft()
             self._sums.leave(left)
-            del self._busy[bisect.bisect_left(self._busy, left.busy)]
+            del ordered[bisect.bisect_left(ordered, left.busy)]
         return duration
+
+    def steps(
+        self,
+        previous_done: float,
+        done: list[float],
+        handed: list[float],
+        model_flops: Mapping[tuple[str, int], float],
+        hardware_flops: Mapping[tuple[str, int], float],
+    ) -> None:
+        """A run of consecutive steps, completed at `done` (the first right after the one completed at
+        `previous_done`), handed at `handed`, with no badput interval to charge and the same FLOPs mappings: what
+        step() of each would book, in one pass (the waiter books a batch of steps this way). The stall check
+        compares each step with the window's median at the run's start (a run is tens of milliseconds of steps);
+        before the window holds STALL_MIN_STEPS, each step is step()'s own."""
+        recent, ordered = self.recent, self._busy
+        if len(recent) < STALL_MIN_STEPS:
+            for previous, end, given in zip([previous_done, *done[:-1]], done, handed, strict=True):
+                self.step(previous, end, given, (), model_flops, hardware_flops)
+            return
+        mid = len(ordered) // 2
+        median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        threshold = self.stall_factor * median
+        bounds, counts = self.histogram.bounds, self.histogram.counts
+        bisect_left, insort, new, append = bisect.bisect_left, bisect.insort, tuple.__new__, recent.append
+        previous = previous_done
+        idle_sum = busy_sum = excess = 0.0
+        for end, given in zip(done, handed, strict=True):
+            duration = end - previous
+            idle = given - previous if previous < given < end else (0.0 if given <= previous else duration)
+            busy = duration - idle
+            if busy > threshold:
+                excess += busy - threshold
+            counts[bisect_left(bounds, duration)] += 1
+            append(new(WindowStep, (duration, busy, duration, model_flops, hardware_flops)))
+            insort(ordered, busy)
+            idle_sum += idle
+            busy_sum += busy
+            previous = end
+        span = previous - previous_done
+        self.histogram.total += span
+        if idle_sum > 0:
+            self.badput[HOST] = self.badput.get(HOST, 0.0) + idle_sum
+        if excess > 0:
+            self.badput[STALL] = self.badput.get(STALL, 0.0) + excess
+        self.productive += busy_sum - excess
+        self.host_wait += idle_sum
+        self.last_done = previous
+        self._sums.enter_run(len(done), span, model_flops, hardware_flops)
+        if len(recent) > self.window:
+            leaving = [recent.popleft() for _ in range(len(recent) - self.window)]
+            for left in leaving:
+                del ordered[bisect_left(ordered, left.busy)]
+            self._sums.leave_run(leaving)
+
+    def typical_busy(self) -> float | None:
+        """The window's median busy part (None: no step in it)."""
+        return _sorted_median(self._busy) if self._busy else None
 
     def gap(self, previous_done: float, done: float, intervals: Iterable[Interval], restart: bool) -> None:
         """A span that is no step's interval: a step whose number does not follow the previous one, or steps whose
@@ -341,10 +286,10 @@ class Accounting:
         if seconds <= 0:
             return mfu, hfu
         for key, peak in peaks.items():
-            if (model := sums.model.get(key)) is not None:
-                mfu[key] = model.value() / (seconds * peak)
-            if (hardware := sums.hardware.get(key)) is not None:
-                hfu[key] = hardware.value() / (seconds * peak)
+            if (model := sums.total(sums.model, key)) is not None:
+                mfu[key] = model / (seconds * peak)
+            if (hardware := sums.total(sums.hardware, key)) is not None:
+                hfu[key] = hardware / (seconds * peak)
         return mfu, hfu
 
 

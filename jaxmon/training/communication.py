@@ -209,6 +209,13 @@ class WindowMax:
                 candidates.pop()
             candidates.append((self._seq, value))
 
+    def steps(self, values: Mapping[Any, float], steps: int) -> None:
+        """`steps` steps (a batch the waiter booked), the largest values among them these: kept as the last step's
+        (the window's edge is exact to a batch)."""
+        if steps > 1:
+            self._seq += steps - 1
+        self.step(values)
+
     def clear(self) -> None:
         """The window starts again (a restart: the steps before it are not this run's)."""
         self._candidates.clear()

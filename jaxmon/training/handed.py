@@ -60,10 +60,12 @@ class TrainingOps(Protocol):
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    """Sampled traces: every `every` steps (0: off, traces on demand only), a trace of `steps` whole steps."""
+    """Sampled traces: every `every` steps (0: off, traces on demand only), a trace of `steps` whole steps, at most
+    one per `min_seconds` of Unix time (0: every block)."""
 
     every: int
     steps: int
+    min_seconds: float = 0.0
 
 
 class Profiler(Protocol):
@@ -87,7 +89,7 @@ class TrackerConfig:
     link_bandwidth: tuple[tuple[str, float], ...] = ()  # (link, bytes/s per direction): overrides the table
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: the waiter counts a batch's calls per program
 class Program:
     """One compiled program of a tracked function and its cost, read on the calling thread at its first call (in
     the loop's own contexts: `with mesh:`, `use_mesh`, Flax's axis rules); None when it could not be read. Its

@@ -1,12 +1,11 @@
 """Sampled traces: every `every` steps, a trace of `steps` whole steps, split per device into compute, exposed
 collective, copy and idle time (jaxmon.xla.profile), and traces on demand (`/debug/trace`).
 
-Which steps: a block starts at each step number that is a multiple of `every`, so every process of a job traces the
-same step numbers and a job's samples line up. The trace starts when step `n0 - LEAD` is handed to `jaxmon.step()`
-(the training thread only notes the request: a modulo and, once per sample, a notify); by then step `n0` is not even
-dispatched, and its window, the tracker's booked interval from step `n0 - 1`'s completion to its own, begins after
-the trace did. The trace stops once the waiter booked the block's last completion. Start, stop and parse run on this
-module's thread (`jaxmon-profile`), never on the training thread; the parser hands the GIL over every 1024 events.
+Which steps: a block starts at each step number that is a multiple of `every`, at most one per `min_seconds` of Unix
+time (period_began), so every process of a job traces the same step numbers. The trace starts when step `n0 - LEAD`
+is handed to `jaxmon.step()` (the training thread only notes the request: a modulo and, once per sample, a notify);
+step `n0`'s window (step `n0 - 1`'s completion to its own) begins after the trace did. The trace stops once the
+waiter booked the block's last completion. Start, stop and parse run on this module's thread (`jaxmon-profile`).
 
 Nothing here imports JAX: `Profiler` (jaxmon.sources.local.profiler.JaxProfiler) starts and stops the sessions, and
 says `Busy` when the user (or another tool) is profiling; jaxmon then counts the sample `busy` and leaves the user's
@@ -20,7 +19,7 @@ import tarfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,9 +42,7 @@ LEAD = 2
 # and after 4x the block's expected time (the last step's duration x (steps + LEAD)) at most.
 MIN_TIMEOUT = 60.0
 # On demand (/debug/trace): at most this many steps and seconds; a request waits this long for the steps at most.
-MAX_DEMAND_STEPS = 100
-MAX_DEMAND_SECONDS = 60.0
-DEMAND_STEP_TIMEOUT = 300.0
+MAX_DEMAND_STEPS, MAX_DEMAND_SECONDS, DEMAND_STEP_TIMEOUT = 100, 60.0, 300.0
 PS = 1e-12
 
 
@@ -60,6 +57,15 @@ def block_start(handed: int, every: int) -> int | None:
         return None
     n0 = handed + LEAD
     return n0 if n0 % every == 0 and n0 > 0 else None
+
+
+def period_began(previous: int | None, wall_ns: int, min_seconds: float) -> tuple[bool, int]:
+    """At most one sample per `min_seconds` of Unix time: whether a block starting at `wall_ns` is traced (a period
+    began since the last block start, in period `previous`; None: the first block), and its period. Every process of
+    a job sees a period begin between the same two block starts (but within their clocks' skew: such an edge block
+    may differ once, the next period agrees again)."""
+    period = wall_ns // max(round(min_seconds * 1e9), 1)
+    return previous is None or period != previous, period
 
 
 def traced_steps(n0: int, steps: int) -> range:
@@ -105,6 +111,7 @@ class Sampler:
         # complete before this thread wakes up to stop the trace.
         self._done: deque[tuple[int, float]] = deque(maxlen=config.steps + LEAD + 64)
         self._completions = 0  # completions booked (for traces on demand)
+        self._period: int | None = None  # the min_seconds period of the last block start (handed())
         self._last_duration: float | None = None
         self._back = False  # a step number went back since the sample started
         self._results = dict.fromkeys(RESULTS, 0)
@@ -116,24 +123,34 @@ class Sampler:
     # -- the tracker's hooks ------------------------------------------------------------------------------
 
     def handed(self, number: int) -> None:
-        """Step `number` was handed to jaxmon.step() (the training thread: O(1), no JAX, a notify per sample)."""
-        n0 = block_start(number, self.config.every)
-        if n0 is None:
+        """Step `number` was handed to jaxmon.step() (the training thread, every step: a modulo, no lock)."""
+        n0, every = number + LEAD, self.config.every
+        if every <= 0 or n0 % every or n0 <= 0:
             return
+        if self.config.min_seconds > 0:
+            began, self._period = period_began(self._period, self._wall_ns(), self.config.min_seconds)
+            if not began:
+                return
         with self._lock:
             if self._request is None and self._block is None:
                 self._request = n0
                 self._wake.notify_all()
 
-    def completed(self, number: int, done: float) -> None:
-        """The waiter booked step `number` complete at `done` (the tracker's clock)."""
+    def completed(self, done: Sequence[tuple[int, float]]) -> None:
+        """The waiter booked these steps (number, completion on the tracker's clock), a batch in order."""
+        if not done:
+            return
         with self._lock:
-            if self._done and self._done[-1][0] == number - 1:
-                self._last_duration = done - self._done[-1][1]
-            if self._done and number <= self._done[-1][0]:
-                self._back = True
-            self._done.append((number, done))
-            self._completions += 1
+            if self._block is not None:  # a sample under way: whether its step numbers went back
+                for number, at in done:
+                    if self._done and number <= self._done[-1][0]:
+                        self._back = True
+                    self._done.append((number, at))
+            else:  # only the last ones are kept (deque maxlen)
+                self._done.extend(done)
+            if len(self._done) > 1 and self._done[-2][0] == self._done[-1][0] - 1:
+                self._last_duration = self._done[-1][1] - self._done[-2][1]
+            self._completions += len(done)
             self._wake.notify_all()
 
     # -- the sampler's thread -----------------------------------------------------------------------------
@@ -352,7 +369,7 @@ class Off:
     def handed(self, number: int) -> None:
         pass
 
-    def completed(self, number: int, done: float) -> None:
+    def completed(self, done: Sequence[tuple[int, float]]) -> None:
         pass
 
     def reading(self) -> None:
@@ -375,7 +392,7 @@ def sampler_for(
     (jaxmon.sources.local.training) makes the JAX side; `collectives` names the tracked programs' collective
     instructions. Off when this JAX's profiler cannot be used (said once, in the log)."""
     try:
-        config = SamplerConfig(max(config.every, 0), max(config.steps, 1))
+        config = SamplerConfig(max(config.every, 0), max(config.steps, 1), max(config.min_seconds, 0.0))
         return Sampler(ops.profiler(), config, collectives, clock=clock)
     except Exception as exc:
         log.warning("no sampled traces: jax.profiler cannot be used here", error=f"{type(exc).__name__}: {exc}")

@@ -1,8 +1,11 @@
 """The steps `step()` hands to jaxmon's waiter, and the checks a step number and a figure pass before they count.
 
 On the training thread `step()` appends one `Handoff` (a plain tuple: the cheapest thing to make) to a deque; the
-waiter takes every one handed since it last looked and makes each a `Step`. A number or figure given as a JAX
-array travels as a `Held`: jaxmon's own handle on it, read on jaxmon's thread once the step is done.
+waiter takes the ones handed since it last looked. Most steps carry no handle at all: the waiter asks for one step
+a look (docs/training.md, "How a step is measured"), and that step's `Hold` is jaxmon's own handles on its ready
+arrays (`ops.hold`), which the waiter waits for: the steps before it completed before it (one device runs its
+programs in dispatch order). A number or figure given as a JAX array travels as a `Held`: jaxmon's own handle on
+it, read on jaxmon's thread once the step is done.
 """
 
 from __future__ import annotations
@@ -18,11 +21,27 @@ FIELDS = ("step", "examples", "tokens", "model_flops")
 # Types of figures that are no array, checked first on the training thread (the common case costs no more).
 PLAIN = frozenset({int, float, type(None)})
 
-# One step as step() hands it: (handed, given, handles, programs, lost). `handed` the tracker's clock at the call;
-# `given` the FIELDS as given (an array as a Held); `handles` jaxmon's handles on the ready arrays (or a barrier's
-# outputs); `programs` the tracked programs called since the previous step() (one entry a call); `lost` whether a
-# ready array was deleted or donated before step() could hold it.
-Handoff = tuple[float, tuple[Any, Any, Any, Any], list[Any], list[Any], bool]
+# One step as step() hands it: (handed, number, examples, tokens, model_flops, programs, hold). `handed` the
+# tracker's clock at the call; the number and figures as given (an array as a Held); `programs` the tracked programs
+# called since the previous step() (one entry a call); `hold` the handles the waiter waits on (None: this step is
+# not looked at, the next looked-at step's completion bounds it). A `MARK` number is no step: its hold dates the
+# steps handed before it (a badput() block opens, the loop paused).
+Handoff = tuple[float, Any, Any, Any, Any, "list[Any] | tuple[()]", "Hold | None"]
+MARK = object()
+# The programs of a step that ran no tracked call (shared: never appended to).
+NO_CALLS: tuple[()] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """What the waiter waits on for a looked-at step: jaxmon's own handles on its ready arrays (or a barrier's
+    outputs, when it gave none); `lost`: a ready array was deleted or donated before step() could hold it; `loss`:
+    the names of the first `len(loss)` handles when the step's ready was a scalar or a dict of scalars (the loss
+    gauge reads them once the step is done)."""
+
+    handles: list[Any]
+    lost: bool = False
+    loss: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +68,10 @@ class Step:
 
     @classmethod
     def of(cls, handoff: Handoff) -> Step:
-        handed, given, arrays, programs, lost = handoff
-        return cls(handed, given, arrays, programs, lost)
+        """The slow path's view of a handed step (a figure given as an array, or one that is not a usable number)."""
+        handed, number, examples, tokens, model_flops, programs, hold = handoff
+        arrays, lost = (hold.handles, hold.lost) if hold is not None else ([], False)
+        return cls(handed, (number, examples, tokens, model_flops), arrays, list(programs), lost)
 
     def figure_handles(self) -> list[Any]:
         """The handles of the numbers given as arrays (not deleted before step())."""
@@ -59,6 +80,22 @@ class Step:
     def drop_arrays(self) -> None:
         """Hold no array longer than needed (once waited for and read)."""
         self.arrays, self.given = [], (None, None, None, None)
+
+
+def loss_names(ready: tuple[Any, ...], arrays: list[Any]) -> tuple[str, ...]:
+    """The loss gauge's names for `ready`'s arrays (`ops.arrays(ready)`, in its leaves' order): `loss` for one
+    scalar, a dict's keys for a dict of scalars (flattened in key order, as JAX flattens a dict); none for anything
+    else (the loss gauge is left out)."""
+    if len(ready) != 1 or not all(getattr(a, "shape", None) == () for a in arrays):
+        return ()
+    tree = ready[0]
+    if len(arrays) == 1 and tree is arrays[0]:
+        return ("loss",)
+    if type(tree) is dict and len(tree) == len(arrays) and all(type(k) is str for k in tree):
+        keys = sorted(tree)
+        if all(tree[k] is a for k, a in zip(keys, arrays, strict=True)):
+            return tuple(keys)
+    return ()
 
 
 def read_figures(step: Step, read: Callable[[Any], Any], problem: Callable[..., None]) -> int | None:

@@ -23,7 +23,8 @@ import structlog
 
 from jaxmon.logsetup import ErrorLog
 from jaxmon.training.accounting import MAX_INTERVALS, Accounting, Interval, Intervals
-from jaxmon.training.communication import Analyzer, CollectiveNames, WindowMax, book
+from jaxmon.training.books import Books, Read, read_loss, read_slow
+from jaxmon.training.communication import Analyzer, CollectiveNames
 from jaxmon.training.handed import (
     EVENT_KIND,
     EVENT_KINDS,
@@ -33,12 +34,11 @@ from jaxmon.training.handed import (
     TrackerConfig,
     TrainingOps,
 )
-from jaxmon.training.nominal import per_link
 from jaxmon.training.peaks import peak_table
-from jaxmon.training.reading import DeviceTraining, TrainingReading
+from jaxmon.training.reading import TrainingReading
 from jaxmon.training.sampler import sampler_for
-from jaxmon.training.steps import PLAIN, Handoff, Held, Step, shown
-from jaxmon.training.waiter import Waiter
+from jaxmon.training.steps import MARK, NO_CALLS, PLAIN, Handoff, Held, Hold, loss_names, shown
+from jaxmon.training.waiter import LOOK, Waiter
 
 log = structlog.get_logger("jaxmon.training")
 
@@ -75,28 +75,22 @@ class Tracker:
         started = clock()
         self.start_time = self._start_wall = wall()  # Unix time at the start, beside the monotonic start
         self._acct = Accounting(started=started, window=config.window, stall_factor=config.stall_factor)
-        self._last: tuple[int, float | None] | None = None  # (number, completion) of the last step seen
-        self._steps = 0
-        self._last_wall: float | None = None
-        self._seen: float | None = None  # the clock when the waiter last saw a step end (last_step_seen())
-        self._examples = 0.0
-        self._tokens = 0.0
-        self._model: dict[tuple[str, int], float] = {}
-        self._hardware: dict[tuple[str, int], float] = {}
-        self._bytes: dict[tuple[str, int], float] = {}
-        self._collectives: dict[tuple[str, int], dict[tuple[str, str, str], float]] = {}  # (op, axes, link)
-        self._peak_memory = WindowMax(config.window)  # the largest predicted peak of the window's steps' programs
+        self._books = Books(self._devices, self._device_count, self._process_count, config.window)
         self._collective_names = CollectiveNames()  # every analysed program's, for the sampled traces' events
         self._analyzer = Analyzer(ops.communication, self._collective_names.analysed, self._unanalysed, self._problem)
-        self._waiting: dict[int, tuple[Program, int]] = {}  # calls of programs not analysed yet (book())
         self._problems: dict[str, int] = {}
         self._problems_lock = threading.Lock()
         self._stepping = False  # step() was called: a process that never does exports no training series
         self._dispatched: int | None = None  # the last step number handed to step()
+        self._last_ready: tuple[Any, ...] = ()  # the last step's ready (pause() holds it: the training thread's)
+        self._max_pending = config.max_pending
+        self._held_at = -float("inf")  # when step() last took a step's handles (the tracker's clock)
         self._unlisten = ops.on_event_duration(self._on_event)
         # Sampled traces: told of each step and completion; their events named by the programs' collectives.
         self.sampler = sampler_for(ops, config.profile, clock, self._collective_names)
-        self.waiter = Waiter(self._handed, ops, clock, self._problem, self.last_done, self.book)
+        self.waiter = Waiter(
+            self._handed, ops, clock, self._problem, self.last_done, self.book, self._acct.typical_busy
+        )
         self._thread = self.waiter.thread
 
     # -- the training thread ------------------------------------------------------------------------------
@@ -104,34 +98,84 @@ class Tracker:
     def step(self, number: Any, ready: tuple[Any, ...], examples: Any, tokens: Any, model_flops: Any) -> None:
         """Step `number` is dispatched; it is complete when the JAX arrays among `ready`'s leaves are (or, with none,
         a barrier on every device). Nothing is read or checked here: any of the numbers may be a JAX array still
-        being computed, which the waiter reads once it is. No lock, no notify while the waiter is busy: one
-        append to a deque (atomic)."""
+        being computed, which the waiter reads once it is. No lock, no JAX call, no notify on the common path: one
+        tuple appended to a deque (atomic); the step the waiter asks to look at takes its handles (`_look_at`)."""
         handed = self._clock()
+        calls: list[Program] | tuple[()] = self._calls
+        if calls:
+            self._calls = []
+        else:
+            calls = NO_CALLS
+        waiter = self.waiter
+        if (
+            waiter.want
+            or handed - self._held_at >= LOOK  # a step looked at in every LOOK of the host's time: a loop that ends
+            or type(number) is not int  # or pauses leaves at most that much of its steps to the waiter's barrier
+            or (type(examples) not in PLAIN or type(tokens) not in PLAIN or type(model_flops) not in PLAIN)
+        ):
+            self._look_at(handed, number, ready, examples, tokens, model_flops, calls)
+            return
+        self._dispatched = number
+        self._last_ready = ready
+        if len(self._handed) + waiter.taken >= self._max_pending:
+            self._problem("dropped", "training steps not tracked: the waiter is far behind", number=number)
+            return
+        self._handed.append((handed, number, examples, tokens, model_flops, calls, None))
+        self.sampler.handed(number)
+
+    def _look_at(
+        self, handed: float, number: Any, ready: tuple[Any, ...], examples: Any, tokens: Any, model_flops: Any,
+        calls: list[Program] | tuple[()],
+    ) -> None:  # fmt: skip
+        """step()'s slower path: the step the waiter asked for (jaxmon's own handles on its ready arrays), or one
+        whose number or figures are JAX arrays (handles on them, read by the waiter once the step is done)."""
+        self._stepping = True
         ops = self.ops
-        arrays = ops.arrays(ready)
-        if arrays:
-            handles = [h for h in map(ops.hold, arrays) if h is not None]
-            lost = len(handles) < len(arrays)
-        else:  # no ready, or a tree of host numbers: no array says when the step is done
-            handles, lost = ops.barrier(), False
+        waiter = self.waiter
+        looked = waiter.want or handed - self._held_at >= LOOK
         given = (number, examples, tokens, model_flops)
         if not (
             type(number) is int and type(examples) in PLAIN and type(tokens) in PLAIN and type(model_flops) in PLAIN
         ):
             given = tuple(Held(ops.hold(v)) if ops.is_array(v) else v for v in given)  # type: ignore[assignment]
-        self._stepping = True
+            looked = True  # its figures are read once it is done: the waiter waits for it
         host = type(number) is int or (isinstance(number, numbers.Integral) and not isinstance(number, bool))
         if host:
             self._dispatched = int(number)  # a host integer; a device one is set by the waiter
-        calls, self._calls = self._calls, []
-        if len(self._handed) + self.waiter.taken >= self.config.max_pending:
+        self._last_ready = ready
+        if len(self._handed) + waiter.taken >= self._max_pending:
             self._problem("dropped", "training steps not tracked: the waiter is far behind", number=shown(number))
             return
-        self._handed.append((handed, given, handles, calls, lost))
-        if self.waiter.idle:  # it waits for a hand-off: only after a pause, never while steps come fast
-            self.waiter.wake()
+        hold = None
+        if looked:
+            hold, self._held_at = self._hold(ready), handed
+        self._handed.append((handed, given[0], given[1], given[2], given[3], calls, hold))
+        if looked and waiter.want:
+            waiter.want = False
+            waiter.wake()
         if host:
             self.sampler.handed(int(number))  # a device step number starts no sampled trace (it is not read here)
+
+    def _hold(self, ready: tuple[Any, ...]) -> Hold:
+        """jaxmon's own handles on `ready`'s arrays (on the training thread, where nothing deletes them meanwhile),
+        or a barrier's when it holds none; the names of the loss gauge's scalars where `ready` is a scalar or a dict
+        of scalars."""
+        ops = self.ops
+        arrays = ops.arrays(ready)
+        if not arrays:  # no ready, or a tree of host numbers: no array says when the step is done
+            return Hold(ops.barrier())
+        handles = [h for h in map(ops.hold, arrays) if h is not None]
+        if len(handles) < len(arrays):
+            return Hold(handles, lost=True)
+        return Hold(handles, loss=loss_names(ready, arrays))
+
+    def pause(self) -> None:
+        """A badput() block opens on the training thread: no step comes for a while. The last step's arrays are held
+        now (a mark), so that the steps before the block are seen complete when they were, not after the block."""
+        if not self._handed or self._handed[-1][6] is not None:
+            return  # nothing handed, or the last step is looked at already
+        self._handed.append((self._clock(), MARK, None, None, None, [], self._hold(self._last_ready)))
+        self.waiter.hurry()
 
     def measure(self, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Program:
         """A new compiled program of a tracked function, just called with `args`: its cost, read here, on the
@@ -185,10 +229,6 @@ class Tracker:
                 )
         return interval
 
-    def pause(self) -> None:
-        """A badput() block opens on the training thread: no step comes for a while."""
-        self.waiter.hurry()
-
     def close(self, interval: Interval) -> None:
         """The interval ends now."""
         with self._lock:
@@ -205,7 +245,7 @@ class Tracker:
     def last_step_seen(self) -> float | None:
         """When (the tracker's clock, monotonic) the waiter last saw a step end, complete or unready; None before
         any. The probe dispatches nothing while it is recent (docs/probe.md). One attribute read: no lock."""
-        return self._seen
+        return self._books.seen
 
     def _on_event(self, event: str, seconds: float) -> None:
         kind = EVENT_KIND.get(event)
@@ -215,72 +255,37 @@ class Tracker:
 
     # -- the waiter thread --------------------------------------------------------------------------------
 
-    def book(self, batch: list[Step], numbers: list[int | None], done: list[float | None]) -> None:
-        """The waiter's steps, read (`numbers`: None where unusable) and dated (`done`: None where unknown)."""
-        device_number = type(batch[-1].given[0]) is Held
+    def book(self, batch: list[Handoff], done: list[float | None], hold: Hold | None) -> None:
+        """The waiter's steps, dated (`done`: None where unknown), `hold` the looked-at one's: read, checked and
+        booked. A step is a few operations here; what a batch's steps share is added once a batch (books.py)."""
+        books = self._books
+        slow = read_slow(batch, self.ops.value, self._problem)  # arrays and unusable figures: read outside the lock
+        loss = read_loss(books, hold, self._clock(), self.ops.value)
         with self._lock:
-            for item, number, completion in zip(batch, numbers, done, strict=True):
-                if number is None:  # no step number to book it under (counted): its time goes to the next step's gap
-                    continue
-                if item is batch[-1] and device_number and not self._handed:
-                    self._dispatched = number  # a device step number, and no later step handed: the last one handed
-                item.number = number
-                self._complete(item, completion)
+            self._book(batch, done, slow)
+            if loss is not None and batch:
+                books.loss, books.loss_step = loss, slow[id(batch[-1])][0] if id(batch[-1]) in slow else batch[-1][1]
             self._analyzer.kick()  # new programs are analysed from now on, off the training thread
+
+    def _book(self, batch: list[Handoff], done: list[float | None], slow: dict[int, Read]) -> None:
+        books = self._books
+        last = books.last
+        pairs, model, added = books.enter(self._acct, self._intervals, batch, done, slow, self._problem)
+        if books.last is None or books.last is last:
+            return
+        books.seen = self._clock()
+        books.last_wall = self._wall_at(books.last[1])
+        if type(batch[-1][1]) is not int and not self._handed:
+            self._dispatched = books.last[0]  # a device step number, and no later step handed: the last one handed
+        if self._no_peak and (model or added):
+            self._mfu_wanted({**(books.model_share(model) if model else {}), **added})
+        if pairs:
+            self._intervals.forget(pairs[-1][1])
+            self.sampler.completed(pairs)
 
     def last_done(self) -> float | None:
         """The last completion booked (the waiter's start for its next batch)."""
         return self._acct.last_done
-
-    def _complete(self, item: Step, done: float | None) -> None:
-        """Book step `item`, completed at `done` (None: unknown), with the lock held."""
-        self._seen = self._clock()
-        self._steps += 1
-        self._last_wall = self._wall_at(done)
-        # step() is given the job's figures: this process's share, so that sum() over the job is the job's.
-        self._examples += (item.examples or 0.0) / self._process_count
-        self._tokens += (item.tokens or 0.0) / self._process_count
-        model: dict[tuple[str, int], float] = {}
-        if item.model_flops is not None:
-            share = item.model_flops / self._device_count
-            model = {d.key: share for d in self._devices}
-        hardware: dict[tuple[str, int], float] = {}
-        calls = counted(item.programs)
-        for program, count in calls:
-            cost = program.cost
-            if cost is None:
-                continue
-            for device in cost.devices:
-                if cost.flops is not None:
-                    hardware[device] = hardware.get(device, 0.0) + cost.flops * count
-                if cost.bytes_accessed is not None:
-                    self._bytes[device] = self._bytes.get(device, 0.0) + cost.bytes_accessed * count
-        self._peak_memory.step(book(calls, self._collectives, self._waiting))
-        for totals, add in ((self._model, model), (self._hardware, hardware)):
-            for device, flops in add.items():
-                totals[device] = totals.get(device, 0.0) + flops
-            if add and self._no_peak:
-                self._mfu_wanted(add)
-        previous, self._last = self._last, (item.number, done)
-        if done is None:
-            return
-        self.sampler.completed(item.number, done)
-        last_done = self._acct.last_done
-        follows = previous is not None and item.number == previous[0] + 1
-        if last_done is None:
-            self._acct.first(done, self._intervals)
-        elif follows and previous is not None and previous[1] is not None:
-            self._acct.step(previous[1], done, item.handed, self._intervals, model, hardware)
-        else:
-            # Since the last known completion: steps not seen complete (unready), or numbers that do not follow.
-            restart = previous is not None and item.number <= previous[0]
-            if previous is not None and not follows:
-                reason = "back" if restart else "jump"
-                self._problem(reason, "training step numbers do not follow", previous=previous[0], number=item.number)
-            self._acct.gap(last_done, done, self._intervals, restart)
-            if restart:  # every window starts again: the MFU's (in gap()) and the predicted peak memory's
-                self._peak_memory.clear()
-        self._intervals.forget(done)
 
     def _wall_at(self, instant: float | None) -> float:
         """The Unix time at `instant` of the monotonic clock (None: now), a moment ago: the wall clock read now,
@@ -314,33 +319,17 @@ class Tracker:
             if not self._stepping:
                 return None
             mfu, hfu = self._acct.utilization({k: p for k, (p, _) in self._peaks.items()})
-            peak_memory = self._peak_memory.maxima()
-            devices = tuple(
-                DeviceTraining(
-                    platform=d.platform,
-                    id=d.id,
-                    model_flops_total=self._model.get(d.key),
-                    hardware_flops_total=self._hardware.get(d.key),
-                    hardware_bytes_total=self._bytes.get(d.key),
-                    peak_flops=self._peaks[d.key][0] if d.key in self._peaks else None,
-                    peak_source=self._peaks[d.key][1] if d.key in self._peaks else None,
-                    mfu=mfu.get(d.key),
-                    hfu=hfu.get(d.key),
-                    collective_bytes_total=dict(self._collectives.get(d.key, {})),
-                    program_peak_memory_bytes=peak_memory.get(d.key),
-                    link_bandwidth=per_link(d.device_kind, self.config.link_bandwidth),
-                )
-                for d in self._devices
-            )
+            books = self._books
+            devices = books.devices(self._peaks, mfu, hfu, self.config.link_bandwidth)
             return TrainingReading(
-                steps_total=self._steps,
-                step=self._last[0] if self._last is not None else None,
+                steps_total=books.steps,
+                step=books.last[0] if books.last is not None else None,
                 dispatched_step=self._dispatched,
-                last_step_timestamp=self._last_wall,
+                last_step_timestamp=books.last_wall,
                 duration_buckets=tuple(self._acct.histogram.cumulative()),
                 duration_sum=self._acct.histogram.total,
-                examples_total=self._examples,
-                tokens_total=self._tokens,
+                examples_total=books.examples,
+                tokens_total=books.tokens,
                 host_wait_seconds_total=self._acct.host_wait,
                 start_time_seconds=self._start_wall,
                 productive_seconds_total=self._acct.productive,
@@ -368,13 +357,3 @@ class Tracker:
 
 def _nothing() -> None:
     pass
-
-
-def counted(programs: list[Program]) -> list[tuple[Program, int]]:
-    """A step's tracked calls (one entry a call) as (program, calls)."""
-    if len(programs) == 1:
-        return [(programs[0], 1)]
-    out: dict[int, tuple[Program, int]] = {}
-    for program in programs:
-        out[id(program)] = (program, out.get(id(program), (program, 0))[1] + 1)
-    return list(out.values())

@@ -1,14 +1,23 @@
 """jaxmon's waiter thread: it takes the steps `step()` handed, waits for them, dates them and hands them back to the
 tracker to book (docs/training.md, "How a step is measured").
 
-The waiter looks at the handed steps at most once per LOOK while steps come, and waits for all of them in one call.
-The newest was usually still running (the host dispatches ahead of the device): the call returns at its completion.
-The earlier ones completed while the waiter was not looking; their completions are not observed. A loop paced by
-its device (it waits for the step before last, or for each step) calls `step()` right after each completion, `lag`
-steps ahead (lag: the steps it handed while the waiter waited for the newest): so step k is dated at the host's
-`step()` call for step k + lag + 1, kept within the batch's interval and in order. A loop that runs further ahead
-of its device (its calls come before the batch's interval began) has no such rhythm: the interval is shared evenly.
-Pure arithmetic, tested on literals.
+The waiter looks at the handed steps at most once per LOOK while steps come. A step is handed with no handle at all
+(taking one costs microseconds on the training thread, dropping it as many here), except the one the waiter asks
+for: at each look it sets `want`, and the next `step()` takes jaxmon's own handles on its ready arrays (a `Hold`)
+and wakes it. The waiter takes every step handed up to that one and waits for its hold in one call: one device runs
+its programs in dispatch order, so the steps before it completed before it. The looked-at step was usually still
+running (the host dispatches ahead of the device): the call returns at its completion. The earlier ones completed
+while the waiter was not looking; their completions are not observed. A loop paced by its device (it waits for the
+step before last, or for each step) calls `step()` right after each completion, `lag` steps ahead (lag: the steps
+it handed while the waiter waited for the newest): so step k is dated at the host's `step()` call for step
+k + lag + 1, kept within the batch's interval and in order. A loop that runs further ahead of its device (its calls
+come before the batch's interval began) has no such rhythm: the interval is shared evenly. Pure arithmetic, tested
+on literals (`apportion`).
+
+step() also holds a step's arrays once per LOOK of the host's own time, so that a loop that pauses or ends leaves at
+most that much of its steps un-held: when no step comes to be looked at, those are dated each a typical step's
+device time after the one before (no device call). A badput() block dates them exactly instead (the tracker's
+`pause()` holds the last step's arrays on the training thread).
 """
 
 from __future__ import annotations
@@ -19,22 +28,26 @@ from collections.abc import Callable, Sequence
 
 from jaxmon.threads import Worker
 from jaxmon.training.handed import TrainingOps
-from jaxmon.training.steps import Handoff, Step, read_figures
+from jaxmon.training.steps import MARK, Handoff, Hold
 
-# The waiter looks at the handed steps at most this often while steps come (seconds): it costs a wake and a
-# batched wait per look, not per step. After a pause (no step handed) the next step() wakes it at once.
+# The waiter looks at the handed steps at most this often while steps come (seconds): it costs a wake, a hold and a
+# wait per look, not per step.
 LOOK = 0.02
 # The host's lead is taken as the least of this many looks' (apportion's `later`).
 LEADS = 8
-# A batched wait that returned sooner than this (seconds) waited for nothing: its newest step was complete already.
+# A wait that returned sooner than this (seconds) waited for nothing: its newest step was complete already.
 BLOCKED = 0.0002
 # While no step comes, the waiter looks again after this long anyway (its stop wakes it at once).
 IDLE_WAIT = 1.0
+# Steps handed but no looked-at step after this long (and this many of the loop's recent step intervals): the loop
+# paused, the waiter dates the steps so far with its own barrier.
+STILL = LOOK
+STILL_STEPS = 4
 
 
 class Waiter:
     """The thread that sees the handed steps complete. `handed` is the tracker's deque (step() appends, this takes);
-    `last_done()` the last completion booked; `book(batch, numbers, done)` books a batch under the tracker's lock;
+    `last_done()` the last completion booked; `book(batch, done, hold)` books a batch under the tracker's lock;
     `problem(reason, event, ...)` counts and logs."""
 
     def __init__(
@@ -44,7 +57,8 @@ class Waiter:
         clock: Callable[[], float],
         problem: Callable[..., None],
         last_done: Callable[[], float | None],
-        book: Callable[[list[Step], list[int | None], list[float | None]], None],
+        book: Callable[[list[Handoff], list[float | None], Hold | None], None],
+        typical: Callable[[], float | None] = lambda: None,
     ) -> None:
         self._handed = handed
         self.ops = ops
@@ -52,13 +66,15 @@ class Waiter:
         self._problem = problem
         self._last_done = last_done
         self._book = book
+        self._typical = typical
         # The host's lead at the last looks; none known at first: dated as a loop waiting for each step.
         self._leads: deque[int] = deque([0], maxlen=LEADS)
         # Whether the newest step still ran at the last looks; at first: a device that keeps up.
         self._ran: deque[bool] = deque([False], maxlen=LEADS)
+        self.want = True  # the next step() takes a hold and wakes the waiter (read by step(): one attribute)
         self.looks = 0  # batches taken
         self.taken = 0  # steps taken and not booked yet
-        self.idle = False  # waiting for a hand-off (step() then wakes it)
+        self._spacing = 0.0  # the loop's recent time between two step() calls
         self._hurry = False  # take the handed steps without waiting for the next look
         self._handoff = threading.Event()
         self._last_look = -float("inf")  # when the handed steps were last taken
@@ -66,14 +82,13 @@ class Waiter:
         self.thread = self._worker.start().thread
 
     def wake(self) -> None:
-        """A step was handed while the waiter was idle."""
+        """A looked-at step (or a mark) was handed."""
         self._handoff.set()
 
     def hurry(self) -> None:
-        """The host stops stepping for a while (a badput() block opens): take the steps handed so far now."""
-        if self._handed:
-            self._hurry = True
-            self._handoff.set()
+        """The host stops stepping for a while (a badput() block opens, its mark handed): take the steps now."""
+        self._hurry = True
+        self._handoff.set()
 
     def stop(self, timeout: float) -> None:
         """End after the steps it waits for (a hung device keeps it: a daemon thread)."""
@@ -86,54 +101,95 @@ class Waiter:
             except Exception as exc:  # a bug here must not end the telemetry (nor reach training)
                 self._problem("error", "the training waiter failed on a step", detail=f"{type(exc).__name__}: {exc}")
 
+    def _held(self) -> int:
+        """How many handed steps to take: up to the last one with a hold (0: none has one)."""
+        handed = self._handed
+        for back in range(1, len(handed) + 1):
+            if handed[-back][6] is not None:
+                return len(handed) - back + 1
+        return 0
+
     def _look(self) -> None:
-        """Take every step handed since the last look (at most one look per LOOK while steps come), wait for them
-        in one call, and book them."""
-        if not self._handed:
-            self.idle = True
-            if not self._handed:  # a step handed before the flag was set is seen here; one after it sets the event
-                self._handoff.wait(IDLE_WAIT)
-            self.idle = False
-            self._handoff.clear()
-            return
-        # Steps come faster than the waiter looks: it takes them in batches, unless the host stops stepping for a
-        # while (a badput() block: hurry()), so that the last step before it is seen complete when it was.
+        """Take the steps handed up to the newest looked-at one (at most one look per LOOK while steps come), wait
+        for it, and book them."""
+        self._handoff.clear()  # a wake of the last look's is spent
         if not self._hurry and (wait := self._last_look + LOOK - self._clock()) > 0:
-            self._handoff.wait(wait)
-            self._handoff.clear()
+            self._handoff.wait(wait)  # hurry() (a badput() block opens: it sets the flag first) and stop() wake it
             if self._worker.stopping:
                 return
         self._hurry = False
+        self._handoff.clear()
+        # Ask for a fresh looked-at step (the next step() holds its arrays and wakes the waiter): it usually still
+        # runs when the waiter waits for it, so its completion is seen, not estimated. A step held meanwhile (one
+        # per LOOK of the host's time) only dates the steps so far when no step comes (the loop paused or ended).
+        self.want = True
+        newest = self._handed[-1] if self._handed else None
+        if newest is None:
+            self._handoff.wait(IDLE_WAIT)
+        elif newest[6] is None:
+            still = max(STILL, STILL_STEPS * self._spacing)
+            if (age := self._clock() - newest[0]) < still:  # a step may come yet (on the host's clock)
+                self._handoff.wait(still - max(age, 0.0))
+        if self._worker.stopping:
+            return
+        count = self._held()
+        if not count:
+            if newest is not None and self._handed and self._handed[-1] is newest:
+                self._take_paused()  # no step came meanwhile: the loop paused (or ended)
+            return
         self._last_look = self._clock()
         self.looks += 1
-        batch = [Step.of(self._handed.popleft()) for _ in range(len(self._handed))]
+        batch = [self._handed.popleft() for _ in range(count)]
         self.taken = len(batch)
-        done = self._wait_batch(batch)
-        numbers = [self._read(item) for item in batch]
         try:
-            self._book(batch, numbers, done)
+            hold = batch[-1][6]
+            if batch[-1][1] is MARK:
+                batch.pop()
+            self._book(batch, self._dates(batch, hold), hold)
         finally:
-            for item in batch:
-                item.drop_arrays()  # hold no array longer than needed
             self.taken = 0
 
-    def _wait_batch(self, batch: list[Step]) -> list[float | None]:
-        """When each step of `batch` completed (None: unknown, a ready array was deleted or donated first).
+    def _take_paused(self) -> None:
+        """No step came to be looked at: the steps handed since the last looked-at one (at most LOOK of the host's
+        time, step() holds one that often) are dated without a device call: each a typical step's device time after
+        the one before it (or its hand-off), as a device that runs them in order would."""
+        batch = [self._handed.popleft() for _ in range(len(self._handed))]
+        self.taken = len(batch)
+        self.looks += 1
+        self._last_look = now = self._clock()
+        try:
+            start = self._last_done()
+            dates: list[float | None]
+            if start is None:  # nothing known before them: each done once handed
+                dates = [min(item[0], now) for item in batch]
+            else:
+                handed = [item[0] for item in batch]
+                dates = list(apportion(start, now, handed, [], False, False, self._typical() or 0.0))
+            self._book(batch, dates, None)
+        finally:
+            self.taken = 0
 
-        One blocking call for every ready and figure array of the batch: one release of the GIL per look. The
+    def _dates(self, batch: list[Handoff], hold: Hold | None) -> list[float | None]:
+        """When each step of `batch` completed (None: unknown, its hold's array was deleted or donated).
+
+        One blocking call for the batch's holds: one release of the GIL per look. The
         newest step's completion is when that call returns, if it still ran (the usual case: the host dispatches
-        ahead); the earlier ones' are estimated (apportion). Should one array have been deleted or donated,
-        each step is waited for on its own instead. Only jaxmon's own handles are waited on or asked, so a
-        deletion at any moment makes the call raise, never crash."""
-        if any(item.lost for item in batch):
-            return [self._wait_arrays(item) for item in batch]
-        handles = [h for item in batch for h in item.arrays]
-        handles += [h for item in batch for h in item.figure_handles()]
+        ahead); the earlier ones' are estimated (apportion). Only jaxmon's own handles are waited on or asked, so
+        a deletion at any moment makes the call raise, never crash."""
+        if not batch:
+            return []
+        if len(batch) > 1:
+            self._spacing = (batch[-1][0] - batch[0][0]) / (len(batch) - 1)
+        holds = [item[6] for item in batch if item[6] is not None]
+        if hold is not None and (not holds or holds[-1] is not hold):
+            holds.append(hold)  # a mark's, or the waiter's barrier
         looked = self._clock()
         try:
-            self.ops.wait(handles)
+            if any(h.lost or not h.handles for h in holds):
+                raise LookupError("a ready array was deleted or donated before step() was called")
+            self.ops.wait([handle for h in holds for handle in h.handles])
         except Exception:
-            return [self._wait_arrays(item) for item in batch]
+            return self._one_by_one(batch, hold)
         newest = self._clock()
         ran = newest - looked >= BLOCKED
         later = [h[0] for h in list(self._handed) if h[0] < newest]  # handed while the newest ran: the host's lead
@@ -143,55 +199,70 @@ class Waiter:
         later = later[: min(self._leads)]
         start = self._last_done()
         if start is None:  # the first steps: no completion known before them, and no look before
-            start, later, ran = batch[0].handed, [], True
+            start, later, ran = batch[0][0], [], True
         self._ran.append(ran)
         paced = 2 * sum(self._ran) > len(self._ran)  # the device behind the host at most recent looks
-        completions: list[float | None] = list(apportion(start, newest, [i.handed for i in batch], later, ran, paced))
+        busy = 0.0
+        if not ran:  # done before the look: dated by a typical step's device time (the batch's share, at first)
+            busy = self._typical() or (newest - start) / len(batch)
+        handed = [i[0] for i in batch]
+        completions: list[float | None] = list(apportion(start, newest, handed, later, ran, paced, busy))
         return completions
 
-    def _wait_arrays(self, item: Step) -> float | None:
-        """When the step's ready arrays were all computed (None: unknown, one was deleted or donated first)."""
-        figures = item.figure_handles()
-        if item.lost:
-            self._problem("unready", "a step's ready array was deleted or donated before step() was called")
-            return None
-        try:
-            self.ops.wait(item.arrays + figures)
-            return self._clock()
-        except Exception as exc:
-            error = exc
-        if figures and not any(self.ops.deleted(h) for h in item.arrays):
-            try:  # a figure array failed (it is read below): the ready arrays alone say when the step was done
-                self.ops.wait(item.arrays)
-                return self._clock()
-            except Exception as exc:
-                error = exc
-        self._problem("unready", "a step's ready array was deleted or donated", detail=str(error)[:200])
-        return None
-
-    def _read(self, item: Step) -> int | None:
-        """Read and check the step's number and figures into `item` (steps.read_figures)."""
-        try:
-            return read_figures(item, self.ops.value, self._problem)
-        except Exception as exc:  # a bug here: this step is not booked, and the waiter goes on with the next
-            self._problem("error", "the training waiter failed on a step", detail=f"{type(exc).__name__}: {exc}")
-            return None
+    def _one_by_one(self, batch: list[Handoff], hold: Hold | None) -> list[float | None]:
+        """`batch`'s completions when one of its holds failed: each looked-at step waited for on its own, the steps
+        before it (back to the previous looked-at one) spread evenly up to its completion. A looked-at step whose
+        ready array was deleted or donated says nothing of when it and the steps before it completed: they are
+        counted unready, and their time is booked whole with the next known completion (a gap). The steps not
+        looked at were never asked (their arrays are not jaxmon's)."""
+        out: list[float | None] = []
+        start = self._last_done()
+        segment: list[Handoff] = []
+        for i, item in enumerate(batch):
+            segment.append(item)
+            mine = item[6] if item[6] is not None else hold if i == len(batch) - 1 else None
+            if mine is None:
+                continue
+            when, detail = None, "deleted or donated before step() was called"
+            if not (mine.lost or not mine.handles):
+                try:
+                    self.ops.wait(mine.handles)
+                    when = self._clock()
+                except Exception as exc:
+                    detail = str(exc)[:200]
+            if when is None:
+                self._problem("unready", "a step's ready array was deleted or donated", times=len(segment),
+                              detail=detail)  # fmt: skip
+                out += [None] * len(segment)
+            else:
+                base = start if start is not None else segment[0][0]
+                out += [base + (when - base) * (k + 1) / len(segment) for k in range(len(segment))]
+                start = when
+            segment = []
+        return out + [None] * len(segment)
 
 
 def apportion(
-    start: float, end: float, handed: Sequence[float], later: Sequence[float], ran: bool = True, paced: bool = True
+    start: float,
+    end: float,
+    handed: Sequence[float],
+    later: Sequence[float],
+    ran: bool = True,
+    paced: bool = True,
+    busy: float = 0.0,
 ) -> list[float]:
     """The completions of consecutive steps handed at `handed`, the one before the first completed at `start`;
     `end`: when the waiter saw the last one complete, `ran`: whether it still ran when the waiter looked (else it
     completed before `end`); `later`: when the steps handed after the last one, before `end`, were (the host's
-    lead); `paced`: whether the device was behind the host at recent looks. Non-decreasing, within [start, end]."""
+    lead); `paced`: whether the device was behind the host at recent looks; `busy`: a step's typical device time,
+    for steps that completed unseen (not `ran`). Non-decreasing, within [start, end]."""
     n = len(handed)
-    if n == 1:  # the completion seen (a step that was done already: when the waiter looked, at most LOOK late)
-        return [end]
-    if not ran and not paced and handed[0] >= start:  # the device keeps up with the host: each done once handed
+    if n == 1:  # the completion seen; one done already (not ran): a typical step after it could start
+        return [end if ran else min(end, max(start, handed[0]) + busy)]
+    if not ran and (not paced or busy) and handed[0] >= start - busy:  # the device kept up: done once handed
         out, previous = [], start
         for time in handed:
-            previous = min(max(time, previous), end)
+            previous = min(max(time, previous) + busy, end)
             out.append(previous)
         return out
     times = [*handed, *later]

@@ -75,7 +75,7 @@ def main() -> None:
     jax.distributed.initialize(
         args.coordinator, num_processes=2, process_id=args.process_id, coordinator_bind_address=args.coordinator
     )
-    training = {"profile": {"every": args.every, "steps": 2}}
+    training = {"profile": {"every": args.every, "steps": 2, "min_seconds": 0}}
     exporter = jaxmon.start(
         0, workload="links", collector={"probe": False, "training": training}, poll={"interval": 0.2}
     )

@@ -74,7 +74,7 @@ def main() -> None:
         args.port,
         workload="sharded",
         web=web,
-        collector={"training": {"profile": {"every": args.every, "steps": args.profile_steps}}},
+        collector={"training": {"profile": {"every": args.every, "steps": args.profile_steps, "min_seconds": 0}}},
     )
     answer(module=MODULE)
 

@@ -94,7 +94,7 @@ def main() -> None:
     if args.link_bandwidth:
         training["link_bandwidth"] = args.link_bandwidth
     if args.profile_every is not None:
-        training["profile"] = {"every": args.profile_every, "steps": 1}
+        training["profile"] = {"every": args.profile_every, "steps": 1, "min_seconds": 0}
     configure_logging("info", "json", stream=sys.stderr)
 
     if args.alloc:

@@ -60,7 +60,7 @@ def main() -> None:
         workload=args.workload,
         poll={"interval": 0.1},
         collector={"probe": False},
-        training={"badput_kinds": ["eval"], "profile": {"every": EVERY, "steps": 2}},
+        training={"badput_kinds": ["eval"], "profile": {"every": EVERY, "steps": 2, "min_seconds": 0}},
     )
     answer(url=exporter.url, pid=os.getpid())
     saver = ocp.Checkpointer(ocp.StandardCheckpointHandler())

@@ -36,7 +36,7 @@ from jaxmon.device_readings import DeviceInfo
 from jaxmon.logsetup import ErrorLog
 from jaxmon.sources.local.devices import LocalSource
 from jaxmon.sources.local.profiler import JaxProfiler
-from jaxmon.threads import on_probe_thread
+from jaxmon.threads import on_jaxmon_thread
 from jaxmon.training import links
 from jaxmon.training.communication import Communication, Compiled
 from jaxmon.xla import hlo
@@ -295,12 +295,13 @@ class JaxTraining:
             return None
 
     def on_event_duration(self, callback: Callable[[str, float], None]) -> Callable[[], None]:
-        """`callback(event, seconds)` for every jax.monitoring duration event of this process's own threads (the
-        probe's compilations are jaxmon's, not the workload's); returns what unregisters it."""
+        """`callback(event, seconds)` for every jax.monitoring duration event of the workload's threads (jaxmon's
+        own, the probe's compilations and the waiter's barrier, are not the workload's); returns what unregisters
+        it."""
         monitoring = self._jax.monitoring
 
         def listener(event: str, duration_secs: float, **_: Any) -> None:
-            if not on_probe_thread():
+            if not on_jaxmon_thread():
                 callback(event, float(duration_secs))
 
         monitoring.register_event_duration_secs_listener(listener)

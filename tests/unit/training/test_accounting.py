@@ -12,17 +12,16 @@ from typing import Any
 import pytest
 
 from jaxmon.training.accounting import (
-    DURATION_BUCKETS,
     HOST,
     RESTART,
     STALL,
     STALL_MIN_STEPS,
     STARTUP,
     Accounting,
-    Histogram,
     Interval,
     attribute,
 )
+from jaxmon.training.window import DURATION_BUCKETS, Histogram
 
 CPU0, CPU1 = ("cpu", 0), ("cpu", 1)
 

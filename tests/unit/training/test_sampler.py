@@ -19,7 +19,7 @@ from prometheus_client.core import Metric
 from jaxmon.families.training import training_families
 from jaxmon.training.handed import SamplerConfig
 from jaxmon.training.reading import ProfileReading, TrainingReading
-from jaxmon.training.sampler import Busy, Sampler, block_start, traced_steps
+from jaxmon.training.sampler import Busy, Sampler, block_start, period_began, traced_steps
 from tests.helpers import wait_until
 from tests.unit.xla.test_split_fakes import GPU0, GPU1, TPU0, TPU1
 from tests.xspace_fakes import START_UNIX_NS, gpu_space, tpu_space
@@ -98,7 +98,7 @@ def run_block(sampler: Sampler, profiler: FakeProfiler, completions: list[tuple[
     sampler.handed(8)  # block 10 starts: the trace starts two steps ahead
     wait_until(lambda: profiler.starts == 1 or profiler.user, what="the trace started")
     for number, done in completions:
-        sampler.completed(number, done)
+        sampler.completed([(number, done)])
     wait_until(lambda: sum(got(sampler).results.values()) == 1, what="the sample booked")
     return got(sampler)
 
@@ -115,12 +115,34 @@ def test_blocks_start_at_multiples_of_every_in_every_process() -> None:
     assert block_start(-2, every) is None  # step 0 (the compilation's) is never a block
 
 
+def test_at_most_one_block_per_period_is_traced_and_processes_agree() -> None:
+    """Blocks every 1 s of steps, min_seconds 60: the first block, then the first one after each minute begins; a
+    second process whose clock is 20 ms off (and which started later) picks the same blocks but the one within
+    20 ms of the minute's start."""
+
+    def traced(offset_ns: int, first: int) -> list[int]:
+        period, out = None, []
+        for block in range(first, 300):  # block k starts at k seconds of Unix time
+            began, period = period_began(period, START_UNIX_NS + block * 10**9 + offset_ns, 60.0)
+            if began:
+                out.append(block)
+        return out
+
+    base = START_UNIX_NS // 10**9 % 60  # the second of the minute block 0 starts at
+    minutes = [b for b in range(1, 300) if (base + b) % 60 == 0]
+    assert traced(0, 0) == [0, *minutes]
+    late = traced(20_000_000, 7)
+    assert late[0] == 7 and late[1:] == minutes  # 20 ms late: the same blocks from the first minute on
+    assert period_began(None, 0, 60.0) == (True, 0) and period_began(0, 59 * 10**9, 60.0) == (False, 0)
+    assert period_began(0, 60 * 10**9, 60.0) == (True, 1)
+
+
 def test_only_the_block_is_traced(make) -> None:  # type: ignore[no-untyped-def]
     profiler = FakeProfiler(gpu_space({0: GPU0, 1: GPU1}))
     sampler = make(profiler)
     for n in range(0, 8):
         sampler.handed(n)
-        sampler.completed(n, at(0) - (8 - n))
+        sampler.completed([(n, at(0) - (8 - n))])
     assert profiler.starts == 0 and got(sampler).results == {"taken": 0, "busy": 0, "failed": 0}
 
 
@@ -160,8 +182,8 @@ def test_tpu_split_and_a_second_sample_adds_up(make) -> None:  # type: ignore[no
     run_block(sampler, profiler, [(9, at(0)), (10, at(100))])
     sampler.handed(18)
     wait_until(lambda: profiler.starts == 2, what="the second trace started")
-    sampler.completed(19, at(0))
-    sampler.completed(20, at(100))
+    sampler.completed([(19, at(0))])
+    sampler.completed([(20, at(100))])
     wait_until(lambda: got(sampler).results["taken"] == 2, what="two samples")
     by_id = {d.id: d for d in got(sampler).devices}
     assert by_id[4].parts == pytest.approx(
@@ -202,9 +224,9 @@ def test_busy_when_the_user_profiles_and_when_the_users_trace_ends_jaxmons(make)
     profiler.user, profiler.preempt = False, True
     sampler.handed(18)
     wait_until(lambda: profiler.starts == 1, what="the second trace started")
-    sampler.completed(19, at(0))
-    sampler.completed(20, at(50))
-    sampler.completed(21, at(100))
+    sampler.completed([(19, at(0))])
+    sampler.completed([(20, at(50))])
+    sampler.completed([(21, at(100))])
     wait_until(lambda: got(sampler).results["busy"] == 2, what="the preempted sample counted busy")
     assert got(sampler).devices == ()
 
@@ -218,7 +240,7 @@ def test_a_trace_on_demand_holds_whole_steps(make, tmp_path: Path) -> None:  # t
     wait_until(lambda: profiler.starts == 1, what="the trace on demand started")
     for n in range(3):  # the first completion opens the first whole step
         assert profiler.stops == 0
-        sampler.completed(n, at(n * 10))
+        sampler.completed([(n, at(n * 10))])
     thread.join(10)
     assert profiler.python == [True] and profiler.stops == 1
     assert sampler.reading() is None  # every = 0: traces on demand only, no sampled series
@@ -241,11 +263,12 @@ def family_samples(reading: TrainingReading) -> dict[tuple[str, tuple[tuple[str,
 def test_the_options_reach_the_tracker_and_refuse_a_block_with_no_room() -> None:
     from pydantic import ValidationError
 
-    from jaxmon.collectors.training import PROFILE_EVERY, TrainingOptions
+    from jaxmon.collectors.training import PROFILE_EVERY, PROFILE_MIN_SECONDS, TrainingOptions
 
-    assert TrainingOptions().tracker_config().profile == SamplerConfig(PROFILE_EVERY, 2)
-    assert TrainingOptions(profile={"every": 0}).tracker_config().profile == SamplerConfig(0, 2)  # type: ignore[arg-type]
+    assert TrainingOptions().tracker_config().profile == SamplerConfig(PROFILE_EVERY, 2, PROFILE_MIN_SECONDS)
+    assert TrainingOptions(profile={"every": 0}).tracker_config().profile == SamplerConfig(0, 2, 60.0)  # type: ignore[arg-type]
     off = TrainingOptions(profile={"every": 50, "steps": 4})  # type: ignore[arg-type]
-    assert off.tracker_config().profile == SamplerConfig(50, 4)
+    assert off.tracker_config().profile == SamplerConfig(50, 4, 60.0)
+    assert TrainingOptions(profile={"min_seconds": 0}).tracker_config().profile.min_seconds == 0  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match=r"profile.every \(3\) must be 0 \(off\) or at least"):
         TrainingOptions(profile={"every": 3, "steps": 2})  # type: ignore[arg-type]

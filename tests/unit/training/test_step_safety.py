@@ -29,6 +29,7 @@ from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
 from jaxmon.training.reading import TrainingReading
 from jaxmon.training.tracker import Tracker
+from jaxmon.training.waiter import LOOK
 from tests.helpers import wait_until
 from tests.unit.training.conftest import MakeTracker
 
@@ -122,6 +123,12 @@ def slow_on_its_own_device() -> tuple[Callable[[jax.Array], jax.Array], jax.Arra
     return f, x
 
 
+def looked_at() -> None:
+    """Let the next step() be one the waiter looks at (jaxmon's own handles on its ready arrays): one handed LOOK
+    after the last looked-at one is (the steps between are bounded by it, their arrays never touched)."""
+    time.sleep(LOOK * 1.5)
+
+
 def behind(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
     """Hold the waiter on a first step of a few hundred milliseconds (its output); everything the test hands next
     must be made (compiled, computed) before, or the first step may be done by then."""
@@ -142,7 +149,9 @@ def test_a_ready_array_deleted_after_step_is_unready_not_a_crash(make_tracker: M
     z.block_until_ready()
     head = behind(f, x)
     y = f(x)
+    looked_at()
     step(1, y)
+    looked_at()
     step(2, z)
     y.delete()
     z.delete()
@@ -163,9 +172,12 @@ def test_a_donated_ready_array_and_one_deleted_before_step_are_unready(make_trac
     gone = jnp.ones(3) + 1
     gone.delete()
     head = behind(f, x)
+    looked_at()
     step(1, y)
     y2 = donate(y)  # the next step donates it: deleted under the waiter
+    looked_at()
     step(2, gone)  # deleted before step(): jaxmon takes no handle on it
+    looked_at()
     step(3, {"loss": y2, "metrics": [donate(small)]})
     assert y.is_deleted() and not head.is_ready()  # type: ignore[attr-defined]
     reading = booked(tracker, 4)
