@@ -185,7 +185,9 @@ def test_a_donated_ready_array_and_one_deleted_before_step_are_unready(make_trac
     assert reading.step == 3
 
 
-def test_a_badput_block_after_a_step_whose_arrays_were_deleted_or_donated_is_no_crash(make_tracker: MakeTracker) -> None:
+def test_a_badput_block_after_a_step_whose_arrays_were_deleted_or_donated_is_no_crash(
+    make_tracker: MakeTracker,
+) -> None:
     """pause() (a badput() block opening) takes jaxmon's handles on the last step's ready arrays, on the training
     thread: arrays deleted, donated, or deleted in another way every few steps, over many blocks, never crash it;
     the blocks are charged and the steps booked."""
