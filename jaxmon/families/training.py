@@ -125,7 +125,10 @@ PROBLEMS = Spec(
     "badput() block of a kind past the 10th, counted as other), intervals (closed badput intervals past 10 000 since "
     "the last completed step, dropped), programs (a tracked function's program whose cost was forgotten past 256 "
     "programs), communication (a program's HLO or memory analysis failed, or too many waited for it: that program "
-    "adds no collective bytes nor peak memory), error (a bug of the waiter's).",
+    "adds no collective bytes nor peak memory), link_<why> (collectives whose link is not known: docs/placement.md), "
+    "trace_ambiguous and trace_unnamed (sampled-trace events of an analysed collective instruction counted under "
+    'link="unknown": analysed programs of the event\'s module name disagree on its place, or the trace does not say '
+    "which program the event is of), error (a bug of the waiter's).",
     counter=True,
 )
 

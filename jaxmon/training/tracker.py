@@ -95,7 +95,7 @@ class Tracker:
         self._dispatched: int | None = None  # the last step number handed to step()
         self._unlisten = ops.on_event_duration(self._on_event)
         # Sampled traces: told of each step and completion; their events named by the programs' collectives.
-        self.sampler = sampler_for(ops, config.profile, clock, self._collective_names)
+        self.sampler = sampler_for(ops, config.profile, clock, self._collective_names.catalog, self._problem)
         self.waiter = Waiter(self._handed, ops, clock, self._problem, self.last_done, self.book)
         self._thread = self.waiter.thread
 
