@@ -76,8 +76,9 @@ def row(selector: str) -> Row:
                 "none",
                 [Target(advice, table=True)],
                 "JaxmonTrainingAxisOnSlowLink's state for each axis (pending or firing, with the axis and its "
-                "link), and each axis's seconds per step saved by swapping it with the job's fastest-link axis at "
-                "nominal bandwidth (jaxmon:training_axis_swap_seconds_saved_per_step). docs/placement.md says how.",
+                "link), and each pair of axes worth swapping (an axis on a slower link than a lighter axis: "
+                "swap_axes on swap_link) with the seconds per step the swap saves at nominal bandwidth "
+                "(jaxmon:training_axis_swap_seconds_saved_per_step). docs/placement.md says how.",
             ),
         ],
     )
