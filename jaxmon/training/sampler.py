@@ -306,6 +306,7 @@ class Sampler:
                         parts={"compute": t.compute, "collective": t.collective, "copy": t.copy, "idle": t.idle},
                         collectives=dict(t.collectives or {}),
                         placed=t.placed.table(),
+                        copies=t.placed.copies(),
                     )
                     for (platform, device), t in sorted(self._totals.items())
                 ),

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from jaxmon.xla.classify import opcode
+from jaxmon.xla.copies import copy_of
 from jaxmon.xla.intervals import Split
 
 SEP = "\x1f"
@@ -114,13 +115,17 @@ def place_of(kind: str) -> tuple[Place, float | None, str | None]:
 
 @dataclass
 class PlacedTotals:
-    """One device's sampled collectives by (op, axes, link): seconds run, exposed seconds, bytes; and the events of
-    analysed instructions that could not be placed, by why."""
+    """One device's sampled collectives by (op, axes, link): seconds run, exposed seconds, bytes; the events of
+    analysed instructions that could not be placed, by why; and the copies by direction (jaxmon.xla.classify's
+    COPY_DIRECTIONS): seconds with nothing else running (the `copy` part by direction) and bytes, where the trace
+    says them (a GPU's memcpy events)."""
 
     seconds: dict[Place, float] = field(default_factory=dict)
     exposed: dict[Place, float] = field(default_factory=dict)
     bytes: dict[Place, float] = field(default_factory=dict)
     unplaced: dict[str, int] = field(default_factory=dict)
+    copy_seconds: dict[str, float] = field(default_factory=dict)
+    copy_bytes: dict[str, float] = field(default_factory=dict)
 
     def add(self, split: Split, seconds_per_unit: float) -> None:
         """A window's split (picoseconds: `seconds_per_unit` 1e-12), its kinds named by a Catalog."""
@@ -136,6 +141,13 @@ class PlacedTotals:
                 self.bytes[key] = self.bytes.get(key, 0.0) + count * size
             elif why is not None:
                 self.unplaced[why] = self.unplaced.get(why, 0) + count
+        for kind, ps in split.copies.items():
+            direction = copy_of(kind)[0]
+            self.copy_seconds[direction] = self.copy_seconds.get(direction, 0.0) + ps * seconds_per_unit
+        for kind, count in split.copy_events.items():
+            direction, size = copy_of(kind)
+            if size is not None:
+                self.copy_bytes[direction] = self.copy_bytes.get(direction, 0.0) + count * size
 
     def merge(self, other: PlacedTotals) -> None:
         for mine, theirs in ((self.seconds, other.seconds), (self.exposed, other.exposed), (self.bytes, other.bytes)):
@@ -144,8 +156,17 @@ class PlacedTotals:
                     mine[key] = mine.get(key, 0.0) + value
         for why, count in other.unplaced.items():
             self.unplaced[why] = self.unplaced.get(why, 0) + count
+        for direction, value in other.copy_seconds.items():
+            self.copy_seconds[direction] = self.copy_seconds.get(direction, 0.0) + value
+        for direction, value in other.copy_bytes.items():
+            self.copy_bytes[direction] = self.copy_bytes.get(direction, 0.0) + value
 
     def table(self) -> dict[Place, tuple[float, float, float]]:
         """(seconds, exposed seconds, bytes) per (op, axes, link)."""
         keys = set(self.seconds) | set(self.exposed) | set(self.bytes)
         return {k: (self.seconds.get(k, 0.0), self.exposed.get(k, 0.0), self.bytes.get(k, 0.0)) for k in sorted(keys)}
+
+    def copies(self) -> dict[str, tuple[float, float]]:
+        """(seconds, bytes) per copy direction."""
+        keys = set(self.copy_seconds) | set(self.copy_bytes)
+        return {k: (self.copy_seconds.get(k, 0.0), self.copy_bytes.get(k, 0.0)) for k in sorted(keys)}

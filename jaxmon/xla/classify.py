@@ -14,7 +14,9 @@ XProf's sources and the line and op names of its TPU test trace):
   `XLA Modules`, `Steps` and the other derived lines repeat the streams' time, and `CUPTI overhead` is the
   profiler's. A kernel is a collective when its name holds "nccl" (XProf's rule) or its `hlo_op` stat names a
   collective (XLA's own collective kernels); `Memcpy*` events (CUPTI's `MemcpyH2D`, `MemcpyD2H`, `MemcpyD2D`,
-  `MemcpyP2P`, `MemcpyOther`) and events with a `memcpy_details` stat are copies; every other kernel (and
+  `MemcpyP2P`, `MemcpyOther`) and events with a `memcpy_details` stat are copies, by direction (`copy_kind`:
+  the event's name, else the details' `kind_src`/`kind_dst`) with their bytes (the details' `size:`, `num_bytes:` in
+  older CUPTI collectors); every other kernel (and
   `Memset`) is compute.
 - TPU: planes `/device:TPU:N`; the `XLA Ops` line holds the TensorCore's ops, nested (a `while`, `call`,
   `conditional` or megacore fusion holds its body's ops: the innermost op owns each instant), and `Async XLA Ops`
@@ -48,6 +50,7 @@ from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 
+from jaxmon.xla.copies import copy_kind
 from jaxmon.xla.hlo import COLLECTIVES
 from jaxmon.xla.intervals import COLLECTIVE, COMPUTE, COPY, Segment, innermost
 from jaxmon.xla.xspace import Plane, XSpace
@@ -163,6 +166,7 @@ def classify_gpu(
     known: Known = _NONE,
     module: str | None = None,
     program: int | None = None,
+    details: str = "",
 ) -> tuple[int, str]:
     kind = collective_kind(hlo_op, known, module, program) if hlo_op else None
     if kind is not None:
@@ -170,7 +174,7 @@ def classify_gpu(
     if "nccl" in name.lower():
         return COLLECTIVE, _nccl_kind(name)
     if memcpy or name.startswith("Memcpy"):
-        return COPY, ""
+        return COPY, copy_kind(name, details)
     return COMPUTE, ""
 
 
@@ -244,7 +248,7 @@ def _gpu(plane: Plane, modules: set[str], known: Known) -> list[Segment]:
     wanted = _wanted(hlo_op_id, module_id, program_id, memcpy_id)
     names = plane.event_names
     runs = _Modules(plane, modules)
-    cache: dict[tuple[int, str, bool, str | None, int | None], tuple[int, str]] = {}
+    cache: dict[tuple[int, str, str | None, str | None, int | None], tuple[int, str]] = {}
     out: list[Segment] = []
     for line in plane.lines:
         if not line.name.startswith("Stream #"):
@@ -261,10 +265,13 @@ def _gpu(plane: Plane, modules: set[str], known: Known) -> list[Segment]:
                 module, program = runs.of(module, program, e.start_ps)
                 if module is not None:
                     modules.add(module)
-            key = (e.metadata_id, hlo_op, memcpy_id is not None and memcpy_id in stats, module, program)
+            details = str(stats[memcpy_id]) if memcpy_id is not None and memcpy_id in stats else None
+            key = (e.metadata_id, hlo_op, details, module, program)
             found = cache.get(key)
             if found is None:
-                found = cache[key] = classify_gpu(names.get(e.metadata_id, ""), hlo_op, key[2], known, module, program)
+                found = cache[key] = classify_gpu(
+                    names.get(e.metadata_id, ""), hlo_op, details is not None, known, module, program, details or ""
+                )
             events.append((e.start_ps, e.start_ps + e.duration_ps, found[0], found[1]))
         out.extend(innermost(events))
     return out

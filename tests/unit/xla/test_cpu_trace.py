@@ -225,3 +225,24 @@ def test_two_programs_with_the_same_instruction_names_are_told_apart_by_program(
             ("all-reduce", "b", "local"): 2 * size["b"],
         }, device
         assert ("all-reduce", "", "unknown") in totals.seconds and totals.unplaced == {}, device
+
+
+def test_a_cross_device_copy_on_cpu_devices_is_no_device_event(tmp_path: Path) -> None:
+    """`jax.device_put` of an array from one CPU device to another (what an operation on arrays of two devices would
+    need: jax 0.10.2 refuses `x + y` of committed arrays of two devices, and moves an uncommitted one): the trace
+    holds host events only (`BatchedCopyToDeviceWithSharding`, `CopyToMemorySpace`), without a device or bytes, so
+    no device's copy part and no direction is claimed for it (seen on jax 0.10.2; a GPU's memcpy events carry
+    both: tests/unit/xla/test_split_fakes.py)."""
+    from jaxmon.training.trace_links import PlacedTotals
+
+    devices = jax.devices()[:2]
+    y = jax.device_put(jnp.ones((256, 256)), devices[0])
+
+    def hop(y: jax.Array) -> jax.Array:
+        return jax.device_put(jax.device_put(y, devices[1]), devices[0])
+
+    trace, t0, t1 = _trace(tmp_path, hop, y)
+    for device, s in trace.split(trace.trace_ns(t0), trace.trace_ns(t1)).items():
+        totals = PlacedTotals()
+        totals.add(s, 1e-12)
+        assert s.copy == 0 and totals.copies() == {}, device
