@@ -47,7 +47,8 @@ def row(selector: str) -> Row:
     workload = selector.split("workload", 1)[1]
     advice = (
         f'topk($k, ALERTS{{alertname="JaxmonTrainingAxisOnSlowLink", workload{workload}}} '
-        f"or on ({BY}) jaxmon:training_axis_swap_seconds_saved_per_step{{workload{workload}}})"
+        f"or on ({BY}) jaxmon:training_axis_swap:best{{workload{workload}}} "
+        f"or on ({BY}) (jaxmon:training_axis_bytes_per_step:rate1h{{workload{workload}}} * 0))"
     )
     return Row(
         "Where the bytes travel",
@@ -111,9 +112,10 @@ def row(selector: str) -> Row:
                 "none",
                 [Target(advice, table=True)],
                 "JaxmonTrainingAxisOnSlowLink's state for each axis (pending or firing, with the axis and its "
-                "link), and each pair of axes worth swapping (an axis on a slower link than a lighter axis: "
-                "swap_axes on swap_link) with the seconds per step the swap saves at nominal bandwidth "
-                "(jaxmon:training_axis_swap_seconds_saved_per_step). docs/placement.md says how.",
+                "link); for each other axis, the swap the alert would name (an axis on a slower link than a "
+                "lighter axis: swap_axes on swap_link) with the seconds per step it saves at nominal bandwidth "
+                "(jaxmon:training_axis_swap:best; -1 where a link's nominal bandwidth is not known), or 0: nothing "
+                "to swap. docs/placement.md says how.",
             ),
         ],
     )
