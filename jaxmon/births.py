@@ -186,4 +186,11 @@ class Births:
                 )
                 for place, (seconds, exposed, moved) in p.placed.items()
             },
+            copies={
+                direction: (
+                    self.value((key, "copy", direction, "seconds"), seconds),
+                    self.value((key, "copy", direction, "bytes"), moved),
+                )
+                for direction, (seconds, moved) in p.copies.items()
+            },
         )

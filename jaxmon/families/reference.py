@@ -157,6 +157,7 @@ def _training() -> list[Entry]:
     rest += [training.COLLECTIVE_BYTES, training.PROGRAM_PEAK_MEMORY, training.LINK_BANDWIDTH]
     rest += [training.PROFILES, training.PROFILED, training.PROFILE_PARTS, training.PROFILE_COLLECTIVES]
     rest += [training.PROFILE_EXPOSED, training.PROFILE_COLLECTIVE_BYTES]
+    rest += [training.PROFILE_COPY_SECONDS, training.PROFILE_COPY_BYTES]
     return [*_entries(specs), Entry(training.DURATION, "histogram"), *_entries(rest)]
 
 

@@ -19,7 +19,7 @@ import tarfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from jaxmon.logsetup import ErrorLog
 from jaxmon.threads import Worker
 from jaxmon.training.handed import Profiler, SamplerConfig, TrainingOps
 from jaxmon.training.reading import DeviceProfile, ProfileReading
-from jaxmon.training.trace_links import PlacedTotals, kinds, place_of
+from jaxmon.training.trace_links import Catalog, PlacedTotals, place_of
 from jaxmon.xla.profile import Trace, read
 
 log = structlog.get_logger("jaxmon.training.sampler")
@@ -91,15 +91,19 @@ class Sampler:
         self,
         profiler: Profiler,
         config: SamplerConfig,
-        collectives: Callable[[], Mapping[str, str]] | None = None,
+        collectives: Callable[[], Catalog] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_ns: Callable[[], int] = time.time_ns,
+        problem: Callable[..., None] | None = None,
     ) -> None:
         """`clock` is the tracker's monotonic clock (its completions are on it); `wall_ns` the Unix clock the trace
-        is related to; `collectives` names the tracked programs' collective instructions (jaxmon.xla.hlo)."""
+        is related to; `collectives` places the tracked programs' collective instructions (trace_links.Catalog);
+        `problem` the tracker's (reason, event, times=): counts the events of analysed instructions that could not
+        be placed, by why (reason="trace_<why>")."""
         self.profiler = profiler
         self.config = config
         self._collectives = collectives
+        self._problem = problem
         self._clock = clock
         self._wall_ns = wall_ns
         self._errors = ErrorLog(log, 3600.0)
@@ -220,8 +224,7 @@ class Sampler:
 
     def _book(self, n0: int, data: bytes, windows: list[tuple[int, int]]) -> None:
         """Split the trace over the steps' windows (Unix ns) and add each device's parts to the totals."""
-        names, places = self._known_collectives()
-        trace = read(data, kinds(names or {}, places))
+        trace = read(data, self._catalog())
         lo, hi = trace.extent_ns()
         inside = [(trace.trace_ns(a), trace.trace_ns(b)) for a, b in windows]
         inside = [(a, b) for a, b in inside if lo <= a <= b <= hi]
@@ -236,8 +239,9 @@ class Sampler:
                 steps=len(windows),
             )
             return
-        add = _splits(trace, inside, places)
+        add = _splits(trace, inside)
         keys = self.profiler.devices()
+        unplaced: dict[str, int] = {}
         with self._lock:
             for device, (seconds, parts, collectives, placed) in add.items():
                 totals = self._totals.setdefault(keys.get(device, device), _Totals(collectives={}))
@@ -250,17 +254,25 @@ class Sampler:
                 for op, value in collectives.items():
                     totals.collectives[op] = totals.collectives.get(op, 0.0) + value
                 totals.placed.merge(placed)
+                for why, count in placed.unplaced.items():
+                    unplaced[why] = unplaced.get(why, 0) + count
             self._results["taken"] += 1
+        for why, count in sorted(unplaced.items()):
+            if self._problem is not None:
+                self._problem(
+                    f"trace_{why}",
+                    'sampled collective events of analysed instructions not placed: axes="", link="unknown"',
+                    times=count,
+                )
 
-    def _known_collectives(self) -> tuple[Mapping[str, str] | None, Mapping[str, tuple[str, str, str, float]]]:
-        """The tracked programs' collective instructions: name -> op, and name -> (op, axes, link, bytes)."""
+    def _catalog(self) -> Catalog:
+        """The tracked programs' collective instructions, placed (none: events classified by their opcode)."""
         if self._collectives is None:
-            return None, {}
+            return Catalog()
         try:
-            places = getattr(self._collectives, "places", None)
-            return self._collectives(), places() if places is not None else {}
+            return self._collectives()
         except Exception:
-            return None, {}
+            return Catalog()
 
     # -- traces on demand ---------------------------------------------------------------------------------
 
@@ -311,6 +323,7 @@ class Sampler:
                         parts={"compute": t.compute, "collective": t.collective, "copy": t.copy, "idle": t.idle},
                         collectives=dict(t.collectives or {}),
                         placed=t.placed.table(),
+                        copies=t.placed.copies(),
                     )
                     for (platform, device), t in sorted(self._totals.items())
                 ),
@@ -333,7 +346,7 @@ class Sampler:
 
 
 def _splits(
-    trace: Trace, windows: list[tuple[int, int]], places: Mapping[str, tuple[str, str, str, float]]
+    trace: Trace, windows: list[tuple[int, int]]
 ) -> dict[tuple[str, int], tuple[float, list[float], dict[str, float], PlacedTotals]]:
     """Each device's seconds, parts (compute, collective, copy, idle), collective time by op (the sum of its
     instructions' union times) and by place, summed over the windows (trace ns)."""
@@ -346,7 +359,7 @@ def _splits(
             for kind, ps in s.collectives.items():
                 op = place_of(kind)[0][0]
                 collectives[op] = collectives.get(op, 0.0) + ps * PS
-            placed.add(s, places, PS)
+            placed.add(s, PS)
             out[device] = (seconds + s.window * PS, parts, collectives, placed)
     return out
 
@@ -386,14 +399,16 @@ def sampler_for(
     ops: TrainingOps,
     config: SamplerConfig,
     clock: Callable[[], float],
-    collectives: Callable[[], Mapping[str, str]] | None = None,
+    collectives: Callable[[], Catalog] | None = None,
+    problem: Callable[..., None] | None = None,
 ) -> Sampler | Off:
     """The tracker's sampler (`config.every` 0: traces on demand only); `ops.profiler()`
-    (jaxmon.sources.local.training) makes the JAX side; `collectives` names the tracked programs' collective
-    instructions. Off when this JAX's profiler cannot be used (said once, in the log)."""
+    (jaxmon.sources.local.training) makes the JAX side; `collectives` places the tracked programs' collective
+    instructions; `problem` counts what could not be placed. Off when this JAX's profiler cannot be used (said
+    once, in the log)."""
     try:
         config = SamplerConfig(max(config.every, 0), max(config.steps, 1), max(config.min_seconds, 0.0))
-        return Sampler(ops.profiler(), config, collectives, clock=clock)
+        return Sampler(ops.profiler(), config, collectives, clock=clock, problem=problem)
     except Exception as exc:
         log.warning("no sampled traces: jax.profiler cannot be used here", error=f"{type(exc).__name__}: {exc}")
         return Off()

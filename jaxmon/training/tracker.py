@@ -87,10 +87,9 @@ class Tracker:
         self._held_at = -float("inf")  # when step() last took a step's handles (the tracker's clock)
         self._unlisten = ops.on_event_duration(self._on_event)
         # Sampled traces: told of each step and completion; their events named by the programs' collectives.
-        self.sampler = sampler_for(ops, config.profile, clock, self._collective_names)
-        self.waiter = Waiter(
-            self._handed, ops, clock, self._problem, self.last_done, self.book, self._acct.typical_busy
-        )
+        self.sampler = sampler_for(ops, config.profile, clock, self._collective_names.catalog, self._problem)
+        typical = self._acct.typical_busy
+        self.waiter = Waiter(self._handed, ops, clock, self._problem, self.last_done, self.book, typical)
         self._thread = self.waiter.thread
 
     # -- the training thread ------------------------------------------------------------------------------

@@ -163,6 +163,12 @@ def test_gpu_split_lands_on_the_job_devices(make) -> None:  # type: ignore[no-un
     assert g0.collectives == pytest.approx({"all-reduce": 30 * US, "all-gather": 10 * US})
     assert g1.parts == pytest.approx({"compute": 65 * US, "collective": 15 * US, "copy": 0, "idle": 20 * US})
     assert g1.collectives == pytest.approx({"all-reduce": 40 * US, "send-recv": 10 * US})
+    # the copy part by direction, with the memcpy events' bytes (each started inside a window)
+    assert {d: c[1] for d, c in g0.copies.items()} == {"device_to_host": 1048576, "host_to_device": 4096}
+    assert {d: c[0] for d, c in g0.copies.items()} == pytest.approx(
+        {"device_to_host": 10 * US, "host_to_device": 5 * US}
+    )
+    assert g1.copies == {}
 
     samples = family_samples(TrainingReading(profile=reading))
     device = {"workload": "w", "device": "4", "platform": "gpu"}
@@ -173,6 +179,15 @@ def test_gpu_split_lands_on_the_job_devices(make) -> None:  # type: ignore[no-un
     assert samples[
         ("jaxmon_training_profile_collective_seconds_total", key(device, op="all-gather", axes="", link="unknown"))
     ] == (pytest.approx(10 * US))
+    copy = {
+        d: (
+            samples[("jaxmon_training_profile_copy_seconds_total", key(device, direction=d))],
+            samples[("jaxmon_training_profile_copy_bytes_total", key(device, direction=d))],
+        )
+        for d in ("device_to_host", "host_to_device")
+    }
+    assert {d: c[1] for d, c in copy.items()} == {"device_to_host": 1048576, "host_to_device": 4096}
+    assert {d: c[0] for d, c in copy.items()} == pytest.approx({"device_to_host": 10 * US, "host_to_device": 5 * US})
 
 
 def test_tpu_split_and_a_second_sample_adds_up(make) -> None:  # type: ignore[no-untyped-def]
