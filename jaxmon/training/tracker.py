@@ -93,9 +93,10 @@ class Tracker:
         self._problems_lock = threading.Lock()
         self._stepping = False  # step() was called: a process that never does exports no training series
         self._dispatched: int | None = None  # the last step number handed to step()
-        self._unlisten = ops.on_event_duration(self._on_event)
-        # Sampled traces: told of each step and completion; their events named by the programs' collectives.
+        # Sampled traces: told of each step, completion and badput interval; their events named by the programs'
+        # collectives. Made before the listener, which tells it of compilations and Orbax's saves.
         self.sampler = sampler_for(ops, config.profile, clock, self._collective_names)
+        self._unlisten = ops.on_event_duration(self._on_event)
         self.waiter = Waiter(self._handed, ops, clock, self._problem, self.last_done, self.book)
         self._thread = self.waiter.thread
 
@@ -183,6 +184,8 @@ class Tracker:
                     f"more than {MAX_INTERVALS} badput intervals since the last completed step: the oldest are dropped",
                     times=dropped,
                 )
+        # Sampled traces stay off the steps it marks, placed by the last step number handed (sampler.py).
+        self.sampler.badput(kind, id(interval), self._dispatched, end != float("inf"))
         return interval
 
     def pause(self) -> None:
@@ -193,6 +196,7 @@ class Tracker:
         """The interval ends now."""
         with self._lock:
             interval.end = self._clock()
+        self.sampler.closed(id(interval), self._dispatched)
 
     def now(self) -> float:
         """The tracker's clock."""
@@ -218,6 +222,7 @@ class Tracker:
     def book(self, batch: list[Step], numbers: list[int | None], done: list[float | None]) -> None:
         """The waiter's steps, read (`numbers`: None where unusable) and dated (`done`: None where unknown)."""
         device_number = type(batch[-1].given[0]) is Held
+        completed: list[tuple[int, float]] = []  # for the sampled traces: once per batch
         with self._lock:
             for item, number, completion in zip(batch, numbers, done, strict=True):
                 if number is None:  # no step number to book it under (counted): its time goes to the next step's gap
@@ -226,6 +231,10 @@ class Tracker:
                     self._dispatched = number  # a device step number, and no later step handed: the last one handed
                 item.number = number
                 self._complete(item, completion)
+                if completion is not None:
+                    completed.append((number, completion))
+            if completed:
+                self.sampler.completed(completed)
             self._analyzer.kick()  # new programs are analysed from now on, off the training thread
 
     def last_done(self) -> float | None:
@@ -264,7 +273,6 @@ class Tracker:
         previous, self._last = self._last, (item.number, done)
         if done is None:
             return
-        self.sampler.completed(item.number, done)
         last_done = self._acct.last_done
         follows = previous is not None and item.number == previous[0] + 1
         if last_done is None:
