@@ -67,6 +67,7 @@ class Tracker:
         self._calls: list[Program] = []  # tracked calls since the last step(), one entry a call
         self._intervals = Intervals()  # badput intervals since the last completion (and the open ones)
         self._kinds: set[str] = set()  # the badput() kinds seen, MAX_USER_KINDS at most
+        self._opened: set[str] = set()  # those and OTHER_KIND once it is used: series from their first open
         self._devices = ops.devices()
         self._device_count = max(ops.device_count(), 1)
         self._process_count = max(ops.process_count(), 1)
@@ -177,6 +178,8 @@ class Tracker:
                         kind=kind,
                     )
                     kind = OTHER_KIND
+            if kind not in EVENT_KINDS:
+                self._opened.add(kind)  # born at 0 now, counting from its close (kinds())
             interval = Interval(kind, start, end)
             if dropped := self._intervals.add(interval):
                 self._problem(
@@ -356,6 +359,12 @@ class Tracker:
                 devices=devices,
                 problems=self._problem_counts(),
             )
+
+    def kinds(self) -> tuple[str, ...]:
+        """The badput() kinds opened so far (OTHER_KIND past the limit): each exported from its first open, at 0
+        until its time is booked (jaxmon.births.with_zeros)."""
+        with self._lock:
+            return tuple(sorted(self._opened))
 
     def _problem_counts(self) -> dict[str, int]:
         with self._problems_lock:

@@ -170,3 +170,43 @@ def test_a_publishing_trainers_steps_reach_the_sidecar(
     later = d2.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, what="then counted")
     assert (sample(later, "jaxmon_training_badput_seconds_total", kind="startup", **labels) or 0) > 0
     assert (sample(later, "jaxmon_jit_compilations_total", **ident) or 0) > 0
+
+
+def test_a_badput_kind_not_declared_is_born_at_zero_at_its_first_open(children: list[Child], tmp_path: Path) -> None:
+    """`eval` is declared (at 0 from the start); `mykind` and `quick` are not. Each is exported from its first open
+    at 0, and counts its seconds only once a scrape served that 0: Prometheus sees all of it in `increase()`. A
+    long block (open over several scrapes) reads 0 while open and its seconds once closed and booked; a short one
+    (closed and booked before any scrape saw it) is served at 0 once, then its seconds."""
+    child = Child(
+        tmp_path, "embedded", "--workload", "kinds", "--interval", "0.1",
+        env={"JAXMON_COLLECTOR__PROBE": "false", "JAXMON_COLLECTOR__TRAINING__BADPUT_KINDS": '["eval"]'},
+    )  # fmt: skip
+    children.append(child)
+    url = child.hello["url"]
+    labels = {"workload": "kinds", "process_index": "0", "process_count": "1", "host": socket.gethostname()}
+
+    def seconds(s: Samples, kind: str) -> float | None:
+        return sample(s, "jaxmon_training_badput_seconds_total", kind=kind, **labels)
+
+    child.send("steps 3")
+    s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == 3, "3 steps")
+    assert seconds(s, "eval") == 0 and seconds(s, "mykind") is None and seconds(s, "quick") is None
+    child.send("hold mykind")
+    opened = [wait_for_samples(url, lambda s: seconds(s, "mykind") is not None, "mykind born at its open")]
+    for _ in range(5):  # every scrape while it is open: 0
+        opened.append(wait_for_samples(url, lambda s: True))
+    assert [seconds(s, "mykind") for s in opened] == [0.0] * 6
+    held = child.send("release")["seconds"]
+    child.send("steps 1")  # its completion books the block
+    s = wait_for_samples(url, lambda s: (seconds(s, "mykind") or 0) > 0, "mykind's seconds")
+    # The device was idle through the block (the loop synced and jaxmon booked the step before it opened).
+    assert seconds(s, "mykind") == pytest.approx(held, abs=0.02)
+    # A block that opens, closes and is booked between two scrapes: the first scrape that has it serves 0.
+    child.send("hold quick")
+    quick = child.send("release")["seconds"]
+    child.send("steps 1")
+    first = wait_for_samples(url, lambda s: seconds(s, "quick") is not None, "quick born")
+    assert seconds(first, "quick") == 0.0
+    later = wait_for_samples(url, lambda s: (seconds(s, "quick") or 0) > 0, "quick's seconds after one scrape")
+    assert seconds(later, "quick") == pytest.approx(quick, abs=0.02)
+    assert seconds(later, "mykind") == seconds(s, "mykind")
