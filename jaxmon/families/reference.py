@@ -343,7 +343,11 @@ reset Prometheus sees, even where it compiled the same programs as the process b
 render (`collect[]` too): where `jaxmon top` or a second Prometheus reads the same exporter, the first one's scrape
 frees the series, and so does a scrape Prometheus gave up on (its scrape_timeout). To join the processes of one workload
 across restarts, use `jaxmon_training_start_time_seconds`: each process's own, its value changes at each restart
-(`changes(jaxmon_training_start_time_seconds[1h])` counts them).
+(`changes(jaxmon_training_start_time_seconds[1h])` counts them). In the OpenMetrics exposition (a scraper that sends
+`Accept: application/openmetrics-text`, as Prometheus does) every training counter and the step histogram carry
+`_created`, as client_python writes it: the process's `jaxmon_training_start_time_seconds`, from which each of them
+counts (a series born later read 0 until then); jaxmon's other counters carry none (they count from the exporter's
+`process_start_time_seconds`). The text format has no `_created`.
 
 **Goodput and throughput** are recorded by deploy/prometheus/job.yml ([job rules](job-rules.md)) once per workload:
 `jaxmon:training_goodput_ratio:rate5m` (productive / (productive + every badput kind), summed over the job's

@@ -210,3 +210,50 @@ def test_a_badput_kind_not_declared_is_born_at_zero_at_its_first_open(children: 
     later = wait_for_samples(url, lambda s: (seconds(s, "quick") or 0) > 0, "quick's seconds after one scrape")
     assert seconds(later, "quick") == pytest.approx(quick, abs=0.02)
     assert seconds(later, "mykind") == seconds(s, "mykind")
+
+
+def test_openmetrics_scrapes_get_created_on_training_counters(children: list[Child], tmp_path: Path) -> None:
+    """A scraper that asks for OpenMetrics (as Prometheus does) gets it, parsed by client_python's strict parser:
+    each training counter's and the step histogram's label sets carry `_created`, the process's tracker start
+    (`jaxmon_training_start_time_seconds`), as client_python writes it for its own counters. The text format
+    (0.0.4) has no `_created` (tests/golden pin it)."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    child = Child(
+        tmp_path, "embedded", "--workload", "om", "--interval", "0.1", env={"JAXMON_COLLECTOR__PROBE": "false"}
+    )
+    children.append(child)
+    url = child.hello["url"]
+    labels = {"workload": "om", "process_index": "0", "process_count": "1", "host": socket.gethostname()}
+    child.send("steps 3 5")
+    text = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == 3, "3 steps")
+    start = sample(text, "jaxmon_training_start_time_seconds", **labels)
+    assert start is not None and start > 0
+    assert not any(name.endswith("_created") for name, _ in text)
+    plain = requests.get(url + "/metrics", timeout=10)
+    assert plain.headers["content-type"].startswith("text/plain; version=0.0.4") and "_created" not in plain.text
+    for encoding in ("identity", "gzip"):
+        r = requests.get(
+            url + "/metrics",
+            headers={
+                "Accept": "application/openmetrics-text;version=1.0.0,text/plain;q=0.5",
+                "Accept-Encoding": encoding,
+            },
+            timeout=10,
+        )
+        assert r.status_code == 200
+        assert r.headers["content-type"] == "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        assert r.text.endswith("# EOF\n") and r.text.count("# EOF") == 1
+        families = {f.name: f for f in text_string_to_metric_families(r.text)}  # type: ignore[no-untyped-call]
+        checked = 0
+        for name, family in families.items():
+            if not name.startswith("jaxmon_training_") or family.type not in ("counter", "histogram"):
+                continue
+            sets = {frozenset((k, v) for k, v in s.labels.items() if k != "le") for s in family.samples}
+            created = {frozenset(s.labels.items()): s.value for s in family.samples if s.name == name + "_created"}
+            assert set(created) == sets and set(created.values()) == {start}, name
+            checked += 1
+        assert checked >= 10 and "jaxmon_training_step_duration_seconds" in families
+        # Counters that are not a training process's carry none: they count from the exporter's start.
+        compilations = families["jaxmon_jit_compilations"]
+        assert compilations.type == "counter" and all(not s.name.endswith("_created") for s in compilations.samples)
