@@ -90,6 +90,7 @@ class Sampler:
         self._queued = False  # the request came while a sample was under way
         self._block: int | None = None  # the block being traced
         self._blocks = Blocks(config.every, config.steps)  # which blocks, off badput steps (blocks.py)
+        self._modulus = config.every if config.every > 0 else 1 << 62  # off: no step number a multiple of it
         # (number, completion) of the last steps: the block's and the one before it, with room for the steps that
         # complete before this thread wakes up to stop the trace.
         self._done: deque[tuple[int, float]] = deque(maxlen=config.steps + LEAD + 64)
@@ -105,13 +106,13 @@ class Sampler:
     # -- the tracker's hooks ------------------------------------------------------------------------------
 
     def handed(self, number: int) -> None:
-        """Step `number` was handed to jaxmon.step() (the training thread: O(1), no JAX, no lock but once per sample
-        and its retries)."""
-        n0 = block_start(number, self.config.every)
-        if n0 is None:
-            if number + LEAD != self._blocks.retry:
-                return
-            n0 = number + LEAD
+        """Step `number` was handed to jaxmon.step() (the training thread: O(1), no JAX, no call, no lock but once per
+        sample and its retries)."""
+        n0 = number + LEAD  # block_start() inlined, and the retry (blocks.py): no call on the common path
+        if n0 % self._modulus and n0 != self._blocks.retry:
+            return
+        if n0 <= 0 or self.config.every <= 0:
+            return
         with self._lock:
             if self._request is None:  # the sample under way, if one, ends within its steps: this one comes next
                 if self._blocks.begin(n0):

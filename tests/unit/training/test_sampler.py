@@ -231,6 +231,9 @@ def test_busy_when_the_user_profiles_and_when_the_users_trace_ends_jaxmons(make)
 def test_a_trace_on_demand_holds_whole_steps(make, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     profiler = FakeProfiler(gpu_space({0: GPU0}))
     sampler = make(profiler, every=0)
+    for n in range(-2, 30):
+        sampler.handed(n)  # sampling off: no step asks for a trace (0 and -2 included)
+        assert sampler.block is None
     out: list[bytes] = []
     thread = threading.Thread(target=lambda: out.append(sampler.demand(tmp_path, steps=2)))
     thread.start()
