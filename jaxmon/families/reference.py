@@ -348,7 +348,7 @@ across restarts, use `jaxmon_training_start_time_seconds`: each process's own, i
 `_created`, as client_python writes it: the process's `jaxmon_training_start_time_seconds`, from which each of them
 counts (a series born later read 0 until then); jaxmon's other counters carry none (they count from the exporter's
 `process_start_time_seconds`). The text format has no `_created`. A Prometheus that does not ingest created timestamps
-(before 2.50, or without `--enable-feature=created-timestamp-zero-ingestion`) stores each as a series of its own
+(2.42, as Debian packages it, does not; newer ones do behind a feature flag) stores each as a series of its own
 (`jaxmon_training_steps_created`), as it does client_python's; a `metric_relabel_configs` rule dropping
 `__name__=~"jaxmon_training_.*_created"` keeps them out.
 
