@@ -184,7 +184,9 @@ PROFILE_COPY_BYTES = Spec(
 PROFILES = Spec(
     "jaxmon_training_profiles",
     "Sampled traces by result: taken, busy (the user was profiling: jaxmon took none, or ended its own when the "
-    "user's trace started), failed (no step of the block was traced whole, or the trace could not be read).",
+    "user's trace started), failed (no step of the block was traced whole, or the trace could not be read), "
+    "skipped (the block's steps held named badput: an eval, a checkpoint, a compilation; tried again on the next "
+    "clean steps).",
     counter=True,
 )
 

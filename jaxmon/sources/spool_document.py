@@ -166,7 +166,7 @@ class SpoolProfile(BaseModel):
 
     model_config = _MODEL
 
-    results: dict[Literal["taken", "busy", "failed"], Count] = Field(default_factory=dict)
+    results: dict[Literal["taken", "busy", "failed", "skipped"], Count] = Field(default_factory=dict)
     devices: list[SpoolDeviceProfile] = Field(default_factory=list, max_length=4096)
 
 

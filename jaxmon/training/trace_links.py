@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from jaxmon.xla.classify import opcode
 from jaxmon.xla.copies import copy_of
 from jaxmon.xla.intervals import Split
+from jaxmon.xla.profile import Trace
 
 SEP = "\x1f"
 Place = tuple[str, str, str]
@@ -39,6 +40,7 @@ AMBIGUOUS = "ambiguous"  # analysed programs of its module name disagree on the 
 UNNAMED = "unnamed"  # the trace does not say which program the event is of
 # (op, axes, link) series per device at most (as the collective bytes' MAX_PAIRS): a new one past it is not counted.
 MAX_PLACES = 256
+PS = 1e-12
 
 
 @dataclass(frozen=True)
@@ -170,3 +172,22 @@ class PlacedTotals:
         """(seconds, bytes) per copy direction."""
         keys = set(self.copy_seconds) | set(self.copy_bytes)
         return {k: (self.copy_seconds.get(k, 0.0), self.copy_bytes.get(k, 0.0)) for k in sorted(keys)}
+
+
+def splits(
+    trace: Trace, windows: list[tuple[int, int]]
+) -> dict[tuple[str, int], tuple[float, list[float], dict[str, float], PlacedTotals]]:
+    """Each device's seconds, parts (compute, collective, copy, idle), collective time by op (the sum of its
+    instructions' union times) and by place, summed over the windows (trace ns)."""
+    out: dict[tuple[str, int], tuple[float, list[float], dict[str, float], PlacedTotals]] = {}
+    for t0, t1 in windows:
+        for device, s in trace.split(t0, t1).items():
+            seconds, parts, collectives, placed = out.setdefault(device, (0.0, [0.0] * 4, {}, PlacedTotals()))
+            for i, ps in enumerate((s.compute, s.collective, s.copy, s.idle)):
+                parts[i] += ps * PS
+            for kind, ps in s.collectives.items():
+                op = place_of(kind)[0][0]
+                collectives[op] = collectives.get(op, 0.0) + ps * PS
+            placed.add(s, PS)
+            out[device] = (seconds + s.window * PS, parts, collectives, placed)
+    return out

@@ -67,6 +67,7 @@ class Tracker:
         self._calls: list[Program] = []  # tracked calls since the last step(), one entry a call
         self._intervals = Intervals()  # badput intervals since the last completion (and the open ones)
         self._kinds: set[str] = set()  # the badput() kinds seen, MAX_USER_KINDS at most
+        self._opened: set[str] = set()  # those and OTHER_KIND once it is used: series from their first open
         self._devices = ops.devices()
         self._device_count = max(ops.device_count(), 1)
         self._process_count = max(ops.process_count(), 1)
@@ -85,9 +86,10 @@ class Tracker:
         self._last_ready: tuple[Any, ...] = ()  # the last step's ready (pause() holds it: the training thread's)
         self._max_pending = config.max_pending
         self._held_at = -float("inf")  # when step() last took a step's handles (the tracker's clock)
-        self._unlisten = ops.on_event_duration(self._on_event)
-        # Sampled traces: told of each step and completion; their events named by the programs' collectives.
+        # Sampled traces: told of each step, completion and badput interval; their events named by the programs'
+        # collectives. Made before the listener, which tells it of compilations and Orbax's saves.
         self.sampler = sampler_for(ops, config.profile, clock, self._collective_names.catalog, self._problem)
+        self._unlisten = ops.on_event_duration(self._on_event)
         typical = self._acct.typical_busy
         self.waiter = Waiter(self._handed, ops, clock, self._problem, self.last_done, self.book, typical)
         self._thread = self.waiter.thread
@@ -219,6 +221,8 @@ class Tracker:
                         kind=kind,
                     )
                     kind = OTHER_KIND
+            if kind not in EVENT_KINDS:
+                self._opened.add(kind)  # born at 0 now, counting from its close (kinds())
             interval = Interval(kind, start, end)
             if dropped := self._intervals.add(interval):
                 self._problem(
@@ -226,12 +230,15 @@ class Tracker:
                     f"more than {MAX_INTERVALS} badput intervals since the last completed step: the oldest are dropped",
                     times=dropped,
                 )
+        # Sampled traces stay off the steps it marks, placed by the last step number handed (sampler.py).
+        self.sampler.badput(kind, id(interval), self._dispatched, end != float("inf"))
         return interval
 
     def close(self, interval: Interval) -> None:
         """The interval ends now."""
         with self._lock:
             interval.end = self._clock()
+        self.sampler.closed(id(interval), self._dispatched)
 
     def now(self) -> float:
         """The tracker's clock."""
@@ -336,6 +343,12 @@ class Tracker:
                 devices=devices,
                 problems=self._problem_counts(),
             )
+
+    def kinds(self) -> tuple[str, ...]:
+        """The badput() kinds opened so far (OTHER_KIND past the limit): each exported from its first open, at 0
+        until its time is booked (jaxmon.births.with_zeros)."""
+        with self._lock:
+            return tuple(sorted(self._opened))
 
     def _problem_counts(self) -> dict[str, int]:
         with self._problems_lock:

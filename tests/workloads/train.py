@@ -21,6 +21,8 @@ answered on stdout with `OK <json>`:
                            just before and just after jaxmon.start() or publish() and the Unix time of the
                            last completion
   restore N                number the next `steps` from N (as a restart from a checkpoint of step N does)
+  hold KIND                open a `jaxmon.badput(KIND)` block and leave it open
+  release                  close it; answer with the seconds it was open, as this loop timed it
   collective N             N steps (numbered on) of a tracked program that all-reduces a replicated gradient over
                            the "data" axis of a ("data", "model") mesh of every device, each synced and booked; the
                            first is followed by a wait for jaxmon's analysis of the program (so that the rest count
@@ -131,6 +133,7 @@ def main() -> None:
     functions: list[Any] = []
     tracked: Any = jaxmon.track(step)  # type: ignore[arg-type]
     number = 0
+    held: tuple[Any, float] = (None, 0.0)  # the badput() block `hold` opened, and when
     heavy = jax.jit(lambda a, b: (jnp.tanh(a @ b), jnp.sum(a)))
     tiny = jax.jit(lambda a: a * 1.0001)
     for line in sys.stdin:
@@ -244,6 +247,14 @@ def main() -> None:
                 time.sleep(0.0003)
             time.sleep(0.5)  # the waiter books the last steps
             answer(cpu_per_step_us=(time.process_time() - cpu0) / count * 1e6)
+        elif cmd == "hold":
+            held = (jaxmon.badput(rest[0]), time.monotonic())
+            held[0].__enter__()
+            answer()
+        elif cmd == "release":
+            block, opened = held
+            block.__exit__(None, None, None)
+            answer(seconds=time.monotonic() - opened)
         elif cmd == "restore":
             number = int(rest[0])  # as after restoring a checkpoint of that step
             answer(number=number)

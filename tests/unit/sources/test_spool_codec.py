@@ -74,7 +74,7 @@ READING = TrainingReading(
     ),
     problems={"jump": 1, "unready": 2},
     profile=ProfileReading(
-        results={"taken": 3, "busy": 1, "failed": 1},
+        results={"taken": 3, "busy": 1, "failed": 1, "skipped": 2},
         devices=(
             DeviceProfile(
                 platform="tpu",
