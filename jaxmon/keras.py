@@ -109,8 +109,15 @@ class JaxmonCallback(keras.callbacks.Callback):  # type: ignore[misc]  # keras s
         self._installed = _Reporting(self, inner, self._optimizer_step(model) // per_call)
         model.train_function = self._installed
 
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        """The fit stops stepping a while (its epoch's end): jaxmon looks at the last step now, so that the steps
+        Keras dispatched ahead are dated when they complete (jaxmon.training's pause)."""
+        tracker = training.current()
+        if tracker is not None:
+            tracker.pause()
+
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        """Give the model its own train function back."""
+        """Give the model its own train function back (the last epoch's end looked at its last step)."""
         if self._installed is not None and self.model.train_function is self._installed:
             self.model.train_function = self._installed.inner
         self._installed = None

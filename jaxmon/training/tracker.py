@@ -171,8 +171,8 @@ class Tracker:
         return Hold(handles, loss=loss_names(ready, arrays))
 
     def pause(self) -> None:
-        """A badput() block opens on the training thread: no step comes for a while. The last step's arrays are held
-        now (a mark), so that the steps before the block are seen complete when they were, not after the block."""
+        """No step comes for a while (a badput() block opens, an epoch ends: on the training thread). The last step's
+        arrays are held now (a mark), so that the steps before it are seen complete when they were, not after."""
         if not self._handed or self._handed[-1][6] is not None:
             return  # nothing handed, or the last step is looked at already
         self._handed.append((self._clock(), MARK, None, None, None, [], self._hold(self._last_ready)))
@@ -364,7 +364,7 @@ class Tracker:
 
     def threads(self) -> tuple[threading.Thread, ...]:
         """Every thread of the tracker's: the waiter's, the sampler's (none when sampling is off), the analysis'."""
-        return (self.waiter.thread, *self.sampler.threads, *self._analyzer.threads)
+        return (*self.waiter.threads, *self.sampler.threads, *self._analyzer.threads)
 
 
 def _nothing() -> None:

@@ -15,9 +15,10 @@ come before the batch's interval began) has no such rhythm: the interval is shar
 on literals (`apportion`).
 
 step() also holds a step's arrays once per LOOK of the host's own time, so that a loop that pauses or ends leaves at
-most that much of its steps un-held: when no step comes to be looked at, those are dated each a typical step's
-device time after the one before (no device call). A badput() block dates them exactly instead (the tracker's
-`pause()` holds the last step's arrays on the training thread).
+most that much of its steps un-held: when no step comes to be looked at, those are dated each a typical step's device
+time after the one before (no device call; where that is after now, the host ran ahead and they still run: the
+waiter waits until then). A badput() block dates them exactly instead (the tracker's `pause()` holds the last step's
+arrays on the training thread).
 """
 
 from __future__ import annotations
@@ -76,10 +77,16 @@ class Waiter:
         self.taken = 0  # steps taken and not booked yet
         self._spacing = 0.0  # the loop's recent time between two step() calls
         self._hurry = False  # take the handed steps without waiting for the next look
+        self._first_busy = 0.0  # the first looked-at step seen running: from its hand-off to its completion
         self._handoff = threading.Event()
         self._last_look = -float("inf")  # when the handed steps were last taken
         self._worker = Worker("training", self._wait_loop, self._handoff.set)
         self.thread = self._worker.start().thread
+
+    @property
+    def threads(self) -> tuple[threading.Thread, ...]:
+        """The waiter's thread."""
+        return (self.thread,)
 
     def wake(self) -> None:
         """A looked-at step (or a mark) was handed."""
@@ -149,21 +156,51 @@ class Waiter:
             self.taken = 0
 
     def _take_paused(self) -> None:
-        """No step came to be looked at: the steps handed since the last looked-at one (at most LOOK of the host's
-        time, step() holds one that often) are dated without a device call: each a typical step's device time after
-        the one before it (or its hand-off), as a device that runs them in order would."""
+        """No step came to be looked at: date the steps handed since the last looked-at one (at most LOOK of the
+        host's time: step() holds one that often), with no device call (a barrier would not do: XLA:CPU runs a
+        program that reads none of their outputs beside them). A step's outputs feed the next, so they complete in
+        order after the
+        last completion booked: each is dated a typical step's device time (the window's median busy part) after the
+        one before it, or after its hand-off if later. Where that puts the last one after now (a host that ran
+        ahead, then stopped: its steps still run), the waiter waits until then first; a step handed meanwhile is
+        looked at and bounds them instead."""
+        start = self._last_done()
+        busy = self._typical() or self._first_busy  # before a window: the first looked-at step's hand-off to done
+        tail = list(self._handed)
+        # The host handed them well before the last completion, or faster than the device runs steps: it ran ahead,
+        # and they may run a while yet (a loop's epoch end may mark them: jaxmon.keras does).
+        ahead = (
+            start is not None
+            and bool(tail)
+            and (
+                tail[0][0] < start - (busy or LOOK)
+                or (busy > 0 and tail[-1][0] - tail[0][0] < (len(tail) - 1) * busy / 2)
+            )
+        )
+        if ahead and start is not None:
+            end = start
+            for item in tail:
+                end = max(item[0], end) + busy
+            end = max(end, tail[-1][0] + IDLE_WAIT)
+            if (wait := end - self._clock()) > 0:
+                self._handoff.wait(min(wait, IDLE_WAIT))
+                if self._held() or self._worker.stopping or wait > IDLE_WAIT:
+                    return  # a step came (the next look takes these with it), or look again
         batch = [self._handed.popleft() for _ in range(len(self._handed))]
         self.taken = len(batch)
         self.looks += 1
         self._last_look = now = self._clock()
         try:
-            start = self._last_done()
-            dates: list[float | None]
+            dates: list[float | None] = []
             if start is None:  # nothing known before them: each done once handed
                 dates = [min(item[0], now) for item in batch]
-            else:
-                handed = [item[0] for item in batch]
-                dates = list(apportion(start, now, handed, [], False, False, self._typical() or 0.0))
+            elif ahead and busy <= 0:  # no typical step known yet: the time since the last completion, shared evenly
+                dates = [start + (now - start) * (i + 1) / len(batch) for i in range(len(batch))]
+            else:  # in order, each a typical step's device time after the one before it or its hand-off
+                previous = start
+                for item in batch:
+                    previous = min(max(item[0], previous) + busy, now)
+                    dates.append(previous)
             self._book(batch, dates, None)
         finally:
             self.taken = 0
@@ -206,6 +243,8 @@ class Waiter:
             busy = self._typical() or (newest - start) / len(batch)
         handed = [i[0] for i in batch]
         completions: list[float | None] = list(apportion(start, newest, handed, later, ran, paced, busy))
+        if not self._first_busy and ran and newest > batch[-1][0]:
+            self._first_busy = newest - batch[-1][0]
         return completions
 
     def _one_by_one(self, batch: list[Handoff], hold: Hold | None) -> list[float | None]:

@@ -14,7 +14,7 @@ from jaxmon.device_readings import HOST_MEMORY_KINDS, ArrayBytes, DeviceKey
 from jaxmon.sources import TraceDemand
 from jaxmon.sources.local.devices import LocalSource
 from jaxmon.sources.local.probe import _OWN, _OWN_LOCK
-from jaxmon.threads import on_probe_thread
+from jaxmon.threads import on_jaxmon_thread
 from jaxmon.training import release as release_tracker
 from jaxmon.training.handed import COMPILE_EVENT
 from jaxmon.training.reading import DeviceProfile, TrainingReading
@@ -245,8 +245,8 @@ class CompileCounters:
             return cls._instance
 
     def _on_event(self, event: str, **_: str | int) -> None:
-        if on_probe_thread():
-            return  # the probe's own cache traffic is not the workload's
+        if on_jaxmon_thread():
+            return  # jaxmon's own cache traffic (the probe's, the waiter's barrier) is not the workload's
         if event == self.CACHE_HIT_EVENT:
             self._looking.request = False
             with self._lock:
@@ -264,8 +264,9 @@ class CompileCounters:
 
     def _on_duration(self, event: str, duration_secs: float, **_: str | int) -> None:
         if event == self.COMPILE_EVENT:
-            # The event fires on the compiling thread: the probe compiles on its own workers, and is not counted.
-            if on_probe_thread():
+            # The event fires on the compiling thread: jaxmon's (the probe's workers, the waiter's barrier) are not
+            # counted.
+            if on_jaxmon_thread():
                 return
             self._missed()
             with self._lock:
