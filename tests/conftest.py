@@ -57,9 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # The end-to-end files that run longest, mostly waiting on what they drive (container engines building and starting
 # images, a real 4-process job in a real Prometheus over minutes): under pytest-xdist (tests/run.sh: pytest -n 2)
 # they are one group, first in the order, so that one worker starts on it at once while the other goes through the
-# rest. Every other file is a group of its own: its module fixtures are made once, on one worker. After the long
-# lane come the other end-to-end files, then the unit files: the short unit files are what the workers take last,
-# so that neither waits long at the end for the other's last file.
+# rest. Every other file is a group of its own: its module fixtures are made once, on one worker.
 LONG_LANE = (
     "tests/e2e/test_container.py",
     "tests/e2e/test_container_engines.py",
@@ -73,27 +71,17 @@ def _group(nodeid: str) -> str:
     return "long-lane" if path in LONG_LANE else path
 
 
-def _rank(nodeid: str) -> int:
-    group = _group(nodeid)
-    return 0 if group == "long-lane" else 1 if group.startswith("tests/e2e/") else 2
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long lane's tests first, then the other end-to-end files', then the unit files' (a stable sort: each
-    file keeps its order)."""
-    items.sort(key=lambda item: _rank(item.nodeid))
+    """The long lane's tests first (a stable sort: each file keeps its order)."""
+    items.sort(key=lambda item: _group(item.nodeid) != "long-lane")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """Under `--dist loadfile` (tests/run.sh), xdist's scope scheduler with the groups above as its scopes, handed
-    out in the order above (xdist_group marks would make the groups, but xdist 3.8 marks them in the node id in a
-    way pytest 9.2 no longer reads).
+    """Under `--dist loadfile` (tests/run.sh), xdist's scope scheduler with the groups above as its scopes
+    (xdist_group marks would do it, but xdist 3.8 marks them in the node id in a way pytest 9.2 no longer reads).
     Other --dist modes are xdist's own (the unit command's `load` spreads single tests)."""
     if config.getoption("dist") != "loadfile":
         return None
-    # xdist hands groups out in the order of their number of tests unless told not to: the long lane (two dozen
-    # tests) came after a dozen unit files, and single-test end-to-end files of half a minute came last.
-    config.option.loadscopereorder = False
     from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
     class FileGroups(LoadScopeScheduling):  # type: ignore[misc]
