@@ -191,9 +191,11 @@ def test_timings_a_device_wide_source_saw_idle_move_the_baseline_up_as_well_as_d
     assert kernel.script == []
     assert calibrated is not None and calibrated < 0.030
     assert st.baseline_seconds is not None and st.last_duration_seconds is not None
-    assert 0.050 <= st.last_duration_seconds < 0.080
+    # One timed run of 50 ms, not two (their sum would be 100 ms): up to 50 ms late on a loaded machine, where a
+    # thread woken from a wait can queue behind other runnable threads for tens of milliseconds.
+    assert 0.050 <= st.last_duration_seconds < 0.100
     if rises:
-        assert 0.050 <= st.baseline_seconds < 0.080
+        assert 0.050 <= st.baseline_seconds < 0.100
         assert st.utilization_ratio is not None and st.utilization_ratio < 0.5
     else:
         assert st.baseline_seconds < 0.030  # still the ~10 ms calibration's, not the 50 ms timings'

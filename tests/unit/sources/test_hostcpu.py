@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,26 +33,65 @@ def test_no_proc_reads_none(tmp_path: Path) -> None:
     assert read_cpu_times(odd, Path("/proc/self/stat")) is None
 
 
+class Readings:
+    """Real readings of /proc, each taken beside this process's CPU time (time.process_time()). Each meter made
+    over its own `reader()` goes through them in order; the first to need the next one takes it."""
+
+    def __init__(self) -> None:
+        self.taken: list[tuple[CpuTimes | None, float]] = []
+
+    def reader(self) -> Callable[[], CpuTimes | None]:
+        position = 0
+
+        def read() -> CpuTimes | None:
+            nonlocal position
+            if position == len(self.taken):
+                self.taken.append((read_cpu_times(), time.process_time()))
+            position += 1
+            return self.taken[position - 1][0]
+
+        return read
+
+
 def test_a_daemon_leaves_its_own_ticks_out_and_a_training_process_keeps_them() -> None:
-    """This process spins for 0.6 s of wall time and at least 0.3 s of CPU (longer on a loaded machine, up to 3 s):
-    the two meters differ by its own share (process_time is the truth)."""
-    excluding, including = HostCpuMeter(exclude_own=True), HostCpuMeter(exclude_own=False)
-    host0, cpu0, started = read_cpu_times(), time.process_time(), time.monotonic()
-    while time.monotonic() - started < 0.6 or (time.process_time() - cpu0 < 0.3 and time.monotonic() - started < 3):
-        pass
-    host1, cpu1 = read_cpu_times(), time.process_time()
+    """This process spins until it has had 0.3 s of CPU and 0.6 s of wall time have passed: the two meters differ by
+    its own ticks (process_time is the truth).
+
+    Both meters judge the same window (they share the readings of /proc), and the truth is over that window too:
+    a pause between two reads on a loaded machine (a preemption beside CPU burners) moves the meters and the truth
+    alike, where separate reads a few milliseconds apart would each see a different window. The comparison is in
+    ticks: at load average 15 this process had 0.08 of the host's ticks over 3 s, a share no fixed tolerance can
+    tell from nothing, while its 30 ticks of CPU are as plain as on a quiet machine."""
+    readings = Readings()
+    excluding = HostCpuMeter(exclude_own=True, read=readings.reader())
+    including = HostCpuMeter(exclude_own=False, read=readings.reader())
+    spin, started = time.process_time(), time.monotonic()
+    while time.monotonic() - started < 0.6 or time.process_time() - spin < 0.3:
+        assert time.monotonic() - started < 60, "0.3 s of CPU not had in 60 s"
     a, b = excluding.others_share(), including.others_share()
-    assert host0 is not None and host1 is not None
-    # This process's CPU time (the truth) over the host's ticks in the same window, as the meter counts them (steal
-    # time, which a VM's host takes, is in neither).
-    own = (cpu1 - cpu0) * os.sysconf("SC_CLK_TCK") / (host1.total - host0.total)
-    assert a is not None and b is not None
-    assert own > 0.1  # a share the 0.06 tolerance below cannot hide (0.5 of 2 cores on a quiet machine)
-    assert b - a == pytest.approx(own, abs=0.06)
+    (host0, cpu0), (host1, cpu1) = readings.taken[0], readings.taken[-1]
+    assert host0 is not None and host1 is not None and a is not None and b is not None
+    elapsed = host1.total - host0.total  # the host's ticks in the window, as the meters count them (steal is not)
+    own = (cpu1 - cpu0) * os.sysconf("SC_CLK_TCK")  # this process's CPU in the window (the truth), in ticks
+    assert own >= 30
+    # The ticks the including meter counts beyond the excluding one's are this process's: within two ticks of
+    # rounding each way (/proc counts whole ticks).
+    assert (b - a) * elapsed == pytest.approx(own, abs=4)
 
 
 def test_a_reading_too_soon_after_the_last_looks_a_tenth_of_a_second_longer() -> None:
-    meter = HostCpuMeter(exclude_own=True)
-    started = time.monotonic()
-    assert meter.others_share() is not None
-    assert time.monotonic() - started >= 0.1
+    """10 ticks since the previous reading (fewer than MIN_TICKS): the meter reads again a tenth of a second later
+    and judges over the longer window. The readings are scripted: with /proc's own, a pause of this process on a
+    loaded machine could put enough ticks between two reads by itself."""
+    script = iter(
+        [CpuTimes(busy=0, total=0, own=0), CpuTimes(busy=5, total=10, own=0), CpuTimes(busy=30, total=40, own=4)]
+    )
+    stamps: list[float] = []
+
+    def read() -> CpuTimes:
+        stamps.append(time.monotonic())
+        return next(script)
+
+    meter = HostCpuMeter(exclude_own=True, read=read)
+    assert meter.others_share() == (30 - 4) / 40
+    assert len(stamps) == 3 and stamps[2] - stamps[1] >= 0.1
