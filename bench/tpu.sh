@@ -53,7 +53,8 @@ if [ -f bench/step_cost.py ]; then
   if [ "$left" -gt 60 ]; then
     log "bench/step_cost.py (${left}s left)"
     mkdir -p "$OUT/step-cost"
-    JAXMON_BENCH_RESULTS="$OUT/step-cost" timeout "$left" "$PY" bench/step_cost.py > "$OUT/step-cost/stdout.txt" 2>&1 \
+    timeout "$left" "$PY" bench/step_cost.py --platform tpu --sizes 1,0.36 --alternations 3 \
+      --out "$OUT/step-cost/step_cost.json" > "$OUT/step-cost/stdout.txt" 2>&1 \
       || log "bench/step_cost.py exited with $? (output in step-cost/stdout.txt)"
   else
     log "skipped: bench/step_cost.py (not enough time left)"

@@ -7,8 +7,9 @@ gradients all-reduced over `data`). One sample's trace (2 steps) is taken once; 
 
 - before: what the sampler's thread did with it before issue 40: `read()` with the collective instructions named by
   op, and issue 34's split (kept in this script) of each step's window, per op;
-- after: `read()` with the instructions named by place (jaxmon.training.trace_links.kinds), today's split (exposed
-  time and events per instruction too), and the sums per (op, axes, link) with bytes (PlacedTotals).
+- after: `read()` with the instructions named by program and place (jaxmon.training.trace_links.Catalog: each event
+  looked up by its program's id and its instruction), today's split (exposed time and events per instruction too),
+  and the sums per (op, axes, link) with bytes (PlacedTotals).
 
 Both run on the sampler's thread, once per sample: the extra time against a sample's interval (collector.training
 .profile.every steps) is the attribution's share of a core; the training thread does nothing more.
@@ -33,9 +34,10 @@ import jax
 
 from bench.profile_sampling import PROFILE_EVERY, RESULTS, Loop
 from jaxmon.sources.local.profiler import JaxProfiler
-from jaxmon.training import hlo
+from jaxmon.sources.local.training import module_id
 from jaxmon.training.links import DeviceTopology, place
-from jaxmon.training.trace_links import PlacedTotals, kinds
+from jaxmon.training.trace_links import Catalog, PlacedTotals, ProgramPlaces
+from jaxmon.xla import hlo
 from jaxmon.xla.intervals import COLLECTIVE, COMPUTE, COPY, Segment, union_length
 from jaxmon.xla.profile import read
 
@@ -72,12 +74,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args()
     loop = Loop()
-    text = loop.step.lower(loop.layers, loop.x).compile().as_text()
+    compiled = loop.step.lower(loop.layers, loop.x).compile()
+    text = compiled.as_text()
     program = hlo.parse(text)
     mesh = hlo.MeshLayout(("data", "model"), (4, 2), tuple(d.id for d in jax.devices()[:8]))
     placed = place(program, mesh, None, {d.id: DeviceTopology(d.id, "cpu", 0) for d in jax.devices()})
     names = {c.name: c.op for c in program.collectives}
     places = {n: (*placed.places[n], placed.sizes[n]) for n in placed.places}
+    catalog = Catalog([ProgramPlaces(program.name, module_id(compiled), places)])
     profiler = JaxProfiler(jax)
     loop.run(4, sync=True)
     profiler.start(python=False)
@@ -98,10 +102,10 @@ def main() -> None:
 
     def run_after() -> float:
         t0 = time.perf_counter()
-        trace = read(data, kinds(names, places))
+        trace = read(data, catalog)
         totals = {device: PlacedTotals() for device in trace.segments}
         for device, s in trace.split(trace.trace_ns(t_start), trace.trace_ns(t_end)).items():
-            totals[device].add(s, places, 1e-12)
+            totals[device].add(s, 1e-12)
         return time.perf_counter() - t0
 
     for n in range(args.rounds):  # alternating, the order reversed every other round
@@ -111,11 +115,17 @@ def main() -> None:
         else:
             before.append(run_before())
             after.append(run_after())
+    trace = read(data, catalog)  # what the attribution found: every event placed, bytes per place
+    found = PlacedTotals()
+    for s in trace.split(trace.trace_ns(t_start), trace.trace_ns(t_end)).values():
+        found.add(s, 1e-12)
     step = statistics.median(loop.run(20)[2:])
     extra = statistics.median(after) - statistics.median(before)
     result = {
         "trace_bytes": len(data),
         "places": sorted({p[:3] for p in places.values()}),
+        "placed_bytes": {",".join(k): v for k, v in found.bytes.items()},
+        "unplaced_events": found.unplaced,
         "before_ms": statistics.median(before) * 1e3,
         "after_ms": statistics.median(after) * 1e3,
         "extra_ms": extra * 1e3,

@@ -38,7 +38,7 @@ PROBLEM_REASONS = (
     "back", "jump", "unready", "invalid", "unread", "dropped", "cost", "badput_kinds", "intervals", "programs",
     "communication", "error",
 )  # fmt: skip
-PROFILE_RESULTS = ("taken", "busy", "failed")
+PROFILE_RESULTS = ("taken", "busy", "failed", "skipped")
 # The step histogram's bounds (jaxmon.training.accounting.DURATION_BUCKETS): at 0 before the first step.
 DURATION_BOUNDS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0, 600.0,
@@ -185,5 +185,12 @@ class Births:
                     self.value((key, "placed", place, "bytes"), moved),
                 )
                 for place, (seconds, exposed, moved) in p.placed.items()
+            },
+            copies={
+                direction: (
+                    self.value((key, "copy", direction, "seconds"), seconds),
+                    self.value((key, "copy", direction, "bytes"), moved),
+                )
+                for direction, (seconds, moved) in p.copies.items()
             },
         )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import tarfile
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,3 +28,13 @@ def write_atomically(path: Path, payload: Mapping[str, Any]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def tar_gz(directory: Path) -> bytes:
+    """`directory`'s files as a gzip tar, paths relative to it (`plugins/profile/<run>/<host>.xplane.pb`)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for path in sorted(directory.rglob("*")):
+            if path.is_file():
+                tar.add(path, arcname=str(path.relative_to(directory)))
+    return buf.getvalue()

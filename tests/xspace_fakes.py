@@ -68,9 +68,17 @@ class FakeLine:
     display_name: str = ""
     events: list[tuple[int, int, int, dict[str, StatInput]]] = field(default_factory=list)
 
-    def event(self, name: str, start_us: float, end_us: float, stats: Mapping[str, StatInput] | None = None) -> None:
-        """An event from `start_us` to `end_us` in the trace's clock (its offset is taken from the line's start)."""
-        mid = self.plane.event_id(name)
+    def event(
+        self,
+        name: str,
+        start_us: float,
+        end_us: float,
+        stats: Mapping[str, StatInput] | None = None,
+        key: str | None = None,
+    ) -> None:
+        """An event from `start_us` to `end_us` in the trace's clock (its offset is taken from the line's start);
+        `key` names its metadata where two share a name (a TPU op of two programs)."""
+        mid = self.plane.event_id(name, key=key)
         start_ps = round(start_us * 1_000_000) - self.timestamp_ns * 1000
         self.events.append((mid, start_ps, round((end_us - start_us) * 1_000_000), dict(stats or {})))
 
@@ -93,20 +101,24 @@ class FakePlane:
     event_ids: dict[str, int] = field(default_factory=dict)
     event_metadata_stats: dict[str, dict[str, StatInput]] = field(default_factory=dict)
     stat_ids: dict[str, int] = field(default_factory=dict)
+    event_names: dict[str, str] = field(default_factory=dict)  # metadata key -> name, where they differ
 
     def line(self, name: str, *, id: int | None = None, timestamp_ns: int = 0, display_name: str = "") -> FakeLine:
         line = FakeLine(self, len(self.lines) + 1 if id is None else id, name, timestamp_ns, display_name)
         self.lines.append(line)
         return line
 
-    def event_id(self, name: str, stats: Mapping[str, StatInput] | None = None) -> int:
+    def event_id(self, name: str, stats: Mapping[str, StatInput] | None = None, key: str | None = None) -> int:
         """The event metadata id of `name` (made on first use; ids from 1, as XPlaneBuilder's), with stats that
-        every event of that name shares (`hlo_category` on a TPU op)."""
-        if name not in self.event_ids:
-            self.event_ids[name] = len(self.event_ids) + 1
+        every event of that name shares (`hlo_category` on a TPU op); `key` (default: the name) tells apart two
+        metadata of one name (a TPU op of two programs)."""
+        key = name if key is None else key
+        self.event_names[key] = name
+        if key not in self.event_ids:
+            self.event_ids[key] = len(self.event_ids) + 1
         if stats:
-            self.event_metadata_stats.setdefault(name, {}).update(stats)
-        return self.event_ids[name]
+            self.event_metadata_stats.setdefault(key, {}).update(stats)
+        return self.event_ids[key]
 
     def stat_id(self, name: str) -> int:
         if name not in self.stat_ids:
@@ -132,8 +144,9 @@ class FakePlane:
         lines = b"".join(_delimited(3, line.encode()) for line in self.lines)
         stats = b"".join(_delimited(6, self.stat(k, v)) for k, v in self.stats.items())  # registers stat names
         event_meta = b""
-        for name, mid in self.event_ids.items():
-            meta_stats = self.event_metadata_stats.get(name, {})
+        for key, mid in self.event_ids.items():
+            meta_stats = self.event_metadata_stats.get(key, {})
+            name = self.event_names.get(key, key)
             body = (
                 _int(1, mid) + _str(2, name) + b"".join(_delimited(5, self.stat(k, v)) for k, v in meta_stats.items())
             )
@@ -181,6 +194,8 @@ class Kernel:
     end_us: float
     hlo_op: str = ""
     memcpy: str = ""  # memcpy_details, e.g. "kind_src:device kind_dst:pinned num_bytes:4096"
+    module: str = ""  # its program (hlo_module, program_id stats): the space's module and 17 by default
+    program_id: int = 17
 
 
 START_UNIX_NS = 1_796_205_901_732_605_833  # a profile_start_time as jax 0.10.2 wrote one
@@ -217,7 +232,8 @@ def gpu_space(
             for k in on_stream:
                 stats: dict[str, StatInput] = {"correlation_id": Uint(len(line.events) + 100), "group_id": 0}
                 if k.hlo_op:
-                    stats.update({"hlo_op": Ref(k.hlo_op), "hlo_module": Ref(module), "program_id": 17})
+                    stats.update({"hlo_op": Ref(k.hlo_op), "hlo_module": Ref(k.module or module),
+                                  "program_id": k.program_id})  # fmt: skip
                     ops.event(k.hlo_op, k.start_us, k.end_us, {"hlo_module": module})
                 if k.memcpy:
                     stats["memcpy_details"] = k.memcpy
@@ -244,6 +260,11 @@ class TpuOp:
     end_us: float
     category: str
     asynchronous: bool = False
+    # Its program: `XLA Modules` names it `module(program_id)` over its ops' span (by default the space's module and
+    # 12190760917235803885); `bare`: its metadata carries no program_id (only the span tells).
+    module: str = ""
+    program_id: int = 12190760917235803885
+    bare: bool = False
 
 
 def tpu_space(
@@ -258,12 +279,26 @@ def tpu_space(
         plane.stats.update({"core_details": b"\x08\x01", "peak_teraflops_per_second": 918.0})
         first = min(o.start_us for o in ops)
         last = max(o.end_us for o in ops)
-        plane.line("XLA Modules", id=1).event(f"{module}(12190760917235803885)", first, last, {"run_id": 3})
+        runs = plane.line("XLA Modules", id=1)
+        programs: dict[tuple[str, int], list[TpuOp]] = {}
+        for op in ops:
+            programs.setdefault((op.module or module, op.program_id), []).append(op)
+        if len(programs) == 1:
+            runs.event(f"{module}(12190760917235803885)", first, last, {"run_id": 3})
+        else:  # each program's run over its ops' span
+            for (name, program), its in sorted(programs.items(), key=lambda kv: min(o.start_us for o in kv[1])):
+                start, end = min(o.start_us for o in its), max(o.end_us for o in its)
+                runs.event(f"{name}({program})", start, end, {"run_id": 3})
         sync = plane.line("XLA Ops", id=2, timestamp_ns=1_000)
         asynchronous = plane.line("Async XLA Ops", id=3, timestamp_ns=1_000)
         plane.line("XLA TraceMe", id=4).event("ExecuteOnDevice", 0, profile_us)
         for op in ops:
-            plane.event_id(op.name, {"hlo_category": op.category, "program_id": Uint(12190760917235803885)})
-            (asynchronous if op.asynchronous else sync).event(op.name, op.start_us, op.end_us, {"run_id": 3})
+            key = f"{op.name}@{op.program_id}"
+            meta: dict[str, StatInput] = {"hlo_category": op.category}
+            if not op.bare:
+                meta["program_id"] = Uint(op.program_id)
+            plane.event_id(op.name, meta, key=key)
+            line = asynchronous if op.asynchronous else sync
+            line.event(op.name, op.start_us, op.end_us, {"run_id": 3}, key=key)
     space.task_environment(START_UNIX_NS, START_UNIX_NS + profile_us * 1000)
     return space.encode()

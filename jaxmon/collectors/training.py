@@ -98,8 +98,8 @@ class TrainingOptions(CollectorOptions):
         default_factory=list,
         max_length=MAX_DECLARED_KINDS,
         description="Your badput() kinds, declared up front so that their series exist at 0 from start() or "
-        "publish() (jaxmon_training_badput_seconds_total{kind}); one not declared is born at its first booking, "
-        "held at 0 for one scrape.",
+        "publish() (jaxmon_training_badput_seconds_total{kind}); one not declared is born at 0 at its first open, "
+        "and counts its seconds from its close (after a scrape served the 0).",
     )
 
     def tracker_config(self) -> TrackerConfig:

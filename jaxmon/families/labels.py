@@ -357,6 +357,14 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
         "device, platform, workload, process_index, process_count, host, op, axes, link (+ pod, namespace, container)",
         "sampled traces' events x the compiled HLO's bytes per execution",
     ),
+    "jaxmon_training_profile_copy_seconds": (
+        "device, platform, workload, process_index, process_count, host, direction (+ pod, namespace, container)",
+        "sampled traces: the copy part by each copy event's direction",
+    ),
+    "jaxmon_training_profile_copy_bytes": (
+        "device, platform, workload, process_index, process_count, host, direction (+ pod, namespace, container)",
+        "sampled traces: GPU memcpy events' sizes",
+    ),
     "jaxmon_workload_info": (
         "workload, process_index, host, pid, jax_version (+ pod, namespace, node, slurm_job_id where set)",
         "spool; the process",

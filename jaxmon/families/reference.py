@@ -157,6 +157,7 @@ def _training() -> list[Entry]:
     rest += [training.COLLECTIVE_BYTES, training.PROGRAM_PEAK_MEMORY, training.LINK_BANDWIDTH]
     rest += [training.PROFILES, training.PROFILED, training.PROFILE_PARTS, training.PROFILE_COLLECTIVES]
     rest += [training.PROFILE_EXPOSED, training.PROFILE_COLLECTIVE_BYTES]
+    rest += [training.PROFILE_COPY_SECONDS, training.PROFILE_COPY_BYTES]
     return [*_entries(specs), Entry(training.DURATION, "histogram"), *_entries(rest)]
 
 
@@ -330,20 +331,27 @@ sidecar** (`jaxmon.publish()`, and `jaxmon serve --collector.spool.dir`), **side
 
 **Counters are born at zero**, so that `rate()` and `increase()` see every second of them (Prometheus cannot see a
 series' first value). From `start()` or `publish()` on, before the first step, a workload process exports at 0: the
-steps, examples and tokens, host wait and productive seconds, the step histogram, each built-in badput kind
-(startup, compile, checkpoint, restore, host, restart, stall) and the kinds declared in
-`collector.training.badput_kinds`, every tracking problem's reason, every sampled-trace result and each device's
-sampled parts (where sampling is on), and the compile counters. A series that cannot exist before its first event is
-exported at 0 for at least one scrape before it counts: a badput kind not declared (from its first booking), the
-model and hardware FLOPs and accessed bytes of a device (from the first step that gives them), collective bytes of a
-program's (op, axes) (once jaxmon's thread has analysed it), a sampled collective op (from the sample that first
-saw it). Every new counter series is held at 0 until a scrape has served it, then counts whole: an embedded
-exporter's and a spooled process's alike (the spool's daemon holds them, per process: a restarted process's series
-start at 0, a counter reset Prometheus sees, even where it compiled the same programs as the process before it).
-A scrape is any `/metrics` render (`collect[]` too): where `jaxmon top` or a second Prometheus reads the same
-exporter, the first one's scrape frees the series, and so does a scrape Prometheus gave up on (its scrape_timeout).
-To join the processes of one workload across restarts, use `jaxmon_training_start_time_seconds`: each process's
-own, its value changes at each restart (`changes(jaxmon_training_start_time_seconds[1h])` counts them).
+steps, examples and tokens, host wait and productive seconds, the step histogram, each built-in badput kind (startup,
+compile, checkpoint, restore, host, restart, stall) and the kinds declared in `collector.training.badput_kinds`, every
+tracking problem's reason, every sampled-trace result and each device's sampled parts (where sampling is on), and the
+compile counters. A series that cannot exist before its first event is exported at 0 for at least one scrape before it
+counts: a badput kind not declared (from its first open: its seconds count once it closed and a scrape served the 0),
+the model and hardware FLOPs and accessed bytes of a device (from the first step that gives them), collective bytes of a
+program's (op, axes) (once jaxmon's thread has analysed it), a sampled collective op (from the sample that first saw
+it). Every new counter series is held at 0 until a scrape has served it, then counts whole: an embedded exporter's and a
+spooled process's alike (the spool's daemon holds them, per process: a restarted process's series start at 0, a counter
+reset Prometheus sees, even where it compiled the same programs as the process before it). A scrape is any `/metrics`
+render (`collect[]` too): where `jaxmon top` or a second Prometheus reads the same exporter, the first one's scrape
+frees the series, and so does a scrape Prometheus gave up on (its scrape_timeout). To join the processes of one workload
+across restarts, use `jaxmon_training_start_time_seconds`: each process's own, its value changes at each restart
+(`changes(jaxmon_training_start_time_seconds[1h])` counts them). In the OpenMetrics exposition (a scraper that sends
+`Accept: application/openmetrics-text`, as Prometheus does) every training counter and the step histogram carry
+`_created`, as client_python writes it: the process's `jaxmon_training_start_time_seconds`, from which each of them
+counts (a series born later read 0 until then); jaxmon's other counters carry none (they count from the exporter's
+`process_start_time_seconds`). The text format has no `_created`. A Prometheus that does not ingest created timestamps
+(2.42, as Debian packages it, does not; newer ones do behind a feature flag) stores each as a series of its own
+(`jaxmon_training_steps_created`), as it does client_python's; a `metric_relabel_configs` rule dropping
+`__name__=~"jaxmon_training_.*_created"` keeps them out.
 
 **Goodput and throughput** are recorded by deploy/prometheus/job.yml ([job rules](job-rules.md)) once per workload:
 `jaxmon:training_goodput_ratio:rate5m` (productive / (productive + every badput kind), summed over the job's

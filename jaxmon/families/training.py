@@ -125,7 +125,10 @@ PROBLEMS = Spec(
     "badput() block of a kind past the 10th, counted as other), intervals (closed badput intervals past 10 000 since "
     "the last completed step, dropped), programs (a tracked function's program whose cost was forgotten past 256 "
     "programs), communication (a program's HLO or memory analysis failed, or too many waited for it: that program "
-    "adds no collective bytes nor peak memory), error (a bug of the waiter's).",
+    "adds no collective bytes nor peak memory), link_<why> (collectives whose link is not known: docs/placement.md), "
+    "trace_ambiguous and trace_unnamed (sampled-trace events of an analysed collective instruction counted under "
+    'link="unknown": analysed programs of the event\'s module name disagree on its place, or the trace does not say '
+    "which program the event is of), error (a bug of the waiter's).",
     counter=True,
 )
 LOSS = Spec(
@@ -175,10 +178,26 @@ PROFILE_COLLECTIVE_BYTES = Spec(
     "rate(bytes) / rate(jaxmon_training_profile_collective_seconds_total) is the achieved bus bandwidth.",
     counter=True,
 )
+PROFILE_COPY_SECONDS = Spec(
+    "jaxmon_training_profile_copy_seconds",
+    "The copy part of jaxmon_training_profile_seconds_total (copies running and nothing else) on this device in the "
+    "sampled steps, by direction: host_to_device, device_to_host, device_to_device (a GPU's MemcpyD2D and "
+    "MemcpyP2P: the cross-device copy of an operation on arrays of two devices), other (a copy whose direction the "
+    "trace does not say: a TPU's copy-start/copy-done); copies running at once each count it.",
+    counter=True,
+)
+PROFILE_COPY_BYTES = Spec(
+    "jaxmon_training_profile_copy_bytes",
+    "Bytes of the copies of this direction that started inside the sampled steps on this device, where the trace "
+    "says them (a GPU's memcpy events' size); none where it does not (CPU devices, TPUs).",
+    counter=True,
+)
 PROFILES = Spec(
     "jaxmon_training_profiles",
     "Sampled traces by result: taken, busy (the user was profiling: jaxmon took none, or ended its own when the "
-    "user's trace started), failed (no step of the block was traced whole, or the trace could not be read).",
+    "user's trace started), failed (no step of the block was traced whole, or the trace could not be read), "
+    "skipped (the block's steps held named badput: an eval, a checkpoint, a compilation; tried again on the next "
+    "clean steps).",
     counter=True,
 )
 
@@ -218,6 +237,7 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
         for s in (PROFILES, PROFILED, PROFILE_PARTS, PROFILE_COLLECTIVES, PROFILE_EXPOSED, PROFILE_COLLECTIVE_BYTES)
     )
     loss, loss_step = LOSS.new(), LOSS_STEP.new()
+    copy_seconds, copy_bytes = PROFILE_COPY_SECONDS.new(), PROFILE_COPY_BYTES.new()
     for labels, r in rows:
         add(steps, labels, r.steps_total)
         if r.step is not None:
@@ -276,6 +296,11 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
                     if p.placed:
                         add(exposed, where, hidden)
                         add(profile_bytes, where, moved)
+                for direction, (seconds, moved) in sorted(p.copies.items()):
+                    add(copy_seconds, {**per_device, "direction": direction}, seconds)
+                    if moved:
+                        add(copy_bytes, {**per_device, "direction": direction}, moved)
     yield from (steps, step, dispatched, last, duration, examples, tokens, model, hardware, nbytes, peak, mfu, hfu)
     yield from (loss, loss_step, host_wait, start_time, productive, badput, problems, collective_bytes, peak_memory)
     yield from (bandwidth, profiles, profiled, parts, profile_collectives, exposed, profile_bytes)
+    yield from (copy_seconds, copy_bytes)

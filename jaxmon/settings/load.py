@@ -16,7 +16,7 @@ from argparse import ArgumentParser
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_origin
 
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import CliSettingsSource
@@ -165,7 +165,7 @@ def _environment(model: type[BaseModel], environ: Mapping[str, str]) -> _Read:
             read.problems.append(f"{var}: no such setting{suggestion(var.upper(), names)}")
             continue
         value: Any = environ[var]
-        if isinstance(target, type):
+        if isinstance(target, type) or get_origin(target.annotation) is list:  # a section, or a list
             value = _json_or_text(value)
         _set(read.data, path, value)
         read.origins[path] = Given("environment", var)

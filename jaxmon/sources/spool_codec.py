@@ -81,6 +81,7 @@ def spool_training(reading: TrainingReading, now: float) -> SpoolTraining:
             {"op": op, "axes": axes, "link": link, "seconds": t, "exposed_seconds": e, "bytes": n}
             for (op, axes, link), (t, e, n) in sorted(device["placed"].items())
         ]
+        device["copies"] = {k: {"seconds": t, "bytes": n} for k, (t, n) in sorted(device["copies"].items())}
     return SpoolTraining.model_validate(fields)
 
 
@@ -192,6 +193,7 @@ def training_reading(spooled: SpoolTraining, time: float) -> TrainingReading:
                             (c["op"], c["axes"], c["link"]): (c["seconds"], c["exposed_seconds"], c["bytes"])
                             for c in d["placed"]
                         },
+                        "copies": {k: (c["seconds"], c["bytes"]) for k, c in d["copies"].items()},
                     }
                 )
                 for d in profile["devices"]

@@ -117,6 +117,16 @@ class SpoolPlacedCollective(SpoolCollectiveBytes):
     exposed_seconds: NonNegative = 0.0
 
 
+class SpoolCopy(BaseModel):
+    """A sampled trace's copies of one direction on one device: the `copy` part's seconds and the bytes (where the
+    trace says them)."""
+
+    model_config = _MODEL
+
+    seconds: NonNegative = 0.0
+    bytes: NonNegative = 0.0
+
+
 class SpoolDeviceTraining(BaseModel):
     """One device's training FLOPs and utilization (schema 2)."""
 
@@ -149,6 +159,9 @@ class SpoolDeviceProfile(BaseModel):
     parts: dict[Literal["compute", "collective", "copy", "idle"], NonNegative] = Field(default_factory=dict)
     collectives: dict[Kind, NonNegative] = Field(default_factory=dict, max_length=16)
     placed: list[SpoolPlacedCollective] = Field(default_factory=list, max_length=1024)
+    copies: dict[Literal["host_to_device", "device_to_host", "device_to_device", "other"], SpoolCopy] = Field(
+        default_factory=dict
+    )
 
 
 class SpoolProfile(BaseModel):
@@ -156,7 +169,7 @@ class SpoolProfile(BaseModel):
 
     model_config = _MODEL
 
-    results: dict[Literal["taken", "busy", "failed"], Count] = Field(default_factory=dict)
+    results: dict[Literal["taken", "busy", "failed", "skipped"], Count] = Field(default_factory=dict)
     devices: list[SpoolDeviceProfile] = Field(default_factory=list, max_length=4096)
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxmon.threads import PREFIX, Worker
+from jaxmon.training.trace_links import Catalog, ProgramPlaces
 from jaxmon.xla.hlo import MeshLayout
 
 # Programs waiting for their analysis at most (each holds its compiled object until then); past it a new program is
@@ -30,8 +31,8 @@ THREAD_NAME = PREFIX + "programs"
 # (op, axes, link) series per device at most: 7 ops x the axis combinations a mesh's programs use (one link each)
 # are a handful; a new one past this many is not counted (the spool carries at most 1024).
 MAX_PAIRS = 256
-# Collective instruction names kept for the sampled traces at most (a large program has hundreds; MAX_PROGRAMS are
-# kept): past it a new name is not learnt, and its events are classified by their name's opcode as without any.
+# Collective instructions kept for the sampled traces at most (a large program has hundreds; MAX_PROGRAMS are
+# kept): past it a new program's are not learnt, and its events are classified by their name's opcode as without.
 MAX_NAMES = 16384
 # Programs whose calls wait for their analysis at most (book()): those queued (MAX_QUEUED) and the few whose
 # analysis failed or was never submitted.
@@ -55,7 +56,9 @@ class Communication:
     convention (jaxmon.xla.hlo; axes comma-joined, "" without a mesh; link: jaxmon.training.links), and XLA's
     predicted peak memory. `collective_names`: the program's collective instructions by name, with their op (what a
     sampled trace's events are named by: jaxmon.xla.profile.read); `places`: each one's (op, axes, link), `sizes` its
-    bytes per device and execution; `unknown_links`: its collectives whose link could not be read, by why."""
+    bytes per device and execution; `unknown_links`: its collectives whose link could not be read, by why; `module`
+    its HLO module's name and `program_id` the id a trace's events of it carry (None: not known, or the platform's
+    traces use another), which tell its instructions from another program's of the same names."""
 
     collective_bytes: Mapping[tuple[str, str, str], float]
     peak_memory: int | None
@@ -64,6 +67,8 @@ class Communication:
     places: Mapping[str, tuple[str, str, str]] = field(default_factory=dict)
     sizes: Mapping[str, float] = field(default_factory=dict)
     unknown_links: Mapping[str, int] = field(default_factory=dict)
+    module: str = ""
+    program_id: int | None = None
 
 
 # What a program whose analysis failed (or was never made) contributes: no bytes, no peak.
@@ -159,35 +164,38 @@ class Analyzer:
 
 
 class CollectiveNames:
-    """The collective instructions of every analysed program by name, with their op: the analysis thread adds a
-    program's; the sampler's thread reads them all (a copy) when it classifies a trace's events. `places()`: each
-    one's (op, axes, link) and bytes per execution, where the analysis placed it."""
+    """The collective instructions of every analysed program, placed, per program: the analysis thread adds a
+    program's; the sampler's thread reads them (`catalog()`, rebuilt only when a program was added) when it
+    classifies a trace's events (jaxmon.training.trace_links)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._names: dict[str, str] = {}
-        self._places: dict[str, tuple[str, str, str, float]] = {}
+        self._programs: list[ProgramPlaces] = []
+        self._names = 0
+        self._catalog: Catalog | None = Catalog()
 
     def analysed(self, program: Any, communication: Communication) -> None:
-        """The Analyzer's `done`: learn the program's names, then store its result on it (an attribute write the
+        """The Analyzer's `done`: learn the program's places, then store its result on it (an attribute write the
         waiter sees whole: the old None or this)."""
+        places = {name: (*place, communication.sizes.get(name, 0.0)) for name, place in communication.places.items()}
         with self._lock:
-            for name, op in communication.collective_names.items():
-                if name in self._names or len(self._names) < MAX_NAMES:
-                    self._names[name] = op
-                    place = communication.places.get(name)
-                    if place is not None:
-                        self._places[name] = (*place, communication.sizes.get(name, 0.0))
+            if places and self._names + len(places) <= MAX_NAMES:
+                self._programs.append(ProgramPlaces(communication.module, communication.program_id, places))
+                self._names += len(places)
+                self._catalog = None
         program.communication = communication
 
-    def __call__(self) -> dict[str, str]:
+    def programs(self) -> list[ProgramPlaces]:
+        """The analysed programs' places, in the order analysed."""
         with self._lock:
-            return dict(self._names)
+            return list(self._programs)
 
-    def places(self) -> dict[str, tuple[str, str, str, float]]:
-        """Instruction name -> (op, axes, link, bytes per device and execution)."""
+    def catalog(self) -> Catalog:
+        """The places of every analysed program, by program and instruction."""
         with self._lock:
-            return dict(self._places)
+            if self._catalog is None:
+                self._catalog = Catalog(self._programs)
+            return self._catalog
 
 
 class WindowMax:

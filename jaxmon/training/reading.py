@@ -59,6 +59,9 @@ class DeviceProfile:
     collectives: Mapping[str, float] = field(default_factory=dict)
     # (op, axes, link) -> (seconds run, exposed seconds, bytes of its events in the windows): trace_links
     placed: Mapping[tuple[str, str, str], tuple[float, float, float]] = field(default_factory=dict)
+    # copy direction (host_to_device, device_to_host, device_to_device, other) -> (seconds of the `copy` part,
+    # bytes where the trace says them): trace_links
+    copies: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,12 @@
 collective, copy and idle time (jaxmon.xla.profile), and traces on demand (`/debug/trace`).
 
 Which steps: a block starts at each step number that is a multiple of `every`, at most one per `min_seconds` of Unix
-time (period_began), so every process of a job traces the same step numbers. The trace starts when step `n0 - LEAD`
-is handed to `jaxmon.step()` (the training thread only notes the request: a modulo and, once per sample, a notify);
-step `n0`'s window (step `n0 - 1`'s completion to its own) begins after the trace did. The trace stops once the
-waiter booked the block's last completion. Start, stop and parse run on this module's thread (`jaxmon-profile`).
+time (blocks.period_began), so every process of a job traces the same step numbers; a block whose steps hold named
+badput (an eval, a save, a compile) is dropped, counted `skipped`, and tried again on the next clean steps
+(jaxmon.training.blocks). The trace starts when step `n0 - LEAD` is handed to `jaxmon.step()` (the training thread
+only notes the request: a modulo, a comparison and, once per sample, a notify); step `n0`'s window (step `n0 - 1`'s
+completion to its own) begins after the trace did. The trace stops once the waiter booked the block's last
+completion. Start, stop and parse run on this module's thread (`jaxmon-profile`), never on the training thread.
 
 Nothing here imports JAX: `Profiler` (jaxmon.sources.local.profiler.JaxProfiler) starts and stops the sessions, and
 says `Busy` when the user (or another tool) is profiling; jaxmon then counts the sample `busy` and leaves the user's
@@ -14,63 +16,38 @@ session alone, and a user's trace started while jaxmon's runs ends jaxmon's firs
 
 from __future__ import annotations
 
-import io
-import tarfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
+from jaxmon.files import tar_gz
 from jaxmon.logsetup import ErrorLog
 from jaxmon.threads import Worker
+from jaxmon.training.blocks import LEAD, Blocks, block_start, period_began, traced_steps
 from jaxmon.training.handed import Profiler, SamplerConfig, TrainingOps
 from jaxmon.training.reading import DeviceProfile, ProfileReading
-from jaxmon.training.trace_links import PlacedTotals, kinds, place_of
-from jaxmon.xla.profile import Trace, read
+from jaxmon.training.trace_links import Catalog, PlacedTotals, splits
+from jaxmon.xla.profile import read
 
 log = structlog.get_logger("jaxmon.training.sampler")
 
-RESULTS = ("taken", "busy", "failed")
-# The trace starts when step n0 - LEAD is handed: step n0 - 1 may be dispatched right after, and its completion
-# (the start of n0's window) must come after the trace started.
-LEAD = 2
+__all__ = ["LEAD", "RESULTS", "Busy", "Off", "Sampler", "block_start", "sampler_for", "traced_steps"]
+
+RESULTS = ("taken", "busy", "failed", "skipped")
 # A sample the job does not finish (it stopped stepping, or steps take long) ends after this many seconds at least,
 # and after 4x the block's expected time (the last step's duration x (steps + LEAD)) at most.
 MIN_TIMEOUT = 60.0
 # On demand (/debug/trace): at most this many steps and seconds; a request waits this long for the steps at most.
 MAX_DEMAND_STEPS, MAX_DEMAND_SECONDS, DEMAND_STEP_TIMEOUT = 100, 60.0, 300.0
-PS = 1e-12
 
 
 class Busy(Exception):
     """The user (or another tool) is profiling: jaxmon takes no trace now, or ended its own to let the user's run."""
-
-
-def block_start(handed: int, every: int) -> int | None:
-    """The first step of the block whose trace starts when step `handed` is handed, or None: blocks start at the
-    multiples of `every` (the same in every process of a job)."""
-    if every <= 0:
-        return None
-    n0 = handed + LEAD
-    return n0 if n0 % every == 0 and n0 > 0 else None
-
-
-def period_began(previous: int | None, wall_ns: int, min_seconds: float) -> tuple[bool, int]:
-    """At most one sample per `min_seconds` of Unix time: whether a block starting at `wall_ns` is traced (a period
-    began since the last block start, in period `previous`; None: the first block), and its period. Every process of
-    a job sees a period begin between the same two block starts (but within their clocks' skew: such an edge block
-    may differ once, the next period agrees again)."""
-    period = wall_ns // max(round(min_seconds * 1e9), 1)
-    return previous is None or period != previous, period
-
-
-def traced_steps(n0: int, steps: int) -> range:
-    """The step numbers of the block starting at `n0`."""
-    return range(n0, n0 + steps)
 
 
 @dataclass
@@ -91,22 +68,29 @@ class Sampler:
         self,
         profiler: Profiler,
         config: SamplerConfig,
-        collectives: Callable[[], Mapping[str, str]] | None = None,
+        collectives: Callable[[], Catalog] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_ns: Callable[[], int] = time.time_ns,
+        problem: Callable[..., None] | None = None,
     ) -> None:
         """`clock` is the tracker's monotonic clock (its completions are on it); `wall_ns` the Unix clock the trace
-        is related to; `collectives` names the tracked programs' collective instructions (jaxmon.xla.hlo)."""
+        is related to; `collectives` places the tracked programs' collective instructions (trace_links.Catalog);
+        `problem` the tracker's (reason, event, times=): counts the events of analysed instructions that could not
+        be placed, by why (reason="trace_<why>")."""
         self.profiler = profiler
         self.config = config
         self._collectives = collectives
+        self._problem = problem
         self._clock = clock
         self._wall_ns = wall_ns
         self._errors = ErrorLog(log, 3600.0)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._request: int | None = None  # the block to trace, asked for by handed()
+        self._queued = False  # the request came while a sample was under way
         self._block: int | None = None  # the block being traced
+        self._blocks = Blocks(config.every, config.steps)  # which blocks, off badput steps (blocks.py)
+        self._modulus = config.every if config.every > 0 else 1 << 62  # off: no step number a multiple of it
         # (number, completion) of the last steps: the block's and the one before it, with room for the steps that
         # complete before this thread wakes up to stop the trace.
         self._done: deque[tuple[int, float]] = deque(maxlen=config.steps + LEAD + 64)
@@ -123,18 +107,25 @@ class Sampler:
     # -- the tracker's hooks ------------------------------------------------------------------------------
 
     def handed(self, number: int) -> None:
-        """Step `number` was handed to jaxmon.step() (the training thread, every step: a modulo, no lock)."""
-        n0, every = number + LEAD, self.config.every
-        if every <= 0 or n0 % every or n0 <= 0:
+        """Step `number` was handed to jaxmon.step() (the training thread: O(1), no JAX, no call, no lock but once per
+        sample and its retries)."""
+        n0 = number + LEAD  # block_start() inlined, and the retry (blocks.py): no call on the common path
+        if n0 % self._modulus and n0 != self._blocks.retry:
             return
-        if self.config.min_seconds > 0:
+        if n0 <= 0 or self.config.every <= 0:
+            return
+        if self.config.min_seconds > 0 and n0 != self._blocks.retry:  # a retry belongs to its regular block's period
             began, self._period = period_began(self._period, self._wall_ns(), self.config.min_seconds)
             if not began:
                 return
         with self._lock:
-            if self._request is None and self._block is None:
-                self._request = n0
-                self._wake.notify_all()
+            if self._request is None:  # the sample under way, if one, ends within its steps: this one comes next
+                if self._blocks.begin(n0):
+                    self._request, self._queued = n0, self._block is not None
+                    self._wake.notify_all()
+                else:  # a badput() block still open covers it: no trace
+                    self._results["skipped"] += 1
+                    self._blocks.finish(n0)
 
     def completed(self, done: Sequence[tuple[int, float]]) -> None:
         """The waiter booked these steps (number, completion on the tracker's clock), a batch in order."""
@@ -153,6 +144,19 @@ class Sampler:
             self._completions += len(done)
             self._wake.notify_all()
 
+    def badput(self, kind: str, key: Hashable, handed: int | None, whole: bool) -> None:
+        """An interval of named badput opened (or was recorded `whole`) after step `handed` was handed: a sample
+        whose steps it marks is dropped (blocks.py). Called per interval, never per step."""
+        with self._lock:
+            self._blocks.opened(kind, key, handed, whole)
+            if self._block is not None and self._blocks.marked(self._block):
+                self._wake.notify_all()  # the sample under way is dropped: end its trace now
+
+    def closed(self, key: Hashable, handed: int | None) -> None:
+        """The open interval `key` closed after step `handed` was handed."""
+        with self._lock:
+            self._blocks.closed(key, handed)
+
     # -- the sampler's thread -----------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -164,6 +168,10 @@ class Sampler:
                 if n0 is None or self._stopping:
                     return
                 self._block, self._request = n0, None
+                if self._queued and self._done and self._done[-1][0] >= n0 - 1:  # the last one ended too late
+                    self._block = None
+                    self._blocks.finish(n0)
+                    continue
             try:
                 self._sample(n0)
             except Exception as exc:  # a bug here must not end the sampling (nor reach training)
@@ -172,6 +180,7 @@ class Sampler:
             finally:
                 with self._lock:
                     self._block = None
+                    self._blocks.finish(n0)
 
     def _count(self, result: str) -> None:
         with self._lock:
@@ -192,7 +201,7 @@ class Sampler:
                 self._back = False
                 expected = (self._last_duration or 0.0) * (self.config.steps + LEAD)
                 deadline = started + max(MIN_TIMEOUT, 4 * expected)
-                while not self._stopping and not self._finished(last):
+                while not self._stopping and not self._finished(last) and not self._blocks.marked(n0):
                     left = deadline - self._clock()
                     if left <= 0:
                         break
@@ -209,6 +218,10 @@ class Sampler:
             self._session.release()
         if self._stopping:
             return  # stopped inside the block: its steps did not all come, and the exit need not wait for a parse
+        with self._lock:
+            if self._blocks.marked(n0):  # named badput in its steps: dropped unread, tried again on clean steps
+                self._results["skipped"] += 1
+                return
         windows = [
             (books[k - 1], books[k]) for k in traced_steps(n0, self.config.steps) if k - 1 in books and k in books
         ]
@@ -220,8 +233,7 @@ class Sampler:
 
     def _book(self, n0: int, data: bytes, windows: list[tuple[int, int]]) -> None:
         """Split the trace over the steps' windows (Unix ns) and add each device's parts to the totals."""
-        names, places = self._known_collectives()
-        trace = read(data, kinds(names or {}, places))
+        trace = read(data, self._catalog())
         lo, hi = trace.extent_ns()
         inside = [(trace.trace_ns(a), trace.trace_ns(b)) for a, b in windows]
         inside = [(a, b) for a, b in inside if lo <= a <= b <= hi]
@@ -236,8 +248,9 @@ class Sampler:
                 steps=len(windows),
             )
             return
-        add = _splits(trace, inside, places)
+        add = splits(trace, inside)
         keys = self.profiler.devices()
+        unplaced: dict[str, int] = {}
         with self._lock:
             for device, (seconds, parts, collectives, placed) in add.items():
                 totals = self._totals.setdefault(keys.get(device, device), _Totals(collectives={}))
@@ -250,17 +263,25 @@ class Sampler:
                 for op, value in collectives.items():
                     totals.collectives[op] = totals.collectives.get(op, 0.0) + value
                 totals.placed.merge(placed)
+                for why, count in placed.unplaced.items():
+                    unplaced[why] = unplaced.get(why, 0) + count
             self._results["taken"] += 1
+        for why, count in sorted(unplaced.items()):
+            if self._problem is not None:
+                self._problem(
+                    f"trace_{why}",
+                    'sampled collective events of analysed instructions not placed: axes="", link="unknown"',
+                    times=count,
+                )
 
-    def _known_collectives(self) -> tuple[Mapping[str, str] | None, Mapping[str, tuple[str, str, str, float]]]:
-        """The tracked programs' collective instructions: name -> op, and name -> (op, axes, link, bytes)."""
+    def _catalog(self) -> Catalog:
+        """The tracked programs' collective instructions, placed (none: events classified by their opcode)."""
         if self._collectives is None:
-            return None, {}
+            return Catalog()
         try:
-            places = getattr(self._collectives, "places", None)
-            return self._collectives(), places() if places is not None else {}
+            return self._collectives()
         except Exception:
-            return None, {}
+            return Catalog()
 
     # -- traces on demand ---------------------------------------------------------------------------------
 
@@ -296,6 +317,12 @@ class Sampler:
 
     # -- reading ------------------------------------------------------------------------------------------
 
+    @property
+    def block(self) -> int | None:
+        """The block asked for or traced now (its sample not yet counted), None when none is."""
+        with self._lock:
+            return self._request if self._request is not None else self._block
+
     def reading(self) -> ProfileReading | None:
         """The samples' counts and each device's totals; None when sampling is off (traces on demand only)."""
         if self.config.every <= 0:
@@ -311,6 +338,7 @@ class Sampler:
                         parts={"compute": t.compute, "collective": t.collective, "copy": t.copy, "idle": t.idle},
                         collectives=dict(t.collectives or {}),
                         placed=t.placed.table(),
+                        copies=t.placed.copies(),
                     )
                     for (platform, device), t in sorted(self._totals.items())
                 ),
@@ -332,51 +360,18 @@ class Sampler:
         return (self._worker.thread,)
 
 
-def _splits(
-    trace: Trace, windows: list[tuple[int, int]], places: Mapping[str, tuple[str, str, str, float]]
-) -> dict[tuple[str, int], tuple[float, list[float], dict[str, float], PlacedTotals]]:
-    """Each device's seconds, parts (compute, collective, copy, idle), collective time by op (the sum of its
-    instructions' union times) and by place, summed over the windows (trace ns)."""
-    out: dict[tuple[str, int], tuple[float, list[float], dict[str, float], PlacedTotals]] = {}
-    for t0, t1 in windows:
-        for device, s in trace.split(t0, t1).items():
-            seconds, parts, collectives, placed = out.setdefault(device, (0.0, [0.0] * 4, {}, PlacedTotals()))
-            for i, ps in enumerate((s.compute, s.collective, s.copy, s.idle)):
-                parts[i] += ps * PS
-            for kind, ps in s.collectives.items():
-                op = place_of(kind)[0][0]
-                collectives[op] = collectives.get(op, 0.0) + ps * PS
-            placed.add(s, places, PS)
-            out[device] = (seconds + s.window * PS, parts, collectives, placed)
-    return out
-
-
-def tar_gz(directory: Path) -> bytes:
-    """`directory`'s files as a gzip tar, paths relative to it (`plugins/profile/<run>/<host>.xplane.pb`)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for path in sorted(directory.rglob("*")):
-            if path.is_file():
-                tar.add(path, arcname=str(path.relative_to(directory)))
-    return buf.getvalue()
-
-
 class Off:
     """No usable jax.profiler: hooks that do nothing, and no trace on demand."""
 
     threads: tuple[threading.Thread, ...] = ()
+    block: int | None = None
 
-    def handed(self, number: int) -> None:
-        pass
-
-    def completed(self, done: Sequence[tuple[int, float]]) -> None:
-        pass
-
-    def reading(self) -> None:
-        return None
-
-    def stop(self, timeout: float) -> None:
-        pass
+    def handed(self, number: int) -> None: ...
+    def completed(self, done: Sequence[tuple[int, float]]) -> None: ...
+    def badput(self, kind: str, key: Hashable, handed: int | None, whole: bool) -> None: ...
+    def closed(self, key: Hashable, handed: int | None) -> None: ...
+    def reading(self) -> None: ...
+    def stop(self, timeout: float) -> None: ...
 
     def demand(self, directory: Path, steps: int | None = None, seconds: float | None = None) -> bytes:
         raise RuntimeError("jax.profiler cannot be used in this process (the log said why at start)")
@@ -386,14 +381,16 @@ def sampler_for(
     ops: TrainingOps,
     config: SamplerConfig,
     clock: Callable[[], float],
-    collectives: Callable[[], Mapping[str, str]] | None = None,
+    collectives: Callable[[], Catalog] | None = None,
+    problem: Callable[..., None] | None = None,
 ) -> Sampler | Off:
     """The tracker's sampler (`config.every` 0: traces on demand only); `ops.profiler()`
-    (jaxmon.sources.local.training) makes the JAX side; `collectives` names the tracked programs' collective
-    instructions. Off when this JAX's profiler cannot be used (said once, in the log)."""
+    (jaxmon.sources.local.training) makes the JAX side; `collectives` places the tracked programs' collective
+    instructions; `problem` counts what could not be placed. Off when this JAX's profiler cannot be used (said
+    once, in the log)."""
     try:
         config = SamplerConfig(max(config.every, 0), max(config.steps, 1), max(config.min_seconds, 0.0))
-        return Sampler(ops.profiler(), config, collectives, clock=clock)
+        return Sampler(ops.profiler(), config, collectives, clock=clock, problem=problem)
     except Exception as exc:
         log.warning("no sampled traces: jax.profiler cannot be used here", error=f"{type(exc).__name__}: {exc}")
         return Off()

@@ -67,6 +67,7 @@ class Tracker:
         self._calls: list[Program] = []  # tracked calls since the last step(), one entry a call
         self._intervals = Intervals()  # badput intervals since the last completion (and the open ones)
         self._kinds: set[str] = set()  # the badput() kinds seen, MAX_USER_KINDS at most
+        self._opened: set[str] = set()  # those and OTHER_KIND once it is used: series from their first open
         self._loss_warned = False  # the loss gauge left names out (logged once)
         self._devices = ops.devices()
         self._device_count = max(ops.device_count(), 1)
@@ -86,12 +87,12 @@ class Tracker:
         self._last_ready: tuple[Any, ...] = ()  # the last step's ready (pause() holds it: the training thread's)
         self._max_pending = config.max_pending
         self._held_at = -float("inf")  # when step() last took a step's handles (the tracker's clock)
+        # Sampled traces: told of each step, completion and badput interval; their events named by the programs'
+        # collectives. Made before the listener, which tells it of compilations and Orbax's saves.
+        self.sampler = sampler_for(ops, config.profile, clock, self._collective_names.catalog, self._problem)
         self._unlisten = ops.on_event_duration(self._on_event)
-        # Sampled traces: told of each step and completion; their events named by the programs' collectives.
-        self.sampler = sampler_for(ops, config.profile, clock, self._collective_names)
-        self.waiter = Waiter(
-            self._handed, ops, clock, self._problem, self.last_done, self.book, self._acct.typical_busy
-        )
+        typical = self._acct.typical_busy
+        self.waiter = Waiter(self._handed, ops, clock, self._problem, self.last_done, self.book, typical)
         self._thread = self.waiter.thread
 
     # -- the training thread ------------------------------------------------------------------------------
@@ -221,6 +222,8 @@ class Tracker:
                         kind=kind,
                     )
                     kind = OTHER_KIND
+            if kind not in EVENT_KINDS:
+                self._opened.add(kind)  # born at 0 now, counting from its close (kinds())
             interval = Interval(kind, start, end)
             if dropped := self._intervals.add(interval):
                 self._problem(
@@ -228,12 +231,15 @@ class Tracker:
                     f"more than {MAX_INTERVALS} badput intervals since the last completed step: the oldest are dropped",
                     times=dropped,
                 )
+        # Sampled traces stay off the steps it marks, placed by the last step number handed (sampler.py).
+        self.sampler.badput(kind, id(interval), self._dispatched, end != float("inf"))
         return interval
 
     def close(self, interval: Interval) -> None:
         """The interval ends now."""
         with self._lock:
             interval.end = self._clock()
+        self.sampler.closed(id(interval), self._dispatched)
 
     def now(self) -> float:
         """The tracker's clock."""
@@ -349,6 +355,12 @@ class Tracker:
                 loss=loss,
                 loss_step=books.loss_step if loss else None,
             )
+
+    def kinds(self) -> tuple[str, ...]:
+        """The badput() kinds opened so far (OTHER_KIND past the limit): each exported from its first open, at 0
+        until its time is booked (jaxmon.births.with_zeros)."""
+        with self._lock:
+            return tuple(sorted(self._opened))
 
     def _problem_counts(self) -> dict[str, int]:
         with self._problems_lock:

@@ -143,8 +143,7 @@ class Waiter:
         self.taken = len(batch)
         try:
             hold = batch[-1][6]
-            if batch[-1][1] is MARK:
-                batch.pop()
+            batch = [item for item in batch if item[1] is not MARK]  # a mark is no step: its hold dated those before
             self._book(batch, self._dates(batch, hold), hold)
         finally:
             self.taken = 0

@@ -19,15 +19,19 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
 
+import structlog
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from jaxmon.exposition import Exposition
+from jaxmon.openmetrics_format import CONTENT_TYPE_LATEST as OPENMETRICS
+from jaxmon.openmetrics_format import wants_openmetrics
 from jaxmon.runtime import Runtime
 from jaxmon.web.access import CheckQueue
 from jaxmon.web.profiling import PPROF_PATH, DeviceMemoryProfiles
 from jaxmon.web.reload import WebState
 from jaxmon.web.tracing import TRACE_PATH, Traces
 
+_log = structlog.get_logger("jaxmon.web")
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -190,9 +194,16 @@ class App:
                     f"collect[]: no running collector {', '.join(unknown)} (running: {known})\n".encode(),
                     [],
                 )
-        body = self._exposition.render(want_gzip, selected)
+        openmetrics = wants_openmetrics(_header(scope, b"accept"))
+        try:
+            body = self._exposition.render(want_gzip, selected, openmetrics)
+        except ValueError as exc:  # a family OpenMetrics cannot hold (a user's): the text format still can
+            if not openmetrics:
+                raise
+            _log.error("OpenMetrics exposition failed: the text format is served", error=str(exc)[:200])
+            openmetrics, body = False, self._exposition.render(want_gzip, selected)
         extra = [(b"content-encoding", b"gzip"), (b"vary", b"accept-encoding")] if want_gzip else []
-        return 200, CONTENT_TYPE_PLAIN_0_0_4, body, extra
+        return 200, OPENMETRICS if openmetrics else CONTENT_TYPE_PLAIN_0_0_4, body, extra
 
     def _healthz(self, scope: Scope) -> Response:
         ok, reason = self._runtime.health()

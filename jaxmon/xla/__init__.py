@@ -9,7 +9,7 @@ gave it and keeps what they return.
 - `xspace`: a reader of the serialized XSpace protobuf (tsl's xplane.proto, field numbers in its docstring), on
   the wire format of `wire`;
 - `classify`: which events are compute, collectives (and which kind) or copies, on which local device, per
-  platform (CPU, GPU, TPU layouts);
+  platform (CPU, GPU, TPU layouts); `copies`: a copy's direction and bytes where the trace says them;
 - `intervals`: unions of intervals and the precedence split (compute, exposed collective, copy, idle);
 - `profile`: `read(bytes) -> Trace`, then `Trace.split(t0_ns, t1_ns)` per device.
 

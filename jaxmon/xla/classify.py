@@ -14,7 +14,9 @@ XProf's sources and the line and op names of its TPU test trace):
   `XLA Modules`, `Steps` and the other derived lines repeat the streams' time, and `CUPTI overhead` is the
   profiler's. A kernel is a collective when its name holds "nccl" (XProf's rule) or its `hlo_op` stat names a
   collective (XLA's own collective kernels); `Memcpy*` events (CUPTI's `MemcpyH2D`, `MemcpyD2H`, `MemcpyD2D`,
-  `MemcpyP2P`, `MemcpyOther`) and events with a `memcpy_details` stat are copies; every other kernel (and
+  `MemcpyP2P`, `MemcpyOther`) and events with a `memcpy_details` stat are copies, by direction (`copy_kind`:
+  the event's name, else the details' `kind_src`/`kind_dst`) with their bytes (the details' `size:`, `num_bytes:` in
+  older CUPTI collectors); every other kernel (and
   `Memset`) is compute.
 - TPU: planes `/device:TPU:N`; the `XLA Ops` line holds the TensorCore's ops, nested (a `while`, `call`,
   `conditional` or megacore fusion holds its body's ops: the innermost op owns each instant), and `Async XLA Ops`
@@ -25,7 +27,16 @@ XProf's sources and the line and op names of its TPU test trace):
   `outfeed` and the host send/recv categories are transfers between host and device, i.e. copies; the rest is
   compute (an HLO `copy` on one device included).
 
-HLO ops are named by instruction (`all-reduce.3`, `all-gather-start.1`, `fusion.12`); the opcode is the name up to
+Each op event belongs to a program (module): CPU and GPU op events carry `hlo_module` and `program_id` stats (XLA's
+annotations: the id is the HloModule's unique id, `HloModuleProto.id`: seen on CPU devices, jax 0.10.2); a TPU op's
+event metadata carries `program_id` (a fingerprint, not the module's id: seen on a v5e chip), and the plane's `XLA
+Modules` line names each program as `name(program_id)` over the span it ran. An op without those stats belongs to
+the `XLA Modules` event its start falls in. The caller's names (`Namer`) are asked with the module, the program id
+and the instruction, so that instructions of the same name in two programs are told apart.
+
+HLO ops are named by instruction (`all-reduce.3`, `all-gather-start.1`, `fusion.12`; a TPU op's event is named by
+its whole HLO text, `%fusion.9 = bf16[...] fusion(...)`, whose instruction is the name before ` = `); the opcode is
+the name up to
 its first dot, less `-start`/`-done`, except for the collectives a shard_map or pmap body writes, which keep the JAX
 primitive's name (`psum.7` is an all-reduce); the caller can name every collective instruction from the compiled
 HLO (`jaxmon.xla.hlo`), which no naming convention can miss. A GPU kernel implementing several ops has them
@@ -35,17 +46,24 @@ joined by `::`.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
+from jaxmon.xla.copies import copy_kind
 from jaxmon.xla.hlo import COLLECTIVES
 from jaxmon.xla.intervals import COLLECTIVE, COMPUTE, COPY, Segment, innermost
 from jaxmon.xla.xspace import Plane, XSpace
 
-__all__ = ["COLLECTIVE_OPS", "Device", "collective_kind", "device_segments"]
+__all__ = ["COLLECTIVE_OPS", "Device", "Namer", "collective_kind", "device_segments"]
 
 # (platform, local device ordinal)
 Device = tuple[str, int]
+# The caller's names for the traced programs' instructions: (module name, program id, instruction name), the first two
+# None where the trace does not say, -> the kind its events are classified as (a collective), or None: not an
+# instruction the caller knows (classified by its opcode). A Mapping (instruction name -> kind) ignores the program.
+Namer = Callable[[str | None, int | None, str], str | None]
+Known = Mapping[str, str] | Namer
 
 # HLO's collective opcodes and the point-to-point send/recv.
 COLLECTIVE_OPS = COLLECTIVES | {"send", "recv"}
@@ -76,6 +94,7 @@ _NCCL_KINDS = (
 # jax 0.10.2), where the SPMD partitioner's own collectives are named by opcode (`all-reduce.1`).
 _JAX_PRIMITIVES = {
     "psum": "all-reduce",
+    "psum_invariant": "all-reduce",  # a shard_map's psum with check_vma (jax 0.10.2: `psum_invariant.14`)
     "pmax": "all-reduce",
     "pmin": "all-reduce",
     "all_gather": "all-gather",
@@ -87,7 +106,22 @@ _JAX_PRIMITIVES = {
     "ppermute": "collective-permute",
 }
 _DEVICE_PLANE = re.compile(r"/device:(GPU|TPU):(\d+)$")
+_MODULE_EVENT = re.compile(r"^(.*)\((\d+)\)$")
 _NONE: Mapping[str, str] = {}
+
+
+def namer(known: Known) -> Namer:
+    """`known` as a Namer: a Mapping by instruction name alone."""
+    if isinstance(known, Mapping):
+        get = known.get
+        return lambda module, program, name: get(name)
+    return known
+
+
+def instruction(event_name: str) -> str:
+    """The instruction an op event is named by: `%fusion.9 = bf16[...] fusion(...)` (a TPU's) -> `fusion.9`."""
+    name = event_name.split(" = ", 1)[0] if " = " in event_name else event_name
+    return name.lstrip("%")
 
 
 def opcode(name: str) -> str:
@@ -99,13 +133,16 @@ def opcode(name: str) -> str:
     return base
 
 
-def collective_kind(hlo_op: str, known: Mapping[str, str] = _NONE) -> str | None:
+def collective_kind(
+    hlo_op: str, known: Known = _NONE, module: str | None = None, program: int | None = None
+) -> str | None:
     """The collective kind of an `hlo_op` stat or op name (several joined by `::`), or None if none is one: the
-    kind `known` gives the instruction (read from the compiled program's HLO), else its opcode's, else that of the
-    JAX primitive it is named after."""
+    kind `known` gives the instruction of program (`module`, `program`) (read from the compiled program's HLO),
+    else its opcode's, else that of the JAX primitive it is named after."""
+    names = namer(known)
     for name in hlo_op.split("::"):
         name = name.lstrip("%")
-        kind = known.get(name)
+        kind = names(module, program, name)
         if kind is not None:
             return kind
         op = opcode(name)
@@ -122,23 +159,34 @@ def _nccl_kind(kernel: str) -> str:
     return next((kind for key, kind in _NCCL_KINDS if key in flat), "other")
 
 
-def classify_gpu(name: str, hlo_op: str, memcpy: bool, known: Mapping[str, str] = _NONE) -> tuple[int, str]:
-    kind = collective_kind(hlo_op, known) if hlo_op else None
+def classify_gpu(
+    name: str,
+    hlo_op: str,
+    memcpy: bool,
+    known: Known = _NONE,
+    module: str | None = None,
+    program: int | None = None,
+    details: str = "",
+) -> tuple[int, str]:
+    kind = collective_kind(hlo_op, known, module, program) if hlo_op else None
     if kind is not None:
         return COLLECTIVE, kind
     if "nccl" in name.lower():
         return COLLECTIVE, _nccl_kind(name)
     if memcpy or name.startswith("Memcpy"):
-        return COPY, ""
+        return COPY, copy_kind(name, details)
     return COMPUTE, ""
 
 
-def classify_hlo(name: str, category: str = "", known: Mapping[str, str] = _NONE) -> tuple[int, str]:
+def classify_hlo(
+    name: str, category: str = "", known: Known = _NONE, module: str | None = None, program: int | None = None
+) -> tuple[int, str]:
     """A CPU or TPU op by its instruction name and (TPU) its hlo_category."""
-    kind = collective_kind(name, known)
+    name = instruction(name)
+    kind = collective_kind(name, known, module, program)
     if kind is not None:
         return COLLECTIVE, kind
-    if name.lstrip("%").split(".", 1)[0] in _COPY_OPS or category in _COPY_CATEGORIES:
+    if name.split(".", 1)[0] in _COPY_OPS or category in _COPY_CATEGORIES:
         return COPY, ""
     if category in _COLLECTIVE_CATEGORIES:
         return COLLECTIVE, _COLLECTIVE_CATEGORIES[category]
@@ -157,65 +205,116 @@ def _wanted(*ids: int | None) -> frozenset[int]:
     return frozenset(i for i in ids if i is not None)
 
 
-def _gpu(plane: Plane, modules: set[str], known: Mapping[str, str]) -> list[Segment]:
-    hlo_op_id, module_id, memcpy_id = _stat_ids(plane, "hlo_op", "hlo_module", "memcpy_details")
-    wanted = _wanted(hlo_op_id, module_id, memcpy_id)
+def _program(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class _Modules:
+    """A device plane's programs from its `XLA Modules` line: each run's span with its module name and program id
+    (`jit_step(12190760917235803885)`), and the names by program id."""
+
+    def __init__(self, plane: Plane, modules: set[str]) -> None:
+        spans: list[tuple[int, int, str, int | None]] = []
+        for line in plane.lines:
+            if line.name == "XLA Modules":
+                for e in line.iter_events(()):
+                    name, program = _module_event(plane.event_names.get(e.metadata_id, ""))
+                    spans.append((e.start_ps, e.start_ps + e.duration_ps, name, program))
+        spans.sort()
+        self._spans = spans
+        self._starts = [s[0] for s in spans]
+        self.names = {program: name for _, _, name, program in spans if program is not None}
+        modules.update(name for _, _, name, _ in spans)
+
+    def at(self, t: int) -> tuple[str | None, int | None]:
+        """The module and program id of the run whose span holds instant `t` (None, None: none does)."""
+        i = bisect_right(self._starts, t) - 1
+        if i >= 0 and t < self._spans[i][1]:
+            return self._spans[i][2] or None, self._spans[i][3]
+        return None, None
+
+    def of(self, module: str | None, program: int | None, t: int) -> tuple[str | None, int | None]:
+        """An op's program: what its stats say, the rest from the module line (by id, else by time)."""
+        if module is None and program is not None:
+            module = self.names.get(program)
+        if module is None and program is None:
+            return self.at(t)
+        return module, program
+
+
+def _gpu(plane: Plane, modules: set[str], known: Known) -> list[Segment]:
+    hlo_op_id, module_id, program_id, memcpy_id = _stat_ids(plane, "hlo_op", "hlo_module", "program_id",
+                                                            "memcpy_details")  # fmt: skip
+    wanted = _wanted(hlo_op_id, module_id, program_id, memcpy_id)
     names = plane.event_names
-    cache: dict[tuple[int, str, bool], tuple[int, str]] = {}
+    runs = _Modules(plane, modules)
+    cache: dict[tuple[int, str, str | None, str | None, int | None], tuple[int, str]] = {}
     out: list[Segment] = []
     for line in plane.lines:
-        if line.name == "XLA Modules":
-            modules.update(_module_name(names.get(e.metadata_id, "")) for e in line.events())
         if not line.name.startswith("Stream #"):
             continue
         events: list[Segment] = []
         for e in line.iter_events(wanted):
             stats = e.stats
-            hlo_op = stats.get(hlo_op_id, "") if hlo_op_id is not None else ""
-            key = (e.metadata_id, str(hlo_op), memcpy_id is not None and memcpy_id in stats)
+            hlo_op = str(stats.get(hlo_op_id, "")) if hlo_op_id is not None else ""
+            module: str | None = None
+            program: int | None = None
+            if hlo_op:
+                module = str(stats[module_id]) if module_id is not None and module_id in stats else None
+                program = _program(stats.get(program_id)) if program_id is not None else None
+                module, program = runs.of(module, program, e.start_ps)
+                if module is not None:
+                    modules.add(module)
+            details = str(stats[memcpy_id]) if memcpy_id is not None and memcpy_id in stats else None
+            key = (e.metadata_id, hlo_op, details, module, program)
             found = cache.get(key)
             if found is None:
-                found = cache[key] = classify_gpu(names.get(e.metadata_id, ""), key[1], key[2], known)
-            if module_id is not None and module_id in stats:
-                modules.add(str(stats[module_id]))
+                found = cache[key] = classify_gpu(
+                    names.get(e.metadata_id, ""), hlo_op, details is not None, known, module, program, details or ""
+                )
             events.append((e.start_ps, e.start_ps + e.duration_ps, found[0], found[1]))
         out.extend(innermost(events))
     return out
 
 
-def _tpu(plane: Plane, modules: set[str], known: Mapping[str, str]) -> list[Segment]:
-    (category_id,) = _stat_ids(plane, "hlo_category")
-    wanted = _wanted(category_id)
+def _tpu(plane: Plane, modules: set[str], known: Known) -> list[Segment]:
+    category_id, program_id = _stat_ids(plane, "hlo_category", "program_id")
+    wanted = _wanted(category_id, program_id)
     names = plane.event_names
+    runs = _Modules(plane, modules)
     out: list[Segment] = []
-    cache: dict[tuple[int, str], tuple[int, str]] = {}
+    cache: dict[tuple[int, str, str | None, int | None], tuple[int, str]] = {}
     for line in plane.lines:
-        if line.name == "XLA Modules":
-            modules.update(_module_name(names.get(e.metadata_id, "")) for e in line.events())
         if line.name not in ("XLA Ops", "Async XLA Ops"):
             continue
         events: list[Segment] = []
         for e in line.iter_events(wanted):
+            meta = plane.event_stats.get(e.metadata_id, {})
             category = e.stats.get(category_id, "") if category_id is not None else ""
             if not category:
-                category = plane.event_stats.get(e.metadata_id, {}).get("hlo_category", "")
-            key = (e.metadata_id, str(category))
+                category = meta.get("hlo_category", "")
+            program = _program(e.stats.get(program_id)) if program_id is not None else None
+            if program is None:
+                program = _program(meta.get("program_id"))
+            module, program = runs.of(None, program, e.start_ps)
+            key = (e.metadata_id, str(category), module, program)
             found = cache.get(key)
             if found is None:
-                found = cache[key] = classify_hlo(names.get(e.metadata_id, ""), key[1], known)
+                found = cache[key] = classify_hlo(names.get(e.metadata_id, ""), key[1], known, module, program)
             events.append((e.start_ps, e.start_ps + e.duration_ps, found[0], found[1]))
         # Async ops in flight overlap one another without nesting: their line is taken as it is.
         out.extend(events if line.name == "Async XLA Ops" else innermost(events))
     return out
 
 
-def _cpu(plane: Plane, modules: set[str], known: Mapping[str, str]) -> dict[Device, list[Segment]]:
-    hlo_op_id, module_id, ordinal_id = _stat_ids(plane, "hlo_op", "hlo_module", "device_ordinal")
+def _cpu(plane: Plane, modules: set[str], known: Known) -> dict[Device, list[Segment]]:
+    hlo_op_id, module_id, program_id, ordinal_id = _stat_ids(plane, "hlo_op", "hlo_module", "program_id",
+                                                             "device_ordinal")  # fmt: skip
     out: dict[Device, list[Segment]] = defaultdict(list)
     if hlo_op_id is None or ordinal_id is None:
         return out
-    cache: dict[str, tuple[int, str]] = {}
-    wanted = _wanted(hlo_op_id, module_id, ordinal_id)
+    cache: dict[tuple[str, str | None, int | None], tuple[int, str]] = {}
+    wanted = _wanted(hlo_op_id, module_id, program_id, ordinal_id)
     for line in plane.lines:
         per_device: dict[int, list[Segment]] = defaultdict(list)
         for e in line.iter_events(wanted):
@@ -224,30 +323,32 @@ def _cpu(plane: Plane, modules: set[str], known: Mapping[str, str]) -> dict[Devi
             ordinal = stats.get(ordinal_id)
             if not isinstance(op, str) or not isinstance(ordinal, int):
                 continue
-            found = cache.get(op)
+            module = str(stats[module_id]) if module_id is not None and module_id in stats else None
+            program = _program(stats.get(program_id)) if program_id is not None else None
+            key = (op, module, program)
+            found = cache.get(key)
             if found is None:
-                found = cache[op] = classify_hlo(op, "", known)
-            if module_id is not None and module_id in stats:
-                modules.add(str(stats[module_id]))
+                found = cache[key] = classify_hlo(op, "", known, module, program)
+                if module is not None:
+                    modules.add(module)
             per_device[ordinal].append((e.start_ps, e.start_ps + e.duration_ps, found[0], found[1]))
         for ordinal, events in per_device.items():
             out[("cpu", ordinal)].extend(innermost(events))
     return out
 
 
-def _module_name(event_name: str) -> str:
-    """`jit_step(12190760917235803885)` (an `XLA Modules` event: the module and its fingerprint) -> `jit_step`."""
-    return re.sub(r"\(\d+\)$", "", event_name)
+def _module_event(event_name: str) -> tuple[str, int | None]:
+    """An `XLA Modules` event's module and program id: `jit_step(12190760917235803885)` -> ("jit_step", 1219...)."""
+    m = _MODULE_EVENT.match(event_name)
+    return (m.group(1), int(m.group(2))) if m else (event_name, None)
 
 
-def device_segments(
-    space: XSpace, collectives: Mapping[str, str] = _NONE
-) -> tuple[dict[Device, list[Segment]], set[str]]:
+def device_segments(space: XSpace, collectives: Known = _NONE) -> tuple[dict[Device, list[Segment]], set[str]]:
     """Each local device's activity as segments (disjoint within each stream or thread, overlapping across them),
     and the names of the HLO modules seen. Accelerator planes when there are any; else the CPU devices' ops on the
     host plane (on a GPU or TPU host the host plane's events are the launches, not device time). `collectives`
-    names the collective instructions of the programs (instruction name -> kind), as the compiled HLO gives them:
-    without it, a collective is recognised by its opcode or JAX primitive name only."""
+    names the collective instructions of the programs (a Namer, or instruction name -> kind), as the compiled HLO
+    gives them: without it, a collective is recognised by its opcode or JAX primitive name only."""
     modules: set[str] = set()
     out: dict[Device, list[Segment]] = {}
     for plane in space.planes:

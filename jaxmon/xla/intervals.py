@@ -79,7 +79,9 @@ class Split:
     `collective` is exposed communication (a collective running and no compute); `collectives` is the union time of
     each collective kind, overlapped with compute or not; `exposed` each kind's time with no compute running (kinds
     running at once each count it: their sum is at least `collective`); `events` the collective segments of each
-    kind that start inside the window (one per op event: a collective nests no op of its own).
+    kind that start inside the window (one per op event: a collective nests no op of its own); `copies` each copy
+    kind's time with nothing else running (the `copy` part by kind; kinds running at once each count it) and
+    `copy_events` the copy segments of each kind that start inside the window.
     """
 
     window: int
@@ -90,6 +92,8 @@ class Split:
     collectives: dict[str, int] = field(default_factory=dict)
     exposed: dict[str, int] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=dict)
+    copies: dict[str, int] = field(default_factory=dict)
+    copy_events: dict[str, int] = field(default_factory=dict)
 
 
 def split(segments: Iterable[Segment], t0: int, t1: int) -> Split:
@@ -100,9 +104,12 @@ def split(segments: Iterable[Segment], t0: int, t1: int) -> Split:
     points: list[tuple[int, int, int, str]] = []
     kinds: dict[str, list[tuple[int, int]]] = defaultdict(list)
     events: dict[str, int] = {}
+    copy_events: dict[str, int] = {}
     for start, end, cls, op in segments:
         if cls == COLLECTIVE and t0 <= start < t1:
             events[op] = events.get(op, 0) + 1
+        elif cls == COPY and t0 <= start < t1:
+            copy_events[op] = copy_events.get(op, 0) + 1
         start, end = max(start, t0), min(end, t1)
         if end <= start:
             continue
@@ -115,6 +122,8 @@ def split(segments: Iterable[Segment], t0: int, t1: int) -> Split:
     parts = [0, 0, 0, 0]  # compute, collective, copy, idle
     collectives: dict[str, int] = {}  # the collective kinds running now, and how many of each
     exposed: dict[str, int] = {}
+    copying: dict[str, int] = {}  # the copy kinds running now, and how many of each
+    copies: dict[str, int] = {}
     prev = t0
     for t, delta, cls, op in points:
         if t > prev:
@@ -125,12 +134,19 @@ def split(segments: Iterable[Segment], t0: int, t1: int) -> Split:
                 for kind, count in collectives.items():
                     if count:
                         exposed[kind] = exposed.get(kind, 0) + t - prev
+            elif running[COPY]:
+                parts[COPY] += t - prev
+                for kind, count in copying.items():
+                    if count:
+                        copies[kind] = copies.get(kind, 0) + t - prev
             else:
-                parts[COPY if running[COPY] else 3] += t - prev
+                parts[3] += t - prev
             prev = t
         running[cls] += delta
         if cls == COLLECTIVE:
             collectives[op] = collectives.get(op, 0) + delta
+        elif cls == COPY:
+            copying[op] = copying.get(op, 0) + delta
     parts[3] += t1 - prev
     unions = {op: union_length(iv) for op, iv in kinds.items()}
-    return Split(t1 - t0, parts[0], parts[1], parts[2], parts[3], unions, exposed, events)
+    return Split(t1 - t0, parts[0], parts[1], parts[2], parts[3], unions, exposed, events, copies, copy_events)

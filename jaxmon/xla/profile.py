@@ -14,10 +14,9 @@ profile (start to stop, or the events' extent when the stats are missing).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from jaxmon.xla.classify import Device, device_segments
+from jaxmon.xla.classify import Device, Known, device_segments
 from jaxmon.xla.intervals import Segment, Split, split
 from jaxmon.xla.xspace import XSpace, parse
 
@@ -72,12 +71,13 @@ def _int_stat(space: XSpace, name: str) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def read(data: bytes, collectives: Mapping[str, str] | None = None) -> Trace:
+def read(data: bytes, collectives: Known | None = None) -> Trace:
     """Parse a serialized XSpace and classify its device events (raises XSpaceError, a ValueError, on bad bytes).
 
     `collectives`: the collective instructions of the traced programs by name, with their kind, e.g.
-    `{c.name: c.op for p in programs for c in p.collectives}` from `jaxmon.xla.hlo.parse(compiled.as_text())`;
-    without it collectives are recognised by opcode or JAX primitive name (classify.py)."""
+    `{c.name: c.op for p in programs for c in p.collectives}` from `jaxmon.xla.hlo.parse(compiled.as_text())`, or a
+    Namer that tells the programs apart (jaxmon.training.trace_links.Catalog); without it collectives are recognised
+    by opcode or JAX primitive name (classify.py)."""
     space = parse(data)
     segments, modules = device_segments(space, collectives or {})
     return Trace(

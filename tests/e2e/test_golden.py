@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ROOT, StartDaemon, promtool, sample
 from tests.helpers import Child, wait_for_fresh_samples, wait_for_samples
@@ -55,6 +56,18 @@ def check_golden(text: str, name: str) -> None:
     assert stable == path.read_text(), f"{name} changed; rerun with JAXMON_UPDATE_GOLDEN=1 if intended"
 
 
+def check_openmetrics(url: str, text: str) -> None:
+    """The same exporter in OpenMetrics (as Prometheus asks for it): client_python's strict parser reads it, with the
+    text format's families (and `_created` on the training counters alone: tests/e2e/test_training.py)."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+
+    r = requests.get(url + "/metrics", headers={"Accept": "application/openmetrics-text;version=1.0.0"}, timeout=10)
+    assert r.headers["content-type"].startswith("application/openmetrics-text; version=1.0.0"), r.headers
+    names = {f.name for f in openmetrics_families(r.text)}  # type: ignore[no-untyped-call]
+    assert names == {f.name for f in text_string_to_metric_families(text)}
+    assert {n for n in names if n.endswith("_created")} == set()  # `_created` are samples of their counters
+
+
 def test_cpu_devices_with_the_probe_match_the_golden_file(start_daemon: StartDaemon) -> None:
     d = start_daemon("--collector.probe.interval", "2s", "--poll.interval", "0.5s")
     d.wait_for(
@@ -64,7 +77,9 @@ def test_cpu_devices_with_the_probe_match_the_golden_file(start_daemon: StartDae
         ),
         what="every CPU device probed",
     )
-    check_golden(d.get("/metrics").text, "cpu_probe.prom")
+    text = d.get("/metrics").text
+    check_golden(text, "cpu_probe.prom")
+    check_openmetrics(d.url, text)
 
 
 def test_the_spool_sidecar_with_two_publishers_matches_the_golden_file(
@@ -88,7 +103,9 @@ def test_the_spool_sidecar_with_two_publishers_matches_the_golden_file(
             ),
             what="both publishers' arrays",
         )
-        check_golden(d.get("/metrics").text, "spool.prom")
+        text = d.get("/metrics").text
+        check_golden(text, "spool.prom")
+        check_openmetrics(d.url, text)
     finally:
         for p in pubs:
             p.close()
@@ -112,6 +129,8 @@ def test_the_embedded_exporter_matches_the_golden_file(tmp_path: Path) -> None:
             timeout=90,
         )
         wait_for_fresh_samples(url, "memory")  # a poll that started after the array was made
-        check_golden(requests.get(url + "/metrics", timeout=10).text, "embedded.prom")
+        text = requests.get(url + "/metrics", timeout=10).text
+        check_golden(text, "embedded.prom")
+        check_openmetrics(url, text)
     finally:
         child.close()

@@ -314,6 +314,8 @@ WHERE_BYTES_TRAVEL = {
     "Bytes per step by axis and link",
     "Achieved against nominal bandwidth",
     "Exposed share by axis and link",
+    "Device-to-device copy bytes per step",
+    "Copy share by direction",
 }
 
 

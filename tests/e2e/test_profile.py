@@ -74,7 +74,7 @@ def test_exposed_collectives_of_an_allreduce_step_and_none_without(start) -> Non
         for n, steps in enumerate((12, 10), start=1):
             done += child.send(f"steps {steps}")["done"]
             s = wait_for_samples(url, taken(n), f"sampled trace {n} of the {kind} loop", timeout=60)
-        assert by(s, "jaxmon_training_profiles_total", "result") == {"taken": 2, "busy": 0, "failed": 0}
+        assert by(s, "jaxmon_training_profiles_total", "result") == {"taken": 2, "busy": 0, "failed": 0, "skipped": 0}
         profiled = by(s, "jaxmon_training_profiled_seconds_total", "device", platform="cpu")
         assert sorted(profiled, key=int) == [str(d) for d in range(8)]
         truth = blocks_of(done, 2)
@@ -102,6 +102,39 @@ def test_exposed_collectives_of_an_allreduce_step_and_none_without(start) -> Non
         child.close()
 
 
+def test_samples_move_off_the_steps_of_an_eval_and_a_save(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Sampling every 20 steps, an eval (a 0.6 s `badput("eval")`) after every 10th step and a real Orbax save after
+    every 20th, both right before each block: blocks 60, 80 and 100 are dropped at once (counted `skipped`) and
+    tried again 4 steps on, off the eval and the save. The samples taken hold the loop's own time of steps 64-65,
+    84-85 and 104-105 (an eval's 0.6 s would be in a dropped block's), and their idle share is the same loop's
+    without evals or saves (its blocks 20 and 40): the steps they would misread are not in them."""
+    child, url = start("--kind", "allreduce", "--every", "20")
+    child.send("steps 42")  # 0-41: blocks 20 and 40, no badput
+    s0 = wait_for_samples(url, taken(2), "the clean loop's samples", timeout=60)
+    ran = child.send(f"cadence 64 10 20 {tmp_path / 'ckpt'} 0.6")  # 42-105
+    assert ran["evals"] == list(range(49, 106, 10)) and ran["saves"] == [59, 79, 99]
+    s1 = wait_for_samples(url, taken(5), "the samples moved off the evals and saves", timeout=60)
+    assert by(s1, "jaxmon_training_profiles_total", "result") == {"taken": 5, "busy": 0, "failed": 0, "skipped": 3}
+
+    def totals(s: Samples, part: str | None) -> float:
+        if part is None:
+            return sum(series(s, "jaxmon_training_profiled_seconds_total").values())
+        return sum(series(s, "jaxmon_training_profile_seconds_total", part=part).values())
+
+    clean = totals(s0, "idle") / totals(s0, None)
+    moved = (totals(s1, "idle") - totals(s0, "idle")) / (totals(s1, None) - totals(s0, None))
+    # A block with the eval in it reads its 0.6 s idle beside two steps of 0.1 to 0.3 s: 0.8 or more. Clean samples
+    # seconds apart read 0.25 to 0.57 beside other loads; the moved ones read up to 0.07 more than the clean.
+    assert moved <= clean + 0.2, (moved, clean)
+    at = dict(ran["done"])
+    truth = sum(at[n0 + 1] - at[n0 - 1] for n0 in (64, 84, 104))
+    for device in range(8):
+        profiled = by(s1, "jaxmon_training_profiled_seconds_total", "device")[str(device)]
+        before = by(s0, "jaxmon_training_profiled_seconds_total", "device")[str(device)]
+        # As above: each block's ends within a thread switch or two of the loop's own reading of them.
+        assert profiled - before == pytest.approx(truth, rel=0.05, abs=0.012 * 2 * 3), (device, profiled, truth)
+
+
 def test_a_users_own_trace_gets_every_step_and_jaxmon_counts_busy(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """(c) The user's `with jax.profiler.trace()` starts while jaxmon's sample of block 10 runs (it started at step
     8), and covers block 20 (jaxmon takes none then): the user's profile holds all of its 12 steps, jaxmon's
@@ -114,7 +147,7 @@ def test_a_users_own_trace_gets_every_step_and_jaxmon_counts_busy(start, tmp_pat
     child.send(f"usertrace {user} 12")  # 10-21
     child.send("steps 15")  # 22-36: block 30 is jaxmon's again
     s = wait_for_samples(url, taken(1), "a sampled trace after the user's", timeout=60)
-    assert by(s, "jaxmon_training_profiles_total", "result") == {"taken": 1, "busy": 2, "failed": 0}
+    assert by(s, "jaxmon_training_profiles_total", "result") == {"taken": 1, "busy": 2, "failed": 0, "skipped": 0}
     (path,) = user.glob("plugins/profile/*/*.xplane.pb")
     runs = set()
     for plane in jax.profiler.ProfileData.from_file(str(path)).planes:

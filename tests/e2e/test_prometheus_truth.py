@@ -112,8 +112,13 @@ def test_increase_over_restarts_is_each_runs_counters(
         want = sum(a["parts"].get(part, 0.0) for a in answers)
         close(parts.get(part, 0.0), want, f"part {part}", "jaxmon_training_profile_seconds_total")
     assert sum(a["parts"]["compute"] for a in answers) > 0
-    taken = _value(p, f'sum(increase(jaxmon_training_profiles_total{{{SELECT}, result="taken"}}{span} {at}))')[""]
-    close(taken, sum(a["results"]["taken"] for a in answers), "samples taken", "jaxmon_training_profiles_total")
+    # Each run's samples are those its eval and save cadence implies (tests/workloads/truth.py): those whose steps
+    # held an eval or a save skipped, and tried again on clean steps.
+    assert [a["results"] for a in answers] == [{"taken": 4, "busy": 0, "failed": 0, "skipped": 4}] * RUNS
+    results = _value(p, f"sum by (result) (increase(jaxmon_training_profiles_total{{{SELECT}}}{span} {at}))")
+    for result in ("taken", "skipped"):
+        want = sum(a["results"][result] for a in answers)
+        close(results[result], want, f"samples {result}", "jaxmon_training_profiles_total")
     # Each restart is a reset Prometheus sees, and the start time tells the processes apart.
     resets = _value(p, f"max(resets(jaxmon_training_badput_seconds_total{{{SELECT}, kind='compile'}}{span} {at}))")
     assert resets[""] == RUNS - 1

@@ -24,8 +24,8 @@ SCHEDULER = {"POD_NAME": "llama-0-abc", "POD_NAMESPACE": "research", "NODE_NAME"
 SCHEDULER_LABELS = {"pod": "llama-0-abc", "namespace": "research", "node": "gpu-node-7", "slurm_job_id": "4242"}
 STEPS = 10
 DATA_MS = 20
-# The series one training process adds (docs/training.md, "Series per process"): at most 81 (9 counters and gauges,
-# the step histogram's 21, jaxmon_workload_info, 18 kinds of badput, 12 reasons of tracking problems, 3 results of
+# The series one training process adds (docs/training.md, "Series per process"): at most 82 (9 counters and gauges,
+# the step histogram's 21, jaxmon_workload_info, 18 kinds of badput, 12 reasons of tracking problems, 4 results of
 # sampled traces, the loss gauge's 16 names and its step) + 12 per local device (model and hardware FLOPs, bytes
 # accessed, peak, MFU, HFU, the programs' predicted peak memory; the sampled traces' 4 parts and profiled seconds,
 # at 0 from start where sampling is on: born at zero) + 1 per local device and (op, axes) pair the tracked programs'
@@ -34,7 +34,7 @@ TRAINING_FAMILIES = ("jaxmon_training_", "jaxmon_device_peak_flops_per_second", 
 
 
 def training_series_budget(devices: int, collective_pairs: int = 0) -> int:
-    return 81 + (12 + collective_pairs) * devices
+    return 82 + (12 + collective_pairs) * devices
 
 
 def _check_against_the_loop(s: Samples, answer: dict[str, Any], **labels: str) -> None:
@@ -220,3 +220,90 @@ def test_a_publishing_trainers_steps_reach_the_sidecar(
     later = d2.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, what="then counted")
     assert (sample(later, "jaxmon_training_badput_seconds_total", kind="startup", **labels) or 0) > 0
     assert (sample(later, "jaxmon_jit_compilations_total", **ident) or 0) > 0
+
+
+def test_a_badput_kind_not_declared_is_born_at_zero_at_its_first_open(children: list[Child], tmp_path: Path) -> None:
+    """`eval` is declared (at 0 from the start); `mykind` and `quick` are not. Each is exported from its first open
+    at 0, and counts its seconds only once a scrape served that 0: Prometheus sees all of it in `increase()`. A
+    long block (open over several scrapes) reads 0 while open and its seconds once closed and booked; a short one
+    (closed and booked before any scrape saw it) is served at 0 once, then its seconds."""
+    child = Child(
+        tmp_path, "embedded", "--workload", "kinds", "--interval", "0.1",
+        env={"JAXMON_COLLECTOR__PROBE": "false", "JAXMON_COLLECTOR__TRAINING__BADPUT_KINDS": '["eval"]'},
+    )  # fmt: skip
+    children.append(child)
+    url = child.hello["url"]
+    labels = {"workload": "kinds", "process_index": "0", "process_count": "1", "host": socket.gethostname()}
+
+    def seconds(s: Samples, kind: str) -> float | None:
+        return sample(s, "jaxmon_training_badput_seconds_total", kind=kind, **labels)
+
+    child.send("steps 3")
+    s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == 3, "3 steps")
+    assert seconds(s, "eval") == 0 and seconds(s, "mykind") is None and seconds(s, "quick") is None
+    child.send("hold mykind")
+    opened = [wait_for_samples(url, lambda s: seconds(s, "mykind") is not None, "mykind born at its open")]
+    for _ in range(5):  # every scrape while it is open: 0
+        opened.append(wait_for_samples(url, lambda s: True))
+    assert [seconds(s, "mykind") for s in opened] == [0.0] * 6
+    held = child.send("release")["seconds"]
+    child.send("steps 1")  # its completion books the block
+    s = wait_for_samples(url, lambda s: (seconds(s, "mykind") or 0) > 0, "mykind's seconds")
+    # The device was idle through the block (the loop synced and jaxmon booked the step before it opened).
+    assert seconds(s, "mykind") == pytest.approx(held, abs=0.02)
+    # A block that opens, closes and is booked between two scrapes: the first scrape that has it serves 0.
+    child.send("hold quick")
+    quick = child.send("release")["seconds"]
+    child.send("steps 1")
+    first = wait_for_samples(url, lambda s: seconds(s, "quick") is not None, "quick born")
+    assert seconds(first, "quick") == 0.0
+    later = wait_for_samples(url, lambda s: (seconds(s, "quick") or 0) > 0, "quick's seconds after one scrape")
+    assert seconds(later, "quick") == pytest.approx(quick, abs=0.02)
+    assert seconds(later, "mykind") == seconds(s, "mykind")
+
+
+def test_openmetrics_scrapes_get_created_on_training_counters(children: list[Child], tmp_path: Path) -> None:
+    """A scraper that asks for OpenMetrics (as Prometheus does) gets it, parsed by client_python's strict parser:
+    each training counter's and the step histogram's label sets carry `_created`, the process's tracker start
+    (`jaxmon_training_start_time_seconds`), as client_python writes it for its own counters. The text format
+    (0.0.4) has no `_created` (tests/golden pin it)."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    child = Child(
+        tmp_path, "embedded", "--workload", "om", "--interval", "0.1", env={"JAXMON_COLLECTOR__PROBE": "false"}
+    )
+    children.append(child)
+    url = child.hello["url"]
+    labels = {"workload": "om", "process_index": "0", "process_count": "1", "host": socket.gethostname()}
+    child.send("steps 3 5")
+    text = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == 3, "3 steps")
+    start = sample(text, "jaxmon_training_start_time_seconds", **labels)
+    assert start is not None and start > 0
+    assert not any(name.endswith("_created") for name, _ in text)
+    plain = requests.get(url + "/metrics", timeout=10)
+    assert plain.headers["content-type"].startswith("text/plain; version=0.0.4") and "_created" not in plain.text
+    for encoding in ("identity", "gzip"):
+        r = requests.get(
+            url + "/metrics",
+            headers={
+                "Accept": "application/openmetrics-text;version=1.0.0,text/plain;q=0.5",
+                "Accept-Encoding": encoding,
+            },
+            timeout=10,
+        )
+        assert r.status_code == 200
+        assert r.headers["content-type"] == "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        assert r.text.endswith("# EOF\n") and r.text.count("# EOF") == 1
+        families = {f.name: f for f in text_string_to_metric_families(r.text)}  # type: ignore[no-untyped-call]
+        checked = 0
+        for name, family in families.items():
+            if not name.startswith("jaxmon_training_") or family.type not in ("counter", "histogram"):
+                continue
+            sets = {frozenset((k, v) for k, v in s.labels.items() if k != "le") for s in family.samples}
+            created = {frozenset(s.labels.items()): s.value for s in family.samples if s.name == name + "_created"}
+            assert set(created) == sets and set(created.values()) == {start}, name
+            checked += 1
+        assert checked >= 10 and "jaxmon_training_step_duration_seconds" in families
+        # Counters that are not a training process's carry none: they count from the exporter's start.
+        compilations = families["jaxmon_jit_compilations"]
+        assert compilations.type == "counter" and all(not s.name.endswith("_created") for s in compilations.samples)

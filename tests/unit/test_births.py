@@ -48,7 +48,7 @@ def test_with_zeros_fills_in_what_has_not_happened_and_keeps_what_has() -> None:
     assert full.badput_seconds_total == {**dict.fromkeys((*BADPUT_KINDS, "data"), 0.0), "checkpoint": 2.5, "eval": 1.0}
     assert full.problems == {**dict.fromkeys(PROBLEM_REASONS, 0), "back": 1}
     assert full.profile is not None
-    assert full.profile.results == {"taken": 3, "busy": 0, "failed": 0}
+    assert full.profile.results == {"taken": 3, "busy": 0, "failed": 0, "skipped": 0}
     assert full.profile.devices[0].parts == {"compute": 1.0, "collective": 0.0, "copy": 0.0, "idle": 0.0}
     assert with_zeros(TrainingReading()).profile is None  # sampling off: no profile series
     assert with_zeros(TrainingReading()).duration_buckets[-1] == (float("inf"), 0)  # the histogram, empty

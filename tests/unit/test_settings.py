@@ -246,6 +246,15 @@ def test_log_level_and_format_from_the_environment_ignore_case(monkeypatch: pyte
     assert (s.log.level, s.log.format) == ("debug", "json")
 
 
+def test_a_list_setting_from_the_environment_is_a_json_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """JAXMON_COLLECTOR__TRAINING__BADPUT_KINDS takes a JSON list, as docs/settings.md says; anything else is an error
+    naming the variable."""
+    monkeypatch.setenv("JAXMON_COLLECTOR__TRAINING__BADPUT_KINDS", '["data", "eval"]')
+    assert load_settings([]).collector.training.badput_kinds == ["data", "eval"]  # type: ignore[attr-defined]
+    monkeypatch.setenv("JAXMON_COLLECTOR__TRAINING__BADPUT_KINDS", "data,eval")
+    assert "JAXMON_COLLECTOR__TRAINING__BADPUT_KINDS: Input should be a valid list" in _error()
+
+
 def test_jaxmon_variables_outside_every_section_are_named_with_what_was_meant() -> None:
     """One underscore where two are needed, and a typo, are warned about; real settings (old names too) and
     jaxmon's own variables are not (a typo inside a section is an error: see above)."""

@@ -564,3 +564,32 @@ def test_a_hung_or_raising_user_collector_leaves_jaxmons_families_and_the_others
     events = {(e["event"].split(":")[0], e["collector"]) for e in logs if "default registry" in e["event"]}
     assert ("a collector of prometheus_client's default registry did not answer in time", "Stuck") in events
     assert ("a collector of prometheus_client's default registry failed", "Raising") in events
+
+
+class WithExemplar(PromCollector):
+    """A user's gauge with an exemplar: the text format drops it, OpenMetrics refuses the family."""
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.samples import Exemplar, Sample
+
+        family = GaugeMetricFamily("trainer_gauge", "A gauge with an exemplar.")
+        family.samples.append(Sample("trainer_gauge", {}, 2.0, exemplar=Exemplar({"trace": "1"}, 1.0)))
+        yield family
+
+
+def test_openmetrics_when_asked_and_the_text_format_when_a_family_cannot_be_written_in_it() -> None:
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    openmetrics = {"accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"}
+    with embedded_runtime(CollectorRegistry(), timeout=3.0) as rt:
+        reply = request(make_app(rt), "GET", "/metrics", headers=openmetrics)
+    assert reply.headers["content-type"] == "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    names = {f.name for f in text_string_to_metric_families(reply.text)}  # type: ignore[no-untyped-call]
+    assert "jaxmon_memory_bytes_in_use" in names and reply.text.endswith("# EOF\n")
+    registry = CollectorRegistry()
+    registry.register(WithExemplar())
+    with capture_logs() as logs, embedded_runtime(registry, timeout=3.0) as rt:
+        reply = request(make_app(rt), "GET", "/metrics", headers=openmetrics)
+    assert reply.status == 200 and reply.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert sample(parse_samples(reply.text), "trainer_gauge") == 2.0
+    assert any(e["event"].startswith("OpenMetrics exposition failed") for e in logs)

@@ -9,6 +9,10 @@ device: no collective at all. Commands on stdin, one per line, each answered on 
                        this loop; answer with each step's number and the loop's own completion time
                        (time.monotonic) after waiting for jaxmon's waiter to book the last one
   usertrace DIR N      the same N steps inside the user's own `with jax.profiler.trace(DIR)`
+  cadence N E S DIR T  the same N steps, and after each step whose number + 1 is a multiple of E an eval
+                       (`jaxmon.badput("eval")` of T seconds), of S a synchronous Orbax save of the weights into DIR
+                       (the real Orbax: jaxmon reads its save event; one first, before the steps); answers as `steps`,
+                       with the numbers the evals and saves followed
   exit
 """
 
@@ -80,7 +84,7 @@ def main() -> None:
 
     number = 0
 
-    def run(n: int) -> list[tuple[int, float]]:
+    def run(n: int, after: Any = None) -> list[tuple[int, float]]:
         nonlocal w, number
         done = []
         for _ in range(n):
@@ -88,14 +92,39 @@ def main() -> None:
             jaxmon.step(number, loss)
             loss.block_until_ready()
             done.append((number, time.monotonic()))
+            if after is not None:
+                after(number, w)
             number += 1
         booked(number - 1)
         return done
+
+    def cadence(n: int, every_eval: int, every_save: int, directory: str, seconds: float) -> dict[str, Any]:
+        import orbax.checkpoint as ocp
+
+        saver = ocp.Checkpointer(ocp.StandardCheckpointHandler())
+        # Orbax's first save compiles programs and starts its threads: once here, before the steps (a mark on the
+        # next step, which no block holds).
+        saver.save(os.path.join(directory, "warm"), args=ocp.args.StandardSave({"w": w}))
+        evals, saves = [], []
+
+        def after(k: int, w: jax.Array) -> None:
+            if (k + 1) % every_eval == 0:
+                with jaxmon.badput("eval"):
+                    time.sleep(seconds)
+                evals.append(k)
+            if (k + 1) % every_save == 0:
+                saver.save(os.path.join(directory, f"step-{k}"), args=ocp.args.StandardSave({"w": w}))
+                saves.append(k)
+
+        return {"done": run(n, after), "evals": evals, "saves": saves}
 
     for line in iter(input, "exit"):
         cmd, *rest = line.split()
         if cmd == "steps":
             answer(done=run(int(rest[0])))
+        elif cmd == "cadence":
+            n, every_eval, every_save = map(int, rest[:3])
+            answer(**cadence(n, every_eval, every_save, rest[3], float(rest[4])))
         elif cmd == "usertrace":
             with jax.profiler.trace(rest[0]):
                 done = run(int(rest[1]))

@@ -23,6 +23,8 @@ answered on stdout with `OK <json>`:
   losses N                 N steps (numbered on), each handing jaxmon.step(n, loss) a scalar float32 array of
                            1 / (n + 1) (put on the device, nothing compiled), synced and booked
   restore N                number the next `steps` from N (as a restart from a checkpoint of step N does)
+  hold KIND                open a `jaxmon.badput(KIND)` block and leave it open
+  release                  close it; answer with the seconds it was open, as this loop timed it
   collective N             N steps (numbered on) of a tracked program that all-reduces a replicated gradient over
                            the "data" axis of a ("data", "model") mesh of every device, each synced and booked; the
                            first is followed by a wait for jaxmon's analysis of the program (so that the rest count
@@ -133,6 +135,7 @@ def main() -> None:
     functions: list[Any] = []
     tracked: Any = jaxmon.track(step)  # type: ignore[arg-type]
     number = 0
+    held: tuple[Any, float] = (None, 0.0)  # the badput() block `hold` opened, and when
     heavy = jax.jit(lambda a, b: (jnp.tanh(a @ b), jnp.sum(a)))
     tiny = jax.jit(lambda a: a * 1.0001)
     for line in sys.stdin:
@@ -254,6 +257,14 @@ def main() -> None:
                 booked(number)
                 number += 1
             answer(steps=number)
+        elif cmd == "hold":
+            held = (jaxmon.badput(rest[0]), time.monotonic())
+            held[0].__enter__()
+            answer()
+        elif cmd == "release":
+            block, opened = held
+            block.__exit__(None, None, None)
+            answer(seconds=time.monotonic() - opened)
         elif cmd == "restore":
             number = int(rest[0])  # as after restoring a checkpoint of that step
             answer(number=number)

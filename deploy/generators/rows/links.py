@@ -31,10 +31,24 @@ def row(selector: str) -> Row:
         f"/ on (workload) group_left () "
         f"sum by (workload) (rate(jaxmon_training_profiled_seconds_total{{{selector}}}[1h])))"
     )
+    # Sampled device-to-device copy bytes per second of sampled step time, times the step's duration: per step.
+    d2d = (
+        f"topk($k, sum by (workload) (rate(jaxmon_training_profile_copy_bytes_total{{{selector}, "
+        f'direction="device_to_device"}}[1h])) '
+        f"/ sum by (workload) (rate(jaxmon_training_profiled_seconds_total{{{selector}}}[1h])) "
+        f"* on (workload) (sum by (workload) (rate(jaxmon_training_step_duration_seconds_sum{{{selector}}}[1h])) "
+        f"/ sum by (workload) (rate(jaxmon_training_step_duration_seconds_count{{{selector}}}[1h]))))"
+    )
+    copy_share = (
+        f"topk($k, sum by (workload, direction) (rate(jaxmon_training_profile_copy_seconds_total{{{selector}}}[1h])) "
+        f"/ on (workload) group_left () "
+        f"sum by (workload) (rate(jaxmon_training_profiled_seconds_total{{{selector}}}[1h])))"
+    )
     workload = selector.split("workload", 1)[1]
     advice = (
         f'topk($k, ALERTS{{alertname="JaxmonTrainingAxisOnSlowLink", workload{workload}}} '
-        f"or on ({BY}) jaxmon:training_axis_swap_seconds_saved_per_step{{workload{workload}}})"
+        f"or on ({BY}) jaxmon:training_axis_swap:best{{workload{workload}}} "
+        f"or on ({BY}) (jaxmon:training_axis_bytes_per_step:rate1h{{workload{workload}}} * 0))"
     )
     return Row(
         "Where the bytes travel",
@@ -71,13 +85,37 @@ def row(selector: str) -> Row:
                 thresholds=[(0, "green"), (0.1, "orange")],
             ),
             Panel(
+                "Device-to-device copy bytes per step",
+                "timeseries",
+                "bytes",
+                [Target(d2d, "{{workload}}")],
+                "Bytes copied from one device to another per step and device in the sampled steps "
+                '(jaxmon_training_profile_copy_bytes_total{direction="device_to_device"}: a GPU\'s MemcpyD2D and '
+                "MemcpyP2P). An operation on arrays of two devices copies one of them silently: a placement bug "
+                "shows here first. Traces that say no copy sizes (CPU devices, TPUs) have none.",
+                min=0,
+            ),
+            Panel(
+                "Copy share by direction",
+                "timeseries",
+                "percentunit",
+                [Target(copy_share, "{{workload}} {{direction}}")],
+                "The share of the sampled steps' time spent only copying, by direction (host_to_device, "
+                "device_to_host, device_to_device; other where the trace does not say): the copy part of the "
+                "sampled split. A device_to_device share that grows after a change of mesh or sharding is a "
+                "placement bug's copy.",
+                min=0,
+            ),
+            Panel(
                 "Placement advice",
                 "table",
                 "none",
                 [Target(advice, table=True)],
                 "JaxmonTrainingAxisOnSlowLink's state for each axis (pending or firing, with the axis and its "
-                "link), and each axis's seconds per step saved by swapping it with the job's fastest-link axis at "
-                "nominal bandwidth (jaxmon:training_axis_swap_seconds_saved_per_step). docs/placement.md says how.",
+                "link); for each other axis, the swap the alert would name (an axis on a slower link than a "
+                "lighter axis: swap_axes on swap_link) with the seconds per step it saves at nominal bandwidth "
+                "(jaxmon:training_axis_swap:best; -1 where a link's nominal bandwidth is not known), or 0: nothing "
+                "to swap. docs/placement.md says how.",
             ),
         ],
     )

@@ -40,6 +40,7 @@ from jaxmon.threads import on_jaxmon_thread
 from jaxmon.training import links
 from jaxmon.training.communication import Communication, Compiled
 from jaxmon.xla import hlo
+from jaxmon.xla.wire import fields, signed
 
 
 @dataclass(frozen=True)
@@ -282,8 +283,18 @@ class JaxTraining:
         except Exception:  # a backend without memory analysis: bytes but no peak
             peak = None
         names = {c.name: c.op for c in parsed.collectives}
+        platforms = {platform for platform, _ in program.cost.devices}
         return Communication(
-            placed.collective_bytes, peak, program.cost.devices, names, placed.places, placed.sizes, placed.unknown
+            placed.collective_bytes,
+            peak,
+            program.cost.devices,
+            names,
+            placed.places,
+            placed.sizes,
+            placed.unknown,
+            module=parsed.name,
+            # CPU and GPU traces name a program by its HloModule's unique id; a TPU's by a fingerprint of its own.
+            program_id=module_id(program.compiled) if platforms and platforms <= {"cpu", "gpu"} else None,
         )
 
     def cache_size(self, fn: Any) -> int | None:
@@ -316,6 +327,24 @@ class JaxTraining:
     def profiler(self) -> JaxProfiler:
         """jaxmon's trace sessions (sampled traces, /debug/trace), which give way to the user's own."""
         return JaxProfiler(self._jax)
+
+
+def module_id(compiled: Any) -> int | None:
+    """The unique id of a compiled program's HLO module (`HloModuleProto.id`, field 5; absent: 0), what a CPU or GPU
+    trace's op events carry as `program_id` (seen on CPU devices, jax 0.10.2: two programs named `jit_body`, ids 0
+    and 2 in the proto and in the trace); None where jaxlib does not give the module (one module expected)."""
+    try:
+        modules = compiled.runtime_executable().hlo_modules()
+        if len(modules) != 1:
+            return None
+        proto = modules[0].as_serialized_hlo_module_proto()
+        found = 0
+        for number, wire, value, _ in fields(proto, 0, len(proto), "HloModuleProto"):
+            if number == 5 and wire == 0:
+                found = signed(value)
+        return found
+    except Exception:
+        return None
 
 
 def _num_cores(device: Any) -> int | None:

@@ -36,7 +36,8 @@ class InProcessWorkload:
     def training(self) -> TrainingReading | None:
         """The training tracker's reading with its sampled traces' (jaxmon.training.sampler), None without one.
         From start() or publish() on, before the first step too: every counter that can happen before it does is
-        there at 0 (jaxmon.births.with_zeros), the declared badput kinds included."""
+        there at 0 (jaxmon.births.with_zeros), the declared badput kinds included, and each other kind from its
+        first open."""
         tracker = self._tracker
         if tracker is None:
             return None
@@ -50,7 +51,8 @@ class InProcessWorkload:
             profile = dataclasses.replace(
                 profile, devices=(*profile.devices, *(DeviceProfile(platform=k, id=i) for k, i in unseen))
             )
-        return with_zeros(dataclasses.replace(reading, profile=profile), self._kinds)
+        # A kind not declared is born at 0 at its first open; its seconds count once its interval was booked.
+        return with_zeros(dataclasses.replace(reading, profile=profile), (*self._kinds, *tracker.kinds()))
 
     def _own_devices(self, tracker: Tracker) -> frozenset[tuple[str, int]]:
         if self._devices is None:

@@ -78,7 +78,7 @@ READING = TrainingReading(
     loss={"acc": 0.75, "loss": 2.5},
     loss_step=40,
     profile=ProfileReading(
-        results={"taken": 3, "busy": 1, "failed": 1},
+        results={"taken": 3, "busy": 1, "failed": 1, "skipped": 2},
         devices=(
             DeviceProfile(
                 platform="tpu",
@@ -87,6 +87,7 @@ READING = TrainingReading(
                 parts={"compute": 0.25, "collective": 0.125, "copy": 0.0625, "idle": 0.0625},
                 collectives={"all-reduce": 0.125},
                 placed={("all-reduce", "data", "ici"): (0.125, 0.0625, 8192.0)},
+                copies={"device_to_device": (0.03125, 4096.0), "host_to_device": (0.03125, 0.0)},
             ),
         ),
     ),

@@ -178,7 +178,7 @@ def test_the_sampled_traces_learn_each_analysed_programs_collective_instructions
     tracker = make_tracker(window=3)
     sampler = tracker.sampler
     assert isinstance(sampler, Sampler)
-    assert sampler._known_collectives() == (({}, {}))
+    assert tracker._collective_names.programs() == []
     w = jax.device_put(jnp.ones((D, D)), NamedSharding(mesh, P()))
     x = jax.device_put(jnp.ones((B, D)), NamedSharding(mesh, P("data")))
     both = ("data", "model")
@@ -194,14 +194,21 @@ def test_the_sampled_traces_learn_each_analysed_programs_collective_instructions
     wait_until(lambda: tracker._analyzer.idle(), what="the analysis done")
     # The truth: each program's optimized HLO text, read here with a pattern of its own (name = shape opcode(...).
     expected: dict[str, str] = {}
+    modules: list[str] = []
     for fn, args in ((sgd, (w, x)), (gather, (xs,))):
         text = jax.jit(fn).lower(*args).compile().as_text()
         assert text is not None
+        modules += re.findall(r"^HloModule ([^\s,]+)", text, re.M)
         for name, op in re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = .*? (all-reduce|all-gather)(?:-start)?\(", text, re.M):
             expected[name] = op
     assert sorted(set(expected.values())) == ["all-gather", "all-reduce"]
-    names, places = sampler._known_collectives()
-    assert names == expected
+    programs = tracker._collective_names.programs()
+    # each program by its module's name, with the id its trace events carry (CPU: the HloModule's unique id)
+    assert sorted(p.module for p in programs) == sorted(modules) and len(modules) == 2, (programs, modules)
+    ids = [p.program_id for p in programs]
+    assert None not in ids and len(set(ids)) == 2, ids
+    places = {name: place for p in programs for name, place in p.places.items()}
+    assert set(places) == set(expected)
     # each placed: its op, the mesh axes its groups span and the link (one process's CPU devices: local)
     assert set(places) == set(expected)
     assert {p[:3] for p in places.values()} == {("all-reduce", "data", "local"), ("all-gather", "data,model", "local")}

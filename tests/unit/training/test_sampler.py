@@ -97,8 +97,7 @@ def got(sampler: Sampler) -> ProfileReading:
 def run_block(sampler: Sampler, profiler: FakeProfiler, completions: list[tuple[int, float]]) -> ProfileReading:
     sampler.handed(8)  # block 10 starts: the trace starts two steps ahead
     wait_until(lambda: profiler.starts == 1 or profiler.user, what="the trace started")
-    for number, done in completions:
-        sampler.completed([(number, done)])
+    sampler.completed(completions)
     wait_until(lambda: sum(got(sampler).results.values()) == 1, what="the sample booked")
     return got(sampler)
 
@@ -143,7 +142,7 @@ def test_only_the_block_is_traced(make) -> None:  # type: ignore[no-untyped-def]
     for n in range(0, 8):
         sampler.handed(n)
         sampler.completed([(n, at(0) - (8 - n))])
-    assert profiler.starts == 0 and got(sampler).results == {"taken": 0, "busy": 0, "failed": 0}
+    assert profiler.starts == 0 and got(sampler).results == {"taken": 0, "busy": 0, "failed": 0, "skipped": 0}
 
 
 def test_gpu_split_lands_on_the_job_devices(make) -> None:  # type: ignore[no-untyped-def]
@@ -152,7 +151,7 @@ def test_gpu_split_lands_on_the_job_devices(make) -> None:  # type: ignore[no-un
     profiler = FakeProfiler(gpu_space({0: GPU0, 1: GPU1}))
     sampler = make(profiler)
     reading = run_block(sampler, profiler, [(9, at(0)), (10, at(50)), (11, at(100))])
-    assert reading.results == {"taken": 1, "busy": 0, "failed": 0}
+    assert reading.results == {"taken": 1, "busy": 0, "failed": 0, "skipped": 0}
     assert profiler.python == [False]  # a sample traces no Python calls
     by_id = {d.id: d for d in reading.devices}
     assert sorted(by_id) == [4, 5]
@@ -163,6 +162,12 @@ def test_gpu_split_lands_on_the_job_devices(make) -> None:  # type: ignore[no-un
     assert g0.collectives == pytest.approx({"all-reduce": 30 * US, "all-gather": 10 * US})
     assert g1.parts == pytest.approx({"compute": 65 * US, "collective": 15 * US, "copy": 0, "idle": 20 * US})
     assert g1.collectives == pytest.approx({"all-reduce": 40 * US, "send-recv": 10 * US})
+    # the copy part by direction, with the memcpy events' bytes (each started inside a window)
+    assert {d: c[1] for d, c in g0.copies.items()} == {"device_to_host": 1048576, "host_to_device": 4096}
+    assert {d: c[0] for d, c in g0.copies.items()} == pytest.approx(
+        {"device_to_host": 10 * US, "host_to_device": 5 * US}
+    )
+    assert g1.copies == {}
 
     samples = family_samples(TrainingReading(profile=reading))
     device = {"workload": "w", "device": "4", "platform": "gpu"}
@@ -173,6 +178,15 @@ def test_gpu_split_lands_on_the_job_devices(make) -> None:  # type: ignore[no-un
     assert samples[
         ("jaxmon_training_profile_collective_seconds_total", key(device, op="all-gather", axes="", link="unknown"))
     ] == (pytest.approx(10 * US))
+    copy = {
+        d: (
+            samples[("jaxmon_training_profile_copy_seconds_total", key(device, direction=d))],
+            samples[("jaxmon_training_profile_copy_bytes_total", key(device, direction=d))],
+        )
+        for d in ("device_to_host", "host_to_device")
+    }
+    assert {d: c[1] for d, c in copy.items()} == {"device_to_host": 1048576, "host_to_device": 4096}
+    assert {d: c[0] for d, c in copy.items()} == pytest.approx({"device_to_host": 10 * US, "host_to_device": 5 * US})
 
 
 def test_tpu_split_and_a_second_sample_adds_up(make) -> None:  # type: ignore[no-untyped-def]
@@ -182,8 +196,7 @@ def test_tpu_split_and_a_second_sample_adds_up(make) -> None:  # type: ignore[no
     run_block(sampler, profiler, [(9, at(0)), (10, at(100))])
     sampler.handed(18)
     wait_until(lambda: profiler.starts == 2, what="the second trace started")
-    sampler.completed([(19, at(0))])
-    sampler.completed([(20, at(100))])
+    sampler.completed([(19, at(0)), (20, at(100))])
     wait_until(lambda: got(sampler).results["taken"] == 2, what="two samples")
     by_id = {d.id: d for d in got(sampler).devices}
     assert by_id[4].parts == pytest.approx(
@@ -211,7 +224,30 @@ def test_no_whole_step_is_a_failed_sample(make) -> None:  # type: ignore[no-unty
     profiler = FakeProfiler(gpu_space({0: GPU0}))
     sampler = make(profiler)
     reading = run_block(sampler, profiler, [(9, at(-50)), (10, at(-10)), (11, at(-5))])
-    assert reading.results == {"taken": 0, "busy": 0, "failed": 1} and reading.devices == ()
+    assert reading.results == {"taken": 0, "busy": 0, "failed": 1, "skipped": 0} and reading.devices == ()
+
+
+def test_a_block_that_holds_badput_is_dropped_at_once_and_tried_again_on_clean_steps(make) -> None:  # type: ignore[no-untyped-def]
+    """Block 10's trace runs (it started at step 8) when an eval opens after step 9 was handed: the trace ends at
+    once, unread, counted `skipped`; at the eval's close the retry is block 12 (its trace starts at step 10, the
+    first handed after it), whose split is the hand-laid one."""
+    profiler = FakeProfiler(gpu_space({0: GPU0, 1: GPU1}))
+    sampler = make(profiler)
+    sampler.handed(8)
+    wait_until(lambda: profiler.starts == 1, what="the trace started")
+    sampler.badput("eval", "eval-1", 9, False)
+    wait_until(lambda: got(sampler).results["skipped"] == 1, what="the sample dropped")
+    assert profiler.stops == 1 and got(sampler).devices == () and got(sampler).results["taken"] == 0
+    sampler.handed(9)  # not a block: 11 is not a multiple of 10, and no retry is planned while the eval runs
+    assert profiler.starts == 1
+    sampler.closed("eval-1", 9)
+    sampler.handed(10)
+    wait_until(lambda: profiler.starts == 2, what="the retry's trace started")
+    sampler.completed([(11, at(0)), (12, at(50)), (13, at(100))])
+    wait_until(lambda: got(sampler).results["taken"] == 1, what="the retry booked")
+    assert got(sampler).results == {"taken": 1, "busy": 0, "failed": 0, "skipped": 1}
+    g0 = {d.id: d for d in got(sampler).devices}[4]
+    assert g0.parts == pytest.approx({"compute": 50 * US, "collective": 20 * US, "copy": 15 * US, "idle": 15 * US})
 
 
 def test_busy_when_the_user_profiles_and_when_the_users_trace_ends_jaxmons(make) -> None:  # type: ignore[no-untyped-def]
@@ -219,14 +255,12 @@ def test_busy_when_the_user_profiles_and_when_the_users_trace_ends_jaxmons(make)
     profiler.user = True
     sampler = make(profiler)
     reading = run_block(sampler, profiler, [(9, at(0)), (10, at(50)), (11, at(100))])
-    assert reading.results == {"taken": 0, "busy": 1, "failed": 0}
+    assert reading.results == {"taken": 0, "busy": 1, "failed": 0, "skipped": 0}
     assert profiler.starts == 0 and profiler.stops == 0  # nothing started, nothing stopped: nothing disturbed
     profiler.user, profiler.preempt = False, True
     sampler.handed(18)
     wait_until(lambda: profiler.starts == 1, what="the second trace started")
-    sampler.completed([(19, at(0))])
-    sampler.completed([(20, at(50))])
-    sampler.completed([(21, at(100))])
+    sampler.completed([(19, at(0)), (20, at(50)), (21, at(100))])
     wait_until(lambda: got(sampler).results["busy"] == 2, what="the preempted sample counted busy")
     assert got(sampler).devices == ()
 
@@ -234,6 +268,9 @@ def test_busy_when_the_user_profiles_and_when_the_users_trace_ends_jaxmons(make)
 def test_a_trace_on_demand_holds_whole_steps(make, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     profiler = FakeProfiler(gpu_space({0: GPU0}))
     sampler = make(profiler, every=0)
+    for n in range(-2, 30):
+        sampler.handed(n)  # sampling off: no step asks for a trace (0 and -2 included)
+        assert sampler.block is None
     out: list[bytes] = []
     thread = threading.Thread(target=lambda: out.append(sampler.demand(tmp_path, steps=2)))
     thread.start()

@@ -185,6 +185,31 @@ def test_a_donated_ready_array_and_one_deleted_before_step_are_unready(make_trac
     assert reading.step == 3
 
 
+def test_a_badput_block_after_a_step_whose_arrays_were_deleted_or_donated_is_no_crash(
+    make_tracker: MakeTracker,
+) -> None:
+    """pause() (a badput() block opening) takes jaxmon's handles on the last step's ready arrays, on the training
+    thread: arrays deleted, donated, or deleted in another way every few steps, over many blocks, never crash it;
+    the blocks are charged and the steps booked."""
+    tracker = make_tracker()
+    donate = jax.jit(lambda a: a + 1, donate_argnums=0)
+    state = jnp.ones(8)
+    for n in range(60):
+        loss = jnp.sum(state) + n
+        state = donate(state)
+        step(n, loss if n % 3 else state)
+        if n % 3 == 1:
+            loss.delete()  # the last step's ready deleted before the block opens
+        elif n % 3 == 0:
+            state = donate(state)  # the last step's ready (the state) donated before the block opens
+        with jaxmon.badput("eval"):
+            pass
+    reading = booked(tracker, 60)
+    assert reading.steps_total == 60 and reading.step == 59
+    assert "eval" in reading.badput_seconds_total
+    assert set(reading.problems) <= {"unready"}
+
+
 def test_a_figure_array_deleted_before_it_is_read_is_dropped_and_the_step_completes(make_tracker: MakeTracker) -> None:
     tracker = make_tracker()
     f, x = slow_on_its_own_device()

@@ -3,6 +3,8 @@ hand. Times in microseconds of the trace's clock; the reader's figures are picos
 
 from __future__ import annotations
 
+import pytest
+
 from jaxmon.xla.profile import read
 from tests.xspace_fakes import START_UNIX_NS, Kernel, TpuOp, gpu_space, tpu_space
 
@@ -115,3 +117,24 @@ def test_collectives_by_name_from_the_compiled_program() -> None:
     assert plain.compute == 10 * US
     named = read(data, {"custom-call.4": "all-to-all"}).split()[("tpu", 0)]
     assert named.collectives["all-to-all"] == 10 * US and named.compute == 0
+
+
+def test_copies_are_split_by_direction_with_their_bytes() -> None:
+    """GPU 0, 100 us: a cross-device copy (MemcpyP2P, CUPTI's details in today's `size:` spelling) alone on
+    [0, 20), a MemcpyD2D on [10, 30) beside it (each counts [10, 20)), compute on [25, 40) hiding the D2D's end, and
+    a copy whose direction only its details say (host to device) on [50, 60). The copy part is the union; each
+    direction's share counts the instants it ran with nothing but copies; the bytes are the events' sizes."""
+    from jaxmon.training.trace_links import PlacedTotals
+
+    kernels = [
+        Kernel(14, "MemcpyP2P", 0, 20, memcpy="kind_src:device kind_dst:device size:8388608 dest:1 async:1"),
+        Kernel(15, "MemcpyD2D", 10, 30, memcpy="kind_src:device kind_dst:device size:65536 dest:0 async:1"),
+        Kernel(7, "loop_add_fusion", 25, 40, hlo_op="fusion.1"),
+        Kernel(14, "Memcpy", 50, 60, memcpy="kind_src:pageable kind_dst:device size:4096 dest:0 async:0"),
+    ]
+    [s] = read(gpu_space({0: kernels})).split().values()
+    assert s.copy == 35_000_000 and s.compute == 15_000_000  # picoseconds
+    totals = PlacedTotals()
+    totals.add(s, 1e-12)
+    assert totals.copy_seconds == pytest.approx({"device_to_device": 20e-6 + 15e-6, "host_to_device": 10e-6})
+    assert totals.copy_bytes == {"device_to_device": 8388608 + 65536, "host_to_device": 4096}

@@ -53,3 +53,38 @@ def test_the_reader_splits_the_real_tpu_trace_into_its_ops_compute_and_copies() 
     assert len(steps) == 3
     assert all(16.2e6 < d < 16.5e6 for _, d in steps)
     assert ops_ns == pytest.approx(sum(d for _, d in steps), rel=1e-3)
+
+
+TWO_STEPS = TRACE.parent / "tpu-v5e-two-jit-step.xplane.pb"
+
+
+def test_each_tpu_op_is_asked_for_by_its_program_and_instruction() -> None:
+    """tests/fixtures/tpu-v5e-two-jit-step.xplane.pb: two jits of functions both named `step` (two `jit_step`
+    programs), each called twice, and a `jit_add`, traced on a v5e chip. The names jaxmon asks for each op (module,
+    program id, instruction: jaxmon.xla.classify.Namer) are, by jaxlib's own parser, the op's name up to ` = ` and the
+    `XLA Modules` run whose span holds the op, `name(program_id)`: the two `jit_step` programs apart by their ids."""
+    data = ProfileData.from_serialized_xspace(TWO_STEPS.read_bytes())
+    (plane,) = [p for p in data.planes if p.name == "/device:TPU:0"]
+    runs = []
+    for line in plane.lines:
+        if line.name == "XLA Modules":
+            for e in line.events:
+                name, program = e.name[:-1].split("(")
+                runs.append((e.start_ns, e.start_ns + e.duration_ns, name, int(program)))
+    want = set()
+    for line in plane.lines:
+        if line.name in ("XLA Ops", "Async XLA Ops"):
+            for e in line.events:
+                [(_, _, module, program)] = [r for r in runs if r[0] <= e.start_ns < r[1]]
+                want.add((module, program, e.name.split(" = ")[0].lstrip("%")))
+    assert {(m, p) for m, p, _ in want} == {(m, p) for _, _, m, p in runs}
+    assert sorted(m for _, _, m, _ in runs).count("jit_step") == 4 and len({p for *_, p in runs}) == 3
+    asked: set[tuple[str | None, int | None, str]] = set()
+
+    def namer(module: str | None, program: int | None, name: str) -> str | None:
+        asked.add((module, program, name))
+        return None
+
+    trace = read(TWO_STEPS.read_bytes(), namer)
+    assert trace.modules == {"jit_step", "jit_add"}
+    assert asked == want
