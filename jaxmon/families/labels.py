@@ -283,6 +283,8 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
     "jaxmon_training_steps": ("workload, process_index, process_count, host", "`jaxmon.step()`"),
     "jaxmon_training_step": ("workload, process_index, process_count, host", "`jaxmon.step(n)`"),
     "jaxmon_training_dispatched_step": ("workload, process_index, process_count, host", "`jaxmon.step(n)`"),
+    "jaxmon_training_loss": ("workload, process_index, process_count, host, name", "`step(n, loss)`, waiter thread"),
+    "jaxmon_training_loss_step": ("workload, process_index, process_count, host", "same"),
     "jaxmon_training_last_step_timestamp_seconds": ("workload, process_index, process_count, host", "waiter thread"),
     "jaxmon_training_step_duration_seconds": ("workload, process_index, process_count, host (+ le)", "waiter thread"),
     "jaxmon_training_examples": ("workload, process_index, process_count, host", "`step(examples=)`"),

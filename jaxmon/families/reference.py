@@ -150,7 +150,7 @@ def _probe() -> list[Entry]:
 
 
 def _training() -> list[Entry]:
-    specs = [training.STEPS, training.STEP, training.DISPATCHED, training.LAST_STEP]
+    specs = [training.STEPS, training.STEP, training.DISPATCHED, training.LAST_STEP, training.LOSS, training.LOSS_STEP]
     rest = [training.EXAMPLES, training.TOKENS, training.MODEL_FLOPS, training.HARDWARE_FLOPS]
     rest += [training.HARDWARE_BYTES, training.PEAK, training.MFU, training.HFU, training.HOST_WAIT]
     rest += [training.START_TIME, training.PRODUCTIVE, training.BADPUT, training.PROBLEMS]

@@ -131,6 +131,17 @@ PROBLEMS = Spec(
     "which program the event is of), error (a bug of the waiter's).",
     counter=True,
 )
+LOSS = Spec(
+    "jaxmon_training_loss",
+    "The loss the training loop handed to jaxmon.step() (a scalar array: name loss; a dict of scalar arrays: each "
+    "key, the first 16 sorted), read on jaxmon's thread from the looked-at step at most once a second, as it is: "
+    "NaN and +Inf are exported as read (a diverged loss is the news). Of the step jaxmon_training_loss_step names; "
+    "absent until a loss was read.",
+)
+LOSS_STEP = Spec(
+    "jaxmon_training_loss_step",
+    "The number of the step jaxmon_training_loss's values are of (absent until a loss was read).",
+)
 
 PROFILED = Spec(
     "jaxmon_training_profiled_seconds",
@@ -225,6 +236,7 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
         s.new()
         for s in (PROFILES, PROFILED, PROFILE_PARTS, PROFILE_COLLECTIVES, PROFILE_EXPOSED, PROFILE_COLLECTIVE_BYTES)
     )
+    loss, loss_step = LOSS.new(), LOSS_STEP.new()
     copy_seconds, copy_bytes = PROFILE_COPY_SECONDS.new(), PROFILE_COPY_BYTES.new()
     for labels, r in rows:
         add(steps, labels, r.steps_total)
@@ -241,6 +253,10 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
         add(host_wait, labels, r.host_wait_seconds_total)
         add(start_time, labels, r.start_time_seconds)
         add(productive, labels, r.productive_seconds_total)
+        for name, read in sorted(r.loss.items()):
+            add(loss, {**labels, "name": name}, read)
+        if r.loss and r.loss_step is not None:
+            add(loss_step, labels, r.loss_step)
         for kind, seconds in sorted(r.badput_seconds_total.items()):
             add(badput, {**labels, "kind": kind}, seconds)
         for reason, count in sorted(r.problems.items()):
@@ -285,5 +301,6 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
                     if moved:
                         add(copy_bytes, {**per_device, "direction": direction}, moved)
     yield from (steps, step, dispatched, last, duration, examples, tokens, model, hardware, nbytes, peak, mfu, hfu)
-    yield from (host_wait, start_time, productive, badput, problems, collective_bytes, peak_memory, bandwidth)
-    yield from (profiles, profiled, parts, profile_collectives, exposed, profile_bytes, copy_seconds, copy_bytes)
+    yield from (loss, loss_step, host_wait, start_time, productive, badput, problems, collective_bytes, peak_memory)
+    yield from (bandwidth, profiles, profiled, parts, profile_collectives, exposed, profile_bytes)
+    yield from (copy_seconds, copy_bytes)

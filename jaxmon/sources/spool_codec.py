@@ -6,11 +6,13 @@ Writing: a device's identity, its raw `memory_stats()` (numbers only) or the err
 by placement (`spool_device`); the training reading (`spool_training`: the +Inf bucket as the count, the start as
 the seconds before the document's time, the collective bytes' (op, axes) keys as objects). Reading: the document as
 a `WorkloadReport` (`workload_report`), with the allocator numbers jaxmon derives and the training reading as it was
-made (`training_reading`). tests/unit/sources/test_spool_codec.py round-trips every field of schema 3.
+made (`training_reading`); the loss' NaN and inf as "NaN", "+Inf" and "-Inf". tests/unit/sources/test_spool_codec.py
+round-trips every field of schema 3.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -68,6 +70,7 @@ def spool_training(reading: TrainingReading, now: float) -> SpoolTraining:
         duration_count=reading.duration_count,
         elapsed_seconds=max(now - reading.start_time_seconds, 0.0),
     )
+    fields["loss"] = {name: _loss_out(value) for name, value in reading.loss.items()}
     for device in fields["devices"]:  # (op, axes, link) keys as objects: JSON keys are strings only
         device["collective_bytes_total"] = [
             {"op": op, "axes": axes, "link": link, "bytes": n}
@@ -80,6 +83,15 @@ def spool_training(reading: TrainingReading, now: float) -> SpoolTraining:
         ]
         device["copies"] = {k: {"seconds": t, "bytes": n} for k, (t, n) in sorted(device["copies"].items())}
     return SpoolTraining.model_validate(fields)
+
+
+def _loss_out(value: float) -> float | str:
+    """A loss value as the document carries it: NaN and inf spelled out (JSON has none)."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return value
 
 
 # -- reading -------------------------------------------------------------------------------------------------------
@@ -166,6 +178,7 @@ def training_reading(spooled: SpoolTraining, time: float) -> TrainingReading:
         else ()
     )
     del fields["duration_count"]
+    fields["loss"] = {name: float(value) for name, value in spooled.loss.items()}  # "NaN", "+Inf", "-Inf" too
     for d in fields["devices"]:
         d["collective_bytes_total"] = {(c["op"], c["axes"], c["link"]): c["bytes"] for c in d["collective_bytes_total"]}
     fields["devices"] = tuple(DeviceTraining(**d) for d in fields["devices"])

@@ -5,7 +5,8 @@ Versioning: every model forbids unknown fields, so a field a publisher adds is a
 does not know the version says so, `schema_version`, rather than `bad_schema`), and the reader keeps reading every
 older version (a sidecar is upgraded before, or with, its trainers). Schema 3 adds, per device, the replicated and
 host-memory array bytes and, per device of `training`, the collective bytes by (op, axes) and the programs'
-predicted peak memory; a /1 or /2 document reads as before.
+predicted peak memory, and the loss gauge (`training.loss`, `training.loss_step`: a /3 document of a publisher
+before it has none, and reads as having no loss); a /1 or /2 document reads as before.
 
 Every bound a forged file could break is in the models; jaxmon.sources.spool is the reader of the directory."""
 
@@ -93,6 +94,8 @@ class SpoolCompile(BaseModel):
 
 NonNegative = Annotated[float, Field(ge=0, le=2.0**63)]
 Kind = Annotated[str, Field(min_length=1, max_length=64)]
+# A loss value as read: a finite double, or the non-finite ones spelled as Prometheus does (JSON has no NaN or inf).
+LossValue = Literal["NaN", "+Inf", "-Inf"] | float
 
 
 class SpoolCollectiveBytes(BaseModel):
@@ -192,6 +195,9 @@ class SpoolTraining(BaseModel):
     devices: list[SpoolDeviceTraining] = Field(default_factory=list, max_length=4096)
     problems: dict[Kind, Count] = Field(default_factory=dict, max_length=16)
     profile: SpoolProfile | None = None  # sampled traces; absent when they are off (and before this field existed)
+    # schema 3: the loss gauge by name (jaxmon.training.reading.bounded_loss's bounds) and the step it is of
+    loss: dict[Kind, LossValue] = Field(default_factory=dict, max_length=16)
+    loss_step: Int64 | None = None
 
     @model_validator(mode="after")
     def _a_histogram(self) -> SpoolTraining:

@@ -80,6 +80,8 @@ class Row:
     step_count: float | None = None
     step_time: float | None = None
     mfu: float | None = None
+    # Its process's loss (jaxmon_training_loss): the value named `loss`, else the first name's in sorted order.
+    loss: float | None = None
     # The row's process in its job (jaxmon.step()'s process_index), the last step it handed to step(), and the
     # share of time its devices waited for its host (since the previous scrape, else since its jaxmon started).
     process_index: str | None = None
@@ -154,6 +156,7 @@ def parse_exposition(text: str, endpoint: str) -> Scrape:
     training: dict[tuple[str, str], dict[str, float]] = {}
     process_of: dict[RowKey, str] = {}
     kinds: dict[tuple[str, str], dict[str, float]] = {}  # each process's badput seconds by kind
+    losses: dict[tuple[str, str], dict[str, float]] = {}  # each process's loss by name
     source_failures: dict[tuple[str, str], list[str]] = {}
     out = Scrape()
 
@@ -181,6 +184,9 @@ def parse_exposition(text: str, endpoint: str) -> Scrape:
                 per_process = training.setdefault(process, {})
                 per_process["badput"] = per_process.get("badput", 0.0) + s.value
                 kinds.setdefault(process, {})[s.labels.get("kind", "")] = s.value
+            elif s.name == "jaxmon_training_loss" and "workload" in s.labels:
+                process = (s.labels["workload"], s.labels.get("process_index", ""))
+                losses.setdefault(process, {})[s.labels.get("name", "")] = s.value
             elif s.name == "jaxmon_training_model_flops_utilization_ratio" and "device" in s.labels:
                 row(s.labels).mfu = s.value
             elif s.name in _DEVICE_WIDE and "device" in s.labels:
@@ -233,6 +239,8 @@ def parse_exposition(text: str, endpoint: str) -> Scrape:
                 r.host_wait_ratio = min(r.host_wait / r.elapsed, 1.0)
             r.productive, r.tokens = productive, numbers.get("tokens")
             r.badput = kinds.get((r.key.workload, r.process_index), {})
+            if loss := losses.get((r.key.workload, r.process_index)):
+                r.loss = loss["loss"] if "loss" in loss else loss[min(loss)]
             _throughput(r, r.productive, r.tokens, r.badput, r.elapsed)
     out.rows = sorted(rows.values(), key=SORTS["device"])
     return out

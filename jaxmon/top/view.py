@@ -125,10 +125,6 @@ def _place(platform: str, device: str, glyphs: Glyphs) -> str:
     return f"{platform}:{device}" if platform else device
 
 
-def _device(row: Row, glyphs: Glyphs) -> str:
-    return _place(row.key.platform, row.key.device, glyphs)
-
-
 def _rate(value: float | None, glyphs: Glyphs) -> str:
     """Per second, in k/M/G."""
     if value is None:
@@ -159,7 +155,7 @@ class Column:
 
 COLUMNS = (
     Column("ENDPOINT", None, lambda r, g: r.key.endpoint),
-    Column("DEVICE", "device", _device),
+    Column("DEVICE", "device", lambda r, g: _place(r.key.platform, r.key.device, g)),
     Column("WORKLOAD", None, lambda r, g: r.key.workload or g.absent),
     Column("MEMORY in use/limit", "memory", memory_cell),  # or "… live": live arrays where there is no allocator
     Column("RESERVED", None, lambda r, g: _num(r.reserved, "bytes", g), drop_rank=5),
@@ -171,6 +167,7 @@ COLUMNS = (
     Column("PROBE", None, lambda r, g: _num(r.probe, "ratio", g), drop_rank=4),
     Column("STEP", None, lambda r, g: g.absent if r.step is None else f"{r.step:.0f}", drop_rank=8),
     Column("STEP TIME", None, lambda r, g: g.absent if r.step_time is None else fmt_seconds(r.step_time), drop_rank=9),
+    Column("LOSS", None, lambda r, g: g.absent if r.loss is None else f"{r.loss:.4g}", drop_rank=8),
     Column("MFU", None, lambda r, g: _num(r.mfu, "ratio", g), drop_rank=7),
     Column("GOODPUT", None, lambda r, g: _num(r.goodput, "ratio", g), drop_rank=10),
     Column("TOKENS/S", None, lambda r, g: _rate(r.tokens_per_second, g), drop_rank=11),
@@ -187,6 +184,7 @@ def _columns(rows: list[Row]) -> list[Column]:
         hidden.add("WORKLOAD")
     if not any(r.step is not None for r in rows):
         hidden |= {"STEP", "STEP TIME"}
+    hidden |= set() if any(r.loss is not None for r in rows) else {"LOSS"}
     if not any(r.mfu is not None for r in rows):
         hidden.add("MFU")
     if not any(r.goodput is not None for r in rows):

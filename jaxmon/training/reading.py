@@ -5,6 +5,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+# The loss gauge's bounds: names (label values) kept, the first in sorted order, and each name's length.
+MAX_LOSS_NAMES = 16
+MAX_LOSS_NAME = 64
+
+
+def bounded_loss(loss: Mapping[str, float]) -> tuple[dict[str, float], int]:
+    """The loss gauge's values as exported, and how many names were left out: the first MAX_LOSS_NAMES names in
+    sorted order, each cut to MAX_LOSS_NAME characters and made valid UTF-8; an empty name, or one that is the same
+    as a name before it once cut, is left out."""
+    out: dict[str, float] = {}
+    names = sorted(loss)
+    for name in names:
+        label = name[:MAX_LOSS_NAME].encode("utf-8", "replace").decode("utf-8")
+        if len(out) < MAX_LOSS_NAMES and label and label not in out:
+            out[label] = float(loss[name])
+    return out, len(names) - len(out)
+
 
 @dataclass(frozen=True)
 class DeviceTraining:
@@ -86,6 +103,10 @@ class TrainingReading:
     problems: Mapping[str, int] = field(default_factory=dict)
     # The sampled traces; None when sampling is off (collector.training.profile.every = 0).
     profile: ProfileReading | None = None
+    # The loss gauge: the last looked-at step's scalars as read (NaN and inf as they are), by name (at most
+    # MAX_LOSS_NAMES, each at most MAX_LOSS_NAME characters: bounded_loss); `loss_step` the step they are of.
+    loss: Mapping[str, float] = field(default_factory=dict)
+    loss_step: int | None = None
 
     @property
     def duration_count(self) -> int:

@@ -35,7 +35,7 @@ from jaxmon.training.handed import (
     TrainingOps,
 )
 from jaxmon.training.peaks import peak_table
-from jaxmon.training.reading import TrainingReading
+from jaxmon.training.reading import MAX_LOSS_NAMES, TrainingReading, bounded_loss
 from jaxmon.training.sampler import sampler_for
 from jaxmon.training.steps import MARK, NO_CALLS, PLAIN, Handoff, Held, Hold, loss_names, shown
 from jaxmon.training.waiter import LOOK, Waiter
@@ -68,6 +68,7 @@ class Tracker:
         self._intervals = Intervals()  # badput intervals since the last completion (and the open ones)
         self._kinds: set[str] = set()  # the badput() kinds seen, MAX_USER_KINDS at most
         self._opened: set[str] = set()  # those and OTHER_KIND once it is used: series from their first open
+        self._loss_warned = False  # the loss gauge left names out (logged once)
         self._devices = ops.devices()
         self._device_count = max(ops.device_count(), 1)
         self._process_count = max(ops.process_count(), 1)
@@ -327,6 +328,15 @@ class Tracker:
             mfu, hfu = self._acct.utilization({k: p for k, (p, _) in self._peaks.items()})
             books = self._books
             devices = books.devices(self._peaks, mfu, hfu, self.config.link_bandwidth)
+            loss, left_out = bounded_loss(books.loss)
+            if left_out and not self._loss_warned:
+                self._loss_warned = True
+                log.warning(
+                    f"the loss gauge keeps the first {MAX_LOSS_NAMES} names of step()'s dict (sorted), non-empty and "
+                    "cut to 64 characters: the others are not exported",
+                    left_out=left_out,
+                    kept=sorted(loss),
+                )
             return TrainingReading(
                 steps_total=books.steps,
                 step=books.last[0] if books.last is not None else None,
@@ -342,6 +352,8 @@ class Tracker:
                 badput_seconds_total=dict(self._acct.badput),
                 devices=devices,
                 problems=self._problem_counts(),
+                loss=loss,
+                loss_step=books.loss_step if loss else None,
             )
 
     def kinds(self) -> tuple[str, ...]:

@@ -526,6 +526,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # Then a program that all-reduces over a mesh axis: collective bytes (after the sampled step 8, whose number
         # the steps before it set), its steps 9 to 12, step 12 traced: the sampled collectives by axis and link.
         trainer.send("collective 4")
+        # Then steps 13 and 14 hand jaxmon.step() a scalar loss: the loss gauge and its step (issue 42).
+        trainer.send("losses 2")
         (spool / "broken.json").write_text('{"schema": "jaxmon.spool/1", "devices": [')
         ephemeral.close()
         nvml_events(scenario)

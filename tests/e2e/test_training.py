@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import requests
 
@@ -23,17 +24,17 @@ SCHEDULER = {"POD_NAME": "llama-0-abc", "POD_NAMESPACE": "research", "NODE_NAME"
 SCHEDULER_LABELS = {"pod": "llama-0-abc", "namespace": "research", "node": "gpu-node-7", "slurm_job_id": "4242"}
 STEPS = 10
 DATA_MS = 20
-# The series one training process adds (docs/training.md, "Series per process"): at most 65 (9 counters and gauges,
+# The series one training process adds (docs/training.md, "Series per process"): at most 82 (9 counters and gauges,
 # the step histogram's 21, jaxmon_workload_info, 18 kinds of badput, 12 reasons of tracking problems, 4 results of
-# sampled traces) + 12 per local device (model and hardware FLOPs, bytes accessed, peak, MFU, HFU, the programs'
-# predicted peak memory; the sampled traces' 4 parts and profiled seconds, at 0 from start where sampling is on:
-# born at zero) + 1 per local device and (op, axes) pair the tracked programs' collectives use, before the first
-# sampled trace (which adds its collective ops).
+# sampled traces, the loss gauge's 16 names and its step) + 12 per local device (model and hardware FLOPs, bytes
+# accessed, peak, MFU, HFU, the programs' predicted peak memory; the sampled traces' 4 parts and profiled seconds,
+# at 0 from start where sampling is on: born at zero) + 1 per local device and (op, axes) pair the tracked programs'
+# collectives use, before the first sampled trace (which adds its collective ops).
 TRAINING_FAMILIES = ("jaxmon_training_", "jaxmon_device_peak_flops_per_second", "jaxmon_workload_info")
 
 
 def training_series_budget(devices: int, collective_pairs: int = 0) -> int:
-    return 65 + (12 + collective_pairs) * devices
+    return 82 + (12 + collective_pairs) * devices
 
 
 def _check_against_the_loop(s: Samples, answer: dict[str, Any], **labels: str) -> None:
@@ -133,6 +134,51 @@ def test_an_embedded_trainer_exports_its_steps_flops_mfu_and_badput(children: li
     assert str(STEPS - 1) in cells and any(c.endswith("%") for c in cells), row
 
 
+def _loss(s: Samples, labels: dict[str, str]) -> float | None:
+    """jaxmon_training_loss{name="loss"} of the process `labels` names (sample() takes `name` itself)."""
+    return s.get(("jaxmon_training_loss", frozenset({**labels, "name": "loss"}.items())))
+
+
+def _check_the_loss(s: Samples, labels: dict[str, str], handed: range) -> None:
+    """The loss gauge and its step agree with the loop: the value is 1 / (step + 1) in float32 (the loop's loss)
+    for the step `jaxmon_training_loss_step` names, one of the steps the loop handed a loss."""
+    step = sample(s, "jaxmon_training_loss_step", **labels)
+    assert step is not None and int(step) in handed, (step, handed)
+    truth = float(np.float32(1.0) / np.float32(int(step) + 1))
+    assert _loss(s, labels) == truth
+    names = {dict(k[1]).get("name") for k in s if k[0] == "jaxmon_training_loss" and labels.items() <= k[1]}
+    assert names == {"loss"}
+
+
+def test_an_embedded_trainers_loss_is_the_loss_of_the_step_it_names(children: list[Child], tmp_path: Path) -> None:
+    """jaxmon.step(n, loss) with a scalar array: scraped over HTTP, jaxmon_training_loss{name="loss"} is the loss
+    of the step jaxmon_training_loss_step names (issue 42), absent before; jaxmon top shows it."""
+    child = Child(
+        tmp_path, "embedded", "--workload", "lossy", "--interval", "0.2",
+        env={"JAXMON_COLLECTOR__PROBE": "false", **SCHEDULER},
+    )  # fmt: skip
+    children.append(child)
+    url = child.hello["url"]
+    labels = {"workload": "lossy", "process_index": "0", "process_count": "1", "host": socket.gethostname()}
+    child.send("steps 2")  # steps with no loss (their ready is a vector): no loss series
+    s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == 2, "2 steps")
+    assert not [k for k in s if k[0].startswith("jaxmon_training_loss")]
+    child.send("losses 5")
+    s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == 7, "7 steps")
+    s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_loss_step", **labels) is not None, "the loss")
+    _check_the_loss(s, labels, range(2, 7))
+    _lint(requests.get(url + "/metrics", timeout=10).text)
+    step = sample(s, "jaxmon_training_loss_step", **labels)
+    assert step is not None
+    top = subprocess.run(
+        [sys.executable, "-m", "jaxmon", "top", "--once", url], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    header = next(line for line in top.stdout.splitlines() if line.startswith("ENDPOINT"))
+    assert "LOSS" in header, top.stdout
+    shown = f"{float(np.float32(1.0) / np.float32(int(step) + 1)):.4g}"
+    assert any(f" {shown} " in line and "lossy" in line for line in top.stdout.splitlines()), (shown, top.stdout)
+
+
 def test_a_publishing_trainers_steps_reach_the_sidecar(
     children: list[Child], tmp_path: Path, start_daemon: StartDaemon
 ) -> None:
@@ -148,6 +194,10 @@ def test_a_publishing_trainers_steps_reach_the_sidecar(
     s = d.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, what="the sidecar's steps")
     _check_against_the_loop(s, answer, **labels)
     _lint(d.get("/metrics").text)
+    # The loss crosses the spool as read: the sidecar's gauge is the loss of the step its loss_step names.
+    child.send("losses 3")
+    s = d.wait_for(lambda s: _loss(s, labels) is not None, what="the loss")
+    _check_the_loss(s, labels, range(STEPS, STEPS + 3))
     assert child.send("exit") == {"stopped": True}
     # The trainer's clean exit removes its file: its training series go with it at the next poll.
     d.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) is None, what="the workload gone")

@@ -120,3 +120,43 @@ def test_identical_cpu_device_rows_are_one_row() -> None:
     assert "cpu:0-4,6-7" in text and "cpu:5 " in text
     assert sum("cpu:" in line for line in text.splitlines()) == 2
     assert "gpu:0" in text and "gpu:1" in text
+
+
+LOSS = """\
+jaxmon_device_info{device="0",device_kind="cpu",platform="cpu",process_index="0",source="spool",workload="gpt"} 1
+jaxmon_device_info{device="1",device_kind="cpu",platform="cpu",process_index="1",source="spool",workload="gpt"} 1
+jaxmon_device_info{device="2",device_kind="cpu",platform="cpu",process_index="2",source="spool",workload="gpt"} 1
+jaxmon_device_info{device="0",device_kind="cpu",platform="cpu",process_index="0",source="spool",workload="idle"} 1
+jaxmon_training_step{process_index="0",workload="gpt"} 9
+jaxmon_training_step{process_index="1",workload="gpt"} 9
+jaxmon_training_step{process_index="2",workload="gpt"} 9
+jaxmon_training_loss{name="acc",process_index="0",workload="gpt"} 0.5
+jaxmon_training_loss{name="loss",process_index="0",workload="gpt"} 2.718281828
+jaxmon_training_loss{name="grad_norm",process_index="1",workload="gpt"} 123456.0
+jaxmon_training_loss{name="z",process_index="1",workload="gpt"} 1.0
+jaxmon_training_loss{name="loss",process_index="2",workload="gpt"} NaN
+jaxmon_training_loss_step{process_index="0",workload="gpt"} 8
+"""
+
+
+def test_the_loss_column_shows_each_processs_loss_to_four_significant_digits() -> None:
+    """The value named `loss` where there is one, else the first name's; NaN as it is; a dash with no loss."""
+    rows = {(r.key.workload, r.key.device): r for r in parse_exposition(LOSS, "h:1").rows}
+    assert rows[("gpt", "0")].loss == 2.718281828
+    assert rows[("gpt", "1")].loss == 123456.0  # grad_norm sorts before z
+    assert rows[("idle", "0")].loss is None
+    buffer = io.StringIO()
+    Console(file=buffer, width=300, force_terminal=False, no_color=True).print(
+        table(list(rows.values()), "device", ASCII)
+    )
+    text = buffer.getvalue()
+    assert "LOSS" in text.splitlines()[0]
+    lines = {d: next(line for line in text.splitlines() if "gpt" in line and f"cpu:{d}" in line) for d in "012"}
+    assert " 2.718 " in lines["0"] and " 1.235e+05 " in lines["1"] and " nan " in lines["2"]
+    idle = next(line for line in text.splitlines() if "idle" in line)
+    assert "2.718" not in idle
+    buffer = io.StringIO()
+    Console(file=buffer, width=300, no_color=True).print(
+        table(parse_exposition(_scrape(8.0, 40), "h:1").rows, "device", ASCII)
+    )
+    assert "LOSS" not in buffer.getvalue()  # no loss anywhere: no column

@@ -20,6 +20,8 @@ answered on stdout with `OK <json>`:
                            all-reduce of a small array over every device); with the times (monotonic and Unix)
                            just before and just after jaxmon.start() or publish() and the Unix time of the
                            last completion
+  losses N                 N steps (numbered on), each handing jaxmon.step(n, loss) a scalar float32 array of
+                           1 / (n + 1) (put on the device, nothing compiled), synced and booked
   restore N                number the next `steps` from N (as a restart from a checkpoint of step N does)
   hold KIND                open a `jaxmon.badput(KIND)` block and leave it open
   release                  close it; answer with the seconds it was open, as this loop timed it
@@ -247,6 +249,14 @@ def main() -> None:
                 time.sleep(0.0003)
             time.sleep(0.5)  # the waiter books the last steps
             answer(cpu_per_step_us=(time.process_time() - cpu0) / count * 1e6)
+        elif cmd == "losses":
+            for _ in range(int(rest[0])):
+                loss = jax.device_put(np.float32(1.0) / np.float32(number + 1))
+                jaxmon.step(number, loss)
+                loss.block_until_ready()
+                booked(number)
+                number += 1
+            answer(steps=number)
         elif cmd == "hold":
             held = (jaxmon.badput(rest[0]), time.monotonic())
             held[0].__enter__()

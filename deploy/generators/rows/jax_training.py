@@ -131,6 +131,34 @@ THROUGHPUT = Row(
     ],
 )
 
+LOSS = f"jaxmon_training_loss{{{JOB}}}"
+LOSS_ROW = Row(
+    "Loss",
+    [
+        Panel(
+            "Loss by name",
+            "timeseries",
+            "short",
+            [
+                Target(f"avg by (name) ({LOSS})", "{{name}} (mean over processes)"),
+                Target(top(LOSS), "{{name}} " + PROCESS),
+            ],
+            "The scalars the loop hands to jaxmon.step() (a scalar: loss; a dict of scalars: each key), read on "
+            "jaxmon's thread from a looked-at step at most once a second: the job's mean by name, and the $k highest "
+            "processes' values. A diverged loss is exported as it was read, NaN or +Inf, which a timeseries may leave "
+            "as a gap.",
+            width=20,
+        ),
+        stat(
+            "Loss of step",
+            "none",
+            f"max(jaxmon_training_loss_step{{{JOB}}})",
+            "The step the newest loss values are of (jaxmon_training_loss_step, the latest over the job's processes): "
+            "a few steps behind jaxmon_training_step, as the loss is read at most once a second.",
+        ),
+    ],
+)
+
 EFFICIENCY = Row(
     "MFU, goodput and badput",
     [
@@ -484,4 +512,4 @@ def profile_panels() -> list[Panel]:
 
 WHERE_THE_STEP_GOES = Row("Where the step goes", [*profile_panels(), *communication_panels()])
 
-ROWS = [SUMMARY, THROUGHPUT, EFFICIENCY, WHERE_THE_STEP_GOES, COMPILATION, STRAGGLERS, MEMORY]
+ROWS = [SUMMARY, THROUGHPUT, LOSS_ROW, EFFICIENCY, WHERE_THE_STEP_GOES, COMPILATION, STRAGGLERS, MEMORY]

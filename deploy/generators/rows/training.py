@@ -88,6 +88,17 @@ ROW = Row(
             min=0,
         ),
         Panel(
+            "Loss",
+            "timeseries",
+            "short",
+            [Target(top(f"jaxmon_training_loss{{{WL}}}"), PROCESS + " {{name}}")],
+            "The scalars each process hands to jaxmon.step() (a scalar: loss; a dict of scalars: each key), read at "
+            "most once a second from a looked-at step: the $k highest. A diverged loss is exported as read (NaN, "
+            "+Inf), which a timeseries may leave as a gap.",
+            width=24,
+            height=6,
+        ),
+        Panel(
             "Host wait",
             "timeseries",
             "percentunit",
@@ -147,9 +158,10 @@ ROW = Row(
             [
                 Target(bottom(f"jaxmon_training_step{{{WL}}}"), table=True),
                 Target(bottom(f"jaxmon_training_dispatched_step{{{WL}}}"), table=True),
+                Target(bottom(f"jaxmon_training_loss_step{{{WL}}}"), table=True),
             ],
-            "Each process's last completed step, and the last it handed to jaxmon.step() (a process behind the "
-            "others in dispatching is the one a synchronous job waits for).",
+            "Each process's last completed step, the last it handed to jaxmon.step() (a process behind the "
+            "others in dispatching is the one a synchronous job waits for), and the step its loss is of.",
             width=8,
             height=6,
         ),

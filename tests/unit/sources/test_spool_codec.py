@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
-from pydantic import BaseModel
+import pytest
+from pydantic import BaseModel, ValidationError
 
 from jaxmon.allocator import memory_numbers
 from jaxmon.device_readings import ArrayBytes, DeviceInfo, MemoryReading
@@ -73,6 +75,8 @@ READING = TrainingReading(
         ),
     ),
     problems={"jump": 1, "unready": 2},
+    loss={"acc": 0.75, "loss": 2.5},
+    loss_step=40,
     profile=ProfileReading(
         results={"taken": 3, "busy": 1, "failed": 1, "skipped": 2},
         devices=(
@@ -205,3 +209,51 @@ def test_an_array_pass_that_failed_is_each_arrays_only_devices_error() -> None:
     assert (entry.replicated_array_bytes, entry.host_array_bytes) == (None, None)
     with_stats: dict[str, Any] = {"bytes_in_use": 1}
     assert spool_device(DEVICES[0], with_stats, None, None, "ignored").error is None
+
+
+def test_a_diverged_loss_crosses_as_nan_and_inf_and_comes_back_as_read() -> None:
+    """JSON has no NaN or inf: the document spells them as Prometheus does, and the reader turns them back into
+    the floats the tracker read (a diverged loss is the news, never dropped)."""
+    diverged = dataclasses.replace(
+        READING, loss={"loss": float("nan"), "grad_norm": float("inf"), "margin": -float("inf"), "acc": 0.5}
+    )
+    text = json.dumps(spool_training(diverged, NOW).model_dump())
+    assert json.loads(text)["loss"] == {"loss": "NaN", "grad_norm": "+Inf", "margin": "-Inf", "acc": 0.5}
+    spooled = SpoolDocument.model_validate({**_doc(), "training": json.loads(text)}).training
+    assert spooled is not None
+    back = training_reading(spooled, NOW)
+    assert math.isnan(back.loss["loss"])
+    assert (back.loss["grad_norm"], back.loss["margin"], back.loss["acc"]) == (float("inf"), -float("inf"), 0.5)
+    assert back.loss_step == 40
+
+
+def test_a_schema_3_document_of_a_publisher_before_the_loss_reads_as_no_loss() -> None:
+    training = spool_training(READING, NOW).model_dump()
+    del training["loss"], training["loss_step"]
+    back = workload_report(SpoolDocument.model_validate({**_doc(), "training": training})).training
+    assert back is not None
+    assert (back.loss, back.loss_step) == ({}, None)
+    assert back == dataclasses.replace(READING, loss={}, loss_step=None)
+
+
+@pytest.mark.parametrize(
+    ("loss", "where"),
+    [
+        ({f"n{i:02d}": 1.0 for i in range(17)}, "training.loss"),  # more names than a writer exports
+        ({"": 1.0}, "training.loss."),  # an empty name
+        ({"x" * 65: 1.0}, "training.loss."),  # a name longer than a writer cuts it to
+        ({"loss": "nan"}, "training.loss.loss"),  # not how a writer spells NaN
+        ({"loss": None}, "training.loss.loss"),
+    ],
+)
+def test_a_forged_loss_is_rejected_naming_the_field(loss: dict[str, Any], where: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        SpoolDocument.model_validate({**_doc(), "training": {"loss": loss}})
+    first = exc.value.errors()[0]
+    assert ".".join(str(p) for p in first["loc"]).startswith(where)
+
+
+def _doc() -> dict[str, Any]:
+    """The written document as JSON data, its training section to be replaced."""
+    data: dict[str, Any] = json.loads(json.dumps(written().model_dump(by_alias=True)))
+    return data
