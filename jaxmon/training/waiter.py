@@ -24,6 +24,7 @@ arrays on the training thread).
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -80,6 +81,7 @@ class Waiter:
         self._first_busy = 0.0  # the first looked-at step seen running: from its hand-off to its completion
         self._handoff = threading.Event()
         self._last_look = -float("inf")  # when the handed steps were last taken
+        self._paced = -float("inf")  # the same, on the real monotonic clock (the looks' pace)
         self._worker = Worker("training", self._wait_loop, self._handoff.set)
         self.thread = self._worker.start().thread
 
@@ -119,9 +121,11 @@ class Waiter:
     def _look(self) -> None:
         """Take the steps handed up to the newest looked-at one (at most one look per LOOK while steps come), wait
         for it, and book them."""
-        self._handoff.clear()  # a wake of the last look's is spent
-        if not self._hurry and (wait := self._last_look + LOOK - self._clock()) > 0:
-            self._handoff.wait(wait)  # hurry() (a badput() block opens: it sets the flag first) and stop() wake it
+        # At most one look per LOOK while steps come: only hurry() (a badput() block opens: it sets the flag first)
+        # and stop() end the wait early, not a step's wake.
+        while not self._hurry and (wait := self._paced + LOOK - time.monotonic()) > 0:  # real time: a test's clock
+            self._handoff.clear()
+            self._handoff.wait(wait)
             if self._worker.stopping:
                 return
         self._hurry = False
@@ -144,7 +148,8 @@ class Waiter:
             if newest is not None and self._handed and self._handed[-1] is newest:
                 self._take_paused()  # no step came meanwhile: the loop paused (or ended)
             return
-        self._last_look = self._clock()
+        self.want = False  # taken: the next look asks again
+        self._last_look, self._paced = self._clock(), time.monotonic()
         self.looks += 1
         batch = [self._handed.popleft() for _ in range(count)]
         self.taken = len(batch)
@@ -189,7 +194,8 @@ class Waiter:
         batch = [self._handed.popleft() for _ in range(len(self._handed))]
         self.taken = len(batch)
         self.looks += 1
-        self._last_look = now = self._clock()
+        now = self._last_look = self._clock()
+        self._paced = time.monotonic()
         try:
             dates: list[float | None] = []
             if start is None:  # nothing known before them: each done once handed
