@@ -194,7 +194,7 @@ def test_the_promql_of_training_md_parses(tmp_path: Path) -> None:
         (ROOT / "docs" / name).read_text() for name in ("training.md", "training-loops.md", "training-traces.md")
     )
     blocks = re.findall(r"^```promql\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
-    assert len(blocks) == 4  # goodput, the badput by kind, the loss, the exposed collective share
+    assert len(blocks) == 4  # every promql block of the three files
     rules = [{"record": f"docs:block{n}", "expr": block} for n, block in enumerate(blocks)]
     path = tmp_path / "rules.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "docs", "rules": rules}]}))
