@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.deploy_files import JOB_RULES, RULES
-from tests.helpers import Child, free_port
+from tests.helpers import Child, free_port, wait_until
 from tests.prometheus import Prometheus
 
 Runs = tuple[Prometheus, list[dict[str, Any]], float, str]  # Prometheus, each run's answer, when they ended, the target
@@ -58,6 +58,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
         for _ in range(RUNS):
             child = Child(tmp, str(port), WORKLOAD, str(tmp / "ckpt"), script=SCRIPT)
             children.append(child)
+            scraped(prometheus, target, time.time())  # the run's first exposition is in Prometheus (born at zero)
             answers.append(child.send("run"))
             assert child.send("exit") == {"stopped": True}
             child.proc.wait(30)
@@ -69,6 +70,18 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
         prometheus.stop()
         for child in children:
             child.close()
+
+
+def scraped(prometheus: Prometheus, target: str, since: float) -> None:
+    """Wait until Prometheus scraped `target` successfully after `since` (Unix time): its first scrape of a new
+    target can come seconds after it is ready (its discovery sends targets at most every 5 s), and a run that ended
+    before it would not be in it at all."""
+
+    def done() -> bool:
+        got = prometheus.query(f'timestamp(up{{instance="{target}"}} == 1)')
+        return any(float(r["value"][1]) > since for r in got)
+
+    wait_until(done, timeout=60, what=f"a scrape of {target}")
 
 
 def test_increase_over_restarts_is_each_runs_counters(
