@@ -69,6 +69,14 @@ class _Families(Collector):
 
 
 def render(families: Iterable[Metric], last: bool) -> bytes:
-    """`families` in OpenMetrics; `# EOF` only when `last` (the exposition ends with another part)."""
+    """`families` in OpenMetrics; `# EOF` only when `last` (the exposition ends with another part). Raises
+    ValueError for what OpenMetrics cannot carry and some client_python versions write anyway (0.23.1 writes a
+    gauge's exemplar): the caller serves the text format instead."""
+    families = list(families)
+    for family in families:
+        if family.type not in ("counter", "histogram", "gaugehistogram") and any(
+            getattr(sample, "exemplar", None) for sample in family.samples
+        ):
+            raise ValueError(f"{family.name}: OpenMetrics allows exemplars on counters and histograms only")
     text = bytes(generate_latest(_Families(families)))  # type: ignore[no-untyped-call]
     return text if last else text.removesuffix(EOF)
