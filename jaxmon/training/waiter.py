@@ -45,6 +45,8 @@ IDLE_WAIT = 1.0
 # paused, the waiter dates the steps so far with its own barrier.
 STILL = LOOK
 STILL_STEPS = 4
+# A first looked-at step longer than this from hand-off to done is taken for a first run's one-time work, not a step.
+FIRST_BUSY_MAX = 0.25
 
 
 class Waiter:
@@ -249,7 +251,7 @@ class Waiter:
             busy = self._typical() or (newest - start) / len(batch)
         handed = [i[0] for i in batch]
         completions: list[float | None] = list(apportion(start, newest, handed, later, ran, paced, busy))
-        if not self._first_busy and ran and newest > batch[-1][0]:
+        if not self._first_busy and ran and 0 < newest - batch[-1][0] < FIRST_BUSY_MAX:
             self._first_busy = newest - batch[-1][0]
         return completions
 
