@@ -16,14 +16,8 @@ PREFIX = "jaxmon-"
 PROBE = PREFIX + "probe-"
 
 
-def on_probe_thread() -> bool:
-    """Whether the calling thread is one of the probe's workers (the listeners that count the workload's
-    compilations and badput leave their events out)."""
-    return threading.current_thread().name.startswith(PROBE)
-
-
 def on_jaxmon_thread() -> bool:
-    """Whether the calling thread is one of jaxmon's (its JAX work, e.g. the waiter's barrier, is no training time)."""
+    """Whether the calling thread is one of jaxmon's (its JAX work, the probe's compilations, is no training time)."""
     return threading.current_thread().name.startswith(PREFIX)
 
 

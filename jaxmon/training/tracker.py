@@ -112,7 +112,7 @@ class Tracker:
         if (
             waiter.want
             or handed - self._held_at >= LOOK  # a step looked at in every LOOK of the host's time: a loop that ends
-            or type(number) is not int  # or pauses leaves at most that much of its steps to the waiter's barrier
+            or type(number) is not int  # or pauses leaves at most that much of its steps to estimate
             or (type(examples) not in PLAIN or type(tokens) not in PLAIN or type(model_flops) not in PLAIN)
         ):
             self._look_at(handed, number, ready, examples, tokens, model_flops, calls)
@@ -376,7 +376,7 @@ class Tracker:
 
     def threads(self) -> tuple[threading.Thread, ...]:
         """Every thread of the tracker's: the waiter's, the sampler's (none when sampling is off), the analysis'."""
-        return (*self.waiter.threads, *self.sampler.threads, *self._analyzer.threads)
+        return (self.waiter.thread, *self.sampler.threads, *self._analyzer.threads)
 
 
 def _nothing() -> None:

@@ -42,7 +42,7 @@ BLOCKED = 0.0002
 # While no step comes, the waiter looks again after this long anyway (its stop wakes it at once).
 IDLE_WAIT = 1.0
 # Steps handed but no looked-at step after this long (and this many of the loop's recent step intervals): the loop
-# paused, the waiter dates the steps so far with its own barrier.
+# paused, the waiter dates the steps so far (_take_paused).
 STILL = LOOK
 STILL_STEPS = 4
 # A first looked-at step longer than this from hand-off to done is taken for a first run's one-time work, not a step.
@@ -86,11 +86,6 @@ class Waiter:
         self._paced = -float("inf")  # the same, on the real monotonic clock (the looks' pace)
         self._worker = Worker("training", self._wait_loop, self._handoff.set)
         self.thread = self._worker.start().thread
-
-    @property
-    def threads(self) -> tuple[threading.Thread, ...]:
-        """The waiter's thread."""
-        return (self.thread,)
 
     def wake(self) -> None:
         """A looked-at step (or a mark) was handed."""
@@ -226,7 +221,7 @@ class Waiter:
             self._spacing = (batch[-1][0] - batch[0][0]) / (len(batch) - 1)
         holds = [item[6] for item in batch if item[6] is not None]
         if hold is not None and (not holds or holds[-1] is not hold):
-            holds.append(hold)  # a mark's, or the waiter's barrier
+            holds.append(hold)  # a mark's
         looked = self._clock()
         try:
             if any(h.lost or not h.handles for h in holds):

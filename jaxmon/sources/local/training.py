@@ -307,7 +307,7 @@ class JaxTraining:
 
     def on_event_duration(self, callback: Callable[[str, float], None]) -> Callable[[], None]:
         """`callback(event, seconds)` for every jax.monitoring duration event of the workload's threads (jaxmon's
-        own, the probe's compilations and the waiter's barrier, are not the workload's); returns what unregisters
+        own, the probe's compilations and the analysis', are not the workload's); returns what unregisters
         it."""
         monitoring = self._jax.monitoring
 

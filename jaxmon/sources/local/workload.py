@@ -246,7 +246,7 @@ class CompileCounters:
 
     def _on_event(self, event: str, **_: str | int) -> None:
         if on_jaxmon_thread():
-            return  # jaxmon's own cache traffic (the probe's, the waiter's barrier) is not the workload's
+            return  # jaxmon's own cache traffic (the probe's, the analysis') is not the workload's
         if event == self.CACHE_HIT_EVENT:
             self._looking.request = False
             with self._lock:
@@ -264,7 +264,7 @@ class CompileCounters:
 
     def _on_duration(self, event: str, duration_secs: float, **_: str | int) -> None:
         if event == self.COMPILE_EVENT:
-            # The event fires on the compiling thread: jaxmon's (the probe's workers, the waiter's barrier) are not
+            # The event fires on the compiling thread: jaxmon's (the probe's workers, the analysis thread) are not
             # counted.
             if on_jaxmon_thread():
                 return
