@@ -98,10 +98,13 @@ def test_batched_durations_are_the_loops_own(make_tracker: MakeTracker, uneven: 
     # The typical step lands in the loop's bucket, or the next one either way (a step near a bound moves).
     assert abs(bisect.bisect_left(mine, count // 2) - bisect.bisect_left(theirs, count // 2)) <= 1, (mine, theirs)
     if uneven:
-        # Every long step is seen long: above a bound below the long ones, at least as many as there were.
+        # The long steps are seen long: above a bound below most long ones, as many steps as the loop's own (one may
+        # cross the bound either way). The count comes from the truth, not from the design: on a loaded machine a long
+        # step can come out shorter than 5x, and a short one longer.
         longs = [truth[n - 1] for n in range(count) if n % 10 == 5]  # duration n: done[n] - done[n - 1]
         cut = bisect.bisect_right(DURATION_BUCKETS, 0.6 * statistics_median(longs))
-        assert mine[-1] - mine[cut - 1] >= len(longs) - 1, (mine, theirs, cut)
+        above = theirs[-1] - theirs[cut - 1]  # at least the 3 longs at or above the median
+        assert above >= 3 and mine[-1] - mine[cut - 1] >= above - 1, (mine, theirs, cut)
 
 
 def looks(tracker: Tracker) -> int:
