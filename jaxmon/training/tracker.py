@@ -38,7 +38,7 @@ from jaxmon.training.peaks import peak_table
 from jaxmon.training.reading import MAX_LOSS_NAMES, TrainingReading, bounded_loss
 from jaxmon.training.sampler import sampler_for
 from jaxmon.training.steps import MARK, NO_CALLS, PLAIN, Handoff, Held, Hold, loss_names, shown
-from jaxmon.training.waiter import LOOK, Waiter
+from jaxmon.training.waiter import Waiter
 
 log = structlog.get_logger("jaxmon.training")
 
@@ -111,8 +111,8 @@ class Tracker:
         waiter = self.waiter
         if (
             waiter.want
-            or handed - self._held_at >= LOOK  # a step looked at in every LOOK of the host's time: a loop that ends
-            or type(number) is not int  # or pauses leaves at most that much of its steps to estimate
+            or handed - self._held_at >= waiter.every  # a step held once a look's time of the host's: a loop that
+            or type(number) is not int  # ends or pauses leaves at most that much of its steps to estimate
             or (type(examples) not in PLAIN or type(tokens) not in PLAIN or type(model_flops) not in PLAIN)
         ):
             self._look_at(handed, number, ready, examples, tokens, model_flops, calls)
@@ -134,7 +134,7 @@ class Tracker:
         self._stepping = True
         ops = self.ops
         waiter = self.waiter
-        looked = waiter.want or handed - self._held_at >= LOOK
+        looked = waiter.want or handed - self._held_at >= waiter.every
         given = (number, examples, tokens, model_flops)
         if not (
             type(number) is int and type(examples) in PLAIN and type(tokens) in PLAIN and type(model_flops) in PLAIN

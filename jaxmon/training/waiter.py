@@ -35,6 +35,13 @@ from jaxmon.training.steps import MARK, Handoff, Hold
 # The waiter looks at the handed steps at most this often while steps come (seconds): it costs a wake, a hold and a
 # wait per look, not per step.
 LOOK = 0.02
+# Where steps come fast (SHORT apart or less, on the real clock), a look waits for about LOOK_STEPS steps, up to
+# LOOK_MAX (seconds): a look's fixed cost (a hold on the training thread, a wait that releases and takes back the GIL,
+# the batch's shared booking: some 300 µs of CPU) is shared by 100 steps of 1 ms rather than 20. Longer steps are
+# looked at every LOOK: each one seen complete, not dated by the host's rhythm (apportion), at no cost that matters.
+LOOK_STEPS = 100
+LOOK_MAX = 0.1
+SHORT = 0.0025
 # The host's lead is taken as the least of this many looks' (apportion's `later`).
 LEADS = 8
 # A wait that returned sooner than this (seconds) waited for nothing: its newest step was complete already.
@@ -84,6 +91,9 @@ class Waiter:
         self._handoff = threading.Event()
         self._last_look = -float("inf")  # when the handed steps were last taken
         self._paced = -float("inf")  # the same, on the real monotonic clock (the looks' pace)
+        # The time between two looks while steps come (read by step(), which also holds a step that often): LOOK, or
+        # LOOK_STEPS of the loop's recent steps where they are short, within [LOOK, LOOK_MAX].
+        self.every = LOOK
         self._worker = Worker("training", self._wait_loop, self._handoff.set)
         self.thread = self._worker.start().thread
 
@@ -115,16 +125,24 @@ class Waiter:
                 return len(handed) - back + 1
         return 0
 
+    def _paused(self) -> bool:
+        """Whether the newest step was handed a while ago (STILL, or STILL_STEPS of the loop's steps): the loop
+        paused or ended."""
+        handed = self._handed
+        return bool(handed) and self._clock() - handed[-1][0] >= max(STILL, STILL_STEPS * self._spacing)
+
     def _look(self) -> None:
         """Take the steps handed up to the newest looked-at one (at most one look per LOOK while steps come), wait
         for it, and book them."""
         # At most one look per LOOK while steps come: only hurry() (a badput() block opens: it sets the flag first)
         # and stop() end the wait early, not a step's wake.
-        while not self._hurry and (wait := self._paced + LOOK - time.monotonic()) > 0:  # real time: a test's clock
+        while not self._hurry and (wait := self._paced + self.every - time.monotonic()) > 0:  # real time, not a test's
             self._handoff.clear()
-            self._handoff.wait(wait)
+            self._handoff.wait(min(wait, LOOK))
             if self._worker.stopping:
                 return
+            if wait > LOOK and self._paused():
+                break  # the loop paused within a long look: its steps so far are dated now, as after a short one
         self._hurry = False
         self._handoff.clear()
         # Ask for a fresh looked-at step (the next step() holds its arrays and wakes the waiter): it usually still
@@ -146,9 +164,12 @@ class Waiter:
                 self._take_paused()  # no step came meanwhile: the loop paused (or ended)
             return
         self.want = False  # taken: the next look asks again
-        self._last_look, self._paced = self._clock(), time.monotonic()
+        paced, self._last_look, self._paced = self._paced, self._clock(), time.monotonic()
         self.looks += 1
         batch = [self._handed.popleft() for _ in range(count)]
+        if paced > -float("inf"):  # the loop's recent step on the real clock: the time since the last look, shared
+            spacing = (self._paced - paced) / count
+            self.every = min(LOOK_MAX, max(LOOK, LOOK_STEPS * spacing)) if spacing < SHORT else LOOK
         self.taken = len(batch)
         try:
             hold = batch[-1][6]
@@ -183,7 +204,10 @@ class Waiter:
             end = start
             for item in tail:
                 end = max(item[0], end) + busy
-            end = max(end, tail[-1][0] + IDLE_WAIT)
+            # They may run longer than a typical step each (a loop's epoch end may mark them meanwhile): twice the
+            # estimate, at least STILL after the newest was handed; a loop that waited for each of them (its first
+            # completion seen late: the GIL) has its next step by then, or is dated by the estimate.
+            end = max(end + (end - start), tail[-1][0] + STILL)
             if (wait := end - self._clock()) > 0:
                 self._handoff.wait(min(wait, IDLE_WAIT))
                 if self._held() or self._worker.stopping or wait > IDLE_WAIT:

@@ -29,7 +29,6 @@ from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
 from jaxmon.training.reading import TrainingReading
 from jaxmon.training.tracker import Tracker
-from jaxmon.training.waiter import LOOK
 from tests.helpers import wait_until
 from tests.unit.training.conftest import MakeTracker
 
@@ -124,9 +123,11 @@ def slow_on_its_own_device() -> tuple[Callable[[jax.Array], jax.Array], jax.Arra
 
 
 def looked_at() -> None:
-    """Let the next step() be one the waiter looks at (jaxmon's own handles on its ready arrays): one handed LOOK
+    """Let the next step() be one the waiter looks at (jaxmon's own handles on its ready arrays): one handed a look
     after the last looked-at one is (the steps between are bounded by it, their arrays never touched)."""
-    time.sleep(LOOK * 1.5)
+    tracker = training.current()
+    assert tracker is not None
+    time.sleep(tracker.waiter.every * 1.5)
 
 
 def behind(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:

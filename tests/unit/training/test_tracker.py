@@ -26,7 +26,7 @@ from jaxmon.sources.local import CompileCounters
 from jaxmon.sources.local.training import cost_numbers
 from jaxmon.training.reading import TrainingReading
 from jaxmon.training.tracker import MAX_USER_KINDS, OTHER_KIND, Tracker
-from jaxmon.training.waiter import LOOK
+from jaxmon.training.waiter import LOOK_MAX
 from tests.helpers import wait_until
 from tests.unit.training.conftest import (
     PEAK,
@@ -278,7 +278,7 @@ def test_a_donated_ready_array_is_counted_and_training_goes_on(make_tracker: Mak
     for n in range(3):
         old = state
         state = update(old)  # `old` is donated: deleted now
-        time.sleep(LOOK * 1.5)  # each step looked at (jaxmon's handles taken): one LOOK after the last is
+        time.sleep(LOOK_MAX * 1.5)  # each step looked at (jaxmon's handles taken): a look's time after the last is
         jaxmon.step(n, old)  # the mistake the docs warn of: never raises into training
     jaxmon.step(3, state)
     reading = settled(tracker, 4)
@@ -297,7 +297,7 @@ def test_steps_whose_completion_is_unknown_leave_no_hole_in_the_time(make_tracke
         # state itself is donated by the next step, perhaps before jaxmon's waiter looks: docs/training.md).
         jaxmon.step(n, old if 3 <= n <= 5 else loss)
         state.block_until_ready()
-        time.sleep(LOOK * 1.5)  # each step looked at (jaxmon's handles taken): one LOOK after the last is
+        time.sleep(LOOK_MAX * 1.5)  # each step looked at (jaxmon's handles taken): a look's time after the last is
     reading = settled(tracker, 8)
     assert reading.problems["unready"] == 3
     assert reading.duration_count == 8 - 1 - 3 - 1  # no duration into, across or out of the unknown span
