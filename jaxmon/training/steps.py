@@ -28,6 +28,10 @@ PLAIN = frozenset({int, float, type(None)})
 # steps handed before it (a badput() block opens, the loop paused).
 Handoff = tuple[float, Any, Any, Any, Any, "list[Any] | tuple[()]", "Hold | None"]
 MARK = object()
+# A `RESUMED` number is no step either: step() hands it (no hold, at the call's time) before a step that came after
+# the loop paused (no step() for the waiter's `still`): the steps before it completed before the pause, not when the
+# host's next calls came.
+RESUMED = object()
 # The programs of a step that ran no tracked call (shared: never appended to).
 NO_CALLS: tuple[()] = ()
 

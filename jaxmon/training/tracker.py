@@ -37,7 +37,7 @@ from jaxmon.training.handed import (
 from jaxmon.training.peaks import peak_table
 from jaxmon.training.reading import MAX_LOSS_NAMES, TrainingReading, bounded_loss
 from jaxmon.training.sampler import sampler_for
-from jaxmon.training.steps import MARK, NO_CALLS, PLAIN, Handoff, Held, Hold, loss_names, shown
+from jaxmon.training.steps import MARK, NO_CALLS, PLAIN, RESUMED, Handoff, Held, Hold, loss_names, shown
 from jaxmon.training.waiter import Waiter
 
 log = structlog.get_logger("jaxmon.training")
@@ -87,6 +87,7 @@ class Tracker:
         self._last_ready: tuple[Any, ...] = ()  # the last step's ready (pause() holds it: the training thread's)
         self._max_pending = config.max_pending
         self._held_at = -float("inf")  # when step() last took a step's handles (the tracker's clock)
+        self._previous = float("inf")  # when step() was last called (the tracker's clock; none yet: no pause before)
         # Sampled traces: told of each step, completion and badput interval; their events named by the programs'
         # collectives. Made before the listener, which tells it of compilations and Orbax's saves.
         self.sampler = sampler_for(ops, config.profile, clock, self._collective_names.catalog, self._problem)
@@ -103,6 +104,7 @@ class Tracker:
         being computed, which the waiter reads once it is. No lock, no JAX call, no notify on the common path: one
         tuple appended to a deque (atomic); the step the waiter asks to look at takes its handles (`_look_at`)."""
         handed = self._clock()
+        previous, self._previous = self._previous, handed
         calls: list[Program] | tuple[()] = self._calls
         if calls:
             self._calls = []
@@ -112,9 +114,12 @@ class Tracker:
         if (
             waiter.want
             or handed - self._held_at >= waiter.every  # a step held once a look's time of the host's: a loop that
-            or type(number) is not int  # ends or pauses leaves at most that much of its steps to estimate
+            or handed - previous >= waiter.resumed_after  # ends or pauses leaves at most that much of its steps to
+            or type(number) is not int  # estimate; and one that paused within a long look says so when it resumes
             or (type(examples) not in PLAIN or type(tokens) not in PLAIN or type(model_flops) not in PLAIN)
         ):
+            if handed - previous >= waiter.resumed_after:
+                self._handed.append((handed, RESUMED, None, None, None, NO_CALLS, None))
             self._look_at(handed, number, ready, examples, tokens, model_flops, calls)
             return
         self._dispatched = number

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 from jaxmon.threads import Worker
 from jaxmon.training.handed import TrainingOps
-from jaxmon.training.steps import MARK, Handoff, Hold
+from jaxmon.training.steps import MARK, RESUMED, Handoff, Hold
 
 # The waiter looks at the handed steps at most this often while steps come (seconds): it costs a wake, a hold and a
 # wait per look, not per step.
@@ -94,6 +94,11 @@ class Waiter:
         # The time between two looks while steps come (read by step(), which also holds a step that often): LOOK, or
         # LOOK_STEPS of the loop's recent steps where they are short, within [LOOK, LOOK_MAX].
         self.every = LOOK
+        # No step() for this long (the tracker's clock): the loop paused (or ended). STILL, or STILL_STEPS of its steps.
+        self.still = STILL
+        # A step() this long after the one before says that the loop paused (step() hands a RESUMED marker first):
+        # `still` while looks are longer than LOOK (a pause within one is not seen by looking), never otherwise.
+        self.resumed_after = float("inf")
         self._worker = Worker("training", self._wait_loop, self._handoff.set)
         self.thread = self._worker.start().thread
 
@@ -125,12 +130,6 @@ class Waiter:
                 return len(handed) - back + 1
         return 0
 
-    def _paused(self) -> bool:
-        """Whether the newest step was handed a while ago (STILL, or STILL_STEPS of the loop's steps): the loop
-        paused or ended."""
-        handed = self._handed
-        return bool(handed) and self._clock() - handed[-1][0] >= max(STILL, STILL_STEPS * self._spacing)
-
     def _look(self) -> None:
         """Take the steps handed up to the newest looked-at one (at most one look per LOOK while steps come), wait
         for it, and book them."""
@@ -138,11 +137,9 @@ class Waiter:
         # and stop() end the wait early, not a step's wake.
         while not self._hurry and (wait := self._paced + self.every - time.monotonic()) > 0:  # real time, not a test's
             self._handoff.clear()
-            self._handoff.wait(min(wait, LOOK))
+            self._handoff.wait(wait)
             if self._worker.stopping:
                 return
-            if wait > LOOK and self._paused():
-                break  # the loop paused within a long look: its steps so far are dated now, as after a short one
         self._hurry = False
         self._handoff.clear()
         # Ask for a fresh looked-at step (the next step() holds its arrays and wakes the waiter): it usually still
@@ -152,10 +149,8 @@ class Waiter:
         newest = self._handed[-1] if self._handed else None
         if newest is None:
             self._handoff.wait(IDLE_WAIT)
-        elif newest[6] is None:
-            still = max(STILL, STILL_STEPS * self._spacing)
-            if (age := self._clock() - newest[0]) < still:  # a step may come yet (on the host's clock)
-                self._handoff.wait(still - max(age, 0.0))
+        elif newest[6] is None and (age := self._clock() - newest[0]) < self.still:  # a step may come yet (the
+            self._handoff.wait(self.still - max(age, 0.0))  # host's clock)
         if self._worker.stopping:
             return
         count = self._held()
@@ -170,10 +165,13 @@ class Waiter:
         if paced > -float("inf"):  # the loop's recent step on the real clock: the time since the last look, shared
             spacing = (self._paced - paced) / count
             self.every = min(LOOK_MAX, max(LOOK, LOOK_STEPS * spacing)) if spacing < SHORT else LOOK
+        self.resumed_after = self.still if self.every > LOOK else float("inf")
         self.taken = len(batch)
         try:
             hold = batch[-1][6]
             batch = [item for item in batch if item[1] is not MARK]  # a mark is no step: its hold dated those before
+            if any(item[1] is RESUMED for item in batch):
+                batch = self._before_pauses(batch)
             self._book(batch, self._dates(batch, hold), hold)
         finally:
             self.taken = 0
@@ -189,7 +187,7 @@ class Waiter:
         looked at and bounds them instead."""
         start = self._last_done()
         busy = self._typical() or self._first_busy  # before a window: the first looked-at step's hand-off to done
-        tail = list(self._handed)
+        tail = [item for item in self._handed if item[1] is not RESUMED]
         # The host handed them well before the last completion, or faster than the device runs steps: it ran ahead,
         # and they may run a while yet (a loop's epoch end may mark them: jaxmon.keras does).
         ahead = (
@@ -212,25 +210,38 @@ class Waiter:
                 self._handoff.wait(min(wait, IDLE_WAIT))
                 if self._held() or self._worker.stopping or wait > IDLE_WAIT:
                     return  # a step came (the next look takes these with it), or look again
-        batch = [self._handed.popleft() for _ in range(len(self._handed))]
+        batch = [item for item in (self._handed.popleft() for _ in range(len(self._handed))) if item[1] is not RESUMED]
         self.taken = len(batch)
         self.looks += 1
         now = self._last_look = self._clock()
         self._paced = time.monotonic()
         try:
-            dates: list[float | None] = []
-            if start is None:  # nothing known before them: each done once handed
-                dates = [min(item[0], now) for item in batch]
-            elif ahead and busy <= 0:  # no typical step known yet: the time since the last completion, shared evenly
-                dates = [start + (now - start) * (i + 1) / len(batch) for i in range(len(batch))]
-            else:  # in order, each a typical step's device time after the one before it or its hand-off
-                previous = start
-                for item in batch:
-                    previous = min(max(item[0], previous) + busy, now)
-                    dates.append(previous)
-            self._book(batch, dates, None)
+            dates: list[float | None]
+            if ahead and start is not None and busy <= 0:  # no typical step known yet: the time since the last
+                dates = [start + (now - start) * (i + 1) / len(batch) for i in range(len(batch))]  # completion, shared
+            else:
+                dates = chain(batch, start, busy, now)
+            if batch:
+                self._book(batch, dates, None)
         finally:
             self.taken = 0
+
+    def _before_pauses(self, batch: list[Handoff]) -> list[Handoff]:
+        """Book the steps of `batch` handed before its last RESUMED marker (the loop paused, then stepped again):
+        each segment before a marker is dated as the steps of a loop that paused (`chain`: no later than the
+        resuming call), not by the host's calls after the pause. Returns the steps after the last marker."""
+        segment: list[Handoff] = []
+        for item in batch:
+            if item[1] is not RESUMED:
+                segment.append(item)
+                continue
+            if segment and any(step[6] is not None for step in segment):  # waited for: a deleted or donated ready
+                self._book(segment, self._dates(segment, None), None)  # array is counted (its completion was before
+            elif segment:  # the look: dated as one that completed unseen, a typical step after the one before)
+                busy = self._typical() or self._first_busy
+                self._book(segment, chain(segment, self._last_done(), busy, item[0]), None)
+            segment = []
+        return segment
 
     def _dates(self, batch: list[Handoff], hold: Hold | None) -> list[float | None]:
         """When each step of `batch` completed (None: unknown, its hold's array was deleted or donated).
@@ -243,6 +254,7 @@ class Waiter:
             return []
         if len(batch) > 1:
             self._spacing = (batch[-1][0] - batch[0][0]) / (len(batch) - 1)
+            self.still = max(STILL, STILL_STEPS * self._spacing)
         holds = [item[6] for item in batch if item[6] is not None]
         if hold is not None and (not holds or holds[-1] is not hold):
             holds.append(hold)  # a mark's
@@ -305,6 +317,21 @@ class Waiter:
                 start = when
             segment = []
         return out + [None] * len(segment)
+
+
+def chain(batch: Sequence[Handoff], start: float | None, busy: float, now: float) -> list[float | None]:
+    """The completions of the consecutive steps of `batch` that no completion bounds (the loop paused or ended
+    after them): in order, each a typical step's device time (`busy`) after the one before it (the first after
+    `start`, the last completion booked) or after its own hand-off if later, no later than `now`; with nothing known
+    before them (`start` None), each at its hand-off."""
+    if start is None:
+        return [min(item[0], now) for item in batch]
+    dates: list[float | None] = []
+    previous = start
+    for item in batch:
+        previous = min(max(item[0], previous) + busy, now)
+        dates.append(previous)
+    return dates
 
 
 def apportion(
