@@ -17,10 +17,14 @@ length (in a child of its own) so that the plain loop's step takes about the len
 
 - `ratio`: the plain loop's steps/s over jaxmon's, per alternation; its median is the throughput lost (1.02 = 2 %).
 - `thread_cpu_us`: the CPU time jaxmon's own threads (every Python thread named `jaxmon-*`, from
-  /proc/self/task/TID/schedstat) took over the measured steps, per step; `step_us` the training thread's CPU time
-  in `jaxmon.step()` (time.thread_time_ns around it), per step; `track_us` what the tracked call took beyond the
-  plain loop's raw call (each loop's own mean; noisy: a difference of two means of tens of microseconds). `total_us`
-  is the three together: all of jaxmon's host CPU per step.
+  /proc/self/task/TID/schedstat, or the thread's CPU clock where that reads 0) took over the measured steps, per
+  step; `step_us` the training thread's time in `jaxmon.step()` (time.perf_counter_ns around it: wall time), per
+  step; `track_us` what the tracked call took beyond the plain loop's raw call (each loop's own mean; noisy: a
+  difference of two means of tens of microseconds). `total_us` is the three together: all of jaxmon's host time
+  per step.
+- `--parts`: which parts the jaxmon child uses beside `jaxmon.start()` (`track`, `step`; several sets alternated in
+  turn: `--parts "/track/step/track,step"` measures start() alone, each part, and both); `--profile`: one more
+  jaxmon child per size under cProfile, its training thread's costliest functions.
 - `paced`: step()'s own wall time (median, p90) in a loop paced at one step every 2 ms, a ready loss and three
   figures (the waiter idle between steps).
 - `rss`: a loop of `--rss-steps` steps with no device work (`jaxmon.step(n, ready, examples=...)` on one computed
@@ -61,6 +65,14 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--tree", help="a directory holding another tree's jaxmon/ package, measured instead of this one")
     ap.add_argument("--port", type=int, default=0, help="jaxmon.start()'s port (0: any free one)")
     ap.add_argument("--out", help="where the JSON goes (default bench/results/step_cost.json)")
+    ap.add_argument(
+        "--parts",
+        default="track,step",
+        help="what the jaxmon child uses beside jaxmon.start(), comma-separated: track, step (none: start() alone); "
+        "several sets separated by '/' are each alternated with the plain loop, e.g. '/track/step/track,step'",
+    )
+    ap.add_argument("--profile", action="store_true", help="also one jaxmon child per size under cProfile (its "
+                    "training thread's 25 costliest functions, by own time)")  # fmt: skip
     ap.add_argument("--child", help=argparse.SUPPRESS)  # plain | jaxmon | calibrate | rss
     ap.add_argument("--k", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=1000, help=argparse.SUPPRESS)
@@ -77,11 +89,17 @@ def jaxmon_threads() -> dict[int, str]:
 
 
 def thread_ns(tids: dict[int, str]) -> dict[str, int]:
-    """CPU nanoseconds each of the threads `tids` ran, by name (a thread that ended since counts nothing more)."""
+    """CPU nanoseconds each of the threads `tids` ran, by name (a thread that ended since counts nothing more): from
+    /proc/self/task/TID/schedstat, or the thread's CPU-time clock where the kernel has no schedstat (gVisor reads
+    0 there)."""
     out: dict[str, int] = {}
+    idents = {t.native_id: t.ident for t in threading.enumerate()}
     for tid, name in tids.items():
         with contextlib.suppress(OSError, ValueError, IndexError):
             out[name] = int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+        if not out.get(name) and (ident := idents.get(tid)) is not None:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                out[name] = time.clock_gettime_ns(time.pthread_getcpuclockid(ident))
     return out
 
 
@@ -96,7 +114,7 @@ def make_step(k: int) -> Any:
     return jax.jit(step, donate_argnums=0)
 
 
-def loop(args: argparse.Namespace, with_jaxmon: bool) -> dict[str, Any]:
+def loop(args: argparse.Namespace, with_jaxmon: bool, profile: bool = False) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
@@ -107,7 +125,10 @@ def loop(args: argparse.Namespace, with_jaxmon: bool) -> dict[str, Any]:
 
         exporter = jaxmon.start(args.port, workload="bench")
     fn = make_step(args.k)
-    step_fn = jaxmon.track(fn) if with_jaxmon else fn
+    parts = set(filter(None, args.parts.split(","))) if with_jaxmon else set()
+    step_fn = jaxmon.track(fn) if "track" in parts else fn
+    stepping = "step" in parts
+    profiler = None
     state = jax.device_put(jnp.eye(D, dtype=jnp.float32), device)
     w = jax.device_put(jnp.full((D, D), 1.0 / D, dtype=jnp.float32), device)
     flops = 2.0 * D**3 * args.k
@@ -117,7 +138,7 @@ def loop(args: argparse.Namespace, with_jaxmon: bool) -> dict[str, Any]:
     mine: dict[int, str] = {}
     cpu0: dict[str, int] = {}
     start = 0.0
-    clock = time.thread_time_ns
+    clock = time.perf_counter_ns  # thread_time_ns ticks in 10 ms on some hosts (a TPU VM's gVisor)
     # Steady state: the measured steps start after `warm` steps and WARM_SECONDS, past jaxmon's start-up work (the
     # probe's calibration, the first programs' analysis, the first sampled trace at step 1000).
     began, n, measured = time.perf_counter(), 0, -1
@@ -126,10 +147,18 @@ def loop(args: argparse.Namespace, with_jaxmon: bool) -> dict[str, Any]:
             warm, measured = n, 0
             mine = jaxmon_threads()
             cpu0, start, call_ns, step_ns = thread_ns(mine), time.perf_counter(), 0, 0
+            if profile:
+                here, saved = Path(__file__).resolve().parent, sys.path[:]
+                sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]  # bench/profile.py is not
+                import cProfile  # the standard library's profile, which cProfile imports
+
+                sys.path[:] = saved
+                profiler = cProfile.Profile()
+                profiler.enable()
         t0 = clock()
         state, loss = step_fn(state, w)
         t1 = clock()
-        if with_jaxmon:
+        if stepping:
             jaxmon.step(n, loss, examples=32, tokens=32 * 512, model_flops=flops)
             step_ns += clock() - t1
         call_ns += t1 - t0
@@ -143,6 +172,14 @@ def loop(args: argparse.Namespace, with_jaxmon: bool) -> dict[str, Any]:
         x.block_until_ready()
     elapsed = time.perf_counter() - start
     out: dict[str, Any] = {"steps_per_s": args.steps / elapsed, "step_ms": elapsed / args.steps * 1e3}
+    if profiler is not None:
+        import io
+        import pstats
+
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+        out["profile"] = text.getvalue().splitlines()
     out["call_us"] = call_ns / args.steps / 1e3
     if with_jaxmon:
         cpu1 = thread_ns(mine)
@@ -294,6 +331,7 @@ def main() -> None:
     args = parse()
     if args.child:
         run = {"plain": lambda: loop(args, False), "jaxmon": lambda: loop(args, True)}
+        run["profile"] = lambda: loop(args, True, profile=True)
         run |= {"calibrate": lambda: calibrate(args), "rss": lambda: rss(args), "paced": lambda: paced(args)}
         print(json.dumps(run[args.child]()))
         return
@@ -310,32 +348,38 @@ def main() -> None:
         "calibration_ms": cal["ms"],
         "sizes": {},
     }
+    sets = args.parts.split("/")
     for size in sizes:
         k = pick_k(cal["ms"], size)
         steps = max(200, int(args.seconds * 1e3 / size))
-        rows = []
-        for i in range(args.alternations):
-            order = ("plain", "jaxmon") if i % 2 == 0 else ("jaxmon", "plain")
-            got = {kind: child(args, kind, k=k, steps=steps) for kind in order}
-            rows.append({"ratio": got["plain"]["steps_per_s"] / got["jaxmon"]["steps_per_s"], **got})
-            print(f"{size} ms (k={k}) #{i}: ratio {rows[-1]['ratio']:.4f}", file=sys.stderr, flush=True)
-        jm = [r["jaxmon"] for r in rows]
-        track = statistics.median(r["jaxmon"]["call_us"] - r["plain"]["call_us"] for r in rows)
-        thread = statistics.median(j["thread_cpu_us"] for j in jm)
-        step = statistics.median(j["step_us"] for j in jm)
-        result["sizes"][str(size)] = {
-            "k": k,
-            "steps": steps,
-            "plain_step_ms": statistics.median(r["plain"]["step_ms"] for r in rows),
-            "jaxmon_step_ms": statistics.median(j["step_ms"] for j in jm),
-            "ratio_median": statistics.median(r["ratio"] for r in rows),
-            "ratios": [round(r["ratio"], 4) for r in rows],
-            "thread_cpu_us": thread,
-            "step_us": step,
-            "track_us": track,
-            "total_us": thread + step + max(track, 0.0),
-            "rows": rows,
-        }
+        for parts in sets:
+            rows = []
+            for i in range(args.alternations):
+                order = ("plain", "jaxmon") if i % 2 == 0 else ("jaxmon", "plain")
+                got = {kind: child(args, kind, k=k, steps=steps, parts=parts) for kind in order}
+                rows.append({"ratio": got["plain"]["steps_per_s"] / got["jaxmon"]["steps_per_s"], **got})
+                print(f"{size} ms (k={k}) [{parts}] #{i}: ratio {rows[-1]['ratio']:.4f}", file=sys.stderr, flush=True)
+            jm = [r["jaxmon"] for r in rows]
+            track = statistics.median(r["jaxmon"]["call_us"] - r["plain"]["call_us"] for r in rows)
+            thread = statistics.median(j["thread_cpu_us"] for j in jm)
+            step = statistics.median(j["step_us"] for j in jm)
+            key = str(size) if len(sets) == 1 else f"{size} [{parts or 'start'}]"
+            result["sizes"][key] = {
+                "k": k,
+                "steps": steps,
+                "parts": parts or "start",
+                "plain_step_ms": statistics.median(r["plain"]["step_ms"] for r in rows),
+                "jaxmon_step_ms": statistics.median(j["step_ms"] for j in jm),
+                "ratio_median": statistics.median(r["ratio"] for r in rows),
+                "ratios": [round(r["ratio"], 4) for r in rows],
+                "thread_cpu_us": thread,
+                "step_us": step,
+                "track_us": track,
+                "total_us": thread + step + max(track, 0.0),
+                "rows": rows,
+            }
+        if args.profile:
+            result["sizes"][f"{size} profile"] = child(args, "profile", k=k, steps=steps, parts=sets[-1])
     if args.rss_steps:
         result["rss"] = child(args, "rss", steps=args.rss_steps)
     if args.paced_steps:
