@@ -26,10 +26,15 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from jaxmon.training.window import Histogram, WindowStep, WindowSums
+import numpy as np
+
+from jaxmon.training.window import DURATION_BUCKETS, Histogram, WindowStep, WindowSums
 
 # A stall is judged once the window holds this many steps (fewer give no stable median).
 STALL_MIN_STEPS = 5
+# A run of steps at least this long is booked with NumPy (a look's batch of short steps): fewer, and a loop costs less.
+VECTOR_STEPS = 32
+BOUNDS = np.array(DURATION_BUCKETS)
 # Badput intervals kept for attribution (Intervals): past this many since the last completion, closed ones are dropped
 # down to INTERVALS_AFTER_DROP (so that dropping runs once in that many intervals at most).
 MAX_INTERVALS = 10_000
@@ -218,6 +223,9 @@ class Accounting:
         mid = len(ordered) // 2
         median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
         threshold = self.stall_factor * median
+        if len(done) >= VECTOR_STEPS:
+            self._vector_run(previous_done, done, handed, threshold, model_flops, hardware_flops)
+            return
         bounds, counts = self.histogram.bounds, self.histogram.counts
         bisect_left, insort, new, append = bisect.bisect_left, bisect.insort, tuple.__new__, recent.append
         previous = previous_done
@@ -249,6 +257,62 @@ class Accounting:
             for left in leaving:
                 del ordered[bisect_left(ordered, left.busy)]
             self._sums.leave_run(leaving)
+
+    def _vector_run(
+        self,
+        previous_done: float,
+        done: list[float],
+        handed: list[float],
+        threshold: float,
+        model_flops: Mapping[tuple[str, int], float],
+        hardware_flops: Mapping[tuple[str, int], float],
+    ) -> None:
+        """steps() of a long run (a batch of short steps), as NumPy operations on its columns: the same arithmetic
+        step by step, sums added once. Of the run, only the steps that stay in the window are kept as WindowSteps
+        (the earlier ones enter and leave it within the run: they change no sum), and the window's sorted busy
+        parts are sorted anew."""
+        ends = np.array(done)
+        given = np.array(handed)
+        starts = np.empty_like(ends)
+        starts[0] = previous_done
+        starts[1:] = ends[:-1]
+        duration = ends - starts
+        # As step(): the host's idle part is from the previous completion to the hand-off, within the interval.
+        idle = np.where(given <= starts, 0.0, np.where(given < ends, given - starts, duration))
+        busy = duration - idle
+        excess = float(np.maximum(busy - threshold, 0.0).sum())
+        idle_sum = float(idle.sum())
+        busy_sum = float(busy.sum())
+        counts = self.histogram.counts
+        for index, count in enumerate(
+            np.bincount(np.searchsorted(BOUNDS, duration, side="left"), minlength=len(counts)).tolist()
+        ):
+            if count:
+                counts[index] += count
+        self.histogram.total += done[-1] - previous_done
+        if idle_sum > 0:
+            self.badput[HOST] = self.badput.get(HOST, 0.0) + idle_sum
+        if excess > 0:
+            self.badput[STALL] = self.badput.get(STALL, 0.0) + excess
+        self.productive += busy_sum - excess
+        self.host_wait += idle_sum
+        self.last_done = done[-1]
+        recent, sums = self.recent, self._sums
+        kept = min(len(done), self.window)
+        leaving = min(len(recent), len(recent) + kept - self.window)
+        whole = leaving == len(recent)  # the run turns the whole window over (a look's batch usually does)
+        if whole:
+            recent.clear()
+            sums.clear()
+        elif leaving > 0:
+            sums.leave_run([recent.popleft() for _ in range(leaving)])
+        new = tuple.__new__
+        kept_durations = duration[-kept:].tolist()
+        kept_busy = busy[-kept:]
+        for d, b in zip(kept_durations, kept_busy.tolist(), strict=True):
+            recent.append(new(WindowStep, (d, b, d, model_flops, hardware_flops)))
+        sums.enter_run(kept, math.fsum(kept_durations), model_flops, hardware_flops)
+        self._busy = np.sort(kept_busy).tolist() if whole else sorted(step.busy for step in recent)
 
     def typical_busy(self) -> float | None:
         """The window's median busy part (None: no step in it)."""

@@ -108,6 +108,10 @@ class Books:
         """A batch of the waiter's steps (`done`: their completions, None where unknown; `slow`: the ones read_slow
         read) booked into `acct` and these totals (under the tracker's lock): (the (number, completion) of those
         seen complete, the batch's model FLOPs, the hardware FLOPs added per device)."""
+        if not slow and not intervals and batch and acct.last_done is not None:
+            run = self._run(acct, batch, done)
+            if run is not None:
+                return run
         counts: dict[Program, int] = {}
         examples = tokens = model_total = 0.0
         pairs: list[tuple[int, float]] = []
@@ -192,6 +196,43 @@ class Books:
             return pairs, model_total, {}
         self.last = (last_n, last_c)
         return pairs, model_total, self.add(booked, counts, examples, tokens, model_total)
+
+    def _run(
+        self, acct: Accounting, batch: list[Handoff], done: list[float | None]
+    ) -> tuple[list[tuple[int, float]], float, dict[tuple[str, int], float]] | None:
+        """The common batch booked with no per-step work here: every step seen complete, numbered on from the last
+        one booked, with the same figures and the same tracked calls as the others (a steady loop). None when the
+        batch is not that (enter() books it step by step). The checks are C loops over the batch's columns."""
+        last = self.last
+        if last is None or last[1] is None or None in done:
+            return None
+        handed, numbers, examples, tokens, flops, calls, _ = zip(*batch, strict=True)
+        n, first = len(batch), numbers[0]
+        if not (
+            type(first) is int  # read_slow left only host ints and usable figures: the columns need no other check
+            and first == last[0] + 1
+            and numbers == tuple(range(first, first + n))
+            and examples.count(examples[0]) == n
+            and tokens.count(tokens[0]) == n
+            and flops.count(flops[0]) == n
+            and calls.count(calls[0]) == n
+        ):
+            return None
+        mf, programs = flops[0], calls[0]
+        model = NO_FLOPS if mf is None else self.model_share(mf)
+        hardware = self.hardware_of(programs) if programs else NO_FLOPS
+        acct.steps(last[1], done, list(handed), model, hardware)  # type: ignore[arg-type]  # None not in done
+        self.last = (numbers[-1], done[-1])
+        model_total = 0.0 if mf is None else mf * n
+        counts = {program: count * n for program, count in counted(programs)} if programs else {}
+        added = self.add(
+            n,
+            counts,
+            0.0 if examples[0] is None else examples[0] * n,
+            0.0 if tokens[0] is None else tokens[0] * n,
+            model_total,
+        )
+        return list(zip(numbers, done, strict=True)), model_total, added  # type: ignore[arg-type]
 
     def add(
         self, booked: int, counts: Mapping[Program, int], examples: float, tokens: float, model: float

@@ -7,7 +7,8 @@ badput (an eval, a save, a compile) is dropped, counted `skipped`, and tried aga
 (jaxmon.training.blocks). The trace starts when step `n0 - LEAD` is handed to `jaxmon.step()` (the training thread
 only notes the request: a modulo, a comparison and, once per sample, a notify); step `n0`'s window (step `n0 - 1`'s
 completion to its own) begins after the trace did. The trace stops once the waiter booked the block's last
-completion. Start, stop and parse run on this module's thread (`jaxmon-profile`), never on the training thread.
+completion. Start, stop and parse run on this module's thread (`jaxmon-profile`), never on the training thread; a
+large trace is read in a child process (jaxmon.training.trace_split), so that its parse does not hold the GIL.
 
 Nothing here imports JAX: `Profiler` (jaxmon.sources.local.profiler.JaxProfiler) starts and stops the sessions, and
 says `Busy` when the user (or another tool) is profiling; jaxmon then counts the sample `busy` and leaves the user's
@@ -31,8 +32,8 @@ from jaxmon.threads import Worker
 from jaxmon.training.blocks import LEAD, Blocks, block_start, period_began, traced_steps
 from jaxmon.training.handed import Profiler, SamplerConfig, TrainingOps
 from jaxmon.training.reading import DeviceProfile, ProfileReading
-from jaxmon.training.trace_links import Catalog, PlacedTotals, splits
-from jaxmon.xla.profile import read
+from jaxmon.training.trace_links import Catalog, PlacedTotals
+from jaxmon.training.trace_split import IN_PROCESS_BYTES, split
 
 log = structlog.get_logger("jaxmon.training.sampler")
 
@@ -72,11 +73,14 @@ class Sampler:
         clock: Callable[[], float] = time.monotonic,
         wall_ns: Callable[[], int] = time.time_ns,
         problem: Callable[..., None] | None = None,
+        in_process: int = IN_PROCESS_BYTES,
     ) -> None:
         """`clock` is the tracker's monotonic clock (its completions are on it); `wall_ns` the Unix clock the trace
         is related to; `collectives` places the tracked programs' collective instructions (trace_links.Catalog);
         `problem` the tracker's (reason, event, times=): counts the events of analysed instructions that could not
-        be placed, by why (reason="trace_<why>")."""
+        be placed, by why (reason="trace_<why>"); `in_process`: the largest trace read on this thread (bytes; a
+        larger one is read in a child process)."""
+        self._in_process = in_process
         self.profiler = profiler
         self.config = config
         self._collectives = collectives
@@ -233,11 +237,8 @@ class Sampler:
 
     def _book(self, n0: int, data: bytes, windows: list[tuple[int, int]]) -> None:
         """Split the trace over the steps' windows (Unix ns) and add each device's parts to the totals."""
-        trace = read(data, self._catalog())
-        lo, hi = trace.extent_ns()
-        inside = [(trace.trace_ns(a), trace.trace_ns(b)) for a, b in windows]
-        inside = [(a, b) for a, b in inside if lo <= a <= b <= hi]
-        if not inside:
+        add = split(data, self._catalog(), windows, self._in_process)  # a large trace: in a child process
+        if add is None:
             self._count("failed")
             self._errors.error(
                 "window",
@@ -248,7 +249,6 @@ class Sampler:
                 steps=len(windows),
             )
             return
-        add = splits(trace, inside)
         keys = self.profiler.devices()
         unplaced: dict[str, int] = {}
         with self._lock:

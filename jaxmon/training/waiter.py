@@ -28,7 +28,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from jaxmon.threads import Worker
+from jaxmon.training.accounting import VECTOR_STEPS
 from jaxmon.training.handed import TrainingOps
 from jaxmon.training.steps import MARK, RESUMED, Handoff, Hold
 
@@ -238,10 +241,20 @@ class Waiter:
             if segment and any(step[6] is not None for step in segment):  # waited for: a deleted or donated ready
                 self._book(segment, self._dates(segment, None), None)  # array is counted (its completion was before
             elif segment:  # the look: dated as one that completed unseen, a typical step after the one before)
-                busy = self._typical() or self._first_busy
-                self._book(segment, chain(segment, self._last_done(), busy, item[0]), None)
+                self._book(segment, self._paused_dates(segment, item[0]), None)
             segment = []
         return segment
+
+    def _paused_dates(self, segment: list[Handoff], until: float) -> list[float | None]:
+        """The completions of the un-held steps handed before a pause that ended at `until`: the last one a typical
+        step's device time after its hand-off (no later than `until`), the ones before it from the host's rhythm up
+        to there (apportion), as a batch whose newest completion was seen."""
+        start = self._last_done()
+        busy = self._typical() or self._first_busy
+        if start is None:
+            return chain(segment, start, busy, until)
+        end = max(min(max(segment[-1][0], start) + busy, until), start)
+        return list(apportion(start, end, [item[0] for item in segment], []))
 
     def _dates(self, batch: list[Handoff], hold: Hold | None) -> list[float | None]:
         """When each step of `batch` completed (None: unknown, its hold's array was deleted or donated).
@@ -359,16 +372,20 @@ def apportion(
         return out
     times = [*handed, *later]
     shift = len(later) + 1  # a paced loop calls step() for step k + shift right after step k completed
-    bounds = [times[i + shift] for i in range(n - 1)]
+    bounds = times[shift : shift + n - 1]
     # Not paced by the device: the host's calls came before the interval began, or in a burst long before its end
     # (it ran ahead): no rhythm of the device's to follow.
     if bounds[0] < start - (end - start) / n / 2 or end - bounds[-1] > 6 * (end - start) / n:
         span = max(end - start, 0.0) / n
         return [start + span * (i + 1) for i in range(n - 1)] + [end]
-    out, previous = [], start
-    for bound in bounds:
-        previous = min(max(bound, previous), end)
-        out.append(previous)
+    if n >= VECTOR_STEPS:  # the loop below, as NumPy: a running maximum from `start`, no later than `end`
+        out = np.minimum(np.maximum.accumulate(np.maximum(bounds, start)), end).tolist()
+        previous = out[-1]
+    else:
+        out, previous = [], start
+        for bound in bounds:
+            previous = min(max(bound, previous), end)
+            out.append(previous)
     if not ran:  # it completed before the look (the loop paused): a typical step after the one before it
         end = min(end, previous + (previous - start) / (n - 1))
     out.append(end)

@@ -279,3 +279,56 @@ def test_reading_mfu_does_not_read_the_window_whatever_its_length() -> None:
         reads[window] = _CountedWindow.reads
         assert mfu == dict.fromkeys(keys, pytest.approx(1e9 / 1e12)) and hfu.keys() == mfu.keys()
     assert reads[10_000] == reads[10] == 0, reads
+
+
+@pytest.mark.parametrize("length", [7, 40, 250], ids=["short", "vector", "longer-than-the-window"])
+def test_a_run_of_steps_books_what_each_step_would(length: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """steps() of a run (the waiter's batches: NumPy from VECTOR_STEPS steps on) against its own Python loop, and
+    against step() of each step: the same totals, histogram and window (MFU, HFU, median) on random steps with host
+    gaps and stalls, steps at a bucket bound and hand-offs before, inside and after each interval. The stall check of
+    a run compares each step with the median at the run's start, step() with the median at that step: their stalls
+    differ, not their sum with productive time."""
+    from jaxmon.training import accounting
+
+    rng = random.Random(length)
+    flops = {CPU0: 2e9, CPU1: 1e9}
+    model = {CPU0: 1e9}
+    one, loop, vector = (Accounting(started=0.0, window=100) for _ in range(3))
+    done = 1.0
+    for acct in (one, loop, vector):
+        acct.first(done, ())
+    for _ in range(3):  # three runs: the window fills, then turns over
+        ends, handed = [], []
+        t = done
+        for _ in range(length):
+            d = rng.choice([0.001, 0.0025, rng.uniform(0.0005, 0.004), rng.uniform(0.02, 0.05)])  # bounds, stalls
+            hand = t + rng.choice([-0.001, 0.0, 0.3 * d, d, d + 0.001])
+            t += d
+            ends.append(t)
+            handed.append(hand)
+        previous = done
+        for end, hand in zip(ends, handed, strict=True):
+            one.step(previous, end, hand, (), model, flops)
+            previous = end
+        with monkeypatch.context() as m:
+            m.setattr(accounting, "VECTOR_STEPS", 10**9)
+            loop.steps(done, ends, handed, model, flops)
+        vector.steps(done, ends, handed, model, flops)
+        done = ends[-1]
+    peaks = {CPU0: 1e12, CPU1: 1e12}
+    for acct in (vector, one):
+        assert acct.host_wait == pytest.approx(loop.host_wait, rel=1e-12)
+        assert acct.productive + acct.badput[STALL] == pytest.approx(loop.productive + loop.badput[STALL], rel=1e-12)
+        assert acct.badput[HOST] == pytest.approx(loop.badput[HOST], rel=1e-12)
+        assert acct.histogram.counts == loop.histogram.counts
+        assert acct.histogram.total == pytest.approx(loop.histogram.total, rel=1e-12)
+        assert acct.last_done == loop.last_done
+        assert list(acct.recent) == list(loop.recent)
+        assert acct.typical_busy() == loop.typical_busy()
+        for mine, theirs in zip(acct.utilization(peaks), loop.utilization(peaks), strict=True):
+            assert mine.keys() == theirs.keys()
+            for key, value in theirs.items():
+                assert mine[key] == pytest.approx(value, rel=1e-9)
+    assert vector.productive == pytest.approx(loop.productive, rel=1e-12)
+    assert vector.badput[STALL] == pytest.approx(loop.badput[STALL], rel=1e-9)
+    assert loop.badput[STALL] > 0  # stalls were in it

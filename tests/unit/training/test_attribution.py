@@ -9,6 +9,7 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
 import bisect
 import itertools
+import random
 import time
 
 import jax
@@ -45,6 +46,27 @@ def test_a_loop_far_ahead_of_its_device_shares_the_interval_evenly() -> None:
 def test_completions_stay_in_order_and_inside_the_interval() -> None:
     out = apportion(5.0, 9.0, [5.0, 4.9, 12.0, 6.0], [])
     assert out == sorted(out) and out[0] >= 5.0 and out[-1] == 9.0
+
+
+@pytest.mark.parametrize("n", [31, 32, 200])
+def test_a_long_paced_batch_is_dated_as_a_short_one_is(n: int) -> None:
+    """From VECTOR_STEPS steps on the paced dating is NumPy's: the same dates as the step-by-step rule (each step
+    at the host's call `lead + 1` steps later, kept in order and inside the interval), on jittered calls that go
+    back and forth, some before the interval and some after its end."""
+    rng = random.Random(n)
+    for lead in (0, 2):
+        for ran in (True, False):
+            start, end = 10.0, 10.0 + n * 0.001
+            calls = sorted(start + rng.uniform(-0.0005, n * 0.001 + 0.0005) for _ in range(n + lead))
+            calls[n // 2] += 0.003  # out of order
+            handed, later = calls[:n], calls[n:]
+            times = [*handed, *later]
+            expected, previous = [], start
+            for bound in times[lead + 1 : lead + n]:
+                previous = min(max(bound, previous), end)
+                expected.append(previous)
+            last = min(end, previous + (previous - start) / (n - 1)) if not ran else end
+            assert apportion(start, end, handed, later, ran) == [*expected, last]
 
 
 def steps() -> tuple[jax.stages.Wrapped, jax.stages.Wrapped]:

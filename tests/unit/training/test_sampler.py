@@ -68,13 +68,16 @@ class FakeProfiler:
 def make() -> Iterator[object]:
     made: list[Sampler] = []
 
-    def factory(profiler: FakeProfiler, every: int = 10, steps: int = 2, end_us: float = 100.0) -> Sampler:
+    def factory(
+        profiler: FakeProfiler, every: int = 10, steps: int = 2, end_us: float = 100.0, in_process: int = 1 << 20
+    ) -> Sampler:
         # At the stop, the monotonic clock reads NOW and the Unix clock the fake profile's `end_us`.
         sampler = Sampler(
             profiler,
             SamplerConfig(every, steps),
             clock=lambda: NOW,
             wall_ns=lambda: START_UNIX_NS + round(end_us * 1000),
+            in_process=in_process,
         )
         made.append(sampler)
         return sampler
