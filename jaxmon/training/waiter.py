@@ -55,6 +55,10 @@ IDLE_WAIT = 1.0
 # paused, the waiter dates the steps so far (_take_paused).
 STILL = LOOK
 STILL_STEPS = 4
+# Within a long look, a step() this long (seconds) after the one before hands a RESUMED marker: the loop paused. A
+# loop that waits for its steps calls step() this late after a long device step too, which the marker would date as
+# the host's pause: 40 ms keeps the loop's ordinary long steps (and a loaded machine's) on the host's rhythm.
+PAUSE = 2 * LOOK
 # A first looked-at step longer than this from hand-off to done is taken for a first run's one-time work, not a step.
 FIRST_BUSY_MAX = 0.25
 
@@ -100,7 +104,7 @@ class Waiter:
         # No step() for this long (the tracker's clock): the loop paused (or ended). STILL, or STILL_STEPS of its steps.
         self.still = STILL
         # A step() this long after the one before says that the loop paused (step() hands a RESUMED marker first):
-        # `still` while looks are longer than LOOK (a pause within one is not seen by looking), never otherwise.
+        # `still`, at least PAUSE, while looks are longer than LOOK (a pause within one is not seen by looking).
         self.resumed_after = float("inf")
         self._worker = Worker("training", self._wait_loop, self._handoff.set)
         self.thread = self._worker.start().thread
@@ -168,7 +172,7 @@ class Waiter:
         if paced > -float("inf"):  # the loop's recent step on the real clock: the time since the last look, shared
             spacing = (self._paced - paced) / count
             self.every = min(LOOK_MAX, max(LOOK, LOOK_STEPS * spacing)) if spacing < SHORT else LOOK
-        self.resumed_after = self.still if self.every > LOOK else float("inf")
+        self.resumed_after = max(self.still, PAUSE) if self.every > LOOK else float("inf")
         self.taken = len(batch)
         try:
             hold = batch[-1][6]

@@ -120,13 +120,16 @@ def test_batched_durations_are_the_loops_own(make_tracker: MakeTracker, uneven: 
     # The typical step lands in the loop's bucket, or the next one either way (a step near a bound moves).
     assert abs(bisect.bisect_left(mine, count // 2) - bisect.bisect_left(theirs, count // 2)) <= 1, (mine, theirs)
     if uneven:
-        # The long steps are seen long: above a bound below most long ones, as many steps as the loop's own (one may
-        # cross the bound either way). The count comes from the truth, not from the design: on a loaded machine a long
-        # step can come out shorter than 5x, and a short one longer.
+        # The long steps are seen long: above a bound below most long ones. The count comes from the truth, not from
+        # the design: on a loaded machine a long step can come out shorter than 5x, and a short one longer.
         longs = [truth[n - 1] for n in range(count) if n % 10 == 5]  # duration n: done[n] - done[n - 1]
         cut = bisect.bisect_right(DURATION_BUCKETS, 0.6 * statistics_median(longs))
-        above = theirs[-1] - theirs[cut - 1]  # at least the 3 longs at or above the median
-        assert above >= 3 and mine[-1] - mine[cut - 1] >= above - 1, (mine, theirs, cut)
+        # The steps well above the bound (1.5x: at least the 3 longs at or above their median, which is 1.67x or
+        # more) are all seen above it: a step's dating moves its time by a GIL switch or so (5 ms), onto a neighbour
+        # at worst, never a long step's time below the bound. Steps near the bound may cross it either way.
+        bound = DURATION_BUCKETS[cut - 1]
+        above = sum(1 for d in truth if d > 1.5 * bound)
+        assert above >= 3 and mine[-1] - mine[cut - 1] >= above - 1, (mine, theirs, cut, above)
 
 
 def looks(tracker: Tracker) -> int:
