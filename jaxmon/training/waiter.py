@@ -45,6 +45,9 @@ LOOK = 0.02
 LOOK_STEPS = 100
 LOOK_MAX = 0.1
 SHORT = 0.0025
+# ... for this many looks in a row (about 0.1 s of steps): a run of a few tens of steps (a test's, an eval's) keeps
+# looking every LOOK, each look's step seen complete while it runs.
+STEADY = 5
 # The host's lead is taken as the least of this many looks' (apportion's `later`).
 LEADS = 8
 # A wait that returned sooner than this (seconds) waited for nothing: its newest step was complete already.
@@ -101,6 +104,7 @@ class Waiter:
         # The time between two looks while steps come (read by step(), which also holds a step that often): LOOK, or
         # LOOK_STEPS of the loop's recent steps where they are short, within [LOOK, LOOK_MAX].
         self.every = LOOK
+        self._short = 0  # the looks in a row whose steps came SHORT apart or less
         # No step() for this long (the tracker's clock): the loop paused (or ended). STILL, or STILL_STEPS of its steps.
         self.still = STILL
         # A step() this long after the one before says that the loop paused (step() hands a RESUMED marker first):
@@ -171,7 +175,9 @@ class Waiter:
         batch = [self._handed.popleft() for _ in range(count)]
         if paced > -float("inf"):  # the loop's recent step on the real clock: the time since the last look, shared
             spacing = (self._paced - paced) / count
-            self.every = min(LOOK_MAX, max(LOOK, LOOK_STEPS * spacing)) if spacing < SHORT else LOOK
+            self._short = self._short + 1 if spacing < SHORT else 0
+            long = self._short >= STEADY  # a loop of short steps for a while, not a start's few
+            self.every = min(LOOK_MAX, max(LOOK, LOOK_STEPS * spacing)) if long else LOOK
         self.resumed_after = max(self.still, PAUSE) if self.every > LOOK else float("inf")
         self.taken = len(batch)
         try:

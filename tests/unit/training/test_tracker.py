@@ -305,19 +305,19 @@ def test_steps_whose_completion_is_unknown_leave_no_hole_in_the_time(make_tracke
 
 
 def test_a_pause_within_a_long_look_is_host_time_not_a_stall(make_tracker: MakeTracker) -> None:
-    """Steps of about a millisecond, the loop waiting for each: the waiter looks once per 100 of them (up to
+    """Steps well under a millisecond, the loop waiting for each: the waiter looks once per 100 of them (up to
     LOOK_MAX), and no look need see the loop's unnamed pauses of 60 ms as they happen. The step() after each says so (a
     RESUMED marker): the pause is the host's time, as the loop measures it, not a device's. Read as a step's
     device time, each would be a stall of about 57 ms; the loop's own stalls (steps over 3x the median device time:
     the machine's other work) are about what jaxmon's may be."""
-    f = slow_step(256, 2)  # about 0.8 ms here
-    x = f(jnp.ones((256, 256))).block_until_ready()
+    f = slow_step(128, 2)  # about 0.15 ms here: well under SHORT apart with the loop's own work, loaded or not
+    x = f(jnp.ones((128, 128))).block_until_ready()
     tracker = make_tracker()
     pauses, n, resumed, busy = [], 0, [], []
     done = time.monotonic()
     for _ in range(6):
         began = time.monotonic()
-        while time.monotonic() - began < 0.15:  # long enough for the looks to lengthen
+        while time.monotonic() - began < 0.3:  # long enough for the looks to lengthen (STEADY looks, then one)
             handed = time.monotonic()
             x = f(x)
             jaxmon.step(n, x)
