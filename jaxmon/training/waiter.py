@@ -38,15 +38,13 @@ from jaxmon.training.steps import MARK, RESUMED, Handoff, Hold
 # The waiter looks at the handed steps at most this often while steps come (seconds): it costs a wake, a hold and a
 # wait per look, not per step.
 LOOK = 0.02
-# Where steps come fast (SHORT apart or less, on the real clock), a look waits for about LOOK_STEPS steps, up to
-# LOOK_MAX (seconds): a look's fixed cost (a hold on the training thread, a wait that releases and takes back the GIL,
-# the batch's shared booking: some 300 µs of CPU) is shared by 100 steps of 1 ms rather than 20. Longer steps are
-# looked at every LOOK: each one seen complete, not dated by the host's rhythm (apportion), at no cost that matters.
+# Where steps come SHORT apart or less (the real clock) for STEADY looks, a look waits for about LOOK_STEPS steps, up
+# to LOOK_MAX (seconds): its fixed cost (a hold, a wait that releases and takes back the GIL, the batch's shared
+# booking: some 300 µs of CPU) is shared by 100 steps of 1 ms rather than 20. Longer steps: a look every LOOK.
 LOOK_STEPS = 100
 LOOK_MAX = 0.1
 SHORT = 0.0025
-# ... for this many looks in a row (about 0.1 s of steps): a run of a few tens of steps (a test's, an eval's) keeps
-# looking every LOOK, each look's step seen complete while it runs.
+# (about 0.1 s of steps: a run of a few tens of steps, a test's or an eval's, keeps a look every LOOK)
 STEADY = 5
 # The host's lead is taken as the least of this many looks' (apportion's `later`).
 LEADS = 8
