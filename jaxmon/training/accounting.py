@@ -243,20 +243,24 @@ class Accounting:
             busy_sum += busy
             previous = end
         span = previous - previous_done
-        self.histogram.total += span
-        if idle_sum > 0:
-            self.badput[HOST] = self.badput.get(HOST, 0.0) + idle_sum
-        if excess > 0:
-            self.badput[STALL] = self.badput.get(STALL, 0.0) + excess
-        self.productive += busy_sum - excess
-        self.host_wait += idle_sum
-        self.last_done = previous
+        self._run_totals(span, idle_sum, busy_sum, excess, previous)
         self._sums.enter_run(len(done), span, model_flops, hardware_flops)
         if len(recent) > self.window:
             leaving = [recent.popleft() for _ in range(len(recent) - self.window)]
             for left in leaving:
                 del ordered[bisect_left(ordered, left.busy)]
             self._sums.leave_run(leaving)
+
+    def _run_totals(self, span: float, idle: float, busy: float, excess: float, last_done: float) -> None:
+        """A run's sums added: its span to the histogram's, its host and stall parts to badput, the rest productive."""
+        self.histogram.total += span
+        if idle > 0:
+            self.badput[HOST] = self.badput.get(HOST, 0.0) + idle
+        if excess > 0:
+            self.badput[STALL] = self.badput.get(STALL, 0.0) + excess
+        self.productive += busy - excess
+        self.host_wait += idle
+        self.last_done = last_done
 
     def _vector_run(
         self,
@@ -289,14 +293,7 @@ class Accounting:
         ):
             if count:
                 counts[index] += count
-        self.histogram.total += done[-1] - previous_done
-        if idle_sum > 0:
-            self.badput[HOST] = self.badput.get(HOST, 0.0) + idle_sum
-        if excess > 0:
-            self.badput[STALL] = self.badput.get(STALL, 0.0) + excess
-        self.productive += busy_sum - excess
-        self.host_wait += idle_sum
-        self.last_done = done[-1]
+        self._run_totals(done[-1] - previous_done, idle_sum, busy_sum, excess, done[-1])
         recent, sums = self.recent, self._sums
         kept = min(len(done), self.window)
         leaving = min(len(recent), len(recent) + kept - self.window)
