@@ -29,8 +29,8 @@ PLAIN = frozenset({int, float, type(None)})
 Handoff = tuple[float, Any, Any, Any, Any, "list[Any] | tuple[()]", "Hold | None"]
 MARK = object()
 # A `RESUMED` number is no step either: step() hands it (no hold, at the call's time) before a step that came after
-# the loop paused (no step() for the waiter's `still`): the steps before it completed before the pause, not when the
-# host's next calls came.
+# the loop paused within a long look (no step() for the waiter's `resumed_after`): the steps before it completed
+# before the pause, not when the host's next calls came.
 RESUMED = object()
 # The programs of a step that ran no tracked call (shared: never appended to).
 NO_CALLS: tuple[()] = ()

@@ -231,7 +231,7 @@ class Waiter:
             if ahead and start is not None and busy <= 0:  # no typical step known yet: the time since the last
                 dates = [start + (now - start) * (i + 1) / len(batch) for i in range(len(batch))]  # completion, shared
             else:
-                dates = chain(batch, start, busy, now)
+                dates = [*chain([item[0] for item in batch], start, busy, now)]
             if batch:
                 self._book(batch, dates, None)
         finally:
@@ -239,7 +239,7 @@ class Waiter:
 
     def _before_pauses(self, batch: list[Handoff]) -> list[Handoff]:
         """Book the steps of `batch` handed before its last RESUMED marker (the loop paused, then stepped again):
-        each segment before a marker is dated as the steps of a loop that paused (`chain`: no later than the
+        each segment before a marker is dated as the steps of a loop that paused (`_paused_dates`: no later than the
         resuming call), not by the host's calls after the pause. Returns the steps after the last marker."""
         segment: list[Handoff] = []
         for item in batch:
@@ -259,10 +259,11 @@ class Waiter:
         to there (apportion), as a batch whose newest completion was seen."""
         start = self._last_done()
         busy = self._typical() or self._first_busy
+        handed = [item[0] for item in segment]
         if start is None:
-            return chain(segment, start, busy, until)
-        end = max(min(max(segment[-1][0], start) + busy, until), start)
-        return list(apportion(start, end, [item[0] for item in segment], []))
+            return [*chain(handed, start, busy, until)]
+        end = max(min(max(handed[-1], start) + busy, until), start)
+        return list(apportion(start, end, handed, []))
 
     def _dates(self, batch: list[Handoff], hold: Hold | None) -> list[float | None]:
         """When each step of `batch` completed (None: unknown, its hold's array was deleted or donated).
@@ -340,17 +341,17 @@ class Waiter:
         return out + [None] * len(segment)
 
 
-def chain(batch: Sequence[Handoff], start: float | None, busy: float, now: float) -> list[float | None]:
-    """The completions of the consecutive steps of `batch` that no completion bounds (the loop paused or ended
-    after them): in order, each a typical step's device time (`busy`) after the one before it (the first after
-    `start`, the last completion booked) or after its own hand-off if later, no later than `now`; with nothing known
-    before them (`start` None), each at its hand-off."""
+def chain(handed: Sequence[float], start: float | None, busy: float, now: float) -> list[float]:
+    """The completions of consecutive steps handed at `handed` that no completion bounds (the loop paused or ended
+    after them, or its device kept up): in order, each a typical step's device time (`busy`) after the one before it
+    (the first after `start`, the last completion booked) or after its own hand-off if later, no later than `now`;
+    with nothing known before them (`start` None), each at its hand-off."""
     if start is None:
-        return [min(item[0], now) for item in batch]
-    dates: list[float | None] = []
+        return [min(at, now) for at in handed]
+    dates = []
     previous = start
-    for item in batch:
-        previous = min(max(item[0], previous) + busy, now)
+    for at in handed:
+        previous = min(max(at, previous) + busy, now)
         dates.append(previous)
     return dates
 
@@ -373,11 +374,7 @@ def apportion(
     if n == 1:  # the completion seen; one done already (not ran): a typical step after it could start
         return [end if ran else min(end, max(start, handed[0]) + busy)]
     if not ran and (not paced or busy) and handed[0] >= start - busy:  # the device kept up: done once handed
-        out, previous = [], start
-        for time in handed:
-            previous = min(max(time, previous) + busy, end)
-            out.append(previous)
-        return out
+        return chain(handed, start, busy, end)
     times = [*handed, *later]
     shift = len(later) + 1  # a paced loop calls step() for step k + shift right after step k completed
     bounds = times[shift : shift + n - 1]
@@ -386,6 +383,7 @@ def apportion(
     if bounds[0] < start - (end - start) / n / 2 or end - bounds[-1] > 6 * (end - start) / n:
         span = max(end - start, 0.0) / n
         return [start + span * (i + 1) for i in range(n - 1)] + [end]
+    out: list[float]
     if n >= VECTOR_STEPS:  # the loop below, as NumPy: a running maximum from `start`, no later than `end`
         out = np.minimum(np.maximum.accumulate(np.maximum(bounds, start)), end).tolist()
         previous = out[-1]
