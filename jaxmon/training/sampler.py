@@ -21,7 +21,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
@@ -31,8 +30,9 @@ from jaxmon.logsetup import ErrorLog
 from jaxmon.threads import Worker
 from jaxmon.training.blocks import LEAD, Blocks, block_start, period_began, traced_steps
 from jaxmon.training.handed import Profiler, SamplerConfig, TrainingOps
-from jaxmon.training.reading import DeviceProfile, ProfileReading
-from jaxmon.training.trace_links import Catalog, PlacedTotals
+from jaxmon.training.profile_totals import ProfileTotals
+from jaxmon.training.reading import ProfileReading
+from jaxmon.training.trace_links import Catalog
 from jaxmon.training.trace_split import IN_PROCESS_BYTES, split
 
 log = structlog.get_logger("jaxmon.training.sampler")
@@ -49,17 +49,6 @@ MAX_DEMAND_STEPS, MAX_DEMAND_SECONDS, DEMAND_STEP_TIMEOUT = 100, 60.0, 300.0
 
 class Busy(Exception):
     """The user (or another tool) is profiling: jaxmon takes no trace now, or ended its own to let the user's run."""
-
-
-@dataclass
-class _Totals:
-    profiled: float = 0.0
-    compute: float = 0.0
-    collective: float = 0.0
-    copy: float = 0.0
-    idle: float = 0.0
-    collectives: dict[str, float] | None = None
-    placed: PlacedTotals = field(default_factory=PlacedTotals)  # by (op, axes, link): trace_links
 
 
 class Sampler:
@@ -103,8 +92,13 @@ class Sampler:
         self._last_duration: float | None = None
         self._back = False  # a step number went back since the sample started
         self._results = dict.fromkeys(RESULTS, 0)
-        self._totals: dict[tuple[str, int], _Totals] = {}
+        self._totals = ProfileTotals()
         self._session = threading.Lock()  # one jaxmon trace at a time: a sample or one on demand
+        self._demands = 0  # traces on demand waiting: completed() wakes this thread for them or a sample only
+        # The step before a block's last (-1: none): its hand-off calls `look` (the tracker's: the next step is looked
+        # at as it comes), so the trace stops at the block's end, not hundreds of short steps later (a long look).
+        self._watch = -1
+        self.look: Callable[[], None] = _nothing
         self._worker = Worker("profile", self._run, self._notify)
         self._thread = self._worker.start().thread
 
@@ -114,8 +108,13 @@ class Sampler:
         """Step `number` was handed to jaxmon.step() (the training thread: O(1), no JAX, no call, no lock but once per
         sample and its retries)."""
         n0 = number + LEAD  # block_start() inlined, and the retry (blocks.py): no call on the common path
-        if n0 % self._modulus and n0 != self._blocks.retry:
+        if n0 % self._modulus and n0 != self._blocks.retry and number != self._watch:
             return
+        if number == self._watch:  # the step before a traced block's last: the last is looked at as it comes
+            self._watch = -1
+            self.look()
+            if n0 % self._modulus and n0 != self._blocks.retry:
+                return
         if n0 <= 0 or self.config.every <= 0:
             return
         if self.config.min_seconds > 0 and n0 != self._blocks.retry:  # a retry belongs to its regular block's period
@@ -126,6 +125,7 @@ class Sampler:
             if self._request is None:  # the sample under way, if one, ends within its steps: this one comes next
                 if self._blocks.begin(n0):
                     self._request, self._queued = n0, self._block is not None
+                    self._watch = n0 + self.config.steps - 2  # the block's last step - 1 (> number: LEAD is 2)
                     self._wake.notify_all()
                 else:  # a badput() block still open covers it: no trace
                     self._results["skipped"] += 1
@@ -146,7 +146,8 @@ class Sampler:
             if len(self._done) > 1 and self._done[-2][0] == self._done[-1][0] - 1:
                 self._last_duration = self._done[-1][1] - self._done[-2][1]
             self._completions += len(done)
-            self._wake.notify_all()
+            if self._block is not None or self._demands:
+                self._wake.notify_all()
 
     def badput(self, kind: str, key: Hashable, handed: int | None, whole: bool) -> None:
         """An interval of named badput opened (or was recorded `whole`) after step `handed` was handed: a sample
@@ -250,21 +251,8 @@ class Sampler:
             )
             return
         keys = self.profiler.devices()
-        unplaced: dict[str, int] = {}
         with self._lock:
-            for device, (seconds, parts, collectives, placed) in add.items():
-                totals = self._totals.setdefault(keys.get(device, device), _Totals(collectives={}))
-                totals.profiled += seconds
-                totals.compute += parts[0]
-                totals.collective += parts[1]
-                totals.copy += parts[2]
-                totals.idle += parts[3]
-                assert totals.collectives is not None
-                for op, value in collectives.items():
-                    totals.collectives[op] = totals.collectives.get(op, 0.0) + value
-                totals.placed.merge(placed)
-                for why, count in placed.unplaced.items():
-                    unplaced[why] = unplaced.get(why, 0) + count
+            unplaced = self._totals.add(add, keys)
             self._results["taken"] += 1
         for why, count in sorted(unplaced.items()):
             if self._problem is not None:
@@ -309,11 +297,15 @@ class Sampler:
             # The first completion after the start opens the first whole step; `steps` more close them.
             target = self._completions + steps + 1
             deadline = self._clock() + DEMAND_STEP_TIMEOUT
-            while self._completions < target and not self._stopping:
-                left = deadline - self._clock()
-                if left <= 0:
-                    raise TimeoutError(f"the job completed no {steps} steps in {DEMAND_STEP_TIMEOUT:.0f} s")
-                self._wake.wait(left)
+            self._demands += 1
+            try:
+                while self._completions < target and not self._stopping:
+                    left = deadline - self._clock()
+                    if left <= 0:
+                        raise TimeoutError(f"the job completed no {steps} steps in {DEMAND_STEP_TIMEOUT:.0f} s")
+                    self._wake.wait(left)
+            finally:
+                self._demands -= 1
 
     # -- reading ------------------------------------------------------------------------------------------
 
@@ -328,21 +320,7 @@ class Sampler:
         if self.config.every <= 0:
             return None
         with self._lock:
-            return ProfileReading(
-                results=dict(self._results),
-                devices=tuple(
-                    DeviceProfile(
-                        platform=platform,
-                        id=device,
-                        profiled_seconds_total=t.profiled,
-                        parts={"compute": t.compute, "collective": t.collective, "copy": t.copy, "idle": t.idle},
-                        collectives=dict(t.collectives or {}),
-                        placed=t.placed.table(),
-                        copies=t.placed.copies(),
-                    )
-                    for (platform, device), t in sorted(self._totals.items())
-                ),
-            )
+            return ProfileReading(results=dict(self._results), devices=self._totals.devices())
 
     @property
     def _stopping(self) -> bool:
@@ -360,11 +338,16 @@ class Sampler:
         return (self._worker.thread,)
 
 
+def _nothing() -> None:
+    pass
+
+
 class Off:
     """No usable jax.profiler: hooks that do nothing, and no trace on demand."""
 
     threads: tuple[threading.Thread, ...] = ()
     block: int | None = None
+    look: Callable[[], None] = staticmethod(_nothing)
 
     def handed(self, number: int) -> None: ...
     def completed(self, done: Sequence[tuple[int, float]]) -> None: ...
