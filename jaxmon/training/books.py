@@ -28,6 +28,7 @@ MAX_PROFILES = 256
 LOSS_EVERY = 1.0
 # The largest figure counted as given (a larger int would overflow a float sum: read_figures says why it is not).
 BIG = 1e300
+INT = {int}
 # A step's number and figures as read: (number, examples, tokens, model_flops), the number None when unusable.
 Read = tuple[Any, Any, Any, Any]
 
@@ -35,6 +36,12 @@ Read = tuple[Any, Any, Any, Any]
 def usable(figure: Any) -> bool:
     """Whether a host figure counts as given: None, or a finite int or float >= 0."""
     return figure is None or ((type(figure) is int or type(figure) is float) and 0 <= figure <= BIG)
+
+
+def steady(column: tuple[Any, ...]) -> bool:
+    """Whether a batch's figure (a column of its hand-offs) is the same usable one, of the same type, at every step."""
+    first = column[0]  # usable first: each a host number, compared by value (never an array's ==)
+    return usable(first) and len(set(map(type, column))) == 1 and column.count(first) == len(column)
 
 
 def counted(programs: Sequence[Program]) -> list[tuple[Program, int]]:
@@ -293,6 +300,10 @@ class Books:
 def read_slow(batch: list[Handoff], value: Callable[[Any], Any], problem: Callable[..., None]) -> dict[int, Read]:
     """The steps of `batch` whose number or figures are arrays, or not usable as given, read and checked
     (steps.read_figures), by id() of their hand-off; the rest need nothing (a check a figure)."""
+    if batch:  # the common batch: host int numbers and the same usable figures at every step (C loops, no step's)
+        _, numbers, examples, tokens, flops, _, _ = zip(*batch, strict=True)
+        if set(map(type, numbers)) == INT and steady(examples) and steady(tokens) and steady(flops):
+            return {}
     slow: dict[int, Read] = {}
     checked: tuple[Any, Any, Any] | None = None  # the last figures found usable (a loop passes the same ones)
     for item in batch:

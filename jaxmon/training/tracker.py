@@ -93,7 +93,10 @@ class Tracker:
         self.sampler = sampler_for(ops, config.profile, clock, self._collective_names.catalog, self._problem)
         self._unlisten = ops.on_event_duration(self._on_event)
         typical = self._acct.typical_busy
-        self.waiter = Waiter(self._handed, ops, clock, self._problem, self.last_done, self.book, typical)
+        self.waiter = Waiter(
+            self._handed, ops, clock, self._problem, self.last_done, self.book, typical, config.max_pending
+        )
+        self.sampler.look = self.waiter.look_now  # a traced block's last step is looked at as it comes
         self._thread = self.waiter.thread
 
     # -- the training thread ------------------------------------------------------------------------------

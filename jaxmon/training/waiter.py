@@ -12,7 +12,7 @@ step before last, or for each step) calls `step()` right after each completion, 
 it handed while the waiter waited for the newest): so step k is dated at the host's `step()` call for step
 k + lag + 1, kept within the batch's interval and in order. A loop that runs further ahead of its device (its calls
 come before the batch's interval began) has no such rhythm: the interval is shared evenly. Pure arithmetic, tested
-on literals (`apportion`).
+on literals (dating.py).
 
 step() also holds a step's arrays once per LOOK of the host's own time, so that a loop that pauses or ends leaves at
 most that much of its steps un-held: when no step comes to be looked at, those are dated each a typical step's device
@@ -26,12 +26,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-
-import numpy as np
+from collections.abc import Callable
+from operator import itemgetter
 
 from jaxmon.threads import Worker
-from jaxmon.training.accounting import VECTOR_STEPS
+from jaxmon.training.dating import apportion, chain
 from jaxmon.training.handed import TrainingOps
 from jaxmon.training.steps import MARK, RESUMED, Handoff, Hold
 
@@ -39,10 +38,11 @@ from jaxmon.training.steps import MARK, RESUMED, Handoff, Hold
 # wait per look, not per step.
 LOOK = 0.02
 # Where steps come SHORT apart or less (the real clock) for STEADY looks, a look waits for about LOOK_STEPS steps, up
-# to LOOK_MAX (seconds): its fixed cost (a hold, a wait that releases and takes back the GIL, the batch's shared
-# booking: some 300 µs of CPU) is shared by 100 steps of 1 ms rather than 20. Longer steps: a look every LOOK.
-LOOK_STEPS = 100
-LOOK_MAX = 0.1
+# to LOOK_MAX (seconds): its fixed cost (a wake, a hold, a wait that releases and takes back the GIL, the batch's
+# shared booking: 300-700 µs of CPU where the loop and XLA keep the cores busy) is shared by 500 steps of 1 ms
+# rather than 20 (the waiter's CPU a step: 7 µs at 100, 2 at 500). Longer steps: a look every LOOK.
+LOOK_STEPS = 500
+LOOK_MAX = 0.5
 SHORT = 0.0025
 # (about 0.1 s of steps: a run of a few tens of steps, a test's or an eval's, keeps a look every LOOK)
 STEADY = 5
@@ -60,6 +60,10 @@ STILL_STEPS = 4
 # loop that waits for its steps calls step() this late after a long device step too, which the marker would date as
 # the host's pause: 40 ms keeps the loop's ordinary long steps (and a loaded machine's) on the host's rhythm.
 PAUSE = 2 * LOOK
+# The types of the numbers of a batch of host steps with no marker among them; a Handoff's fields (C loops over a
+# batch: a look of 500 steps pays no Python step per step).
+INT = {int}
+HANDED, NUMBER, HOLD = itemgetter(0), itemgetter(1), itemgetter(6)
 # A first looked-at step longer than this from hand-off to done is taken for a first run's one-time work, not a step.
 FIRST_BUSY_MAX = 0.25
 
@@ -67,7 +71,7 @@ FIRST_BUSY_MAX = 0.25
 class Waiter:
     """The thread that sees the handed steps complete. `handed` is the tracker's deque (step() appends, this takes);
     `last_done()` the last completion booked; `book(batch, done, hold)` books a batch under the tracker's lock;
-    `problem(reason, event, ...)` counts and logs."""
+    `problem(reason, event, ...)` counts and logs; `pending` the tracker's max_pending."""
 
     def __init__(
         self,
@@ -78,6 +82,7 @@ class Waiter:
         last_done: Callable[[], float | None],
         book: Callable[[list[Handoff], list[float | None], Hold | None], None],
         typical: Callable[[], float | None] = lambda: None,
+        pending: int = 4096,
     ) -> None:
         self._handed = handed
         self.ops = ops
@@ -86,6 +91,7 @@ class Waiter:
         self._last_done = last_done
         self._book = book
         self._typical = typical
+        self._look_steps = max(min(LOOK_STEPS, pending // 4), 1)  # a look's steps stay well within max_pending
         # The host's lead at the last looks; none known at first: dated as a loop waiting for each step.
         self._leads: deque[int] = deque([0], maxlen=LEADS)
         # Whether the newest step still ran at the last looks; at first: a device that keeps up.
@@ -114,6 +120,11 @@ class Waiter:
     def wake(self) -> None:
         """A looked-at step (or a mark) was handed."""
         self._handoff.set()
+
+    def look_now(self) -> None:
+        """Look at the next step handed as it comes (the training thread: a sampled trace's last step is next)."""
+        self.want = True
+        self.hurry()
 
     def hurry(self) -> None:
         """The host stops stepping for a while (a badput() block opens, its mark handed): take the steps now."""
@@ -170,19 +181,21 @@ class Waiter:
         self.want = False  # taken: the next look asks again
         paced, self._last_look, self._paced = self._paced, self._clock(), time.monotonic()
         self.looks += 1
-        batch = [self._handed.popleft() for _ in range(count)]
+        popleft = self._handed.popleft
+        batch = [popleft() for _ in range(count)]
         if paced > -float("inf"):  # the loop's recent step on the real clock: the time since the last look, shared
             spacing = (self._paced - paced) / count
             self._short = self._short + 1 if spacing < SHORT else 0
             long = self._short >= STEADY  # a loop of short steps for a while, not a start's few
-            self.every = min(LOOK_MAX, max(LOOK, LOOK_STEPS * spacing)) if long else LOOK
+            self.every = min(LOOK_MAX, max(LOOK, self._look_steps * spacing)) if long else LOOK
         self.resumed_after = max(self.still, PAUSE) if self.every > LOOK else float("inf")
         self.taken = len(batch)
         try:
             hold = batch[-1][6]
-            batch = [item for item in batch if item[1] is not MARK]  # a mark is no step: its hold dated those before
-            if any(item[1] is RESUMED for item in batch):
-                batch = self._before_pauses(batch)
+            if set(map(type, map(NUMBER, batch))) != INT:  # a marker among them (or a number to read)
+                batch = [item for item in batch if item[1] is not MARK]  # a mark is no step: its hold dated those
+                if any(item[1] is RESUMED for item in batch):  # before it
+                    batch = self._before_pauses(batch)
             self._book(batch, self._dates(batch, hold), hold)
         finally:
             self.taken = 0
@@ -246,10 +259,10 @@ class Waiter:
             if item[1] is not RESUMED:
                 segment.append(item)
                 continue
-            if segment and any(step[6] is not None for step in segment):  # waited for: a deleted or donated ready
-                self._book(segment, self._dates(segment, None), None)  # array is counted (its completion was before
-            elif segment:  # the look: dated as one that completed unseen, a typical step after the one before)
-                self._book(segment, self._paused_dates(segment, item[0]), None)
+            if segment:  # its holds (done before the look) waited for: a deleted or donated ready array is counted
+                holds = list(filter(None, map(HOLD, segment)))
+                dates = self._one_by_one(segment, None) if holds and not self._waited(holds) else None
+                self._book(segment, dates or self._paused_dates(segment, item[0]), None)
             segment = []
         return segment
 
@@ -277,15 +290,11 @@ class Waiter:
         if len(batch) > 1:
             self._spacing = (batch[-1][0] - batch[0][0]) / (len(batch) - 1)
             self.still = max(STILL, STILL_STEPS * self._spacing)
-        holds = [item[6] for item in batch if item[6] is not None]
+        holds = list(filter(None, map(HOLD, batch)))  # a Hold is truthy
         if hold is not None and (not holds or holds[-1] is not hold):
             holds.append(hold)  # a mark's
         looked = self._clock()
-        try:
-            if any(h.lost or not h.handles for h in holds):
-                raise LookupError("a ready array was deleted or donated before step() was called")
-            self.ops.wait([handle for h in holds for handle in h.handles])
-        except Exception:
+        if not self._waited(holds):
             return self._one_by_one(batch, hold)
         newest = self._clock()
         ran = newest - looked >= BLOCKED
@@ -302,11 +311,22 @@ class Waiter:
         busy = 0.0
         if not ran:  # done before the look: dated by a typical step's device time (the batch's share, at first)
             busy = self._typical() or (newest - start) / len(batch)
-        handed = [i[0] for i in batch]
+        handed = list(map(HANDED, batch))
         completions: list[float | None] = list(apportion(start, newest, handed, later, ran, paced, busy))
         if not self._first_busy and ran and 0 < newest - batch[-1][0] < FIRST_BUSY_MAX:
             self._first_busy = newest - batch[-1][0]
         return completions
+
+    def _waited(self, holds: list[Hold]) -> bool:
+        """Wait for the holds' arrays in one call (one release of the GIL); False when one was deleted or donated
+        (before step() held it, or since: only jaxmon's own handles are asked, so the call raises, never crashes)."""
+        try:
+            if any(h.lost or not h.handles for h in holds):
+                return False
+            self.ops.wait([handle for h in holds for handle in h.handles])
+        except Exception:
+            return False
+        return True
 
     def _one_by_one(self, batch: list[Handoff], hold: Hold | None) -> list[float | None]:
         """`batch`'s completions when one of its holds failed: each looked-at step waited for on its own, the steps
@@ -339,60 +359,3 @@ class Waiter:
                 start = when
             segment = []
         return out + [None] * len(segment)
-
-
-def chain(handed: Sequence[float], start: float | None, busy: float, now: float) -> list[float]:
-    """The completions of consecutive steps handed at `handed` that no completion bounds (the loop paused or ended
-    after them, or its device kept up): in order, each a typical step's device time (`busy`) after the one before it
-    (the first after `start`, the last completion booked) or after its own hand-off if later, no later than `now`;
-    with nothing known before them (`start` None), each at its hand-off."""
-    if start is None:
-        return [min(at, now) for at in handed]
-    dates = []
-    previous = start
-    for at in handed:
-        previous = min(max(at, previous) + busy, now)
-        dates.append(previous)
-    return dates
-
-
-def apportion(
-    start: float,
-    end: float,
-    handed: Sequence[float],
-    later: Sequence[float],
-    ran: bool = True,
-    paced: bool = True,
-    busy: float = 0.0,
-) -> list[float]:
-    """The completions of consecutive steps handed at `handed`, the one before the first completed at `start`;
-    `end`: when the waiter saw the last one complete, `ran`: whether it still ran when the waiter looked (else it
-    completed before `end`); `later`: when the steps handed after the last one, before `end`, were (the host's
-    lead); `paced`: whether the device was behind the host at recent looks; `busy`: a step's typical device time,
-    for steps that completed unseen (not `ran`). Non-decreasing, within [start, end]."""
-    n = len(handed)
-    if n == 1:  # the completion seen; one done already (not ran): a typical step after it could start
-        return [end if ran else min(end, max(start, handed[0]) + busy)]
-    if not ran and (not paced or busy) and handed[0] >= start - busy:  # the device kept up: done once handed
-        return chain(handed, start, busy, end)
-    times = [*handed, *later]
-    shift = len(later) + 1  # a paced loop calls step() for step k + shift right after step k completed
-    bounds = times[shift : shift + n - 1]
-    # Not paced by the device: the host's calls came before the interval began, or in a burst long before its end
-    # (it ran ahead): no rhythm of the device's to follow.
-    if bounds[0] < start - (end - start) / n / 2 or end - bounds[-1] > 6 * (end - start) / n:
-        span = max(end - start, 0.0) / n
-        return [start + span * (i + 1) for i in range(n - 1)] + [end]
-    out: list[float]
-    if n >= VECTOR_STEPS:  # the loop below, as NumPy: a running maximum from `start`, no later than `end`
-        out = np.minimum(np.maximum.accumulate(np.maximum(bounds, start)), end).tolist()
-        previous = out[-1]
-    else:
-        out, previous = [], start
-        for bound in bounds:
-            previous = min(max(bound, previous), end)
-            out.append(previous)
-    if not ran:  # it completed before the look (the loop paused): a typical step after the one before it
-        end = min(end, previous + (previous - start) / (n - 1))
-    out.append(end)
-    return out

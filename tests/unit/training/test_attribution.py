@@ -17,8 +17,9 @@ import jax.numpy as jnp
 import pytest
 
 import jaxmon
+from jaxmon.training.dating import apportion
 from jaxmon.training.tracker import Tracker
-from jaxmon.training.waiter import LOOK, apportion
+from jaxmon.training.waiter import LOOK
 from jaxmon.training.window import DURATION_BUCKETS
 from tests.unit.training.conftest import MakeTracker, booked
 

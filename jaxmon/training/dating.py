@@ -1,0 +1,70 @@
+"""When each step of a waiter's batch completed: pure arithmetic on the tracker's clock, tested on literals.
+
+The waiter (waiter.py) sees one step of a batch complete, the newest, and knows when the host handed each step to
+`step()`; these place the others (docs/training.md, "How a step is measured").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from jaxmon.training.accounting import VECTOR_STEPS
+
+
+def chain(handed: Sequence[float], start: float | None, busy: float, now: float) -> list[float]:
+    """The completions of consecutive steps handed at `handed` that no completion bounds (the loop paused or ended
+    after them, or its device kept up): in order, each a typical step's device time (`busy`) after the one before it
+    (the first after `start`, the last completion booked) or after its own hand-off if later, no later than `now`;
+    with nothing known before them (`start` None), each at its hand-off."""
+    if start is None:
+        return [min(at, now) for at in handed]
+    dates = []
+    previous = start
+    for at in handed:
+        previous = min(max(at, previous) + busy, now)
+        dates.append(previous)
+    return dates
+
+
+def apportion(
+    start: float,
+    end: float,
+    handed: Sequence[float],
+    later: Sequence[float],
+    ran: bool = True,
+    paced: bool = True,
+    busy: float = 0.0,
+) -> list[float]:
+    """The completions of consecutive steps handed at `handed`, the one before the first completed at `start`;
+    `end`: when the waiter saw the last one complete, `ran`: whether it still ran when the waiter looked (else it
+    completed before `end`); `later`: when the steps handed after the last one, before `end`, were (the host's
+    lead); `paced`: whether the device was behind the host at recent looks; `busy`: a step's typical device time,
+    for steps that completed unseen (not `ran`). Non-decreasing, within [start, end]."""
+    n = len(handed)
+    if n == 1:  # the completion seen; one done already (not ran): a typical step after it could start
+        return [end if ran else min(end, max(start, handed[0]) + busy)]
+    if not ran and (not paced or busy) and handed[0] >= start - busy:  # the device kept up: done once handed
+        return chain(handed, start, busy, end)
+    times = [*handed, *later]
+    shift = len(later) + 1  # a paced loop calls step() for step k + shift right after step k completed
+    bounds = times[shift : shift + n - 1]
+    # Not paced by the device: the host's calls came before the interval began, or in a burst long before its end
+    # (it ran ahead): no rhythm of the device's to follow.
+    if bounds[0] < start - (end - start) / n / 2 or end - bounds[-1] > 6 * (end - start) / n:
+        span = max(end - start, 0.0) / n
+        return [start + span * (i + 1) for i in range(n - 1)] + [end]
+    out: list[float]
+    if n >= VECTOR_STEPS:  # the loop below, as NumPy: a running maximum from `start`, no later than `end`
+        out = np.minimum(np.maximum.accumulate(np.maximum(bounds, start)), end).tolist()
+        previous = out[-1]
+    else:
+        out, previous = [], start
+        for bound in bounds:
+            previous = min(max(bound, previous), end)
+            out.append(previous)
+    if not ran:  # it completed before the look (the loop paused): a typical step after the one before it
+        end = min(end, previous + (previous - start) / (n - 1))
+    out.append(end)
+    return out
