@@ -103,6 +103,12 @@ def thread_ns(tids: dict[int, str]) -> dict[str, int]:
     return out
 
 
+def waiter_looks(jaxmon: Any) -> int:
+    """The looks jaxmon's waiter took so far (0 without jaxmon or a tracker)."""
+    tracker = jaxmon.training.current() if jaxmon is not None else None
+    return tracker.waiter.looks if tracker is not None else 0
+
+
 def make_step(k: int) -> Any:
     import jax
     import jax.numpy as jnp
@@ -134,7 +140,7 @@ def loop(args: argparse.Namespace, with_jaxmon: bool, profile: bool = False) -> 
     flops = 2.0 * D**3 * args.k
     warm = max(args.steps // 10, 20)
     losses: list[Any] = []
-    call_ns = step_ns = 0
+    call_ns = step_ns = looks0 = 0
     mine: dict[int, str] = {}
     cpu0: dict[str, int] = {}
     start = 0.0
@@ -147,6 +153,7 @@ def loop(args: argparse.Namespace, with_jaxmon: bool, profile: bool = False) -> 
             warm, measured = n, 0
             mine = jaxmon_threads()
             cpu0, start, call_ns, step_ns = thread_ns(mine), time.perf_counter(), 0, 0
+            looks0 = waiter_looks(jaxmon)
             if profile:
                 here, saved = Path(__file__).resolve().parent, sys.path[:]
                 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]  # bench/profile.py is not
@@ -187,6 +194,10 @@ def loop(args: argparse.Namespace, with_jaxmon: bool, profile: bool = False) -> 
         out["thread_cpu_us"] = sum(per.values())
         out["thread_cpu_us_by_thread"] = per
         out["step_us"] = step_ns / args.steps / 1e3
+        tracker = jaxmon.training.current()
+        if tracker is not None:  # the waiter's looks over the measured steps, and its look interval at their end
+            out["looks"] = waiter_looks(jaxmon) - looks0
+            out["look_every_s"] = tracker.waiter.every
         out["threads"] = sorted(mine.values())
         out["jaxmon"] = jaxmon.__file__
         from jaxmon import training

@@ -29,6 +29,9 @@ LOSS_EVERY = 1.0
 # The largest figure counted as given (a larger int would overflow a float sum: read_figures says why it is not).
 BIG = 1e300
 INT = {int}
+# What a batch booked: the numbers and completions of the steps seen complete (columns: no tuple a step), its model
+# FLOPs, the hardware FLOPs it added per device.
+Entered = tuple[Sequence[int], Sequence[float], float, dict[tuple[str, int], float]]
 # A step's number and figures as read: (number, examples, tokens, model_flops), the number None when unusable.
 Read = tuple[Any, Any, Any, Any]
 
@@ -111,17 +114,18 @@ class Books:
         done: list[float | None],
         slow: dict[int, Read],
         problem: Callable[..., None],
-    ) -> tuple[list[tuple[int, float]], float, dict[tuple[str, int], float]]:
+    ) -> Entered:
         """A batch of the waiter's steps (`done`: their completions, None where unknown; `slow`: the ones read_slow
-        read) booked into `acct` and these totals (under the tracker's lock): (the (number, completion) of those
-        seen complete, the batch's model FLOPs, the hardware FLOPs added per device)."""
+        read) booked into `acct` and these totals (under the tracker's lock): (the numbers and the completions of
+        those seen complete, the batch's model FLOPs, the hardware FLOPs added per device)."""
         if not slow and not intervals and batch and acct.last_done is not None:
             run = self._run(acct, batch, done)
             if run is not None:
                 return run
         counts: dict[Program, int] = {}
         examples = tokens = model_total = 0.0
-        pairs: list[tuple[int, float]] = []
+        seen: list[int] = []  # the steps seen complete: their numbers and completions
+        seen_at: list[float] = []
         last, booked = self.last, 0
         last_n, last_c = last if last is not None else (None, None)
         # The figure and the single tracked program of the steps before: their FLOPs mappings are the same.
@@ -168,7 +172,8 @@ class Books:
             last_n, last_c = number, completion
             if completion is None:
                 continue
-            pairs.append((number, completion))
+            seen.append(number)
+            seen_at.append(completion)
             before = previous_c if previous_n is not None and number == previous_n + 1 else None
             if before is not None and not intervals and (acct.last_done is not None or run_done):
                 if run_done and (model is not run_model or hardware is not run_hw):
@@ -200,13 +205,11 @@ class Books:
         if singles:
             counts[single] = counts.get(single, 0) + singles  # type: ignore[index,arg-type]
         if not booked or last_n is None:
-            return pairs, model_total, {}
+            return seen, seen_at, model_total, {}
         self.last = (last_n, last_c)
-        return pairs, model_total, self.add(booked, counts, examples, tokens, model_total)
+        return seen, seen_at, model_total, self.add(booked, counts, examples, tokens, model_total)
 
-    def _run(
-        self, acct: Accounting, batch: list[Handoff], done: list[float | None]
-    ) -> tuple[list[tuple[int, float]], float, dict[tuple[str, int], float]] | None:
+    def _run(self, acct: Accounting, batch: list[Handoff], done: list[float | None]) -> Entered | None:
         """The common batch booked with no per-step work here: every step seen complete, numbered on from the last
         one booked, with the same figures and the same tracked calls as the others (a steady loop). None when the
         batch is not that (enter() books it step by step). The checks are C loops over the batch's columns."""
@@ -239,7 +242,7 @@ class Books:
             0.0 if tokens[0] is None else tokens[0] * n,
             model_total,
         )
-        return list(zip(numbers, done, strict=True)), model_total, added  # type: ignore[arg-type]
+        return numbers, done, model_total, added  # type: ignore[return-value]  # None not in done
 
     def add(
         self, booked: int, counts: Mapping[Program, int], examples: float, tokens: float, model: float

@@ -98,3 +98,8 @@ class Program:
     fn: Any
     cost: Any = None
     communication: Any = None
+    # The calls of a step that ran this program once (step() hands this one tuple, no list a step).
+    once: tuple[Program, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.once = (self,)

@@ -131,21 +131,23 @@ class Sampler:
                     self._results["skipped"] += 1
                     self._blocks.finish(n0)
 
-    def completed(self, done: Sequence[tuple[int, float]]) -> None:
-        """The waiter booked these steps (number, completion on the tracker's clock), a batch in order."""
-        if not done:
+    def completed(self, numbers: Sequence[int], at: Sequence[float]) -> None:
+        """The waiter booked these steps (their numbers, their completions on the tracker's clock), a batch in order:
+        two columns, so that a long batch makes no tuple a step (its tail only, while no sample is under way)."""
+        if not numbers:
             return
         with self._lock:
             if self._block is not None:  # a sample under way: whether its step numbers went back
-                for number, at in done:
+                for number, when in zip(numbers, at, strict=True):
                     if self._done and number <= self._done[-1][0]:
                         self._back = True
-                    self._done.append((number, at))
+                    self._done.append((number, when))
             else:  # only the last ones are kept (deque maxlen)
-                self._done.extend(done)
+                keep = -(self._done.maxlen or 1)
+                self._done.extend(zip(numbers[keep:], at[keep:], strict=True))
             if len(self._done) > 1 and self._done[-2][0] == self._done[-1][0] - 1:
                 self._last_duration = self._done[-1][1] - self._done[-2][1]
-            self._completions += len(done)
+            self._completions += len(numbers)
             if self._block is not None or self._demands:
                 self._wake.notify_all()
 
@@ -350,7 +352,7 @@ class Off:
     look: Callable[[], None] = staticmethod(_nothing)
 
     def handed(self, number: int) -> None: ...
-    def completed(self, done: Sequence[tuple[int, float]]) -> None: ...
+    def completed(self, numbers: Sequence[int], at: Sequence[float]) -> None: ...
     def badput(self, kind: str, key: Hashable, handed: int | None, whole: bool) -> None: ...
     def closed(self, key: Hashable, handed: int | None) -> None: ...
     def reading(self) -> None: ...

@@ -26,7 +26,7 @@ PLAIN = frozenset({int, float, type(None)})
 # called since the previous step() (one entry a call); `hold` the handles the waiter waits on (None: this step is
 # not looked at, the next looked-at step's completion bounds it). A `MARK` number is no step: its hold dates the
 # steps handed before it (a badput() block opens, the loop paused).
-Handoff = tuple[float, Any, Any, Any, Any, "list[Any] | tuple[()]", "Hold | None"]
+Handoff = tuple[float, Any, Any, Any, Any, "tuple[Any, ...]", "Hold | None"]
 MARK = object()
 # A `RESUMED` number is no step either: step() hands it (no hold, at the call's time) before a step that came after
 # the loop paused within a long look (no step() for the waiter's `resumed_after`): the steps before it completed

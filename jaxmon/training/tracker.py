@@ -108,11 +108,10 @@ class Tracker:
         tuple appended to a deque (atomic); the step the waiter asks to look at takes its handles (`_look_at`)."""
         handed = self._clock()
         previous, self._previous = self._previous, handed
-        calls: list[Program] | tuple[()] = self._calls
-        if calls:
-            self._calls = []
-        else:
-            calls = NO_CALLS
+        calls: tuple[Program, ...] = NO_CALLS
+        if made := self._calls:  # a tuple a program, made once: no new list a step (a GC-tracked object)
+            calls = made[0].once if len(made) == 1 else tuple(made)
+            made.clear()
         waiter = self.waiter
         if (
             waiter.want
@@ -135,7 +134,7 @@ class Tracker:
 
     def _look_at(
         self, handed: float, number: Any, ready: tuple[Any, ...], examples: Any, tokens: Any, model_flops: Any,
-        calls: list[Program] | tuple[()],
+        calls: tuple[Program, ...],
     ) -> None:  # fmt: skip
         """step()'s slower path: the step the waiter asked for (jaxmon's own handles on its ready arrays), or one
         whose number or figures are JAX arrays (handles on them, read by the waiter once the step is done)."""
@@ -184,7 +183,7 @@ class Tracker:
         arrays are held now (a mark), so that the steps before it are seen complete when they were, not after."""
         if not self._handed or self._handed[-1][6] is not None:
             return  # nothing handed, or the last step is looked at already
-        self._handed.append((self._clock(), MARK, None, None, None, [], self._hold(self._last_ready)))
+        self._handed.append((self._clock(), MARK, None, None, None, NO_CALLS, self._hold(self._last_ready)))
         self.waiter.hurry()
 
     def measure(self, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Program:
@@ -285,7 +284,7 @@ class Tracker:
     def _book(self, batch: list[Handoff], done: list[float | None], slow: dict[int, Read]) -> None:
         books = self._books
         last = books.last
-        pairs, model, added = books.enter(self._acct, self._intervals, batch, done, slow, self._problem)
+        numbers, at, model, added = books.enter(self._acct, self._intervals, batch, done, slow, self._problem)
         if books.last is None or books.last is last:
             return
         books.seen = self._clock()
@@ -294,9 +293,9 @@ class Tracker:
             self._dispatched = books.last[0]  # a device step number, and no later step handed: the last one handed
         if self._no_peak and (model or added):
             self._mfu_wanted({**(books.model_share(model) if model else {}), **added})
-        if pairs:
-            self._intervals.forget(pairs[-1][1])
-            self.sampler.completed(pairs)
+        if at:
+            self._intervals.forget(at[-1])
+            self.sampler.completed(numbers, at)
 
     def last_done(self) -> float | None:
         """The last completion booked (the waiter's start for its next batch)."""

@@ -23,6 +23,7 @@ arrays on the training thread).
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections import deque
@@ -91,7 +92,10 @@ class Waiter:
         self._last_done = last_done
         self._book = book
         self._typical = typical
-        self._look_steps = max(min(LOOK_STEPS, pending // 4), 1)  # a look's steps stay well within max_pending
+        # A look's steps stay well within max_pending, and its hand-offs (a tuple a step, alive until the look) under
+        # half the collector's young threshold: past it they would make it collect (test_step_gc.py).
+        young = gc.get_threshold()[0] // 2 or LOOK_STEPS
+        self._look_steps = max(min(LOOK_STEPS, pending // 4, young), 1)
         # The host's lead at the last looks; none known at first: dated as a loop waiting for each step.
         self._leads: deque[int] = deque([0], maxlen=LEADS)
         # Whether the newest step still ran at the last looks; at first: a device that keeps up.
@@ -109,6 +113,7 @@ class Waiter:
         # LOOK_STEPS of the loop's recent steps where they are short, within [LOOK, LOOK_MAX].
         self.every = LOOK
         self._short = 0  # the looks in a row whose steps came SHORT apart or less
+        self._steady = True  # no look since the last one's dated a paused loop's steps (_take_paused)
         # No step() for this long (the tracker's clock): the loop paused (or ended). STILL, or STILL_STEPS of its steps.
         self.still = STILL
         # A step() this long after the one before says that the loop paused (step() hands a RESUMED marker first):
@@ -183,16 +188,22 @@ class Waiter:
         self.looks += 1
         popleft = self._handed.popleft
         batch = [popleft() for _ in range(count)]
-        if paced > -float("inf"):  # the loop's recent step on the real clock: the time since the last look, shared
+        plain = set(map(type, map(NUMBER, batch))) == INT  # no marker among them (nor a number to read)
+        # The loop's recent step on the real clock: the time since the last look, shared; not where the loop paused
+        # in it (a marker in the batch, or a look that dated a paused loop's steps: _take_paused).
+        if paced > -float("inf") and self._steady and plain:
             spacing = (self._paced - paced) / count
             self._short = self._short + 1 if spacing < SHORT else 0
             long = self._short >= STEADY  # a loop of short steps for a while, not a start's few
-            self.every = min(LOOK_MAX, max(LOOK, self._look_steps * spacing)) if long else LOOK
+            # At most twice as long as the last look: one estimate off by a pause costs a look, not a batch of
+            # thousands of steps (over the collector's young threshold, towards max_pending).
+            self.every = min(LOOK_MAX, max(LOOK, self._look_steps * spacing), 2 * self.every) if long else LOOK
+        self._steady = True
         self.resumed_after = max(self.still, PAUSE) if self.every > LOOK else float("inf")
         self.taken = len(batch)
         try:
             hold = batch[-1][6]
-            if set(map(type, map(NUMBER, batch))) != INT:  # a marker among them (or a number to read)
+            if not plain:
                 batch = [item for item in batch if item[1] is not MARK]  # a mark is no step: its hold dated those
                 if any(item[1] is RESUMED for item in batch):  # before it
                     batch = self._before_pauses(batch)
@@ -238,7 +249,7 @@ class Waiter:
         self.taken = len(batch)
         self.looks += 1
         now = self._last_look = self._clock()
-        self._paced = time.monotonic()
+        self._paced, self._steady = time.monotonic(), False
         try:
             dates: list[float | None]
             if ahead and start is not None and busy <= 0:  # no typical step known yet: the time since the last

@@ -60,7 +60,7 @@ def test_a_trace_the_child_cannot_read_is_a_failed_sample_and_the_next_is_taken(
     profiler.data = gpu_space({0: GPU0})
     s.handed(18)
     wait_until(lambda: profiler.starts == 2, what="the second trace started")
-    s.completed([(19, at(0)), (20, at(50)), (21, at(100))])
+    s.completed([19, 20, 21], [at(0), at(50), at(100)])
     wait_until(lambda: got(s).results["taken"] == 1, what="the next sample taken")
 
 

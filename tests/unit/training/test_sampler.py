@@ -92,6 +92,11 @@ def at(us: float, end_us: float = 100.0) -> float:
     return NOW - (end_us - us) * US
 
 
+def complete(sampler: Sampler, done: list[tuple[int, float]]) -> None:
+    """The waiter booked these (number, completion) steps."""
+    sampler.completed([n for n, _ in done], [when for _, when in done])
+
+
 def got(sampler: Sampler) -> ProfileReading:
     reading = sampler.reading()
     assert reading is not None
@@ -101,7 +106,7 @@ def got(sampler: Sampler) -> ProfileReading:
 def run_block(sampler: Sampler, profiler: FakeProfiler, completions: list[tuple[int, float]]) -> ProfileReading:
     sampler.handed(8)  # block 10 starts: the trace starts two steps ahead
     wait_until(lambda: profiler.starts == 1 or profiler.user, what="the trace started")
-    sampler.completed(completions)
+    complete(sampler, completions)
     wait_until(lambda: sum(got(sampler).results.values()) == 1, what="the sample booked")
     return got(sampler)
 
@@ -145,7 +150,7 @@ def test_only_the_block_is_traced(make) -> None:  # type: ignore[no-untyped-def]
     sampler = make(profiler)
     for n in range(0, 8):
         sampler.handed(n)
-        sampler.completed([(n, at(0) - (8 - n))])
+        complete(sampler, [(n, at(0) - (8 - n))])
     assert profiler.starts == 0 and got(sampler).results == {"taken": 0, "busy": 0, "failed": 0, "skipped": 0}
 
 
@@ -200,7 +205,7 @@ def test_tpu_split_and_a_second_sample_adds_up(make) -> None:  # type: ignore[no
     run_block(sampler, profiler, [(9, at(0)), (10, at(100))])
     sampler.handed(18)
     wait_until(lambda: profiler.starts == 2, what="the second trace started")
-    sampler.completed([(19, at(0)), (20, at(100))])
+    complete(sampler, [(19, at(0)), (20, at(100))])
     wait_until(lambda: got(sampler).results["taken"] == 2, what="two samples")
     by_id = {d.id: d for d in got(sampler).devices}
     assert by_id[4].parts == pytest.approx(
@@ -247,7 +252,7 @@ def test_a_block_that_holds_badput_is_dropped_at_once_and_tried_again_on_clean_s
     sampler.closed("eval-1", 9)
     sampler.handed(10)
     wait_until(lambda: profiler.starts == 2, what="the retry's trace started")
-    sampler.completed([(11, at(0)), (12, at(50)), (13, at(100))])
+    complete(sampler, [(11, at(0)), (12, at(50)), (13, at(100))])
     wait_until(lambda: got(sampler).results["taken"] == 1, what="the retry booked")
     assert got(sampler).results == {"taken": 1, "busy": 0, "failed": 0, "skipped": 1}
     g0 = {d.id: d for d in got(sampler).devices}[4]
@@ -264,7 +269,7 @@ def test_busy_when_the_user_profiles_and_when_the_users_trace_ends_jaxmons(make)
     profiler.user, profiler.preempt = False, True
     sampler.handed(18)
     wait_until(lambda: profiler.starts == 1, what="the second trace started")
-    sampler.completed([(19, at(0)), (20, at(50)), (21, at(100))])
+    complete(sampler, [(19, at(0)), (20, at(50)), (21, at(100))])
     wait_until(lambda: got(sampler).results["busy"] == 2, what="the preempted sample counted busy")
     assert got(sampler).devices == ()
 
@@ -281,7 +286,7 @@ def test_a_trace_on_demand_holds_whole_steps(make, tmp_path: Path) -> None:  # t
     wait_until(lambda: profiler.starts == 1, what="the trace on demand started")
     for n in range(3):  # the first completion opens the first whole step
         assert profiler.stops == 0
-        sampler.completed([(n, at(n * 10))])
+        complete(sampler, [(n, at(n * 10))])
     thread.join(10)
     assert profiler.python == [True] and profiler.stops == 1
     assert sampler.reading() is None  # every = 0: traces on demand only, no sampled series
