@@ -20,7 +20,9 @@ length (in a child of its own) so that the plain loop's step takes about the len
   /proc/self/task/TID/schedstat, or the thread's CPU clock where that reads 0) took over the measured steps, per
   step; `step_us` the training thread's time in `jaxmon.step()` (time.perf_counter_ns around it: wall time), per
   step; `track_us` what the tracked call took beyond the plain loop's raw call (each loop's own mean; noisy: a
-  difference of two means of tens of microseconds). `total_us` is the three together: all of jaxmon's host time
+  difference of two means of tens of microseconds). `main_cpu_us` the training thread's CPU a step beyond the plain
+  loop's, by its own CPU clock (a median of the pairs' differences), and `cpu_total_us` it with jaxmon's threads:
+  jaxmon's host CPU a step as the issue counts it. `total_us` is the first three together: all of jaxmon's host time
   per step.
 - `--parts`: which parts the jaxmon child uses beside `jaxmon.start()` (`track`, `step`; several sets alternated in
   turn: `--parts "/track/step/track,step"` measures start() alone, each part, and both); `--profile`: one more
@@ -140,7 +142,7 @@ def loop(args: argparse.Namespace, with_jaxmon: bool, profile: bool = False) -> 
     flops = 2.0 * D**3 * args.k
     warm = max(args.steps // 10, 20)
     losses: list[Any] = []
-    call_ns = step_ns = looks0 = 0
+    call_ns = step_ns = looks0 = main0 = 0
     mine: dict[int, str] = {}
     cpu0: dict[str, int] = {}
     start = 0.0
@@ -153,6 +155,7 @@ def loop(args: argparse.Namespace, with_jaxmon: bool, profile: bool = False) -> 
             warm, measured = n, 0
             mine = jaxmon_threads()
             cpu0, start, call_ns, step_ns = thread_ns(mine), time.perf_counter(), 0, 0
+            main0 = time.thread_time_ns()
             looks0 = waiter_looks(jaxmon)
             if profile:
                 here, saved = Path(__file__).resolve().parent, sys.path[:]
@@ -178,6 +181,7 @@ def loop(args: argparse.Namespace, with_jaxmon: bool, profile: bool = False) -> 
     for x in losses:
         x.block_until_ready()
     elapsed = time.perf_counter() - start
+    main_ns = time.thread_time_ns() - main0
     out: dict[str, Any] = {"steps_per_s": args.steps / elapsed, "step_ms": elapsed / args.steps * 1e3}
     if profiler is not None:
         import io
@@ -188,6 +192,7 @@ def loop(args: argparse.Namespace, with_jaxmon: bool, profile: bool = False) -> 
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
         out["profile"] = text.getvalue().splitlines()
     out["call_us"] = call_ns / args.steps / 1e3
+    out["main_cpu_us"] = main_ns / args.steps / 1e3  # the training thread's CPU a step, whatever it did
     if with_jaxmon:
         cpu1 = thread_ns(mine)
         per = {name: (ns - cpu0.get(name, 0)) / args.steps / 1e3 for name, ns in cpu1.items()}
@@ -374,6 +379,9 @@ def main() -> None:
             track = statistics.median(r["jaxmon"]["call_us"] - r["plain"]["call_us"] for r in rows)
             thread = statistics.median(j["thread_cpu_us"] for j in jm)
             step = statistics.median(j["step_us"] for j in jm)
+            # The training thread's extra CPU a step, by its own CPU clock (each pair of children's difference): all
+            # of jaxmon's work there (step(), the tracked call's wrapper, GIL hand-offs, colder caches).
+            main = statistics.median(r["jaxmon"]["main_cpu_us"] - r["plain"]["main_cpu_us"] for r in rows)
             key = str(size) if len(sets) == 1 else f"{size} [{parts or 'start'}]"
             result["sizes"][key] = {
                 "k": k,
@@ -387,6 +395,8 @@ def main() -> None:
                 "step_us": step,
                 "track_us": track,
                 "total_us": thread + step + max(track, 0.0),
+                "main_cpu_us": main,
+                "cpu_total_us": thread + main,  # jaxmon's threads and its share of the training thread, by CPU clocks
                 "rows": rows,
             }
         if args.profile:
