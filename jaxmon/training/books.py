@@ -18,7 +18,7 @@ from jaxmon.training.communication import WindowMax, book
 from jaxmon.training.handed import Program
 from jaxmon.training.nominal import per_link
 from jaxmon.training.reading import DeviceTraining
-from jaxmon.training.steps import Handoff, Hold, Step, read_figures
+from jaxmon.training.steps import INT, Handoff, Hold, Step, read_figures
 
 # A step's FLOPs per device when it gave none (shared: never written to).
 NO_FLOPS: Mapping[tuple[str, int], float] = {}
@@ -28,7 +28,6 @@ MAX_PROFILES = 256
 LOSS_EVERY = 1.0
 # The largest figure counted as given (a larger int would overflow a float sum: read_figures says why it is not).
 BIG = 1e300
-INT = {int}
 # What a batch booked: the numbers and completions of the steps seen complete (columns: no tuple a step), its model
 # FLOPs, the hardware FLOPs it added per device.
 Entered = tuple[Sequence[int], Sequence[float], float, dict[tuple[str, int], float]]

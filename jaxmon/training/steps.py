@@ -20,6 +20,9 @@ from typing import Any
 FIELDS = ("step", "examples", "tokens", "model_flops")
 # Types of figures that are no array, checked first on the training thread (the common case costs no more).
 PLAIN = frozenset({int, float, type(None)})
+# The types of a batch's step numbers when each is a host int: no marker among them, no number to read (a C loop's
+# `set(map(type, numbers))` tells).
+INT = frozenset({int})
 
 # One step as step() hands it: (handed, number, examples, tokens, model_flops, programs, hold). `handed` the
 # tracker's clock at the call; the number and figures as given (an array as a Held); `programs` the tracked programs

@@ -33,7 +33,7 @@ from operator import itemgetter
 from jaxmon.threads import Worker
 from jaxmon.training.dating import apportion, chain
 from jaxmon.training.handed import TrainingOps
-from jaxmon.training.steps import MARK, RESUMED, Handoff, Hold
+from jaxmon.training.steps import INT, MARK, RESUMED, Handoff, Hold
 
 # The waiter looks at the handed steps at most this often while steps come (seconds): it costs a wake, a hold and a
 # wait per look, not per step.
@@ -61,9 +61,7 @@ STILL_STEPS = 4
 # loop that waits for its steps calls step() this late after a long device step too, which the marker would date as
 # the host's pause: 40 ms keeps the loop's ordinary long steps (and a loaded machine's) on the host's rhythm.
 PAUSE = 2 * LOOK
-# The types of the numbers of a batch of host steps with no marker among them; a Handoff's fields (C loops over a
-# batch: a look of 500 steps pays no Python step per step).
-INT = {int}
+# A Handoff's fields (C loops over a batch: a look of hundreds of steps pays no Python step a step).
 HANDED, NUMBER, HOLD = itemgetter(0), itemgetter(1), itemgetter(6)
 # A first looked-at step longer than this from hand-off to done is taken for a first run's one-time work, not a step.
 FIRST_BUSY_MAX = 0.25

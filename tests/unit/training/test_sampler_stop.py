@@ -72,7 +72,8 @@ class _Ops(JaxTraining):
 def test_a_sampled_trace_stops_with_its_blocks_last_step_in_a_fast_loop() -> None:
     """Steps of a fraction of a millisecond, the loop waiting for the step before last (the docs' loop): each of three
     blocks' traces stops within SLACK steps of the block's last step."""
-    handed, stops = [0], []
+    handed: list[int] = [0]
+    stops: list[int] = []
     f = jax.jit(lambda x: (jnp.tanh(x @ x) / 256, jnp.mean(x)), donate_argnums=0)
     x, loss = f(jnp.ones((256, 256), jnp.float32))
     loss.block_until_ready()
