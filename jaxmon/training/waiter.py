@@ -40,8 +40,9 @@ from jaxmon.training.steps import INT, MARK, RESUMED, Handoff, Hold
 LOOK = 0.02
 # Where steps come SHORT apart or less (the real clock) for STEADY looks, a look waits for about LOOK_STEPS steps, up
 # to LOOK_MAX (seconds): its fixed cost (a wake, a hold, a wait that releases and takes back the GIL, the batch's
-# shared booking: 300-700 µs of CPU where the loop and XLA keep the cores busy) is shared by 500 steps of 1 ms
-# rather than 20 (the waiter's CPU a step: 7 µs at 100, 2 at 500). Longer steps: a look every LOOK.
+# shared booking: 300-700 µs of CPU where the loop and XLA keep the cores busy) is shared by hundreds of steps of
+# 1 ms rather than 20 (the waiter's CPU a step: 7 µs at 100, 2.5 at 350, the most with Python's default GC threshold:
+# Waiter._look_steps). Longer steps: a look every LOOK, so that a look sees a host pause as it happens.
 LOOK_STEPS = 500
 LOOK_MAX = 0.5
 SHORT = 0.0025
