@@ -224,8 +224,6 @@ def start_chain(tmp_path: Path) -> Iterator[Callable[[str], Chain]]:
         alertmanager = Alertmanager(tmp_path, alertmanager_config(webhook.url + "/hook"))
         stop.append(alertmanager.stop)
         alertmanager.wait_ready()
-        alertmanager = Alertmanager(tmp_path, alertmanager_config(webhook.url + "/hook"))
-        alertmanager.wait_ready()
         config: dict[str, Any] = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
             "rule_files": [str(shortened_alerts(tmp_path))],
