@@ -107,14 +107,12 @@ class Sampler:
     def handed(self, number: int) -> None:
         """Step `number` was handed to jaxmon.step() (the training thread: O(1), no JAX, no call, no lock but once per
         sample and its retries)."""
-        n0 = number + LEAD  # block_start() inlined, and the retry (blocks.py): no call on the common path
-        if n0 % self._modulus and n0 != self._blocks.retry and number != self._watch:
-            return
         if number == self._watch:  # the step before a traced block's last: the last is looked at as it comes
             self._watch = -1
             self.look()
-            if n0 % self._modulus and n0 != self._blocks.retry:
-                return
+        n0 = number + LEAD  # block_start() inlined, and the retry (blocks.py): no call on the common path
+        if n0 % self._modulus and n0 != self._blocks.retry:
+            return
         if n0 <= 0 or self.config.every <= 0:
             return
         if self.config.min_seconds > 0 and n0 != self._blocks.retry:  # a retry belongs to its regular block's period
