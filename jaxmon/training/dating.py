@@ -6,6 +6,7 @@ The waiter (waiter.py) sees one step of a batch complete, the newest, and knows 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -13,17 +14,21 @@ import numpy as np
 from jaxmon.training.accounting import VECTOR_STEPS
 
 
-def chain(handed: Sequence[float], start: float | None, busy: float, now: float) -> list[float]:
+def chain(handed: Sequence[float], start: float | None, busy: float, now: float, kept_up: bool = False) -> list[float]:
     """The completions of consecutive steps handed at `handed` that no completion bounds (the loop paused or ended
     after them, or its device kept up): in order, each a typical step's device time (`busy`) after the one before it
     (the first after `start`, the last completion booked) or after its own hand-off if later, no later than `now`;
-    with nothing known before them (`start` None), each at its hand-off."""
+    with nothing known before them (`start` None), each at its hand-off. `kept_up`: the device was idle when each
+    step came (it kept up with the host): each no later than the next one's hand-off either, so that a `busy` a
+    little over the host's rhythm does not carry on from step to step (over a look of a thousand steps it would
+    pile the last hundreds at `now`, steps of no time)."""
     if start is None:
         return [min(at, now) for at in handed]
     dates = []
     previous = start
-    for at in handed:
-        previous = min(max(at, previous) + busy, now)
+    bounds = [*handed[1:], now] if kept_up else itertools.repeat(now)
+    for at, bound in zip(handed, bounds, strict=False):  # bounds: as many, or endless
+        previous = min(max(at, previous) + busy, bound, now)
         dates.append(previous)
     return dates
 
@@ -46,7 +51,7 @@ def apportion(
     if n == 1:  # the completion seen; one done already (not ran): a typical step after it could start
         return [end if ran else min(end, max(start, handed[0]) + busy)]
     if not ran and (not paced or busy) and handed[0] >= start - busy:  # the device kept up: done once handed
-        return chain(handed, start, busy, end)
+        return chain(handed, start, busy, end, kept_up=True)
     times = [*handed, *later]
     shift = len(later) + 1  # a paced loop calls step() for step k + shift right after step k completed
     bounds = times[shift : shift + n - 1]

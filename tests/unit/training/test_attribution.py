@@ -39,6 +39,16 @@ def test_a_loop_two_ahead_dates_each_step_three_calls_later() -> None:
     assert out == [6.0, 7.0, 8.5]
 
 
+def test_a_device_that_kept_up_completes_each_step_before_the_next_call() -> None:
+    # The newest was done before the look (not ran), the device kept up; a typical step (1.2) a little over the host's
+    # rhythm (1.0) must not carry on from step to step: it would pile the last steps at the look, steps of no time.
+    handed = [float(k) for k in range(10)]
+    out = apportion(0.0, 10.0, handed, [], ran=False, paced=False, busy=1.2)
+    assert out == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]
+    # Where the host's rhythm is slower than a step, each completes a step's time after its call.
+    assert apportion(0.0, 20.0, [0.0, 2.0, 4.0], [], ran=False, paced=False, busy=0.5) == [0.5, 2.5, 4.5]
+
+
 def test_a_loop_far_ahead_of_its_device_shares_the_interval_evenly() -> None:
     # Calls long before the interval began: no rhythm of the device's in them.
     assert apportion(10.0, 14.0, [1.0, 1.1, 1.2, 1.3], []) == [11.0, 12.0, 13.0, 14.0]
