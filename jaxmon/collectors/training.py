@@ -91,7 +91,7 @@ class TrainingOptions(CollectorOptions):
         default=3.0, gt=1, le=1000, description="A step longer than this x the window's median is a stall."
     )
     max_pending: int = Field(
-        default=4096, ge=1, le=1_000_000, description="Steps waiting to complete, at most; more are not tracked."
+        default=8192, ge=1, le=1_000_000, description="Steps waiting to complete, at most; more are not tracked."
     )
     profile: TrainingProfileOptions = Field(default_factory=TrainingProfileOptions)
     badput_kinds: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(

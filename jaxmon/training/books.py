@@ -18,7 +18,7 @@ from jaxmon.training.communication import WindowMax, book
 from jaxmon.training.handed import Program
 from jaxmon.training.nominal import per_link
 from jaxmon.training.reading import DeviceTraining
-from jaxmon.training.steps import INT, Handoff, Hold, Step, read_figures
+from jaxmon.training.steps import INT, Handoff, Hold, Run, Step, read_figures
 
 # A step's FLOPs per device when it gave none (shared: never written to).
 NO_FLOPS: Mapping[tuple[str, int], float] = {}
@@ -208,6 +208,23 @@ class Books:
         self.last = (last_n, last_c)
         return seen, seen_at, model_total, self.add(booked, counts, examples, tokens, model_total)
 
+    def run(self, acct: Accounting, intervals: Intervals, run: Run, done: list[float]) -> Entered | None:
+        """The waiter's common batch (steps.Run: host numbers on from the last one booked, the same figures and calls
+        at each step), every step dated, booked as one run with no per-step work here; None (nothing booked) where it
+        is not that here: a badput interval to charge, no step booked yet, a number that does not follow the last
+        booked, a figure that is no usable number (enter() books it step by step)."""
+        last = self.last
+        if (
+            intervals
+            or acct.last_done is None
+            or last is None
+            or last[1] is None
+            or run.first != last[0] + 1
+            or not (usable(run.examples) and usable(run.tokens) and usable(run.model_flops))
+        ):
+            return None
+        return self._book_run(acct, last[1], run.handed, run.numbers, done, run)
+
     def _run(self, acct: Accounting, batch: list[Handoff], done: list[float | None]) -> Entered | None:
         """The common batch booked with no per-step work here: every step seen complete, numbered on from the last
         one booked, with the same figures and the same tracked calls as the others (a steady loop). None when the
@@ -227,21 +244,35 @@ class Books:
             and calls.count(calls[0]) == n
         ):
             return None
-        mf, programs = flops[0], calls[0]
+        figures = Run(list(handed), first, examples[0], tokens[0], flops[0], calls[0], [])
+        return self._book_run(acct, last[1], figures.handed, numbers, done, figures)  # type: ignore[arg-type]
+
+    def _book_run(
+        self,
+        acct: Accounting,
+        before: float,
+        handed: list[float],
+        numbers: Sequence[int],
+        done: list[float],
+        run: Run,
+    ) -> Entered:
+        """Steps numbered on from the last one booked (completed at `before`), each with `run`'s figures and calls,
+        booked as one run."""
+        n, mf, programs = len(numbers), run.model_flops, run.programs
         model = NO_FLOPS if mf is None else self.model_share(mf)
         hardware = self.hardware_of(programs) if programs else NO_FLOPS
-        acct.steps(last[1], done, list(handed), model, hardware)  # type: ignore[arg-type]  # None not in done
+        acct.steps(before, done, handed, model, hardware)
         self.last = (numbers[-1], done[-1])
         model_total = 0.0 if mf is None else mf * n
         counts = {program: count * n for program, count in counted(programs)} if programs else {}
         added = self.add(
             n,
             counts,
-            0.0 if examples[0] is None else examples[0] * n,
-            0.0 if tokens[0] is None else tokens[0] * n,
+            0.0 if run.examples is None else run.examples * n,
+            0.0 if run.tokens is None else run.tokens * n,
             model_total,
         )
-        return numbers, done, model_total, added  # type: ignore[return-value]  # None not in done
+        return numbers, done, model_total, added
 
     def add(
         self, booked: int, counts: Mapping[Program, int], examples: float, tokens: float, model: float

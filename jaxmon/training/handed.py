@@ -84,7 +84,7 @@ class TrackerConfig:
     peak_flops: float | None = None  # per device; overrides the table
     window: int = 100
     stall_factor: float = 3.0
-    max_pending: int = 4096
+    max_pending: int = 8192
     profile: SamplerConfig = field(default_factory=lambda: SamplerConfig(0, 2))  # sampled traces (sampler.py)
     link_bandwidth: tuple[tuple[str, float], ...] = ()  # (link, bytes/s per direction): overrides the table
 

@@ -82,8 +82,10 @@ class Sampler:
         self._request: int | None = None  # the block to trace, asked for by handed()
         self._queued = False  # the request came while a sample was under way
         self._block: int | None = None  # the block being traced
-        self._blocks = Blocks(config.every, config.steps)  # which blocks, off badput steps (blocks.py)
-        self._modulus = config.every if config.every > 0 else 1 << 62  # off: no step number a multiple of it
+        # Which blocks, off badput steps (blocks.py); `blocks.retry`, `modulus` and `watch` are read by the tracker's
+        # step(), which calls handed() only where one of them says a trace may start or stop.
+        self.blocks = Blocks(config.every, config.steps)
+        self.modulus = config.every if config.every > 0 else 1 << 62  # off: no step number a multiple of it
         # (number, completion) of the last steps: the block's and the one before it, with room for the steps that
         # complete before this thread wakes up to stop the trace.
         self._done: deque[tuple[int, float]] = deque(maxlen=config.steps + LEAD + 64)
@@ -97,7 +99,7 @@ class Sampler:
         self._demands = 0  # traces on demand waiting: completed() wakes this thread for them or a sample only
         # The step before a block's last (-1: none): its hand-off calls `look` (the tracker's: the next step is looked
         # at as it comes), so the trace stops at the block's end, not hundreds of short steps later (a long look).
-        self._watch = -1
+        self.watch = -1
         self.look: Callable[[], None] = _nothing
         self._worker = Worker("profile", self._run, self._notify)
         self._thread = self._worker.start().thread
@@ -107,27 +109,27 @@ class Sampler:
     def handed(self, number: int) -> None:
         """Step `number` was handed to jaxmon.step() (the training thread: O(1), no JAX, no call, no lock but once per
         sample and its retries)."""
-        if number == self._watch:  # the step before a traced block's last: the last is looked at as it comes
-            self._watch = -1
+        if number == self.watch:  # the step before a traced block's last: the last is looked at as it comes
+            self.watch = -1
             self.look()
         n0 = number + LEAD  # block_start() inlined, and the retry (blocks.py): no call on the common path
-        if n0 % self._modulus and n0 != self._blocks.retry:
+        if n0 % self.modulus and n0 != self.blocks.retry:
             return
         if n0 <= 0 or self.config.every <= 0:
             return
-        if self.config.min_seconds > 0 and n0 != self._blocks.retry:  # a retry belongs to its regular block's period
+        if self.config.min_seconds > 0 and n0 != self.blocks.retry:  # a retry belongs to its regular block's period
             began, self._period = period_began(self._period, self._wall_ns(), self.config.min_seconds)
             if not began:
                 return
         with self._lock:
             if self._request is None:  # the sample under way, if one, ends within its steps: this one comes next
-                if self._blocks.begin(n0):
+                if self.blocks.begin(n0):
                     self._request, self._queued = n0, self._block is not None
-                    self._watch = n0 + self.config.steps - 2  # the block's last step - 1 (> number: LEAD is 2)
+                    self.watch = n0 + self.config.steps - 2  # the block's last step - 1 (> number: LEAD is 2)
                     self._wake.notify_all()
                 else:  # a badput() block still open covers it: no trace
                     self._results["skipped"] += 1
-                    self._blocks.finish(n0)
+                    self.blocks.finish(n0)
 
     def completed(self, numbers: Sequence[int], at: Sequence[float]) -> None:
         """The waiter booked these steps (their numbers, their completions on the tracker's clock), a batch in order:
@@ -153,14 +155,14 @@ class Sampler:
         """An interval of named badput opened (or was recorded `whole`) after step `handed` was handed: a sample
         whose steps it marks is dropped (blocks.py). Called per interval, never per step."""
         with self._lock:
-            self._blocks.opened(kind, key, handed, whole)
-            if self._block is not None and self._blocks.marked(self._block):
+            self.blocks.opened(kind, key, handed, whole)
+            if self._block is not None and self.blocks.marked(self._block):
                 self._wake.notify_all()  # the sample under way is dropped: end its trace now
 
     def closed(self, key: Hashable, handed: int | None) -> None:
         """The open interval `key` closed after step `handed` was handed."""
         with self._lock:
-            self._blocks.closed(key, handed)
+            self.blocks.closed(key, handed)
 
     # -- the sampler's thread -----------------------------------------------------------------------------
 
@@ -175,7 +177,7 @@ class Sampler:
                 self._block, self._request = n0, None
                 if self._queued and self._done and self._done[-1][0] >= n0 - 1:  # the last one ended too late
                     self._block = None
-                    self._blocks.finish(n0)
+                    self.blocks.finish(n0)
                     continue
             try:
                 self._sample(n0)
@@ -185,7 +187,7 @@ class Sampler:
             finally:
                 with self._lock:
                     self._block = None
-                    self._blocks.finish(n0)
+                    self.blocks.finish(n0)
 
     def _count(self, result: str) -> None:
         with self._lock:
@@ -206,7 +208,7 @@ class Sampler:
                 self._back = False
                 expected = (self._last_duration or 0.0) * (self.config.steps + LEAD)
                 deadline = started + max(MIN_TIMEOUT, 4 * expected)
-                while not self._stopping and not self._finished(last) and not self._blocks.marked(n0):
+                while not self._stopping and not self._finished(last) and not self.blocks.marked(n0):
                     left = deadline - self._clock()
                     if left <= 0:
                         break
@@ -224,7 +226,7 @@ class Sampler:
         if self._stopping:
             return  # stopped inside the block: its steps did not all come, and the exit need not wait for a parse
         with self._lock:
-            if self._blocks.marked(n0):  # named badput in its steps: dropped unread, tried again on clean steps
+            if self.blocks.marked(n0):  # named badput in its steps: dropped unread, tried again on clean steps
                 self._results["skipped"] += 1
                 return
         windows = [
@@ -347,6 +349,9 @@ class Off:
 
     threads: tuple[threading.Thread, ...] = ()
     block: int | None = None
+    blocks = Blocks(0, 1)  # no block asked for: no retry
+    modulus = 1 << 62
+    watch = -1
     look: Callable[[], None] = staticmethod(_nothing)
 
     def handed(self, number: int) -> None: ...

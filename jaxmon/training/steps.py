@@ -37,6 +37,96 @@ MARK = object()
 RESUMED = object()
 # The programs of a step that ran no tracked call (shared: never appended to).
 NO_CALLS: tuple[()] = ()
+# A step that follows on is handed as its hand-off time alone (a float: no object the cyclic GC tracks, so a look of
+# thousands of steps makes it collect no more than the loop does): its number is the step before's + 1, its figures
+# and tracked calls the step before's (step() hands it only then), no hold. The deque holds Handoff tuples and these;
+# `expand` makes the tuples of a batch where the waiter needs them, `Run.of` its columns where it does not.
+Item = Handoff | float
+# The step before a batch, whose number, figures and calls a follow-on step takes on: (number, examples, tokens,
+# model_flops, programs); None before the first step.
+Base = tuple[int, Any, Any, Any, tuple[Any, ...]]
+
+
+def at(item: Any) -> float:
+    """When a handed item (a Handoff or a follow-on step's float) was handed."""
+    return item if type(item) is not tuple else item[0]  # type: ignore[no-any-return]
+
+
+def held(item: Any) -> bool:
+    """Whether a handed item carries a hold (only a Handoff can)."""
+    return type(item) is tuple and item[6] is not None
+
+
+def expand(items: list[Any], base: Base | None) -> tuple[list[Handoff], Base | None]:
+    """`items` as Handoff tuples (a follow-on step's from the step before it, `base` the one before them), and the
+    base of the items that come after them."""
+    out: list[Handoff] = []
+    for item in items:
+        if type(item) is tuple:
+            out.append(item)
+            if type(item[1]) is int:
+                base = (item[1], item[2], item[3], item[4], item[5])
+        elif base is not None:
+            base = (base[0] + 1, base[1], base[2], base[3], base[4])
+            out.append((item, base[0], base[1], base[2], base[3], base[4], None))
+    return out, base
+
+
+@dataclass(slots=True)
+class Run:
+    """A batch of steps numbered on from the step before it, each with the same figures and tracked calls, as
+    columns (the waiter's common batch: no tuple a step): their hand-off times, the first number, the figures, the
+    calls, and the holds among them."""
+
+    handed: list[float]
+    first: int
+    examples: Any
+    tokens: Any
+    model_flops: Any
+    programs: tuple[Any, ...]
+    holds: list[Hold]
+
+    @property
+    def numbers(self) -> range:
+        """The steps' numbers."""
+        return range(self.first, self.first + len(self.handed))
+
+    def handoffs(self) -> list[Handoff]:
+        """The steps as Handoff tuples (no holds: booking reads none), for a booking step by step."""
+        ex, tok, mf, programs = self.examples, self.tokens, self.model_flops, self.programs
+        return [(h, n, ex, tok, mf, programs, None) for h, n in zip(self.handed, self.numbers, strict=True)]
+
+    @classmethod
+    def of(cls, items: list[Any], base: Base | None) -> Run | None:
+        """`items` (a batch as handed, none a marker) as a Run, when each is a follow-on step or a Handoff that could
+        have been one (its number the next, its figures equal host numbers, its calls the same); else None. C loops
+        over the batch, a Python step per Handoff only."""
+        if base is None or not items:
+            return None
+        types = list(map(type, items))
+        handed = list(items)
+        holds: list[Hold] = []
+        number, examples, tokens, flops, programs = base
+        plain = PLAIN
+        if type(examples) not in plain or type(tokens) not in plain or type(flops) not in plain:
+            return None
+        i = -1
+        for _ in range(types.count(tuple)):
+            i = types.index(tuple, i + 1)
+            item = items[i]
+            if not (
+                type(item[1]) is int
+                and item[1] == number + 1 + i
+                and item[5] is programs
+                and type(item[2]) is type(examples) and item[2] == examples
+                and type(item[3]) is type(tokens) and item[3] == tokens
+                and type(item[4]) is type(flops) and item[4] == flops
+            ):  # fmt: skip
+                return None
+            handed[i] = item[0]
+            if item[6] is not None:
+                holds.append(item[6])
+        return cls(handed, number + 1, examples, tokens, flops, programs, holds)
 
 
 @dataclass(frozen=True, slots=True)

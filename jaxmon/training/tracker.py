@@ -1,18 +1,17 @@
-"""The training tracker: `step()` on the training thread, a waiter thread that sees each step complete.
+"""The training tracker: `step()` on the training thread (hand.py), a waiter thread that sees each step complete.
 
-`step()` only notes the time, takes jaxmon's own handles on the JAX arrays it is given (`ops.hold`: a clone of
-each, sharing its buffers) and queues the step (a deque append under a lock): it never blocks, never reads a
-number off a device and never raises. The waiter takes the queued steps in order and waits for each one's ready
-arrays and figure arrays in one call (`block_until_ready` releases the GIL, so training goes on dispatching), notes
-when they are ready, then reads and checks the step number and the figures, and does the bookkeeping
-(`accounting.py`). It calls JAX only on its own handles, so whatever the user does to the arrays meanwhile (delete,
-donate, reuse) makes a call raise, never crash. Nothing here imports JAX: `ops`
-(jaxmon.sources.local.training.JaxTraining) does that.
+`step()` only notes the time and queues the step (a deque append: no lock), taking jaxmon's own handles on the JAX
+arrays it is given (`ops.hold`: a clone of each, sharing its buffers) for the steps the waiter looks at: it never
+blocks, never reads a number off a device and never raises. The waiter (waiter.py) takes the queued steps in order
+and waits for a look's held arrays in one call (`block_until_ready` releases the GIL, so training goes on
+dispatching), dates the steps, then hands them back here to be read, checked and booked (books.py, accounting.py).
+It calls JAX only on its own handles, so whatever the user does to the arrays meanwhile (delete, donate, reuse)
+makes a call raise, never crash. Nothing here imports JAX: `ops` (jaxmon.sources.local.training.JaxTraining) does
+that.
 """
 
 from __future__ import annotations
 
-import numbers
 import threading
 import time
 from collections import deque
@@ -23,8 +22,9 @@ import structlog
 
 from jaxmon.logsetup import ErrorLog
 from jaxmon.training.accounting import MAX_INTERVALS, Accounting, Interval, Intervals
-from jaxmon.training.books import Books, Read, read_loss, read_slow
+from jaxmon.training.books import Books, Entered, read_loss, read_slow
 from jaxmon.training.communication import Analyzer, CollectiveNames
+from jaxmon.training.hand import Hand
 from jaxmon.training.handed import (
     EVENT_KIND,
     EVENT_KINDS,
@@ -37,7 +37,7 @@ from jaxmon.training.handed import (
 from jaxmon.training.peaks import peak_table
 from jaxmon.training.reading import MAX_LOSS_NAMES, TrainingReading, bounded_loss
 from jaxmon.training.sampler import sampler_for
-from jaxmon.training.steps import MARK, NO_CALLS, PLAIN, RESUMED, Handoff, Held, Hold, loss_names, shown
+from jaxmon.training.steps import Handoff, Hold, Item, Run
 from jaxmon.training.waiter import Waiter
 
 log = structlog.get_logger("jaxmon.training")
@@ -63,8 +63,7 @@ class Tracker:
         self._wall = wall
         self._errors = ErrorLog(log, 3600.0)
         self._lock = threading.Lock()
-        self._handed: deque[Handoff] = deque()  # steps handed, not yet taken by the waiter (appended, no lock)
-        self._calls: list[Program] = []  # tracked calls since the last step(), one entry a call
+        self._handed: deque[Item] = deque()  # steps handed, not yet taken by the waiter (appended, no lock)
         self._intervals = Intervals()  # badput intervals since the last completion (and the open ones)
         self._kinds: set[str] = set()  # the badput() kinds seen, MAX_USER_KINDS at most
         self._opened: set[str] = set()  # those and OTHER_KIND once it is used: series from their first open
@@ -82,12 +81,6 @@ class Tracker:
         self._analyzer = Analyzer(ops.communication, self._collective_names.analysed, self._unanalysed, self._problem)
         self._problems: dict[str, int] = {}
         self._problems_lock = threading.Lock()
-        self._stepping = False  # step() was called: a process that never does exports no training series
-        self._dispatched: int | None = None  # the last step number handed to step()
-        self._last_ready: tuple[Any, ...] = ()  # the last step's ready (pause() holds it: the training thread's)
-        self._max_pending = config.max_pending
-        self._held_at = -float("inf")  # when step() last took a step's handles (the tracker's clock)
-        self._previous = float("inf")  # when step() was last called (the tracker's clock; none yet: no pause before)
         # Sampled traces: told of each step, completion and badput interval; their events named by the programs'
         # collectives. Made before the listener, which tells it of compilations and Orbax's saves.
         self.sampler = sampler_for(ops, config.profile, clock, self._collective_names.catalog, self._problem)
@@ -98,93 +91,13 @@ class Tracker:
         )
         self.sampler.look = self.waiter.look_now  # a traced block's last step is looked at as it comes
         self._thread = self.waiter.thread
+        # The training thread's side: step() and pause() (hand.py); jaxmon.track()'s wrapper appends to `calls`.
+        self.hand = Hand(ops, clock, self._handed, self.waiter, self.sampler, self._problem, config.max_pending)
+        self.step = self.hand.step
+        self.pause = self.hand.pause
+        self.calls = self.hand.calls
 
     # -- the training thread ------------------------------------------------------------------------------
-
-    def step(self, number: Any, ready: tuple[Any, ...], examples: Any, tokens: Any, model_flops: Any) -> None:
-        """Step `number` is dispatched; it is complete when the JAX arrays among `ready`'s leaves are (or, with none,
-        a barrier on every device). Nothing is read or checked here: any of the numbers may be a JAX array still
-        being computed, which the waiter reads once it is. No lock, no JAX call, no notify on the common path: one
-        tuple appended to a deque (atomic); the step the waiter asks to look at takes its handles (`_look_at`)."""
-        handed = self._clock()
-        previous, self._previous = self._previous, handed
-        calls: tuple[Program, ...] = NO_CALLS
-        if made := self._calls:  # a tuple a program, made once: no new list a step (a GC-tracked object)
-            calls = made[0].once if len(made) == 1 else tuple(made)
-            made.clear()
-        waiter = self.waiter
-        if (
-            waiter.want
-            or handed - self._held_at >= waiter.every  # a step held once a look's time of the host's: a loop that
-            or handed - previous >= waiter.resumed_after  # ends or pauses leaves at most that much of its steps to
-            or type(number) is not int  # estimate; and one that paused within a long look says so when it resumes
-            or (type(examples) not in PLAIN or type(tokens) not in PLAIN or type(model_flops) not in PLAIN)
-        ):
-            if handed - previous >= waiter.resumed_after:
-                self._handed.append((handed, RESUMED, None, None, None, NO_CALLS, None))
-            self._look_at(handed, number, ready, examples, tokens, model_flops, calls)
-            return
-        self._dispatched = number
-        self._last_ready = ready
-        if len(self._handed) + waiter.taken >= self._max_pending:
-            self._problem("dropped", "training steps not tracked: the waiter is far behind", number=number)
-            return
-        self._handed.append((handed, number, examples, tokens, model_flops, calls, None))
-        self.sampler.handed(number)
-
-    def _look_at(
-        self, handed: float, number: Any, ready: tuple[Any, ...], examples: Any, tokens: Any, model_flops: Any,
-        calls: tuple[Program, ...],
-    ) -> None:  # fmt: skip
-        """step()'s slower path: the step the waiter asked for (jaxmon's own handles on its ready arrays), or one
-        whose number or figures are JAX arrays (handles on them, read by the waiter once the step is done)."""
-        self._stepping = True
-        ops = self.ops
-        waiter = self.waiter
-        looked = waiter.want or handed - self._held_at >= waiter.every
-        given = (number, examples, tokens, model_flops)
-        if not (
-            type(number) is int and type(examples) in PLAIN and type(tokens) in PLAIN and type(model_flops) in PLAIN
-        ):
-            given = tuple(Held(ops.hold(v)) if ops.is_array(v) else v for v in given)  # type: ignore[assignment]
-            looked = True  # its figures are read once it is done: the waiter waits for it
-        host = type(number) is int or (isinstance(number, numbers.Integral) and not isinstance(number, bool))
-        if host:
-            self._dispatched = int(number)  # a host integer; a device one is set by the waiter
-        self._last_ready = ready
-        if len(self._handed) + waiter.taken >= self._max_pending:
-            self._problem("dropped", "training steps not tracked: the waiter is far behind", number=shown(number))
-            return
-        hold = None
-        if looked:
-            hold, self._held_at = self._hold(ready), handed
-        self._handed.append((handed, given[0], given[1], given[2], given[3], calls, hold))
-        if looked and waiter.want:
-            waiter.want = False
-            waiter.wake()
-        if host:
-            self.sampler.handed(int(number))  # a device step number starts no sampled trace (it is not read here)
-
-    def _hold(self, ready: tuple[Any, ...]) -> Hold:
-        """jaxmon's own handles on `ready`'s arrays (on the training thread, where nothing deletes them meanwhile),
-        or a barrier's when it holds none; the names of the loss gauge's scalars where `ready` is a scalar or a dict
-        of scalars."""
-        ops = self.ops
-        arrays = ops.arrays(ready)
-        if not arrays:  # no ready, or a tree of host numbers: no array says when the step is done
-            return Hold(ops.barrier())
-        handles = [h for h in map(ops.hold, arrays) if h is not None]
-        if len(handles) < len(arrays):
-            return Hold(handles, lost=True)
-        return Hold(handles, loss=loss_names(ready, arrays))
-
-    def pause(self) -> None:
-        """No step comes for a while (a badput() block opens, an epoch ends: on the training thread). The last step's
-        arrays are held now (a mark), so that the steps before it are seen complete when they were, not after."""
-        if not self._handed or self._handed[-1][6] is not None:
-            return  # nothing handed, or the last step is looked at already
-        self._handed.append((self._clock(), MARK, None, None, None, NO_CALLS, self._hold(self._last_ready)))
-        self.waiter.hurry()
 
     def measure(self, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Program:
         """A new compiled program of a tracked function, just called with `args`: its cost, read here, on the
@@ -214,7 +127,7 @@ class Tracker:
     def called(self, program: Program) -> None:
         """A tracked function ran `program` once in the current step (on the training thread, as step(): a list
         append, no lock)."""
-        self._calls.append(program)
+        self.calls.append(program)
 
     def interval(self, kind: str, start: float, end: float = float("inf")) -> Interval:
         """Time that was not training, from `start` (and until `end`, or `close()`: a `badput()` block)."""
@@ -239,14 +152,14 @@ class Tracker:
                     times=dropped,
                 )
         # Sampled traces stay off the steps it marks, placed by the last step number handed (sampler.py).
-        self.sampler.badput(kind, id(interval), self._dispatched, end != float("inf"))
+        self.sampler.badput(kind, id(interval), self.hand.dispatched, end != float("inf"))
         return interval
 
     def close(self, interval: Interval) -> None:
         """The interval ends now."""
         with self._lock:
             interval.end = self._clock()
-        self.sampler.closed(id(interval), self._dispatched)
+        self.sampler.closed(id(interval), self.hand.dispatched)
 
     def now(self) -> float:
         """The tracker's clock."""
@@ -269,28 +182,44 @@ class Tracker:
 
     # -- the waiter thread --------------------------------------------------------------------------------
 
-    def book(self, batch: list[Handoff], done: list[float | None], hold: Hold | None) -> None:
+    def book(self, batch: list[Handoff] | Run, done: list[float | None], hold: Hold | None) -> None:
         """The waiter's steps, dated (`done`: None where unknown), `hold` the looked-at one's: read, checked and
-        booked. A step is a few operations here; what a batch's steps share is added once a batch (books.py)."""
+        booked. A Run (the common batch, as columns) is booked as a whole; other batches a few operations a step
+        here, what their steps share added once a batch (books.py)."""
         books = self._books
-        slow = read_slow(batch, self.ops.value, self._problem)  # arrays and unusable figures: read outside the lock
         loss = read_loss(books, hold, self._clock(), self.ops.value)
+        if isinstance(batch, Run):
+            with self._lock:
+                last = books.last
+                entered = books.run(self._acct, self._intervals, batch, done)  # type: ignore[arg-type]  # None not in done
+                if entered is not None:
+                    self._entered(last, entered, True)
+                    if loss is not None:
+                        books.loss, books.loss_step = loss, books.last[0] if books.last is not None else None
+                    self._analyzer.kick()
+                    return
+            batch = batch.handoffs()  # not one run here: step by step
+        slow = read_slow(batch, self.ops.value, self._problem)  # arrays and unusable figures: read outside the lock
         with self._lock:
-            self._book(batch, done, slow)
+            last = books.last
+            entered = books.enter(self._acct, self._intervals, batch, done, slow, self._problem)
+            self._entered(last, entered, not batch or type(batch[-1][1]) is int)
             if loss is not None and batch:
                 books.loss, books.loss_step = loss, slow[id(batch[-1])][0] if id(batch[-1]) in slow else batch[-1][1]
             self._analyzer.kick()  # new programs are analysed from now on, off the training thread
 
-    def _book(self, batch: list[Handoff], done: list[float | None], slow: dict[int, Read]) -> None:
+    def _entered(self, last: tuple[int, float | None] | None, entered: Entered, host: bool) -> None:
+        """What a batch booked (`last`: the last step booked before it; `host`: its own last step's number was a
+        host int) told to the rest, under the tracker's lock: when a step was last seen, MFU's devices, the badput
+        intervals done with, the sampler."""
         books = self._books
-        last = books.last
-        numbers, at, model, added = books.enter(self._acct, self._intervals, batch, done, slow, self._problem)
+        numbers, at, model, added = entered
         if books.last is None or books.last is last:
             return
         books.seen = self._clock()
         books.last_wall = self._wall_at(books.last[1])
-        if type(batch[-1][1]) is not int and not self._handed:
-            self._dispatched = books.last[0]  # a device step number, and no later step handed: the last one handed
+        if not host and not self._handed:
+            self.hand.dispatched = books.last[0]  # a device step number, and no later step handed: the last one handed
         if self._no_peak and (model or added):
             self._mfu_wanted({**(books.model_share(model) if model else {}), **added})
         if at:
@@ -330,7 +259,7 @@ class Tracker:
     def reading(self) -> TrainingReading | None:
         """The telemetry now; None before the first step()."""
         with self._lock:
-            if not self._stepping:
+            if not self.hand.stepping:
                 return None
             mfu, hfu = self._acct.utilization({k: p for k, (p, _) in self._peaks.items()})
             books = self._books
@@ -347,7 +276,7 @@ class Tracker:
             return TrainingReading(
                 steps_total=books.steps,
                 step=books.last[0] if books.last is not None else None,
-                dispatched_step=self._dispatched,
+                dispatched_step=self.hand.dispatched,
                 last_step_timestamp=books.last_wall,
                 duration_buckets=tuple(self._acct.histogram.cumulative()),
                 duration_sum=self._acct.histogram.total,

@@ -33,17 +33,19 @@ from operator import itemgetter
 from jaxmon.threads import Worker
 from jaxmon.training.dating import apportion, chain
 from jaxmon.training.handed import TrainingOps
-from jaxmon.training.steps import INT, MARK, RESUMED, Handoff, Hold
+from jaxmon.training.steps import INT, MARK, RESUMED, Base, Handoff, Hold, Item, Run, at, expand, held
 
 # The waiter looks at the handed steps at most this often while steps come (seconds): it costs a wake, a hold and a
 # wait per look, not per step.
 LOOK = 0.02
 # Where steps come SHORT apart or less (the real clock) for STEADY looks, a look waits for about LOOK_STEPS steps, up
 # to LOOK_MAX (seconds): its fixed cost (a wake, a hold, a wait that releases and takes back the GIL, the batch's
-# shared booking: 300-700 µs of CPU where the loop and XLA keep the cores busy) is shared by hundreds of steps of
-# 1 ms rather than 20 (the waiter's CPU a step: 7 µs at 100, 2.5 at 350, the most with Python's default GC threshold:
-# Waiter._look_steps). Longer steps: a look every LOOK, so that a look sees a host pause as it happens.
-LOOK_STEPS = 500
+# shared booking: 500-800 µs of CPU where the loop and XLA keep the cores busy) is shared by thousands of steps of
+# 0.3 ms rather than 20 (the waiter's CPU a step: 7 µs at 100, 2.2 at 350, 0.8 at 2000). Only a batch of follow-on
+# steps (steps.py) makes no object the cyclic GC tracks a step: after a look at any other, the next one waits for at
+# most half the collector's young threshold (350 steps by default; Waiter._tuple_steps). Longer steps: a look every
+# LOOK, so that a look sees a host pause as it happens.
+LOOK_STEPS = 2000
 LOOK_MAX = 0.5
 SHORT = 0.0025
 # (about 0.1 s of steps: a run of a few tens of steps, a test's or an eval's, keeps a look every LOOK)
@@ -75,14 +77,14 @@ class Waiter:
 
     def __init__(
         self,
-        handed: deque[Handoff],
+        handed: deque[Item],
         ops: TrainingOps,
         clock: Callable[[], float],
         problem: Callable[..., None],
         last_done: Callable[[], float | None],
-        book: Callable[[list[Handoff], list[float | None], Hold | None], None],
+        book: Callable[[list[Handoff] | Run, list[float | None], Hold | None], None],
         typical: Callable[[], float | None] = lambda: None,
-        pending: int = 4096,
+        pending: int = 8192,
     ) -> None:
         self._handed = handed
         self.ops = ops
@@ -91,10 +93,12 @@ class Waiter:
         self._last_done = last_done
         self._book = book
         self._typical = typical
-        # A look's steps stay well within max_pending, and its hand-offs (a tuple a step, alive until the look) under
+        # A look's steps stay well within max_pending; after a batch of Handoff tuples (alive until the look), under
         # half the collector's young threshold: past it they would make it collect (test_step_gc.py).
         young = gc.get_threshold()[0] // 2 or LOOK_STEPS
-        self._look_steps = max(min(LOOK_STEPS, pending // 4, young), 1)
+        self._run_steps = max(min(LOOK_STEPS, pending // 4), 1)
+        self._tuple_steps = max(min(LOOK_STEPS, pending // 4, young), 1)
+        self._base: Base | None = None  # the last step taken, that a follow-on step handed after it takes on
         # The host's lead at the last looks; none known at first: dated as a loop waiting for each step.
         self._leads: deque[int] = deque([0], maxlen=LEADS)
         # Whether the newest step still ran at the last looks; at first: a device that keeps up.
@@ -150,7 +154,7 @@ class Waiter:
         """How many handed steps to take: up to the last one with a hold (0: none has one)."""
         handed = self._handed
         for back in range(1, len(handed) + 1):
-            if handed[-back][6] is not None:
+            if held(handed[-back]):
                 return len(handed) - back + 1
         return 0
 
@@ -173,7 +177,7 @@ class Waiter:
         newest = self._handed[-1] if self._handed else None
         if newest is None:
             self._handoff.wait(IDLE_WAIT)
-        elif newest[6] is None and (age := self._clock() - newest[0]) < self.still:  # a step may come yet (the
+        elif not held(newest) and (age := self._clock() - at(newest)) < self.still:  # a step may come yet (the
             self._handoff.wait(self.still - max(age, 0.0))  # host's clock)
         if self._worker.stopping:
             return
@@ -186,8 +190,15 @@ class Waiter:
         paced, self._last_look, self._paced = self._paced, self._clock(), time.monotonic()
         self.looks += 1
         popleft = self._handed.popleft
-        batch = [popleft() for _ in range(count)]
-        plain = set(map(type, map(NUMBER, batch))) == INT  # no marker among them (nor a number to read)
+        items = [popleft() for _ in range(count)]
+        base = self._base
+        run = Run.of(items, base)  # the common batch, as columns; else each step's tuple
+        if run is not None:
+            self._base = (run.first + count - 1, run.examples, run.tokens, run.model_flops, run.programs)
+            plain = True
+        else:
+            batch, self._base = expand(items, base)
+            plain = set(map(type, map(NUMBER, batch))) == INT  # no marker among them (nor a number to read)
         # The loop's recent step on the real clock: the time since the last look, shared; not where the loop paused
         # in it (a marker in the batch, or a look that dated a paused loop's steps: _take_paused).
         if paced > -float("inf") and self._steady and plain:
@@ -196,17 +207,28 @@ class Waiter:
             long = self._short >= STEADY  # a loop of short steps for a while, not a start's few
             # At most twice as long as the last look: one estimate off by a pause costs a look, not a batch of
             # thousands of steps (over the collector's young threshold, towards max_pending).
-            self.every = min(LOOK_MAX, max(LOOK, self._look_steps * spacing), 2 * self.every) if long else LOOK
+            # A look of follow-on steps is as long again: the next is likely one too.
+            steps = self._run_steps if run is not None else self._tuple_steps
+            self.every = min(LOOK_MAX, max(LOOK, steps * spacing), 2 * self.every) if long else LOOK
         self._steady = True
         self.resumed_after = max(self.still, PAUSE) if self.every > LOOK else float("inf")
-        self.taken = len(batch)
+        self.taken = count
         try:
-            hold = batch[-1][6]
+            hold = items[-1][6]  # type: ignore[index]  # the last one taken is held: a Handoff
+            if run is not None:
+                dates = self._dates(run.handed, run.holds, hold)
+                if dates is not None:
+                    self._book(run, dates, hold)
+                    return
+                batch, _ = expand(items, base)  # a hold's array deleted or donated: each looked-at step on its own
+                self._book(batch, self._one_by_one(batch, hold), hold)
+                return
             if not plain:
                 batch = [item for item in batch if item[1] is not MARK]  # a mark is no step: its hold dated those
                 if any(item[1] is RESUMED for item in batch):  # before it
                     batch = self._before_pauses(batch)
-            self._book(batch, self._dates(batch, hold), hold)
+            dates = self._dates(list(map(HANDED, batch)), list(filter(None, map(HOLD, batch))), hold)
+            self._book(batch, self._one_by_one(batch, hold) if dates is None else dates, hold)
         finally:
             self.taken = 0
 
@@ -221,7 +243,7 @@ class Waiter:
         looked at and bounds them instead."""
         start = self._last_done()
         busy = self._typical() or self._first_busy  # before a window: the first looked-at step's hand-off to done
-        tail = [item for item in self._handed if item[1] is not RESUMED]
+        tail = [item for item in expand(list(self._handed), self._base)[0] if item[1] is not RESUMED]
         # The host handed them well before the last completion, or faster than the device runs steps: it ran ahead,
         # and they may run a while yet (a loop's epoch end may mark them: jaxmon.keras does).
         ahead = (
@@ -244,7 +266,8 @@ class Waiter:
                 self._handoff.wait(min(wait, IDLE_WAIT))
                 if self._held() or self._worker.stopping or wait > IDLE_WAIT:
                     return  # a step came (the next look takes these with it), or look again
-        batch = [item for item in (self._handed.popleft() for _ in range(len(self._handed))) if item[1] is not RESUMED]
+        taken, self._base = expand([self._handed.popleft() for _ in range(len(self._handed))], self._base)
+        batch = [item for item in taken if item[1] is not RESUMED]
         self.taken = len(batch)
         self.looks += 1
         now = self._last_look = self._clock()
@@ -288,43 +311,42 @@ class Waiter:
         end = max(min(max(handed[-1], start) + busy, until), start)
         return list(apportion(start, end, handed, []))
 
-    def _dates(self, batch: list[Handoff], hold: Hold | None) -> list[float | None]:
-        """When each step of `batch` completed (None: unknown, its hold's array was deleted or donated).
+    def _dates(self, handed: list[float], holds: list[Hold], hold: Hold | None) -> list[float | None] | None:
+        """When each step of a batch (`handed`: its hand-off times; `holds`: the holds among its steps, `hold` the
+        newest's) completed; None when a hold's array was deleted or donated (the caller waits for each on its own).
 
         One blocking call for the batch's holds: one release of the GIL per look. The
         newest step's completion is when that call returns, if it still ran (the usual case: the host dispatches
         ahead); the earlier ones' are estimated (apportion). Only jaxmon's own handles are waited on or asked, so
         a deletion at any moment makes the call raise, never crash."""
-        if not batch:
+        if not handed:
             return []
-        if len(batch) > 1:
-            self._spacing = (batch[-1][0] - batch[0][0]) / (len(batch) - 1)
+        if len(handed) > 1:
+            self._spacing = (handed[-1] - handed[0]) / (len(handed) - 1)
             self.still = max(STILL, STILL_STEPS * self._spacing)
-        holds = list(filter(None, map(HOLD, batch)))  # a Hold is truthy
         if hold is not None and (not holds or holds[-1] is not hold):
-            holds.append(hold)  # a mark's
+            holds = [*holds, hold]  # a mark's
         looked = self._clock()
         if not self._waited(holds):
-            return self._one_by_one(batch, hold)
+            return None
         newest = self._clock()
         ran = newest - looked >= BLOCKED
-        later = [h[0] for h in list(self._handed) if h[0] < newest]  # handed while the newest ran: the host's lead
+        later = [t for t in map(at, list(self._handed)) if t < newest]  # handed while the newest ran: the host's lead
         # A call that came just after the newest completed, before this thread had the GIL back, reads as lead:
         # the least lead of the last looks is the loop's (a loop's lead is steady).
         self._leads.append(len(later))
         later = later[: min(self._leads)]
         start = self._last_done()
         if start is None:  # the first steps: no completion known before them, and no look before
-            start, later, ran = batch[0][0], [], True
+            start, later, ran = handed[0], [], True
         self._ran.append(ran)
         paced = 2 * sum(self._ran) > len(self._ran)  # the device behind the host at most recent looks
         busy = 0.0
         if not ran:  # done before the look: dated by a typical step's device time (the batch's share, at first)
-            busy = self._typical() or (newest - start) / len(batch)
-        handed = list(map(HANDED, batch))
+            busy = self._typical() or (newest - start) / len(handed)
         completions: list[float | None] = list(apportion(start, newest, handed, later, ran, paced, busy))
-        if not self._first_busy and ran and 0 < newest - batch[-1][0] < FIRST_BUSY_MAX:
-            self._first_busy = newest - batch[-1][0]
+        if not self._first_busy and ran and 0 < newest - handed[-1] < FIRST_BUSY_MAX:
+            self._first_busy = newest - handed[-1]
         return completions
 
     def _waited(self, holds: list[Hold]) -> bool:

@@ -1,0 +1,166 @@
+"""The training thread's side of the tracker: `step()` hands each step to the waiter (waiter.py), `pause()` marks
+that no step comes for a while, and `jaxmon.track()`'s wrapper notes its calls in `calls`.
+
+On the common path a step is one float appended to a deque (atomic under the GIL: no lock, no JAX call, no notify,
+no object Python's cyclic GC tracks): a step that follows on from the one before (steps.py). Any other step is a
+Handoff tuple: the one the waiter asks to look at (jaxmon's own handles on its ready arrays, `ops.hold`: a clone of
+each, sharing its buffers), one whose number or figures are JAX arrays (handles on them, read by the waiter once the
+step is done), or one that changes the figures or tracked calls. Nothing here imports JAX: `ops`
+(jaxmon.sources.local.training.JaxTraining) does that.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from jaxmon.training.blocks import LEAD
+from jaxmon.training.handed import Program, TrainingOps
+from jaxmon.training.steps import MARK, NO_CALLS, PLAIN, RESUMED, Held, Hold, Item, held, loss_names, shown
+
+if TYPE_CHECKING:
+    from jaxmon.training.sampler import Off, Sampler
+    from jaxmon.training.waiter import Waiter
+
+
+class Hand:
+    """step() and pause() of one tracker, on the training thread: `handed` is the deque the waiter takes steps from;
+    `problem(reason, event, ...)` the tracker's count and log."""
+
+    def __init__(
+        self,
+        ops: TrainingOps,
+        clock: Callable[[], float],
+        handed: deque[Item],
+        waiter: Waiter,
+        sampler: Sampler | Off,
+        problem: Callable[..., None],
+        max_pending: int,
+    ) -> None:
+        self.ops = ops
+        self._clock = clock
+        self._handed = handed
+        self.waiter = waiter
+        self.sampler = sampler
+        self._problem = problem
+        self._max_pending = max_pending
+        self.calls: list[Program] = []  # tracked calls since the last step(), one entry a call (the wrapper appends)
+        self.stepping = False  # step() was called: a process that never does exports no training series
+        self.dispatched: int | None = None  # the last step number handed to step() (the waiter sets a device one)
+        self._last_ready: tuple[Any, ...] = ()  # the last step's ready (pause() holds it: the training thread's)
+        self._due = -float("inf")  # when step() next takes a step's handles, a look's time after it last did
+        # The step a step may follow on from (steps.py): the number after it (None: none), its figures and calls.
+        self._next: int | None = None
+        self._examples: Any = None
+        self._tokens: Any = None
+        self._model_flops: Any = None
+        self._programs: tuple[Program, ...] = NO_CALLS
+        self._previous = float("inf")  # when step() was last called (the tracker's clock; none yet: no pause before)
+
+    def step(self, number: Any, ready: tuple[Any, ...], examples: Any, tokens: Any, model_flops: Any) -> None:
+        """Step `number` is dispatched; it is complete when the JAX arrays among `ready`'s leaves are (or, with none,
+        a barrier on every device). Nothing is read or checked here: any of the numbers may be a JAX array still
+        being computed, which the waiter reads once it is. No lock, no JAX call, no notify on the common path: a
+        step that follows on (the next number, the same figures and tracked calls, no look due) is its hand-off time
+        appended to a deque (atomic; steps.py), any other one a tuple (`_step`)."""
+        handed = self._clock()
+        previous, self._previous = self._previous, handed
+        calls: tuple[Program, ...] = NO_CALLS
+        if made := self.calls:  # a tuple a program, made once: no new list a step (a GC-tracked object)
+            calls = made[0].once if len(made) == 1 else tuple(made)
+            made.clear()
+        waiter = self.waiter
+        if (
+            type(number) is int  # a host int (never an array's ==), the next one, with the same figures and calls
+            and number == self._next
+            and examples is self._examples
+            and tokens is self._tokens
+            and model_flops is self._model_flops
+            and calls is self._programs
+            and handed < self._due  # a step held once a look's time of the host's: a loop that ends or pauses leaves
+            and not waiter.want  # at most that much of its steps to estimate; and one that paused within a long look
+            and handed - previous < waiter.resumed_after  # says so when it resumes
+            and len(self._handed) + waiter.taken < self._max_pending
+        ):
+            self._next = number + 1
+            self.dispatched = number
+            self._last_ready = ready
+            self._handed.append(handed)
+            sampler = self.sampler  # its check inlined: a call only where a trace may start or stop
+            if (number + LEAD) % sampler.modulus == 0 or number == sampler.watch or sampler.blocks.retry is not None:
+                sampler.handed(number)
+            return
+        self._step(handed, previous, number, ready, examples, tokens, model_flops, calls)
+
+    def _step(
+        self, handed: float, previous: float, number: Any, ready: tuple[Any, ...], examples: Any, tokens: Any,
+        model_flops: Any, calls: tuple[Program, ...],
+    ) -> None:  # fmt: skip
+        """step()'s slower path: the step the waiter asked for (jaxmon's own handles on its ready arrays), one whose
+        number or figures are JAX arrays (handles on them, read by the waiter once the step is done), or one that
+        does not follow on from the step before."""
+        self.stepping = True
+        ops = self.ops
+        waiter = self.waiter
+        if handed - previous >= waiter.resumed_after:
+            self._handed.append((handed, RESUMED, None, None, None, NO_CALLS, None))
+        looked = waiter.want or handed >= self._due
+        given = (number, examples, tokens, model_flops)
+        plain = type(number) is int and type(examples) in PLAIN and type(tokens) in PLAIN and type(model_flops) in PLAIN
+        if not plain:
+            given = tuple(Held(ops.hold(v)) if ops.is_array(v) else v for v in given)  # type: ignore[assignment]
+            looked = True  # its figures are read once it is done: the waiter waits for it
+        host = type(number) is int or (isinstance(number, numbers.Integral) and not isinstance(number, bool))
+        if host:
+            self.dispatched = int(number)  # a host integer; a device one is set by the waiter
+        self._last_ready = ready
+        if len(self._handed) + waiter.taken >= self._max_pending:
+            self._next = None  # the next step handed is a whole tuple: the waiter does not know this one
+            self._problem("dropped", "training steps not tracked: the waiter is far behind", number=shown(number))
+            return
+        hold = None
+        if looked:
+            hold, self._due = self._hold(ready), handed + waiter.every
+        if hold is None and plain and number == self._next and calls is self._programs and self._same(given):
+            self._handed.append(handed)  # follows on: its figures equal the step before's (other objects)
+        else:
+            self._handed.append((handed, given[0], given[1], given[2], given[3], calls, hold))
+        if plain:  # the step the next one may follow on from
+            self._next, self._programs = number + 1, calls
+            self._examples, self._tokens, self._model_flops = examples, tokens, model_flops
+        else:
+            self._next = None
+        if looked and waiter.want:
+            waiter.want = False
+            waiter.wake()
+        if host:
+            self.sampler.handed(int(number))  # a device step number starts no sampled trace (it is not read here)
+
+    def _same(self, given: tuple[Any, Any, Any, Any]) -> bool:
+        """Whether a step's host figures equal the step before's (the same types: never an array's ==)."""
+        _, examples, tokens, model_flops = given
+        before = (self._examples, self._tokens, self._model_flops)
+        return all(type(a) is type(b) and a == b for a, b in zip((examples, tokens, model_flops), before, strict=True))
+
+    def _hold(self, ready: tuple[Any, ...]) -> Hold:
+        """jaxmon's own handles on `ready`'s arrays (on the training thread, where nothing deletes them meanwhile),
+        or a barrier's when it holds none; the names of the loss gauge's scalars where `ready` is a scalar or a dict
+        of scalars."""
+        ops = self.ops
+        arrays = ops.arrays(ready)
+        if not arrays:  # no ready, or a tree of host numbers: no array says when the step is done
+            return Hold(ops.barrier())
+        handles = [h for h in map(ops.hold, arrays) if h is not None]
+        if len(handles) < len(arrays):
+            return Hold(handles, lost=True)
+        return Hold(handles, loss=loss_names(ready, arrays))
+
+    def pause(self) -> None:
+        """No step comes for a while (a badput() block opens, an epoch ends: on the training thread). The last step's
+        arrays are held now (a mark), so that the steps before it are seen complete when they were, not after."""
+        if not self._handed or held(self._handed[-1]):
+            return  # nothing handed, or the last step is looked at already
+        self._handed.append((self._clock(), MARK, None, None, None, NO_CALLS, self._hold(self._last_ready)))
+        self.waiter.hurry()
