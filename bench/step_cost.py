@@ -25,7 +25,10 @@ length (in a child of its own) so that the plain loop's step takes about the len
   jaxmon's host CPU a step as the issue counts it. `total_us` is the first three together: all of jaxmon's host time
   per step.
 - `--parts`: which parts the jaxmon child uses beside `jaxmon.start()` (`track`, `step`; several sets alternated in
-  turn: `--parts "/track/step/track,step"` measures start() alone, each part, and both); `--profile`: one more
+  turn: `--parts "/track/step/track,step"` measures start() alone, each part, and both; `noop` and `thin` in place
+  of `step` and `track` are their floors, a Python function of step()'s signature that does nothing and a Python
+  wrapper that only calls the step, so that `step_us` and `track_us` say what any Python call there costs, at the
+  same point of the same loop); `--profile`: one more
   jaxmon child per size under cProfile, its training thread's costliest functions.
 - `paced`: step()'s own wall time (median, p90) in a loop paced at one step every 2 ms, a ready loss and three
   figures (the waiter idle between steps).
@@ -134,8 +137,9 @@ def loop(args: argparse.Namespace, with_jaxmon: bool, profile: bool = False) -> 
         exporter = jaxmon.start(args.port, workload="bench")
     fn = make_step(args.k)
     parts = set(filter(None, args.parts.split(","))) if with_jaxmon else set()
-    step_fn = jaxmon.track(fn) if "track" in parts else fn
-    stepping = "step" in parts
+    step_fn = jaxmon.track(fn) if "track" in parts else thin(fn) if "thin" in parts else fn
+    stepping = "step" in parts or "noop" in parts
+    step_call = jaxmon.step if "step" in parts else noop
     profiler = None
     state = jax.device_put(jnp.eye(D, dtype=jnp.float32), device)
     w = jax.device_put(jnp.full((D, D), 1.0 / D, dtype=jnp.float32), device)
@@ -169,7 +173,7 @@ def loop(args: argparse.Namespace, with_jaxmon: bool, profile: bool = False) -> 
         state, loss = step_fn(state, w)
         t1 = clock()
         if stepping:
-            jaxmon.step(n, loss, examples=32, tokens=32 * 512, model_flops=flops)
+            step_call(n, loss, examples=32, tokens=32 * 512, model_flops=flops)
             step_ns += clock() - t1
         call_ns += t1 - t0
         losses.append(loss)
@@ -219,6 +223,19 @@ def loop(args: argparse.Namespace, with_jaxmon: bool, profile: bool = False) -> 
         out["problems"] = dict(reading.problems) if reading is not None else None
         exporter.stop()
     return out
+
+
+def noop(n: Any, *ready: Any, examples: Any = None, tokens: Any = None, model_flops: Any = None) -> None:
+    """The floor of `jaxmon.step()`: a Python function of its signature that does nothing (part `noop`)."""
+
+
+def thin(fn: Any) -> Any:
+    """The floor of `jaxmon.track()`: a Python wrapper that only calls `fn` (part `thin`)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return call
 
 
 def calibrate(args: argparse.Namespace) -> dict[str, Any]:

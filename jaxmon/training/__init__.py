@@ -200,7 +200,11 @@ class Tracked(Generic[P, R]):
         try:
             only, size = self._only, self._size
             if only is not None and size is not None and size() == 1:  # the one program known: the call ran it
-                tracker.calls.append(only)  # Tracker.called(), inlined
+                hand = tracker.hand  # Hand.called(), inlined for a step's first call
+                if not hand.calls:
+                    hand.calls = only.once
+                else:
+                    hand.called(only)
             else:
                 tracker.called(self._program(tracker, args, kwargs))
         except Exception as exc:

@@ -18,7 +18,7 @@ from jaxmon.training.communication import WindowMax, book
 from jaxmon.training.handed import Program
 from jaxmon.training.nominal import per_link
 from jaxmon.training.reading import DeviceTraining
-from jaxmon.training.steps import INT, Handoff, Hold, Run, Step, read_figures
+from jaxmon.training.steps import INT, Handoff, Hold, Run, Step, columns, read_figures
 
 # A step's FLOPs per device when it gave none (shared: never written to).
 NO_FLOPS: Mapping[tuple[str, int], float] = {}
@@ -232,7 +232,7 @@ class Books:
         last = self.last
         if last is None or last[1] is None or None in done:
             return None
-        handed, numbers, examples, tokens, flops, calls, _ = zip(*batch, strict=True)
+        handed, numbers, examples, tokens, flops, calls, _ = columns(batch)
         n, first = len(batch), numbers[0]
         if not (
             type(first) is int  # read_slow left only host ints and usable figures: the columns need no other check
@@ -334,7 +334,7 @@ def read_slow(batch: list[Handoff], value: Callable[[Any], Any], problem: Callab
     """The steps of `batch` whose number or figures are arrays, or not usable as given, read and checked
     (steps.read_figures), by id() of their hand-off; the rest need nothing (a check a figure)."""
     if batch:  # the common batch: host int numbers and the same usable figures at every step (C loops, no step's)
-        _, numbers, examples, tokens, flops, _, _ = zip(*batch, strict=True)
+        _, numbers, examples, tokens, flops, _, _ = columns(batch)
         if set(map(type, numbers)) == INT and steady(examples) and steady(tokens) and steady(flops):
             return {}
     slow: dict[int, Read] = {}

@@ -1,5 +1,7 @@
 """The training thread's side of the tracker: `step()` hands each step to the waiter (waiter.py), `pause()` marks
-that no step comes for a while, and `jaxmon.track()`'s wrapper notes its calls in `calls`.
+that no step comes for a while, and `jaxmon.track()`'s wrapper notes its calls in `calls`: the current step's
+tracked programs, a tuple (one call of one program: that program's `once`, made once; no list a step to make or
+empty, no object a step the cyclic GC tracks).
 
 On the common path a step is one float appended to a deque (atomic under the GIL: no lock, no JAX call, no notify,
 no object Python's cyclic GC tracks): a step that follows on from the one before (steps.py). Any other step is a
@@ -46,13 +48,13 @@ class Hand:
         self.sampler = sampler
         self._problem = problem
         self._max_pending = max_pending
-        self.calls: list[Program] = []  # tracked calls since the last step(), one entry a call (the wrapper appends)
+        self.calls: tuple[Program, ...] = NO_CALLS  # tracked calls since the last step(), one entry a call
         self.stepping = False  # step() was called: a process that never does exports no training series
         self.dispatched: int | None = None  # the last step number handed to step() (the waiter sets a device one)
         self._last_ready: tuple[Any, ...] = ()  # the last step's ready (pause() holds it: the training thread's)
         self._due = -float("inf")  # when step() next takes a step's handles, a look's time after it last did
-        # The step a step may follow on from (steps.py): the number after it (None: none), its figures and calls.
-        self._next: int | None = None
+        # The step a step may follow on from (steps.py): its number (None: none), its figures and calls.
+        self._last: int | None = None
         self._examples: Any = None
         self._tokens: Any = None
         self._model_flops: Any = None
@@ -67,14 +69,12 @@ class Hand:
         appended to a deque (atomic; steps.py), any other one a tuple (`_step`)."""
         handed = self._clock()
         previous, self._previous = self._previous, handed
-        calls: tuple[Program, ...] = NO_CALLS
-        if made := self.calls:  # a tuple a program, made once: no new list a step (a GC-tracked object)
-            calls = made[0].once if len(made) == 1 else tuple(made)
-            made.clear()
+        calls = self.calls
+        self.calls = NO_CALLS
         waiter = self.waiter
         if (
             type(number) is int  # a host int (never an array's ==), the next one, with the same figures and calls
-            and number == self._next
+            and number - 1 == self._last
             and examples is self._examples
             and tokens is self._tokens
             and model_flops is self._model_flops
@@ -84,8 +84,7 @@ class Hand:
             and handed - previous < waiter.resumed_after  # says so when it resumes
             and len(self._handed) + waiter.taken < self._max_pending
         ):
-            self._next = number + 1
-            self.dispatched = number
+            self._last = self.dispatched = number  # one object: the one they drop is one (a cold one, freed)
             self._last_ready = ready
             self._handed.append(handed)
             sampler = self.sampler  # its check inlined: a call only where a trace may start or stop
@@ -93,6 +92,12 @@ class Hand:
                 sampler.handed(number)
             return
         self._step(handed, previous, number, ready, examples, tokens, model_flops, calls)
+
+    def called(self, program: Program) -> None:
+        """A tracked function ran `program` once in the current step (the training thread: jaxmon.track()'s wrapper
+        inlines the first call's case)."""
+        calls = self.calls
+        self.calls = program.once if calls is NO_CALLS else (*calls, program)
 
     def _step(
         self, handed: float, previous: float, number: Any, ready: tuple[Any, ...], examples: Any, tokens: Any,
@@ -117,21 +122,21 @@ class Hand:
             self.dispatched = int(number)  # a host integer; a device one is set by the waiter
         self._last_ready = ready
         if len(self._handed) + waiter.taken >= self._max_pending:
-            self._next = None  # the next step handed is a whole tuple: the waiter does not know this one
+            self._last = None  # the next step handed is a whole tuple: the waiter does not know this one
             self._problem("dropped", "training steps not tracked: the waiter is far behind", number=shown(number))
             return
         hold = None
         if looked:
             hold, self._due = self._hold(ready), handed + waiter.every
-        if hold is None and plain and number == self._next and calls is self._programs and self._same(given):
+        if hold is None and plain and number - 1 == self._last and calls is self._programs and self._same(given):
             self._handed.append(handed)  # follows on: its figures equal the step before's (other objects)
         else:
             self._handed.append((handed, given[0], given[1], given[2], given[3], calls, hold))
         if plain:  # the step the next one may follow on from
-            self._next, self._programs = number + 1, calls
+            self._last, self._programs = self.dispatched, calls
             self._examples, self._tokens, self._model_flops = examples, tokens, model_flops
         else:
-            self._next = None
+            self._last = None
         if looked and waiter.want:
             waiter.want = False
             waiter.wake()

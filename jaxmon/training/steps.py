@@ -14,6 +14,7 @@ import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 # What step() is given besides the ready arrays, in the order of Step.given.
@@ -45,6 +46,12 @@ Item = Handoff | float
 # The step before a batch, whose number, figures and calls a follow-on step takes on: (number, examples, tokens,
 # model_flops, programs); None before the first step.
 Base = tuple[int, Any, Any, Any, tuple[Any, ...]]
+
+
+def columns(batch: list[Handoff]) -> tuple[tuple[Any, ...], ...]:
+    """A batch's hand-offs as its seven columns (C loops: no object a step, where `zip(*batch)` makes an iterator a
+    step, as many objects for the cyclic GC to count)."""
+    return tuple(tuple(map(itemgetter(k), batch)) for k in range(7))
 
 
 def at(item: Any) -> float:
@@ -90,6 +97,10 @@ class Run:
     def numbers(self) -> range:
         """The steps' numbers."""
         return range(self.first, self.first + len(self.handed))
+
+    def last(self) -> Base:
+        """The run's last step, as the base of the steps after it."""
+        return (self.first + len(self.handed) - 1, self.examples, self.tokens, self.model_flops, self.programs)
 
     def handoffs(self) -> list[Handoff]:
         """The steps as Handoff tuples (no holds: booking reads none), for a booking step by step."""

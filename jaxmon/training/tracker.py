@@ -91,11 +91,10 @@ class Tracker:
         )
         self.sampler.look = self.waiter.look_now  # a traced block's last step is looked at as it comes
         self._thread = self.waiter.thread
-        # The training thread's side: step() and pause() (hand.py); jaxmon.track()'s wrapper appends to `calls`.
+        # The training thread's side: step() and pause() (hand.py); jaxmon.track()'s wrapper notes calls there.
         self.hand = Hand(ops, clock, self._handed, self.waiter, self.sampler, self._problem, config.max_pending)
         self.step = self.hand.step
         self.pause = self.hand.pause
-        self.calls = self.hand.calls
 
     # -- the training thread ------------------------------------------------------------------------------
 
@@ -125,9 +124,8 @@ class Tracker:
         )
 
     def called(self, program: Program) -> None:
-        """A tracked function ran `program` once in the current step (on the training thread, as step(): a list
-        append, no lock)."""
-        self.calls.append(program)
+        """A tracked function ran `program` once in the current step (on the training thread, as step(): no lock)."""
+        self.hand.called(program)
 
     def interval(self, kind: str, start: float, end: float = float("inf")) -> Interval:
         """Time that was not training, from `start` (and until `end`, or `close()`: a `badput()` block)."""

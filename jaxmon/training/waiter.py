@@ -194,7 +194,7 @@ class Waiter:
         base = self._base
         run = Run.of(items, base)  # the common batch, as columns; else each step's tuple
         if run is not None:
-            self._base = (run.first + count - 1, run.examples, run.tokens, run.model_flops, run.programs)
+            self._base = run.last()
             plain = True
         else:
             batch, self._base = expand(items, base)
@@ -243,42 +243,47 @@ class Waiter:
         looked at and bounds them instead."""
         start = self._last_done()
         busy = self._typical() or self._first_busy  # before a window: the first looked-at step's hand-off to done
-        tail = [item for item in expand(list(self._handed), self._base)[0] if item[1] is not RESUMED]
+        tail = [at(item) for item in list(self._handed) if type(item) is not tuple or item[1] is not RESUMED]
         # The host handed them well before the last completion, or faster than the device runs steps: it ran ahead,
         # and they may run a while yet (a loop's epoch end may mark them: jaxmon.keras does).
         ahead = (
             start is not None
             and bool(tail)
-            and (
-                tail[0][0] < start - (busy or LOOK)
-                or (busy > 0 and tail[-1][0] - tail[0][0] < (len(tail) - 1) * busy / 2)
-            )
+            and (tail[0] < start - (busy or LOOK) or (busy > 0 and tail[-1] - tail[0] < (len(tail) - 1) * busy / 2))
         )
         if ahead and start is not None:
             end = start
-            for item in tail:
-                end = max(item[0], end) + busy
+            for handed in tail:
+                end = max(handed, end) + busy
             # They may run longer than a typical step each (a loop's epoch end may mark them meanwhile): twice the
             # estimate, at least STILL after the newest was handed; a loop that waited for each of them (its first
             # completion seen late: the GIL) has its next step by then, or is dated by the estimate.
-            end = max(end + (end - start), tail[-1][0] + STILL)
+            end = max(end + (end - start), tail[-1] + STILL)
             if (wait := end - self._clock()) > 0:
                 self._handoff.wait(min(wait, IDLE_WAIT))
                 if self._held() or self._worker.stopping or wait > IDLE_WAIT:
                     return  # a step came (the next look takes these with it), or look again
-        taken, self._base = expand([self._handed.popleft() for _ in range(len(self._handed))], self._base)
-        batch = [item for item in taken if item[1] is not RESUMED]
-        self.taken = len(batch)
+        items = [self._handed.popleft() for _ in range(len(self._handed))]
+        base = self._base
+        run = Run.of(items, base)  # as columns where they follow on: no tuple a step
+        batch: list[Handoff] | Run
+        if run is not None:
+            batch, times, self._base = run, run.handed, run.last()
+        else:
+            taken, self._base = expand(items, base)
+            batch = [item for item in taken if item[1] is not RESUMED]
+            times = list(map(HANDED, batch))
+        self.taken = len(times)
         self.looks += 1
         now = self._last_look = self._clock()
         self._paced, self._steady = time.monotonic(), False
         try:
             dates: list[float | None]
             if ahead and start is not None and busy <= 0:  # no typical step known yet: the time since the last
-                dates = [start + (now - start) * (i + 1) / len(batch) for i in range(len(batch))]  # completion, shared
+                dates = [start + (now - start) * (i + 1) / len(times) for i in range(len(times))]  # completion, shared
             else:
-                dates = [*chain([item[0] for item in batch], start, busy, now)]
-            if batch:
+                dates = [*chain(times, start, busy, now)]
+            if times:
                 self._book(batch, dates, None)
         finally:
             self.taken = 0

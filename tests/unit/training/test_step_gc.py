@@ -49,5 +49,5 @@ def test_steps_make_the_collector_run_no_more_than_a_few_times(make_tracker: Mak
     # Batched: the steps follow on (a float each, no tuple), so a look takes more than the GC's young threshold
     # allows a batch of tuples (350 steps): thousands, up to 500 ms of them.
     assert tracker.waiter.looks - looks < STEPS / 350, tracker.waiter.looks - looks
-    # A handful at most (the tracker's reading, the waiter's batch lists): the step path itself makes none.
-    assert sum(collections.values()) <= 5 and not collections[2], collections
+    # Two at most (the tracker's reading, the waiter's batch lists): the step path itself makes none.
+    assert sum(collections.values()) <= 2 and not collections[2], collections
