@@ -3,6 +3,7 @@
     .venv/bin/python bench/step_cost.py                          # three step lengths on one XLA:CPU device
     .venv/bin/python bench/step_cost.py --sizes 1,0.3 --alternations 5 --out results.json
     .venv/bin/python bench/step_cost.py --platform tpu --sizes 16,1,0.36 --out /tmp/step_cost.json   # a TPU host
+    .venv/bin/python bench/step_cost.py --against DIR            # beside another tree's jaxmon/, in turn
     .venv/bin/python bench/step_cost.py --tree DIR               # another tree's jaxmon/ (DIR: `git archive REV
                                                                  #   jaxmon | tar -x -C DIR`), for a before/after
     .venv/bin/python bench/step_cost.py --rss-steps 1000000      # also RSS over a long no-device run
@@ -68,6 +69,11 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--rss-steps", type=int, default=0, help="steps of the no-device RSS run (0: none)")
     ap.add_argument("--paced-steps", type=int, default=0, help="steps of the paced step() timing, one every 2 ms")
     ap.add_argument("--tree", help="a directory holding another tree's jaxmon/ package, measured instead of this one")
+    ap.add_argument(
+        "--against",
+        help="a directory holding another tree's jaxmon/ package, measured beside this one: each alternation runs "
+        "the plain loop, this tree's and that tree's jaxmon child, in turn",
+    )
     ap.add_argument("--port", type=int, default=0, help="jaxmon.start()'s port (0: any free one)")
     ap.add_argument("--out", help="where the JSON goes (default bench/results/step_cost.json)")
     ap.add_argument(
@@ -332,7 +338,9 @@ def rss_kib() -> int:
 # -- the parent ----------------------------------------------------------------------------------------------
 
 
-def child(args: argparse.Namespace, kind: str, **extra: Any) -> dict[str, Any]:
+def child(args: argparse.Namespace, kind: str, tree: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A child process running `kind`, with this tree's jaxmon (or `tree`'s, else `args.tree`'s)."""
+    tree = tree or args.tree
     argv = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--platform", args.platform]
     argv += ["--port", str(args.port)]
     for key, value in extra.items():
@@ -342,9 +350,9 @@ def child(args: argparse.Namespace, kind: str, **extra: Any) -> dict[str, Any]:
         env["JAX_NUM_CPU_DEVICES"] = "1"
         # The device's work on one thread of its own: the loop's host thread and jaxmon's share the other core.
         env["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-    path = [str(Path(args.tree).resolve())] if args.tree else [str(ROOT)]
+    path = [str(Path(tree).resolve())] if tree else [str(ROOT)]
     env["PYTHONPATH"] = os.pathsep.join(path + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=args.tree or ROOT)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=tree or ROOT)
     if proc.returncode != 0:
         raise RuntimeError(f"the {kind} child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -387,11 +395,20 @@ def main() -> None:
         steps = max(200, int(args.seconds * 1e3 / size))
         for parts in sets:
             rows = []
+            kinds = ["plain", "jaxmon", "against"] if args.against else ["plain", "jaxmon"]
             for i in range(args.alternations):
-                order = ("plain", "jaxmon") if i % 2 == 0 else ("jaxmon", "plain")
-                got = {kind: child(args, kind, k=k, steps=steps, parts=parts) for kind in order}
+                order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]  # each first in turn: a drift falls on all
+                got = {
+                    kind: child(args, "jaxmon" if kind == "against" else kind, tree=args.against if kind == "against"
+                                else None, k=k, steps=steps, parts=parts)
+                    for kind in order
+                }  # fmt: skip
                 rows.append({"ratio": got["plain"]["steps_per_s"] / got["jaxmon"]["steps_per_s"], **got})
-                print(f"{size} ms (k={k}) [{parts}] #{i}: ratio {rows[-1]['ratio']:.4f}", file=sys.stderr, flush=True)
+                if args.against:
+                    rows[-1]["against_ratio"] = got["plain"]["steps_per_s"] / got["against"]["steps_per_s"]
+                said = "".join(f", against {r:.4f}" for r in [rows[-1].get("against_ratio")] if r is not None)
+                print(f"{size} ms (k={k}) [{parts}] #{i}: ratio {rows[-1]['ratio']:.4f}{said}", file=sys.stderr,
+                      flush=True)  # fmt: skip
             jm = [r["jaxmon"] for r in rows]
             track = statistics.median(r["jaxmon"]["call_us"] - r["plain"]["call_us"] for r in rows)
             thread = statistics.median(j["thread_cpu_us"] for j in jm)
@@ -416,6 +433,19 @@ def main() -> None:
                 "cpu_total_us": thread + main,  # jaxmon's threads and its share of the training thread, by CPU clocks
                 "rows": rows,
             }
+            if args.against:  # the other tree's, from the same alternations
+                against = [r["against"] for r in rows]
+                result["sizes"][key] |= {
+                    "against": str(Path(args.against).resolve()),
+                    "against_ratio_median": statistics.median(r["against_ratio"] for r in rows),
+                    "against_ratios": [round(r["against_ratio"], 4) for r in rows],
+                    "against_thread_cpu_us": statistics.median(j["thread_cpu_us"] for j in against),
+                    "against_step_us": statistics.median(j["step_us"] for j in against),
+                    # this tree's steps over the other's, alternation by alternation (below 1: this tree is faster)
+                    "this_over_against": statistics.median(
+                        r["jaxmon"]["step_ms"] / r["against"]["step_ms"] for r in rows
+                    ),
+                }
         if args.profile:
             result["sizes"][f"{size} profile"] = child(args, "profile", k=k, steps=steps, parts=sets[-1])
     if args.rss_steps:
