@@ -315,6 +315,12 @@ class Accounting:
         """The window's median busy part (None: no step in it)."""
         return _sorted_median(self._busy) if self._busy else None
 
+    def pace(self) -> float | None:
+        """The window's mean step, completion to completion (None: no step in it): a loop whose device is behind
+        its host completes a step this often, whichever of its batch's steps the dating gave the time to."""
+        recent = self.recent
+        return math.fsum(step.duration for step in recent) / len(recent) if recent else None
+
     def gap(self, previous_done: float, done: float, intervals: Iterable[Interval], restart: bool) -> None:
         """A span that is no step's interval: a step whose number does not follow the previous one, or steps whose
         completions are unknown. The intervals inside it are charged by kind; after a restore (`restart`) the

@@ -6,29 +6,41 @@ The waiter (waiter.py) sees one step of a batch complete, the newest, and knows 
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import numpy as np
 
 from jaxmon.training.accounting import VECTOR_STEPS
 
+# How many times chain() takes a typical step's time down to fit a batch into its interval (each a pass over it).
+FITS = 4
 
-def chain(handed: Sequence[float], start: float | None, busy: float, now: float, kept_up: bool = False) -> list[float]:
+
+def chain(handed: Sequence[float], start: float | None, busy: float, now: float, fit: bool = False) -> list[float]:
     """The completions of consecutive steps handed at `handed` that no completion bounds (the loop paused or ended
     after them, or its device kept up): in order, each a typical step's device time (`busy`) after the one before it
     (the first after `start`, the last completion booked) or after its own hand-off if later, no later than `now`;
-    with nothing known before them (`start` None), each at its hand-off. `kept_up`: the device was idle when each
-    step came (it kept up with the host): each no later than the next one's hand-off either, so that a `busy` a
-    little over the host's rhythm does not carry on from step to step (over a look of a thousand steps it would
-    pile the last hundreds at `now`, steps of no time)."""
+    with nothing known before them (`start` None), each at its hand-off. `fit`: the last one completed by `now` (it
+    was seen done): where `busy` puts it later, `busy` is over these steps' own (the window's median, a little over
+    the host's rhythm), and a step's excess would carry on from step to step and, over a look of a thousand steps,
+    pile the last hundreds at `now` as steps of no time; `busy` is taken down until they fit."""
     if start is None:
         return [min(at, now) for at in handed]
+    dates = _queued(handed, start, busy)
+    for _ in range(FITS if fit else 0):
+        if not dates or dates[-1] <= now or busy <= 0:
+            break
+        busy *= max(now - start, 0.0) / (dates[-1] - start)  # the span they had over the span they would take
+        dates = _queued(handed, start, busy)
+    return [min(date, now) for date in dates]
+
+
+def _queued(handed: Sequence[float], start: float, busy: float) -> list[float]:
+    """Each step `busy` after its hand-off, or after the one before it if that completed later (a queue)."""
     dates = []
     previous = start
-    bounds = [*handed[1:], now] if kept_up else itertools.repeat(now)
-    for at, bound in zip(handed, bounds, strict=False):  # bounds: as many, or endless
-        previous = min(max(at, previous) + busy, bound, now)
+    for at in handed:
+        previous = max(at, previous) + busy
         dates.append(previous)
     return dates
 
@@ -41,17 +53,25 @@ def apportion(
     ran: bool = True,
     paced: bool = True,
     busy: float = 0.0,
+    marked: float | None = None,
 ) -> list[float]:
     """The completions of consecutive steps handed at `handed`, the one before the first completed at `start`;
     `end`: when the waiter saw the last one complete, `ran`: whether it still ran when the waiter looked (else it
     completed before `end`); `later`: when the steps handed after the last one, before `end`, were (the host's
     lead); `paced`: whether the device was behind the host at recent looks; `busy`: a step's typical device time,
-    for steps that completed unseen (not `ran`). Non-decreasing, within [start, end]."""
+    for steps that completed unseen (not `ran`); `marked`: when the host handed a mark after the last one (it stopped
+    stepping then). Non-decreasing, within [start, end]."""
     n = len(handed)
     if n == 1:  # the completion seen; one done already (not ran): a typical step after it could start
         return [end if ran else min(end, max(start, handed[0]) + busy)]
+    if not ran and marked is not None and busy and handed[-1] - handed[0] < (n - 1) * busy / 2:
+        # A burst the host handed, then waited for before it stopped (Keras's epoch end): the device ran them back
+        # to back, and the last was done when the mark came. Shared evenly up to then: a typical step's time, off by
+        # a little, would carry on over the burst and move its end.
+        end = max(min(end, marked), start)
+        return [start + (end - start) * (i + 1) / n for i in range(n)]
     if not ran and (not paced or busy) and handed[0] >= start - busy:  # the device kept up: done once handed
-        return chain(handed, start, busy, end, kept_up=True)
+        return chain(handed, start, busy, end, fit=True)
     times = [*handed, *later]
     shift = len(later) + 1  # a paced loop calls step() for step k + shift right after step k completed
     bounds = times[shift : shift + n - 1]

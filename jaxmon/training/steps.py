@@ -48,6 +48,10 @@ Item = Handoff | float
 Base = tuple[int, Any, Any, Any, tuple[Any, ...]]
 
 
+# A Handoff's fields (C loops over a batch: a look of hundreds of steps pays no Python step a step).
+HANDED, NUMBER, HOLD = itemgetter(0), itemgetter(1), itemgetter(6)
+
+
 def columns(batch: list[Handoff]) -> tuple[tuple[Any, ...], ...]:
     """A batch's hand-offs as its seven columns (C loops: no object a step, where `zip(*batch)` makes an iterator a
     step, as many objects for the cyclic GC to count)."""

@@ -85,10 +85,11 @@ class Tracker:
         # collectives. Made before the listener, which tells it of compilations and Orbax's saves.
         self.sampler = sampler_for(ops, config.profile, clock, self._collective_names.catalog, self._problem)
         self._unlisten = ops.on_event_duration(self._on_event)
-        typical = self._acct.typical_busy
+        acct = self._acct
         self.waiter = Waiter(
-            self._handed, ops, clock, self._problem, self.last_done, self.book, typical, config.max_pending
-        )
+            self._handed, ops, clock, self._problem, self.last_done, self.book, acct.typical_busy, acct.pace,
+            config.max_pending,
+        )  # fmt: skip
         self.sampler.look = self.waiter.look_now  # a traced block's last step is looked at as it comes
         self._thread = self.waiter.thread
         # The training thread's side: step() and pause() (hand.py); jaxmon.track()'s wrapper notes calls there.

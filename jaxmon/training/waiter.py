@@ -10,15 +10,11 @@ running (the host dispatches ahead of the device): the call returns at its compl
 while the waiter was not looking; their completions are not observed. A loop paced by its device (it waits for the
 step before last, or for each step) calls `step()` right after each completion, `lag` steps ahead (lag: the steps
 it handed while the waiter waited for the newest): so step k is dated at the host's `step()` call for step
-k + lag + 1, kept within the batch's interval and in order. A loop that runs further ahead of its device (its calls
-come before the batch's interval began) has no such rhythm: the interval is shared evenly. Pure arithmetic, tested
-on literals (dating.py).
+k + lag + 1, kept within the batch's interval and in order. A loop further ahead of its device has no such rhythm: the
+interval is shared evenly. Pure arithmetic, tested on literals (dating.py).
 
-step() also holds a step's arrays once per LOOK of the host's own time, so that a loop that pauses or ends leaves at
-most that much of its steps un-held: when no step comes to be looked at, those are dated each a typical step's device
-time after the one before (no device call; where that is after now, the host ran ahead and they still run: the
-waiter waits until then). A badput() block dates them exactly instead (the tracker's `pause()` holds the last step's
-arrays on the training thread).
+step() also holds a step's arrays once per look's time of the host's, so that a loop that pauses or ends leaves at
+most that much of its steps un-held (_take_paused dates them); a badput() block's mark dates them exactly.
 """
 
 from __future__ import annotations
@@ -28,12 +24,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from operator import itemgetter
 
+import jaxmon.training.steps as steps
 from jaxmon.threads import Worker
 from jaxmon.training.dating import apportion, chain
 from jaxmon.training.handed import TrainingOps
-from jaxmon.training.steps import INT, MARK, RESUMED, Base, Handoff, Hold, Item, Run, at, expand, held
+from jaxmon.training.steps import MARK, RESUMED, Base, Handoff, Hold, Item, Run, at, expand, held
 
 # The waiter looks at the handed steps at most this often while steps come (seconds): it costs a wake, a hold and a
 # wait per look, not per step.
@@ -64,8 +60,6 @@ STILL_STEPS = 4
 # loop that waits for its steps calls step() this late after a long device step too, which the marker would date as
 # the host's pause: 40 ms keeps the loop's ordinary long steps (and a loaded machine's) on the host's rhythm.
 PAUSE = 2 * LOOK
-# A Handoff's fields (C loops over a batch: a look of hundreds of steps pays no Python step a step).
-HANDED, NUMBER, HOLD = itemgetter(0), itemgetter(1), itemgetter(6)
 # A first looked-at step longer than this from hand-off to done is taken for a first run's one-time work, not a step.
 FIRST_BUSY_MAX = 0.25
 
@@ -73,7 +67,8 @@ FIRST_BUSY_MAX = 0.25
 class Waiter:
     """The thread that sees the handed steps complete. `handed` is the tracker's deque (step() appends, this takes);
     `last_done()` the last completion booked; `book(batch, done, hold)` books a batch under the tracker's lock;
-    `problem(reason, event, ...)` counts and logs; `pending` the tracker's max_pending."""
+    `problem(reason, event, ...)` counts and logs; `typical()` a step's typical device time, `pace()` the window's
+    mean step (the accounting's); `pending` the tracker's max_pending."""
 
     def __init__(
         self,
@@ -84,6 +79,7 @@ class Waiter:
         last_done: Callable[[], float | None],
         book: Callable[[list[Handoff] | Run, list[float | None], Hold | None], None],
         typical: Callable[[], float | None] = lambda: None,
+        pace: Callable[[], float | None] = lambda: None,
         pending: int = 8192,
     ) -> None:
         self._handed = handed
@@ -93,11 +89,12 @@ class Waiter:
         self._last_done = last_done
         self._book = book
         self._typical = typical
+        self._pace = pace
         # A look's steps stay well within max_pending; after a batch of Handoff tuples (alive until the look), under
         # half the collector's young threshold: past it they would make it collect (test_step_gc.py).
         young = gc.get_threshold()[0] // 2 or LOOK_STEPS
-        self._run_steps = max(min(LOOK_STEPS, pending // 4), 1)
-        self._tuple_steps = max(min(LOOK_STEPS, pending // 4, young), 1)
+        cap = max(min(LOOK_STEPS, pending // 4), 1)
+        self._run_steps, self._tuple_steps = cap, max(min(cap, young), 1)
         self._base: Base | None = None  # the last step taken, that a follow-on step handed after it takes on
         # The host's lead at the last looks; none known at first: dated as a loop waiting for each step.
         self._leads: deque[int] = deque([0], maxlen=LEADS)
@@ -198,7 +195,7 @@ class Waiter:
             plain = True
         else:
             batch, self._base = expand(items, base)
-            plain = set(map(type, map(NUMBER, batch))) == INT  # no marker among them (nor a number to read)
+            plain = set(map(type, map(steps.NUMBER, batch))) == steps.INT  # no marker (nor a number to read)
         # The loop's recent step on the real clock: the time since the last look, shared; not where the loop paused
         # in it (a marker in the batch, or a look that dated a paused loop's steps: _take_paused).
         if paced > -float("inf") and self._steady and plain:
@@ -208,8 +205,8 @@ class Waiter:
             # At most twice as long as the last look: one estimate off by a pause costs a look, not a batch of
             # thousands of steps (over the collector's young threshold, towards max_pending).
             # A look of follow-on steps is as long again: the next is likely one too.
-            steps = self._run_steps if run is not None else self._tuple_steps
-            self.every = min(LOOK_MAX, max(LOOK, steps * spacing), 2 * self.every) if long else LOOK
+            cap = self._run_steps if run is not None else self._tuple_steps
+            self.every = min(LOOK_MAX, max(LOOK, cap * spacing), 2 * self.every) if long else LOOK
         self._steady = True
         self.resumed_after = max(self.still, PAUSE) if self.every > LOOK else float("inf")
         self.taken = count
@@ -227,30 +224,32 @@ class Waiter:
                 batch = [item for item in batch if item[1] is not MARK]  # a mark is no step: its hold dated those
                 if any(item[1] is RESUMED for item in batch):  # before it
                     batch = self._before_pauses(batch)
-            dates = self._dates(list(map(HANDED, batch)), list(filter(None, map(HOLD, batch))), hold)
+            marked = items[-1][0] if items[-1][1] is MARK else None  # type: ignore[index]  # (a Handoff: held)
+            times, holds = list(map(steps.HANDED, batch)), list(filter(None, map(steps.HOLD, batch)))
+            dates = self._dates(times, holds, hold, marked)
             self._book(batch, self._one_by_one(batch, hold) if dates is None else dates, hold)
         finally:
             self.taken = 0
 
     def _take_paused(self) -> None:
-        """No step came to be looked at: date the steps handed since the last looked-at one (at most LOOK of the
-        host's time: step() holds one that often), with no device call (a barrier would not do: XLA:CPU runs a
-        program that reads none of their outputs beside them). A step's outputs feed the next, so they complete in
-        order after the
-        last completion booked: each is dated a typical step's device time (the window's median busy part) after the
-        one before it, or after its hand-off if later. Where that puts the last one after now (a host that ran
-        ahead, then stopped: its steps still run), the waiter waits until then first; a step handed meanwhile is
-        looked at and bounds them instead."""
+        """No step came to be looked at: date the steps handed since the last looked-at one (at most a look's time of
+        the host's: step() holds one that often), with no device call (a barrier would not do: XLA:CPU runs a
+        program that reads none of their outputs beside them). They complete in order after the last completion
+        booked: each a typical step's device time (the window's median busy part) after the one before it, or after
+        its hand-off if later. Where that puts the last one after now (a host that ran ahead, then stopped: its
+        steps still run), the waiter waits until then first; a step handed meanwhile bounds them instead."""
         start = self._last_done()
         busy = self._typical() or self._first_busy  # before a window: the first looked-at step's hand-off to done
+        rate = max(busy, self._pace() or 0.0)  # a host ahead: its device's rate (a burst's dated busy parts are ~0)
         tail = [at(item) for item in list(self._handed) if type(item) is not tuple or item[1] is not RESUMED]
         # The host handed them well before the last completion, or faster than the device runs steps: it ran ahead,
         # and they may run a while yet (a loop's epoch end may mark them: jaxmon.keras does).
         ahead = (
             start is not None
             and bool(tail)
-            and (tail[0] < start - (busy or LOOK) or (busy > 0 and tail[-1] - tail[0] < (len(tail) - 1) * busy / 2))
+            and (tail[0] < start - (rate or LOOK) or (rate > 0 and tail[-1] - tail[0] < (len(tail) - 1) * rate / 2))
         )
+        busy = rate if ahead else busy
         if ahead and start is not None:
             end = start
             for handed in tail:
@@ -272,7 +271,7 @@ class Waiter:
         else:
             taken, self._base = expand(items, base)
             batch = [item for item in taken if item[1] is not RESUMED]
-            times = list(map(HANDED, batch))
+            times = list(map(steps.HANDED, batch))
         self.taken = len(times)
         self.looks += 1
         now = self._last_look = self._clock()
@@ -298,7 +297,7 @@ class Waiter:
                 segment.append(item)
                 continue
             if segment:  # its holds (done before the look) waited for: a deleted or donated ready array is counted
-                holds = list(filter(None, map(HOLD, segment)))
+                holds = list(filter(None, map(steps.HOLD, segment)))
                 dates = self._one_by_one(segment, None) if holds and not self._waited(holds) else None
                 self._book(segment, dates or self._paused_dates(segment, item[0]), None)
             segment = []
@@ -316,9 +315,12 @@ class Waiter:
         end = max(min(max(handed[-1], start) + busy, until), start)
         return list(apportion(start, end, handed, []))
 
-    def _dates(self, handed: list[float], holds: list[Hold], hold: Hold | None) -> list[float | None] | None:
+    def _dates(
+        self, handed: list[float], holds: list[Hold], hold: Hold | None, marked: float | None = None
+    ) -> list[float | None] | None:
         """When each step of a batch (`handed`: its hand-off times; `holds`: the holds among its steps, `hold` the
-        newest's) completed; None when a hold's array was deleted or donated (the caller waits for each on its own).
+        newest's; `marked`: when the host handed the mark that ends it, if one does) completed; None when a hold's
+        array was deleted or donated (the caller waits for each on its own).
 
         One blocking call for the batch's holds: one release of the GIL per look. The
         newest step's completion is when that call returns, if it still ran (the usual case: the host dispatches
@@ -349,7 +351,7 @@ class Waiter:
         busy = 0.0
         if not ran:  # done before the look: dated by a typical step's device time (the batch's share, at first)
             busy = self._typical() or (newest - start) / len(handed)
-        completions: list[float | None] = list(apportion(start, newest, handed, later, ran, paced, busy))
+        completions: list[float | None] = list(apportion(start, newest, handed, later, ran, paced, busy, marked))
         if not self._first_busy and ran and 0 < newest - handed[-1] < FIRST_BUSY_MAX:
             self._first_busy = newest - handed[-1]
         return completions

@@ -49,6 +49,14 @@ def test_a_device_that_kept_up_completes_each_step_before_the_next_call() -> Non
     assert apportion(0.0, 20.0, [0.0, 2.0, 4.0], [], ran=False, paced=False, busy=0.5) == [0.5, 2.5, 4.5]
 
 
+def test_a_burst_the_host_waited_for_before_a_mark_shares_the_time_up_to_the_mark() -> None:
+    # Four steps handed in a burst (0.0-0.3), done unseen (the look came at 20), the mark handed at 8 (Keras's epoch
+    # end, once the device was done): they ran back to back from 0 to 8, whatever a typical step (1.0) says.
+    assert apportion(0.0, 20.0, [0.0, 0.1, 0.2, 0.3], [], ran=False, busy=1.0, marked=8.0) == [2.0, 4.0, 6.0, 8.0]
+    # No mark: a typical step after the one before (the look's time bounds them only).
+    assert apportion(0.0, 20.0, [0.0, 0.1, 0.2, 0.3], [], ran=False, busy=1.0) == [1.0, 2.0, 3.0, 4.0]
+
+
 def test_a_loop_far_ahead_of_its_device_shares_the_interval_evenly() -> None:
     # Calls long before the interval began: no rhythm of the device's in them.
     assert apportion(10.0, 14.0, [1.0, 1.1, 1.2, 1.3], []) == [11.0, 12.0, 13.0, 14.0]
