@@ -78,7 +78,7 @@ class Hand:
             and examples is self._examples
             and tokens is self._tokens
             and model_flops is self._model_flops
-            and calls is self._programs
+            and (calls is self._programs or calls == self._programs)  # a tuple of programs (compared by identity)
             and handed < self._due  # a step held once a look's time of the host's: a loop that ends or pauses leaves
             and not waiter.want  # at most that much of its steps to estimate; and one that paused within a long look
             and handed - previous < waiter.resumed_after  # says so when it resumes
@@ -128,7 +128,7 @@ class Hand:
         hold = None
         if looked:
             hold, self._due = self._hold(ready), handed + waiter.every
-        if hold is None and plain and number - 1 == self._last and calls is self._programs and self._same(given):
+        if hold is None and plain and number - 1 == self._last and calls == self._programs and self._same(given):
             self._handed.append(handed)  # follows on: its figures equal the step before's (other objects)
         else:
             self._handed.append((handed, given[0], given[1], given[2], given[3], calls, hold))

@@ -132,7 +132,7 @@ class Run:
             if not (
                 type(item[1]) is int
                 and item[1] == number + 1 + i
-                and item[5] is programs
+                and item[5] == programs  # (programs compare by identity)
                 and type(item[2]) is type(examples) and item[2] == examples
                 and type(item[3]) is type(tokens) and item[3] == tokens
                 and type(item[4]) is type(flops) and item[4] == flops

@@ -5,11 +5,15 @@ step before, its figures and tracked calls, the holds where they were."""
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import jax.numpy as jnp
 
 import jaxmon
-from jaxmon.training.steps import MARK, NO_CALLS, RESUMED, Handoff, Hold, Run, expand
+from jaxmon.training.hand import Hand
+from jaxmon.training.handed import Program
+from jaxmon.training.sampler import Off
+from jaxmon.training.steps import MARK, NO_CALLS, RESUMED, Handoff, Hold, Item, Run, expand
 from tests.unit.training.conftest import MakeTracker, booked
 
 CALLS = ("program",)
@@ -78,3 +82,41 @@ def test_a_loop_whose_figures_change_books_each_step_with_its_own(make_tracker: 
     reading = booked(tracker, steps)
     assert (reading.steps_total, reading.examples_total, reading.tokens_total) == (steps, examples, tokens)
     assert reading.problems.get("jump") == 1 and not reading.problems.get("invalid")
+
+
+class Waiting:
+    """The waiter's side as step() reads it: no look wanted, none under way."""
+
+    want = False
+    taken = 0
+    every = 0.02
+    resumed_after = float("inf")
+
+    def wake(self) -> None:
+        pass
+
+
+def test_a_step_of_two_tracked_calls_follows_on_too() -> None:
+    """Two calls of a program a step (gradient accumulation) make a new tuple of programs each step: equal ones
+    follow on all the same (a float handed, not a tuple)."""
+    handed: deque[Item] = deque()
+    clock = iter(k / 1000 for k in range(100))  # 1 ms apart: within a look
+    hand = Hand(Ops(), lambda: next(clock), handed, Waiting(), Off(), lambda *a, **k: None, 100)  # type: ignore[arg-type]
+    program = Program(None)
+    for n in range(4):
+        hand.called(program)
+        hand.called(program)
+        hand.step(n, (), 32, None, None)
+    assert [type(item) for item in handed] == [tuple, float, float, float]
+    run = Run.of(list(handed)[1:], (0, 32, None, None, (program, program)))
+    assert run is not None and run.numbers == range(1, 4)
+
+
+class Ops:
+    """A JAX side that holds nothing (the steps above are never looked at)."""
+
+    def arrays(self, ready: object) -> list[object]:
+        return []
+
+    def barrier(self) -> list[object]:
+        return []
