@@ -6,6 +6,7 @@ The waiter (waiter.py) sees one step of a batch complete, the newest, and knows 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,31 +17,36 @@ from jaxmon.training.accounting import VECTOR_STEPS
 FITS = 4
 
 
-def chain(handed: Sequence[float], start: float | None, busy: float, now: float, fit: bool = False) -> list[float]:
+def chain(
+    handed: Sequence[float], start: float | None, busy: float, now: float, fit: bool = False, kept_up: bool = False
+) -> list[float]:
     """The completions of consecutive steps handed at `handed` that no completion bounds (the loop paused or ended
     after them, or its device kept up): in order, each a typical step's device time (`busy`) after the one before it
     (the first after `start`, the last completion booked) or after its own hand-off if later, no later than `now`;
     with nothing known before them (`start` None), each at its hand-off. `fit`: the last one completed by `now` (it
     was seen done): where `busy` puts it later, `busy` is over these steps' own (the window's median, a little over
     the host's rhythm), and a step's excess would carry on from step to step and, over a look of a thousand steps,
-    pile the last hundreds at `now` as steps of no time; `busy` is taken down until they fit."""
+    pile the last hundreds at `now` as steps of no time; `busy` is taken down until they fit. `kept_up`: the host
+    handed each after the one before completed (a loop that waits for its steps): each no later than the next call."""
     if start is None:
         return [min(at, now) for at in handed]
-    dates = _queued(handed, start, busy)
+    bounds = [*handed[1:], math.inf] if kept_up else [math.inf] * len(handed)
+    dates = _queued(handed, start, busy, bounds)
     for _ in range(FITS if fit else 0):
         if not dates or dates[-1] <= now or busy <= 0:
             break
         busy *= max(now - start, 0.0) / (dates[-1] - start)  # the span they had over the span they would take
-        dates = _queued(handed, start, busy)
+        dates = _queued(handed, start, busy, bounds)
     return [min(date, now) for date in dates]
 
 
-def _queued(handed: Sequence[float], start: float, busy: float) -> list[float]:
-    """Each step `busy` after its hand-off, or after the one before it if that completed later (a queue)."""
+def _queued(handed: Sequence[float], start: float, busy: float, bounds: Sequence[float]) -> list[float]:
+    """Each step `busy` after its hand-off, or after the one before it if that completed later (a queue), no later
+    than its bound."""
     dates = []
     previous = start
-    for at in handed:
-        previous = max(at, previous) + busy
+    for at, bound in zip(handed, bounds, strict=True):
+        previous = min(max(at, previous) + busy, bound)
         dates.append(previous)
     return dates
 
@@ -71,7 +77,8 @@ def apportion(
         end = max(min(end, marked), start)
         return [start + (end - start) * (i + 1) / n for i in range(n)]
     if not ran and (not paced or busy) and handed[0] >= start - busy:  # the device kept up: done once handed
-        return chain(handed, start, busy, end, fit=True)
+        burst = handed[-1] - handed[0] < (n - 1) * busy / 2  # faster than its device: no call waited for a step
+        return chain(handed, start, busy, end, fit=True, kept_up=not burst)
     times = [*handed, *later]
     shift = len(later) + 1  # a paced loop calls step() for step k + shift right after step k completed
     bounds = times[shift : shift + n - 1]

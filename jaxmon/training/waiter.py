@@ -240,20 +240,19 @@ class Waiter:
         steps still run), the waiter waits until then first; a step handed meanwhile bounds them instead."""
         start = self._last_done()
         busy = self._typical() or self._first_busy  # before a window: the first looked-at step's hand-off to done
-        rate = max(busy, self._pace() or 0.0)  # a host ahead: its device's rate (a burst's dated busy parts are ~0)
         tail = [at(item) for item in list(self._handed) if type(item) is not tuple or item[1] is not RESUMED]
         # The host handed them well before the last completion, or faster than the device runs steps: it ran ahead,
         # and they may run a while yet (a loop's epoch end may mark them: jaxmon.keras does).
         ahead = (
             start is not None
             and bool(tail)
-            and (tail[0] < start - (rate or LOOK) or (rate > 0 and tail[-1] - tail[0] < (len(tail) - 1) * rate / 2))
+            and (tail[0] < start - (busy or LOOK) or (busy > 0 and tail[-1] - tail[0] < (len(tail) - 1) * busy / 2))
         )
-        busy = rate if ahead else busy
         if ahead and start is not None:
+            rate = max(busy, self._pace() or 0.0)  # the wait at the device's pace (a burst's dated busy parts are ~0)
             end = start
             for handed in tail:
-                end = max(handed, end) + busy
+                end = max(handed, end) + rate
             # They may run longer than a typical step each (a loop's epoch end may mark them meanwhile): twice the
             # estimate, at least STILL after the newest was handed; a loop that waited for each of them (its first
             # completion seen late: the GIL) has its next step by then, or is dated by the estimate.
