@@ -49,6 +49,12 @@ def test_a_device_that_kept_up_completes_each_step_before_the_next_call() -> Non
     assert apportion(0.0, 20.0, [0.0, 2.0, 4.0], [], ran=False, paced=False, busy=0.5) == [0.5, 2.5, 4.5]
 
 
+def test_a_burst_done_before_the_look_is_fitted_into_its_interval() -> None:
+    # Four steps handed in a burst, done unseen by 2.0: a typical step of 1.0 would put the last at 4.0, after it was
+    # seen done, so the typical time is taken down until they fit (not the last ones piled at 2.0).
+    assert apportion(0.0, 2.0, [0.0, 0.1, 0.2, 0.3], [], ran=False, busy=1.0) == [0.5, 1.0, 1.5, 2.0]
+
+
 def test_a_burst_the_host_waited_for_before_a_mark_shares_the_time_up_to_the_mark() -> None:
     # Four steps handed in a burst (0.0-0.3), done unseen (the look came at 20), the mark handed at 8 (Keras's epoch
     # end, once the device was done): they ran back to back from 0 to 8, whatever a typical step (1.0) says.
