@@ -223,7 +223,7 @@ class Books:
             or not (usable(run.examples) and usable(run.tokens) and usable(run.model_flops))
         ):
             return None
-        return self._book_run(acct, last[1], run.handed, run.numbers, done, run)
+        return self._book_run(acct, last[1], run, done)
 
     def _run(self, acct: Accounting, batch: list[Handoff], done: list[float | None]) -> Entered | None:
         """The common batch booked with no per-step work here: every step seen complete, numbered on from the last
@@ -244,24 +244,15 @@ class Books:
             and calls.count(calls[0]) == n
         ):
             return None
-        figures = Run(list(handed), first, examples[0], tokens[0], flops[0], calls[0], [])
-        return self._book_run(acct, last[1], figures.handed, numbers, done, figures)  # type: ignore[arg-type]
+        run = Run(list(handed), first, examples[0], tokens[0], flops[0], calls[0], [])
+        return self._book_run(acct, last[1], run, done)  # type: ignore[arg-type]  # None not in done
 
-    def _book_run(
-        self,
-        acct: Accounting,
-        before: float,
-        handed: list[float],
-        numbers: Sequence[int],
-        done: list[float],
-        run: Run,
-    ) -> Entered:
-        """Steps numbered on from the last one booked (completed at `before`), each with `run`'s figures and calls,
-        booked as one run."""
-        n, mf, programs = len(numbers), run.model_flops, run.programs
+    def _book_run(self, acct: Accounting, before: float, run: Run, done: list[float]) -> Entered:
+        """`run`'s steps, numbered on from the last one booked (completed at `before`), booked as one run."""
+        numbers, n, mf, programs = run.numbers, len(run.handed), run.model_flops, run.programs
         model = NO_FLOPS if mf is None else self.model_share(mf)
         hardware = self.hardware_of(programs) if programs else NO_FLOPS
-        acct.steps(before, done, handed, model, hardware)
+        acct.steps(before, done, run.handed, model, hardware)
         self.last = (numbers[-1], done[-1])
         model_total = 0.0 if mf is None else mf * n
         counts = {program: count * n for program, count in counted(programs)} if programs else {}
