@@ -16,7 +16,7 @@ import requests
 
 from jaxmon.births import BADPUT_KINDS, PROBLEM_REASONS
 from tests.conftest import ROOT, Samples, StartDaemon, promtool, sample
-from tests.helpers import Child, wait_for_samples
+from tests.helpers import Child, wait_for_fresh_samples, wait_for_samples
 
 PEAK = 1e11
 # What a pod spec's Downward API (and Slurm) put in the trainer's environment.
@@ -120,7 +120,10 @@ def test_an_embedded_trainer_exports_its_steps_flops_mfu_and_badput(children: li
     for reason in PROBLEM_REASONS:
         assert sample(before, "jaxmon_training_tracking_problems_total", reason=reason, **labels) == 0, reason
     answer = child.send(f"steps {STEPS} {DATA_MS}")
-    s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, "every step seen")
+    wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, "every step seen")
+    # A series new in that scrape (the FLOPs of the step's device, first given by a step) reads 0 in the first scrape
+    # that serves it (jaxmon.births): an update after it shows what it was held from.
+    s = wait_for_fresh_samples(url, "training", "after every step was seen")
     _check_against_the_loop(s, answer, **labels)
     _lint(requests.get(url + "/metrics", timeout=10).text)
     # jaxmon top shows the workload's step, step time and MFU on the row of the device the step ran on.
@@ -191,7 +194,8 @@ def test_a_publishing_trainers_steps_reach_the_sidecar(
     d = start_daemon("--no-collector.probe", "--collector.spool.dir", str(spool), "--poll.interval", "0.2s")
     answer = child.send(f"steps {STEPS} {DATA_MS}")
     labels = {"workload": "pub", "process_index": "0", "process_count": "1", "host": socket.gethostname()}
-    s = d.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, what="the sidecar's steps")
+    d.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) == STEPS, what="the sidecar's steps")
+    s = wait_for_fresh_samples(d.url, "spool", "after every step was seen")  # a new series' first scrape reads 0
     _check_against_the_loop(s, answer, **labels)
     _lint(d.get("/metrics").text)
     # The loss crosses the spool as read: the sidecar's gauge is the loss of the step its loss_step names.
