@@ -60,6 +60,12 @@ class Hand:
         self._model_flops: Any = None
         self._programs: tuple[Program, ...] = NO_CALLS
         self._previous = float("inf")  # when step() was last called (the tracker's clock; none yet: no pause before)
+        # The sampler's check, on this object (no sampler object read a step): its modulus (constant; 0: sampled
+        # traces off, no check at all), its watch (set by sampler.handed() alone, called here: copied after each
+        # call) and its blocks, whose `retry` another thread may set.
+        self._modulus = sampler.modulus
+        self._watch = sampler.watch
+        self._blocks = sampler.blocks
 
     def step(self, number: Any, ready: tuple[Any, ...], examples: Any, tokens: Any, model_flops: Any) -> None:
         """Step `number` is dispatched; it is complete when the JAX arrays among `ready`'s leaves are (or, with none,
@@ -87,9 +93,9 @@ class Hand:
             self._last = self.dispatched = number  # one object: the one they drop is one (a cold one, freed)
             self._last_ready = ready
             self._handed.append(handed)
-            sampler = self.sampler  # its check inlined: a call only where a trace may start or stop
-            if (number + LEAD) % sampler.modulus == 0 or number == sampler.watch or sampler.blocks.retry is not None:
-                sampler.handed(number)
+            modulus = self._modulus  # the sampler's check inlined: a call only where a trace may start or stop
+            if modulus and ((number + LEAD) % modulus == 0 or number == self._watch or self._blocks.retry is not None):
+                self._sampled(number)
             return
         self._step(handed, previous, number, ready, examples, tokens, model_flops, calls)
 
@@ -141,7 +147,13 @@ class Hand:
             waiter.want = False
             waiter.wake()
         if host:
-            self.sampler.handed(int(number))  # a device step number starts no sampled trace (it is not read here)
+            self._sampled(int(number))  # a device step number starts no sampled trace (it is not read here)
+
+    def _sampled(self, number: int) -> None:
+        """Step `number` handed to the sampler, where a sampled trace may start or stop; its watch copied."""
+        sampler = self.sampler
+        sampler.handed(number)
+        self._watch = sampler.watch
 
     def _same(self, given: tuple[Any, Any, Any, Any]) -> bool:
         """Whether a step's host figures equal the step before's (the same types: never an array's ==)."""

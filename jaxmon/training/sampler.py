@@ -82,10 +82,11 @@ class Sampler:
         self._request: int | None = None  # the block to trace, asked for by handed()
         self._queued = False  # the request came while a sample was under way
         self._block: int | None = None  # the block being traced
-        # Which blocks, off badput steps (blocks.py); `blocks.retry`, `modulus` and `watch` are read by the tracker's
-        # step(), which calls handed() only where one of them says a trace may start or stop.
+        # Which blocks, off badput steps (blocks.py); `blocks.retry`, `modulus` and `watch` are what the tracker's
+        # step() checks (hand.py keeps the modulus, the blocks and the watch, which only handed() sets, on its own
+        # object), calling handed() only where one of them says a trace may start or stop.
         self.blocks = Blocks(config.every, config.steps)
-        self.modulus = config.every if config.every > 0 else 1 << 62  # off: no step number a multiple of it
+        self.modulus = config.every if config.every > 0 else 0  # 0: no regular block (no step number starts one)
         # (number, completion) of the last steps: the block's and the one before it, with room for the steps that
         # complete before this thread wakes up to stop the trace.
         self._done: deque[tuple[int, float]] = deque(maxlen=config.steps + LEAD + 64)
@@ -113,7 +114,7 @@ class Sampler:
             self.watch = -1
             self.look()
         n0 = number + LEAD  # block_start() inlined, and the retry (blocks.py): no call on the common path
-        if n0 % self.modulus and n0 != self.blocks.retry:
+        if n0 != self.blocks.retry and (not self.modulus or n0 % self.modulus):
             return
         if n0 <= 0 or self.config.every <= 0:
             return
@@ -350,7 +351,7 @@ class Off:
     threads: tuple[threading.Thread, ...] = ()
     block: int | None = None
     blocks = Blocks(0, 1)  # no block asked for: no retry
-    modulus = 1 << 62
+    modulus = 0
     watch = -1
     look: Callable[[], None] = staticmethod(_nothing)
 
