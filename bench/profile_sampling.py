@@ -81,7 +81,7 @@ class Loop:
         for _ in range(steps):
             self.layers, value = self.step(self.layers, self.x)
             if tracker is not None:
-                tracker.step(self.number, (value,), None, None, None)
+                tracker.step(self.number, value)
             self.number += 1
             if sync:
                 value.block_until_ready()

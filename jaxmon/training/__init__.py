@@ -20,14 +20,14 @@ import functools
 import os
 import threading
 import time
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, SupportsFloat, SupportsIndex, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 import structlog
 
 from jaxmon.finalization import EXIT_WAIT, before_finalization
+from jaxmon.training.hand import HAND, not_running
 
 if TYPE_CHECKING:  # the tracker is imported when one starts: a daemon reading a spool never loads it
     from jaxmon.training.tracker import Program, Tracker, TrackerConfig, TrainingOps
@@ -47,7 +47,6 @@ _tracker: Tracker | None = None
 _users = 0  # the running start()s and publish()es that hold _tracker
 _unregister_exit: Callable[[], None] | None = None
 _lock = threading.Lock()
-_warned = False
 # How long the release of a tracker (its last start() or publish() stopped) waits for its waiter to end: the waiter
 # may be waiting for a step's arrays on a busy device, and stop() runs on the training thread.
 RELEASE_WAIT = 1.0
@@ -117,48 +116,9 @@ def current() -> Tracker | None:
     return _tracker
 
 
-def _not_running(what: str) -> None:
-    global _warned
-    if not _warned:
-        _warned = True
-        warnings.warn(
-            f"jaxmon.{what}() does nothing before jaxmon.start() or jaxmon.publish(): call one of them first",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-
-def step(
-    n: SupportsIndex,
-    *ready: Any,
-    examples: SupportsFloat | None = None,
-    tokens: SupportsFloat | None = None,
-    model_flops: SupportsFloat | None = None,
-) -> None:
-    """Mark the end of training step `n`: it is complete when the JAX arrays in `ready` (any pytree: the loss, the
-    metrics, never a donated buffer) are; with no array in `ready` (none given, or only host numbers), when a tiny
-    barrier on every local device is (a few dispatches per step on the training thread).
-
-    Every process passes the **job's** figures for the step, what one step of the whole job processes: `examples`
-    the global batch, `tokens` its tokens, `model_flops` its model FLOPs (6·N·tokens for a transformer). Each process
-    exports its share (examples and tokens / jax.process_count(), FLOPs / jax.device_count() on each local device),
-    so sum() over the job's series is the job's total, as with every Prometheus counter.
-
-    `n` and the figures may be JAX arrays still being computed (a TrainState's step, the batch's token count): jaxmon
-    reads them on its own thread once the step is done, never here. `n` must be an integer (Python, NumPy or JAX;
-    not a float, not a bool), a figure a finite number >= 0: anything else is dropped for that step and counted as
-    `jaxmon_training_tracking_problems_total{reason="invalid"}` (logged once per field). Deleting, donating or
-    reusing any of these arrays afterwards is safe: the step is counted `unready`, or the figure `unread`.
-    Returns at once (it notes the time and queues the step: no device wait, no conversion); never raises into
-    training."""
-    tracker = _tracker
-    if tracker is None:
-        _not_running("step")
-        return
-    try:
-        tracker.step(n, ready, examples, tokens, model_flops)
-    except Exception as exc:  # never into training
-        log.warning("jaxmon.step failed; the step is not tracked", error=f"{type(exc).__name__}: {exc}")
+# jaxmon.step(n, *ready, examples=, tokens=, model_flops=): the process's hand's bound method (hand.py), one Python
+# call a step; it does nothing (one warning) while no start() or publish() runs.
+step = HAND.step
 
 
 @contextlib.contextmanager
@@ -166,7 +126,7 @@ def badput(kind: str) -> Iterator[None]:
     """Time in this block is not training: `checkpoint`, `data`, `eval`, or a kind of your own."""
     tracker = _tracker
     if tracker is None:
-        _not_running("badput")
+        not_running("badput")
         yield
         return
     tracker.pause()  # the host stops stepping: the waiter sees the steps so far complete now, not at its next look
@@ -195,7 +155,7 @@ class Tracked(Generic[P, R]):
         out = self._fn(*args, **kwargs)
         tracker = _tracker
         if tracker is None:
-            _not_running("track")
+            not_running("track")
             return out
         try:
             only, size = self._only, self._size
@@ -243,6 +203,7 @@ def _after_fork_in_child() -> None:
     global _tracker, _lock, _users, _unregister_exit
     _tracker, _users, _unregister_exit = None, 0, None
     _lock = threading.Lock()
+    HAND.disarm()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

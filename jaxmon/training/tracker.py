@@ -24,7 +24,7 @@ from jaxmon.logsetup import ErrorLog
 from jaxmon.training.accounting import MAX_INTERVALS, Accounting, Interval, Intervals
 from jaxmon.training.books import Books, Entered, read_loss, read_slow
 from jaxmon.training.communication import Analyzer, CollectiveNames
-from jaxmon.training.hand import Hand
+from jaxmon.training.hand import HAND
 from jaxmon.training.handed import (
     EVENT_KIND,
     EVENT_KINDS,
@@ -93,7 +93,9 @@ class Tracker:
         self.sampler.look = self.waiter.look_now  # a traced block's last step is looked at as it comes
         self._thread = self.waiter.thread
         # The training thread's side: step() and pause() (hand.py); jaxmon.track()'s wrapper notes calls there.
-        self.hand = Hand(ops, clock, self._handed, self.waiter, self.sampler, self._problem, config.max_pending)
+        self.hand = HAND  # the process's: the newest tracker is the one jaxmon.step feeds
+        self._stepped: tuple[bool, int | None] = (False, None)  # the hand's stepping and dispatched, once disarmed
+        self.hand.arm(self, ops, clock, self._handed, self.waiter, self.sampler, self._problem, config.max_pending)
         self.step = self.hand.step
         self.pause = self.hand.pause
 
@@ -151,14 +153,14 @@ class Tracker:
                     times=dropped,
                 )
         # Sampled traces stay off the steps it marks, placed by the last step number handed (sampler.py).
-        self.sampler.badput(kind, id(interval), self.hand.dispatched, end != float("inf"))
+        self.sampler.badput(kind, id(interval), self.dispatched, end != float("inf"))
         return interval
 
     def close(self, interval: Interval) -> None:
         """The interval ends now."""
         with self._lock:
             interval.end = self._clock()
-        self.sampler.closed(id(interval), self.hand.dispatched)
+        self.sampler.closed(id(interval), self.dispatched)
 
     def now(self) -> float:
         """The tracker's clock."""
@@ -217,7 +219,7 @@ class Tracker:
             return
         books.seen = self._clock()
         books.last_wall = self._wall_at(books.last[1])
-        if not host and not self._handed:
+        if not host and not self._handed and self.hand.owner is self:
             self.hand.dispatched = books.last[0]  # a device step number, and no later step handed: the last one handed
         if self._no_peak and (model or added):
             self._mfu_wanted({**(books.model_share(model) if model else {}), **added})
@@ -258,7 +260,7 @@ class Tracker:
     def reading(self) -> TrainingReading | None:
         """The telemetry now; None before the first step()."""
         with self._lock:
-            if not self.hand.stepping:
+            if not (self.hand.stepping if self.hand.owner is self else self._stepped[0]):
                 return None
             mfu, hfu = self._acct.utilization({k: p for k, (p, _) in self._peaks.items()})
             books = self._books
@@ -275,7 +277,7 @@ class Tracker:
             return TrainingReading(
                 steps_total=books.steps,
                 step=books.last[0] if books.last is not None else None,
-                dispatched_step=self.hand.dispatched,
+                dispatched_step=self.dispatched,
                 last_step_timestamp=books.last_wall,
                 duration_buckets=tuple(self._acct.histogram.cumulative()),
                 duration_sum=self._acct.histogram.total,
@@ -301,8 +303,18 @@ class Tracker:
         with self._problems_lock:
             return dict(self._problems)
 
+    @property
+    def dispatched(self) -> int | None:
+        """The last step number handed to step() (the hand's while this tracker is the one armed)."""
+        return self.hand.dispatched if self.hand.owner is self else self._stepped[1]
+
     def stop(self, timeout: float) -> None:
-        """End the waiter after the steps it waits for (a hung device keeps it: it is a daemon thread)."""
+        """Hand no more steps here, and end the waiter after the steps it waits for (a hung device keeps it: it is a
+        daemon thread). The readings after it keep what was handed."""
+        hand = self.hand
+        if hand.owner is self:
+            self._stepped = (hand.stepping, hand.dispatched)
+            hand.disarm(self)
         unlisten, self._unlisten = self._unlisten, _nothing  # a second stop() has nothing left to unregister
         unlisten()
         self._analyzer.stop(timeout)

@@ -574,7 +574,7 @@ def one_step(tracker: Tracker, number: int) -> None:
     done = tracker.reading()
     before = done.steps_total if done is not None else 0
     y = jax.device_put(jnp.arange(4.0), jax.devices("cpu")[0]) * 2
-    tracker.step(number, (y,), None, None, None)
+    tracker.step(number, y)
     wait_until(lambda: (r := tracker.reading()) is not None and r.steps_total == before + 1, what="the step seen")
 
 

@@ -101,12 +101,13 @@ def test_a_step_of_two_tracked_calls_follows_on_too() -> None:
     follow on all the same (a float handed, not a tuple)."""
     handed: deque[Item] = deque()
     clock = iter(k / 1000 for k in range(100))  # 1 ms apart: within a look
-    hand = Hand(Ops(), lambda: next(clock), handed, Waiting(), Off(), lambda *a, **k: None, 100)  # type: ignore[arg-type]
+    hand = Hand()
+    hand.arm(object(), Ops(), lambda: next(clock), handed, Waiting(), Off(), lambda *a, **k: None, 100)  # type: ignore[arg-type]
     program = Program(None)
     for n in range(4):
         hand.called(program)
         hand.called(program)
-        hand.step(n, (), 32, None, None)
+        hand.step(n, examples=32)
     assert [type(item) for item in handed] == [tuple, float, float, float]
     run = Run.of(list(handed)[1:], (0, 32, None, None, (program, program)))
     assert run is not None and run.numbers == range(1, 4)

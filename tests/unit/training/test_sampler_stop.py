@@ -86,7 +86,7 @@ def test_a_sampled_trace_stops_with_its_blocks_last_step_in_a_fast_loop() -> Non
         for n in range(1, EVERY * BLOCKS + 300):
             handed[0] = n
             x, loss = f(x)
-            tracker.step(n, (loss,), None, None, None)
+            tracker.step(n, loss)
             pending.append(loss)
             if len(pending) > 2:
                 pending.pop(0).block_until_ready()

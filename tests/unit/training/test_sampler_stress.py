@@ -77,7 +77,7 @@ def test_samples_and_the_users_traces_at_random_moments(tmp_path: Path) -> None:
                 jax.profiler.start_trace(str(tracing))
                 covered = 0
             w, loss = step(w, x)
-            tracker.step(n, (loss,), None, None, None)
+            tracker.step(n, loss)
             loss.block_until_ready()
             covered += 1
             if tracing is not None and rng.random() < 0.3:

@@ -24,6 +24,7 @@ import jaxmon
 from jaxmon import training
 from jaxmon.sources.local import CompileCounters
 from jaxmon.sources.local.training import cost_numbers
+from jaxmon.training import hand
 from jaxmon.training.reading import TrainingReading
 from jaxmon.training.tracker import MAX_USER_KINDS, OTHER_KIND, Tracker
 from jaxmon.training.waiter import LOOK_MAX
@@ -456,7 +457,8 @@ def test_without_start_or_publish_step_track_and_badput_do_nothing_with_one_warn
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(training, "_tracker", None)
-    monkeypatch.setattr(training, "_warned", False)
+    monkeypatch.setattr(hand, "_warned", False)
+    hand.HAND.disarm()  # as the last tracker's stop() left it
     f = jaxmon.track(jax.jit(lambda v: v + 1))
     with pytest.warns(RuntimeWarning, match=r"jaxmon\.step\(\) does nothing before jaxmon\.start\(\)"):
         jaxmon.step(0, jnp.ones(2))
