@@ -67,9 +67,9 @@ class Hand:
     takes steps from; `problem(reason, event, ...)` the tracker's count and log.
 
     The process has one (`HAND`, below): `jaxmon.step` is its bound method, so that a step is one Python call, no
-    function in front of it (0.3-0.4 µs a step here). Each tracker arms it as it starts (`Tracker(...)`: the newest
-    is the one step() feeds, as jaxmon.training's activate() makes one at a time) and disarms it as it stops; a
-    disarmed hand drops every step with a warning, once, that jaxmon is not running."""
+    function in front of it (130-440 ns less a step, hot, here: BENCHMARKS.md). Each tracker arms it as it starts
+    (`Tracker(...)`: the newest is the one step() feeds, as jaxmon.training's activate() makes one at a time) and
+    disarms it as it stops; a disarmed hand drops every step with a warning, once, that jaxmon is not running."""
 
     def __init__(self) -> None:
         self.owner: object | None = None
@@ -104,9 +104,9 @@ class Hand:
         self.owner = owner  # last: armed
 
     def disarm(self, owner: object | None = None) -> None:
-        """Drop every step from now on (`owner`: only if that tracker is the one armed), holding nothing of the
-        tracker or the loop. A step() under way on the training thread meanwhile sees either state whole enough:
-        what it appends goes to a deque nobody reads."""
+        """Drop every step from now on (`owner`: only if that tracker is the one armed), holding none of the loop's
+        arrays or steps (the tracker's `ops` stay until the next arm). A step() under way on the training thread
+        meanwhile appends to the stopped tracker's deque or to one that keeps nothing: neither is read again."""
         if owner is not None and owner is not self.owner:
             return
         self.owner = None
