@@ -88,7 +88,6 @@ class Hand:
     ) -> None:
         """Hand steps to `owner` (a tracker) from now on: a fresh start, nothing of the tracker before kept."""
         self.ops = ops
-        self._clock = clock
         self.waiter: Waiter | _Idle = waiter
         self.sampler: Sampler | Off = sampler
         self._problem = problem
