@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -27,10 +29,12 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 import structlog
 
 from jaxmon.finalization import EXIT_WAIT, before_finalization
-from jaxmon.training.hand import HAND, not_running
 
 if TYPE_CHECKING:  # the tracker is imported when one starts: a daemon reading a spool never loads it
+    from jaxmon.training.hand import HAND
     from jaxmon.training.tracker import Program, Tracker, TrackerConfig, TrainingOps
+
+    step = HAND.step
 
 log = structlog.get_logger("jaxmon.training")
 
@@ -116,9 +120,26 @@ def current() -> Tracker | None:
     return _tracker
 
 
-# jaxmon.step(n, *ready, examples=, tokens=, model_flops=): the process's hand's bound method (hand.py), one Python
-# call a step; it does nothing (one warning) while no start() or publish() runs.
-step = HAND.step
+# The process's hand (hand.py), made on first use of `step` (PEP 562): it loads the sampler's modules, which a
+# daemon that imports this package for reading.py never needs.
+HAND_MODULE = "jaxmon.training.hand"
+
+
+def __getattr__(name: str) -> object:
+    """`step` on first use: jaxmon.step(n, *ready, examples=, tokens=, model_flops=) is the process's hand's bound
+    method, one Python call a step; it does nothing (one warning) while no start() or publish() runs. Bound here,
+    after which this hook is gone (as in jaxmon/__init__.py)."""
+    if name != "step":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    namespace = globals()
+    namespace["step"] = importlib.import_module(HAND_MODULE).HAND.step
+    namespace.pop("__getattr__", None)  # another thread may have come first
+    return namespace["step"]
+
+
+def not_running(what: str) -> None:
+    """jaxmon.`what`() was called with no tracker running: said once, at the caller's line (hand.py)."""
+    importlib.import_module(HAND_MODULE).not_running(what, stacklevel=4)
 
 
 @contextlib.contextmanager
@@ -203,7 +224,9 @@ def _after_fork_in_child() -> None:
     global _tracker, _lock, _users, _unregister_exit
     _tracker, _users, _unregister_exit = None, 0, None
     _lock = threading.Lock()
-    HAND.disarm()
+    hand = sys.modules.get(HAND_MODULE)  # not imported: no step() was ever handed
+    if hand is not None:
+        hand.HAND.disarm()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

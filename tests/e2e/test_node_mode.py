@@ -119,6 +119,20 @@ print(json.dumps({"before": before, "hook_before": hook_before, "hook_after": "_
 """
 
 
+READING_ONLY = """
+import json, sys
+import jaxmon.sources.spool_codec
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("jaxmon.training"))))
+"""
+
+
+def test_a_daemon_reading_training_telemetry_loads_no_step_path() -> None:
+    """The spool's codec imports jaxmon.training's reading.py: the package loads nothing of the step's side with it
+    (the process's hand, the sampler, the XLA readers), which a training script loads at its first jaxmon.step."""
+    out = subprocess.run([sys.executable, "-c", READING_ONLY], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert json.loads(out.stdout) == ["jaxmon.training", "jaxmon.training.reading"]
+
+
 def test_import_jaxmon_loads_the_public_names_at_first_use_then_binds_them_all() -> None:
     """`import jaxmon` (the daemon's first import) loads no embedded exporter, publisher or tracker; the first public
     name read binds every one and removes the module's __getattr__, so later reads are plain (specialized)
