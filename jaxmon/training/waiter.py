@@ -31,9 +31,7 @@ from jaxmon.training.dating import apportion, chain
 from jaxmon.training.handed import TrainingOps
 from jaxmon.training.steps import MARK, RESUMED, Base, Handoff, Hold, Item, Run, at, expand, held
 
-# The waiter looks at the handed steps at most this often while steps come (seconds): it costs a wake, a hold and a
-# wait per look, not per step.
-LOOK = 0.02
+LOOK = 0.02  # the most often the waiter looks while steps come (seconds): a wake, a hold, a wait a look
 # Where steps come SHORT apart or less (the real clock) for STEADY looks, a look waits for about LOOK_STEPS steps, up
 # to LOOK_MAX (seconds): its fixed cost (a wake, a hold, a wait that releases and takes back the GIL, the batch's
 # shared booking: 500-800 µs of CPU where the loop and XLA keep the cores busy) is shared by thousands of steps of
@@ -196,6 +194,8 @@ class Waiter:
         else:
             batch, self._base = expand(items, base)
             plain = set(map(type, map(steps.NUMBER, batch))) == steps.INT  # no marker (nor a number to read)
+            if 3 * sum(item[1] is RESUMED for item in batch) >= count:  # a pause before most of its steps: the
+                self._short, self.every = 0, LOOK  # loop's steps are long now: each looked at, not estimated
         # The loop's recent step on the real clock: the time since the last look, shared; not where the loop paused
         # in it (a marker in the batch, or a look that dated a paused loop's steps: _take_paused).
         if paced > -float("inf") and self._steady and plain:

@@ -27,7 +27,7 @@ from jaxmon.sources.local.training import cost_numbers
 from jaxmon.training import hand
 from jaxmon.training.reading import TrainingReading
 from jaxmon.training.tracker import MAX_USER_KINDS, OTHER_KIND, Tracker
-from jaxmon.training.waiter import LOOK_MAX
+from jaxmon.training.waiter import LOOK, LOOK_MAX
 from tests.helpers import wait_until
 from tests.unit.training.conftest import (
     PEAK,
@@ -539,3 +539,44 @@ def test_a_cost_analysis_that_raises_is_counted_once_and_the_calls_go_on(make_tr
     reading = settled(tracker, 3)
     assert reading.problems["cost"] == 1 and float(x[0]) == 8.0
     assert all(d.hardware_flops_total is None for d in reading.devices)
+
+
+def test_a_loop_whose_steps_turn_long_is_looked_at_each_step_again(make_tracker: MakeTracker) -> None:
+    """Steps well under a millisecond for a while (the looks lengthen to LOOK_MAX), then steps of about 20 ms of
+    device time with 50 ms of the host's own work after each (an input pipeline that turned slow): each of these
+    comes after what a long look reads as a pause. The looks must come back to LOOK, each step looked at: dated by a
+    typical step's device time (the short steps' median, a fraction of a millisecond) they would read 20 ms of
+    each step as the host's. jaxmon's host wait over the long steps is the loop's own (dispatch after completion)."""
+    short, long = slow_step(128, 2), slow_step(384, 20)
+    x = short(jnp.ones((128, 128))).block_until_ready()
+    y = long(jnp.ones((384, 384))).block_until_ready()
+    tracker = make_tracker()
+    n, began = 0, time.monotonic()
+    while time.monotonic() - began < 0.6:  # STEADY looks of short steps, then longer ones
+        x = short(x)
+        jaxmon.step(n, x)
+        x.block_until_ready()
+        done = time.monotonic()
+        n += 1
+    lengthened = tracker.waiter.every
+    before = settled(tracker, n)  # the next step's host wait runs from the last completion, across this wait
+    idle = 0.0
+    for _ in range(40):
+        handed = time.monotonic()
+        idle += handed - done
+        y = long(y)
+        jaxmon.step(n, y)
+        y.block_until_ready()
+        done = time.monotonic()
+        n += 1
+        time.sleep(0.05)
+    x = short(x)
+    idle += time.monotonic() - done
+    jaxmon.step(n, x)
+    x.block_until_ready()
+    after = settled(tracker, n + 1)
+    assert lengthened > LOOK, lengthened
+    assert tracker.waiter.every == LOOK
+    waited = after.host_wait_seconds_total - before.host_wait_seconds_total
+    # The first look after the change may date its few steps by the short ones' median (about 20 ms each too much).
+    assert waited == pytest.approx(idle, rel=0.1, abs=0.1), (waited, idle)
