@@ -77,8 +77,10 @@ def test_every_process_sees_its_steps_complete(job: list[Child]) -> None:
 
 
 def test_a_delayed_process_shows_its_host_wait(job: list[Child]) -> None:
-    """Process 1 (not the one holding the first device) sleeps before each step: its host wait grows by most of
-    the delay per step (its previous step completes a few ms after it dispatched it; the sleep follows)."""
+    """Process 1 (not the one holding the first device) sleeps before each step, once its step in flight is
+    complete: its devices idle for the whole sleep, and its host wait grows by most of the delay per step. (It used
+    to sleep with that step in flight, the devices' idle time then depending on the other process's pace: CI once
+    read 7 ms a step.)"""
     before = totals(job[1])
     job[1].send(f"delay {DELAY_MS}")
     # The exposition is a poll behind (hundreds of undelayed steps at this size): count from the first reading

@@ -10,7 +10,8 @@ the JOB's figures (the global batch and its tokens, as every process of a job pa
 step in flight (it waits for step n-1 after dispatching step n, as a loop that logs the previous loss does).
 
 Commands on stdin, one per line, each answered with `OK <json>`:
-  delay MS     sleep MS before dispatching each step from now on (a host-bound process: a slow input pipeline)
+  delay MS     sleep MS before dispatching each step from now on, its step in flight waited for first (a host-bound
+               process: a slow input pipeline; its devices idle for the whole sleep)
   stall        stop dispatching steps; jaxmon keeps serving (a hung input pipeline)
   status       the last dispatched step number, and the job's tokens per second over the last 30 s as this loop
                measures them (steps it saw complete x the global batch's tokens, over wall time): `tokens_per_second`
@@ -94,6 +95,8 @@ class Loop:
         completed = 0
         while not self.stalled.is_set():
             if self.delay:
+                if previous is not None:  # its devices done first: they idle for the whole sleep, whatever the
+                    jax.block_until_ready(previous)  # other processes' pace (they wait for this one, not it for them)
                 time.sleep(self.delay)
             w, loss = self.step(self.x, self.w)
             self.w = w
