@@ -83,10 +83,12 @@ def apportion(
     shift = len(later) + 1  # a paced loop calls step() for step k + shift right after step k completed
     bounds = times[shift : shift + n - 1]
     # Not paced by the device: the host's calls came before the interval began, or in a burst long before its end
-    # (it ran ahead): no rhythm of the device's to follow.
+    # (it ran ahead): no rhythm of the device's to follow. Shared from the first hand-off where that came after
+    # `start` (the loop paused before the batch): the device had nothing to run until then.
     if bounds[0] < start - (end - start) / n / 2 or end - bounds[-1] > 6 * (end - start) / n:
-        span = max(end - start, 0.0) / n
-        return [start + span * (i + 1) for i in range(n - 1)] + [end]
+        first = min(max(start, handed[0]), end)
+        span = (end - first) / n
+        return [first + span * (i + 1) for i in range(n - 1)] + [end]
     out: list[float]
     if n >= VECTOR_STEPS:  # the loop below, as NumPy: a running maximum from `start`, no later than `end`
         out = np.minimum(np.maximum.accumulate(np.maximum(bounds, start)), end).tolist()

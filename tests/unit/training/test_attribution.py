@@ -68,6 +68,17 @@ def test_a_loop_far_ahead_of_its_device_shares_the_interval_evenly() -> None:
     assert apportion(10.0, 14.0, [1.0, 1.1, 1.2, 1.3], []) == [11.0, 12.0, 13.0, 14.0]
 
 
+def test_a_batch_after_a_pause_shares_the_interval_from_its_first_hand_off() -> None:
+    # The last completion at 0; the loop paused 60 ms, then handed 300 steps 0.5 ms apart; the newest was seen done
+    # 6 ms after its hand-off (a loaded machine's late wake): no rhythm of the device's, shared evenly, but not from
+    # 0: nothing ran before the first step was handed, and the pause is the first step's time, not smeared over 300.
+    handed = [0.06 + 0.0005 * k for k in range(300)]
+    end = handed[-1] + 0.006
+    out = apportion(0.0, end, handed, [])
+    assert out[0] > handed[0] and out[-1] == end and out == sorted(out)
+    assert out[1] - out[0] == pytest.approx((end - handed[0]) / 300)
+
+
 def test_completions_stay_in_order_and_inside_the_interval() -> None:
     out = apportion(5.0, 9.0, [5.0, 4.9, 12.0, 6.0], [])
     assert out == sorted(out) and out[0] >= 5.0 and out[-1] == 9.0
