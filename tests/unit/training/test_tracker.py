@@ -370,10 +370,14 @@ def test_a_step_counter_that_goes_back_or_jumps_is_counted_and_its_gap_is_no_ste
     assert reading.duration_count == len(numbers) - 1 - 2  # no duration across either gap
     restart = done[5] - done[4]
     assert restart > 0.1
-    # Each completion as the loop saw it and as the waiter did: a thread switch or two apart (more when loaded).
-    assert reading.badput_seconds_total["restart"] == pytest.approx(restart, abs=0.025)
+    # Each completion as the loop saw it and as the waiter did: a thread switch or two apart, more when loaded (31 ms
+    # seen beside two CPU burners and the suite's other worker: the waiter saw step 4 done that late, which moves
+    # that much from the restart to step 4's duration). Their sum has no such split: it is the loop's own.
     durations = sum(b - a for a, b in itertools.pairwise(done)) - restart - (done[8] - done[7])
-    assert reading.duration_sum == pytest.approx(durations, abs=0.025)
+    assert reading.badput_seconds_total["restart"] == pytest.approx(restart, abs=0.05)
+    assert reading.duration_sum == pytest.approx(durations, abs=0.05)
+    booked = reading.badput_seconds_total["restart"] + reading.duration_sum
+    assert booked == pytest.approx(restart + durations, abs=0.025)
     assert reading.step == 11 and reading.steps_total == len(numbers)
 
 
