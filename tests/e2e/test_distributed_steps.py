@@ -78,15 +78,14 @@ def test_every_process_sees_its_steps_complete(job: list[Child]) -> None:
 
 def test_a_delayed_process_shows_its_host_wait(job: list[Child]) -> None:
     """Process 1 (not the one holding the first device) sleeps before each step, once its step in flight is
-    complete: its devices idle for the whole sleep, and its host wait grows by most of the delay per step. (It used
-    to sleep with that step in flight, the devices' idle time then depending on the other process's pace: CI once
-    read 7 ms a step.)"""
-    before = totals(job[1])
-    job[1].send(f"delay {DELAY_MS}")
-    # The exposition is a poll behind (hundreds of undelayed steps at this size): count from the first reading
-    # that shows a delayed step.
-    wait_until(lambda: totals(job[1])["host_wait"] >= before["host_wait"] + DELAY_MS / 2000, 60,
-               "process 1's first delayed step", step=0.2, detail=lambda: f"{before} {totals(job[1])}")  # fmt: skip
+    complete: its devices idle for the whole sleep, and its host wait grows by most of the delay per step."""
+    dispatched = job[1].send(f"delay {DELAY_MS}")["dispatched"]
+    # The exposition is a poll behind, and the waiter's looks up to 500 ms (hundreds of undelayed steps at this
+    # size): count from the first reading that shows step `dispatched` + 2 booked (steps 0.. of it: + 3), the first
+    # one surely delayed. (A rise of the host wait by half the delay read as that step: a loaded machine's
+    # undelayed steps gave it, and the 20 steps after it were mostly undelayed: CI once read 7 ms a step.)
+    wait_until(lambda: totals(job[1])["steps"] >= dispatched + 3, 60, "process 1's first delayed step", step=0.2,
+               detail=lambda: f"{dispatched} {totals(job[1])}")  # fmt: skip
     start = totals(job[1])
     wait_until(lambda: totals(job[1])["booked"] >= start["booked"] + 20, 90, "20 delayed steps booked", step=0.2)
     after = totals(job[1])

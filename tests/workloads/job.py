@@ -11,7 +11,8 @@ step in flight (it waits for step n-1 after dispatching step n, as a loop that l
 
 Commands on stdin, one per line, each answered with `OK <json>`:
   delay MS     sleep MS before dispatching each step from now on, its step in flight waited for first (a host-bound
-               process: a slow input pipeline; its devices idle for the whole sleep)
+               process: a slow input pipeline; its devices idle for the whole sleep); answers the last step
+               dispatched before (`dispatched`: every step numbered 2 or more after it is delayed)
   stall        stop dispatching steps; jaxmon keeps serving (a hung input pipeline)
   status       the last dispatched step number, and the job's tokens per second over the last 30 s as this loop
                measures them (steps it saw complete x the global batch's tokens, over wall time): `tokens_per_second`
@@ -151,7 +152,7 @@ def main() -> None:
         cmd, *rest = line.split()
         if cmd == "delay":
             loop.delay = float(rest[0]) / 1000
-            answer(delay_ms=float(rest[0]))
+            answer(delay_ms=float(rest[0]), dispatched=loop.dispatched)  # the steps after the next one sleep first
         elif cmd == "stall":
             loop.stalled.set()
             answer(dispatched=loop.dispatched)
