@@ -582,5 +582,7 @@ def test_a_loop_whose_steps_turn_long_is_looked_at_each_step_again(make_tracker:
     assert lengthened > LOOK, lengthened
     assert tracker.waiter.every == LOOK
     waited = after.host_wait_seconds_total - before.host_wait_seconds_total
-    # The first look after the change may date its few steps by the short ones' median (about 20 ms each too much).
-    assert waited == pytest.approx(idle, rel=0.1, abs=0.1), (waited, idle)
+    # The first look after the change may date its few steps by the short ones' median (about 20 ms each too much),
+    # and so may a look whose wake came after its step was done (beside two CPU burners: +10 % seen). 740f802 read
+    # +25 % here on a quiet machine: every step but each look's newest.
+    assert waited == pytest.approx(idle, rel=0.15, abs=0.1), (waited, idle)
