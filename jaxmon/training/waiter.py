@@ -194,8 +194,8 @@ class Waiter:
         else:
             batch, self._base = expand(items, base)
             plain = set(map(type, map(steps.NUMBER, batch))) == steps.INT  # no marker (nor a number to read)
-            if 3 * sum(item[1] is RESUMED for item in batch) >= count:  # a pause before most of its steps: the
-                self._short, self.every = 0, LOOK  # loop's steps are long now: each looked at, not estimated
+            if 3 * (resumed := sum(item[1] is RESUMED for item in batch)) >= count:  # a pause before most of its
+                self._short, self.every = 0, LOOK  # steps: the loop's steps are long now, each looked at
         # The loop's recent step on the real clock: the time since the last look, shared; not where the loop paused
         # in it (a marker in the batch, or a look that dated a paused loop's steps: _take_paused).
         if paced > -float("inf") and self._steady and plain:
@@ -222,7 +222,7 @@ class Waiter:
                 return
             if not plain:
                 batch = [item for item in batch if item[1] is not MARK]  # a mark is no step: its hold dated those
-                if any(item[1] is RESUMED for item in batch):  # before it
+                if resumed:  # before it
                     batch = self._before_pauses(batch)
             marked = items[-1][0] if items[-1][1] is MARK else None  # type: ignore[index]  # (a Handoff: held)
             times, holds = list(map(steps.HANDED, batch)), list(filter(None, map(steps.HOLD, batch)))
