@@ -30,7 +30,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 
-# The built-in badput kinds (jaxmon.training.accounting, handed.EVENT_KINDS), the tracker's problem reasons, and the
+# The built-in badput kinds (jaxmon.training.ledger, handed.EVENT_KINDS), the tracker's problem reasons, and the
 # sampled traces' results and parts (jaxmon.training.sampler): a daemon loads none of those modules, and
 # tests/unit/test_births.py holds these to them.
 BADPUT_KINDS = ("startup", "compile", "checkpoint", "restore", "host", "restart", "stall")
@@ -39,7 +39,7 @@ PROBLEM_REASONS = (
     "communication", "error",
 )  # fmt: skip
 PROFILE_RESULTS = ("taken", "busy", "failed", "skipped")
-# The step histogram's bounds (jaxmon.training.accounting.DURATION_BUCKETS): at 0 before the first step.
+# The step histogram's bounds (jaxmon.training.ledger.DURATION_BUCKETS): at 0 before the first step.
 DURATION_BOUNDS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0, 600.0,
 )  # fmt: skip

@@ -170,6 +170,11 @@ class JaxTraining:
         elif handles:
             self._batched(handles)
 
+    def ready(self, handles: list[Any]) -> bool:
+        """Whether every one of `handles` (jaxmon's own) is computed; raises when one was deleted or donated (PJRT
+        checks, under its lock: jaxmon's handles are never emptied by a delete(), so this never crashes)."""
+        return all(handle.is_ready() for handle in handles)
+
     def deleted(self, handle: Any) -> bool:
         """Whether the buffers of `handle` (jaxmon's own) were deleted or donated: PJRT says, under its lock."""
         return bool(handle.is_deleted())

@@ -22,9 +22,9 @@ from structlog.testing import capture_logs
 
 import jaxmon
 from jaxmon.families.training import training_families
-from jaxmon.training.books import LOSS_EVERY
 from jaxmon.training.reading import MAX_LOSS_NAME, MAX_LOSS_NAMES, TrainingReading, bounded_loss
 from jaxmon.training.tracker import Tracker
+from jaxmon.training.waiter import LOSS_EVERY
 from tests.unit.training.conftest import MakeTracker, booked
 
 LABELS = {"workload": "w", "process_index": "0", "host": "h"}
