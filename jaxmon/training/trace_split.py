@@ -110,7 +110,7 @@ class Reader:
             # communicate() writes the trace from its own buffer (no copy) as the child takes it, and reads.
             return child.communicate(data, timeout=self.timeout)
         except subprocess.TimeoutExpired:
-            raise TimeoutError(f"the trace's reader process took more than {self.timeout:.0f} s") from None
+            raise TimeoutError(f"the trace's reader process took more than {self.timeout:g} s") from None
 
     def stop(self) -> None:
         """Kill the child reading a trace, if one is, and read no more (the exit waits for no parse)."""
