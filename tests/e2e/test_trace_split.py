@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -221,41 +221,77 @@ def test_a_read_only_temporary_directory_reads_large_traces_all_the_same(
     assert child.devices == here.devices
 
 
+class Watcher:
+    """Every trace reader process `pid` starts, seen as it starts (polled every 5 ms on a thread of its own); once
+    `pause` is set, the next one is stopped (SIGSTOP) at once (`paused` gets it)."""
+
+    def __init__(self, pid: int, paused: list[int]) -> None:
+        self.pid, self.paused = pid, paused
+        self.seen: list[int] = []
+        self.pause = threading.Event()
+        self.stopped = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            for reader in readers(self.pid):
+                if reader not in self.seen:
+                    self.seen.append(reader)
+                    if self.pause.is_set() and not self.stopped.is_set():
+                        os.kill(reader, signal.SIGSTOP)
+                        self.paused.append(reader)
+                        self.stopped.set()
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def results(child: Child) -> dict[str, float]:
+    """The child's samples by result."""
+    s = parse_samples(requests.get(child.hello["url"] + "/metrics", timeout=10).text)
+    return {dict(k)["result"]: v for (name, k), v in s.items() if name == "jaxmon_training_profiles_total"}
+
+
+def run_blocks(child: Child, until: Callable[[], bool], what: str) -> None:
+    """The steps up to the end of the next sampled block (every 10 steps, 2 steps each), 20 ms apart (the trace
+    starts before its steps), each block's sample waited for until it is counted, until `until()` (5 blocks at most:
+    a sample a loaded machine's slow trace start missed is counted failed, and the next block is another)."""
+    for _ in range(5):
+        counted = sum(results(child).values())
+        handed = child.hello.setdefault("handed", 0)
+        block = -(-(handed + 2) // 10) * 10  # its trace starts as step block - 2 is handed: one not handed yet
+        child.hello["handed"] = child.send(f"run {block + 2 - handed} 20")["steps"]
+
+        def done(before: float = counted) -> bool:
+            return until() or sum(results(child).values()) > before
+
+        wait_until(done, 60, "the block's sample counted", step=0.05, detail=child.log)
+        if until():
+            return
+    raise AssertionError(f"{what} not seen in 5 blocks: {results(child)}\n{child.log()[-3000:]}")
+
+
 def test_the_exit_of_a_training_process_kills_its_trace_reader_and_leaves_no_file(
     tmp_path: Path, paused: list[int]
 ) -> None:
     """A real training process (tests/workloads/big_trace.py): its sampled traces are megabytes, read by a child;
-    one is read to the end and taken, then the next reader is stopped (SIGSTOP) mid-read and the process told to
-    exit: it exits without waiting for the read (EXIT_WAIT is what jaxmon's exit waits for its threads at most),
+    one is read to the end and taken, then the next reader is stopped (SIGSTOP) as it starts and the process told
+    to exit: it exits without waiting for the read (EXIT_WAIT is what jaxmon's exit waits for its threads at most),
     the reader killed and reaped, no file left in its temporary directory."""
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     child = Child(tmp_path, "--every", "10", script=BIG_TRACE, env={"TMPDIR": str(temporary)})
+    watcher = Watcher(child.hello["pid"], paused)
     try:
-        pid = child.hello["pid"]
-        seen: list[int] = []
-        watching = threading.Event()
-
-        def watch() -> None:  # every reader the process starts (each reads for a second or more)
-            while not watching.is_set():
-                seen.extend(r for r in readers(pid) if r not in seen)
-                time.sleep(0.005)
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        assert child.send("run 12")["steps"] == 12  # block 10: steps 10 and 11 traced
-
-        def taken() -> float:
-            s = parse_samples(requests.get(child.hello["url"] + "/metrics", timeout=10).text)
-            return sum(v for (name, key), v in s.items() if name == "jaxmon_training_profiles_total"
-                       and dict(key)["result"] == "taken")  # fmt: skip
-
-        wait_until(lambda: taken() == 1, 120, "the first sample taken", step=0.2, detail=child.log)
-        watching.set()
-        watcher.join()
-        assert len(seen) == 1 and gone(seen[0]), seen  # read by a child, which ended
-        assert child.send("run 10")["steps"] == 22  # block 20
-        reader = slow_reader(pid, paused)
+        run_blocks(child, lambda: results(child).get("taken", 0) >= 1, "a sample taken")
+        assert watcher.seen and all(gone(r) for r in watcher.seen), watcher.seen  # read by children, which ended
+        watcher.pause.set()
+        run_blocks(child, watcher.stopped.is_set, "a reader started")
+        [reader] = watcher.paused
         assert child.proc.stdin is not None
         child.proc.stdin.write("exit\n")
         child.proc.stdin.flush()
@@ -264,4 +300,5 @@ def test_the_exit_of_a_training_process_kills_its_trace_reader_and_leaves_no_fil
         wait_until(lambda: gone(reader), 10, "the reader reaped")
         assert list(temporary.iterdir()) == []
     finally:
+        watcher.close()
         child.close()

@@ -6,7 +6,8 @@ Usage: big_trace.py [--every E] [--iterations K]
 jaxmon.start() embedded (sampled traces every E steps, 2 steps each, no probe); the step is a tracked program of a
 K-iteration loop of small ops (on CPU each iteration's ops are trace events: about 0.5 MB of trace a step at
 K = 1000). Answers `OK {"url": ..., "pid": ...}`, then commands on stdin, each answered `OK`:
-  run N    N steps (numbered on), each handed to jaxmon.step() and waited for; answers {"steps": handed}
+  run N [PAUSE_MS]  N steps (numbered on), each handed to jaxmon.step() and waited for, then PAUSE_MS of sleep
+                    (a trace then starts before its block's steps, however slow its start); answers {"steps": handed}
   exit     return from main: the interpreter exits as a training script's does (jaxmon's exit callbacks run)
 """
 
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 os.environ["JAX_NUM_CPU_DEVICES"] = "1"
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
@@ -51,11 +53,13 @@ def main() -> None:
     for line in sys.stdin:
         cmd, *rest = line.split()
         if cmd == "run":
+            pause = float(rest[1]) / 1000 if len(rest) > 1 else 0.0
             for _ in range(int(rest[0])):
                 out = step(x)
                 jaxmon.step(handed, out)
                 handed += 1
                 jax.block_until_ready(out)
+                time.sleep(pause)
             answer(steps=handed)
         elif cmd == "exit":
             break
