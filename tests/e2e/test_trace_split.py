@@ -138,8 +138,8 @@ def slow_reader(parent: int, paused: list[int]) -> int:
 
 @functools.cache
 def big_trace() -> bytes:
-    """A GPU trace of about 30 MB (its reading takes seconds: time to catch the reader at it), 40 copies of one of
-    10,000 kernels (an XSpace's repeated planes concatenate)."""
+    """A GPU trace of about 30 MB (its reading takes seconds: time to catch the reader at it): 40 copies of a trace
+    of GPU0's kernels 1,000 times over (an XSpace's repeated planes concatenate)."""
     kernels = [
         Kernel(k.stream, k.name, k.start_us / 1000 + i / 10, k.end_us / 1000 + i / 10, k.hlo_op, k.memcpy)
         for i in range(1000)
