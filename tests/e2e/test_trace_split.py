@@ -150,18 +150,23 @@ def big_trace() -> bytes:
 
 @contextlib.contextmanager
 def read_only(path: Path) -> Iterator[Path]:
-    """`path`, a directory nobody can write: 0555, and immutable (chattr +i) where permissions do not stop this
-    user (root)."""
+    """A directory nobody can write: `path` made 0555, and immutable (chattr +i) where permissions do not stop this
+    user (root); where the file system takes no such flag (an overlay), a directory of /proc, where no file can be
+    made."""
     path.mkdir()
     path.chmod(0o555)
     immutable = False
     try:
+        directory = path
         if os.access(path, os.W_OK):
-            subprocess.run(["chattr", "+i", str(path)], check=True, capture_output=True)
-            immutable = True
+            try:
+                subprocess.run(["chattr", "+i", str(path)], check=True, capture_output=True)
+                immutable = True
+            except (OSError, subprocess.CalledProcessError):
+                directory = Path("/proc/self/fdinfo")
         with pytest.raises(OSError):
-            (path / "probe").touch()
-        yield path
+            (directory / "probe").touch()
+        yield directory
     finally:
         if immutable:
             subprocess.run(["chattr", "-i", str(path)], check=True, capture_output=True)
