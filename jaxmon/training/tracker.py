@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -78,6 +79,7 @@ class Tracker:
         self._seen: float | None = None  # the tracker's clock when the waiter last booked a step
         self._last_wall: float | None = None  # the Unix time of the last completion booked
         self._collective_names = CollectiveNames()  # every analysed program's, for the sampled traces' events
+        self._learnt: weakref.WeakSet[Program] = weakref.WeakSet()  # booked programs whose places are learnt
         self._analyzer = Analyzer(ops.communication, self._collective_names.analysed, self._unanalysed, self._problem)
         # Sampled traces: told of each step, completion and badput interval; their events named by the programs'
         # collectives. Made before the listener, which tells it of compilations and Orbax's saves.
@@ -192,6 +194,10 @@ class Tracker:
             last = ledger.last
             for run in runs:
                 ledger.book(run, self._intervals)
+                for program in run.programs:  # analysed for a tracker before this one: its places learnt here too
+                    if program.communication is not None and program not in self._learnt:
+                        self._learnt.add(program)
+                        self._collective_names.learn(program.communication)
                 if run.done is not None:
                     numbers.extend(range(run.first, run.first + len(run.done)))
                     at.extend(run.done)
