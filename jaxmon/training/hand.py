@@ -99,6 +99,7 @@ class Hold(NamedTuple):
 PAUSED = object()
 _NO_BLOCKS = Blocks(0, 1)  # a disarmed hand's: no retry ever
 
+
 def not_running(what: str, stacklevel: int = 3) -> None:
     """jaxmon.`what`() was called with no tracker running: said once (a RuntimeWarning at the caller's line)."""
     global _warned

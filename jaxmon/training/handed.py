@@ -10,9 +10,10 @@ from typing import Any, Protocol
 
 from jaxmon.device_readings import DeviceInfo
 
-# jax.monitoring duration events that are time not training: XLA compilations, and Orbax's blocking checkpoint
-# saves and its restores (orbax-checkpoint 0.12: an async save records the first name, a synchronous one the second;
-# a restore records one of the read names, by whether it ran asynchronously).
+# jax.monitoring events that are time not training: XLA compilations (a time span: jax's dispatch records each as
+# its start and end), and Orbax's blocking checkpoint saves and its restores (durations, recorded as they end:
+# orbax-checkpoint 0.12's async save records the first name, a synchronous one the second; a restore one of the
+# read names, by whether it ran asynchronously).
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CHECKPOINT_EVENTS = (
     "/jax/checkpoint/write/async/blocking_duration_secs",
@@ -56,6 +57,7 @@ class TrainingOps(Protocol):
     def communication(self, program: Any) -> Any: ...
     def cache_size(self, fn: Any) -> int | None: ...
     def on_event_duration(self, callback: Callable[[str, float], None]) -> Callable[[], None]: ...
+    def on_event_span(self, callback: Callable[[str, float, float], None]) -> Callable[[], None]: ...
     def profiler(self) -> Profiler: ...
 
 

@@ -22,6 +22,7 @@ from jaxmon.logsetup import ErrorLog
 from jaxmon.training.communication import Analyzer, CollectiveNames
 from jaxmon.training.hand import HAND
 from jaxmon.training.handed import (
+    COMPILE_EVENT,
     EVENT_KIND,
     EVENT_KINDS,
     MAX_USER_KINDS,
@@ -84,7 +85,10 @@ class Tracker:
         # Sampled traces: told of each step, completion and badput interval; their events named by the programs'
         # collectives. Made before the listener, which tells it of compilations and Orbax's saves.
         self.sampler = sampler_for(ops, config.profile, clock, self._collective_names.catalog, self._problem)
-        self._unlisten = ops.on_event_duration(self._on_event)
+        self._unlisten: tuple[Callable[[], None], ...] = (
+            ops.on_event_span(self._on_span),
+            ops.on_event_duration(self._on_duration),
+        )
         # The training thread's side (hand.py): the process's hand, armed for this tracker (the newest one gets the
         # steps, as jaxmon.training's activate() makes one at a time).
         self.hand = HAND
@@ -176,9 +180,16 @@ class Tracker:
         any. The probe dispatches nothing while it is recent (docs/probe.md). One attribute read: no lock."""
         return self._seen
 
-    def _on_event(self, event: str, seconds: float) -> None:
+    def _on_span(self, event: str, start: float, end: float) -> None:
+        """A compilation, as JAX timed it (Unix seconds): on the tracker's clock, by the wall clock's time since."""
+        if event == COMPILE_EVENT and end > start:
+            now, wall = self._clock(), self._wall()
+            self.interval("compile", now - (wall - start), now - max(wall - end, 0.0))
+
+    def _on_duration(self, event: str, seconds: float) -> None:
+        """An Orbax save or restore, recorded as it ended."""
         kind = EVENT_KIND.get(event)
-        if kind is not None and seconds > 0:
+        if kind is not None and event != COMPILE_EVENT and seconds > 0:
             end = self._clock()
             self.interval(kind, end - seconds, end)
 
@@ -296,16 +307,13 @@ class Tracker:
         if hand.owner is self:
             self._stepped = (hand.stepping, hand.dispatched)
             hand.disarm(self)
-        unlisten, self._unlisten = self._unlisten, _nothing  # a second stop() has nothing left to unregister
-        unlisten()
+        unlisten, self._unlisten = self._unlisten, ()  # a second stop() has nothing left to unregister
+        for undo in unlisten:
+            undo()
         self._analyzer.stop(timeout)
         self.sampler.stop(timeout)
-        self.waiter.stop(timeout)
+        self.waiter.stop(timeout)  # after it booked every step handed (waiting `timeout` for their holds at most)
 
     def threads(self) -> tuple[threading.Thread, ...]:
         """Every thread of the tracker's: the waiter's, the sampler's (none when sampling is off), the analysis'."""
         return (self.waiter.thread, *self.sampler.threads, *self._analyzer.threads)
-
-
-def _nothing() -> None:
-    pass
