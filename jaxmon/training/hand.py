@@ -14,11 +14,13 @@ decision about a step is the waiter's. They share:
     and tracked calls the step before's. This is a step's one representation here: most steps are nothing else
     (a float is no object Python's cyclic GC tracks).
   - a `Given`: what the steps after it are given (the first one's number, the figures, the tracked calls), as
-    given, each NumPy scalar a Python number and each JAX array a `Held` (jaxmon's own handle, read by the waiter
-    once its step is done). Handed before a step that does not follow on.
-  - a `Hold`: jaxmon's own handles on the step just handed, which the waiter waits on: its JAX number and figures
-    where it has some (they alone bound it), else its ready arrays (only where the waiter asked), or a barrier's;
-    with `marked` set, the last step's, handed when the host stopped stepping (a badput() block opened).
+    given, each NumPy scalar a Python number and each JAX array jaxmon's own handle on it (read by the waiter once
+    its step is done). Handed before a step that does not follow on; one with arrays is the hold of the step after
+    it (they alone bound it: no ready array is held for it).
+  - a `Hold`: jaxmon's own handles on the step just handed, which the waiter waits on: its ready arrays (only
+    where the waiter asked, or once per `waiter.every` of this thread's time), or a barrier's, with its number's and
+    figures' arrays; with `marked` set, the last step's, handed when the host stopped stepping (a badput() block
+    opened).
   - `PAUSED`: step() came a pause after the step before (`paused_after`): the steps before it completed before the
     step after it was handed.
 - `asked`, written by the waiter only: a new object when it wants the next step held; this thread holds the next
@@ -28,6 +30,8 @@ decision about a step is the waiter's. They share:
   (`_due`, its own), so that a loop that stops leaves at most that much of its steps without a hold.
 - `paused_after`, written by the waiter only: how long after the step before a step() hands PAUSED first.
 - `device_step`, written by the waiter only: the last step number it read off a device (a step given as an array).
+- `waiter.room`, written by the waiter only: the steps a look takes at most; a step that holds its number's or
+  figures' arrays hurries the waiter once that many are pending (their objects would make the cyclic GC collect).
 - `waiter.booked`, written by the waiter only: the steps it took off `handed` and booked (or dropped); the steps
   handed (`_count`, this thread's) less those are what `max_pending` bounds (a step past it is dropped, counted).
 - `let_go()`: the waiter's call once the loop is still; it drops the last step's ready (`_ready`, this thread's
@@ -67,21 +71,18 @@ HOST = frozenset({int, float, type(None)})
 NUMPY_INT, NUMPY_REAL = np.integer, np.floating
 
 
-class Held(NamedTuple):
-    """A number given to step() as a JAX array: jaxmon's own handle on it (None: deleted or donated already)."""
-
-    handle: Any
-
-
 class Given(NamedTuple):
     """What the steps handed after it are given: the first one's number (the next ones count on), the figures
-    (None: not given) and the tracked calls of each."""
+    (None: not given) and the tracked calls of each; `arrays`: among the number and figures, jaxmon's own handles
+    on JAX arrays (LOST: one deleted or donated before step() could hold it), which are then the hold of the one step
+    handed after it."""
 
     number: Any
     examples: Any
     tokens: Any
     model_flops: Any
     calls: tuple[Program, ...]
+    arrays: bool = False
 
 
 class Hold(NamedTuple):
@@ -97,6 +98,7 @@ class Hold(NamedTuple):
 
 
 PAUSED = object()
+LOST = object()
 _NO_BLOCKS = Blocks(0, 1)  # a disarmed hand's: no retry ever
 
 
@@ -117,6 +119,7 @@ class Waiting(Protocol):
 
     booked: int
     every: float
+    room: int
 
     def wake(self) -> None: ...
     def hurry(self) -> None: ...
@@ -127,6 +130,7 @@ class _Idle:
 
     booked = 0
     every = 0.0
+    room = 1
 
     def wake(self) -> None: ...
     def hurry(self) -> None: ...
@@ -199,6 +203,11 @@ class Hand:
         self._figures: list[Any] = [None, None, None]  # the figures as the waiter reads them
         self._previous = float("inf")  # when step() was last called (none yet: no pause before)
         self._count = 0  # steps handed
+
+    @property
+    def last_handed(self) -> float:
+        """When step() was last called (the tracker's clock; -inf: never)."""
+        return self._previous if self._previous < float("inf") else -float("inf")
 
     @property
     def dispatched(self) -> int | None:
@@ -285,24 +294,38 @@ class Hand:
             self._problem("dropped", "training steps not tracked: the waiter is far behind", number=shown(n))
             return
         items: list[Any] = [PAUSED] if handed - previous >= self.paused_after else []
-        number, *figures = values = [self._host(v) for v in (n, *given)]
-        held = [v.handle for v in values if type(v) is Held and v.handle is not None]
-        host = type(number) is int and not any(type(v) is Held for v in values)
+        values: list[Any] = []
+        held: list[Any] = []  # jaxmon's own handles on the JAX arrays given as the number or a figure
+        for value in (n, *given):  # NumPy scalars as Python numbers; anything else the waiter checks
+            if type(value) not in HOST:
+                if isinstance(value, NUMPY_INT):
+                    value = int(value)
+                elif isinstance(value, NUMPY_REAL):
+                    value = float(value)
+                elif self.ops.is_array(value):
+                    value = self.ops.hold(value)
+                    if value is None:
+                        value = LOST
+                    else:
+                        held.append(value)
+            values.append(value)
+        number, *figures = values
+        host = type(number) is int and not held and not any(v is LOST for v in values)
         if not (host and number - 1 == self._last and calls == self._calls and all(map(_same, figures, self._figures))):
-            items.append(Given(number, figures[0], figures[1], figures[2], calls))
+            items.append(Given(number, figures[0], figures[1], figures[2], calls, bool(held)))
         items.append(handed)
         asked = self.asked
         if asked is not self.answered or handed >= self._due:  # the waiter's: ready held, the arrays given too
             self._due = handed + self.waiter.every
             hold = self._hold(ready)
             items.append(hold._replace(handles=hold.handles + held) if held else hold)
-        elif held:  # a number or figure given as an array bounds its step: only it is held
-            items.append(Hold(held))
         self._handed.extend(items)  # one call: the waiter never takes a step without its context and hold
         self._count += 1
         if asked is not self.answered:
             self.answered = asked
             self.waiter.wake()
+        elif held and self._count - self.waiter.booked >= self.waiter.room:
+            self.waiter.hurry()  # the arrays held since the last look fill the GC's young generation: look now
         self._last = number if type(number) is int else None  # (a device number: the next step hands a Given)
         if host:
             self._examples, self._tokens, self._model_flops = given
@@ -313,19 +336,6 @@ class Hand:
         self._ready = ready
         if type(number) is int:
             self._sampled(number)  # a device step number starts no sampled trace (it is not read here)
-
-    def _host(self, value: Any) -> Any:
-        """A step() argument as the waiter reads it: a Python number as given, a NumPy scalar as a Python number, a
-        JAX array as jaxmon's own handle on it (Held), anything else as given (the waiter checks it)."""
-        if type(value) in HOST:
-            return value
-        if isinstance(value, NUMPY_INT):
-            return int(value)
-        if isinstance(value, NUMPY_REAL):
-            return float(value)
-        if self.ops.is_array(value):
-            return Held(self.ops.hold(value))
-        return value
 
     def _sampled(self, number: int) -> None:
         """Step `number` handed to the sampler, where a sampled trace may start or stop; its watch copied."""
@@ -376,7 +386,7 @@ class Hand:
 
 def _same(value: Any, before: Any) -> bool:
     """Whether a host figure equals the step before's (the same type: never an array's ==)."""
-    return type(value) is type(before) and (value is before or value == before)
+    return type(value) is type(before) and (value is before or (type(value) in HOST and value == before))
 
 
 def loss_names(ready: tuple[Any, ...], arrays: list[Any]) -> tuple[str, ...]:

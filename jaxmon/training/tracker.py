@@ -176,9 +176,11 @@ class Tracker:
         return self.hand._count - self.waiter.booked if self.hand.owner is self else 0
 
     def last_step_seen(self) -> float | None:
-        """When (the tracker's clock, monotonic) the waiter last saw a step end, complete or unready; None before
-        any. The probe dispatches nothing while it is recent (docs/probe.md). One attribute read: no lock."""
-        return self._seen
+        """When (the tracker's clock, monotonic) a step was last handed or booked; None before any. The probe
+        dispatches nothing while it is recent (docs/probe.md). Attribute reads: no lock."""
+        handed = self.hand.last_handed if self.hand.owner is self else -float("inf")
+        seen = self._seen
+        return max(handed, seen) if seen is not None else (handed if handed > -float("inf") else None)
 
     def _on_span(self, event: str, start: float, end: float) -> None:
         """A compilation, as JAX timed it (Unix seconds): on the tracker's clock, by the wall clock's time since."""

@@ -25,17 +25,19 @@ The protocol with the training thread is in hand.py. A look:
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from jaxmon.threads import Worker
 from jaxmon.training.dating import apportion
-from jaxmon.training.hand import PAUSED, Given, Hand, Held, Hold, shown
+from jaxmon.training.hand import LOST, PAUSED, Given, Hand, Hold, shown
 from jaxmon.training.handed import TrainingOps
 from jaxmon.training.ledger import Run, usable
 
@@ -54,14 +56,23 @@ MARKERS = (Given, Hold)
 
 
 class Taken(NamedTuple):
-    """A look's steps as columns: their hand-off times; the contexts they follow on from, as (index of the first
-    step in it, context, that step's place in the context); the holds (index of the step held, hold); the pauses
-    (index of the step handed after one)."""
+    """A look's steps as columns (lists of floats, ints and the items handed: no object a step): their hand-off
+    times; where each context begins (the index of its first step, the context, that step's place in it); the
+    holds (the index of the step held, the Hold, or the Given with arrays before it); the pauses (the index of the
+    step handed after one)."""
 
     handed: list[float]
-    spans: list[tuple[int, Given, int]]
-    holds: list[tuple[int, Hold]]
+    starts: list[int]
+    contexts: list[Given]
+    offsets: list[int]
+    held: list[int]
+    holds: list[Hold | Given]
     pauses: list[int]
+
+
+def handles(hold: Hold | Given) -> list[Any]:
+    """What a hold waits on: a Hold's handles, a Given's arrays."""
+    return hold.handles if type(hold) is Hold else [v for v in hold[:4] if v is not LOST and hasattr(v, "shape")]
 
 
 class Waiter:
@@ -102,6 +113,8 @@ class Waiter:
         self.looks = 0  # looks that took steps
         self.taken = 0  # steps taken and not booked yet
         self.booked = 0  # steps taken and booked (or dropped): the hand's count less this is what is pending
+        self.room = LOOK_STEPS  # the most steps a look takes (read by step(): it hurries a look past them)
+        self._young = 0  # the cyclic GC's young count at the last look
         self._hurry = False
         self._next_look = -math.inf  # when the next look may come (the real monotonic clock)
         self._deadline = 0.0  # stop()'s: the drain waits for holds until then
@@ -168,38 +181,62 @@ class Waiter:
                 return
         now = time.monotonic()
         if count := self._held(len(self._handed)):
-            spacing = self._take(count)
-            if spacing is not None:  # the loop's rhythm: a pause is a step() this much later than its steps come
+            young = gc.get_count()[0]  # objects the young generation gained since the last look: the loop's, and
+            grew = young - self._young  # what it handed (a number or figure held each step)
+            taken = self._take(count)
+            self._young = gc.get_count()[0]  # once this look's items are let go
+            if taken is not None:  # the loop's rhythm: a pause is a step() this much later than its steps come
+                steps, spacing = taken
                 self.still = LOOK + spacing
-                self.every = min(self.every + LOOK, LOOK_MAX, max(LOOK, LOOK_STEPS * spacing))
+                # About LOOK_STEPS steps a look, and fewer where the objects they leave until it would make Python's
+                # cyclic GC collect on its own count (the loop without jaxmon frees what it makes: it never does):
+                # half the room left (the other half is this thread's while it books them). A step that makes some
+                # (a number or figure held) hurries the look once that many are pending (hand.py).
+                room = (gc.get_threshold()[0] - self._young) / 2
+                self.room = max(int(room * steps / grew), 1) if grew > 0 else LOOK_STEPS
+                self.every = min(self.every + LOOK, LOOK_MAX, max(LOOK, min(LOOK_STEPS, self.room) * spacing))
                 self._hand.paused_after = self.still
         self._next_look = now + self.every
 
     def _held(self, size: int) -> int:
-        """How many of the first `size` items to take: up to the last Hold among them (0: none)."""
+        """How many of the first `size` items to take: up to the last hold among them (a Hold, or a Given with arrays
+        and the step after it); 0: none."""
         handed = self._handed
         for back in range(size - 1, -1, -1):
-            if type(handed[back]) is Hold:
+            item = handed[back]
+            if type(item) is Hold:
                 return back + 1
+            if type(item) is Given and item.arrays and back + 1 < size:
+                return back + 2
         return 0
 
-    def _take(self, count: int, deadline: float | None = None) -> float | None:
-        """Take `count` items (the last a Hold), wait for their holds, date and book their steps; the loop's
-        spacing between them (None: fewer than two)."""
-        taken = self._parse([self._handed.popleft() for _ in range(count)])
+    def _take(self, count: int, deadline: float | None = None) -> tuple[int, float] | None:
+        """Take `count` items (the last a Hold), wait for their holds, date and book their steps; how many, and the
+        loop's spacing between them (None: fewer than two)."""
+        with quiet():
+            taken = self._parse([self._handed.popleft() for _ in range(count)])
         handed = taken.handed
         self.taken = len(handed)
         if not handed:
             return None
         self.looks += 1
-        newest = taken.holds[-1][1]
+        newest = taken.holds[-1]
         try:
-            ran = not self.ops.ready(newest.handles)  # still running: its completion is seen when the wait returns
+            ran = not self.ops.ready(handles(newest))  # still running: its completion is seen when the wait returns
         except Exception:
             ran = False
         looked = self._clock()
         ends = self._wait(taken.holds, deadline)
-        seen = ends[-1] if ran else None
+        with quiet():
+            return self._book_taken(taken, ends, looked, seen=ends[-1] if ran else None)
+
+    def _book_taken(
+        self, taken: Taken, ends: list[float | None], looked: float, seen: float | None
+    ) -> tuple[int, float] | None:
+        """Date and book a look's steps, their holds waited for (`ends`; `seen`: the newest's completion, when it
+        still ran at `looked`); how many, and the loop's spacing between them."""
+        handed = taken.handed
+        newest = taken.holds[-1]
         # The host's calls while the newest ran (its lead: the least of recent looks', since a call just after the
         # completion, before this thread had the GIL back, reads as lead), and whether it waits for its device.
         later = [t for t in list(self._handed) if type(t) not in MARKERS and t is not PAUSED and seen and t < seen]
@@ -211,12 +248,17 @@ class Waiter:
         else:
             self._bounds.append(looked - handed[-1])
         self._leads.append(lead)
-        failed = {i for (i, _), end in zip(taken.holds, ends, strict=True) if end is None}
+        # A hold of a number or figure alone whose arrays were all deleted says nothing of its step: dropped (its step
+        # is bounded by the next hold; the figure is counted unread).
+        failed = {
+            i for i, hold, end in zip(taken.held, taken.holds, ends, strict=True) if end is None and type(hold) is Hold
+        }
         ends_at: dict[int, float | None] = {p - 1: handed[p] for p in taken.pauses}
         ends_at |= dict.fromkeys(failed) | {len(handed) - 1: None if len(handed) - 1 in failed else seen or looked}
-        done, observed = self._dated(handed, ends_at, later[: min(self._leads)], newest.marked, seen is not None)
-        self._read_and_book(taken, done, observed, newest)
-        return (handed[-1] - handed[0]) / (len(handed) - 1) if len(handed) > 1 else None
+        marked = newest.marked if type(newest) is Hold else None
+        done, observed = self._dated(handed, ends_at, later[: min(self._leads)], marked, seen is not None)
+        self._read_and_book(taken, done, observed, newest if type(newest) is Hold else None)
+        return (len(handed), (handed[-1] - handed[0]) / (len(handed) - 1)) if len(handed) > 1 else None
 
     def _vote(self, first: float) -> None:
         """Whether the host waited for the completion the last look saw: it called step() again (`first`, the next
@@ -278,7 +320,12 @@ class Waiter:
                     self._wake.clear()
                     if self._wake.wait(wait) or self._worker.stopping:
                         return  # a step came (the next look takes these with it), or stopping (the drain does)
-        taken = self._parse([self._handed.popleft() for _ in range(size)])
+        with quiet():
+            self._book_unheld_items([self._handed.popleft() for _ in range(size)])
+
+    def _book_unheld_items(self, items: list[Any]) -> None:
+        """Date and book the steps among `items`, none held."""
+        taken = self._parse(items)
         self.taken = len(taken.handed)
         if taken.handed:
             self.looks += 1
@@ -296,20 +343,22 @@ class Waiter:
             self._book_unheld(size)
         self._flush_loss()
 
-    def _wait(self, holds: list[tuple[int, Hold]], deadline: float | None) -> list[float | None]:
+    def _wait(self, holds: list[Hold | Given], deadline: float | None) -> list[float | None]:
         """Wait for the holds' arrays in one call (one release of the GIL): when each was known done (the last: when
-        the call returned), None where one was deleted or donated (then each is waited for on its own)."""
-        if all(not hold.lost and hold.handles for _, hold in holds):
+        the call returned), None where one was deleted or donated (then each is waited for on its own: a step is
+        done when what is left of its hold is)."""
+        arrays = [handles(hold) for hold in holds]
+        if all(arrays) and not any(type(hold) is Hold and hold.lost for hold in holds):
             try:
-                self._wait_until([h for _, hold in holds for h in hold.handles], deadline)
+                self._wait_until([h for held in arrays for h in held], deadline)
                 return [self._clock()] * len(holds)
             except Exception:
                 pass
         out: list[float | None] = []
-        for _, hold in holds:  # each on its own: a step is done when what is left of its hold is
+        for hold, held in zip(holds, arrays, strict=True):
             try:
-                alive = [h for h in hold.handles if not self.ops.deleted(h)]
-                if hold.lost or not alive:
+                alive = [h for h in held if not self.ops.deleted(h)]
+                if not alive or (type(hold) is Hold and hold.lost):
                     raise ValueError("deleted or donated")
                 self._wait_until(alive, deadline)
                 out.append(self._clock())
@@ -334,53 +383,76 @@ class Waiter:
         context, offset = self._context, self._offset
         types = list(map(type, items))
         if types.count(float) == len(items) - 1 and types[-1] is Hold:  # the common look: floats, then its hold
-            taken = Taken(items[:-1], [(0, context, offset)], [(len(items) - 2, items[-1])], [])
             self._offset = offset + len(items) - 1
-            return taken
-        taken = Taken([], [], [], [])
-        handed, spans = taken.handed, taken.spans
+            return Taken(items[:-1], [0], [context], [offset], [len(items) - 2], [items[-1]], [])
+        taken = Taken([], [], [], [], [], [], [])
+        handed = taken.handed
+        held: Given | None = None  # a Given with arrays: the hold of the step after it
         for item, kind in zip(items, types, strict=True):
             if kind is Given:
                 context, offset = item, 0
+                held = item if item.arrays else None
             elif kind is Hold:
                 if handed:
-                    taken.holds.append((len(handed) - 1, item))
+                    taken.held.append(len(handed) - 1)
+                    taken.holds.append(item)
             elif item is PAUSED:
                 if handed:
                     taken.pauses.append(len(handed))
             else:  # a step: its hand-off time
-                if not spans or spans[-1][1] is not context:
-                    spans.append((len(handed), context, offset))
+                if not taken.contexts or taken.contexts[-1] is not context:
+                    taken.starts.append(len(handed))
+                    taken.contexts.append(context)
+                    taken.offsets.append(offset)
                 handed.append(item)
                 offset += 1
+                if held is not None:
+                    taken.held.append(len(handed) - 1)
+                    taken.holds.append(held)
+                    held = None
         self._context, self._offset = context, offset
         return taken
 
     def _read_and_book(self, taken: Taken, done: list[float | None], observed: list[bool], newest: Hold | None) -> None:
         """Read the steps' contexts (numbers and figures given as arrays read now that they are done, every one
-        checked), and hand their runs to the tracker; the loss gauge read from the newest hold that names one."""
-        handed, spans = taken.handed, taken.spans
+        checked), and hand the tracker their runs: consecutive steps numbered on, with the same figures and tracked
+        calls, all completed at a known time or all unready. The loss gauge read from the newest hold naming one."""
+        handed = taken.handed
         runs: list[Run] = []
-        bounds = [*(start for start, _, _ in spans[1:]), len(handed)]
-        for (start, context, offset), stop in zip(spans, bounds, strict=True):
-            number, examples, tokens, model_flops = self._read(context, stop - start)
-            if number is None:
-                continue  # no number to book them under (counted): their time goes to the next step's
-            cut = start  # a run: its steps all completed at a known time, or all unready
-            for k in range(start + 1, stop + 1):
-                if k == stop or (done[k] is None) != (done[cut] is None):
-                    known = done[cut:k] if done[cut] is not None else None
-                    first = number + offset + cut - start
-                    calls = context.calls
-                    run = Run(first, handed[cut:k], known, observed[cut:k], examples, tokens, model_flops, calls)  # type: ignore[arg-type]
-                    runs.append(run)
-                    cut = k
+        key: tuple[Any, ...] | None = None  # the run under way: (figures, calls, unready), and its first step
+        first = start = 0
+        for k, (begin, context, offset) in enumerate(zip(taken.starts, taken.contexts, taken.offsets, strict=True)):
+            stop = taken.starts[k + 1] if k + 1 < len(taken.starts) else len(handed)
+            number, *figures = self._read(context, stop - begin)
+            if number is None:  # no number to book them under (counted): their time goes to the next step's
+                if key is not None:
+                    runs.append(self._slice(taken, done, observed, first, start, begin, key))
+                key = None
+                continue
+            number += offset
+            for i in range(begin, stop):
+                this = (*figures, context.calls, done[i] is None)
+                if key is None or this != key or number + i - begin != first + i - start:
+                    if key is not None:
+                        runs.append(self._slice(taken, done, observed, first, start, i, key))
+                    key, first, start = this, number + i - begin, i
+        if key is not None:
+            runs.append(self._slice(taken, done, observed, first, start, len(handed), key))
         if newest is not None and newest.loss:
             last = next((r for r in reversed(runs) if r.done is not None), None)
             self._loss = (newest, last.first + len(last.handed) - 1 if last is not None else None)
         loss, of = self._read_loss(still=newest is None)
         self._book(runs, loss, of)
         self.booked += len(handed)
+
+    @staticmethod
+    def _slice(
+        taken: Taken, done: list[float | None], observed: list[bool], first: int, start: int, stop: int, key: Any
+    ) -> Run:
+        """Steps `start` to `stop` of a look as a run from number `first` (`key`: its figures, calls, unready)."""
+        examples, tokens, model_flops, calls, unready = key
+        dates = None if unready else done[start:stop]
+        return Run(first, taken.handed[start:stop], dates, observed[start:stop], examples, tokens, model_flops, calls)  # type: ignore[arg-type]
 
     def _flush_loss(self) -> None:
         """The loop is still: the newest loss held is read now."""
@@ -407,11 +479,11 @@ class Waiter:
         could be read, as `unread`. Logged once per field and kind."""
         out: list[Any] = []
         for name, value in zip(FIELDS, context[:4], strict=True):
-            if type(value) is Held:
+            if value is LOST or self.ops.is_array(value):
                 try:
-                    if value.handle is None:
+                    if value is LOST:
                         raise ValueError("deleted or donated before step() was called")
-                    value = self.ops.value(value.handle)
+                    value = self.ops.value(value)
                 except Exception as exc:
                     self._count("unread", name, steps, "an array given to step() was deleted or donated before it "
                                 "was read", detail=str(exc)[:200])  # fmt: skip
@@ -423,12 +495,25 @@ class Waiter:
                 event = "a number given to step() is not usable: dropped for this step"
                 self._count("invalid", name, steps, event, given=shown(value), expected=expected)
             out.append(checked)
-        if out[0] is not None and type(context.number) is Held:
+        if out[0] is not None and type(context.number) is not int:
             self._hand.device_step = out[0]
         return out[0], out[1], out[2], out[3]
 
     def _count(self, reason: str, field: str, steps: int, event: str, **fields: Any) -> None:
         self._problem(reason, event, key=f"{reason}.{field}", times=steps, field=field, **fields)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """The waiter's own objects, made and let go within a look, never make Python's cyclic GC collect: it is off
+    meanwhile, where it was on (never across a wait for a device: the loop's objects are collected as usual)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def figure(value: Any) -> float | None:

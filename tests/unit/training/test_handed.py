@@ -24,6 +24,7 @@ class Waiting:
 
     booked = 0
     every = float("inf")
+    room = 10**9
 
     def wake(self) -> None:
         pass
@@ -56,8 +57,8 @@ def parsed(items: list[Any]) -> list[tuple[float, Any, int]]:
     waiter._context, waiter._offset = Given(None, None, None, None, ()), 0
     taken = waiter._parse(items)
     out = []
-    bounds = [*(start for start, _, _ in taken.spans[1:]), len(taken.handed)]
-    for (start, context, offset), stop in zip(taken.spans, bounds, strict=True):
+    bounds = [*taken.starts[1:], len(taken.handed)]
+    for start, context, offset, stop in zip(taken.starts, taken.contexts, taken.offsets, bounds, strict=True):
         out += [(taken.handed[k], context, offset + k - start) for k in range(start, stop)]
     return out
 
@@ -102,7 +103,7 @@ def test_a_pause_and_a_hold_are_where_they_were() -> None:
     waiter = Waiter.__new__(Waiter)
     waiter._context, waiter._offset = Given(None, None, None, None, ()), 0
     steps = waiter._parse(items)
-    assert len(steps.handed) == 4 and steps.pauses == [2] and [i for i, _ in steps.holds] == [0, 2]
+    assert len(steps.handed) == 4 and steps.pauses == [2] and steps.held == [0, 2]
 
 
 def test_a_loop_whose_figures_change_books_each_step_with_its_own(make_tracker: MakeTracker) -> None:
