@@ -1,44 +1,28 @@
-"""The training thread's side of the tracker, and the protocol between it and jaxmon's waiter thread (waiter.py).
+"""The training thread's side of the tracker, and its protocol with jaxmon's waiter thread (waiter.py).
 
 `jaxmon.step` is the bound method of the process's one `Hand` (`HAND`): a step is one Python call. Each tracker arms
-the hand as it starts (the newest one gets the steps) and disarms it as it stops; a disarmed hand drops every step
-with a warning, once, that jaxmon is not running. Nothing here imports JAX: `ops` (the tracker's `TrainingOps`) does.
+the hand as it starts (the newest gets the steps) and disarms it as it stops; a disarmed hand drops every step, with
+one warning. Nothing here imports JAX: `ops` (the tracker's TrainingOps) does.
 
-The protocol. The training thread (step(), pause(), jaxmon.track()'s wrapper through `calls`) only appends; every
-decision about a step is the waiter's. They share:
-
-- `handed`, a deque: this thread appends to its right (a step and what comes with it in one extend()), the waiter
-  pops from its left (both atomic); the waiter takes a count of items it read first, never "until empty". In
-  order, it holds:
-  - a float: a step, handed at that time (the tracker's clock). Its number is the step before's + 1, its figures
-    and tracked calls the step before's. This is a step's one representation here: most steps are nothing else
-    (a float is no object Python's cyclic GC tracks).
-  - a `Given`: what the steps after it are given (the first one's number, the figures, the tracked calls), as
-    given, each NumPy scalar a Python number and each JAX array jaxmon's own handle on it (read by the waiter once
-    its step is done). Handed before a step that does not follow on; one with arrays is the hold of the step after
-    it (they alone bound it: no ready array is held for it).
-  - a `Hold`: jaxmon's own handles on the step just handed, which the waiter waits on: its ready arrays (only
-    where the waiter asked, or once per `waiter.every` of this thread's time), or a barrier's, with its number's and
-    figures' arrays; with `marked` set, the last step's, handed when the host stopped stepping (a badput() block
-    opened).
-  - `PAUSED`: step() came a pause after the step before (`paused_after`): the steps before it completed before the
-    step after it was handed.
-- `asked`, written by the waiter only: a new object when it wants the next step held; this thread holds the next
-  step and keeps the object it answered (`answered`, its own: the sampler's `look_now()`, on this thread, sets it
-  to ask too), then wakes the waiter.
-- `waiter.every`, written by the waiter only: this thread also holds a step that long after the last one it held
-  (`_due`, its own), so that a loop that stops leaves at most that much of its steps without a hold.
-- `paused_after`, written by the waiter only: how long after the step before a step() hands PAUSED first.
-- `device_step`, written by the waiter only: the last step number it read off a device (a step given as an array).
-- `waiter.room`, written by the waiter only: the steps a look takes at most; a step that holds its number's or
-  figures' arrays hurries the waiter once that many are pending (their objects would make the cyclic GC collect).
-- `waiter.booked`, written by the waiter only: the steps it took off `handed` and booked (or dropped); the steps
-  handed (`_count`, this thread's) less those are what `max_pending` bounds (a step past it is dropped, counted).
-- `let_go()`: the waiter's call once the loop is still; it drops the last step's ready (`_ready`, this thread's
-  otherwise): jaxmon holds no array of a loop that stopped. A step() meanwhile may have set a newer one, which a
-  pause() then cannot hold (its steps are dated as a paused loop's).
-Everything else here is this thread's alone. The training thread calls nothing of the waiter's but `wake()` and
-`hurry()`, which set an Event.
+The protocol. The training thread only appends; every decision about a step is the waiter's. They share:
+- `handed`, a deque: this thread appends a step and what comes with it in one extend(); the waiter pops from the
+  left a count of items it read first (both atomic), never "until empty". In order, it holds:
+  - a float: a step, handed at that time (the tracker's clock), numbered on from the step before, with its figures
+    and tracked calls. Most steps are nothing else (a float is no object the cyclic GC tracks).
+  - a `Given`: what the steps after it are given (the first's number, the figures, the tracked calls), NumPy
+    scalars as Python numbers and JAX arrays as jaxmon's own handles on them; one with arrays is the hold of the
+    step after it (they alone bound it). Handed before a step that does not follow on.
+  - a `Hold`: jaxmon's own handles on the step just handed (its ready arrays, or a barrier's outputs, with its
+    number's and figures' arrays), where the waiter asked (`asked`), once per `waiter.every` of this thread's time
+    (`_due`), or, `marked`, on the last step's when the host stopped stepping (pause(): a badput() block opens).
+  - `PAUSED`: step() came `paused_after` or more after the step before: those before completed before it.
+- written by the waiter only, read here: `asked` (a new object: hold the next step, then wake it), `paused_after`,
+  `device_step` (the last number it read off a device), and its own `booked` (steps taken and booked: with this
+  thread's `_count`, what `max_pending` bounds), `every`, `room` (a step holding arrays hurries it once that many
+  are pending: their objects would make the cyclic GC collect). `let_go()` is its call once the loop is still: the
+  last step's ready (`_ready`, kept for pause()) goes.
+- called here of the waiter: `wake()` and `hurry()` (an Event each). The sampler's `look_now()` (on this thread, in
+  step()) sets `answered` (this thread's) so that the next step is held.
 """
 
 from __future__ import annotations
@@ -63,19 +47,16 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("jaxmon.training")
 _warned = False
-# The tracked calls of a step that made none (shared: never appended to).
-NO_CALLS: tuple[()] = ()
-# Host types a step() argument may be as it is (checked first: the common case costs no more); NumPy scalars are
-# made Python numbers (one C call each), anything else is checked by the waiter.
-HOST = frozenset({int, float, type(None)})
-NUMPY_INT, NUMPY_REAL = np.integer, np.floating
+NO_CALLS: tuple[()] = ()  # the tracked calls of a step that made none (shared)
+HOST = frozenset({int, float, type(None)})  # step() arguments taken as they are
+PAUSED = object()
+LOST = object()  # an array deleted or donated before step() could hold it
+_NO_BLOCKS = Blocks(0, 1)  # a disarmed hand's sampled blocks: no retry ever
 
 
 class Given(NamedTuple):
-    """What the steps handed after it are given: the first one's number (the next ones count on), the figures
-    (None: not given) and the tracked calls of each; `arrays`: among the number and figures, jaxmon's own handles
-    on JAX arrays (LOST: one deleted or donated before step() could hold it), which are then the hold of the one step
-    handed after it."""
+    """What the steps handed after it are given; `arrays`: jaxmon's own handles among them (LOST: one it could not
+    take), which are then the hold of the step handed after it."""
 
     number: Any
     examples: Any
@@ -86,20 +67,35 @@ class Given(NamedTuple):
 
 
 class Hold(NamedTuple):
-    """What the waiter waits on for a step: jaxmon's own handles (a clone of each array, sharing its buffers);
-    `lost`: one was deleted or donated before step() could hold it; `loss`: the loss gauge's names of the first
-    handles (ready was a scalar or a dict of scalars); `marked`: when the host stopped stepping (pause())."""
+    """jaxmon's own handles on a step's arrays (clones sharing their buffers); `lost`: one was deleted or donated
+    before step() could hold it; `loss`: the loss gauge's names of the first handles, `left_out` the names of its
+    dict not held; `marked`: when the host stopped stepping (pause())."""
 
     handles: list[Any]
     lost: bool = False
     loss: tuple[str, ...] = ()
     marked: float | None = None
-    left_out: int = 0  # names of the loss dict not held (past the loss gauge's MAX_LOSS_NAMES)
+    left_out: int = 0
 
 
-PAUSED = object()
-LOST = object()
-_NO_BLOCKS = Blocks(0, 1)  # a disarmed hand's: no retry ever
+class Waiting(Protocol):
+    """The waiter as this thread sees it: what it writes, and its two wakes."""
+
+    booked: int
+    every: float
+    room: int
+
+    def wake(self) -> None: ...
+    def hurry(self) -> None: ...
+
+
+class _Idle:
+    """A disarmed hand's waiter."""
+
+    booked, every, room = 0, 0.0, 1
+
+    def wake(self) -> None: ...
+    def hurry(self) -> None: ...
 
 
 def not_running(what: str, stacklevel: int = 3) -> None:
@@ -114,33 +110,13 @@ def not_running(what: str, stacklevel: int = 3) -> None:
         )
 
 
-class Waiting(Protocol):
-    """The waiter as this thread sees it (waiter.py): what it writes, and its two wakes."""
-
-    booked: int
-    every: float
-    room: int
-
-    def wake(self) -> None: ...
-    def hurry(self) -> None: ...
-
-
-class _Idle:
-    """A disarmed hand's waiter: nothing to wake."""
-
-    booked = 0
-    every = 0.0
-    room = 1
-
-    def wake(self) -> None: ...
-    def hurry(self) -> None: ...
-
-
 class Hand:
     """step() and pause() on the training thread, for the tracker that armed it (`owner`)."""
 
     def __init__(self) -> None:
         self.owner: object | None = None
+        self.waiter: Waiting = _Idle()
+        self._sampler: Sampler | Off | None = None
         self.disarm()
 
     def arm(
@@ -154,54 +130,43 @@ class Hand:
         problem: Callable[..., None],
         max_pending: int,
     ) -> None:
-        """Hand steps to `owner` (a tracker) from now on: a fresh start, nothing of the tracker before kept."""
-        self.ops = ops
-        self.waiter: Waiting = waiter
-        self._sampler: Sampler | Off | None = sampler
-        self._problem = problem
-        self._max_pending = max_pending
+        """Hand steps to `owner` from now on: a fresh start, nothing of the tracker before kept."""
+        self.ops, self.waiter, self._sampler = ops, waiter, sampler
+        self._problem, self._max_pending = problem, max_pending
         self._reset(clock, handed)
-        # The sampler's check, copied here (no sampler object read a step): its modulus (0: sampled traces off) and
-        # its watch (set by sampler.handed() alone, called here: copied after each call); its blocks' `retry` is
-        # set by other threads.
-        self._modulus = sampler.modulus
-        self._watch = sampler.watch
-        self._blocks = sampler.blocks
+        # The sampler's check, copied (no sampler object read a step): its watch is set only by handed(), called
+        # here; its blocks' `retry` by other threads.
+        self._modulus, self._watch, self._blocks = sampler.modulus, sampler.watch, sampler.blocks
         self.owner = owner  # last: armed
 
     def disarm(self, owner: object | None = None) -> None:
         """Drop every step from now on (`owner`: only if that tracker is the one armed), holding nothing of the loop.
-        A step() under way meanwhile appends to the stopped tracker's deque or to one that keeps nothing."""
+        A step() under way meanwhile appends to the stopped tracker's deque, or to one that keeps nothing."""
         if owner is not None and owner is not self.owner:
             return
         self.owner = None
-        self.waiter = _Idle()
-        self._sampler = None
+        self.waiter, self._sampler = _Idle(), None
         self._modulus, self._watch, self._blocks = 0, -1, _NO_BLOCKS
-        self._problem = _ignore
-        self._max_pending = 0
+        self._problem, self._max_pending = _ignore, 0
         self._reset(time.monotonic, deque(maxlen=0))
 
     def _reset(self, clock: Callable[[], float], handed: deque[Any]) -> None:
-        self._clock = clock
-        self._handed = handed
+        self._clock, self._handed = clock, handed
         self.calls: tuple[Program, ...] = NO_CALLS  # tracked calls since the last step(), one entry a call
         self.stepping = False  # step() was called: a process that never does exports no training series
-        self.asked: object = None  # the waiter's (see the protocol)
-        self.answered: object = None  # the last ask held (this thread's)
-        self._due = -float("inf")  # when a step is held anyway: the waiter's `every` after the last hold
+        self.asked: object = None  # the waiter's
+        self.answered: object = None  # this thread's: the last ask held
         self.paused_after = float("inf")  # the waiter's
         self.device_step: int | None = None  # the waiter's
-        self._ready: tuple[Any, ...] = ()  # the last step's ready, for pause(); the waiter never touches it
-        # The context the next step may follow on from: the last host step number (None: the next step hands a
-        # Given), the figures as given and the tracked calls.
+        self._due = -float("inf")  # a step is held from then on anyway
+        self._ready: tuple[Any, ...] = ()
+        # What the next step may follow on from: the last host number (None: a Given next), the figures as given and
+        # as the waiter reads them, the tracked calls.
         self._last: int | None = None
-        self._examples: Any = None
-        self._tokens: Any = None
-        self._model_flops: Any = None
+        self._examples = self._tokens = self._model_flops = None
+        self._figures: list[Any] = [None, None, None]
         self._calls: tuple[Program, ...] = NO_CALLS
-        self._figures: list[Any] = [None, None, None]  # the figures as the waiter reads them
-        self._previous = float("inf")  # when step() was last called (none yet: no pause before)
+        self._previous = float("inf")  # when step() was last called
         self._count = 0  # steps handed
 
     @property
@@ -223,22 +188,14 @@ class Hand:
         model_flops: SupportsFloat | None = None,
     ) -> None:
         """Mark the end of training step `n`: it is complete when the JAX arrays in `ready` (any pytree: the loss,
-        the metrics, never a donated buffer) are; with no array in `ready`, when a tiny barrier on every local device
-        is.
+        the metrics, never a donated buffer) are, or without any, when a tiny barrier on every local device is.
 
-        Every process passes the **job's** figures for the step: `examples` the global batch, `tokens` its tokens,
-        `model_flops` its model FLOPs (6·N·tokens for a transformer). Each process exports its share (examples and
-        tokens / jax.process_count(), FLOPs / jax.device_count() on each local device), so sum() over the job's
-        series is the job's total.
-
-        `n` must be an integer (Python, NumPy or JAX; not a float, not a bool), a figure a finite number >= 0
-        (Python, NumPy or JAX): anything else is dropped for that step and counted as
-        `jaxmon_training_tracking_problems_total{reason="invalid"}` (logged once per field). A JAX array is read by
-        jaxmon's waiter once it is computed, never here, and it alone says when its step completed; deleting,
-        donating or reusing any array afterwards is safe (the step counts `unready`, the figure `unread`). Returns
-        at once: no device wait, no JAX call on the common path (a step that follows on: one float appended to a
-        deque); never raises into training. Without a running `jaxmon.start()` or `jaxmon.publish()` it does
-        nothing (one warning)."""
+        The figures are the **job's** for the step (the global batch, its tokens, its model FLOPs); each process
+        exports its share. `n` is an integer and a figure a finite number >= 0, each a Python, NumPy or JAX one;
+        anything else is dropped for the step and counted (reason="invalid"). A JAX array is read once computed,
+        never here, and alone says when its step completed; deleting or donating any array afterwards is safe.
+        Returns at once: no device wait, no JAX call on the common path (a step that follows on is one float
+        appended to a deque); never raises. Without a running start() or publish(): nothing (one warning)."""
         try:
             handed = self._clock()
             previous, self._previous = self._previous, handed
@@ -250,7 +207,7 @@ class Hand:
                 and examples is self._examples
                 and tokens is self._tokens
                 and model_flops is self._model_flops
-                and (calls is self._calls or calls == self._calls)  # a tuple of programs (compared by identity)
+                and (calls is self._calls or calls == self._calls)  # programs compare by identity
                 and self.asked is self.answered
                 and handed < self._due
                 and handed - previous < self.paused_after
@@ -260,7 +217,7 @@ class Hand:
                 self._last = n
                 self._ready = ready
                 self._handed.append(handed)
-                modulus = self._modulus  # the sampler's check inlined: a call only where a trace may start or stop
+                modulus = self._modulus  # the sampler's check: a call only where a trace may start or stop
                 if modulus and ((n + LEAD) % modulus == 0 or n == self._watch or self._blocks.retry is not None):
                     self._sampled(n)
                 return
@@ -269,44 +226,36 @@ class Hand:
             log.warning("jaxmon.step failed; the step is not tracked", error=f"{type(exc).__name__}: {exc}")
 
     def called(self, program: Program) -> None:
-        """A tracked function ran `program` once in the current step (the training thread: jaxmon.track()'s wrapper
-        inlines the first call's case)."""
+        """A tracked function ran `program` once in the current step (jaxmon.track()'s wrapper)."""
         calls = self.calls
         self.calls = program.once if calls is NO_CALLS else (*calls, program)
 
     def _step(
-        self,
-        handed: float,
-        previous: float,
-        n: Any,
-        ready: tuple[Any, ...],
-        given: tuple[Any, Any, Any],
+        self, handed: float, previous: float, n: Any, ready: tuple[Any, ...], given: tuple[Any, Any, Any],
         calls: tuple[Program, ...],
-    ) -> None:
-        """step()'s other path: a step that does not follow on, whose values are NumPy or JAX numbers, that the waiter
-        asked for, or that comes after a pause."""
+    ) -> None:  # fmt: skip
+        """step()'s other path: a step that does not follow on, with NumPy or JAX values, held, or after a pause."""
         if self.owner is None:
-            not_running("step", stacklevel=4)  # the caller of jaxmon.step(), through step() and this
+            not_running("step", stacklevel=4)  # the caller of jaxmon.step()
             return
         self.stepping = True
         if self._count - self.waiter.booked >= self._max_pending:
-            self._last = None  # the next step hands a Given: the waiter does not know this one
+            self._last = None
             self._problem("dropped", "training steps not tracked: the waiter is far behind", number=shown(n))
             return
         items: list[Any] = [PAUSED] if handed - previous >= self.paused_after else []
         values: list[Any] = []
-        held: list[Any] = []  # jaxmon's own handles on the JAX arrays given as the number or a figure
-        for value in (n, *given):  # NumPy scalars as Python numbers; anything else the waiter checks
+        held: list[Any] = []
+        for value in (n, *given):
             if type(value) not in HOST:
-                if isinstance(value, NUMPY_INT):
+                if isinstance(value, np.integer):
                     value = int(value)
-                elif isinstance(value, NUMPY_REAL):
+                elif isinstance(value, np.floating):
                     value = float(value)
                 elif self.ops.is_array(value):
                     value = self.ops.hold(value)
-                    if value is None:
-                        value = LOST
-                    else:
+                    value = LOST if value is None else value
+                    if value is not LOST:
                         held.append(value)
             values.append(value)
         number, *figures = values
@@ -315,49 +264,40 @@ class Hand:
             items.append(Given(number, figures[0], figures[1], figures[2], calls, bool(held)))
         items.append(handed)
         asked = self.asked
-        if asked is not self.answered or handed >= self._due:  # the waiter's: ready held, the arrays given too
+        if asked is not self.answered or handed >= self._due:
             self._due = handed + self.waiter.every
             hold = self._hold(ready)
             items.append(hold._replace(handles=hold.handles + held) if held else hold)
-        self._handed.extend(items)  # one call: the waiter never takes a step without its context and hold
+        self._handed.extend(items)  # one call: the waiter never takes a step without its Given and Hold
         self._count += 1
         if asked is not self.answered:
             self.answered = asked
             self.waiter.wake()
         elif held and self._count - self.waiter.booked >= self.waiter.room:
-            self.waiter.hurry()  # the arrays held since the last look fill the GC's young generation: look now
-        self._last = number if type(number) is int else None  # (a device number: the next step hands a Given)
-        if host:
-            self._examples, self._tokens, self._model_flops = given
-            self._figures = figures
-        else:  # figures read per step: the next step hands a Given
-            self._examples = self._tokens = self._model_flops = None
-        self._calls = calls
-        self._ready = ready
+            self.waiter.hurry()
+        self._last = number if type(number) is int else None
+        self._examples, self._tokens, self._model_flops = given if host else (None, None, None)
+        self._figures, self._calls, self._ready = figures, calls, ready
         if type(number) is int:
-            self._sampled(number)  # a device step number starts no sampled trace (it is not read here)
+            self._sampled(number)  # (a device number starts no sampled trace: it is not read here)
 
     def _sampled(self, number: int) -> None:
-        """Step `number` handed to the sampler, where a sampled trace may start or stop; its watch copied."""
-        sampler = self._sampler
-        if sampler is not None:
+        """Step `number` told to the sampler, where a sampled trace may start or stop."""
+        if (sampler := self._sampler) is not None:
             sampler.handed(number)
             self._watch = sampler.watch
 
     def _hold(self, ready: tuple[Any, ...], marked: float | None = None) -> Hold:
-        """jaxmon's own handles on `ready`'s arrays (on the training thread, where nothing deletes them meanwhile),
-        or a barrier's when it holds none; the loss gauge's names where `ready` is a scalar or a dict of scalars."""
+        """jaxmon's own handles on `ready`'s arrays (here, where nothing deletes them meanwhile), or a barrier's when
+        it has none. Of a dict of more scalars than the loss gauge exports, only those it exports (the first, sorted):
+        any output of a step says when it completed."""
         ops = self.ops
         left_out = 0
-        if len(ready) == 1 and type(ready[0]) is dict and len(ready[0]) > MAX_LOSS_NAMES:
-            # Only the names the loss gauge exports are held and read (the first, sorted): any output of the step
-            # says when it completed, and a dict of a thousand metrics costs what one of sixteen does.
-            tree = ready[0]
-            if all(type(k) is str for k in tree):
-                ready = ({k: tree[k] for k in heapq.nsmallest(MAX_LOSS_NAMES, tree)},)
-                left_out = len(tree) - MAX_LOSS_NAMES
+        tree = ready[0] if len(ready) == 1 else None
+        if type(tree) is dict and len(tree) > MAX_LOSS_NAMES and all(type(k) is str for k in tree):
+            ready, left_out = ({k: tree[k] for k in heapq.nsmallest(MAX_LOSS_NAMES, tree)},), len(tree) - MAX_LOSS_NAMES
         arrays = ops.arrays(ready)
-        if not arrays:  # no ready, or a tree of host numbers: no array says when the step is done
+        if not arrays:
             return Hold(ops.barrier(), marked=marked)
         handles = [h for h in map(ops.hold, arrays) if h is not None]
         if len(handles) < len(arrays):
@@ -365,33 +305,32 @@ class Hand:
         return Hold(handles, loss=loss_names(ready, arrays), marked=marked, left_out=left_out)
 
     def pause(self) -> None:
-        """No step comes for a while (a badput() block opens, an epoch ends: on the training thread). The last step's
-        arrays are held now (a mark), so that the steps before it are seen complete when they were, not after."""
+        """No step comes for a while (a badput() block opens): the last step held now (a mark), so that the steps
+        before it are seen complete when they were."""
         if self.owner is None:
             return
         try:
-            last = self._handed[-1]
+            if type(self._handed[-1]) is Hold:
+                return  # held already
         except IndexError:
-            return  # nothing handed, or the waiter took everything
-        if type(last) is Hold:
-            return  # the last step is held already
+            return  # none handed since the waiter took them
         self._handed.append(self._hold(self._ready, marked=self._clock()))
         self._ready = ()
         self.waiter.hurry()
 
     def let_go(self) -> None:
-        """Hold nothing of the loop (the waiter's call once the loop is still: the last step's ready goes)."""
+        """Hold nothing of a still loop (the waiter's call)."""
         self._ready = ()
 
 
 def _same(value: Any, before: Any) -> bool:
-    """Whether a host figure equals the step before's (the same type: never an array's ==)."""
+    """Whether a figure equals the step before's: the same type, a host number (never an array's ==)."""
     return type(value) is type(before) and (value is before or (type(value) in HOST and value == before))
 
 
 def loss_names(ready: tuple[Any, ...], arrays: list[Any]) -> tuple[str, ...]:
     """The loss gauge's names for `ready`'s arrays (in its leaves' order): `loss` for one scalar, a dict's keys for
-    a dict of scalars (JAX flattens a dict in key order); none for anything else."""
+    a dict of scalars (flattened in key order); none for anything else."""
     if len(ready) != 1 or not all(getattr(a, "shape", None) == () for a in arrays):
         return ()
     tree = ready[0]
@@ -405,12 +344,14 @@ def loss_names(ready: tuple[Any, ...], arrays: list[Any]) -> tuple[str, ...]:
 
 
 def shown(value: Any) -> str:
-    """What was given, for a log line: a host value's repr (cut short), an array's type only (its repr would wait
-    for the device)."""
-    if isinstance(value, str | numbers.Number) or value is None:
-        return repr(value)[:80]
+    """What was given, for a log line: a host value's repr (cut short), an array's type and shape only (its repr
+    would wait for the device)."""
     shape = getattr(value, "shape", None)
-    if shape is not None and not hasattr(value, "block_until_ready"):
+    if (
+        isinstance(value, str | numbers.Number)
+        or value is None
+        or (shape is not None and not hasattr(value, "block_until_ready"))
+    ):
         try:
             return repr(value)[:80]
         except Exception:
@@ -422,5 +363,4 @@ def _ignore(*args: Any, **kwargs: Any) -> None:
     pass
 
 
-# The process's hand: jaxmon.step is its bound method (jaxmon.training).
-HAND = Hand()
+HAND = Hand()  # the process's: jaxmon.step is its bound method

@@ -99,6 +99,7 @@ class Tracker:
         )  # fmt: skip
         self.sampler.look = self.waiter.look_now  # a traced block's last step is looked at as it comes
         self._stepped: tuple[bool, int | None] = (False, None)  # the hand's stepping and dispatched, once disarmed
+        ops.barrier()  # compiled here, at the start, not in a step() (a step without arrays holds its outputs)
         self.hand.arm(self, ops, clock, self._handed, self.waiter, self.sampler, self._problem, config.max_pending)
         self.waiter.start()
         self.step = self.hand.step

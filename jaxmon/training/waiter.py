@@ -1,32 +1,27 @@
-"""jaxmon's waiter thread: it takes the steps `step()` handed, waits for the ones held, dates and books them.
+"""jaxmon's waiter thread: it takes the steps `step()` handed (hand.py's protocol), waits for the held ones, dates
+and reads them, and hands the tracker runs of steps to book (ledger.py).
 
-The protocol with the training thread is in hand.py. A look:
-1. At most one per `every` while steps come: LOOK at first, a LOOK longer each look while the loop steps on, up to
-   LOOK_MAX and about LOOK_STEPS of its steps (a look costs a wake, a wait that releases and takes back the GIL and a
-   booking, shared by the steps since the last one). `hurry()` (a badput() block opened) and the sampler's
-   `look_now()` look at once.
-2. It asks for a hold (`asked`): the next step() takes jaxmon's own handles on its arrays and wakes this thread, which
-   takes every item handed up to the last hold and waits for the holds in one call. The newest usually still runs
-   (the host dispatches ahead of its device): its completion is seen, when the wait returns. step() also holds a
-   step once per `every` of the host's time, so that a loop that stops leaves at most that much of its steps
-   without one. No step for `still` after the ask: the loop paused or ended; its steps since the last hold are
-   taken without one.
-3. It cuts the steps into segments where the host paused (PAUSED: the steps before it completed before the step after
-   it was handed) and dates each (dating.apportion: the device as a FIFO queue, the host's calls where its device
-   paces it), from observations only: the completion seen, the hand-offs, the host's lead (the steps it handed while
-   the newest ran), whether it waits for its device (it called again right after a completion seen), and a
-   typical step's device time (the median of those observed: the ledger's; before any, the least time from a held
-   step's hand-off to the look that found it done). A hold whose array was deleted or donated makes the steps up to
-   it unready (counted; their time is booked with the next completion known).
-4. It reads the numbers and figures given as arrays, checks every number and figure, and hands the tracker runs of
-   steps (ledger.Run) to book. A look's steps are columns (hand-off times, and the contexts they follow on from):
-   no object a step, so that a look of thousands makes Python's cyclic GC collect no more than the loop does.
+A look comes at most once per `every` while steps come (LOOK, a LOOK longer each look while the loop steps on, up to
+LOOK_MAX and about LOOK_STEPS steps): its cost (a wake, a wait that releases and takes back the GIL, a booking) is
+shared by the steps since the last one. It asks for a hold: the next step() takes jaxmon's own handles on its arrays
+and wakes this thread, which takes every item up to the last hold and waits for the holds in one call. The newest
+usually still runs (the host dispatches ahead of its device): its completion is seen when the wait returns. No step
+for `still` after the ask: the loop paused or ended, and its steps since the last hold are taken without one.
+
+The steps are cut into segments where the host paused (the steps before a PAUSED completed before the step after it)
+or a hold failed (a ready array deleted or donated: the steps up to it are unready), and each is dated by
+dating.apportion from observations only: the completion seen, the hand-offs, the host's lead, whether the host waits
+for its device (it called again within the GIL's switch interval of a completion seen, or its lead holds), and a
+typical step's device time (the median of those observed; before any, the least time from a held step's hand-off to
+a look that found it done). A look's steps are lists of floats and ints, and its own objects are made with the
+cyclic GC off: a look of thousands of steps makes it collect no more than the loop does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import math
 import sys
 import threading
@@ -41,29 +36,23 @@ from jaxmon.training.hand import LOST, PAUSED, Given, Hand, Hold, shown
 from jaxmon.training.handed import TrainingOps
 from jaxmon.training.ledger import Run, usable
 
-# The shortest time between two looks while steps come (seconds), and the longest.
-LOOK = 0.02
-LOOK_MAX = 0.5
-# A look waits for about this many of the loop's steps at most: past them a batch costs more than a look.
-LOOK_STEPS = 2000
-# The host's lead is the least of, and whether it waits for its device the most said by, this many recent looks.
-RECENT = 8
-# The loss gauge is read at most this often while the loop steps (a copy of a few scalars to the host each time).
-LOSS_EVERY = LOOK_MAX
+LOOK = 0.02  # the shortest time between two looks while steps come (seconds)
+LOOK_MAX = 0.5  # the longest
+LOOK_STEPS = 2000  # the most steps a look waits for: past them a batch costs more than a look
+RECENT = 8  # the looks whose least lead is the host's
+LOSS_EVERY = LOOK_MAX  # the loss gauge is read at most this often while the loop steps
 FIELDS = ("step", "examples", "tokens", "model_flops")
-# The items handed that are no step (hand.py's protocol; PAUSED too).
-MARKERS = (Given, Hold)
+MARKERS = (Given, Hold)  # the items handed that are no step (PAUSED neither)
 
 
 class Taken(NamedTuple):
-    """A look's steps as columns (lists of floats, ints and the items handed: no object a step): their hand-off
-    times; where each context begins (the index of its first step, the context, that step's place in it); the
-    holds (the index of the step held, the Hold, or the Given with arrays before it); the pauses (the index of the
-    step handed after one)."""
+    """A look's steps as columns: their hand-off times; where each Given begins (the index of its first step, the
+    Given, that step's place in it); the holds (the index of the step held, a Hold or a Given with arrays); the
+    pauses (the index of the step handed after one)."""
 
     handed: list[float]
     starts: list[int]
-    contexts: list[Given]
+    givens: list[Given]
     offsets: list[int]
     held: list[int]
     holds: list[Hold | Given]
@@ -75,10 +64,22 @@ def handles(hold: Hold | Given) -> list[Any]:
     return hold.handles if type(hold) is Hold else [v for v in hold[:4] if v is not LOST and hasattr(v, "shape")]
 
 
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """The cyclic GC off, where it was on, while this thread makes and lets go of a look's objects (never across a
+    wait for a device)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class Waiter:
-    """The thread that books the handed steps. `book(runs, loss, (loss_step, left_out))` books them under the
-    tracker's lock (with the loss gauge's scalars of step loss_step, where read, and how many names were not held);
-    `typical()` is a step's typical observed device time, `last_done()` the last completion booked (the ledger's);
+    """The thread that books the handed steps: `book(runs, loss, (loss_step, left_out))` under the tracker's lock;
+    `typical()` a step's typical observed device time and `last_done()` the last completion booked (the ledger's);
     `problem(reason, event, ...)` counts and logs."""
 
     def __init__(
@@ -92,60 +93,46 @@ class Waiter:
         typical: Callable[[], float | None],
         last_done: Callable[[], float | None],
     ) -> None:
-        self._hand = hand
-        self._handed = handed
-        self.ops = ops
-        self._clock = clock
-        self._book = book
-        self._problem = problem
-        self._typical = typical
-        self._last_done = last_done
-        self._context = Given(None, None, None, None, ())  # what the next step handed is given
-        self._offset = 0  # its place in it
+        self._hand, self._handed, self.ops, self._clock = hand, handed, ops, clock
+        self._book, self._problem, self._typical, self._last_done = book, problem, typical, last_done
+        self._given, self._offset = Given(None, None, None, None, ()), 0  # what the next step handed is given
         self._leads: deque[int] = deque([0], maxlen=RECENT)
-        self._paced: deque[bool] = deque([False], maxlen=RECENT)  # whether the host waited for its device
-        self._bounds: deque[float] = deque(maxlen=RECENT)  # a held step's hand-off to the look that found it done
-        self._seen: float | None = None  # the last look's completion seen, until the host's next call is known
-        self._loss: tuple[Hold, int | None] | None = None  # the newest held step naming loss scalars, not read yet
+        self._bounds: deque[float] = deque(maxlen=RECENT)  # a held step's hand-off to a look that found it done
+        self._loss: tuple[Hold, int | None] | None = None  # the newest hold naming loss scalars, not read yet
         self._loss_read = -math.inf
-        self.every = LOOK  # the time between two looks while steps come (read by step(): a hold that often)
-        self.still = LOOK  # no step() for this long: the loop paused or ended (read by step(): `paused_after`)
-        self.looks = 0  # looks that took steps
-        self.taken = 0  # steps taken and not booked yet
-        self.booked = 0  # steps taken and booked (or dropped): the hand's count less this is what is pending
-        self.room = LOOK_STEPS  # the most steps a look takes (read by step(): it hurries a look past them)
-        self._young = 0  # the cyclic GC's young count at the last look
+        self.every = self.still = LOOK
+        self.room = LOOK_STEPS
+        self.looks = self.taken = self.booked = 0  # looks that took steps; steps taken, not booked; booked
+        self._young = 0  # the cyclic GC's young count after the last look
         self._hurry = False
-        self._next_look = -math.inf  # when the next look may come (the real monotonic clock)
-        self._deadline = 0.0  # stop()'s: the drain waits for holds until then
+        self._next_look = -math.inf  # the real monotonic clock
+        self._deadline = 0.0  # stop()'s
         self._wake = threading.Event()
         self._worker = Worker("training", self._run, self._wake.set)
         self.thread = self._worker.thread
 
     def start(self) -> None:
-        """Start the thread (once the hand is armed: its first look asks it for a hold)."""
+        """Start the thread (once the hand is armed: its first look asks for a hold)."""
         self._worker.start()
 
     def wake(self) -> None:
-        """A held step was handed (the training thread)."""
+        """A held step was handed."""
         self._wake.set()
 
     def hurry(self) -> None:
-        """Take the steps now (a badput() block opened, its mark handed)."""
+        """Take the steps now."""
         self._hurry = True
         self._wake.set()
 
     def look_now(self) -> None:
-        """Hold the next step and take it as it comes (the training thread: a sampled trace's last step is next)."""
-        self._hand.answered = self  # no ask of the waiter's: the next step() holds and wakes this thread
+        """The next step held and taken as it comes (the training thread: a sampled trace's last step is next)."""
+        self._hand.answered = self
         self._hurry = True
 
     def stop(self, timeout: float) -> None:
         """Book what was handed (waiting for its holds `timeout` at most), then end."""
         self._deadline = time.monotonic() + timeout
         self._worker.stop(timeout)
-
-    # -- the look -----------------------------------------------------------------------------------------
 
     def _run(self) -> None:
         while not self._worker.stopping:
@@ -168,7 +155,7 @@ class Waiter:
                 return
         self._hurry = False
         self._wake.clear()
-        self._hand.asked = object()  # the next step() holds its arrays and wakes this thread
+        self._hand.asked = object()
         if not self._wake.wait(self.still):  # no step for `still`: the loop paused or ended
             size = len(self._handed)  # the items looked at: the training thread appends after them
             if not self._held(size):
@@ -181,37 +168,33 @@ class Waiter:
                 return
         now = time.monotonic()
         if count := self._held(len(self._handed)):
-            young = gc.get_count()[0]  # objects the young generation gained since the last look: the loop's, and
-            grew = young - self._young  # what it handed (a number or figure held each step)
+            grew = gc.get_count()[0] - self._young  # what the loop and its handed items left the young generation
             taken = self._take(count)
-            self._young = gc.get_count()[0]  # once this look's items are let go
-            if taken is not None:  # the loop's rhythm: a pause is a step() this much later than its steps come
+            self._young = gc.get_count()[0]
+            if taken is not None:
                 steps, spacing = taken
-                self.still = LOOK + spacing
-                # About LOOK_STEPS steps a look, and fewer where the objects they leave until it would make Python's
-                # cyclic GC collect on its own count (the loop without jaxmon frees what it makes: it never does):
-                # half the room left (the other half is this thread's while it books them). A step that makes some
-                # (a number or figure held) hurries the look once that many are pending (hand.py).
-                room = (gc.get_threshold()[0] - self._young) / 2
-                self.room = max(int(room * steps / grew), 1) if grew > 0 else LOOK_STEPS
+                self.still = LOOK + spacing  # a pause is a step() this much later than its steps come
+                # Half the young generation's room (the other half is this thread's while it books) filled by the
+                # objects the steps leave: a step holding arrays hurries the look past `room` (hand.py).
+                self.room = (
+                    max(int((gc.get_threshold()[0] - self._young) / 2 * steps / grew), 1) if grew > 0 else LOOK_STEPS
+                )
                 self.every = min(self.every + LOOK, LOOK_MAX, max(LOOK, min(LOOK_STEPS, self.room) * spacing))
                 self._hand.paused_after = self.still
         self._next_look = now + self.every
 
     def _held(self, size: int) -> int:
-        """How many of the first `size` items to take: up to the last hold among them (a Hold, or a Given with arrays
-        and the step after it); 0: none."""
-        handed = self._handed
+        """How many of the first `size` items to take: up to the last hold among them (0: none)."""
         for back in range(size - 1, -1, -1):
-            item = handed[back]
+            item = self._handed[back]
             if type(item) is Hold:
                 return back + 1
             if type(item) is Given and item.arrays and back + 1 < size:
-                return back + 2
+                return back + 2  # with its step
         return 0
 
     def _take(self, count: int, deadline: float | None = None) -> tuple[int, float] | None:
-        """Take `count` items (the last a Hold), wait for their holds, date and book their steps; how many, and the
+        """Take `count` items (up to a hold), wait for their holds, date and book their steps; how many, and the
         loop's spacing between them (None: fewer than two)."""
         with quiet():
             taken = self._parse([self._handed.popleft() for _ in range(count)])
@@ -222,94 +205,78 @@ class Waiter:
         self.looks += 1
         newest = taken.holds[-1]
         try:
-            ran = not self.ops.ready(handles(newest))  # still running: its completion is seen when the wait returns
+            ran = not self.ops.ready(handles(newest))  # still running: seen complete when the wait returns
         except Exception:
             ran = False
         looked = self._clock()
         ends = self._wait(taken.holds, deadline)
+        seen = ends[-1] if ran else None
         with quiet():
-            return self._book_taken(taken, ends, looked, seen=ends[-1] if ran else None)
-
-    def _book_taken(
-        self, taken: Taken, ends: list[float | None], looked: float, seen: float | None
-    ) -> tuple[int, float] | None:
-        """Date and book a look's steps, their holds waited for (`ends`; `seen`: the newest's completion, when it
-        still ran at `looked`); how many, and the loop's spacing between them."""
-        handed = taken.handed
-        newest = taken.holds[-1]
-        # The host's calls while the newest ran (its lead: the least of recent looks', since a call just after the
-        # completion, before this thread had the GIL back, reads as lead), and whether it waits for its device.
-        later = [t for t in list(self._handed) if type(t) not in MARKERS and t is not PAUSED and seen and t < seen]
-        self._vote(handed[0])
-        if lead := len(later):  # paced by its device if its lead holds; ahead of it, with no pace, if it grows
-            self._paced.append(lead <= self._leads[-1])
-        elif seen is not None:
-            self._seen = seen  # voted at the next look, by how soon the host called again
-        else:
-            self._bounds.append(looked - handed[-1])
-        self._leads.append(lead)
-        # A hold of a number or figure alone whose arrays were all deleted says nothing of its step: dropped (its step
-        # is bounded by the next hold; the figure is counted unread).
-        failed = {
-            i for i, hold, end in zip(taken.held, taken.holds, ends, strict=True) if end is None and type(hold) is Hold
-        }
-        ends_at: dict[int, float | None] = {p - 1: handed[p] for p in taken.pauses}
-        ends_at |= dict.fromkeys(failed) | {len(handed) - 1: None if len(handed) - 1 in failed else seen or looked}
-        marked = newest.marked if type(newest) is Hold else None
-        done, observed = self._dated(handed, ends_at, later[: min(self._leads)], marked, seen is not None)
-        self._read_and_book(taken, done, observed, newest if type(newest) is Hold else None)
+            # The host's lead: its calls while the newest ran (the least of recent looks': a call right after the
+            # completion, before this thread had the GIL back, reads as lead). Paced if it holds; if it grows, not.
+            later = [t for t in list(self._handed) if type(t) not in MARKERS and t is not PAUSED and seen and t < seen]
+            paced = len(later) <= self._leads[-1] if later else seen is not None and self._waited(handed, seen)
+            if seen is None:
+                self._bounds.append(looked - handed[-1])
+            self._leads.append(len(later))
+            # A Given's hold whose arrays were all deleted says nothing of its step (bounded by the next hold).
+            failed = {
+                i
+                for i, hold, end in zip(taken.held, taken.holds, ends, strict=True)
+                if end is None and type(hold) is Hold
+            }
+            ends_at: dict[int, float | None] = {p - 1: handed[p] for p in taken.pauses} | dict.fromkeys(failed)
+            ends_at[len(handed) - 1] = None if len(handed) - 1 in failed else seen or looked
+            mark = newest if type(newest) is Hold else None
+            lead = later[: min(self._leads)]
+            done, observed = self._dated(handed, ends_at, lead, mark and mark.marked, seen, paced)
+            self._read_and_book(taken, done, observed, mark)
         return (len(handed), (handed[-1] - handed[0]) / (len(handed) - 1)) if len(handed) > 1 else None
 
-    def _vote(self, first: float) -> None:
-        """Whether the host waited for the completion the last look saw: it called step() again (`first`, the next
-        hand-off) within the GIL's switch interval of it. A host that waits for its device calls as its steps
-        complete: its calls date them (dating.apportion's `paced`)."""
-        seen, self._seen = self._seen, None
-        if seen is not None:
-            self._paced.append(first - seen <= sys.getswitchinterval())
+    @staticmethod
+    def _waited(handed: list[float], seen: float) -> bool:
+        """Whether a host with no lead waited for its device: the time it spent between its calls, beyond the newest
+        step's device time (its hand-off to its completion seen), is within the GIL's switch interval."""
+        spacing = sorted(b - a for a, b in itertools.pairwise(handed))
+        return bool(spacing) and spacing[len(spacing) // 2] - (seen - handed[-1]) <= sys.getswitchinterval()
 
     def _dated(
-        self, handed: list[float], ends_at: dict[int, float | None], later: list[float], marked: float | None, ran: bool
-    ) -> tuple[list[float | None], list[bool]]:
-        """The steps' completions, segment by segment (each ends at a key of `ends_at`: by its value, or unready where
-        that is None), and which of them were observed (seen, or a paced host's call)."""
+        self, handed: list[float], ends_at: dict[int, float | None], later: list[float], marked: float | None,
+        seen: float | None, paced: bool,
+    ) -> tuple[list[float | None], list[bool]]:  # fmt: skip
+        """The steps' completions, segment by segment (each ends at a key of `ends_at`, by its value; None: unready),
+        and which were observed (`seen`, the newest's; or a paced host's calls)."""
         done: list[float | None] = []
         observed: list[bool] = []
         start = self._last_done()
         busy = self._typical() or min(self._bounds, default=0.0)
-        paced = 2 * sum(self._paced) > len(self._paced)
+        ran = seen is not None
         first = 0
-        last_index = len(handed) - 1
         for last in sorted(ends_at):
-            count = last - first + 1
-            if count <= 0:
+            if (count := last - first + 1) <= 0:
                 continue
-            end = ends_at[last]
-            if end is None:
+            if (end := ends_at[last]) is None:
                 done += [None] * count
                 observed += [False] * count
                 self._problem("unready", "a step's ready array was deleted or donated", times=count)
             else:
-                segment = handed[first : last + 1]
+                segment, newest = handed[first : last + 1], ran and last == len(handed) - 1
                 begin = segment[0] if start is None else start
-                newest = last == last_index
-                dates = apportion(
-                    begin, max(end, begin), segment, later if newest and ran else [], newest and ran, paced, busy,
-                    marked if newest else None,
-                )  # fmt: skip
+                dates = apportion(begin, max(end, begin), segment, later if newest else [], newest, paced, busy,
+                                  marked if last == len(handed) - 1 else None)  # fmt: skip
                 done += dates
-                observed += [dates.paced] * (count - 1) + [newest and ran]
+                observed += [dates.paced] * (count - 1) + [newest]
                 start = dates[-1]
             first = last + 1
         return done, observed
 
     def _book_unheld(self, size: int, paused: bool = False) -> None:
-        """Book the first `size` items' steps, no hold among them (the loop paused or ended): each segment ends by
-        the next one's first hand-off, the last by now. Where a typical step's time puts them after now (a host
-        that ran ahead, then stopped: they still run), first wait until then, or until a step comes."""
+        """Book the first `size` items' steps, none held: each segment ends by the next one's first hand-off, the last
+        by now. A loop that paused: where a typical step's time puts them after now (it ran ahead of its device),
+        first wait until then, or until a step comes."""
         if paused:
-            self._hand.let_go()  # the loop is still: jaxmon holds nothing of it
-            self.every = LOOK  # a loop that resumes is looked at often again, until it steps on
+            self._hand.let_go()
+            self.every = LOOK  # a loop that resumes is looked at often, until it steps on
             start, busy = self._last_done(), self._typical()
             if start is not None and busy:
                 end = start
@@ -319,21 +286,15 @@ class Waiter:
                 if (wait := end - self._clock()) > 0:
                     self._wake.clear()
                     if self._wake.wait(wait) or self._worker.stopping:
-                        return  # a step came (the next look takes these with it), or stopping (the drain does)
+                        return  # a step came (the next look takes these), or stopping (the drain does)
         with quiet():
-            self._book_unheld_items([self._handed.popleft() for _ in range(size)])
-
-    def _book_unheld_items(self, items: list[Any]) -> None:
-        """Date and book the steps among `items`, none held."""
-        taken = self._parse(items)
-        self.taken = len(taken.handed)
-        if taken.handed:
-            self.looks += 1
-            self._vote(taken.handed[0])
-            ends_at: dict[int, float | None] = {p - 1: taken.handed[p] for p in taken.pauses}
-            ends_at[len(taken.handed) - 1] = self._clock()
-            done, observed = self._dated(taken.handed, ends_at, [], None, False)
-            self._read_and_book(taken, done, observed, None)
+            taken = self._parse([self._handed.popleft() for _ in range(size)])
+            if taken.handed:
+                self.looks += 1
+                ends_at: dict[int, float | None] = {p - 1: taken.handed[p] for p in taken.pauses}
+                ends_at[len(taken.handed) - 1] = self._clock()
+                done, observed = self._dated(taken.handed, ends_at, [], None, None, False)
+                self._read_and_book(taken, done, observed, None)
 
     def _drain(self) -> None:
         """On stop: book every step handed, waiting for their holds until the stop's deadline."""
@@ -344,16 +305,13 @@ class Waiter:
         self._flush_loss()
 
     def _wait(self, holds: list[Hold | Given], deadline: float | None) -> list[float | None]:
-        """Wait for the holds' arrays in one call (one release of the GIL): when each was known done (the last: when
-        the call returned), None where one was deleted or donated (then each is waited for on its own: a step is
-        done when what is left of its hold is)."""
+        """Wait for the holds in one call (one release of the GIL): when each was known done, None where one was
+        deleted or donated (then each on its own: a step is done when what is left of its hold is)."""
         arrays = [handles(hold) for hold in holds]
         if all(arrays) and not any(type(hold) is Hold and hold.lost for hold in holds):
-            try:
+            with contextlib.suppress(Exception):
                 self._wait_until([h for held in arrays for h in held], deadline)
                 return [self._clock()] * len(holds)
-            except Exception:
-                pass
         out: list[float | None] = []
         for hold, held in zip(holds, arrays, strict=True):
             try:
@@ -366,43 +324,37 @@ class Waiter:
                 out.append(None)
         return out
 
-    def _wait_until(self, handles: list[Any], deadline: float | None) -> None:
-        """ops.wait(handles), or, with a deadline (stop()), polling until then: what is not done by then is unready."""
-        if deadline is None:
-            self.ops.wait(handles)
-            return
-        while not self.ops.ready(handles):
+    def _wait_until(self, arrays: list[Any], deadline: float | None) -> None:
+        """ops.wait(arrays), or, before a deadline (stop()), polling until then."""
+        while deadline is not None and not self.ops.ready(arrays):
             if time.monotonic() >= deadline:
                 raise TimeoutError("not done when jaxmon stopped")
             time.sleep(0.001)
-
-    # -- the handed items ---------------------------------------------------------------------------------
+        self.ops.wait(arrays)
 
     def _parse(self, items: list[Any]) -> Taken:
-        """The steps among `items` as columns (Taken), each step's context the one handed before it."""
-        context, offset = self._context, self._offset
+        """The steps among `items` as columns, each given what the Given handed before it says."""
+        given, offset = self._given, self._offset
         types = list(map(type, items))
         if types.count(float) == len(items) - 1 and types[-1] is Hold:  # the common look: floats, then its hold
             self._offset = offset + len(items) - 1
-            return Taken(items[:-1], [0], [context], [offset], [len(items) - 2], [items[-1]], [])
+            return Taken(items[:-1], [0], [given], [offset], [len(items) - 2], [items[-1]], [])
         taken = Taken([], [], [], [], [], [], [])
         handed = taken.handed
         held: Given | None = None  # a Given with arrays: the hold of the step after it
         for item, kind in zip(items, types, strict=True):
             if kind is Given:
-                context, offset = item, 0
-                held = item if item.arrays else None
-            elif kind is Hold:
-                if handed:
+                given, offset, held = item, 0, item if item.arrays else None
+            elif kind is Hold or item is PAUSED:
+                if handed and kind is Hold:
                     taken.held.append(len(handed) - 1)
                     taken.holds.append(item)
-            elif item is PAUSED:
-                if handed:
+                elif handed:
                     taken.pauses.append(len(handed))
             else:  # a step: its hand-off time
-                if not taken.contexts or taken.contexts[-1] is not context:
+                if not taken.givens or taken.givens[-1] is not given:
                     taken.starts.append(len(handed))
-                    taken.contexts.append(context)
+                    taken.givens.append(given)
                     taken.offsets.append(offset)
                 handed.append(item)
                 offset += 1
@@ -410,49 +362,43 @@ class Waiter:
                     taken.held.append(len(handed) - 1)
                     taken.holds.append(held)
                     held = None
-        self._context, self._offset = context, offset
+        self._given, self._offset = given, offset
         return taken
 
     def _read_and_book(self, taken: Taken, done: list[float | None], observed: list[bool], newest: Hold | None) -> None:
-        """Read the steps' contexts (numbers and figures given as arrays read now that they are done, every one
-        checked), and hand the tracker their runs: consecutive steps numbered on, with the same figures and tracked
-        calls, all completed at a known time or all unready. The loss gauge read from the newest hold naming one."""
+        """The steps' numbers and figures read and checked, and handed to the tracker as runs: consecutive steps
+        numbered on, with the same figures and tracked calls, all completed at a known time or all unready. The loss
+        gauge read from the newest hold that names some."""
         handed = taken.handed
         runs: list[Run] = []
-        key: tuple[Any, ...] | None = None  # the run under way: (figures, calls, unready), and its first step
+        key: tuple[Any, ...] | None = None  # the run under way: (figures, calls, unready), its first number and step
         first = start = 0
-        for k, (begin, context, offset) in enumerate(zip(taken.starts, taken.contexts, taken.offsets, strict=True)):
+        for k, (begin, given, offset) in enumerate(zip(taken.starts, taken.givens, taken.offsets, strict=True)):
             stop = taken.starts[k + 1] if k + 1 < len(taken.starts) else len(handed)
-            number, *figures = self._read(context, stop - begin)
-            if number is None:  # no number to book them under (counted): their time goes to the next step's
-                if key is not None:
-                    runs.append(self._slice(taken, done, observed, first, start, begin, key))
-                key = None
-                continue
-            number += offset
+            number, *figures = self._read(given, stop - begin)
+            base = None if number is None else number + offset - begin  # step i's number: base + i
             for i in range(begin, stop):
-                this = (*figures, context.calls, done[i] is None)
-                if key is None or this != key or number + i - begin != first + i - start:
+                this = None if base is None else (*figures, given.calls, done[i] is None)
+                if this != key or (base is not None and base + i != first + i - start):
                     if key is not None:
                         runs.append(self._slice(taken, done, observed, first, start, i, key))
-                    key, first, start = this, number + i - begin, i
+                    key, first, start = this, (base or 0) + i, i
         if key is not None:
             runs.append(self._slice(taken, done, observed, first, start, len(handed), key))
         if newest is not None and newest.loss:
             last = next((r for r in reversed(runs) if r.done is not None), None)
             self._loss = (newest, last.first + len(last.handed) - 1 if last is not None else None)
-        loss, of = self._read_loss(still=newest is None)
-        self._book(runs, loss, of)
+        self._book(runs, *self._read_loss(still=newest is None))
         self.booked += len(handed)
 
     @staticmethod
     def _slice(
-        taken: Taken, done: list[float | None], observed: list[bool], first: int, start: int, stop: int, key: Any
+        taken: Taken, done: list[float | None], seen: list[bool], first: int, start: int, stop: int, key: Any
     ) -> Run:
         """Steps `start` to `stop` of a look as a run from number `first` (`key`: its figures, calls, unready)."""
-        examples, tokens, model_flops, calls, unready = key
+        examples, tokens, flops, calls, unready = key
         dates = None if unready else done[start:stop]
-        return Run(first, taken.handed[start:stop], dates, observed[start:stop], examples, tokens, model_flops, calls)  # type: ignore[arg-type]
+        return Run(first, taken.handed[start:stop], dates, seen[start:stop], examples, tokens, flops, calls)  # type: ignore[arg-type]
 
     def _flush_loss(self) -> None:
         """The loop is still: the newest loss held is read now."""
@@ -461,32 +407,33 @@ class Waiter:
             self._book([], loss, of)
 
     def _read_loss(self, still: bool) -> tuple[dict[str, float] | None, tuple[int | None, int]]:
-        """The loss gauge's scalars of the newest held step that names some, and (its number, the names of its dict
-        not held): read at most once per LOSS_EVERY while the loop steps, and as soon as it is `still`."""
+        """The scalars of the newest hold naming loss scalars, and (its step, its dict's names not held): read at
+        most once per LOSS_EVERY while the loop steps, and once it is `still`."""
         now = self._clock()
         if self._loss is None or not (still or now - self._loss_read >= LOSS_EVERY):
             return None, (None, 0)
         (hold, number), self._loss, self._loss_read = self._loss, None, now
         try:
-            loss = {name: float(self.ops.value(h)) for name, h in zip(hold.loss, hold.handles, strict=False)}
-        except Exception:  # deleted or donated since (counted with its step, unready)
+            return {name: float(self.ops.value(h)) for name, h in zip(hold.loss, hold.handles, strict=False)}, (
+                number, hold.left_out,
+            )  # fmt: skip
+        except Exception:  # deleted or donated since (counted with its step)
             return None, (None, 0)
-        return loss, (number, hold.left_out)
 
-    def _read(self, context: Given, steps: int) -> tuple[int | None, Any, Any, Any]:
-        """A context's number and figures, read and checked: a number that is not an integer, a figure that is not a
-        finite number >= 0, is dropped for its `steps` steps and counted as `invalid`; an array deleted before it
-        could be read, as `unread`. Logged once per field and kind."""
+    def _read(self, given: Given, steps: int) -> tuple[int | None, Any, Any, Any]:
+        """A Given's number and figures, read and checked: one that is not an integer (the number) or a finite number
+        >= 0 (a figure) is dropped for its `steps` steps and counted as `invalid`, an array deleted before it was
+        read as `unread`; each logged once per field and kind."""
         out: list[Any] = []
-        for name, value in zip(FIELDS, context[:4], strict=True):
+        for name, value in zip(FIELDS, given[:4], strict=True):
             if value is LOST or self.ops.is_array(value):
                 try:
                     if value is LOST:
                         raise ValueError("deleted or donated before step() was called")
                     value = self.ops.value(value)
                 except Exception as exc:
-                    self._count("unread", name, steps, "an array given to step() was deleted or donated before it "
-                                "was read", detail=str(exc)[:200])  # fmt: skip
+                    event = "an array given to step() was deleted or donated before it was read"
+                    self._count("unread", name, steps, event, detail=str(exc)[:200])
                     out.append(None)
                     continue
             checked = integer(value) if name == "step" else figure(value)
@@ -495,25 +442,12 @@ class Waiter:
                 event = "a number given to step() is not usable: dropped for this step"
                 self._count("invalid", name, steps, event, given=shown(value), expected=expected)
             out.append(checked)
-        if out[0] is not None and type(context.number) is not int:
+        if out[0] is not None and type(given.number) is not int:
             self._hand.device_step = out[0]
         return out[0], out[1], out[2], out[3]
 
     def _count(self, reason: str, field: str, steps: int, event: str, **fields: Any) -> None:
         self._problem(reason, event, key=f"{reason}.{field}", times=steps, field=field, **fields)
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """The waiter's own objects, made and let go within a look, never make Python's cyclic GC collect: it is off
-    meanwhile, where it was on (never across a wait for a device: the loop's objects are collected as usual)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def figure(value: Any) -> float | None:

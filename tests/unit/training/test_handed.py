@@ -54,11 +54,11 @@ def hand(times: list[float]) -> tuple[Hand, deque[Any]]:
 def parsed(items: list[Any]) -> list[tuple[float, Any, int]]:
     """The waiter's steps of `items`: (hand-off, context, place in it)."""
     waiter = Waiter.__new__(Waiter)  # its parsing alone: no thread
-    waiter._context, waiter._offset = Given(None, None, None, None, ()), 0
+    waiter._given, waiter._offset = Given(None, None, None, None, ()), 0
     taken = waiter._parse(items)
     out = []
     bounds = [*taken.starts[1:], len(taken.handed)]
-    for start, context, offset, stop in zip(taken.starts, taken.contexts, taken.offsets, bounds, strict=True):
+    for start, context, offset, stop in zip(taken.starts, taken.givens, taken.offsets, bounds, strict=True):
         out += [(taken.handed[k], context, offset + k - start) for k in range(start, stop)]
     return out
 
@@ -101,7 +101,7 @@ def test_a_pause_and_a_hold_are_where_they_were() -> None:
     kinds = [type(i) if i is not PAUSED else PAUSED for i in items]
     assert kinds == [Given, float, Hold, float, PAUSED, float, Hold, float]
     waiter = Waiter.__new__(Waiter)
-    waiter._context, waiter._offset = Given(None, None, None, None, ()), 0
+    waiter._given, waiter._offset = Given(None, None, None, None, ()), 0
     steps = waiter._parse(items)
     assert len(steps.handed) == 4 and steps.pauses == [2] and steps.held == [0, 2]
 
