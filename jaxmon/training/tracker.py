@@ -71,6 +71,7 @@ class Tracker:
         self._peak_warned: set[str] = set()  # the device kinds "no peak FLOP/s known" was said of
         self._problems: dict[str, int] = {}
         self._problems_lock = threading.Lock()
+        ops.barrier()  # compiled now: not in a step() that holds its outputs (none of its own), not as the job's time
         started = clock()
         self.start_time = self._start_wall = wall()  # Unix time at the start, beside the monotonic start
         self._ledger = Ledger(
@@ -99,7 +100,6 @@ class Tracker:
         )  # fmt: skip
         self.sampler.look = self.waiter.look_now  # a traced block's last step is looked at as it comes
         self._stepped: tuple[bool, int | None] = (False, None)  # the hand's stepping and dispatched, once disarmed
-        ops.barrier()  # compiled here, at the start, not in a step() (a step without arrays holds its outputs)
         self.hand.arm(self, ops, clock, self._handed, self.waiter, self.sampler, self._problem, config.max_pending)
         self.waiter.start()
         self.step = self.hand.step

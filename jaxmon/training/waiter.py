@@ -1,12 +1,13 @@
 """jaxmon's waiter thread: it takes the steps `step()` handed (hand.py's protocol), waits for the held ones, dates
 and reads them, and hands the tracker runs of steps to book (ledger.py).
 
-A look comes at most once per `every` while steps come (LOOK, a LOOK longer each look while the loop steps on, up to
-LOOK_MAX and about LOOK_STEPS steps): its cost (a wake, a wait that releases and takes back the GIL, a booking) is
-shared by the steps since the last one. It asks for a hold: the next step() takes jaxmon's own handles on its arrays
-and wakes this thread, which takes every item up to the last hold and waits for the holds in one call. The newest
-usually still runs (the host dispatches ahead of its device): its completion is seen when the wait returns. No step
-for `still` after the ask: the loop paused or ended, and its steps since the last hold are taken without one.
+A look comes at most once per `every` while steps come: LOOK, or, for a loop whose steps come more often, a LOOK
+longer each look while it steps on, up to LOOK_MAX and about LOOK_STEPS steps (a look costs a wake, a wait that
+releases and takes back the GIL, and a booking, shared by the steps since the last one). It asks for a hold: the
+next step() takes jaxmon's own handles on its arrays and wakes this thread, which takes every item up to the last
+hold and waits for the holds in one call. The newest usually still runs (the host dispatches ahead of its device):
+its completion is seen when the wait returns. No step for `still` after the ask: the loop paused or ended, and its
+steps since the last hold are taken without one.
 
 The steps are cut into segments where the host paused (the steps before a PAUSED completed before the step after it)
 or a hold failed (a ready array deleted or donated: the steps up to it are unready), and each is dated by
@@ -179,7 +180,10 @@ class Waiter:
                 self.room = (
                     max(int((gc.get_threshold()[0] - self._young) / 2 * steps / grew), 1) if grew > 0 else LOOK_STEPS
                 )
-                self.every = min(self.every + LOOK, LOOK_MAX, max(LOOK, min(LOOK_STEPS, self.room) * spacing))
+                # Longer looks for a loop whose steps come more often than LOOK: a look per step for one whose steps
+                # are longer (each seen complete; a look's cost is then a small part of a step).
+                longer = min(self.every + LOOK, LOOK_MAX, max(LOOK, min(LOOK_STEPS, self.room) * spacing))
+                self.every = longer if spacing < LOOK else LOOK
                 self._hand.paused_after = self.still
         self._next_look = now + self.every
 
