@@ -67,6 +67,9 @@ class InProcess(Protocol):
     def trace_demand(self) -> TraceDemand | None:
         """Traces of this process's steps on demand (/debug/trace), None without a tracker."""
 
+    def settle(self, timeout: float) -> None:
+        """Every step handed by now booked, waiting `timeout` at most: before a last document or scrape."""
+
     def release(self) -> None:
         """The exporter or publisher that holds this view stopped: it lets go of its share of the tracker (the last
         share stops it)."""

@@ -317,6 +317,10 @@ class Tracker:
         self.sampler.stop(timeout)
         self.waiter.stop(timeout)  # after it booked every step handed (waiting `timeout` for their holds at most)
 
+    def flush(self, timeout: float) -> bool:
+        """Book every step handed by now, waiting for them `timeout` at most (a document written at a stop)."""
+        return self.waiter.flush(timeout) if self.waiter.thread.is_alive() else False
+
     def threads(self) -> tuple[threading.Thread, ...]:
         """Every thread of the tracker's: the waiter's, the sampler's (none when sampling is off), the analysis'."""
         return (self.waiter.thread, *self.sampler.threads, *self._analyzer.threads)

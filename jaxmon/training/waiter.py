@@ -108,6 +108,7 @@ class Waiter:
         self._hurry = False
         self._next_look = -math.inf  # the real monotonic clock
         self._deadline = 0.0  # stop()'s
+        self._flush: tuple[float, threading.Event] | None = None  # flush()'s deadline, and its done
         self._wake = threading.Event()
         self._worker = Worker("training", self._run, self._wake.set)
         self.thread = self._worker.thread
@@ -135,10 +136,17 @@ class Waiter:
         self._deadline = time.monotonic() + timeout
         self._worker.stop(timeout)
 
+    def flush(self, timeout: float) -> bool:
+        """Book every step handed by now (waiting for their holds `timeout` at most); whether it did in time."""
+        done = threading.Event()
+        self._flush = (time.monotonic() + timeout, done)
+        self.hurry()
+        return done.wait(timeout)
+
     def _run(self) -> None:
         while not self._worker.stopping:
             self._guarded(self._look)
-        self._guarded(self._drain)
+        self._guarded(lambda: self._drain(self._deadline))
 
     def _guarded(self, body: Callable[[], None]) -> None:
         try:
@@ -156,6 +164,11 @@ class Waiter:
                 return
         self._hurry = False
         self._wake.clear()
+        if (flush := self._flush) is not None:
+            self._flush = None
+            self._drain(flush[0])
+            flush[1].set()
+            return
         self._hand.asked = object()
         if not self._wake.wait(self.still):  # no step for `still`: the loop paused or ended
             size = len(self._handed)  # the items looked at: the training thread appends after them
@@ -300,10 +313,10 @@ class Waiter:
                 done, observed = self._dated(taken.handed, ends_at, [], None, None, False)
                 self._read_and_book(taken, done, observed, None)
 
-    def _drain(self) -> None:
-        """On stop: book every step handed, waiting for their holds until the stop's deadline."""
+    def _drain(self, deadline: float) -> None:
+        """Book every step handed, waiting for their holds until `deadline` (stop(), flush())."""
         while count := self._held(len(self._handed)):
-            self._take(count, self._deadline)
+            self._take(count, deadline)
         if size := len(self._handed):
             self._book_unheld(size)
         self._flush_loss()

@@ -64,6 +64,11 @@ class InProcessWorkload:
         """The tracker's traces on demand (jaxmon.training.sampler), None without a tracker."""
         return None if self._tracker is None else self._tracker.sampler.demand
 
+    def settle(self, timeout: float) -> None:
+        """Every step handed by now booked (the tracker's, waiting `timeout` at most): before a last document."""
+        if self._tracker is not None:
+            self._tracker.flush(timeout)
+
     def release(self) -> None:
         """The holder of this view stopped: its share of the tracker goes (jaxmon.training.release)."""
         if self._tracker is not None:

@@ -24,7 +24,7 @@ OUT = 4 << 20  # bytes of the step's output
 def live_bytes() -> int:
     """Bytes of the device buffers live arrays hold (a buffer shared by clones counted once)."""
     buffers: dict[int, int] = {}
-    for array in jax.live_arrays():
+    for array in jax.live_arrays():  # type: ignore[no-untyped-call]
         try:
             buffers[array.unsafe_buffer_pointer()] = array.nbytes
         except Exception:  # deleted, or spread over devices: not this loop's output
