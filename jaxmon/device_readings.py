@@ -38,7 +38,7 @@ class DeviceInfo:
         }
 
     def identity_labels(self) -> dict[str, str]:
-        """The labels of jaxmon_device_info besides device, platform, workload and source."""
+        """The labels of its metrics.DEVICE_INFO series besides device, platform, workload and source."""
         return {
             "device_kind": self.device_kind,
             "process_index": str(self.process_index),

@@ -14,6 +14,7 @@ from prometheus_client.core import Metric
 from pydantic import Field, model_validator
 
 from jaxmon.births import Births, with_zeros
+from jaxmon.catalog import metrics
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Update
 from jaxmon.families.training import training_families, training_labels
@@ -98,8 +99,8 @@ class TrainingOptions(CollectorOptions):
         default_factory=list,
         max_length=MAX_DECLARED_KINDS,
         description="Your badput() kinds, declared up front so that their series exist at 0 from start() or "
-        "publish() (jaxmon_training_badput_seconds_total{kind}); one not declared is born at 0 at its first open, "
-        "and counts its seconds from its close (after a scrape served the 0).",
+        f"publish() ({metrics.TRAINING_BADPUT_SECONDS.exposed}{{kind}}); one not declared is born at 0 at its first "
+        "open, and counts its seconds from its close (after a scrape served the 0).",
     )
 
     def tracker_config(self) -> TrackerConfig:

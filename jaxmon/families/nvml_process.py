@@ -1,5 +1,5 @@
 """The nvml collector's per-process utilization families: which process of a shared (time-sliced, MPS) GPU uses it,
-labelled as jaxmon_process_device_memory_bytes (the GPU's labels, pid, workload) and bounded by
+labelled as each process's device memory (the GPU's labels, pid, workload) and bounded by
 --collector.nvml.max-processes."""
 
 from __future__ import annotations
@@ -8,45 +8,30 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client.core import Metric
 
-from jaxmon.families import Spec, add
+from jaxmon.catalog import metrics
+from jaxmon.catalog.metrics import Family
+from jaxmon.families import add
 from jaxmon.sources.nvml import GpuReading, MigDevice, ProcessUtilization
 
 Labels = Callable[[GpuReading, MigDevice | None], dict[str, str]]
 
-_PROCESS_SHARE = (
-    " over NVML's samples of it since the previous poll (the mean; 0 for a running process NVML did not sample: "
-    "idle), 0-1; pid in NVML's PID namespace. The --collector.nvml.max-processes busiest (by SM) per GPU; none on "
-    "MIG-enabled GPUs."
-)
 # Per-process utilization (nvmlDeviceGetProcessesUtilizationInfo / nvmlDeviceGetProcessUtilization): (family,
-# ProcessUtilization attribute), labelled as jaxmon_process_device_memory_bytes (the GPU's labels, pid, workload).
-PROCESS_UTILIZATION: tuple[tuple[Spec, str], ...] = (
+# ProcessUtilization attribute), labelled as each process's device memory (the GPU's labels, pid, workload).
+PROCESS_UTILIZATION: tuple[tuple[Family, str], ...] = (
     (
-        Spec(
-            "jaxmon_process_sm_utilization_ratio",
-            "Share of the GPU's SM (3D/compute) time the process used" + _PROCESS_SHARE,
-        ),
+        metrics.PROCESS_SM_UTILIZATION_RATIO,
         "sm",
     ),
     (
-        Spec(
-            "jaxmon_process_memory_bandwidth_utilization_ratio",
-            "Share of the GPU's memory (frame buffer) bandwidth time the process used" + _PROCESS_SHARE,
-        ),
+        metrics.PROCESS_MEMORY_BANDWIDTH_UTILIZATION_RATIO,
         "memory",
     ),
     (
-        Spec(
-            "jaxmon_process_encoder_utilization_ratio",
-            "Share of the GPU's video encoder (NVENC) time the process used" + _PROCESS_SHARE,
-        ),
+        metrics.PROCESS_ENCODER_UTILIZATION_RATIO,
         "encoder",
     ),
     (
-        Spec(
-            "jaxmon_process_decoder_utilization_ratio",
-            "Share of the GPU's video decoder (NVDEC) time the process used" + _PROCESS_SHARE,
-        ),
+        metrics.PROCESS_DECODER_UTILIZATION_RATIO,
         "decoder",
     ),
 )

@@ -146,7 +146,7 @@ def array_bytes(jax: Any) -> ArrayBytes:
             continue
         ref = own.get(id(arr))
         if ref is not None and ref() is arr:
-            continue  # the probe's own (jaxmon_probe_memory_bytes), not the workload's
+            continue  # the probe's own (metrics.PROBE_MEMORY_BYTES), not the workload's
         try:
             if arr.is_deleted():
                 continue  # deleted or donated: its buffers are gone
