@@ -933,7 +933,7 @@ LINK_NOMINAL_BANDWIDTH_BYTES_PER_SECOND = Family(
     (
         "Nominal bandwidth per direction of each link of this device's kind (nvlink, pcie, ici, dcn), from the "
         "vendor's figure (bidirectional ones halved, as nccl-tests compares bus bandwidth with one direction; "
-        "sources in jaxmon/training/nominal.py): what the achieved bus bandwidth is compared with. None for a kind "
+        "sources in jaxmon/catalog/hardware.py): what the achieved bus bandwidth is compared with. None for a kind "
         "not in the table."
     ),
     (*_DEVICE, "link", "workload", "process_index", "host"),

@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from jaxmon.births import Births, with_zeros
 from jaxmon.catalog import metrics
+from jaxmon.catalog.hardware import LINKS
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Update
 from jaxmon.families.training import training_families, training_labels
@@ -35,6 +36,8 @@ PROFILE_EVERY = 1000
 # ... and at most one per this many seconds: a trace costs jaxmon's thread tens of milliseconds (the profiler's stop
 # and the parse), which at 1000 steps of a millisecond would be tens of microseconds a step (issue 38's budget: 5).
 PROFILE_MIN_SECONDS = 60.0
+# A link of the device catalog, as collector.training.link_bandwidth names one.
+_LINK = "(" + "|".join(LINKS) + ")"
 # Declared badput kinds, at most: the tracker's own limit of user kinds (jaxmon.training.handed.MAX_USER_KINDS).
 MAX_DECLARED_KINDS = 10
 
@@ -83,7 +86,7 @@ class TrainingOptions(CollectorOptions):
     )
     link_bandwidth: str = Field(
         default="",
-        pattern=r"^$|^(local|nvlink|ici|pcie|sys|dcn|network)=[0-9.eE+]+(,(local|nvlink|ici|pcie|sys|dcn|network)=[0-9.eE+]+)*$",
+        pattern=rf"^$|^{_LINK}=[0-9.eE+]+(,{_LINK}=[0-9.eE+]+)*$",
         description="Nominal bandwidth per direction of links, bytes/s, overriding the table for every device "
         "(`local=1e10,network=1.25e9`): for a device kind the table does not know (docs/placement.md).",
     )

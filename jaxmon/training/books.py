@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from jaxmon.catalog.hardware import nominal_bandwidth as per_link
 from jaxmon.device_readings import DeviceInfo
 from jaxmon.training.accounting import Accounting, Intervals
 from jaxmon.training.communication import WindowMax, book
 from jaxmon.training.handed import Program
-from jaxmon.training.nominal import per_link
 from jaxmon.training.reading import DeviceTraining
 from jaxmon.training.steps import INT, Handoff, Hold, Run, Step, columns, read_figures
 
