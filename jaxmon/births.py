@@ -29,10 +29,10 @@ import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from jaxmon.catalog import metrics
-from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
+from jaxmon.training_readings import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 
 # The keys each counter is born with at zero (the catalog's `zeros`); tests/unit/test_births.py holds them to the
-# tracker's (jaxmon.training).
+# tracker's (jaxmon.training), which a daemon does not load.
 BADPUT_KINDS = metrics.TRAINING_BADPUT_SECONDS.zeros_keys()
 PROBLEM_REASONS = metrics.TRAINING_TRACKING_PROBLEMS.zeros_keys()
 PROFILE_RESULTS = metrics.TRAINING_PROFILES.zeros_keys()

@@ -20,11 +20,11 @@ from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Update
 from jaxmon.families.training import training_families, training_labels
 from jaxmon.identity import host_name
+from jaxmon.sampled_traces import LEAD  # a sampled trace starts this many steps before its block
 from jaxmon.settings import CollectorOptions, Enabled
 from jaxmon.settings.schema import SettingsSection
 from jaxmon.snapshot import Snapshot
-from jaxmon.training.reading import TrainingReading
-from jaxmon.training.sampler import LEAD  # a sampled trace starts this many steps before its block
+from jaxmon.training_readings import TrainingReading
 
 if TYPE_CHECKING:
     from jaxmon.training.tracker import TrackerConfig

@@ -9,7 +9,7 @@ from prometheus_client.samples import Sample
 
 from jaxmon.catalog import metrics
 from jaxmon.families import add, go_float
-from jaxmon.training.reading import TrainingReading
+from jaxmon.training_readings import TrainingReading
 
 
 def training_labels(workload: str, process_index: int, process_count: int | None, host: str) -> dict[str, str]:

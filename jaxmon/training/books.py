@@ -17,8 +17,8 @@ from jaxmon.device_readings import DeviceInfo
 from jaxmon.training.accounting import Accounting, Intervals
 from jaxmon.training.communication import WindowMax, book
 from jaxmon.training.handed import Program
-from jaxmon.training.reading import DeviceTraining
 from jaxmon.training.steps import INT, Handoff, Hold, Run, Step, columns, read_figures
+from jaxmon.training_readings import DeviceTraining
 
 # A step's FLOPs per device when it gave none (shared: never written to).
 NO_FLOPS: Mapping[tuple[str, int], float] = {}

@@ -35,10 +35,10 @@ from jaxmon.training.handed import (
     TrainingOps,
 )
 from jaxmon.training.peaks import peak_table
-from jaxmon.training.reading import MAX_LOSS_NAMES, TrainingReading, bounded_loss
 from jaxmon.training.sampler import sampler_for
 from jaxmon.training.steps import Handoff, Hold, Item, Run
 from jaxmon.training.waiter import Waiter
+from jaxmon.training_readings import MAX_LOSS_NAMES, TrainingReading, bounded_loss
 
 log = structlog.get_logger("jaxmon.training")
 

@@ -15,7 +15,7 @@ from jaxmon.births import (
 )
 from jaxmon.collectors.training import MAX_DECLARED_KINDS
 from jaxmon.training import accounting, handed, sampler, window
-from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
+from jaxmon.training_readings import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 from jaxmon.xla.intervals import Split
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from jaxmon.catalog.hardware import GPUS, KINDS, LINKS, TPUS, device_peak, lookup, nominal_bandwidth, nvml_link
 from jaxmon.families.training import training_families
-from jaxmon.training.reading import DeviceTraining, TrainingReading
+from jaxmon.training_readings import DeviceTraining, TrainingReading
 from tests.helpers import FIXTURES
 
 

@@ -354,15 +354,16 @@ def test_sources_and_collectors_take_device_facts_from_the_hardware_catalog() ->
     """Peaks, nominal bandwidths, link kinds, NVML's topology levels: jaxmon.catalog.hardware's, read there by every
     wing; never through the training wing (whose links module re-exports the link kinds it classifies with)."""
     facts: set[str] = set()
-    for node in ast.parse(MODULES["jaxmon.catalog.hardware"].read_text()).body:
-        if isinstance(node, ast.FunctionDef | ast.ClassDef):
-            facts.add(node.name)
-        elif isinstance(node, ast.Assign):
-            facts.update(n.id for target in node.targets for n in ast.walk(target) if isinstance(n, ast.Name))
+    for statement in ast.parse(MODULES["jaxmon.catalog.hardware"].read_text()).body:
+        if isinstance(statement, ast.FunctionDef | ast.ClassDef):
+            facts.add(statement.name)
+        elif isinstance(statement, ast.Assign):
+            facts.update(n.id for target in statement.targets for n in ast.walk(target) if isinstance(n, ast.Name))
     assert {"LINKS", "NVLINK", "nvml_link", "device_peak", "nominal_bandwidth", "KINDS"} <= facts
     for module in sorted(m for m in MODULES if _room(m) in ("jaxmon.sources", "jaxmon.collectors")):
         for node in ast.walk(ast.parse(MODULES[module].read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(("jaxmon.training", "jaxmon.xla")):
+            wing = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
+            if _room(wing) in ("jaxmon.training", "jaxmon.xla") and isinstance(node, ast.ImportFrom):
                 taken = {alias.name for alias in node.names} & facts
                 assert not taken, f"{module} imports {sorted(taken)} from {node.module}"
     assert "jaxmon.catalog.hardware" in GRAPH["jaxmon.sources.nvml.topology"]

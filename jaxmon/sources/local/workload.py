@@ -17,8 +17,8 @@ from jaxmon.sources.local.probe import _OWN, _OWN_LOCK
 from jaxmon.threads import on_jaxmon_thread
 from jaxmon.training import release as release_tracker
 from jaxmon.training.handed import COMPILE_EVENT
-from jaxmon.training.reading import DeviceProfile, TrainingReading
 from jaxmon.training.tracker import Tracker
+from jaxmon.training_readings import DeviceProfile, TrainingReading
 
 
 class InProcessWorkload:
