@@ -7,6 +7,9 @@ from typing import Any, Protocol
 
 from jaxmon.allocator import MemoryNumbers
 
+# A device on its host: (platform, JAX id); ids repeat across platforms (a host with both GPU and CPU devices).
+DeviceKey = tuple[str, int]
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -22,7 +25,7 @@ class DeviceInfo:
     num_cores: int | None = None
 
     @property
-    def key(self) -> tuple[str, int]:
+    def key(self) -> DeviceKey:
         """Unique per host: JAX ids can repeat across platforms (a host with both GPU and CPU devices)."""
         return (self.platform, self.id)
 
@@ -63,8 +66,6 @@ class BackendStatus:
 
 HOST_MEMORY_KINDS = ("pinned_host", "unpinned_host")
 """The memory kinds that are host memory (DESIGN.md section 13): arrays offloaded there are not in `memory_stats()`."""
-
-DeviceKey = tuple[str, int]
 
 
 @dataclass(frozen=True)
