@@ -41,8 +41,7 @@ from jaxmon.exchange import (
     device_id,
 )
 from jaxmon.families import add
-from jaxmon.families.nvml import NvLinkTotals, gpu_families, sum_links
-from jaxmon.families.nvml_process import process_utilization
+from jaxmon.families.nvml import NvLinkTotals, gpu_families, process_utilization, sum_links
 from jaxmon.logsetup import ErrorLog
 from jaxmon.settings import CollectorOptions, Enabled, parse_duration
 from jaxmon.settings.durations import bounded

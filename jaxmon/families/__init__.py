@@ -4,7 +4,7 @@ Every family is declared in the metric catalog (jaxmon.catalog.metrics) and rend
 writes docs/metrics.md from it.
 
 `memory`, `compile` and `training` render their families for both this process's devices and spooled workloads;
-`nvml`, `nvml_process` and `libtpu` render the device-wide sources' per-device families.
+`nvml` and `libtpu` render the device-wide sources' families.
 """
 
 from __future__ import annotations

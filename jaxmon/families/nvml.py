@@ -1,4 +1,5 @@
-"""The nvml collector's per-GPU families: one family per NVML reading, rendered with the labels the collector makes.
+"""The nvml collector's per-GPU families, one family per NVML reading, rendered with the labels the collector makes;
+and the per-process utilization families: which process of a shared (time-sliced, MPS) GPU uses it.
 
 Every series here gets its labels from `labels(gpu, mig)`, the collector's one label function (`_labels` in
 jaxmon/collectors/nvml.py), plus what names the series within the GPU (`reason`, `kind`, `fan`, `direction`,
@@ -25,6 +26,7 @@ from jaxmon.sources.nvml import (
     GpuReading,
     MigDevice,
     NvLink,
+    ProcessUtilization,
 )
 
 Labels = Callable[[GpuReading, MigDevice | None], dict[str, str]]
@@ -251,3 +253,51 @@ def _gpm(gpus: Iterable[GpuReading], labels: Labels, pipes: bool) -> Iterator[Me
                     add(families[spec.name], {**own, "pipe": pipe}, value)
     yield supported
     yield from families.values()
+
+
+# Per-process utilization (nvmlDeviceGetProcessesUtilizationInfo / nvmlDeviceGetProcessUtilization): (family,
+# ProcessUtilization attribute), labelled as each process's device memory (the GPU's labels, pid, workload).
+PROCESS_UTILIZATION: tuple[tuple[Family, str], ...] = (
+    (
+        metrics.PROCESS_SM_UTILIZATION_RATIO,
+        "sm",
+    ),
+    (
+        metrics.PROCESS_MEMORY_BANDWIDTH_UTILIZATION_RATIO,
+        "memory",
+    ),
+    (
+        metrics.PROCESS_ENCODER_UTILIZATION_RATIO,
+        "encoder",
+    ),
+    (
+        metrics.PROCESS_DECODER_UTILIZATION_RATIO,
+        "decoder",
+    ),
+)
+
+
+def busiest(processes: Iterable[ProcessUtilization], bound: int) -> list[ProcessUtilization]:
+    """The `bound` processes with the most SM use (then memory bandwidth, then the lower pid): on a shared GPU the
+    question is who uses it, which a process's memory does not answer (a small server may take most of the SMs)."""
+    return sorted(processes, key=lambda p: (-p.sm, -p.memory, p.pid))[:bound]
+
+
+def process_utilization(
+    gpus: Iterable[GpuReading],
+    labels: Labels,
+    workloads: Mapping[int, str],
+    bound: int,
+) -> Iterator[Metric]:
+    """Each GPU's `bound` busiest processes' utilization (a pid is a new series: bounded as the process memory is);
+    GPUs without per-process utilization (MIG, an old driver: None) give none."""
+    families = [(spec.new(), attr) for spec, attr in PROCESS_UTILIZATION]
+    for gpu in gpus:
+        for proc in busiest(gpu.process_utilization or (), bound):
+            own = {**labels(gpu, None), "pid": str(proc.pid)}
+            if proc.pid in workloads:
+                own["workload"] = workloads[proc.pid]
+            for fam, attr in families:
+                add(fam, own, getattr(proc, attr))
+    for fam, _ in families:
+        yield fam

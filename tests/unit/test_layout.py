@@ -2,7 +2,7 @@
 nor the composition root, settings and the exposition that import no collector, no collector that stamps owners
 itself (the owner transform does, jaxmon.ownership.owners), imports that run one way from the sources through the
 ownership wing to the collectors, no basename that names two things, docs that name only modules that exist, and no
-module over 400 lines.
+module over 800 lines but a table of data.
 
 Imports are read with `ast`, those under `if TYPE_CHECKING:` and inside functions included: a circle through a
 type-only or a lazy import is still a circle in the design.
@@ -17,7 +17,9 @@ from pathlib import Path
 from tests.helpers import ROOT
 
 PACKAGE = ROOT / "jaxmon"
-MAX_LINES = 400
+# A module is one concept, whole: the cap is there to catch two concepts in one file, not to split one (client_python's
+# metrics.py, one concept, is 804 lines).
+MAX_LINES = 800
 
 
 def _module_name(path: Path) -> str:
@@ -345,7 +347,7 @@ def test_the_docs_name_only_modules_that_exist() -> None:
 TABLES = {"jaxmon.catalog.metrics"}
 
 
-def test_no_module_is_over_400_lines() -> None:
+def test_no_module_is_over_800_lines_but_a_table() -> None:
     long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert set(long) <= TABLES, {m: n for m, n in long.items() if m not in TABLES}
 
