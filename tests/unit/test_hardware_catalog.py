@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from jaxmon.catalog.hardware import GPUS, KINDS, LINKS, TPUS, device_peak, lookup, nominal_bandwidth, nvml_link
+from jaxmon.catalog.hardware import GPUS, KINDS, LINKS, TPUS, device_peak, lookup, nominal_bandwidth
 from jaxmon.families.training import training_families
 from jaxmon.training_readings import DeviceTraining, TrainingReading
 from tests.helpers import FIXTURES
@@ -163,20 +163,3 @@ def test_a_real_v5e_chips_allocator_limit_fits_the_catalogs_hbm() -> None:
     assert entry is not None and entry.hbm_bytes is not None
     limit = device["memory_stats"][0]["bytes_limit"]
     assert 0.98 * entry.hbm_bytes.value < limit <= entry.hbm_bytes.value
-
-
-@pytest.mark.parametrize(
-    ("ancestor", "p2p", "peer", "link"),
-    [
-        (0, None, False, "pcie"),
-        (30, False, False, "pcie"),
-        (40, None, False, "sys"),
-        (50, None, False, "sys"),
-        (50, True, False, "nvlink"),
-        (None, None, True, "nvlink"),
-        (None, None, False, None),
-        (60, None, False, None),
-    ],
-)
-def test_nvmls_topology_levels_are_links(ancestor: int | None, p2p: bool | None, peer: bool, link: str | None) -> None:
-    assert nvml_link(ancestor, p2p, peer) == link
