@@ -1822,6 +1822,7 @@ LIBTPU_SDK_STATUS = Family(
     ("source", "status"),
     "the daemon's SDK child: its import, its answers, its deadline",
     _TPU_SDK,
+    extra=(Extra(_OWNERS.labels, "the node's TPU holder, as on every series of the host's libtpu"),),
 )
 LIBTPU_SDK_CHILD_STARTS = Family(
     "jaxmon_libtpu_sdk_child_starts",
@@ -1830,6 +1831,7 @@ LIBTPU_SDK_CHILD_STARTS = Family(
     ("source",),
     "the daemon's SDK child processes started",
     _TPU_SDK,
+    extra=(Extra(_OWNERS.labels, "the node's TPU holder, as on every series of the host's libtpu"),),
 )
 
 # kubernetes

@@ -133,11 +133,13 @@ def test_every_nvml_family_the_collector_renders_is_declared() -> None:
 
 
 def test_the_owner_labels_are_declared_wherever_the_owner_transform_may_write_them() -> None:
-    """The owner transform labels every series that names a device or a pid (jaxmon.ownership.owners): each family
-    whose series do declares them, but the kubelet's own, which carries them as its own labels."""
+    """The owner transform labels every series that names a device or a pid, and every series of the host's libtpu
+    (jaxmon.ownership.owners): each family whose series do declares them, but the kubelet's own, which carries them
+    as its own labels."""
     owners = {"pod", "namespace", "container"}
     for f in metrics.FAMILIES:
-        if {"device", "pid"} & set(f.labels) and f is not metrics.SLURM_JOB_DEVICE_INFO:
+        libtpu_host = "tpu" in f.collectors and "source" in f.labels
+        if ({"device", "pid"} & set(f.labels) or libtpu_host) and f is not metrics.SLURM_JOB_DEVICE_INFO:
             assert owners <= f.label_names, f.name
     assert owners <= set(metrics.KUBERNETES_POD_DEVICE_INFO.labels)
 
