@@ -33,7 +33,7 @@ from jaxmon.training.blocks import LEAD, Blocks, block_start, period_began, trac
 from jaxmon.training.handed import Profiler, SamplerConfig, TrainingOps
 from jaxmon.training.profile_totals import ProfileTotals
 from jaxmon.training.trace_links import Catalog
-from jaxmon.training.trace_split import IN_PROCESS_BYTES, split
+from jaxmon.training.trace_split import IN_PROCESS_BYTES, Reader, Stopped
 from jaxmon.training_readings import ProfileReading
 
 log = structlog.get_logger("jaxmon.training.sampler")
@@ -64,7 +64,7 @@ class Sampler:
         `problem` the tracker's (reason, event, times=): counts the events of analysed instructions that could not
         be placed, by why (reason="trace_<why>"); `in_process`: the largest trace read on this thread (bytes; a
         larger one is read in a child process)."""
-        self._in_process = in_process
+        self._reader = Reader(in_process)  # stop() kills a child reading a trace
         self.profiler = profiler
         self.config = config
         self._collectives = collectives
@@ -236,7 +236,10 @@ class Sampler:
 
     def _book(self, n0: int, data: bytes, windows: list[tuple[int, int]]) -> None:
         """Split the trace over the steps' windows (Unix ns) and add each device's parts to the totals."""
-        add = split(data, self._catalog(), windows, self._in_process)  # a large trace: in a child process
+        try:
+            add = self._reader.split(data, self._catalog(), windows)  # a large trace: in a child process
+        except Stopped:
+            return  # stop() ended the read: the exit waits for no parse
         if add is None:
             self._count("failed")
             self._errors.error(
@@ -329,6 +332,7 @@ class Sampler:
             self._wake.notify_all()
 
     def stop(self, timeout: float) -> None:
+        self._reader.stop()
         self._worker.stop(timeout)
 
     @property

@@ -1,399 +1,459 @@
-"""jaxmon's waiter thread: it takes the steps `step()` handed, waits for them, dates them and hands them back to the
-tracker to book (docs/training.md, "How a step is measured").
+"""jaxmon's waiter thread: it takes the steps `step()` handed, waits for the ones held, dates and books them.
 
-The waiter looks at the handed steps at most once per LOOK while steps come. A step is handed with no handle at all
-(taking one costs microseconds on the training thread, dropping it as many here), except the one the waiter asks
-for: at each look it sets `want`, and the next `step()` takes jaxmon's own handles on its ready arrays (a `Hold`)
-and wakes it. The waiter takes every step handed up to that one and waits for its hold in one call: one device runs
-its programs in dispatch order, so the steps before it completed before it. The looked-at step was usually still
-running (the host dispatches ahead of the device): the call returns at its completion. The earlier ones completed
-while the waiter was not looking; their completions are not observed. A loop paced by its device (it waits for the
-step before last, or for each step) calls `step()` right after each completion, `lag` steps ahead (lag: the steps
-it handed while the waiter waited for the newest): so step k is dated at the host's `step()` call for step
-k + lag + 1, kept within the batch's interval and in order. A loop further ahead of its device has no such rhythm: the
-interval is shared evenly. Pure arithmetic, tested on literals (dating.py).
-
-step() also holds a step's arrays once per look's time of the host's, so that a loop that pauses or ends leaves at
-most that much of its steps un-held (_take_paused dates them); a badput() block's mark dates them exactly.
+The protocol with the training thread is in hand.py. A look:
+1. At most one per `every` while steps come: LOOK at first, a LOOK longer each look while the loop steps on, up to
+   LOOK_MAX and about LOOK_STEPS of its steps (a look costs a wake, a wait that releases and takes back the GIL and a
+   booking, shared by the steps since the last one). `hurry()` (a badput() block opened) and the sampler's
+   `look_now()` look at once.
+2. It asks for a hold (`asked`): the next step() takes jaxmon's own handles on its arrays and wakes this thread, which
+   takes every item handed up to the last hold and waits for the holds in one call. The newest usually still runs
+   (the host dispatches ahead of its device): its completion is seen, when the wait returns. step() also holds a
+   step once per `every` of the host's time, so that a loop that stops leaves at most that much of its steps
+   without one. No step for `still` after the ask: the loop paused or ended; its steps since the last hold are
+   taken without one.
+3. It cuts the steps into segments where the host paused (PAUSED: the steps before it completed before the step after
+   it was handed) and dates each (dating.apportion: the device as a FIFO queue, the host's calls where its device
+   paces it), from observations only: the completion seen, the hand-offs, the host's lead (the steps it handed while
+   the newest ran), whether it waits for its device (it called again right after a completion seen), and a
+   typical step's device time (the median of those observed: the ledger's; before any, the least time from a held
+   step's hand-off to the look that found it done). A hold whose array was deleted or donated makes the steps up to
+   it unready (counted; their time is booked with the next completion known).
+4. It reads the numbers and figures given as arrays, checks every number and figure, and hands the tracker runs of
+   steps (ledger.Run) to book. A look's steps are columns (hand-off times, and the contexts they follow on from):
+   no object a step, so that a look of thousands makes Python's cyclic GC collect no more than the loop does.
 """
 
 from __future__ import annotations
 
-import gc
+import math
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
-import jaxmon.training.steps as steps
 from jaxmon.threads import Worker
-from jaxmon.training.dating import apportion, chain
+from jaxmon.training.dating import apportion
+from jaxmon.training.hand import PAUSED, Given, Hand, Held, Hold, shown
 from jaxmon.training.handed import TrainingOps
-from jaxmon.training.steps import MARK, RESUMED, Base, Handoff, Hold, Item, Run, at, expand, held
+from jaxmon.training.ledger import Run, usable
 
-LOOK = 0.02  # the most often the waiter looks while steps come (seconds): a wake, a hold, a wait a look
-# Where steps come SHORT apart or less (the real clock) for STEADY looks, a look waits for about LOOK_STEPS steps, up
-# to LOOK_MAX (seconds): its fixed cost (a wake, a hold, a wait that releases and takes back the GIL, the batch's
-# shared booking: 500-800 µs of CPU where the loop and XLA keep the cores busy) is shared by thousands of steps of
-# 0.3 ms rather than 20 (the waiter's CPU a step: 7 µs at 100, 2.2 at 350, 0.8 at 2000). Only a batch of follow-on
-# steps (steps.py) makes no object the cyclic GC tracks a step: after a look at any other, the next one waits for at
-# most half the collector's young threshold (350 steps by default; Waiter._tuple_steps). Longer steps: a look every
-# LOOK, so that a look sees a host pause as it happens.
-LOOK_STEPS = 2000
+# The shortest time between two looks while steps come (seconds), and the longest.
+LOOK = 0.02
 LOOK_MAX = 0.5
-SHORT = 0.0025
-# (about 0.1 s of steps: a run of a few tens of steps, a test's or an eval's, keeps a look every LOOK)
-STEADY = 5
-# The host's lead is taken as the least of this many looks' (apportion's `later`).
-LEADS = 8
-# A wait that returned sooner than this (seconds) waited for nothing: its newest step was complete already.
-BLOCKED = 0.0002
-# While no step comes, the waiter looks again after this long anyway (its stop wakes it at once).
-IDLE_WAIT = 1.0
-# Steps handed but no looked-at step after this long (and this many of the loop's recent step intervals): the loop
-# paused, the waiter dates the steps so far (_take_paused).
-STILL = LOOK
-STILL_STEPS = 4
-# Within a long look, a step() this long (seconds) after the one before hands a RESUMED marker: the loop paused. A
-# loop that waits for its steps calls step() this late after a long device step too, which the marker would date as
-# the host's pause: 40 ms keeps the loop's ordinary long steps (and a loaded machine's) on the host's rhythm.
-PAUSE = 2 * LOOK
-# A first looked-at step longer than this from hand-off to done is taken for a first run's one-time work, not a step.
-FIRST_BUSY_MAX = 0.25
+# A look waits for about this many of the loop's steps at most: past them a batch costs more than a look.
+LOOK_STEPS = 2000
+# The host's lead is the least of, and whether it waits for its device the most said by, this many recent looks.
+RECENT = 8
+# The loss gauge is read at most this often while the loop steps (a copy of a few scalars to the host each time).
+LOSS_EVERY = LOOK_MAX
+FIELDS = ("step", "examples", "tokens", "model_flops")
+# The items handed that are no step (hand.py's protocol; PAUSED too).
+MARKERS = (Given, Hold)
+
+
+class Taken(NamedTuple):
+    """A look's steps as columns: their hand-off times; the contexts they follow on from, as (index of the first
+    step in it, context, that step's place in the context); the holds (index of the step held, hold); the pauses
+    (index of the step handed after one)."""
+
+    handed: list[float]
+    spans: list[tuple[int, Given, int]]
+    holds: list[tuple[int, Hold]]
+    pauses: list[int]
 
 
 class Waiter:
-    """The thread that sees the handed steps complete. `handed` is the tracker's deque (step() appends, this takes);
-    `last_done()` the last completion booked; `book(batch, done, hold)` books a batch under the tracker's lock;
-    `problem(reason, event, ...)` counts and logs; `typical()` a step's typical device time, `pace()` the window's
-    mean step (the accounting's); `pending` the tracker's max_pending."""
+    """The thread that books the handed steps. `book(runs, loss, (loss_step, left_out))` books them under the
+    tracker's lock (with the loss gauge's scalars of step loss_step, where read, and how many names were not held);
+    `typical()` is a step's typical observed device time, `last_done()` the last completion booked (the ledger's);
+    `problem(reason, event, ...)` counts and logs."""
 
     def __init__(
         self,
-        handed: deque[Item],
+        hand: Hand,
+        handed: deque[Any],
         ops: TrainingOps,
         clock: Callable[[], float],
+        book: Callable[[list[Run], dict[str, float] | None, tuple[int | None, int]], None],
         problem: Callable[..., None],
+        typical: Callable[[], float | None],
         last_done: Callable[[], float | None],
-        book: Callable[[list[Handoff] | Run, list[float | None], Hold | None], None],
-        typical: Callable[[], float | None] = lambda: None,
-        pace: Callable[[], float | None] = lambda: None,
-        pending: int = 8192,
     ) -> None:
+        self._hand = hand
         self._handed = handed
         self.ops = ops
         self._clock = clock
-        self._problem = problem
-        self._last_done = last_done
         self._book = book
+        self._problem = problem
         self._typical = typical
-        self._pace = pace
-        # A look's steps stay well within max_pending; after a batch of Handoff tuples (alive until the look), under
-        # half the collector's young threshold: past it they would make it collect (test_step_gc.py).
-        young = gc.get_threshold()[0] // 2 or LOOK_STEPS
-        cap = max(min(LOOK_STEPS, pending // 4), 1)
-        self._run_steps, self._tuple_steps = cap, max(min(cap, young), 1)
-        self._base: Base | None = None  # the last step taken, that a follow-on step handed after it takes on
-        # The host's lead at the last looks; none known at first: dated as a loop waiting for each step.
-        self._leads: deque[int] = deque([0], maxlen=LEADS)
-        # Whether the newest step still ran at the last looks; at first: a device that keeps up.
-        self._ran: deque[bool] = deque([False], maxlen=LEADS)
-        self.want = True  # the next step() takes a hold and wakes the waiter (read by step(): one attribute)
-        self.looks = 0  # batches taken
+        self._last_done = last_done
+        self._context = Given(None, None, None, None, ())  # what the next step handed is given
+        self._offset = 0  # its place in it
+        self._leads: deque[int] = deque([0], maxlen=RECENT)
+        self._paced: deque[bool] = deque([False], maxlen=RECENT)  # whether the host waited for its device
+        self._bounds: deque[float] = deque(maxlen=RECENT)  # a held step's hand-off to the look that found it done
+        self._seen: float | None = None  # the last look's completion seen, until the host's next call is known
+        self._loss: tuple[Hold, int | None] | None = None  # the newest held step naming loss scalars, not read yet
+        self._loss_read = -math.inf
+        self.every = LOOK  # the time between two looks while steps come (read by step(): a hold that often)
+        self.still = LOOK  # no step() for this long: the loop paused or ended (read by step(): `paused_after`)
+        self.looks = 0  # looks that took steps
         self.taken = 0  # steps taken and not booked yet
-        self._spacing = 0.0  # the loop's recent time between two step() calls
-        self._hurry = False  # take the handed steps without waiting for the next look
-        self._first_busy = 0.0  # the first looked-at step seen running: from its hand-off to its completion
-        self._handoff = threading.Event()
-        self._last_look = -float("inf")  # when the handed steps were last taken
-        self._paced = -float("inf")  # the same, on the real monotonic clock (the looks' pace)
-        # The time between two looks while steps come (read by step(), which also holds a step that often): LOOK, or
-        # LOOK_STEPS of the loop's recent steps where they are short, within [LOOK, LOOK_MAX].
-        self.every = LOOK
-        self._short = 0  # the looks in a row whose steps came SHORT apart or less
-        self._steady = True  # no look since the last one's dated a paused loop's steps (_take_paused)
-        # No step() for this long (the tracker's clock): the loop paused (or ended). STILL, or STILL_STEPS of its steps.
-        self.still = STILL
-        # A step() this long after the one before says that the loop paused (step() hands a RESUMED marker first):
-        # `still`, at least PAUSE, while looks are longer than LOOK (a pause within one is not seen by looking).
-        self.resumed_after = float("inf")
-        self._worker = Worker("training", self._wait_loop, self._handoff.set)
-        self.thread = self._worker.start().thread
+        self.booked = 0  # steps taken and booked (or dropped): the hand's count less this is what is pending
+        self._hurry = False
+        self._next_look = -math.inf  # when the next look may come (the real monotonic clock)
+        self._deadline = 0.0  # stop()'s: the drain waits for holds until then
+        self._wake = threading.Event()
+        self._worker = Worker("training", self._run, self._wake.set)
+        self.thread = self._worker.thread
+
+    def start(self) -> None:
+        """Start the thread (once the hand is armed: its first look asks it for a hold)."""
+        self._worker.start()
 
     def wake(self) -> None:
-        """A looked-at step (or a mark) was handed."""
-        self._handoff.set()
-
-    def look_now(self) -> None:
-        """Look at the next step handed as it comes (the training thread: a sampled trace's last step is next)."""
-        self.want = True
-        self.hurry()
+        """A held step was handed (the training thread)."""
+        self._wake.set()
 
     def hurry(self) -> None:
-        """The host stops stepping for a while (a badput() block opens, its mark handed): take the steps now."""
+        """Take the steps now (a badput() block opened, its mark handed)."""
         self._hurry = True
-        self._handoff.set()
+        self._wake.set()
+
+    def look_now(self) -> None:
+        """Hold the next step and take it as it comes (the training thread: a sampled trace's last step is next)."""
+        self._hand.answered = self  # no ask of the waiter's: the next step() holds and wakes this thread
+        self._hurry = True
 
     def stop(self, timeout: float) -> None:
-        """End after the steps it waits for (a hung device keeps it: a daemon thread)."""
+        """Book what was handed (waiting for its holds `timeout` at most), then end."""
+        self._deadline = time.monotonic() + timeout
         self._worker.stop(timeout)
 
-    def _wait_loop(self) -> None:
-        while not self._worker.stopping:
-            try:
-                self._look()
-            except Exception as exc:  # a bug here must not end the telemetry (nor reach training)
-                self._problem("error", "the training waiter failed on a step", detail=f"{type(exc).__name__}: {exc}")
+    # -- the look -----------------------------------------------------------------------------------------
 
-    def _held(self) -> int:
-        """How many handed steps to take: up to the last one with a hold (0: none has one)."""
-        handed = self._handed
-        for back in range(1, len(handed) + 1):
-            if held(handed[-back]):
-                return len(handed) - back + 1
-        return 0
+    def _run(self) -> None:
+        while not self._worker.stopping:
+            self._guarded(self._look)
+        self._guarded(self._drain)
+
+    def _guarded(self, body: Callable[[], None]) -> None:
+        try:
+            body()
+        except Exception as exc:  # a bug here must not end the telemetry (nor reach training)
+            self._problem("error", "the training waiter failed on a step", detail=f"{type(exc).__name__}: {exc}")
+        finally:
+            self.taken = 0
 
     def _look(self) -> None:
-        """Take the steps handed up to the newest looked-at one (at most one look per LOOK while steps come), wait
-        for it, and book them."""
-        # At most one look per LOOK while steps come: only hurry() (a badput() block opens: it sets the flag first)
-        # and stop() end the wait early, not a step's wake.
-        while not self._hurry and (wait := self._paced + self.every - time.monotonic()) > 0:  # real time, not a test's
-            self._handoff.clear()
-            self._handoff.wait(wait)
+        while not self._hurry and (wait := self._next_look - time.monotonic()) > 0:
+            self._wake.clear()
+            self._wake.wait(wait)
             if self._worker.stopping:
                 return
         self._hurry = False
-        self._handoff.clear()
-        # Ask for a fresh looked-at step (the next step() holds its arrays and wakes the waiter): it usually still
-        # runs when the waiter waits for it, so its completion is seen, not estimated. A step held meanwhile (one
-        # per LOOK of the host's time) only dates the steps so far when no step comes (the loop paused or ended).
-        self.want = True
-        newest = self._handed[-1] if self._handed else None
-        if newest is None:
-            self._handoff.wait(IDLE_WAIT)
-        elif not held(newest) and (age := self._clock() - at(newest)) < self.still:  # a step may come yet (the
-            self._handoff.wait(self.still - max(age, 0.0))  # host's clock)
-        if self._worker.stopping:
-            return
-        count = self._held()
-        if not count:
-            if newest is not None and self._handed and self._handed[-1] is newest:
-                self._take_paused()  # no step came meanwhile: the loop paused (or ended)
-            return
-        self.want = False  # taken: the next look asks again
-        paced, self._last_look, self._paced = self._paced, self._clock(), time.monotonic()
-        self.looks += 1
-        popleft = self._handed.popleft
-        items = [popleft() for _ in range(count)]
-        base = self._base
-        run = Run.of(items, base)  # the common batch, as columns; else each step's tuple
-        if run is not None:
-            self._base = run.last()
-            plain = True
-        else:
-            batch, self._base = expand(items, base)
-            plain = set(map(type, map(steps.NUMBER, batch))) == steps.INT  # no marker (nor a number to read)
-            if 3 * (resumed := sum(item[1] is RESUMED for item in batch)) >= count:  # a pause before most of its
-                self._short, self.every = 0, LOOK  # steps: the loop's steps are long now, each looked at
-        # The loop's recent step on the real clock: the time since the last look, shared; not where the loop paused
-        # in it (a marker in the batch, or a look that dated a paused loop's steps: _take_paused).
-        if paced > -float("inf") and self._steady and plain:
-            spacing = (self._paced - paced) / count
-            self._short = self._short + 1 if spacing < SHORT else 0
-            long = self._short >= STEADY  # a loop of short steps for a while, not a start's few
-            # At most twice as long as the last look: one estimate off by a pause costs a look, not a batch of
-            # thousands of steps (over the collector's young threshold, towards max_pending).
-            # A look of follow-on steps is as long again: the next is likely one too.
-            cap = self._run_steps if run is not None else self._tuple_steps
-            self.every = min(LOOK_MAX, max(LOOK, cap * spacing), 2 * self.every) if long else LOOK
-        self._steady = True
-        self.resumed_after = max(self.still, PAUSE) if self.every > LOOK else float("inf")
-        self.taken = count
-        try:
-            hold = items[-1][6]  # type: ignore[index]  # the last one taken is held: a Handoff
-            if run is not None:
-                dates = self._dates(run.handed, run.holds, hold)
-                if dates is not None:
-                    self._book(run, dates, hold)
+        self._wake.clear()
+        self._hand.asked = object()  # the next step() holds its arrays and wakes this thread
+        if not self._wake.wait(self.still):  # no step for `still`: the loop paused or ended
+            size = len(self._handed)  # the items looked at: the training thread appends after them
+            if not self._held(size):
+                if size:
+                    self._book_unheld(size, paused=True)
                     return
-                batch, _ = expand(items, base)  # a hold's array deleted or donated: each looked-at step on its own
-                self._book(batch, self._one_by_one(batch, hold), hold)
+                self._flush_loss()
+                self._wake.wait()  # until a step comes (it is held: asked) or stop
+            if self._worker.stopping:
                 return
-            if not plain:
-                batch = [item for item in batch if item[1] is not MARK]  # a mark is no step: its hold dated those
-                if resumed:  # before it
-                    batch = self._before_pauses(batch)
-            marked = items[-1][0] if items[-1][1] is MARK else None  # type: ignore[index]  # (a Handoff: held)
-            times, holds = list(map(steps.HANDED, batch)), list(filter(None, map(steps.HOLD, batch)))
-            dates = self._dates(times, holds, hold, marked)
-            self._book(batch, self._one_by_one(batch, hold) if dates is None else dates, hold)
-        finally:
-            self.taken = 0
+        now = time.monotonic()
+        if count := self._held(len(self._handed)):
+            spacing = self._take(count)
+            if spacing is not None:  # the loop's rhythm: a pause is a step() this much later than its steps come
+                self.still = LOOK + spacing
+                self.every = min(self.every + LOOK, LOOK_MAX, max(LOOK, LOOK_STEPS * spacing))
+                self._hand.paused_after = self.still
+        self._next_look = now + self.every
 
-    def _take_paused(self) -> None:
-        """No step came to be looked at: date the steps handed since the last looked-at one (at most a look's time of
-        the host's: step() holds one that often), with no device call (a barrier would not do: XLA:CPU runs a
-        program that reads none of their outputs beside them). They complete in order after the last completion
-        booked: each a typical step's device time (the window's median busy part) after the one before it, or after
-        its hand-off if later. Where that puts the last one after now (a host that ran ahead, then stopped: its
-        steps still run), the waiter waits until then first; a step handed meanwhile bounds them instead."""
-        start = self._last_done()
-        busy = self._typical() or self._first_busy  # before a window: the first looked-at step's hand-off to done
-        tail = [at(item) for item in list(self._handed) if type(item) is not tuple or item[1] is not RESUMED]
-        # The host handed them well before the last completion, or faster than the device runs steps: it ran ahead,
-        # and they may run a while yet (a loop's epoch end may mark them: jaxmon.keras does).
-        ahead = (
-            start is not None
-            and bool(tail)
-            and (tail[0] < start - (busy or LOOK) or (busy > 0 and tail[-1] - tail[0] < (len(tail) - 1) * busy / 2))
-        )
-        if ahead and start is not None:
-            rate = max(busy, self._pace() or 0.0)  # the wait at the device's pace (a burst's dated busy parts are ~0)
-            end = start
-            for handed in tail:
-                end = max(handed, end) + rate
-            # They may run longer than a typical step each (a loop's epoch end may mark them meanwhile): twice the
-            # estimate, at least STILL after the newest was handed; a loop that waited for each of them (its first
-            # completion seen late: the GIL) has its next step by then, or is dated by the estimate.
-            end = max(end + (end - start), tail[-1] + STILL)
-            if (wait := end - self._clock()) > 0:
-                self._handoff.wait(min(wait, IDLE_WAIT))
-                if self._held() or self._worker.stopping or wait > IDLE_WAIT:
-                    return  # a step came (the next look takes these with it), or look again
-        items = [self._handed.popleft() for _ in range(len(self._handed))]
-        base = self._base
-        run = Run.of(items, base)  # as columns where they follow on: no tuple a step
-        batch: list[Handoff] | Run
-        if run is not None:
-            batch, times, self._base = run, run.handed, run.last()
-        else:
-            taken, self._base = expand(items, base)
-            batch = [item for item in taken if item[1] is not RESUMED]
-            times = list(map(steps.HANDED, batch))
-        self.taken = len(times)
-        self.looks += 1
-        now = self._last_look = self._clock()
-        self._paced, self._steady = time.monotonic(), False
-        try:
-            dates: list[float | None]
-            if ahead and start is not None and busy <= 0:  # no typical step known yet: the time since the last
-                dates = [start + (now - start) * (i + 1) / len(times) for i in range(len(times))]  # completion, shared
-            else:
-                dates = [*chain(times, start, busy, now)]
-            if times:
-                self._book(batch, dates, None)
-        finally:
-            self.taken = 0
+    def _held(self, size: int) -> int:
+        """How many of the first `size` items to take: up to the last Hold among them (0: none)."""
+        handed = self._handed
+        for back in range(size - 1, -1, -1):
+            if type(handed[back]) is Hold:
+                return back + 1
+        return 0
 
-    def _before_pauses(self, batch: list[Handoff]) -> list[Handoff]:
-        """Book the steps of `batch` handed before its last RESUMED marker (the loop paused, then stepped again):
-        each segment before a marker is dated as the steps of a loop that paused (`_paused_dates`: no later than the
-        resuming call), not by the host's calls after the pause. Returns the steps after the last marker."""
-        segment: list[Handoff] = []
-        for item in batch:
-            if item[1] is not RESUMED:
-                segment.append(item)
-                continue
-            if segment:  # its holds (done before the look) waited for: a deleted or donated ready array is counted
-                holds = list(filter(None, map(steps.HOLD, segment)))
-                dates = self._one_by_one(segment, None) if holds and not self._waited(holds) else None
-                self._book(segment, dates or self._paused_dates(segment, item[0]), None)
-            segment = []
-        return segment
-
-    def _paused_dates(self, segment: list[Handoff], until: float) -> list[float | None]:
-        """The completions of the un-held steps handed before a pause that ended at `until`: the last one a typical
-        step's device time after its hand-off (no later than `until`), the ones before it from the host's rhythm up
-        to there (apportion), as a batch whose newest completion was seen."""
-        start = self._last_done()
-        busy = self._typical() or self._first_busy
-        handed = [item[0] for item in segment]
-        if start is None:
-            return [*chain(handed, start, busy, until)]
-        end = max(min(max(handed[-1], start) + busy, until), start)
-        return list(apportion(start, end, handed, []))
-
-    def _dates(
-        self, handed: list[float], holds: list[Hold], hold: Hold | None, marked: float | None = None
-    ) -> list[float | None] | None:
-        """When each step of a batch (`handed`: its hand-off times; `holds`: the holds among its steps, `hold` the
-        newest's; `marked`: when the host handed the mark that ends it, if one does) completed; None when a hold's
-        array was deleted or donated (the caller waits for each on its own).
-
-        One blocking call for the batch's holds: one release of the GIL per look. The
-        newest step's completion is when that call returns, if it still ran (the usual case: the host dispatches
-        ahead); the earlier ones' are estimated (apportion). Only jaxmon's own handles are waited on or asked, so
-        a deletion at any moment makes the call raise, never crash."""
+    def _take(self, count: int, deadline: float | None = None) -> float | None:
+        """Take `count` items (the last a Hold), wait for their holds, date and book their steps; the loop's
+        spacing between them (None: fewer than two)."""
+        taken = self._parse([self._handed.popleft() for _ in range(count)])
+        handed = taken.handed
+        self.taken = len(handed)
         if not handed:
-            return []
-        if len(handed) > 1:
-            self._spacing = (handed[-1] - handed[0]) / (len(handed) - 1)
-            self.still = max(STILL, STILL_STEPS * self._spacing)
-        if hold is not None and (not holds or holds[-1] is not hold):
-            holds = [*holds, hold]  # a mark's
-        looked = self._clock()
-        if not self._waited(holds):
             return None
-        newest = self._clock()
-        ran = newest - looked >= BLOCKED
-        later = [t for t in map(at, list(self._handed)) if t < newest]  # handed while the newest ran: the host's lead
-        # A call that came just after the newest completed, before this thread had the GIL back, reads as lead:
-        # the least lead of the last looks is the loop's (a loop's lead is steady).
-        self._leads.append(len(later))
-        later = later[: min(self._leads)]
-        start = self._last_done()
-        if start is None:  # the first steps: no completion known before them, and no look before
-            start, later, ran = handed[0], [], True
-        self._ran.append(ran)
-        paced = 2 * sum(self._ran) > len(self._ran)  # the device behind the host at most recent looks
-        busy = 0.0
-        if not ran:  # done before the look: dated by a typical step's device time (the batch's share, at first)
-            busy = self._typical() or (newest - start) / len(handed)
-        completions: list[float | None] = list(apportion(start, newest, handed, later, ran, paced, busy, marked))
-        if not self._first_busy and ran and 0 < newest - handed[-1] < FIRST_BUSY_MAX:
-            self._first_busy = newest - handed[-1]
-        return completions
-
-    def _waited(self, holds: list[Hold]) -> bool:
-        """Wait for the holds' arrays in one call (one release of the GIL); False when one was deleted or donated
-        (before step() held it, or since: only jaxmon's own handles are asked, so the call raises, never crashes)."""
+        self.looks += 1
+        newest = taken.holds[-1][1]
         try:
-            if any(h.lost or not h.handles for h in holds):
-                return False
-            self.ops.wait([handle for h in holds for handle in h.handles])
+            ran = not self.ops.ready(newest.handles)  # still running: its completion is seen when the wait returns
         except Exception:
-            return False
-        return True
+            ran = False
+        looked = self._clock()
+        ends = self._wait(taken.holds, deadline)
+        seen = ends[-1] if ran else None
+        # The host's calls while the newest ran (its lead: the least of recent looks', since a call just after the
+        # completion, before this thread had the GIL back, reads as lead), and whether it waits for its device.
+        later = [t for t in list(self._handed) if type(t) not in MARKERS and t is not PAUSED and seen and t < seen]
+        self._vote(handed[0])
+        if lead := len(later):  # paced by its device if its lead holds; ahead of it, with no pace, if it grows
+            self._paced.append(lead <= self._leads[-1])
+        elif seen is not None:
+            self._seen = seen  # voted at the next look, by how soon the host called again
+        else:
+            self._bounds.append(looked - handed[-1])
+        self._leads.append(lead)
+        failed = {i for (i, _), end in zip(taken.holds, ends, strict=True) if end is None}
+        ends_at: dict[int, float | None] = {p - 1: handed[p] for p in taken.pauses}
+        ends_at |= dict.fromkeys(failed) | {len(handed) - 1: None if len(handed) - 1 in failed else seen or looked}
+        done, observed = self._dated(handed, ends_at, later[: min(self._leads)], newest.marked, seen is not None)
+        self._read_and_book(taken, done, observed, newest)
+        return (handed[-1] - handed[0]) / (len(handed) - 1) if len(handed) > 1 else None
 
-    def _one_by_one(self, batch: list[Handoff], hold: Hold | None) -> list[float | None]:
-        """`batch`'s completions when one of its holds failed: each looked-at step waited for on its own, the steps
-        before it (back to the previous looked-at one) spread evenly up to its completion. A looked-at step whose
-        ready array was deleted or donated says nothing of when it and the steps before it completed: they are
-        counted unready, and their time is booked whole with the next known completion (a gap). The steps not
-        looked at were never asked (their arrays are not jaxmon's)."""
-        out: list[float | None] = []
+    def _vote(self, first: float) -> None:
+        """Whether the host waited for the completion the last look saw: it called step() again (`first`, the next
+        hand-off) within the GIL's switch interval of it. A host that waits for its device calls as its steps
+        complete: its calls date them (dating.apportion's `paced`)."""
+        seen, self._seen = self._seen, None
+        if seen is not None:
+            self._paced.append(first - seen <= sys.getswitchinterval())
+
+    def _dated(
+        self, handed: list[float], ends_at: dict[int, float | None], later: list[float], marked: float | None, ran: bool
+    ) -> tuple[list[float | None], list[bool]]:
+        """The steps' completions, segment by segment (each ends at a key of `ends_at`: by its value, or unready where
+        that is None), and which of them were observed (seen, or a paced host's call)."""
+        done: list[float | None] = []
+        observed: list[bool] = []
         start = self._last_done()
-        segment: list[Handoff] = []
-        for i, item in enumerate(batch):
-            segment.append(item)
-            mine = item[6] if item[6] is not None else hold if i == len(batch) - 1 else None
-            if mine is None:
+        busy = self._typical() or min(self._bounds, default=0.0)
+        paced = 2 * sum(self._paced) > len(self._paced)
+        first = 0
+        last_index = len(handed) - 1
+        for last in sorted(ends_at):
+            count = last - first + 1
+            if count <= 0:
                 continue
-            when, detail = None, "deleted or donated before step() was called"
-            if not (mine.lost or not mine.handles):
-                try:
-                    self.ops.wait(mine.handles)
-                    when = self._clock()
-                except Exception as exc:
-                    detail = str(exc)[:200]
-            if when is None:
-                self._problem("unready", "a step's ready array was deleted or donated", times=len(segment),
-                              detail=detail)  # fmt: skip
-                out += [None] * len(segment)
+            end = ends_at[last]
+            if end is None:
+                done += [None] * count
+                observed += [False] * count
+                self._problem("unready", "a step's ready array was deleted or donated", times=count)
             else:
-                base = start if start is not None else segment[0][0]
-                out += [base + (when - base) * (k + 1) / len(segment) for k in range(len(segment))]
-                start = when
-            segment = []
-        return out + [None] * len(segment)
+                segment = handed[first : last + 1]
+                begin = segment[0] if start is None else start
+                newest = last == last_index
+                dates = apportion(
+                    begin, max(end, begin), segment, later if newest and ran else [], newest and ran, paced, busy,
+                    marked if newest else None,
+                )  # fmt: skip
+                done += dates
+                observed += [dates.paced] * (count - 1) + [newest and ran]
+                start = dates[-1]
+            first = last + 1
+        return done, observed
+
+    def _book_unheld(self, size: int, paused: bool = False) -> None:
+        """Book the first `size` items' steps, no hold among them (the loop paused or ended): each segment ends by
+        the next one's first hand-off, the last by now. Where a typical step's time puts them after now (a host
+        that ran ahead, then stopped: they still run), first wait until then, or until a step comes."""
+        if paused:
+            self._hand.let_go()  # the loop is still: jaxmon holds nothing of it
+            self.every = LOOK  # a loop that resumes is looked at often again, until it steps on
+            start, busy = self._last_done(), self._typical()
+            if start is not None and busy:
+                end = start
+                for item in list(self._handed)[:size]:
+                    if type(item) not in MARKERS and item is not PAUSED:
+                        end = max(item, end) + busy
+                if (wait := end - self._clock()) > 0:
+                    self._wake.clear()
+                    if self._wake.wait(wait) or self._worker.stopping:
+                        return  # a step came (the next look takes these with it), or stopping (the drain does)
+        taken = self._parse([self._handed.popleft() for _ in range(size)])
+        self.taken = len(taken.handed)
+        if taken.handed:
+            self.looks += 1
+            self._vote(taken.handed[0])
+            ends_at: dict[int, float | None] = {p - 1: taken.handed[p] for p in taken.pauses}
+            ends_at[len(taken.handed) - 1] = self._clock()
+            done, observed = self._dated(taken.handed, ends_at, [], None, False)
+            self._read_and_book(taken, done, observed, None)
+
+    def _drain(self) -> None:
+        """On stop: book every step handed, waiting for their holds until the stop's deadline."""
+        while count := self._held(len(self._handed)):
+            self._take(count, self._deadline)
+        if size := len(self._handed):
+            self._book_unheld(size)
+        self._flush_loss()
+
+    def _wait(self, holds: list[tuple[int, Hold]], deadline: float | None) -> list[float | None]:
+        """Wait for the holds' arrays in one call (one release of the GIL): when each was known done (the last: when
+        the call returned), None where one was deleted or donated (then each is waited for on its own)."""
+        if all(not hold.lost and hold.handles for _, hold in holds):
+            try:
+                self._wait_until([h for _, hold in holds for h in hold.handles], deadline)
+                return [self._clock()] * len(holds)
+            except Exception:
+                pass
+        out: list[float | None] = []
+        for _, hold in holds:  # each on its own: a step is done when what is left of its hold is
+            try:
+                alive = [h for h in hold.handles if not self.ops.deleted(h)]
+                if hold.lost or not alive:
+                    raise ValueError("deleted or donated")
+                self._wait_until(alive, deadline)
+                out.append(self._clock())
+            except Exception:
+                out.append(None)
+        return out
+
+    def _wait_until(self, handles: list[Any], deadline: float | None) -> None:
+        """ops.wait(handles), or, with a deadline (stop()), polling until then: what is not done by then is unready."""
+        if deadline is None:
+            self.ops.wait(handles)
+            return
+        while not self.ops.ready(handles):
+            if time.monotonic() >= deadline:
+                raise TimeoutError("not done when jaxmon stopped")
+            time.sleep(0.001)
+
+    # -- the handed items ---------------------------------------------------------------------------------
+
+    def _parse(self, items: list[Any]) -> Taken:
+        """The steps among `items` as columns (Taken), each step's context the one handed before it."""
+        context, offset = self._context, self._offset
+        types = list(map(type, items))
+        if types.count(float) == len(items) - 1 and types[-1] is Hold:  # the common look: floats, then its hold
+            taken = Taken(items[:-1], [(0, context, offset)], [(len(items) - 2, items[-1])], [])
+            self._offset = offset + len(items) - 1
+            return taken
+        taken = Taken([], [], [], [])
+        handed, spans = taken.handed, taken.spans
+        for item, kind in zip(items, types, strict=True):
+            if kind is Given:
+                context, offset = item, 0
+            elif kind is Hold:
+                if handed:
+                    taken.holds.append((len(handed) - 1, item))
+            elif item is PAUSED:
+                if handed:
+                    taken.pauses.append(len(handed))
+            else:  # a step: its hand-off time
+                if not spans or spans[-1][1] is not context:
+                    spans.append((len(handed), context, offset))
+                handed.append(item)
+                offset += 1
+        self._context, self._offset = context, offset
+        return taken
+
+    def _read_and_book(self, taken: Taken, done: list[float | None], observed: list[bool], newest: Hold | None) -> None:
+        """Read the steps' contexts (numbers and figures given as arrays read now that they are done, every one
+        checked), and hand their runs to the tracker; the loss gauge read from the newest hold that names one."""
+        handed, spans = taken.handed, taken.spans
+        runs: list[Run] = []
+        bounds = [*(start for start, _, _ in spans[1:]), len(handed)]
+        for (start, context, offset), stop in zip(spans, bounds, strict=True):
+            number, examples, tokens, model_flops = self._read(context, stop - start)
+            if number is None:
+                continue  # no number to book them under (counted): their time goes to the next step's
+            cut = start  # a run: its steps all completed at a known time, or all unready
+            for k in range(start + 1, stop + 1):
+                if k == stop or (done[k] is None) != (done[cut] is None):
+                    known = done[cut:k] if done[cut] is not None else None
+                    first = number + offset + cut - start
+                    calls = context.calls
+                    run = Run(first, handed[cut:k], known, observed[cut:k], examples, tokens, model_flops, calls)  # type: ignore[arg-type]
+                    runs.append(run)
+                    cut = k
+        if newest is not None and newest.loss:
+            last = next((r for r in reversed(runs) if r.done is not None), None)
+            self._loss = (newest, last.first + len(last.handed) - 1 if last is not None else None)
+        loss, of = self._read_loss(still=newest is None)
+        self._book(runs, loss, of)
+        self.booked += len(handed)
+
+    def _flush_loss(self) -> None:
+        """The loop is still: the newest loss held is read now."""
+        loss, of = self._read_loss(still=True)
+        if loss is not None:
+            self._book([], loss, of)
+
+    def _read_loss(self, still: bool) -> tuple[dict[str, float] | None, tuple[int | None, int]]:
+        """The loss gauge's scalars of the newest held step that names some, and (its number, the names of its dict
+        not held): read at most once per LOSS_EVERY while the loop steps, and as soon as it is `still`."""
+        now = self._clock()
+        if self._loss is None or not (still or now - self._loss_read >= LOSS_EVERY):
+            return None, (None, 0)
+        (hold, number), self._loss, self._loss_read = self._loss, None, now
+        try:
+            loss = {name: float(self.ops.value(h)) for name, h in zip(hold.loss, hold.handles, strict=False)}
+        except Exception:  # deleted or donated since (counted with its step, unready)
+            return None, (None, 0)
+        return loss, (number, hold.left_out)
+
+    def _read(self, context: Given, steps: int) -> tuple[int | None, Any, Any, Any]:
+        """A context's number and figures, read and checked: a number that is not an integer, a figure that is not a
+        finite number >= 0, is dropped for its `steps` steps and counted as `invalid`; an array deleted before it
+        could be read, as `unread`. Logged once per field and kind."""
+        out: list[Any] = []
+        for name, value in zip(FIELDS, context[:4], strict=True):
+            if type(value) is Held:
+                try:
+                    if value.handle is None:
+                        raise ValueError("deleted or donated before step() was called")
+                    value = self.ops.value(value.handle)
+                except Exception as exc:
+                    self._count("unread", name, steps, "an array given to step() was deleted or donated before it "
+                                "was read", detail=str(exc)[:200])  # fmt: skip
+                    out.append(None)
+                    continue
+            checked = integer(value) if name == "step" else figure(value)
+            if checked is None and (value is not None or name == "step"):
+                expected = "an integer" if name == "step" else "a finite number >= 0"
+                event = "a number given to step() is not usable: dropped for this step"
+                self._count("invalid", name, steps, event, given=shown(value), expected=expected)
+            out.append(checked)
+        if out[0] is not None and type(context.number) is Held:
+            self._hand.device_step = out[0]
+        return out[0], out[1], out[2], out[3]
+
+    def _count(self, reason: str, field: str, steps: int, event: str, **fields: Any) -> None:
+        self._problem(reason, event, key=f"{reason}.{field}", times=steps, field=field, **fields)
+
+
+def figure(value: Any) -> float | None:
+    """`value` as a finite float >= 0: a Python, NumPy (or read JAX) real scalar; None for anything else."""
+    if value is not None and usable(value):
+        return float(value)
+    if isinstance(value, bool) or not (isinstance(value, int | float) or _scalar(value, "iuf")):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def integer(value: Any) -> int | None:
+    """`value` as a step number: a Python, NumPy (or read JAX) integer; a float, even 3.0, or a bool is not one."""
+    if type(value) is int:
+        return value
+    if isinstance(value, bool) or not (isinstance(value, int) or _scalar(value, "iu")):
+        return None
+    return int(value)
+
+
+def _scalar(value: Any, kinds: str) -> bool:
+    """Whether `value` is a NumPy scalar or 0-d array of one of the dtype `kinds` (as a JAX scalar reads)."""
+    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    return getattr(value, "shape", None) == () and isinstance(kind, str) and len(kind) == 1 and kind in kinds

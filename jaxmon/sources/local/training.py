@@ -170,6 +170,11 @@ class JaxTraining:
         elif handles:
             self._batched(handles)
 
+    def ready(self, handles: list[Any]) -> bool:
+        """Whether every one of `handles` (jaxmon's own) is computed; raises when one was deleted or donated (PJRT
+        checks, under its lock: jaxmon's handles are never emptied by a delete(), so this never crashes)."""
+        return all(handle.is_ready() for handle in handles)
+
     def deleted(self, handle: Any) -> bool:
         """Whether the buffers of `handle` (jaxmon's own) were deleted or donated: PJRT says, under its lock."""
         return bool(handle.is_deleted())
@@ -307,22 +312,34 @@ class JaxTraining:
 
     def on_event_duration(self, callback: Callable[[str, float], None]) -> Callable[[], None]:
         """`callback(event, seconds)` for every jax.monitoring duration event of the workload's threads (jaxmon's
-        own, the probe's compilations and the analysis', are not the workload's); returns what unregisters
-        it."""
-        monitoring = self._jax.monitoring
+        own, the probe's compilations and the analysis', are not the workload's); returns what unregisters it."""
 
         def listener(event: str, duration_secs: float, **_: Any) -> None:
             if not on_jaxmon_thread():
                 callback(event, float(duration_secs))
 
-        monitoring.register_event_duration_secs_listener(listener)
+        return self._listen("event_duration_secs_listener", "event_duration_listener", listener)
 
-        def unregister() -> None:
-            unregister_listener = getattr(monitoring, "unregister_event_duration_listener", None)
-            if unregister_listener is not None:
-                unregister_listener(listener)
+    def on_event_span(self, callback: Callable[[str, float, float], None]) -> Callable[[], None]:
+        """`callback(event, start, end)` (Unix seconds) for every jax.monitoring time span of the workload's threads
+        (XLA's compilations: jax's dispatch records each as a span); returns what unregisters it."""
 
-        return unregister
+        def listener(event: str, start_time: float, end_time: float, **_: Any) -> None:
+            if not on_jaxmon_thread():
+                callback(event, float(start_time), float(end_time))
+
+        return self._listen("event_time_span_listener", "event_time_span_listener", listener)
+
+    def _listen(self, register: str, unregister: str, listener: Callable[..., None]) -> Callable[[], None]:
+        monitoring = self._jax.monitoring
+        getattr(monitoring, f"register_{register}")(listener)
+
+        def stop() -> None:
+            undo = getattr(monitoring, f"unregister_{unregister}", None)
+            if undo is not None:
+                undo(listener)
+
+        return stop
 
     def profiler(self) -> JaxProfiler:
         """jaxmon's trace sessions (sampled traces, /debug/trace), which give way to the user's own."""

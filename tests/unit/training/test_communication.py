@@ -217,6 +217,28 @@ def test_the_sampled_traces_learn_each_analysed_programs_collective_instructions
     }
 
 
+def test_a_tracker_started_again_in_the_process_knows_the_programs_analysed_before(
+    source: LocalSource, mesh: Mesh, make_tracker: MakeTracker
+) -> None:
+    """An in-process stop() and start(): the tracked function keeps its program, analysed for the first tracker and
+    never again. Its collective instructions are placed for the second tracker's sampled traces too (they read
+    ("", "unknown") for every collective after a restart)."""
+    w = jax.device_put(jnp.ones((D, D)), NamedSharding(mesh, P()))
+    x = jax.device_put(jnp.ones((B, D)), NamedSharding(mesh, P("data")))
+    step = jaxmon.track(jax.jit(sgd))
+    places: list[set[tuple[str, ...]]] = []
+    for _ in range(2):
+        tracker = make_tracker(window=3)
+        for n in range(2):
+            w = step(w, x)
+            jaxmon.step(n, w)
+        booked(tracker, 2)
+        wait_until(lambda: tracker._analyzer.idle(), what="the analysis done")  # noqa: B023
+        places.append({p[:3] for program in tracker._collective_names.programs() for p in program.places.values()})
+        tracker.stop(10)
+    assert places[0] == places[1] == {("all-reduce", "data", "local")}, places
+
+
 def test_a_program_that_cannot_be_analysed_is_counted_and_adds_nothing(
     source: LocalSource, mesh: Mesh, make_tracker: MakeTracker
 ) -> None:

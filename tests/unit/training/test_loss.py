@@ -22,8 +22,8 @@ from structlog.testing import capture_logs
 
 import jaxmon
 from jaxmon.families.training import training_families
-from jaxmon.training.books import LOSS_EVERY
 from jaxmon.training.tracker import Tracker
+from jaxmon.training.waiter import LOSS_EVERY
 from jaxmon.training_readings import MAX_LOSS_NAME, MAX_LOSS_NAMES, TrainingReading, bounded_loss
 from tests.unit.training.conftest import MakeTracker, booked
 
