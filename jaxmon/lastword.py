@@ -1,8 +1,8 @@
-"""An embedded exporter's last word: `jaxmon_exporter_stopping`, and a wait at stop for the scrape that reads it.
+"""An embedded exporter's last word: a stopping flag, and a wait at stop for the scrape that reads it.
 
-A training job that ends is not an outage. The embedded exporter (`jaxmon.start()`) serves
-`jaxmon_exporter_stopping 0` while it runs; `stop()` (called by the script, or at interpreter exit) sets it to 1 and,
-where a scraper has come at least twice, waits for one more scrape (at most 1.5 x the interval between the last two
+A training job that ends is not an outage. The embedded exporter (`jaxmon.start()`) serves the flag
+(metrics.EXPORTER_STOPPING) at 0 while it runs; `stop()` (called by the script, or at interpreter exit) sets it to 1
+and, where a scraper has come at least twice, waits for one more scrape (at most 1.5 x the interval between the last two
 scrapes + 1 s, and never over `MAX_WAIT`) before it stops serving. Prometheus then holds a last sample saying the
 exporter stopped on purpose, which `JaxmonExporterDown` reads (deploy/prometheus/alerts.yml, docs/alerts.md) to tell
 a job that finished from one that died. A process that crashes, or is killed, never says it.
@@ -14,17 +14,13 @@ import threading
 import time
 from collections import deque
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
+
+from jaxmon.catalog import metrics
+from jaxmon.families import add
 
 # The longest stop() waits for the final scrape: a scrape interval of up to 40 s fits (1.5 x 40 + 1).
 MAX_WAIT = 61.0
-
-STOPPING = "jaxmon_exporter_stopping"
-STOPPING_HELP = (
-    "1 once the embedded exporter is stopping on purpose (jaxmon.stop(), the Exporter's stop(), or the interpreter's "
-    "normal exit), 0 while it runs: its last scrape tells a job that finished from one that died. Only in a "
-    "workload process (jaxmon.start())."
-)
 
 
 class LastWord:
@@ -37,9 +33,9 @@ class LastWord:
         self._times: deque[float] = deque(maxlen=2)
 
     def family(self) -> Metric:
-        """`jaxmon_exporter_stopping` now."""
-        fam = GaugeMetricFamily(STOPPING, STOPPING_HELP)
-        fam.add_metric([], 1.0 if self.stopping else 0.0)
+        """The stopping flag now."""
+        fam = metrics.EXPORTER_STOPPING.new()
+        add(fam, {}, 1.0 if self.stopping else 0.0)
         return fam
 
     def scraped(self) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from jaxmon.device_readings import ArrayBytes, BackendStatus, DeviceInfo, ProbeKernel
 
 if TYPE_CHECKING:  # a type alone: the sources load nothing of the tracker
-    from jaxmon.training.reading import TrainingReading
+    from jaxmon.training_readings import TrainingReading
 
 # A trace of the training process on demand (/debug/trace): `(directory, steps, seconds)` records `steps` whole steps
 # or `seconds` (one of the two) into `directory` and returns it as a gzip tar.

@@ -40,7 +40,7 @@ import structlog
 
 from jaxmon.training.blocks import LEAD, Blocks
 from jaxmon.training.handed import Program, TrainingOps
-from jaxmon.training.reading import MAX_LOSS_NAMES
+from jaxmon.training_readings import MAX_LOSS_NAMES
 
 if TYPE_CHECKING:
     from jaxmon.training.sampler import Off, Sampler

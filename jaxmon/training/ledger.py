@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from jaxmon.catalog.hardware import nominal_bandwidth as per_link
 from jaxmon.device_readings import DeviceInfo
 from jaxmon.training.communication import WindowMax, book
 from jaxmon.training.handed import Program
-from jaxmon.training.nominal import per_link
-from jaxmon.training.reading import DeviceTraining
+from jaxmon.training_readings import DeviceTraining
 
 # Buckets of jaxmon_training_step_duration_seconds: from milliseconds to minutes, fixed so that histograms of every
 # process of a job aggregate (sum by le).

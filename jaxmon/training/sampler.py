@@ -27,13 +27,14 @@ import structlog
 
 from jaxmon.files import tar_gz
 from jaxmon.logsetup import ErrorLog
+from jaxmon.sampled_traces import DEMAND_STEP_TIMEOUT, Busy
 from jaxmon.threads import Worker
 from jaxmon.training.blocks import LEAD, Blocks, block_start, period_began, traced_steps
 from jaxmon.training.handed import Profiler, SamplerConfig, TrainingOps
 from jaxmon.training.profile_totals import ProfileTotals
-from jaxmon.training.reading import ProfileReading
 from jaxmon.training.trace_links import Catalog
 from jaxmon.training.trace_split import IN_PROCESS_BYTES, Reader, Stopped
+from jaxmon.training_readings import ProfileReading
 
 log = structlog.get_logger("jaxmon.training.sampler")
 
@@ -43,12 +44,6 @@ RESULTS = ("taken", "busy", "failed", "skipped")
 # A sample the job does not finish (it stopped stepping, or steps take long) ends after this many seconds at least,
 # and after 4x the block's expected time (the last step's duration x (steps + LEAD)) at most.
 MIN_TIMEOUT = 60.0
-# On demand (/debug/trace): at most this many steps and seconds; a request waits this long for the steps at most.
-MAX_DEMAND_STEPS, MAX_DEMAND_SECONDS, DEMAND_STEP_TIMEOUT = 100, 60.0, 300.0
-
-
-class Busy(Exception):
-    """The user (or another tool) is profiling: jaxmon takes no trace now, or ended its own to let the user's run."""
 
 
 class Sampler:

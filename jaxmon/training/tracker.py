@@ -33,9 +33,9 @@ from jaxmon.training.handed import (
 )
 from jaxmon.training.ledger import MAX_INTERVALS, Interval, Intervals, Ledger, Run
 from jaxmon.training.peaks import peak_table
-from jaxmon.training.reading import MAX_LOSS_NAMES, TrainingReading, bounded_loss
 from jaxmon.training.sampler import sampler_for
 from jaxmon.training.waiter import Waiter
+from jaxmon.training_readings import MAX_LOSS_NAMES, TrainingReading, bounded_loss
 
 log = structlog.get_logger("jaxmon.training")
 

@@ -15,7 +15,7 @@ from jaxmon.births import (
 )
 from jaxmon.collectors.training import MAX_DECLARED_KINDS
 from jaxmon.training import handed, ledger, sampler
-from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
+from jaxmon.training_readings import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 from jaxmon.xla.intervals import Split
 
 
@@ -33,7 +33,7 @@ def test_the_names_are_the_trackers() -> None:
     assert MAX_DECLARED_KINDS == handed.MAX_USER_KINDS
     assert DURATION_BOUNDS == ledger.DURATION_BUCKETS
     # Every reason the tracker's help names (the problems family's HELP lists them all).
-    from jaxmon.families.training import PROBLEMS
+    from jaxmon.catalog.metrics import TRAINING_TRACKING_PROBLEMS as PROBLEMS
 
     assert all(f"{reason}" in PROBLEMS.help for reason in PROBLEM_REASONS)
 

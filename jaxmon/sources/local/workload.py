@@ -17,8 +17,8 @@ from jaxmon.sources.local.probe import _OWN, _OWN_LOCK
 from jaxmon.threads import on_jaxmon_thread
 from jaxmon.training import release as release_tracker
 from jaxmon.training.handed import COMPILE_EVENT
-from jaxmon.training.reading import DeviceProfile, TrainingReading
 from jaxmon.training.tracker import Tracker
+from jaxmon.training_readings import DeviceProfile, TrainingReading
 
 
 class InProcessWorkload:
@@ -151,7 +151,7 @@ def array_bytes(jax: Any) -> ArrayBytes:
             continue
         ref = own.get(id(arr))
         if ref is not None and ref() is arr:
-            continue  # the probe's own (jaxmon_probe_memory_bytes), not the workload's
+            continue  # the probe's own (metrics.PROBE_MEMORY_BYTES), not the workload's
         try:
             if arr.is_deleted():
                 continue  # deleted or donated: its buffers are gone

@@ -19,8 +19,8 @@ from jaxmon.births import scraped
 from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.compile import CompileCollector, CompileOptions, CompileState
 from jaxmon.snapshot import Snapshot
-from jaxmon.sources.local import InProcessWorkload, LocalSource
-from jaxmon.sources.local.workload import CompileCounters
+from jaxmon.sources.local import LocalSource
+from jaxmon.sources.local.workload import CompileCounters, InProcessWorkload
 from tests.conftest import Samples, parse_samples, sample
 
 LABELS = {"workload": "trainer", "process_index": "0"}

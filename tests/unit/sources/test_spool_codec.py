@@ -19,7 +19,7 @@ from jaxmon.allocator import memory_numbers
 from jaxmon.device_readings import ArrayBytes, DeviceInfo, MemoryReading
 from jaxmon.sources.spool_codec import WorkloadReport, spool_device, spool_training, training_reading, workload_report
 from jaxmon.sources.spool_document import SCHEMA, SpoolCompile, SpoolDocument
-from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
+from jaxmon.training_readings import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 
 NOW = 1010.0
 

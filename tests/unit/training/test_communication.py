@@ -26,8 +26,8 @@ from jaxmon.sources.local.training import JaxTraining
 from jaxmon.sources.spool_codec import spool_training, training_reading
 from jaxmon.sources.spool_document import SpoolDocument
 from jaxmon.training.communication import THREAD_NAME, Communication, Compiled, WindowMax
-from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 from jaxmon.training.sampler import Sampler
+from jaxmon.training_readings import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 from tests.helpers import wait_until
 from tests.spool_files import GOOD
 from tests.unit.training.conftest import MakeTracker, booked

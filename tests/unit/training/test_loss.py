@@ -24,9 +24,9 @@ import jaxmon
 from jaxmon.families.training import training_families
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
-from jaxmon.training.reading import MAX_LOSS_NAME, MAX_LOSS_NAMES, TrainingReading, bounded_loss
 from jaxmon.training.tracker import Tracker
 from jaxmon.training.waiter import LOOK_MAX, LOSS_EVERY
+from jaxmon.training_readings import MAX_LOSS_NAME, MAX_LOSS_NAMES, TrainingReading, bounded_loss
 from tests.unit.training.conftest import MakeTracker, booked
 
 LABELS = {"workload": "w", "process_index": "0", "host": "h"}

@@ -22,12 +22,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jaxmon
 from jaxmon import training
-from jaxmon.sources.local import CompileCounters
 from jaxmon.sources.local.training import cost_numbers
+from jaxmon.sources.local.workload import CompileCounters
 from jaxmon.training import hand
-from jaxmon.training.reading import TrainingReading
 from jaxmon.training.tracker import MAX_USER_KINDS, OTHER_KIND, Tracker
 from jaxmon.training.waiter import LOOK, LOOK_MAX
+from jaxmon.training_readings import TrainingReading
 from tests.helpers import wait_until
 from tests.unit.training.conftest import (
     PEAK,
