@@ -6,10 +6,11 @@ In a training script, `jaxmon.start(port)` serves the trainer's own devices in-p
 step time, throughput, MFU and goodput.
 
 Each public name is re-exported from the module that defines it (`EXPORTS`; the imports under TYPE_CHECKING say the
-same to type checkers), lazily: its first read imports that module and binds the name here as a plain module
-attribute, as jax binds its lazy submodules (jax._src.lazy_loader). So the daemon (`jaxmon serve`, which imports
-this package before jaxmon.cli) loads no embedded exporter, publisher or training tracker, which only a training
-script uses.
+same to type checkers), lazily: the first read of one imports those modules and binds every name here as a plain
+module attribute, then the hook that did it goes. So the daemon (`jaxmon serve`, which imports this package before
+jaxmon.cli) loads no embedded exporter, publisher or training tracker, which only a training script uses, and a
+training script's `jaxmon.step` is a plain module attribute read: CPython does not specialize the read of a module
+that defines __getattr__ (17-61 ns more a step: bench/module_attribute.py, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -51,13 +52,14 @@ __all__ = ["__version__", *sorted(EXPORTS)]
 
 
 def __getattr__(name: str) -> object:
-    """A public name's first read: import its module and bind the name here (later reads find it bound)."""
-    module = EXPORTS.get(name)
-    if module is None:
+    """A public name's first read: bind every public name here, from its module, and drop this hook."""
+    if name not in EXPORTS:
         raise AttributeError(f"module 'jaxmon' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    namespace = globals()
+    for public, module in EXPORTS.items():
+        namespace[public] = getattr(importlib.import_module(module), public)
+    namespace.pop("__getattr__", None)  # (another thread may have come first)
+    return namespace[name]
 
 
 def __dir__() -> list[str]:
