@@ -122,8 +122,9 @@ import jaxmon
 before = sorted(m for m in sys.modules if m.startswith("jaxmon"))
 step = jaxmon.step
 after_step = {n: n in vars(jaxmon) for n in jaxmon.EXPORTS}
+hook = "__getattr__" in vars(jaxmon)
 start = jaxmon.start
-print(json.dumps({"before": before, "after_step": after_step, "bound": "start" in vars(jaxmon),
+print(json.dumps({"before": before, "after_step": after_step, "hook": hook, "bound": "start" in vars(jaxmon),
                   "same": step is sys.modules["jaxmon.training"].step and start is sys.modules["jaxmon.embedded"].start,
                   "dir": sorted(set(jaxmon.EXPORTS) - set(dir(jaxmon))), "all": sorted(jaxmon.__all__)}))
 """
@@ -198,6 +199,8 @@ def test_import_jaxmon_loads_each_public_name_at_its_first_read_and_binds_it_as_
     out = subprocess.run([sys.executable, "-c", LAZY_NAMES], capture_output=True, text=True, check=True, cwd=ROOT)
     result = json.loads(out.stdout)
     assert result["before"] == ["jaxmon"]
-    assert [name for name, bound in result["after_step"].items() if bound] == ["step"]
+    # The first read binds every public name as a plain attribute and drops the hook (reads a step makes are then
+    # specialized by CPython: bench/module_attribute.py).
+    assert all(result["after_step"].values()) and result["hook"] is False
     assert result["bound"] is True and result["same"] is True
     assert result["dir"] == [] and "step" in result["all"] and "__version__" in result["all"]
