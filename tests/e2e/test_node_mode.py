@@ -193,7 +193,7 @@ def test_a_daemon_in_every_mode_without_jax_loads_no_module_of_the_training_wing
     assert not [m for m in result["modules"] if m.split(".")[0] in ("jax", "jaxlib")]
 
 
-def test_import_jaxmon_loads_each_public_name_at_its_first_read_and_binds_it_as_a_plain_attribute() -> None:
+def test_import_jaxmon_binds_every_public_name_as_a_plain_attribute_at_the_first_read_of_one() -> None:
     """`import jaxmon` (the daemon's first import) loads no embedded exporter, publisher or tracker; the first read of
     a public name imports its module alone and binds that name in jaxmon's namespace, where later reads find it."""
     out = subprocess.run([sys.executable, "-c", LAZY_NAMES], capture_output=True, text=True, check=True, cwd=ROOT)
