@@ -208,15 +208,16 @@ class Hand:
                 and tokens is self._tokens
                 and model_flops is self._model_flops
                 and (calls is self._calls or calls == self._calls)  # programs compare by identity
-                and self.asked is self.answered
-                and handed < self._due
                 and handed - previous < self.paused_after
                 and self._count - self.waiter.booked < self._max_pending
             ):
                 self._count += 1
                 self._last = n
                 self._ready = ready
-                self._handed.append(handed)
+                if self.asked is self.answered and handed < self._due:
+                    self._handed.append(handed)
+                else:  # held (a look's step, or one per `every`: a loop of long steps, each): its time and hold
+                    self._held(handed, ready)
                 modulus = self._modulus  # the sampler's check: a call only where a trace may start or stop
                 if modulus and ((n + LEAD) % modulus == 0 or n == self._watch or self._blocks.retry is not None):
                     self._sampled(n)
@@ -224,6 +225,15 @@ class Hand:
             self._step(handed, previous, n, ready, (examples, tokens, model_flops), calls)
         except Exception as exc:  # never into training
             log.warning("jaxmon.step failed; the step is not tracked", error=f"{type(exc).__name__}: {exc}")
+
+    def _held(self, handed: float, ready: tuple[Any, ...]) -> None:
+        """A step that follows on, held: its time and its Hold, and the waiter woken where it asked."""
+        asked = self.asked
+        self._due = handed + self.waiter.every
+        self._handed.extend((handed, self._hold(ready)))
+        if asked is not self.answered:
+            self.answered = asked
+            self.waiter.wake()
 
     def called(self, program: Program) -> None:
         """A tracked function ran `program` once in the current step (jaxmon.track()'s wrapper)."""
