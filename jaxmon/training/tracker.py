@@ -1,11 +1,6 @@
-"""The training tracker: `step()` on the training thread (hand.py), jaxmon's waiter thread that books the steps
-(waiter.py) into the ledger (ledger.py), the badput intervals, and the reading.
-
-`step()` only appends to a deque; the waiter waits for the steps it asked to be held (jaxmon's own handles on their
-arrays, so that whatever the user does to the arrays makes a call raise, never crash), dates and reads them, and
-books them here under the tracker's lock. Nothing here imports JAX: `ops` (jaxmon.sources.local.training.JaxTraining)
-does that.
-"""
+"""The training tracker: the hand (hand.py) on the training thread, the waiter (waiter.py) that books the steps into
+the ledger (ledger.py) under the tracker's lock, the badput intervals, and the reading. Nothing here imports JAX:
+`ops` (jaxmon.sources.local.training.JaxTraining) does."""
 
 from __future__ import annotations
 
@@ -52,25 +47,21 @@ class Tracker:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        """`clock` is the monotonic clock every duration is measured on; `wall` the Unix clock the exported
-        timestamps are read from, at each event (a clock step moves the later timestamps, never the durations)."""
-        self.ops = ops
-        self.config = config
-        self._clock = clock
-        self._wall = wall
+        """`clock`: the monotonic clock of every duration; `wall`: the Unix clock of the exported timestamps, read at
+        each event (a clock step moves the later timestamps, never the durations)."""
+        self.ops, self.config, self._clock, self._wall = ops, config, clock, wall
         self._errors = ErrorLog(log, 3600.0)
         self._lock = threading.Lock()
-        self._handed: deque[Any] = deque()  # what step() hands the waiter (hand.py's protocol)
-        self._intervals = Intervals()  # badput intervals since the last completion (and the open ones)
+        self._problems_lock = threading.Lock()  # (the problem count is taken with the main lock held and without)
+        self._problems: dict[str, int] = {}
+        self._handed: deque[Any] = deque()  # hand.py's protocol
+        self._intervals = Intervals()  # badput intervals since the last completion, and the open ones
         self._kinds: set[str] = set()  # the badput() kinds seen, MAX_USER_KINDS at most
-        self._opened: set[str] = set()  # those and OTHER_KIND once it is used: series from their first open
-        self._loss_warned = False  # the loss gauge left names out (logged once)
-        self._loss_left_out = 0  # names of the last loss dict read that step() did not hold
+        self._opened: set[str] = set()  # those and OTHER_KIND once used: series from their first open
+        self._loss_warned, self._loss_left_out = False, 0
         devices = ops.devices()
         self._peaks, self._no_peak = peak_table(devices, config.peak_flops)
-        self._peak_warned: set[str] = set()  # the device kinds "no peak FLOP/s known" was said of
-        self._problems: dict[str, int] = {}
-        self._problems_lock = threading.Lock()
+        self._peak_warned: set[str] = set()
         ops.barrier()  # compiled now: not in a step() that holds its outputs (none of its own), not as the job's time
         started = clock()
         self.start_time = self._start_wall = wall()  # Unix time at the start, beside the monotonic start
@@ -78,39 +69,33 @@ class Tracker:
             started, devices, ops.device_count(), ops.process_count(), config.window, config.stall_factor,
             self._problem,
         )  # fmt: skip
-        self._seen: float | None = None  # the tracker's clock when the waiter last booked a step
+        self._seen: float | None = None  # when the waiter last booked a step
         self._last_wall: float | None = None  # the Unix time of the last completion booked
-        self._collective_names = CollectiveNames()  # every analysed program's, for the sampled traces' events
+        self._collective_names = CollectiveNames()  # every analysed program's, for the sampled traces
         self._learnt: weakref.WeakSet[Program] = weakref.WeakSet()  # booked programs whose places are learnt
         self._analyzer = Analyzer(ops.communication, self._collective_names.analysed, self._unanalysed, self._problem)
-        # Sampled traces: told of each step, completion and badput interval; their events named by the programs'
-        # collectives. Made before the listener, which tells it of compilations and Orbax's saves.
+        # Sampled traces: told of each step, completion and badput interval (made before the listeners).
         self.sampler = sampler_for(ops, config.profile, clock, self._collective_names.catalog, self._problem)
         self._unlisten: tuple[Callable[[], None], ...] = (
             ops.on_event_span(self._on_span),
             ops.on_event_duration(self._on_duration),
         )
-        # The training thread's side (hand.py): the process's hand, armed for this tracker (the newest one gets the
-        # steps, as jaxmon.training's activate() makes one at a time).
-        self.hand = HAND
+        self.hand = HAND  # the process's: the newest tracker arms it
         ledger = self._ledger
         self.waiter = Waiter(
             self.hand, self._handed, ops, clock, self._book, self._problem, ledger.typical_busy,
             lambda: ledger.last_done,
         )  # fmt: skip
         self.sampler.look = self.waiter.look_now  # a traced block's last step is looked at as it comes
-        self._stepped: tuple[bool, int | None] = (False, None)  # the hand's stepping and dispatched, once disarmed
+        self._stepped: tuple[bool, int | None] = (False, None)  # the hand's stepping and dispatched, disarmed
         self.hand.arm(self, ops, clock, self._handed, self.waiter, self.sampler, self._problem, config.max_pending)
         self.waiter.start()
         self.step = self.hand.step
         self.pause = self.hand.pause
 
-    # -- the training thread ------------------------------------------------------------------------------
-
     def measure(self, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Program:
-        """A new compiled program of a tracked function, just called with `args`: its cost, read here, on the
-        calling thread (lowering it again is a cache hit; a failure is counted and the program has no cost); its
-        communication and peak memory later, on jaxmon's analysis thread (communication.py)."""
+        """A tracked function's new program, just called with `args`: its cost read here, on the calling thread (a
+        cache hit of the lowering; a failure counted), its communication and peak memory on the analysis thread."""
         program = Program(fn)
         try:
             compiled = self.ops.compiled(fn, self.ops.avals(args, kwargs))
@@ -131,10 +116,6 @@ class Tracker:
             "a tracked function ran more programs than jaxmon keeps the cost of: the least recently called is "
             "forgotten (its cost is read again if it runs again)",
         )
-
-    def called(self, program: Program) -> None:
-        """A tracked function ran `program` once in the current step (on the training thread, as step(): no lock)."""
-        self.hand.called(program)
 
     def interval(self, kind: str, start: float, end: float = float("inf")) -> Interval:
         """Time that was not training, from `start` (and until `end`, or `close()`: a `badput()` block)."""
@@ -172,6 +153,10 @@ class Tracker:
         """The tracker's clock."""
         return self._clock()
 
+    def called(self, program: Program) -> None:
+        """A tracked function ran `program` once in the current step (the training thread)."""
+        self.hand.called(program)
+
     def pending(self) -> int:
         """Steps handed that the waiter has not booked yet."""
         return self.hand._count - self.waiter.booked if self.hand.owner is self else 0
@@ -196,11 +181,9 @@ class Tracker:
             end = self._clock()
             self.interval(kind, end - seconds, end)
 
-    # -- the waiter thread --------------------------------------------------------------------------------
-
     def _book(self, runs: list[Run], loss: dict[str, float] | None, of: tuple[int | None, int]) -> None:
-        """The waiter's runs of steps, read and dated, booked under the lock (ledger.py); `loss` the loss gauge's
-        scalars, where the waiter read them, `of` (the step they are of, how many names of its dict were not held)."""
+        """The waiter's runs of steps booked under the lock; `loss` the loss gauge's scalars where it read them, `of`
+        (their step, the names of its dict not held)."""
         ledger = self._ledger
         numbers: list[int] = []
         at: list[float] = []
@@ -228,9 +211,7 @@ class Tracker:
         self._analyzer.kick()  # new programs are analysed from now on, off the training thread
 
     def _wall_at(self, instant: float | None) -> float:
-        """The Unix time at `instant` of the monotonic clock (None: now), a moment ago: the wall clock read now,
-        less the monotonic time since. A clock step before the event is in it (the timestamp is the wall clock's
-        at the event); the durations, on the monotonic clock, never see one."""
+        """The Unix time at `instant` (the monotonic clock's; None: now): the wall clock now, less the time since."""
         wall, now = self._wall(), self._clock()
         return wall if instant is None else wall - max(now - instant, 0.0)
 
@@ -240,11 +221,9 @@ class Tracker:
         # Logged once an hour per reason (or per `key`: a field of step()), with the count since.
         self._errors.error(key or reason, event, reason, **fields)
 
-    # -- reading ------------------------------------------------------------------------------------------
-
     def _mfu_wanted(self, flops: Mapping[tuple[str, int], float]) -> None:
-        """A step gave FLOPs for these devices: say once per device kind that has no peak that its MFU cannot be
-        known (not at start: a process that never gives FLOPs never wanted it)."""
+        """A step gave FLOPs for these devices: said once per device kind with no peak that its MFU cannot be known
+        (not at start: a process that never gives FLOPs never wanted it)."""
         kinds = {self._no_peak.pop(key) for key in flops if key in self._no_peak}
         for kind in sorted(kinds - self._peak_warned):
             self._peak_warned.add(kind)
@@ -289,8 +268,7 @@ class Tracker:
             )
 
     def kinds(self) -> tuple[str, ...]:
-        """The badput() kinds opened so far (OTHER_KIND past the limit): each exported from its first open, at 0
-        until its time is booked (jaxmon.births.with_zeros)."""
+        """The badput() kinds opened so far (OTHER_KIND past the limit), exported from their first open, at 0."""
         with self._lock:
             return tuple(sorted(self._opened))
 
@@ -304,8 +282,8 @@ class Tracker:
         return self.hand.dispatched if self.hand.owner is self else self._stepped[1]
 
     def stop(self, timeout: float) -> None:
-        """Hand no more steps here, and end the waiter after the steps it waits for (a hung device keeps it: it is a
-        daemon thread). The readings after it keep what was handed."""
+        """Hand no more steps here, and end the waiter once it booked the steps handed (waiting `timeout` for their
+        holds at most: a hung device keeps it, a daemon thread). The readings after it keep what was handed."""
         hand = self.hand
         if hand.owner is self:
             self._stepped = (hand.stepping, hand.dispatched)
@@ -315,7 +293,7 @@ class Tracker:
             undo()
         self._analyzer.stop(timeout)
         self.sampler.stop(timeout)
-        self.waiter.stop(timeout)  # after it booked every step handed (waiting `timeout` for their holds at most)
+        self.waiter.stop(timeout)
 
     def flush(self, timeout: float) -> bool:
         """Book every step handed by now, waiting for them `timeout` at most (a document written at a stop)."""
