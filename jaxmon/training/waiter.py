@@ -257,8 +257,9 @@ class Waiter:
             # completion, before this thread had the GIL back, reads as lead). Paced if it holds; if it grows, not.
             later = [t for t in list(self._handed) if type(t) not in MARKERS and t is not PAUSED and seen and t < seen]
             paced = len(later) <= self._leads[-1] if later else seen is not None and self._waited(handed, seen)
-            if seen is None:
-                self._bounds.append(looked - handed[-1])
+            if seen is None:  # done before the look: its device time was at most until then, and (its device kept
+                spacing = sorted(b - a for a, b in itertools.pairwise(handed))  # up) at most the loop's between calls
+                self._bounds.append(min(looked - handed[-1], spacing[len(spacing) // 2] if spacing else math.inf))
             self._leads.append(len(later))
             # A Given's hold whose arrays were all deleted says nothing of its step (bounded by the next hold).
             failed = {
