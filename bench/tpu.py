@@ -312,7 +312,7 @@ def tracked_loop(out: Path, jax: Any, jnp: Any, dry: bool, steps: int, every: in
     # A series is held at 0 in the first exposition that has it (jaxmon.births): a first render, a poll, and the
     # second render reads the figures.
     Exposition(rt.snapshot, rt.collectors, rt.transform).render(False)
-    time.sleep(2.5)
+    time.sleep(6.0)  # the default poll interval (5 s) and a second
     text = Exposition(rt.snapshot, rt.collectors, rt.transform).render(False)
     body = text.decode() if isinstance(text, bytes) else str(text)
     (out / f"embedded-after-loop{name}.prom").write_text(body, encoding="utf-8")
