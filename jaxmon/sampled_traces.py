@@ -5,8 +5,9 @@ demand (`/debug/trace`), and `Busy`, which the profiler raises when the user is 
 
 from __future__ import annotations
 
-# The trace starts when step n0 - LEAD is handed: step n0 - 1 may be dispatched right after, and its completion
-# (the start of n0's window) must come after the trace started.
+# The trace starts when step n0 - LEAD is handed at the latest: step n0 - 1 may be dispatched right after, and its
+# completion (the start of n0's window) must come after the trace started. A profiler slow to start makes the sampler
+# ask that many steps' time earlier (its `lead`, up to every - steps).
 LEAD = 2
 # On demand (/debug/trace): at most this many steps and seconds; a request waits this long for the steps at most.
 MAX_DEMAND_STEPS, MAX_DEMAND_SECONDS, DEMAND_STEP_TIMEOUT = 100, 60.0, 300.0

@@ -137,6 +137,7 @@ class Hand:
         # The sampler's check, copied (no sampler object read a step): its watch is set only by handed(), called
         # here; its blocks' `retry` by other threads.
         self._modulus, self._watch, self._blocks = sampler.modulus, sampler.watch, sampler.blocks
+        self._lead = sampler.lead
         self.owner = owner  # last: armed
 
     def disarm(self, owner: object | None = None) -> None:
@@ -146,7 +147,7 @@ class Hand:
             return
         self.owner = None
         self.waiter, self._sampler = _Idle(), None
-        self._modulus, self._watch, self._blocks = 0, -1, _NO_BLOCKS
+        self._modulus, self._watch, self._blocks, self._lead = 0, -1, _NO_BLOCKS, LEAD
         self._problem, self._max_pending = _ignore, 0
         self._reset(time.monotonic, deque(maxlen=0))
 
@@ -219,7 +220,7 @@ class Hand:
                 else:  # held (a look's step, or one per `every`: a loop of long steps, each): its time and hold
                     self._held(handed, ready)
                 modulus = self._modulus  # the sampler's check: a call only where a trace may start or stop
-                if modulus and ((n + LEAD) % modulus == 0 or n == self._watch or self._blocks.retry is not None):
+                if modulus and ((n + self._lead) % modulus == 0 or n == self._watch or self._blocks.retry is not None):
                     self._sampled(n)
                 return
             self._step(handed, previous, n, ready, (examples, tokens, model_flops), calls)
@@ -295,7 +296,7 @@ class Hand:
         """Step `number` told to the sampler, where a sampled trace may start or stop."""
         if (sampler := self._sampler) is not None:
             sampler.handed(number)
-            self._watch = sampler.watch
+            self._watch, self._lead = sampler.watch, sampler.lead
 
     def _hold(self, ready: tuple[Any, ...], marked: float | None = None) -> Hold:
         """jaxmon's own handles on `ready`'s arrays (here, where nothing deletes them meanwhile), or a barrier's when

@@ -4,9 +4,11 @@ collective, copy and idle time (jaxmon.xla.profile), and traces on demand (`/deb
 Which steps: a block starts at each step number that is a multiple of `every`, at most one per `min_seconds` of Unix
 time (blocks.period_began), so every process of a job traces the same step numbers; a block whose steps hold named
 badput (an eval, a save, a compile) is dropped, counted `skipped`, and tried again on the next clean steps
-(jaxmon.training.blocks). The trace starts when step `n0 - LEAD` is handed to `jaxmon.step()` (the training thread
-only notes the request: a modulo, a comparison and, once per sample, a notify); step `n0`'s window (step `n0 - 1`'s
-completion to its own) begins after the trace did. The trace stops once the waiter booked the block's last
+(jaxmon.training.blocks). The trace starts when step `n0 - lead` is handed to `jaxmon.step()` (the training thread
+only notes the request: a modulo, a comparison and, once per sample, a notify); `lead` is LEAD, or more where the
+profiler's recent starts took longer than the steps in flight (a TPU's can take a few hundred milliseconds): step
+`n0`'s window (step `n0 - 1`'s completion to its own) must begin after the trace runs, and a window that began
+before is left out (its device may not have been traced yet: it would read idle). The trace stops once the waiter booked the block's last
 completion. Start, stop and parse run on this module's thread (`jaxmon-profile`), never on the training thread; a
 large trace is read in a child process (jaxmon.training.trace_split), so that its parse does not hold the GIL.
 
@@ -17,6 +19,7 @@ session alone, and a user's trace started while jaxmon's runs ends jaxmon's firs
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -41,6 +44,8 @@ log = structlog.get_logger("jaxmon.training.sampler")
 __all__ = ["LEAD", "RESULTS", "Busy", "Off", "Sampler", "block_start", "sampler_for", "traced_steps"]
 
 RESULTS = ("taken", "busy", "failed", "skipped")
+# How many of its last starts the lead is sized by (the slowest of them).
+STARTS = 4
 # A sample the job does not finish (it stopped stepping, or steps take long) ends after this many seconds at least,
 # and after 4x the block's expected time (the last step's duration x (steps + LEAD)) at most.
 MIN_TIMEOUT = 60.0
@@ -97,6 +102,12 @@ class Sampler:
         # at as it comes), so the trace stops at the block's end, not hundreds of short steps later (a long look).
         self.watch = -1
         self.look: Callable[[], None] = _nothing
+        # How many steps before its block a trace is asked for (LEAD at least): the profiler's start took that many
+        # steps' time of late (a TPU's can take hundreds of milliseconds), so that the block's first window begins
+        # after the trace did. At most `every - steps`: a block's trace is asked for after the last one's block.
+        self.lead = LEAD
+        self._asked = 0.0  # when the last block was asked for (the tracker's clock)
+        self._starts: deque[float] = deque(maxlen=STARTS)  # the profiler's last starts: from the ask to running
         self._worker = Worker("profile", self._run, self._notify)
         self._thread = self._worker.start().thread
 
@@ -108,8 +119,11 @@ class Sampler:
         if number == self.watch:  # the step before a traced block's last: the last is looked at as it comes
             self.watch = -1
             self.look()
-        n0 = number + LEAD  # block_start() inlined, and the retry (blocks.py): no call on the common path
-        if n0 != self.blocks.retry and (not self.modulus or n0 % self.modulus):
+        n0 = number + self.lead  # block_start() inlined, and the retry (blocks.py): no call on the common path
+        retry = self.blocks.retry
+        if retry is not None and number + LEAD <= retry <= n0:  # the retry block, as early as the lead allows
+            n0 = retry
+        elif not self.modulus or n0 % self.modulus:
             return
         if n0 <= 0 or self.config.every <= 0:
             return
@@ -121,6 +135,7 @@ class Sampler:
             if self._request is None:  # the sample under way, if one, ends within its steps: this one comes next
                 if self.blocks.begin(n0):
                     self._request, self._queued = n0, self._block is not None
+                    self._asked = self._clock()
                     self.watch = n0 + self.config.steps - 2  # the block's last step - 1 (> number: LEAD is 2)
                     self._wake.notify_all()
                 else:  # a badput() block still open covers it: no trace
@@ -202,7 +217,8 @@ class Sampler:
             started = self._clock()
             with self._lock:
                 self._back = False
-                expected = (self._last_duration or 0.0) * (self.config.steps + LEAD)
+                self._lead_after(started - self._asked)
+                expected = (self._last_duration or 0.0) * (self.config.steps + self.lead)
                 deadline = started + max(MIN_TIMEOUT, 4 * expected)
                 while not self._stopping and not self._finished(last) and not self.blocks.marked(n0):
                     left = deadline - self._clock()
@@ -225,10 +241,36 @@ class Sampler:
             if self.blocks.marked(n0):  # named badput in its steps: dropped unread, tried again on clean steps
                 self._results["skipped"] += 1
                 return
-        windows = [
-            (books[k - 1], books[k]) for k in traced_steps(n0, self.config.steps) if k - 1 in books and k in books
-        ]
+        # A step's window counts where it began once the trace ran (the trace's own start time may be stamped
+        # before its device tracer ran: a window before that reads the device idle).
+        traced = [k for k in traced_steps(n0, self.config.steps) if k - 1 in books and k in books]
+        windows = [(books[k - 1], books[k]) for k in traced if books[k - 1] >= started]
+        if not windows:
+            self._unwhole(n0, len(traced), start_seconds=round(started - self._asked, 3), lead=self.lead)
+            return
         self._book(n0, data, [(wall - round((mono - a) * 1e9), wall - round((mono - b) * 1e9)) for a, b in windows])
+
+    def _unwhole(self, n0: int, steps: int, start_seconds: float | None = None, lead: int | None = None) -> None:
+        """A sample that holds none of its steps whole: failed, and said (at most once an hour)."""
+        self._count("failed")
+        self._errors.error(
+            "window",
+            "a sampled trace holds none of its steps whole (the job ran ahead of the trace's start, or stopped "
+            "stepping)",
+            "window",
+            block=n0,
+            steps=steps,
+            start_seconds=start_seconds,
+            lead=lead,
+        )
+
+    def _lead_after(self, start: float) -> None:
+        """Size the lead by the profiler's slowest recent start (`start`: this one's, from the ask to running) in
+        steps of the loop's last duration, two more for the steps in flight; lock held."""
+        self._starts.append(max(start, 0.0))
+        if self._last_duration and self._last_duration > 0 and self.config.every > 0:
+            late = math.ceil(max(self._starts) / self._last_duration)
+            self.lead = max(LEAD, min(LEAD + late, self.config.every - self.config.steps))
 
     def _finished(self, last: int) -> bool:
         """The block's last completion is booked (or numbers went past it, or back: the job restarted)."""
@@ -241,15 +283,7 @@ class Sampler:
         except Stopped:
             return  # stop() ended the read: the exit waits for no parse
         if add is None:
-            self._count("failed")
-            self._errors.error(
-                "window",
-                "a sampled trace holds none of its steps whole (the job ran ahead of the trace's start, or stopped "
-                "stepping)",
-                "window",
-                block=n0,
-                steps=len(windows),
-            )
+            self._unwhole(n0, len(windows))
             return
         keys = self.profiler.devices()
         with self._lock:
@@ -352,6 +386,7 @@ class Off:
     blocks = Blocks(0, 1)  # no block asked for: no retry
     modulus = 0
     watch = -1
+    lead = LEAD
     look: Callable[[], None] = staticmethod(_nothing)
 
     def handed(self, number: int) -> None: ...
