@@ -27,13 +27,14 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.registry import CollectorRegistry
 
-from jaxmon.births import scraped as births_scraped
+from jaxmon.births import SCRAPES
 from jaxmon.families import add, go_float
 from jaxmon.families.shared import DEVICE_INFO, WORKLOAD_INFO
 from jaxmon.lastword import LastWord
 from jaxmon.logsetup import ErrorLog
 from jaxmon.openmetrics_format import render as om_render
 from jaxmon.openmetrics_format import with_created
+from jaxmon.scrapers import MetricsRequest
 from jaxmon.snapshot import Snapshot
 
 _render_errors = ErrorLog(structlog.get_logger("jaxmon.exposition"), 60.0)
@@ -252,15 +253,25 @@ class Exposition:
         self._families: list[Metric] = []  # the rendered snapshot's
         self._bodies: dict[tuple[bool, bool], bytes] = {}  # its renders by (OpenMetrics, gzip)
 
-    def render(self, want_gzip: bool, selected: set[str] | None = None, openmetrics: bool = False) -> bytes:
+    def render(
+        self,
+        want_gzip: bool,
+        selected: set[str] | None = None,
+        openmetrics: bool = False,
+        scrape: MetricsRequest | None = None,
+    ) -> bytes:
         """The exposition now, gzip-compressed when asked, in OpenMetrics when asked (with `_created`:
-        jaxmon.openmetrics_format); `selected` names the collectors to include."""
+        jaxmon.openmetrics_format); `selected` names the collectors to include. `scrape` notes what a /metrics
+        request read (a Prometheus scrape's births ticket, the last word): the web app reports it `served()`."""
+        if scrape is not None and scrape.scraper.prometheus:
+            scrape.ticket = SCRAPES.take()  # before the snapshot is read (jaxmon.births)
         if selected is not None:
+            if scrape is not None:
+                scrape.filtered = True
             snap = self._get_snapshot()
             families = snapshot_families(snap, self._collectors, selected, self._transform)
             families += scraped_families((c for c in self._scraping if c.name in selected), _names(families))
             body = om_render(with_created(families), True) if openmetrics else TextFormat().render(families)
-            births_scraped()  # a scrape of some collectors is a scrape too (Prometheus' `params: collect[]`)
             return gzip.compress(body, compresslevel=1) if want_gzip else body
         with self._lock:
             snap = self._get_snapshot()
@@ -281,16 +292,24 @@ class Exposition:
             body, names = cached, self._names
         scraped = list(_PROCESS.collect())
         if self._last_word is not None:
-            scraped.append(self._last_word.family())
+            word, final = self._last_word.families()
+            scraped += word
+            if scrape is not None:
+                scrape.final = final
         # Read outside the lock: a user's collector may be slow (up to its collector's deadline). jaxmon's names win.
         if self._scraping:
             scraped += scraped_families(self._scraping, names | _names(scraped))
         process = om_render(scraped, True) if openmetrics else self._scrape_format.render(scraped)
-        births_scraped()  # the new counter series this render held at 0 may count from the next poll
-        if self._last_word is not None:
-            self._last_word.scraped()
         # A gzip stream may hold several members (RFC 1952 2.2); every HTTP client reads them as one body.
         return body + (gzip.compress(process, compresslevel=1) if want_gzip else process)
+
+    def served(self, scrape: MetricsRequest) -> None:
+        """`scrape`'s response was handed to its connection whole: a Prometheus scrape frees the series it read held
+        (jaxmon.births), and counts as served the last word it rendered (jaxmon.lastword)."""
+        if scrape.ticket is not None:
+            SCRAPES.served(scrape.ticket)
+        if self._last_word is not None and not scrape.filtered:
+            self._last_word.served(scrape)
 
 
 def _names(families: Iterable[Metric]) -> set[str]:

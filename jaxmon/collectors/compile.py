@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 from pydantic import Field
 
-from jaxmon.births import Births
+from jaxmon.births import for_process
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Update
 from jaxmon.families.compile import compile_families
@@ -51,7 +51,8 @@ class CompileCollector(Collector[CompileOptions, CompileState]):
 
     def __init__(self, opts: CompileOptions, ctx: Context) -> None:
         super().__init__(opts, ctx)
-        self._births = Births()
+        # The process's: its counters count on through a stop() and a start() (jaxmon.births.for_process).
+        self._births = for_process(self.name)
 
     def update(self) -> Update[CompileState]:
         """The counters now, at 0 until a scrape has served them (jaxmon.births: a restart is a reset)."""
@@ -59,7 +60,8 @@ class CompileCollector(Collector[CompileOptions, CompileState]):
         assert in_process is not None  # unavailable() otherwise
         self._births.begin()
         try:
-            counters = self._births.compile((), in_process.compile_counts())
+            key = (self.ctx.workload or "", in_process.process_index)
+            counters = self._births.compile(key, in_process.compile_counts())
         finally:
             self._births.end()
         return Update(CompileState(in_process.process_index, counters))

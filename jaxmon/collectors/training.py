@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 from prometheus_client.core import Metric
 from pydantic import Field, model_validator
 
-from jaxmon.births import Births, with_zeros
+from jaxmon.births import for_process, with_zeros
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Update
 from jaxmon.families.training import training_families, training_labels
@@ -135,7 +135,8 @@ class TrainingCollector(Collector[TrainingOptions, TrainingReading | None]):
 
     def __init__(self, opts: TrainingOptions, ctx: Context) -> None:
         super().__init__(opts, ctx)
-        self._births = Births()
+        # The process's: a tracker that runs on through a stop() and a start() (a publisher holds it) counts on.
+        self._births = for_process(self.name)
 
     def update(self) -> Update[TrainingReading | None]:
         """The tracker's numbers now (from start(), every counter at 0 before it happens), each new series held at
@@ -146,7 +147,9 @@ class TrainingCollector(Collector[TrainingOptions, TrainingReading | None]):
             return Update(None)
         self._births.begin()
         try:
-            return Update(self._births.training((), with_zeros(reading)))
+            # A new tracker's counters start again at 0: new series to Prometheus, held (a reset it sees).
+            key = (self.ctx.workload or "", self.ctx.in_process.process_index, round(reading.start_time_seconds, 3))
+            return Update(self._births.training(key, with_zeros(reading)))
         finally:
             self._births.end()
 
