@@ -1,6 +1,6 @@
 """jaxmon: a Prometheus exporter for JAX accelerators.
 
-In a training script, `jaxmon.start(port)` serves the trainer's own devices in-process, and
+In a training script, `jaxmon.start(port)` serves the trainer's own devices in-process (`jaxmon.stop()` ends it), and
 `jaxmon.publish(directory)` hands snapshots to a `jaxmon serve --collector.spool.dir` sidecar. With either running,
 `jaxmon.step(n, loss)` each step (and optionally `jaxmon.track(jitted_fn)` and `with jaxmon.badput(kind):`) adds
 step time, throughput, MFU and goodput.
@@ -20,7 +20,8 @@ from importlib import metadata
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from jaxmon.embedded import Exporter, start
+    from jaxmon.checkpoints import checkpointed
+    from jaxmon.embedded import Exporter, start, stop
     from jaxmon.publisher import Publisher, publish
     from jaxmon.settings import SettingsError
     from jaxmon.training import Tracked, badput, step, track
@@ -34,9 +35,11 @@ except metadata.PackageNotFoundError:  # running from a source tree without an i
 _LAZY = {
     "Exporter": "jaxmon.embedded",
     "start": "jaxmon.embedded",
+    "stop": "jaxmon.embedded",
     "Publisher": "jaxmon.publisher",
     "publish": "jaxmon.publisher",
     "SettingsError": "jaxmon.settings",
+    "checkpointed": "jaxmon.checkpoints",
     "Tracked": "jaxmon.training",
     "badput": "jaxmon.training",
     "step": "jaxmon.training",
@@ -50,9 +53,11 @@ __all__ = [
     "Tracked",
     "__version__",
     "badput",
+    "checkpointed",
     "publish",
     "start",
     "step",
+    "stop",
     "track",
 ]
 
