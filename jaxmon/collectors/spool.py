@@ -23,6 +23,7 @@ from jaxmon.collectors.base import Collector, Context, Offers, Update
 from jaxmon.device_readings import DeviceInfo
 from jaxmon.exchange import WORKLOAD_PIDS
 from jaxmon.families import add, family
+from jaxmon.families.checkpoint import checkpoint_families
 from jaxmon.families.compile import compile_families
 from jaxmon.families.memory import MemoryRow, memory_families
 from jaxmon.families.shared import DEVICE_INFO, WORKLOAD_INFO
@@ -148,10 +149,15 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
 
     def _held(self, w: WorkloadReport) -> WorkloadReport:
         """A workload's counters as they may be served: each new series (a new process's all: a restart is a reset
-        Prometheus sees) at 0 until a scrape has served it (jaxmon.births)."""
-        key = (w.workload, w.process_index, w.host, w.pid, w.started)
-        training = None if w.training is None else self._births.training(key, with_zeros(w.training))
-        return replace(w, compile=self._births.compile(key, w.compile), training=training)
+        Prometheus sees) at 0 until a scrape has served it (jaxmon.births). The compile counters are the process's
+        (the same through its publishers), the training counters its tracker's (new with a new tracker)."""
+        started = w.started if w.process_started is None else w.process_started
+        process = (w.workload, w.process_index, w.host, w.pid, started)
+        compile_ = self._births.compile(process, w.compile)
+        if w.training is None:
+            return replace(w, compile=compile_)
+        tracker = (*process, "tracker", round(w.training.start_time_seconds, 3))
+        return replace(w, compile=compile_, training=self._births.training(tracker, with_zeros(w.training)))
 
     def _log_arrivals(self, workloads: tuple[WorkloadReport, ...]) -> None:
         """Log each workload process that started or stopped reporting since the last scan."""
@@ -197,6 +203,10 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
         yield from training_families(
             [(training_labels(w.workload, w.process_index, w.process_count, w.host), w.training)
              for w in state.workloads if w.training is not None]
+        )  # fmt: skip
+        yield from checkpoint_families(
+            [(training_labels(w.workload, w.process_index, w.process_count, w.host), w.checkpoint)
+             for w in state.workloads if w.checkpoint is not None]
         )  # fmt: skip
         workload_info = WORKLOAD_INFO.new()
         last = family(

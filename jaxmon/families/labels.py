@@ -9,9 +9,8 @@ devices where the nvml collector matched them to a GPU) or a `pid`.
 
 from __future__ import annotations
 
-from jaxmon.families.libtpu import LIBTPU_LABELS_AND_SOURCE
+from jaxmon.families import checkpoint, libtpu
 
-# Each family's labels and the source of its number (name without `_total`).
 LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
     "jaxmon_memory_bytes_in_use": ("device, platform (+ pod, namespace, container)", "`bytes_in_use`"),
     "jaxmon_memory_peak_bytes_in_use": ("device, platform (+ pod, namespace, container)", "`peak_bytes_in_use`"),
@@ -371,7 +370,8 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
     "jaxmon_spool_overflow_files": ("reason", "spool"),
     "jaxmon_spool_removed_files": ("kind", "spool"),
     "jaxmon_spool_stale_files": ("—", "spool"),
-    **LIBTPU_LABELS_AND_SOURCE,
+    **libtpu.LIBTPU_LABELS_AND_SOURCE,
+    **checkpoint.LABELS_AND_SOURCE,
     "jaxmon_kubernetes_pod_device_info": (
         "namespace, pod, container, resource, device_id (+ claim: DRA)",
         "kubelet pod-resources `List` (`devices`, `dynamic_resources`)",

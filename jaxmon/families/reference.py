@@ -19,11 +19,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxmon.families import Spec, libtpu, memory, nvml, nvml_process, shared, slurm, training
+from jaxmon.families import Spec, checkpoint, libtpu, memory, nvml, nvml_process, shared, slurm, training
 from jaxmon.families import compile as compile_families
 from jaxmon.families import kubernetes as kubernetes_families
 from jaxmon.families.labels import LABELS_AND_SOURCE
-from jaxmon.lastword import STOPPING, STOPPING_HELP
+from jaxmon.lastword import EXIT, EXIT_HELP, STOPPING, STOPPING_HELP
 
 PATH = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
@@ -64,6 +64,7 @@ INLINE = {
                 "jaxmon_collector_last_success_timestamp_seconds", "Unix time of the collector's last successful run."
             ),
             Spec(STOPPING, STOPPING_HELP),
+            Spec(EXIT, EXIT_HELP),
         ]
     ),
     "probe": _entries(
@@ -157,7 +158,7 @@ def _training() -> list[Entry]:
     rest += [training.COLLECTIVE_BYTES, training.PROGRAM_PEAK_MEMORY, training.LINK_BANDWIDTH]
     rest += [training.PROFILES, training.PROFILED, training.PROFILE_PARTS, training.PROFILE_COLLECTIVES]
     rest += [training.PROFILE_EXPOSED, training.PROFILE_COLLECTIVE_BYTES]
-    rest += [training.PROFILE_COPY_SECONDS, training.PROFILE_COPY_BYTES]
+    rest += [training.PROFILE_COPY_SECONDS, training.PROFILE_COPY_BYTES, *checkpoint.SPECS]
     return [*_entries(specs), Entry(training.DURATION, "histogram"), *_entries(rest)]
 
 

@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from jaxmon.allocator import memory_numbers
+from jaxmon.checkpoints import CheckpointReading
 from jaxmon.device_readings import HOST_MEMORY_KINDS, ArrayBytes, DeviceInfo, MemoryReading
-from jaxmon.sources.spool_document import SpoolDevice, SpoolDocument, SpoolTraining
+from jaxmon.sources.spool_document import SpoolCheckpoint, SpoolDevice, SpoolDocument, SpoolTraining
 from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 
 # The longest error text a document carries (SpoolDevice.error's bound).
@@ -124,6 +125,8 @@ class WorkloadReport:
     training: TrainingReading | None = None
     process_count: int | None = None
     scheduler: Mapping[str, str] = field(default_factory=dict)
+    process_started: float | None = None  # None: an older publisher (its `started` stands for it)
+    checkpoint: CheckpointReading | None = None
 
 
 def workload_report(doc: SpoolDocument) -> WorkloadReport:
@@ -164,6 +167,8 @@ def workload_report(doc: SpoolDocument) -> WorkloadReport:
         training=None if doc.training is None else training_reading(doc.training, doc.time),
         process_count=doc.process_count,
         scheduler=dict(doc.scheduler),
+        process_started=doc.process_started,
+        checkpoint=None if doc.checkpoint is None else CheckpointReading(**doc.checkpoint.model_dump()),
     )
 
 
@@ -200,3 +205,10 @@ def training_reading(spooled: SpoolTraining, time: float) -> TrainingReading:
             ),
         )
     return TrainingReading(**fields)
+
+
+def spool_checkpoint(reading: CheckpointReading) -> SpoolCheckpoint | None:
+    """A process's checkpoint reading as a document's section (None: nothing to say)."""
+    if reading == CheckpointReading():
+        return None
+    return SpoolCheckpoint.model_validate(asdict(reading))
