@@ -20,6 +20,8 @@ RULES = PROMETHEUS_DIR / "alerts.yml"
 RULE_TESTS = PROMETHEUS_DIR / "alerts_test.yml"
 JOB_RULES = PROMETHEUS_DIR / "job.yml"
 JOB_RULE_TESTS = PROMETHEUS_DIR / "job_test.yml"
+# job.yml under churn: restarts (goodput's disruption and redone kinds), a job that finished, two rulers, CPU devices.
+CHURN_RULE_TESTS = PROMETHEUS_DIR / "job_churn_test.yml"
 PROMETHEUS_CONFIG = PROMETHEUS_DIR / "prometheus.yml"
 KUBERNETES = DEPLOY / "kubernetes"
 COMPOSE = DEPLOY / "docker-compose.yml"
