@@ -42,11 +42,18 @@ SDK_STATUS = Spec(
     "1 on the current status of the daemon's reading of libtpu's monitoring SDK (its child process), 0 on the "
     "others: ok, empty (the SDK answered no values), starting (libtpu is being imported), not_installed, "
     "import_failed, failed (the SDK raised), crashed (the child died), timeout (no answer within "
-    "--collector.tpu.sdk-timeout).",
+    "--collector.tpu.sdk-timeout), spawn_failed (the child could not be started: fork's EAGAIN at a pids limit, "
+    "no temporary directory).",
 )
 SDK_STARTS = Spec(
     "jaxmon_libtpu_sdk_child_starts",
     "Child processes started to read libtpu's monitoring SDK (one, unless children crashed or hung).",
+    counter=True,
+)
+SDK_SPAWN_FAILURES = Spec(
+    "jaxmon_libtpu_sdk_child_spawn_failures",
+    "Starts of the SDK's child process that failed (fork's EAGAIN at a pids limit, no temporary directory), each "
+    "tried again after a back-off; the tpu collector's gRPC series are not affected.",
     counter=True,
 )
 
@@ -125,10 +132,12 @@ def sdk_families(st: SdkState | None) -> Iterator[Metric]:
         add(status, {"source": "libtpu", "status": name}, 1.0 if name == st.status else 0.0)
     starts = SDK_STARTS.new()
     add(starts, {"source": "libtpu"}, st.starts)
+    failures = SDK_SPAWN_FAILURES.new()
+    add(failures, {"source": "libtpu"}, st.spawn_failures)
     util = TENSORCORE_UTILIZATION.new()
     for core in st.cores:
         add(util, {"device": core.device, "platform": "tpu", "source": "libtpu", "core": str(core.core)}, core.ratio)
-    yield from (status, starts, util)
+    yield from (status, starts, failures, util)
 
 
 # The labels and sources of these families, for docs/metrics.md (jaxmon.families.labels' table).
@@ -187,4 +196,5 @@ LIBTPU_LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
     ),
     "jaxmon_libtpu_sdk_status": ("source, status", "the daemon's SDK child: its import, its answers, its deadline"),
     "jaxmon_libtpu_sdk_child_starts": ("source", "the daemon's SDK child processes started"),
+    "jaxmon_libtpu_sdk_child_spawn_failures": ("source", "the daemon's SDK child processes that could not start"),
 }
