@@ -130,10 +130,19 @@ class Exporter:
         word = self.runtime.last_word
         if word is None:
             return
-        if self.serving:
-            word.stop(reason, signal_name)
-        else:
+        if not self.serving:
             word.say(reason, signal_name)
+            return
+        started = time.monotonic()
+        read = word.stop(reason, signal_name)
+        log.info(
+            "jaxmon said how the process ends",
+            reason=word.reason,
+            signal=word.signal,
+            scrapers=word.waited_for,
+            every_scraper_read_it=read,
+            waited_seconds=round(time.monotonic() - started, 3),
+        )
 
     def _release_tracker(self) -> None:
         in_process, self._in_process = self._in_process, None

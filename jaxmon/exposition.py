@@ -305,7 +305,10 @@ class Exposition:
 
     def served(self, scrape: MetricsRequest) -> None:
         """`scrape`'s response was handed to its connection whole: a Prometheus scrape frees the series it read held
-        (jaxmon.births), and counts as served the last word it rendered (jaxmon.lastword)."""
+        (jaxmon.births), and counts as served the last word it rendered (jaxmon.lastword); not one handed over after
+        its scraper gave up on it (its X-Prometheus-Scrape-Timeout-Seconds: Prometheus stored nothing of it)."""
+        if not scrape.in_time():
+            return
         if scrape.ticket is not None:
             SCRAPES.served(scrape.ticket)
         if self._last_word is not None and not scrape.filtered:

@@ -69,6 +69,7 @@ class LastWord:
         self.signal = ""
         self._times: dict[Hashable, deque[float]] = {}  # served Prometheus scrapes, per scraper
         self._finals: dict[Hashable, int] = {}  # of them, those that rendered the word
+        self.waited_for = 0  # the regular scrapers the last stop() waited for
 
     @property
     def stopping(self) -> bool:
@@ -137,6 +138,7 @@ class LastWord:
         with self._cond:
             start = self._clock()
             owed = self.owed(start)
+            self.waited_for = len(owed)
             end = start + min(MAX_WAIT, MAX_WAIT if most is None else most)
 
             def outstanding() -> list[float]:

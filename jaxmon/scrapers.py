@@ -11,7 +11,8 @@ interval (jaxmon.lastword counts them so).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 TIMEOUT_HEADER = "x-prometheus-scrape-timeout-seconds"
 
@@ -25,6 +26,16 @@ class Scraper:
 
 
 OTHER = Scraper(prometheus=False)
+
+
+def deadline(timeout: str, now: float | None = None) -> float | None:
+    """When a scraper that sent X-Prometheus-Scrape-Timeout-Seconds `timeout` gives up on a request made now
+    (monotonic), None where it said none (or nothing a number)."""
+    try:
+        seconds = float(timeout)
+    except ValueError:
+        return None
+    return (time.monotonic() if now is None else now) + seconds if seconds > 0 else None
 
 
 def identify(client: str, user_agent: str, timeout: str) -> Scraper:
@@ -42,3 +53,9 @@ class MetricsRequest:
     ticket: int | None = None  # jaxmon.births.Scrapes ticket, Prometheus scrapes only
     final: bool = False  # it rendered the embedded exporter's last word
     filtered: bool = False  # collect[]: some collectors only, the last word not among them
+    # When its scraper gives up on it (monotonic; its timeout header): a response handed over later was not stored.
+    deadline: float | None = field(default=None)
+
+    def in_time(self) -> bool:
+        """Whether it was handed over before its scraper gave up on it."""
+        return self.deadline is None or time.monotonic() <= self.deadline

@@ -26,7 +26,7 @@ from jaxmon.exposition import Exposition
 from jaxmon.openmetrics_format import CONTENT_TYPE_LATEST as OPENMETRICS
 from jaxmon.openmetrics_format import wants_openmetrics
 from jaxmon.runtime import Runtime
-from jaxmon.scrapers import TIMEOUT_HEADER, MetricsRequest, identify
+from jaxmon.scrapers import TIMEOUT_HEADER, MetricsRequest, deadline, identify
 from jaxmon.web.access import CheckQueue
 from jaxmon.web.profiling import PPROF_PATH, DeviceMemoryProfiles
 from jaxmon.web.reload import WebState
@@ -202,8 +202,9 @@ class App:
                 )
         openmetrics = wants_openmetrics(_header(scope, b"accept"))
         client = scope.get("client") or ("", 0)
+        timeout = _header(scope, TIMEOUT_HEADER.encode())
         scrape = scope[SCRAPE] = MetricsRequest(
-            identify(str(client[0]), _header(scope, b"user-agent"), _header(scope, TIMEOUT_HEADER.encode()))
+            identify(str(client[0]), _header(scope, b"user-agent"), timeout), deadline=deadline(timeout)
         )
         try:
             body = self._exposition.render(want_gzip, selected, openmetrics, scrape)

@@ -165,3 +165,20 @@ def test_the_exposition_serves_it_at_each_scrape_and_counts_only_whole_ones() ->
     assert word._finals == {A.key: 1} and len(word._times[A.key]) == 2
     plain = Exposition(lambda: Snapshot(), [], None)
     assert b"jaxmon_exporter_stopping" not in plain.render(False)
+
+
+def test_a_scrape_handed_over_after_its_scraper_gave_up_counts_for_nothing() -> None:
+    """Past its X-Prometheus-Scrape-Timeout-Seconds Prometheus has stored nothing of a scrape: it neither frees a
+    series nor counts as the word read, however whole it was sent."""
+    from jaxmon.births import SCRAPES
+    from jaxmon.scrapers import deadline
+
+    word = LastWord()
+    word.say(NORMAL)
+    exposition = Exposition(lambda: Snapshot(), [], None, word)
+    late = MetricsRequest(A, deadline=deadline("0.5", now=time.monotonic() - 1.0))
+    exposition.render(False, scrape=late)
+    assert late.final and late.ticket is not None and not late.in_time()
+    exposition.served(late)
+    assert word._finals == {} and SCRAPES.proof() < late.ticket
+    assert deadline("") is None and deadline("x") is None and deadline("0") is None
