@@ -109,7 +109,8 @@ def scraped(p: Prometheus, target: str, times: int) -> bool:
 
 def history(p: Prometheus, expr: str, at: float) -> str:
     """The minute before `at` of `expr`, every half second: what a failing assertion shows."""
-    r = requests.get(p.url + "/api/v1/query_range", params={"query": expr, "start": at - 60, "end": at, "step": 0.5})
+    params: dict[str, str | float] = {"query": expr, "start": at - 60, "end": at, "step": 0.5}
+    r = requests.get(p.url + "/api/v1/query_range", params=params, timeout=20)
     return "\n".join(
         f"{series['metric']}: {[(round(float(t) - at, 1), v) for t, v in series['values']]}"
         for series in r.json()["data"]["result"]
