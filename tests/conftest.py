@@ -65,6 +65,7 @@ LONG_LANE = (
     "tests/e2e/test_container_engines.py",
     "tests/e2e/test_job_view.py",
     "tests/e2e/test_prometheus_truth.py",  # three runs of a training loop under a real Prometheus: about a minute
+    "tests/e2e/test_churn.py",  # jobs that crash, restart and end, under real Prometheus servers: about a minute
 )
 
 

@@ -23,6 +23,7 @@ answered on stdout with `OK <json>`:
   losses N                 N steps (numbered on), each handing jaxmon.step(n, loss) a scalar float32 array of
                            1 / (n + 1) (put on the device, nothing compiled), synced and booked
   restore N                number the next `steps` from N (as a restart from a checkpoint of step N does)
+  restart-exporter         (embedded) jaxmon.stop(), then jaxmon.start() again on the same port and settings
   hold KIND                open a `jaxmon.badput(KIND)` block and leave it open
   release                  close it; answer with the seconds it was open, as this loop timed it
   collective N             N steps (numbered on) of a tracked program that all-reduces a replicated gradient over
@@ -268,6 +269,12 @@ def main() -> None:
         elif cmd == "restore":
             number = int(rest[0])  # as after restoring a checkpoint of that step
             answer(number=number)
+        elif cmd == "restart-exporter":
+            jaxmon.stop()
+            handle = exporter = jaxmon.start(
+                args.port, workload=args.workload, poll={"interval": args.interval}, training=training
+            )
+            answer(url=exporter.url)
         elif cmd == "exit":
             break
     if handle is not None:
