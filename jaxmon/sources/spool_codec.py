@@ -176,7 +176,9 @@ def training_reading(spooled: SpoolTraining, time: float) -> TrainingReading:
     """A published training section of a document written at `time` as the reading it was made from (+Inf bucket
     from the count, the start from the seconds elapsed by then)."""
     fields = spooled.model_dump()
-    fields["start_time_seconds"] = time - fields.pop("elapsed_seconds")
+    # To the millisecond: the difference of two floats near 1.8e9 varies in its last bits from one document to the
+    # next, and a start time that changes is a restart to Prometheus (changes(), JaxmonTrainingRestarted).
+    fields["start_time_seconds"] = round(time - fields.pop("elapsed_seconds"), 3)
     fields["duration_buckets"] = (
         (*((b, c) for b, c in spooled.duration_buckets), (float("inf"), spooled.duration_count))
         if spooled.duration_count or spooled.duration_buckets
