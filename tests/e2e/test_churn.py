@@ -19,6 +19,7 @@ import contextlib
 import functools
 import json
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -257,6 +258,15 @@ def test_goodput_across_a_crash_and_a_restart_from_the_checkpoint_is_the_jobs_ow
         assert 129 - restored - 1 <= float(redone[0]["value"][1]) <= 129 - restored + 0.25 * pace + 1, (redone, pace)
         disruption = prometheus.query(f'jaxmon:training_disruption_seconds:increase5m{{workload="{workload}"}} @ {at}')
         assert float(disruption[0]["value"][1]) == pytest.approx(gap, abs=0.5), (disruption, gap)
+        # What a crash now would lose, from Orbax's own save events: the second process's last save, of step 150,
+        # taken once step 150 completed; and the interval the job declared (collector.checkpoint.interval_steps).
+        saved = next(e for e in second_steps if e["n"] == 150)
+        step = f'last_over_time(jaxmon_training_last_checkpoint_step{{workload="{workload}"}}[1m] @ {at})'
+        assert [r["value"][1] for r in prometheus.query(step)] == ["150"]
+        when = f'last_over_time(jaxmon_training_last_checkpoint_timestamp_seconds{{workload="{workload}"}}[1m] @ {at})'
+        assert saved["t1"] <= float(prometheus.query(when)[0]["value"][1]) <= saved["t1"] + 1.0
+        every = f'last_over_time(jaxmon_training_checkpoint_interval_steps{{workload="{workload}"}}[1m] @ {at})'
+        assert [r["value"][1] for r in prometheus.query(every)] == ["50"]
         # The crash said it was one, and the restart is seen (both pending: their for: is longer than this test).
         crashed = prometheus.query(
             f'max_over_time(jaxmon:training_process_crashed{{workload="{workload}"}}[1m] @ {at})'
@@ -272,3 +282,43 @@ def test_goodput_across_a_crash_and_a_restart_from_the_checkpoint_is_the_jobs_ow
         )
     finally:
         prometheus.stop()
+
+
+def test_sigterm_says_so_to_each_scraper_then_ends_the_process_by_it(tmp_path: Path, jobs: list[Job]) -> None:
+    """A process with no SIGTERM handler of its own: jaxmon's says reason="signal" to the scrapers that come
+    regularly (here one that identifies as Prometheus, every 0.3 s), then SIGTERM ends the process as it would have
+    (killed by the signal, not an exit status)."""
+    port = free_port()
+    job = Job(tmp_path / "job", port, "churn-term", "--until-told")
+    jobs.append(job)
+    job.serving()
+    bodies: list[str] = []
+    stop = threading.Event()
+
+    def prometheus() -> None:
+        headers = {"User-Agent": "Prometheus/2.42.0", "X-Prometheus-Scrape-Timeout-Seconds": "0.25"}
+        while not stop.is_set():
+            with contextlib.suppress(requests.RequestException):
+                bodies.append(requests.get(f"http://127.0.0.1:{port}/metrics", headers=headers, timeout=1).text)
+            time.sleep(0.3)
+
+    scraper = threading.Thread(target=prometheus, daemon=True)
+    scraper.start()
+    try:
+        # Scraped a few times (a regular scraper: its interval known), the job stepping.
+        wait_until(lambda: sum("jaxmon_training_step " in b for b in bodies) >= 3, 60, "three scrapes of the steps")
+        job.proc.send_signal(signal.SIGTERM)
+        assert job.proc.wait(30) == -signal.SIGTERM
+    finally:
+        stop.set()
+        scraper.join()
+    last = bodies[-1]
+    assert 'jaxmon_exporter_exit_info{reason="signal",signal="SIGTERM"} 1.0' in last, last[-2000:]
+    assert "jaxmon_exporter_stopping 0.0" in last  # a signal is no stop on purpose
+    (said,) = [json.loads(line) for line in job.log().splitlines() if "jaxmon said how the process ends" in line]
+    assert (said["reason"], said["signal"], said["scrapers"], said["every_scraper_read_it"]) == (
+        "signal",
+        "SIGTERM",
+        1,
+        True,
+    )
