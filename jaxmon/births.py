@@ -26,7 +26,9 @@ again in one process) and comes back under the same key is not held again: it wa
 values would be counted as a reset.
 
 Holding loses nothing: the value a series is held from shows up whole after the scrape, as an increase Prometheus
-counts. It only delays a new series by a poll and a scrape.
+counts. It only delays a new series by a poll and a scrape, and only for Prometheus: every other reader (`jaxmon
+top`, curl) is served the counters at their values (each holding collector's `unheld()`; jaxmon.exposition renders
+both).
 """
 
 from __future__ import annotations
@@ -128,7 +130,11 @@ class Births:
     one per process, `for_process()`); `begin()` and `end()` around each poll forget the series no reading had (a
     process gone from the spool), remembering for GONE_MEMORY seconds those that were served."""
 
-    def __init__(self, proof: Callable[[], int] = SCRAPES.proof, taken: Callable[[], int] = SCRAPES.taken) -> None:
+    def __init__(
+        self,
+        proof: Callable[[], int] = SCRAPES.proof,
+        taken: Callable[[], int] = SCRAPES.taken,
+    ) -> None:
         self._proof_of = proof
         self._taken_of = taken
         self._lock = threading.Lock()

@@ -53,6 +53,7 @@ class CompileCollector(Collector[CompileOptions, CompileState]):
         super().__init__(opts, ctx)
         # The process's: its counters count on through a stop() and a start() (jaxmon.births.for_process).
         self._births = for_process(self.name)
+        self._unheld: tuple[CompileState | None, CompileState | None] = (None, None)  # the last state, and unheld
 
     def update(self) -> Update[CompileState]:
         """The counters now, at 0 until a scrape has served them (jaxmon.births: a restart is a reset)."""
@@ -61,10 +62,17 @@ class CompileCollector(Collector[CompileOptions, CompileState]):
         self._births.begin()
         try:
             key = (self.ctx.workload or "", in_process.process_index)
-            counters = self._births.compile(key, in_process.compile_counts())
+            counts = in_process.compile_counts()
+            state = CompileState(in_process.process_index, self._births.compile(key, counts))
         finally:
             self._births.end()
-        return Update(CompileState(in_process.process_index, counters))
+        self._unheld = (state, CompileState(in_process.process_index, counts))
+        return Update(state)
+
+    def unheld(self, state: CompileState) -> CompileState:
+        """The counters at their values (what readers other than Prometheus are served)."""
+        held, values = self._unheld
+        return values if state is held and values is not None else state
 
     def families(self, snap: Snapshot, state: CompileState) -> Iterator[Metric]:
         """One series per counter, labelled with the workload and its process index."""

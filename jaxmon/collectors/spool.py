@@ -126,6 +126,7 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
         )
         self._seen: set[tuple[str, int, str, int]] = set()  # (workload, process_index, host, pid) last scan
         self._births = Births()
+        self._unheld: tuple[SpoolState | None, SpoolState | None] = (None, None)  # the last state, and unheld
 
     def update(self) -> Update[SpoolState]:
         """Scan the directory; when it cannot be listed, keep serving the last good workloads and say so."""
@@ -141,9 +142,12 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
             return Update(self._last, success=False)
         self._errors.ok("spool", "spool directory readable again", directory=directory)
         # Last report time: the file's mtime on this clock, the same time liveness is judged by.
-        workloads = tuple(self._held(replace(f.value, time=f.mtime)) for f in scan.live)
+        reports = [replace(f.value, time=f.mtime) for f in scan.live]
+        workloads = tuple(self._held(w) for w in reports)
         self._births.end()
         self._last = SpoolState(workloads, scan.rejected, scan.overflow, scan.removed, scan.stale)
+        values = tuple(w if w.training is None else replace(w, training=with_zeros(w.training)) for w in reports)
+        self._unheld = (self._last, replace(self._last, workloads=values))
         self._log_arrivals(self._last.workloads)
         return Update(self._last)
 
@@ -158,6 +162,11 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
             return replace(w, compile=compile_)
         tracker = (*process, "tracker", round(w.training.start_time_seconds, 3))
         return replace(w, compile=compile_, training=self._births.training(tracker, with_zeros(w.training)))
+
+    def unheld(self, state: SpoolState) -> SpoolState:
+        """The workloads' counters at their values (what readers other than Prometheus are served)."""
+        held, values = self._unheld
+        return values if state is held and values is not None else state
 
     def _log_arrivals(self, workloads: tuple[WorkloadReport, ...]) -> None:
         """Log each workload process that started or stopped reporting since the last scan."""

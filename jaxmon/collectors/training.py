@@ -137,6 +137,7 @@ class TrainingCollector(Collector[TrainingOptions, TrainingReading | None]):
         super().__init__(opts, ctx)
         # The process's: a tracker that runs on through a stop() and a start() (a publisher holds it) counts on.
         self._births = for_process(self.name)
+        self._unheld: tuple[TrainingReading | None, TrainingReading | None] = (None, None)  # the last state, unheld
 
     def update(self) -> Update[TrainingReading | None]:
         """The tracker's numbers now (from start(), every counter at 0 before it happens), each new series held at
@@ -149,9 +150,17 @@ class TrainingCollector(Collector[TrainingOptions, TrainingReading | None]):
         try:
             # A new tracker's counters start again at 0: new series to Prometheus, held (a reset it sees).
             key = (self.ctx.workload or "", self.ctx.in_process.process_index, round(reading.start_time_seconds, 3))
-            return Update(self._births.training(key, with_zeros(reading)))
+            values = with_zeros(reading)
+            held = self._births.training(key, values)
         finally:
             self._births.end()
+        self._unheld = (held, values)
+        return Update(held)
+
+    def unheld(self, state: TrainingReading | None) -> TrainingReading | None:
+        """The counters at their values (what readers other than Prometheus are served)."""
+        held, values = self._unheld
+        return values if state is held and state is not None else state
 
     def families(self, snap: Snapshot, state: TrainingReading | None) -> Iterator[Metric]:
         """One set of series for this workload process, once it steps."""

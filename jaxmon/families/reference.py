@@ -342,10 +342,10 @@ program's (op, axes) (once jaxmon's thread has analysed it), a sampled collectiv
 it). Every new counter series is held at 0 until a Prometheus scrape was served it, then counts whole: an embedded
 exporter's and a spooled process's alike (the spool's daemon holds them, per process: a restarted process's series
 start at 0, a counter reset Prometheus sees). Only a scraper that says it is Prometheus (its User-Agent, or the
-`X-Prometheus-Scrape-Timeout-Seconds` header every Prometheus-compatible scraper sends) frees a series, never `jaxmon
-top` or curl; a series that goes and comes back (a publisher silent past the spool's TTL, `stop()` and `start()` in one
-process) is not held again. To join the processes of one workload across restarts, use
-`jaxmon_training_start_time_seconds`: each process's own, changed at each restart. In the OpenMetrics exposition (as
+`X-Prometheus-Scrape-Timeout-Seconds` header every Prometheus-compatible scraper sends) is served the 0 and frees
+the series; `jaxmon top` and curl are served the values and free nothing; a series that goes and comes back (a
+publisher silent past the spool's TTL, `stop()` and `start()` in one process) is not held again. Across restarts,
+`jaxmon_training_start_time_seconds` tells the processes apart. In the OpenMetrics exposition (as
 Prometheus asks for it) every training counter and the step histogram carry `_created`, as client_python writes it:
 the process's `jaxmon_training_start_time_seconds`; jaxmon's other counters carry none; the text format has none.
 Prometheus 2.x without flags (Debian's 2.42) stores each `_created` as a series of its own, doubling the training

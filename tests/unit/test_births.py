@@ -228,3 +228,33 @@ def test_a_process_s_own_births_outlive_its_exporter() -> None:
     on (the compile counters: 8 -> 10) are not held at 0 between (8 -> 0 -> 10: increase() 18 for 10)."""
     assert for_process("test-births") is for_process("test-births")
     assert for_process("test-births") is not for_process("test-births-2")
+
+
+def test_prometheus_is_served_the_held_zero_and_every_other_reader_the_value() -> None:
+    """One snapshot, two readers: Prometheus reads a new series at 0 (born at zero, for increase()), jaxmon top and
+    curl read its value (what it is); each render is cached apart."""
+    from collections.abc import Iterator
+
+    from prometheus_client.core import CounterMetricFamily, Metric
+
+    from jaxmon.exposition import Exposition
+    from jaxmon.scrapers import MetricsRequest, identify
+
+    class Holding:
+        name, scrapes = "holding", False
+
+        def families(self, snap: Snapshot, state: float) -> Iterator[Metric]:
+            yield CounterMetricFamily("held_things", "Things.", value=state)
+
+        def unheld(self, state: float) -> float:
+            return 7.0 if state == 0.0 else state
+
+        def scrape_families(self) -> list[Metric]:
+            return []
+
+    snap = Snapshot(states={"holding": 0.0})
+    exposition = Exposition(lambda: snap, [Holding()])
+    for reader, value in (("Prometheus/2.42.0", b"held_things_total 0.0"), ("curl/8.5.0", b"held_things_total 7.0")):
+        for _ in range(2):
+            assert value in exposition.render(False, scrape=MetricsRequest(identify("h", reader, ""))), reader
+    assert b"held_things_total 7.0" in exposition.render(False)  # no request (jaxmon snapshot): the values
