@@ -20,8 +20,9 @@ RULES = PROMETHEUS_DIR / "alerts.yml"
 RULE_TESTS = PROMETHEUS_DIR / "alerts_test.yml"
 JOB_RULES = PROMETHEUS_DIR / "job.yml"
 JOB_RULE_TESTS = PROMETHEUS_DIR / "job_test.yml"
-# job.yml under churn: restarts (goodput's disruption and redone kinds), a job that finished, two rulers, CPU devices.
+# job.yml under churn: a job that finished, two rulers, CPU devices; and restarts (goodput's disruption and redone).
 CHURN_RULE_TESTS = PROMETHEUS_DIR / "job_churn_test.yml"
+RESTART_RULE_TESTS = PROMETHEUS_DIR / "job_restart_test.yml"
 PROMETHEUS_CONFIG = PROMETHEUS_DIR / "prometheus.yml"
 KUBERNETES = DEPLOY / "kubernetes"
 COMPOSE = DEPLOY / "docker-compose.yml"
