@@ -205,6 +205,11 @@ class Daemon(Process):
         return wait_for_samples(self.url, predicate, what, timeout, client=self.client, detail=self.log)
 
 
+# A client that scrapes as Prometheus does (its User-Agent): it is served the new counter series jaxmon.births holds
+# at 0, and frees them; other readers are served their values (jaxmon.scrapers).
+AS_PROMETHEUS: dict[str, Any] = {"headers": {"User-Agent": "Prometheus/2.42.0 (jaxmon's tests)"}}
+
+
 def scrape(url: str, **client: Any) -> Samples:
     """One /metrics of the exporter at `url`, parsed."""
     r = requests.get(url + "/metrics", **{"timeout": 10, **client})

@@ -250,7 +250,19 @@ def test_goodput_across_a_crash_and_a_restart_from_the_checkpoint_is_the_jobs_ow
         own = useful / wall
         shipped = prometheus.query(f'jaxmon:training_goodput_ratio:rate5m{{workload="{workload}"}} @ {at}')
         assert shipped, prometheus.query("jaxmon:training_goodput_ratio:rate5m")
-        assert float(shipped[0]["value"][1]) == pytest.approx(own, abs=0.03), (own, useful, wall)
+        # Within a few points: the rules price the redone steps at the window's mean productive seconds a step (the
+        # processes' own steps vary on a loaded machine), and increase() reads the counters half a scrape interval
+        # past the last sample.
+        parts = {
+            q: prometheus.query(f'{q}{{workload="{workload}"}} @ {at}')
+            for q in (
+                "jaxmon:training_job_seconds:increase5m",
+                "jaxmon:training_disruption_seconds:increase5m",
+                "jaxmon:training_redone_seconds:increase5m",
+                "jaxmon:training_redone_steps:increase5m",
+            )
+        }
+        assert float(shipped[0]["value"][1]) == pytest.approx(own, abs=0.05), (own, useful, wall, gap, restored, parts)
         # The steps done twice, and the time between the processes: increase() reads the counters half a scrape
         # interval (0.25 s) past the last sample, which the steps (some 10 a second) and the accounted seconds show.
         redone = prometheus.query(f'jaxmon:training_redone_steps:increase5m{{workload="{workload}"}} @ {at}')
