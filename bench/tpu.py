@@ -289,7 +289,7 @@ def tracked_loop(out: Path, jax: Any, jnp: Any, dry: bool, steps: int) -> None:
         sdk_watch.__exit__()
     time.sleep(3.0)  # the waiter books the last steps; the collectors poll
     dev = jax.devices()[0]
-    from jaxmon.training import peaks
+    from jaxmon.catalog import hardware as peaks
 
     peak = dry_peak if dry else peaks.device_peak(dev.device_kind, None)
     truth = {

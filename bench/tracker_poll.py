@@ -32,12 +32,12 @@ from typing import Any
 
 import jax.numpy as jnp
 from common import median, save
+from jaxmon.training.accounting import Accounting
 
 import jaxmon
 from jaxmon import training
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
-from jaxmon.training.accounting import Accounting
 from jaxmon.training.tracker import Tracker, TrackerConfig
 
 WINDOW = 100_000

@@ -39,22 +39,17 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 
-from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
+from jaxmon.catalog import metrics
+from jaxmon.training_readings import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 
-# The built-in badput kinds (jaxmon.training.accounting, handed.EVENT_KINDS), the tracker's problem reasons, and the
-# sampled traces' results and parts (jaxmon.training.sampler): a daemon loads none of those modules, and
-# tests/unit/test_births.py holds these to them.
-BADPUT_KINDS = ("startup", "compile", "checkpoint", "restore", "host", "restart", "stall")
-PROBLEM_REASONS = (
-    "back", "jump", "unready", "invalid", "unread", "dropped", "cost", "badput_kinds", "intervals", "programs",
-    "communication", "error",
-)  # fmt: skip
-PROFILE_RESULTS = ("taken", "busy", "failed", "skipped")
-# The step histogram's bounds (jaxmon.training.accounting.DURATION_BUCKETS): at 0 before the first step.
-DURATION_BOUNDS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0, 600.0,
-)  # fmt: skip
-PROFILE_PARTS = ("compute", "collective", "copy", "idle")
+# The keys each counter is born with at zero (the catalog's `zeros`); tests/unit/test_births.py holds them to the
+# tracker's (jaxmon.training), which a daemon does not load.
+BADPUT_KINDS = metrics.TRAINING_BADPUT_SECONDS.zeros_keys()
+PROBLEM_REASONS = metrics.TRAINING_TRACKING_PROBLEMS.zeros_keys()
+PROFILE_RESULTS = metrics.TRAINING_PROFILES.zeros_keys()
+PROFILE_PARTS = metrics.TRAINING_PROFILE_SECONDS.zeros_keys()
+# The step histogram's bounds: every bucket at 0 before the first step.
+DURATION_BOUNDS = metrics.TRAINING_STEP_DURATION_SECONDS.buckets
 
 
 class Scrapes:

@@ -21,13 +21,13 @@ from typing import Any, Protocol
 
 import structlog
 from prometheus_client import gc_collector, platform_collector, process_collector
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.registry import CollectorRegistry
 
 from jaxmon.births import SCRAPES
+from jaxmon.catalog import metrics
 from jaxmon.families import add
-from jaxmon.families.shared import DEVICE_INFO, WORKLOAD_INFO
 from jaxmon.lastword import LastWord
 from jaxmon.logsetup import ErrorLog
 from jaxmon.openmetrics_format import render as om_render
@@ -44,7 +44,7 @@ class FamilySource(Protocol):
 
     @property
     def name(self) -> str:
-        """The collector's name (`collect[]`, `jaxmon_collector_success{collector}`)."""
+        """The collector's name (`collect[]`, the `collector` label of its health)."""
 
     @property
     def scrapes(self) -> bool:
@@ -67,56 +67,37 @@ Transform = Callable[[Snapshot, list[Metric]], list[Metric]]
 
 def base_families(snap: Snapshot) -> Iterator[Metric]:
     """What every unfiltered scrape has: versions, backends, and the identity of this process's devices."""
-    build = GaugeMetricFamily(
-        "jaxmon_build_info",
-        "jaxmon, jax, jaxlib and Python versions; always 1.",
-        labels=["version", "jax_version", "jaxlib_version", "python_version"],
-    )
-    build.add_metric([snap.build.get(k, "") for k in ("version", "jax_version", "jaxlib_version", "python_version")], 1)
+    build = metrics.BUILD_INFO.new()
+    add(build, {k: snap.build.get(k, "") for k in metrics.BUILD_INFO.labels}, 1)
     yield build
-    backend_up = GaugeMetricFamily(
-        "jaxmon_backend_up",
-        "1 when the JAX backend initialised, 0 when it failed (the log says why).",
-        labels=["backend"],
-    )
+    backend_up = metrics.BACKEND_UP.new()
     for b in snap.backends:
-        backend_up.add_metric([b.name], 1.0 if b.up else 0.0)
+        add(backend_up, {"backend": b.name}, 1.0 if b.up else 0.0)
     yield backend_up
-    info = DEVICE_INFO.new()
+    info = metrics.DEVICE_INFO.new()
     for d in snap.devices:
         add(info, {**snap.device_labels(d), **d.identity_labels(), "source": snap.source}, 1)
     yield info
     if snap.workload_info:
-        workload = WORKLOAD_INFO.new()
+        workload = metrics.WORKLOAD_INFO.new()
         add(workload, dict(snap.workload_info), 1)
         yield workload
 
 
 def status_families(snap: Snapshot, names: Iterable[str]) -> Iterator[Metric]:
-    """jaxmon_collector_success / _duration_seconds / _last_success_timestamp_seconds of the collectors `names`."""
-    success = GaugeMetricFamily(
-        "jaxmon_collector_success",
-        "1 when the collector's last run got all its data (memory: every device read; probe: every device answered).",
-        labels=["collector"],
-    )
-    duration = GaugeMetricFamily(
-        "jaxmon_collector_duration_seconds",
-        "Time of the collector's last run (probe: device time of the last round).",
-        labels=["collector"],
-    )
-    last = GaugeMetricFamily(
-        "jaxmon_collector_last_success_timestamp_seconds",
-        "Unix time of the collector's last successful run.",
-        labels=["collector"],
-    )
+    """Each of the collectors `names`' health: whether its last run succeeded, how long it took, when it last did."""
+    success = metrics.COLLECTOR_SUCCESS.new()
+    duration = metrics.COLLECTOR_DURATION_SECONDS.new()
+    last = metrics.COLLECTOR_LAST_SUCCESS_TIMESTAMP_SECONDS.new()
     for name in sorted(names):
         status = snap.statuses.get(name)
         if status is None:
             continue
-        success.add_metric([name], 1.0 if status.success else 0.0)
-        duration.add_metric([name], status.duration_seconds)
+        own = {"collector": name}
+        add(success, own, 1.0 if status.success else 0.0)
+        add(duration, own, status.duration_seconds)
         if status.last_success_timestamp is not None:
-            last.add_metric([name], status.last_success_timestamp)
+            add(last, own, status.last_success_timestamp)
     yield success
     yield duration
     yield last
@@ -239,7 +220,7 @@ class Exposition:
         last_word: LastWord | None = None,
     ) -> None:
         self._get_snapshot = get_snapshot
-        self._last_word = last_word  # an embedded exporter's jaxmon_exporter_stopping, read at each scrape
+        self._last_word = last_word  # an embedded exporter's stopping flag, read at each scrape
         self._collectors = list(collectors)
         self._transform = transform
         self.names = {c.name for c in self._collectors}

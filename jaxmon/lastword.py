@@ -31,8 +31,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
+from jaxmon.catalog import metrics
+from jaxmon.families import add
 from jaxmon.scrapers import MetricsRequest
 
 # The longest stop() waits for the final scrapes: a scrape interval of up to 40 s fits (1.5 x 40 + 1).
@@ -42,20 +44,6 @@ KEEP = 5
 
 NORMAL, EXCEPTION, SIGNAL = "normal", "exception", "signal"
 REASONS = (NORMAL, EXCEPTION, SIGNAL)
-
-STOPPING = "jaxmon_exporter_stopping"
-STOPPING_HELP = (
-    "1 once the embedded exporter is stopping on purpose (jaxmon.stop(), the Exporter's stop(), or the interpreter's "
-    "exit without an uncaught exception), 0 while it runs and when the process ends by an exception or a signal: "
-    "its last scrape tells a job that finished from one that died. Only in a workload process (jaxmon.start())."
-)
-EXIT = "jaxmon_exporter_exit_info"
-EXIT_HELP = (
-    "How the workload process is ending, served by the embedded exporter's last scrapes: reason normal (jaxmon.stop(), "
-    "the interpreter's exit), exception (an uncaught exception) or signal (SIGTERM, SIGINT: label signal); always 1, "
-    "absent while it runs. A process killed outright (SIGKILL, the OOM killer) says nothing. Only in a workload "
-    "process (jaxmon.start())."
-)
 
 
 class LastWord:
@@ -79,12 +67,12 @@ class LastWord:
     def families(self) -> tuple[list[Metric], bool]:
         """`jaxmon_exporter_stopping` and, once said, `jaxmon_exporter_exit_info`; and whether they hold the word."""
         reason, signal = self.reason, self.signal
-        stopping = GaugeMetricFamily(STOPPING, STOPPING_HELP)
-        stopping.add_metric([], 1.0 if reason == NORMAL else 0.0)
+        stopping = metrics.EXPORTER_STOPPING.new()
+        add(stopping, {}, 1.0 if reason == NORMAL else 0.0)
         if reason is None:
             return [stopping], False
-        info = GaugeMetricFamily(EXIT, EXIT_HELP, labels=["reason", "signal"])
-        info.add_metric([reason, signal], 1.0)
+        info = metrics.EXPORTER_EXIT_INFO.new()
+        add(info, {"reason": reason, "signal": signal}, 1.0)
         return [stopping, info], True
 
     def served(self, scrape: MetricsRequest) -> None:

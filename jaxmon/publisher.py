@@ -70,6 +70,7 @@ class Publisher:
         self._errors = ErrorLog(log, max(interval, 60.0))  # a lasting failure: once a minute, not every write
         self._stop = threading.Event()
         self._final = False  # stop() keeps the file: the thread writes it once more before it ends
+        self._wait = 0.0  # how long stop() waits for that
         self._stop_lock = threading.Lock()
         self._released = False
         self._workload: tuple[DeviceSource, InProcess] | None = None
@@ -104,6 +105,8 @@ class Publisher:
             stopped = self._stop.is_set()
             if stopped and not self._final:
                 return
+            if stopped:  # the last document: with every step handed by now
+                in_process.settle(self._wait / 2)
             try:
                 self._publish_once(source, devices, in_process)
             except Exception as exc:
@@ -198,7 +201,7 @@ class Publisher:
         share of the training tracker (a later publish() or start() gets a tracker with its own options)."""
         with self._stop_lock:
             if not self._stop.is_set():
-                self._final = not remove
+                self._final, self._wait = not remove, wait
                 self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=wait)

@@ -22,6 +22,8 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from jaxmon.catalog import metrics
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TRAIN = Path(__file__).resolve().parent / "workloads" / "train.py"
@@ -57,12 +59,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def parse_samples(text: str) -> Samples:
-    """Every sample of an exposition, keyed by (name, labels)."""
+def parse_samples(text: str, declared: bool = True) -> Samples:
+    """Every sample of an exposition, keyed by (name, labels). With `declared`, every `jaxmon_` family in it is
+    as the metric catalog declares it (jaxmon/catalog/metrics.py): a family or label it lacks fails the test that
+    scraped it, whatever it checks (`declared=False` for a user's own families of jaxmon's prefix)."""
     out: Samples = {}
+    problems: list[str] = []
     for family in text_string_to_metric_families(text):
+        if declared and family.name.startswith("jaxmon_"):
+            problems += metrics.undeclared(family.name, family.type, ((s.name, s.labels) for s in family.samples))
         for s in family.samples:
             out[(s.name, frozenset(s.labels.items()))] = s.value
+    assert not problems, "the exposition differs from the catalog: " + "; ".join(problems)
     return out
 
 

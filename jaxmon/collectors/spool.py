@@ -18,15 +18,15 @@ from prometheus_client.core import Metric
 from pydantic import Field, field_validator
 
 from jaxmon.births import Births, with_zeros
+from jaxmon.catalog import metrics
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
 from jaxmon.device_readings import DeviceInfo
 from jaxmon.exchange import WORKLOAD_PIDS
-from jaxmon.families import add, family
+from jaxmon.families import add
 from jaxmon.families.checkpoint import checkpoint_families
 from jaxmon.families.compile import compile_families
 from jaxmon.families.memory import MemoryRow, memory_families
-from jaxmon.families.shared import DEVICE_INFO, WORKLOAD_INFO
 from jaxmon.families.training import training_families, training_labels
 from jaxmon.logsetup import ErrorLog
 from jaxmon.settings import CollectorOptions, Duration, Enabled
@@ -187,7 +187,7 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
 
     def families(self, snap: Snapshot, state: SpoolState) -> Iterator[Metric]:
         """Each workload's devices, compile counters and identity, and the rejected files."""
-        info = DEVICE_INFO.new()
+        info = metrics.DEVICE_INFO.new()
         rows: dict[frozenset[tuple[str, str]], tuple[MemoryRow, DeviceInfo]] = {}
         for w in state.workloads:
             for wd in w.devices:
@@ -217,11 +217,8 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
             [(training_labels(w.workload, w.process_index, w.process_count, w.host), w.checkpoint)
              for w in state.workloads if w.checkpoint is not None]
         )  # fmt: skip
-        workload_info = WORKLOAD_INFO.new()
-        last = family(
-            "jaxmon_workload_last_report_timestamp_seconds",
-            "Unix time the workload process last wrote its spool file (the file's mtime on the sidecar's clock).",
-        )
+        workload_info = metrics.WORKLOAD_INFO.new()
+        last = metrics.WORKLOAD_LAST_REPORT_TIMESTAMP_SECONDS.new()
         for w in state.workloads:
             ident = {"workload": w.workload, "process_index": str(w.process_index)}
             identity = {"host": w.host, "pid": str(w.pid), "jax_version": w.jax_version, **w.scheduler}
@@ -229,34 +226,19 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
             add(last, ident, w.time)
         yield workload_info
         yield last
-        rejected = family(
-            "jaxmon_spool_rejected_files", "Spool files skipped because they are not what a publisher writes.", True
-        )
+        rejected = metrics.SPOOL_REJECTED_FILES.new()
         for reason, count in sorted(state.rejected.items()):
             add(rejected, {"reason": reason}, float(count))
         yield rejected
-        overflow = family(
-            "jaxmon_spool_overflow_files",
-            "Live spool files left unread in a poll: past --collector.spool.max-workloads, or past "
-            "--collector.spool.max-reads-per-poll (read at a later poll); counted every poll they are left out.",
-            True,
-        )
+        overflow = metrics.SPOOL_OVERFLOW_FILES.new()
         for reason, count in sorted(state.overflow.items()):
             add(overflow, {"reason": reason}, float(count))
         yield overflow
-        removed = family(
-            "jaxmon_spool_removed_files",
-            "Stale publisher files (json) and crashed writers' temporary files (tmp) the sidecar removed.",
-            True,
-        )
+        removed = metrics.SPOOL_REMOVED_FILES.new()
         for kind, count in sorted(state.removed.items()):
             add(removed, {"kind": kind}, float(count))
         yield removed
         if state.stale is not None:
-            stale = family(
-                "jaxmon_spool_stale_files",
-                "Files in the spool directory past --collector.spool.ttl and not (yet) removed, orphaned temporary "
-                "files included.",
-            )
+            stale = metrics.SPOOL_STALE_FILES.new()
             add(stale, {}, float(state.stale))
             yield stale

@@ -28,26 +28,20 @@ import structlog
 from prometheus_client.core import Metric
 from pydantic import Field, field_validator
 
+from jaxmon.catalog.metrics import DEVICE_DUTY_CYCLE_RATIO as DEVICE_DUTY_CYCLE
+from jaxmon.catalog.metrics import DEVICE_HLO_EXECUTION_MEAN_SECONDS as HLO_EXECUTION_MEAN
+from jaxmon.catalog.metrics import DEVICE_HLO_EXECUTION_SECONDS as HLO_EXECUTION
+from jaxmon.catalog.metrics import DEVICE_HLO_QUEUE_SIZE as HLO_QUEUE
+from jaxmon.catalog.metrics import DEVICE_MEMORY_BANDWIDTH_UTILIZATION_RATIO as DEVICE_MEMORY_BANDWIDTH
+from jaxmon.catalog.metrics import DEVICE_MEMORY_TOTAL_BYTES as DEVICE_MEMORY_TOTAL
+from jaxmon.catalog.metrics import DEVICE_MEMORY_USED_BYTES as DEVICE_MEMORY_USED
+from jaxmon.catalog.metrics import DEVICE_SOURCE_UP
+from jaxmon.catalog.metrics import DEVICE_TENSORCORE_IDLE_DURATION_SECONDS as IDLE_DURATION
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
 from jaxmon.exchange import DEVICE_IDENTITIES, DUTY_CYCLES, TPU_DEVICE, TPU_NODE, DeviceId, SeriesKey
 from jaxmon.families import add
-from jaxmon.families.libtpu import (
-    HLO_EXECUTION,
-    HLO_EXECUTION_MEAN,
-    HLO_QUEUE,
-    IDLE_DURATION,
-    MEGASCALE,
-    sdk_families,
-    summary_family,
-)
-from jaxmon.families.shared import (
-    DEVICE_DUTY_CYCLE,
-    DEVICE_MEMORY_BANDWIDTH,
-    DEVICE_MEMORY_TOTAL,
-    DEVICE_MEMORY_USED,
-    DEVICE_SOURCE_UP,
-)
+from jaxmon.families.libtpu import MEGASCALE, sdk_families, summary_family
 from jaxmon.logsetup import ErrorLog
 from jaxmon.settings import CollectorOptions, Duration, Enabled
 from jaxmon.snapshot import Snapshot

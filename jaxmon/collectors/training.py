@@ -14,15 +14,17 @@ from prometheus_client.core import Metric
 from pydantic import Field, model_validator
 
 from jaxmon.births import for_process, with_zeros
+from jaxmon.catalog import metrics
+from jaxmon.catalog.hardware import LINKS
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Update
 from jaxmon.families.training import training_families, training_labels
 from jaxmon.identity import host_name
+from jaxmon.sampled_traces import LEAD  # a sampled trace starts this many steps before its block
 from jaxmon.settings import CollectorOptions, Enabled
 from jaxmon.settings.schema import SettingsSection
 from jaxmon.snapshot import Snapshot
-from jaxmon.training.reading import TrainingReading
-from jaxmon.training.sampler import LEAD  # a sampled trace starts this many steps before its block
+from jaxmon.training_readings import TrainingReading
 
 if TYPE_CHECKING:
     from jaxmon.training.tracker import TrackerConfig
@@ -34,6 +36,8 @@ PROFILE_EVERY = 1000
 # ... and at most one per this many seconds: a trace costs jaxmon's thread tens of milliseconds (the profiler's stop
 # and the parse), which at 1000 steps of a millisecond would be tens of microseconds a step (issue 38's budget: 5).
 PROFILE_MIN_SECONDS = 60.0
+# A link of the device catalog, as collector.training.link_bandwidth names one.
+_LINK = "(" + "|".join(LINKS) + ")"
 # Declared badput kinds, at most: the tracker's own limit of user kinds (jaxmon.training.handed.MAX_USER_KINDS).
 MAX_DECLARED_KINDS = 10
 
@@ -82,7 +86,7 @@ class TrainingOptions(CollectorOptions):
     )
     link_bandwidth: str = Field(
         default="",
-        pattern=r"^$|^(local|nvlink|ici|pcie|sys|dcn|network)=[0-9.eE+]+(,(local|nvlink|ici|pcie|sys|dcn|network)=[0-9.eE+]+)*$",
+        pattern=rf"^$|^{_LINK}=[0-9.eE+]+(,{_LINK}=[0-9.eE+]+)*$",
         description="Nominal bandwidth per direction of links, bytes/s, overriding the table for every device "
         "(`local=1e10,network=1.25e9`): for a device kind the table does not know (docs/placement.md).",
     )
@@ -98,8 +102,8 @@ class TrainingOptions(CollectorOptions):
         default_factory=list,
         max_length=MAX_DECLARED_KINDS,
         description="Your badput() kinds, declared up front so that their series exist at 0 from start() or "
-        "publish() (jaxmon_training_badput_seconds_total{kind}); one not declared is born at 0 at its first open, "
-        "and counts its seconds from its close (after a scrape served the 0).",
+        f"publish() ({metrics.TRAINING_BADPUT_SECONDS.exposed}{{kind}}); one not declared is born at 0 at its first "
+        "open, and counts its seconds from its close (after a scrape served the 0).",
     )
 
     def tracker_config(self) -> TrackerConfig:

@@ -21,7 +21,7 @@ from jaxmon.allocator import memory_numbers
 from jaxmon.checkpoints import CheckpointReading
 from jaxmon.device_readings import HOST_MEMORY_KINDS, ArrayBytes, DeviceInfo, MemoryReading
 from jaxmon.sources.spool_document import SpoolCheckpoint, SpoolDevice, SpoolDocument, SpoolTraining
-from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
+from jaxmon.training_readings import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 
 # The longest error text a document carries (SpoolDevice.error's bound).
 MAX_ERROR = 4096

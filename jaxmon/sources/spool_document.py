@@ -149,7 +149,7 @@ class SpoolDeviceTraining(BaseModel):
 
 
 class SpoolDeviceProfile(BaseModel):
-    """One device's time in the sampled traces (jaxmon.training.reading.DeviceProfile)."""
+    """One device's time in the sampled traces (jaxmon.training_readings.DeviceProfile)."""
 
     model_config = _MODEL
 
@@ -165,7 +165,7 @@ class SpoolDeviceProfile(BaseModel):
 
 
 class SpoolProfile(BaseModel):
-    """The sampled traces of a training process (jaxmon.training.reading.ProfileReading)."""
+    """The sampled traces of a training process (jaxmon.training_readings.ProfileReading)."""
 
     model_config = _MODEL
 
@@ -174,7 +174,7 @@ class SpoolProfile(BaseModel):
 
 
 class SpoolTraining(BaseModel):
-    """A workload process's training telemetry (schema 2; jaxmon.training.reading.TrainingReading)."""
+    """A workload process's training telemetry (schema 2; jaxmon.training_readings.TrainingReading)."""
 
     model_config = _MODEL
 
@@ -195,7 +195,7 @@ class SpoolTraining(BaseModel):
     devices: list[SpoolDeviceTraining] = Field(default_factory=list, max_length=4096)
     problems: dict[Kind, Count] = Field(default_factory=dict, max_length=16)
     profile: SpoolProfile | None = None  # sampled traces; absent when they are off (and before this field existed)
-    # schema 3: the loss gauge by name (jaxmon.training.reading.bounded_loss's bounds) and the step it is of
+    # schema 3: the loss gauge by name (jaxmon.training_readings.bounded_loss's bounds) and the step it is of
     loss: dict[Kind, LossValue] = Field(default_factory=dict, max_length=16)
     loss_step: Int64 | None = None
 

@@ -24,9 +24,8 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 
-# The trace starts when step n0 - LEAD is handed: step n0 - 1 may be dispatched right after, and its completion
-# (the start of n0's window) must come after the trace started.
-LEAD = 2
+from jaxmon.sampled_traces import LEAD as LEAD  # re-exported: the hand and the sampler read it here
+
 # Retries of a sample that held badput, after each regular block at most.
 MAX_RETRIES = 3
 INF = math.inf

@@ -27,13 +27,14 @@ import structlog
 
 from jaxmon.files import tar_gz
 from jaxmon.logsetup import ErrorLog
+from jaxmon.sampled_traces import DEMAND_STEP_TIMEOUT, Busy
 from jaxmon.threads import Worker
 from jaxmon.training.blocks import LEAD, Blocks, block_start, period_began, traced_steps
 from jaxmon.training.handed import Profiler, SamplerConfig, TrainingOps
 from jaxmon.training.profile_totals import ProfileTotals
-from jaxmon.training.reading import ProfileReading
 from jaxmon.training.trace_links import Catalog
-from jaxmon.training.trace_split import IN_PROCESS_BYTES, split
+from jaxmon.training.trace_split import IN_PROCESS_BYTES, Reader, Stopped
+from jaxmon.training_readings import ProfileReading
 
 log = structlog.get_logger("jaxmon.training.sampler")
 
@@ -43,12 +44,6 @@ RESULTS = ("taken", "busy", "failed", "skipped")
 # A sample the job does not finish (it stopped stepping, or steps take long) ends after this many seconds at least,
 # and after 4x the block's expected time (the last step's duration x (steps + LEAD)) at most.
 MIN_TIMEOUT = 60.0
-# On demand (/debug/trace): at most this many steps and seconds; a request waits this long for the steps at most.
-MAX_DEMAND_STEPS, MAX_DEMAND_SECONDS, DEMAND_STEP_TIMEOUT = 100, 60.0, 300.0
-
-
-class Busy(Exception):
-    """The user (or another tool) is profiling: jaxmon takes no trace now, or ended its own to let the user's run."""
 
 
 class Sampler:
@@ -69,7 +64,7 @@ class Sampler:
         `problem` the tracker's (reason, event, times=): counts the events of analysed instructions that could not
         be placed, by why (reason="trace_<why>"); `in_process`: the largest trace read on this thread (bytes; a
         larger one is read in a child process)."""
-        self._in_process = in_process
+        self._reader = Reader(in_process)  # stop() kills a child reading a trace
         self.profiler = profiler
         self.config = config
         self._collectives = collectives
@@ -241,7 +236,10 @@ class Sampler:
 
     def _book(self, n0: int, data: bytes, windows: list[tuple[int, int]]) -> None:
         """Split the trace over the steps' windows (Unix ns) and add each device's parts to the totals."""
-        add = split(data, self._catalog(), windows, self._in_process)  # a large trace: in a child process
+        try:
+            add = self._reader.split(data, self._catalog(), windows)  # a large trace: in a child process
+        except Stopped:
+            return  # stop() ended the read: the exit waits for no parse
         if add is None:
             self._count("failed")
             self._errors.error(
@@ -334,6 +332,7 @@ class Sampler:
             self._wake.notify_all()
 
     def stop(self, timeout: float) -> None:
+        self._reader.stop()
         self._worker.stop(timeout)
 
     @property

@@ -40,7 +40,7 @@ from jaxmon.allocator import MemoryNumbers
 from jaxmon.collectors.nvml import NvmlState, match_devices, render
 from jaxmon.device_readings import DeviceInfo, MemoryReading
 from jaxmon.exposition import base_families, merged, status_families
-from jaxmon.families import add, family
+from jaxmon.families import add
 from jaxmon.families.memory import MemoryRow, memory_families
 from jaxmon.families.probe import PROBE_METRICS
 from jaxmon.snapshot import CollectorStatus, Snapshot
@@ -104,9 +104,9 @@ def sidecar_exposition() -> str:
         for i in range(3)
     )
     # The probe collector's jaxmon_device_up: the device's own labels (snap.device_labels), 1 or 0.
-    spec = PROBE_METRICS[0]
+    spec = PROBE_METRICS[0].family
     assert spec.name == "jaxmon_device_up"
-    device_up = family(spec.name, spec.help, spec.counter)
+    device_up = spec.new()
     for dev, up in zip(devices, (1.0, 0.0, 0.0), strict=True):
         add(device_up, snap.device_labels(dev), up)
     well = MemoryReading(MemoryNumbers(supported=True, bytes_in_use=1 << 30, limit_bytes=100 << 30))

@@ -16,7 +16,7 @@ import requests
 
 from jaxmon.births import BADPUT_KINDS, PROBLEM_REASONS
 from tests.conftest import ROOT, Samples, StartDaemon, promtool, sample
-from tests.helpers import AS_PROMETHEUS, Child, wait_for_fresh_samples, wait_for_samples
+from tests.helpers import AS_PROMETHEUS, Child, parse_samples, wait_for_fresh_samples, wait_for_samples
 
 PEAK = 1e11
 # What a pod spec's Downward API (and Slurm) put in the trainer's environment.
@@ -169,6 +169,14 @@ def test_an_embedded_trainers_loss_is_the_loss_of_the_step_it_names(children: li
     child.send("losses 5")
     s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == 7, "7 steps")
     s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_loss_step", **labels) is not None, "the loss")
+    # The loop stopped: once it is still, the newest loss held is read (jaxmon.training.waiter): the gauge may move
+    # once more, to a later step, and then stays.
+    for _ in range(30):
+        time.sleep(1.0)
+        later = parse_samples(requests.get(url + "/metrics", timeout=10).text)
+        if sample(later, "jaxmon_training_loss_step", **labels) == sample(s, "jaxmon_training_loss_step", **labels):
+            break
+        s = later
     _check_the_loss(s, labels, range(2, 7))
     _lint(requests.get(url + "/metrics", timeout=10).text)
     step = sample(s, "jaxmon_training_loss_step", **labels)

@@ -19,26 +19,26 @@ from jaxmon.births import (
 )
 from jaxmon.collectors.training import MAX_DECLARED_KINDS
 from jaxmon.snapshot import Snapshot
-from jaxmon.training import accounting, handed, sampler, window
-from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
+from jaxmon.training import handed, ledger, sampler
+from jaxmon.training_readings import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 from jaxmon.xla.intervals import Split
 
 
 def test_the_names_are_the_trackers() -> None:
     assert set(BADPUT_KINDS) == {
-        accounting.STARTUP,
-        accounting.STALL,
-        accounting.RESTART,
-        accounting.HOST,
+        ledger.STARTUP,
+        ledger.STALL,
+        ledger.RESTART,
+        ledger.HOST,
         *handed.EVENT_KINDS,
     }
     assert PROFILE_RESULTS == sampler.RESULTS
     # The parts the sampler splits a window into (jaxmon.xla.intervals.Split, in its field order).
     assert tuple(f.name for f in dataclasses.fields(Split))[1:5] == PROFILE_PARTS
     assert MAX_DECLARED_KINDS == handed.MAX_USER_KINDS
-    assert DURATION_BOUNDS == window.DURATION_BUCKETS
+    assert DURATION_BOUNDS == ledger.DURATION_BUCKETS
     # Every reason the tracker's help names (the problems family's HELP lists them all).
-    from jaxmon.families.training import PROBLEMS
+    from jaxmon.catalog.metrics import TRAINING_TRACKING_PROBLEMS as PROBLEMS
 
     assert all(f"{reason}" in PROBLEMS.help for reason in PROBLEM_REASONS)
 

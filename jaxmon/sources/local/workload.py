@@ -19,8 +19,8 @@ from jaxmon.sources.local.probe import _OWN, _OWN_LOCK
 from jaxmon.threads import on_jaxmon_thread
 from jaxmon.training import release as release_tracker
 from jaxmon.training.handed import COMPILE_EVENT
-from jaxmon.training.reading import DeviceProfile, TrainingReading
 from jaxmon.training.tracker import Tracker
+from jaxmon.training_readings import DeviceProfile, TrainingReading
 
 
 class InProcessWorkload:
@@ -66,6 +66,11 @@ class InProcessWorkload:
     def trace_demand(self) -> TraceDemand | None:
         """The tracker's traces on demand (jaxmon.training.sampler), None without a tracker."""
         return None if self._tracker is None else self._tracker.sampler.demand
+
+    def settle(self, timeout: float) -> None:
+        """Every step handed by now booked (the tracker's, waiting `timeout` at most): before a last document."""
+        if self._tracker is not None:
+            self._tracker.flush(timeout)
 
     def release(self) -> None:
         """The holder of this view stopped: its share of the tracker goes (jaxmon.training.release)."""
@@ -153,7 +158,7 @@ def array_bytes(jax: Any) -> ArrayBytes:
             continue
         ref = own.get(id(arr))
         if ref is not None and ref() is arr:
-            continue  # the probe's own (jaxmon_probe_memory_bytes), not the workload's
+            continue  # the probe's own (metrics.PROBE_MEMORY_BYTES), not the workload's
         try:
             if arr.is_deleted():
                 continue  # deleted or donated: its buffers are gone

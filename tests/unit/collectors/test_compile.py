@@ -20,8 +20,8 @@ from jaxmon.births import SCRAPES
 from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.compile import CompileCollector, CompileOptions, CompileState
 from jaxmon.snapshot import Snapshot
-from jaxmon.sources.local import InProcessWorkload, LocalSource
-from jaxmon.sources.local.workload import CompileCounters
+from jaxmon.sources.local import LocalSource
+from jaxmon.sources.local.workload import CompileCounters, InProcessWorkload
 from tests.conftest import Samples, parse_samples, sample
 
 # Each collector its own workload name: the births of a workload process's counters are the process's

@@ -27,7 +27,7 @@ from jaxmon.sources.spool_codec import (
     workload_report,
 )
 from jaxmon.sources.spool_document import SCHEMA, SpoolCompile, SpoolDocument
-from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
+from jaxmon.training_readings import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 
 NOW = 1010.0
 

@@ -12,8 +12,8 @@ import pytest
 from jaxmon import training
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
-from jaxmon.training.reading import TrainingReading
 from jaxmon.training.tracker import Tracker, TrackerConfig
+from jaxmon.training_readings import TrainingReading
 from tests.helpers import wait_until
 
 # The peak FLOP/s per device the trackers are given: CPU devices have none in the table.

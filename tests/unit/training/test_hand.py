@@ -60,7 +60,7 @@ def test_a_stopped_trackers_reading_keeps_what_was_handed_and_the_hand_holds_not
     reading = tracker.reading()
     assert reading is not None and reading.steps_total == 5 and reading.dispatched_step == 4
     assert reading.examples_total == 40
-    assert HAND.owner is None and HAND._last_ready == () and len(HAND._handed) == 0
+    assert HAND.owner is None and HAND._ready == () and len(HAND._handed) == 0
     # Disarmed, a step is dropped with the one warning, and hands nothing to the stopped tracker.
     monkeypatch.setattr(training, "_tracker", None)
     monkeypatch.setattr(hand, "_warned", False)

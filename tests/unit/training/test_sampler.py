@@ -19,8 +19,8 @@ from prometheus_client.core import Metric
 from jaxmon.families.training import training_families
 from jaxmon.training.blocks import block_start, period_began, traced_steps
 from jaxmon.training.handed import SamplerConfig
-from jaxmon.training.reading import ProfileReading, TrainingReading
 from jaxmon.training.sampler import Busy, Sampler
+from jaxmon.training_readings import ProfileReading, TrainingReading
 from tests.helpers import wait_until
 from tests.unit.xla.test_split_fakes import GPU0, GPU1, TPU0, TPU1
 from tests.xspace_fakes import START_UNIX_NS, gpu_space, tpu_space

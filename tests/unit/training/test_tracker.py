@@ -22,12 +22,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jaxmon
 from jaxmon import training
-from jaxmon.sources.local import CompileCounters
 from jaxmon.sources.local.training import cost_numbers
+from jaxmon.sources.local.workload import CompileCounters
 from jaxmon.training import hand
-from jaxmon.training.reading import TrainingReading
 from jaxmon.training.tracker import MAX_USER_KINDS, OTHER_KIND, Tracker
 from jaxmon.training.waiter import LOOK, LOOK_MAX
+from jaxmon.training_readings import TrainingReading
 from tests.helpers import wait_until
 from tests.unit.training.conftest import (
     PEAK,
@@ -43,7 +43,7 @@ def settled(tracker: Tracker, steps: int) -> TrainingReading:
     assert reading is not None
     adds_up(reading)
     with tracker._lock:  # on the accounting's own (monotonic) clock: to the microsecond
-        acct = tracker._acct
+        acct = tracker._ledger
         assert acct.last_done is not None and acct.total() == pytest.approx(acct.last_done - acct.started, abs=1e-6)
     return reading
 
@@ -330,7 +330,7 @@ def test_a_pause_within_a_long_look_is_host_time_not_a_stall(make_tracker: MakeT
             busy.append(time.monotonic() - max(handed, done))  # the loop's own: dispatch to completion
             done = time.monotonic()
             n += 1
-        resumed.append(tracker.waiter.resumed_after)
+        resumed.append(tracker.hand.paused_after)
         start = time.monotonic()
         time.sleep(0.06)  # the host's own work, named by no block
         pauses.append(time.monotonic() - start)
@@ -423,9 +423,9 @@ def test_the_host_stays_as_far_ahead_of_the_device_with_step_as_without(make_tra
 
 
 def test_more_pending_steps_than_allowed_are_dropped_and_counted(make_tracker: MakeTracker) -> None:
-    tracker = make_tracker(max_pending=2)
     f = slow_step(384, 40)
-    x = jnp.ones((384, 384))
+    x = f(jnp.ones((384, 384))).block_until_ready()  # compiled: the first step runs on the device, not in the call
+    tracker = make_tracker(max_pending=2)
     for n in range(5):
         x = f(x)
         jaxmon.step(n, x)  # the device is busy with the first: the third, fourth and fifth find two pending
