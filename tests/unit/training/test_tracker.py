@@ -457,6 +457,15 @@ def test_a_tracked_function_compiles_nothing_more_than_an_untracked_one(make_tra
     assert counted == plain == 1  # ...from the program the first call compiled
 
 
+def test_a_trackers_own_barrier_is_no_compilation_of_the_workloads(make_tracker: MakeTracker) -> None:
+    """A tracker compiles its barrier as it starts, one program per device, where the process's compile counters
+    already listen (a stop() and start() in one process): jaxmon's own compilations, not the job's."""
+    counters = CompileCounters.installed()
+    before = counters.as_dict()["compilations"]
+    make_tracker()  # a JaxTraining of its own: its barrier is a new program, compiled for each of the 8 devices
+    assert counters.as_dict()["compilations"] == before
+
+
 def test_without_start_or_publish_step_track_and_badput_do_nothing_with_one_warning(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
