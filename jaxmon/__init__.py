@@ -1,6 +1,6 @@
 """jaxmon: a Prometheus exporter for JAX accelerators.
 
-In a training script, `jaxmon.start(port)` serves the trainer's own devices in-process, and
+In a training script, `jaxmon.start(port)` serves the trainer's own devices in-process (`jaxmon.stop()` ends it), and
 `jaxmon.publish(directory)` hands snapshots to a `jaxmon serve --collector.spool.dir` sidecar. With either running,
 `jaxmon.step(n, loss)` each step (and optionally `jaxmon.track(jitted_fn)` and `with jaxmon.badput(kind):`) adds
 step time, throughput, MFU and goodput.
@@ -20,8 +20,10 @@ from importlib import metadata
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from jaxmon.checkpoints import checkpointed as checkpointed
     from jaxmon.embedded import Exporter as Exporter
     from jaxmon.embedded import start as start
+    from jaxmon.embedded import stop as stop
     from jaxmon.publisher import Publisher as Publisher
     from jaxmon.publisher import publish as publish
     from jaxmon.settings import SettingsError as SettingsError
@@ -39,9 +41,11 @@ except metadata.PackageNotFoundError:  # running from a source tree without an i
 EXPORTS = {
     "Exporter": "jaxmon.embedded",
     "start": "jaxmon.embedded",
+    "stop": "jaxmon.embedded",
     "Publisher": "jaxmon.publisher",
     "publish": "jaxmon.publisher",
     "SettingsError": "jaxmon.settings",
+    "checkpointed": "jaxmon.checkpoints",
     "Tracked": "jaxmon.training",
     "badput": "jaxmon.training",
     "step": "jaxmon.training",

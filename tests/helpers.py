@@ -5,6 +5,7 @@ No pytest here: bench/common.py imports this module too (bench scripts are run b
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -110,6 +111,14 @@ def jaxmon_env(extra: Mapping[str, str] | None = None, devices: int = 8) -> dict
     return {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices), "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
+def die_with_parent() -> None:
+    """In a child, before it runs its program: SIGKILL it when the process that started it dies (Linux's
+    PR_SET_PDEATHSIG), so that a test worker that dies (a crash, a hard timeout) leaves no server behind. Only for
+    children started from a thread that lives as long as they do (the signal follows the starting thread)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def terminate(proc: subprocess.Popen[Any], timeout: float = 10.0, sig: int = signal.SIGTERM) -> int:
     """Send `sig` to a child that still runs, wait up to `timeout`, then SIGKILL; its exit status."""
     if proc.poll() is None:
@@ -163,12 +172,13 @@ class Daemon(Process):
         *,
         name: str = "jaxmon",
         cwd: Path = ROOT,
+        python: str = sys.executable,
     ) -> None:
         self.port = free_port()
         self.url = f"{scheme}://127.0.0.1:{self.port}"
         # requests keyword arguments for every call: verify (CA file), cert (client cert), auth.
         self.client = client or {}
-        argv = [sys.executable, "-m", "jaxmon", "serve", "--web.listen-address", f"127.0.0.1:{self.port}", *args]
+        argv = [python, "-m", "jaxmon", "serve", "--web.listen-address", f"127.0.0.1:{self.port}", *args]
         super().__init__(argv, log_dir / f"{name}-{self.port}.log", jaxmon_env(env), cwd)
 
     def get(self, path: str, **kwargs: Any) -> requests.Response:
@@ -201,6 +211,11 @@ class Daemon(Process):
     def wait_for(self, predicate: Callable[[Samples], bool], timeout: float = 60.0, what: str = "condition") -> Samples:
         """Scrape until `predicate(samples)` holds; the samples it held for."""
         return wait_for_samples(self.url, predicate, what, timeout, client=self.client, detail=self.log)
+
+
+# A client that scrapes as Prometheus does (its User-Agent): it is served the new counter series jaxmon.births holds
+# at 0, and frees them; other readers are served their values (jaxmon.scrapers).
+AS_PROMETHEUS: dict[str, Any] = {"headers": {"User-Agent": "Prometheus/2.42.0 (jaxmon's tests)"}}
 
 
 def scrape(url: str, **client: Any) -> Samples:

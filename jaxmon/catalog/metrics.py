@@ -160,6 +160,7 @@ _MEMORY = Where(("memory", "spool"), (EMBEDDED, PUBLISHER, SIDECAR))
 _PROBE = Where(("probe",), (EMBEDDED, SIDECAR))
 _COMPILE = Where(("compile", "spool"), (EMBEDDED, PUBLISHER))
 _TRAINING = Where(("training", "spool"), (EMBEDDED, PUBLISHER))
+_CHECKPOINT = Where(("checkpoint", "spool"), (EMBEDDED, PUBLISHER))
 _SPOOL = Where(("spool",), (SIDECAR, NODE))
 _NVML = Where(("nvml",), _ALL)
 _DEVICE_WIDE_SOURCES = Where(("nvml", "tpu"), _ALL)
@@ -225,11 +226,25 @@ EXPORTER_STOPPING = Family(
     GAUGE,
     (
         "1 once the embedded exporter is stopping on purpose (jaxmon.stop(), the Exporter's stop(), or the "
-        "interpreter's normal exit), 0 while it runs: its last scrape tells a job that finished from one that died. "
-        "Only in a workload process (jaxmon.start())."
+        "interpreter's exit without an uncaught exception), 0 while it runs and when the process ends by an exception "
+        "or a signal: its last scrape tells a job that finished from one that died. Only in a workload process "
+        "(jaxmon.start())."
     ),
     (),
     "`jaxmon.stop()`, the `Exporter`'s `stop()`, the interpreter's exit",
+    _STOPPING,
+)
+EXPORTER_EXIT_INFO = Family(
+    "jaxmon_exporter_exit_info",
+    GAUGE,
+    (
+        "How the workload process is ending, served by the embedded exporter's last scrapes: reason normal "
+        "(jaxmon.stop(), the interpreter's exit), exception (an uncaught exception) or signal (SIGTERM, SIGINT: label "
+        "signal); always 1, absent while it runs. A process killed outright (SIGKILL, the OOM killer) says nothing. "
+        "Only in a workload process (jaxmon.start())."
+    ),
+    ("reason", "signal"),
+    "the interpreter's exit, `sys.excepthook`, jaxmon's SIGTERM handler",
     _STOPPING,
 )
 DEVICE_INFO = Family(
@@ -1050,6 +1065,57 @@ TRAINING_PROFILE_COPY_BYTES = Family(
     extra=(_PROCESS_COUNT, _OWNERS),
 )
 
+
+# checkpoint
+
+_ORBAX_SAVES = "Orbax's save events (`jax.monitoring`), `jaxmon.checkpointed()`"
+TRAINING_LAST_CHECKPOINT_STEP = Family(
+    "jaxmon_training_last_checkpoint_step",
+    GAUGE,
+    (
+        "The step whose state the process's last checkpoint holds: the number last handed to jaxmon.step() when an "
+        "Orbax save that completed started, or jaxmon.checkpointed(step). jaxmon_training_step minus it is the steps "
+        "a crash now would compute again."
+    ),
+    _PROCESS,
+    _ORBAX_SAVES,
+    _CHECKPOINT,
+    extra=(_PROCESS_COUNT,),
+)
+TRAINING_LAST_CHECKPOINT_TIMESTAMP_SECONDS = Family(
+    "jaxmon_training_last_checkpoint_timestamp_seconds",
+    GAUGE,
+    (
+        "Unix time the state of the process's last checkpoint was taken (an Orbax save's start; "
+        "jaxmon.checkpointed()'s time): what a restore brings back. time() minus it is what a crash now would lose."
+    ),
+    _PROCESS,
+    _ORBAX_SAVES,
+    _CHECKPOINT,
+    extra=(_PROCESS_COUNT,),
+)
+TRAINING_CHECKPOINT_INTERVAL_SECONDS = Family(
+    "jaxmon_training_checkpoint_interval_seconds",
+    GAUGE,
+    "How often the job said it checkpoints (collector.checkpoint.interval); absent when it did not say.",
+    _PROCESS,
+    "`collector.checkpoint.interval`",
+    _CHECKPOINT,
+    extra=(_PROCESS_COUNT,),
+)
+TRAINING_CHECKPOINT_INTERVAL_STEPS = Family(
+    "jaxmon_training_checkpoint_interval_steps",
+    GAUGE,
+    (
+        "Every how many steps the job said it checkpoints (collector.checkpoint.interval_steps); absent when it did "
+        "not say."
+    ),
+    _PROCESS,
+    "`collector.checkpoint.interval_steps`",
+    _CHECKPOINT,
+    extra=(_PROCESS_COUNT,),
+)
+
 # spool
 
 WORKLOAD_LAST_REPORT_TIMESTAMP_SECONDS = Family(
@@ -1817,7 +1883,8 @@ LIBTPU_SDK_STATUS = Family(
         "1 on the current status of the daemon's reading of libtpu's monitoring SDK (its child process), 0 on the "
         "others: ok, empty (the SDK answered no values), starting (libtpu is being imported), not_installed, "
         "import_failed, failed (the SDK raised), crashed (the child died), timeout (no answer within "
-        "--collector.tpu.sdk-timeout)."
+        "--collector.tpu.sdk-timeout), spawn_failed (the child could not be started: fork's EAGAIN at a pids limit, "
+        "no temporary directory)."
     ),
     ("source", "status"),
     "the daemon's SDK child: its import, its answers, its deadline",
@@ -1830,6 +1897,18 @@ LIBTPU_SDK_CHILD_STARTS = Family(
     "Child processes started to read libtpu's monitoring SDK (one, unless children crashed or hung).",
     ("source",),
     "the daemon's SDK child processes started",
+    _TPU_SDK,
+    extra=(Extra(_OWNERS.labels, "the node's TPU holder, as on every series of the host's libtpu"),),
+)
+LIBTPU_SDK_CHILD_SPAWN_FAILURES = Family(
+    "jaxmon_libtpu_sdk_child_spawn_failures",
+    COUNTER,
+    (
+        "Starts of the SDK's child process that failed (fork's EAGAIN at a pids limit, no temporary directory), each "
+        "tried again after a back-off; the tpu collector's gRPC series are not affected."
+    ),
+    ("source",),
+    "the daemon's SDK child processes that could not start",
     _TPU_SDK,
     extra=(Extra(_OWNERS.labels, "the node's TPU holder, as on every series of the host's libtpu"),),
 )

@@ -138,6 +138,11 @@ class Collector(ABC, Generic[O, S]):
     def families(self, snap: Snapshot, state: S) -> Iterator[Metric]:
         """Fresh families for `state` (`snap` is the snapshot being rendered); empty families are dropped."""
 
+    def unheld(self, state: S) -> S:
+        """`state` as a reader that is not Prometheus sees it (`jaxmon top`, curl): the new counter series
+        jaxmon.births holds at 0 for Prometheus, at their values. `state` itself where the collector holds none."""
+        return state
+
     def scrape_families(self) -> list[Metric]:
         """Families read at each scrape rather than from the snapshot, served as they are, empty ones included: a
         source outside jaxmon's polls (prometheus_client's default registry), with `scrapes` set. None by default.

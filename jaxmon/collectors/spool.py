@@ -24,6 +24,7 @@ from jaxmon.collectors.base import Collector, Context, Offers, Update
 from jaxmon.device_readings import DeviceInfo
 from jaxmon.exchange import WORKLOAD_PIDS
 from jaxmon.families import add
+from jaxmon.families.checkpoint import checkpoint_families
 from jaxmon.families.compile import compile_families
 from jaxmon.families.memory import MemoryRow, memory_families
 from jaxmon.families.training import training_families, training_labels
@@ -125,6 +126,7 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
         )
         self._seen: set[tuple[str, int, str, int]] = set()  # (workload, process_index, host, pid) last scan
         self._births = Births()
+        self._unheld: tuple[SpoolState | None, SpoolState | None] = (None, None)  # the last state, and unheld
 
     def update(self) -> Update[SpoolState]:
         """Scan the directory; when it cannot be listed, keep serving the last good workloads and say so."""
@@ -140,18 +142,31 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
             return Update(self._last, success=False)
         self._errors.ok("spool", "spool directory readable again", directory=directory)
         # Last report time: the file's mtime on this clock, the same time liveness is judged by.
-        workloads = tuple(self._held(replace(f.value, time=f.mtime)) for f in scan.live)
+        reports = [replace(f.value, time=f.mtime) for f in scan.live]
+        workloads = tuple(self._held(w) for w in reports)
         self._births.end()
         self._last = SpoolState(workloads, scan.rejected, scan.overflow, scan.removed, scan.stale)
+        values = tuple(w if w.training is None else replace(w, training=with_zeros(w.training)) for w in reports)
+        self._unheld = (self._last, replace(self._last, workloads=values))
         self._log_arrivals(self._last.workloads)
         return Update(self._last)
 
     def _held(self, w: WorkloadReport) -> WorkloadReport:
         """A workload's counters as they may be served: each new series (a new process's all: a restart is a reset
-        Prometheus sees) at 0 until a scrape has served it (jaxmon.births)."""
-        key = (w.workload, w.process_index, w.host, w.pid, w.started)
-        training = None if w.training is None else self._births.training(key, with_zeros(w.training))
-        return replace(w, compile=self._births.compile(key, w.compile), training=training)
+        Prometheus sees) at 0 until a scrape has served it (jaxmon.births). The compile counters are the process's
+        (the same through its publishers), the training counters its tracker's (new with a new tracker)."""
+        started = w.started if w.process_started is None else w.process_started
+        process = (w.workload, w.process_index, w.host, w.pid, started)
+        compile_ = self._births.compile(process, w.compile)
+        if w.training is None:
+            return replace(w, compile=compile_)
+        tracker = (*process, "tracker", round(w.training.start_time_seconds, 3))
+        return replace(w, compile=compile_, training=self._births.training(tracker, with_zeros(w.training)))
+
+    def unheld(self, state: SpoolState) -> SpoolState:
+        """The workloads' counters at their values (what readers other than Prometheus are served)."""
+        held, values = self._unheld
+        return values if state is held and values is not None else state
 
     def _log_arrivals(self, workloads: tuple[WorkloadReport, ...]) -> None:
         """Log each workload process that started or stopped reporting since the last scan."""
@@ -197,6 +212,10 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
         yield from training_families(
             [(training_labels(w.workload, w.process_index, w.process_count, w.host), w.training)
              for w in state.workloads if w.training is not None]
+        )  # fmt: skip
+        yield from checkpoint_families(
+            [(training_labels(w.workload, w.process_index, w.process_count, w.host), w.checkpoint)
+             for w in state.workloads if w.checkpoint is not None]
         )  # fmt: skip
         workload_info = metrics.WORKLOAD_INFO.new()
         last = metrics.WORKLOAD_LAST_REPORT_TIMESTAMP_SECONDS.new()

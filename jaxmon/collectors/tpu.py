@@ -223,8 +223,11 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
         """The SDK's reading this poll (its own status; it never makes the poll partial), logged when it changes."""
         if self._sdk is None:
             return None
-        reading = self._sdk.read((sdk.TENSORCORE_UTIL, *sdk.PER_CHIP))
-        st = sdk_state.state(reading, self._sdk.starts, sorted(self._known))
+        try:
+            reading = self._sdk.read((sdk.TENSORCORE_UTIL, *sdk.PER_CHIP))
+        except Exception as exc:  # the SDK's series alone: never the gRPC service's (read() is not meant to raise)
+            reading = sdk.SdkReading("failed", f"reading the SDK child raised {type(exc).__name__}: {exc}")
+        st = sdk_state.state(reading, self._sdk.starts, sorted(self._known), self._sdk.spawn_failures)
         if st.status != self._sdk_status:
             self._sdk_status = st.status
             level = log.info if st.status in ("ok", "starting", "empty", "not_installed") else log.warning

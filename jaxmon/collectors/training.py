@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 from prometheus_client.core import Metric
 from pydantic import Field, model_validator
 
-from jaxmon.births import Births, with_zeros
+from jaxmon.births import for_process, with_zeros
 from jaxmon.catalog import metrics
 from jaxmon.catalog.hardware import LINKS
 from jaxmon.collectors import register
@@ -139,7 +139,9 @@ class TrainingCollector(Collector[TrainingOptions, TrainingReading | None]):
 
     def __init__(self, opts: TrainingOptions, ctx: Context) -> None:
         super().__init__(opts, ctx)
-        self._births = Births()
+        # The process's: a tracker that runs on through a stop() and a start() (a publisher holds it) counts on.
+        self._births = for_process(self.name)
+        self._unheld: tuple[TrainingReading | None, TrainingReading | None] = (None, None)  # the last state, unheld
 
     def update(self) -> Update[TrainingReading | None]:
         """The tracker's numbers now (from start(), every counter at 0 before it happens), each new series held at
@@ -150,9 +152,19 @@ class TrainingCollector(Collector[TrainingOptions, TrainingReading | None]):
             return Update(None)
         self._births.begin()
         try:
-            return Update(self._births.training((), with_zeros(reading)))
+            # A new tracker's counters start again at 0: new series to Prometheus, held (a reset it sees).
+            key = (self.ctx.workload or "", self.ctx.in_process.process_index, round(reading.start_time_seconds, 3))
+            values = with_zeros(reading)
+            held = self._births.training(key, values)
         finally:
             self._births.end()
+        self._unheld = (held, values)
+        return Update(held)
+
+    def unheld(self, state: TrainingReading | None) -> TrainingReading | None:
+        """The counters at their values (what readers other than Prometheus are served)."""
+        held, values = self._unheld
+        return values if state is held and state is not None else state
 
     def families(self, snap: Snapshot, state: TrainingReading | None) -> Iterator[Metric]:
         """One set of series for this workload process, once it steps."""

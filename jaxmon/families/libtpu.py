@@ -45,8 +45,8 @@ def summary_family(spec: Family, rows: Iterable[tuple[dict[str, str], Summary]])
 
 
 def sdk_families(st: SdkState | None) -> Iterator[Metric]:
-    """The SDK's status set (one series per status, 1 on the current one), the child's starts, and each
-    TensorCore's utilization; nothing where the SDK is not read."""
+    """The SDK's status set (one series per status, 1 on the current one), the child's starts and failed starts, and
+    each TensorCore's utilization; nothing where the SDK is not read."""
     if st is None:
         return
     status = metrics.LIBTPU_SDK_STATUS.new()
@@ -54,7 +54,9 @@ def sdk_families(st: SdkState | None) -> Iterator[Metric]:
         add(status, {"source": "libtpu", "status": name}, 1.0 if name == st.status else 0.0)
     starts = metrics.LIBTPU_SDK_CHILD_STARTS.new()
     add(starts, {"source": "libtpu"}, st.starts)
+    failures = metrics.LIBTPU_SDK_CHILD_SPAWN_FAILURES.new()
+    add(failures, {"source": "libtpu"}, st.spawn_failures)
     util = metrics.DEVICE_TENSORCORE_UTILIZATION_RATIO.new()
     for core in st.cores:
         add(util, {"device": core.device, "platform": "tpu", "source": "libtpu", "core": str(core.core)}, core.ratio)
-    yield from (status, starts, util)
+    yield from (status, starts, failures, util)

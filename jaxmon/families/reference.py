@@ -28,6 +28,7 @@ RUNS = {
     "probe": "embedded and sidecar (this process's JAX devices; off in node mode)",
     "compile": "embedded: the workload process (workload only)",
     "training": "embedded: the workload process, once it calls jaxmon.step() (workload only)",
+    "checkpoint": "embedded: the workload process (workload only)",
     "spool": "a daemon with --collector.spool.dir (the publishers' workloads)",
     "nvml": "every mode where NVML loads (node mode included)",
     "tpu": "every mode where libtpu's runtime metrics service answers (node mode included)",
@@ -129,25 +130,28 @@ compile counters. A series that cannot exist before its first event is exported 
 counts: a badput kind not declared (from its first open: its seconds count once it closed and a scrape served the 0),
 the model and hardware FLOPs and accessed bytes of a device (from the first step that gives them), collective bytes of a
 program's (op, axes) (once jaxmon's thread has analysed it), a sampled collective op (from the sample that first saw
-it). Every new counter series is held at 0 until a scrape has served it, then counts whole: an embedded exporter's and a
-spooled process's alike (the spool's daemon holds them, per process: a restarted process's series start at 0, a counter
-reset Prometheus sees, even where it compiled the same programs as the process before it). A scrape is any `/metrics`
-render (`collect[]` too): where `jaxmon top` or a second Prometheus reads the same exporter, the first one's scrape
-frees the series, and so does a scrape Prometheus gave up on (its scrape_timeout). To join the processes of one workload
-across restarts, use `$TRAINING_START_TIME_SECONDS`: each process's own, its value changes at each restart
-(`changes($TRAINING_START_TIME_SECONDS[1h])` counts them). In the OpenMetrics exposition (a scraper that sends
-`Accept: application/openmetrics-text`, as Prometheus does) every training counter and the step histogram carry
-`_created`, as client_python writes it: the process's `$TRAINING_START_TIME_SECONDS`, from which each of them
-counts (a series born later read 0 until then); jaxmon's other counters carry none (they count from the exporter's
-`process_start_time_seconds`). The text format has no `_created`. A Prometheus that does not ingest created timestamps
-(2.42, as Debian packages it, does not; newer ones do behind a feature flag) stores each as a series of its own
-(`${TRAINING_STEPS}_created`), as it does client_python's; a `metric_relabel_configs` rule dropping
-`__name__=~"jaxmon_training_.*_created"` keeps them out.
+it). Every new counter series is held at 0 until a Prometheus scrape was served it, then counts whole: an embedded
+exporter's and a spooled process's alike (the spool's daemon holds them, per process: a restarted process's series
+start at 0, a counter reset Prometheus sees). Only a scraper that says it is Prometheus (its User-Agent, or the
+`X-Prometheus-Scrape-Timeout-Seconds` header every Prometheus-compatible scraper sends) is served the 0 and frees
+the series; `jaxmon top` and curl are served the values and free nothing; a series that goes and comes back (a
+publisher silent past the spool's TTL, `stop()` and `start()` in one process) is not held again. Across restarts,
+`$TRAINING_START_TIME_SECONDS` tells the processes apart. In the OpenMetrics exposition (as
+Prometheus asks for it) every training counter and the step histogram carry `_created`, as client_python writes it:
+the process's `$TRAINING_START_TIME_SECONDS`; jaxmon's other counters carry none; the text format has none.
+Prometheus 2.x without flags (Debian's 2.42) stores each `_created` as a series of its own
+(`${TRAINING_STEPS}_created`), doubling the training series: the shipped scrape configs drop `jaxmon_.*_created`
+(`metric_relabel_configs`). A Prometheus with
+`--enable-feature=created-timestamp-zero-ingestion` (2.50 on, and 3.x, where it is the start timestamp) reads them as
+each series' start (a 0 at that time) and stores none; 3.x's `st-storage` keeps the start timestamp with each sample
+and `use-start-timestamps` lets `rate()` and `increase()` read it. The drop is then a no-op, so keep it.
 
 **Goodput and throughput** are recorded by deploy/prometheus/job.yml ([job rules](job-rules.md)) once per workload:
-`jaxmon:training_goodput_ratio:rate5m` (productive / (productive + every badput kind), summed over the job's
-processes), `jaxmon:training_badput_ratio:rate5m` (each kind's share), `jaxmon:training_tokens_per_second:rate1m` and
-`jaxmon:training_examples_per_second:rate1m`. Over a whole run, goodput is
+`jaxmon:training_goodput_ratio:rate5m` (productive seconds less those of steps redone after a restore, over every
+process's productive and badput seconds and the disruption between a job's processes),
+`jaxmon:training_badput_ratio:rate5m` (each kind's share, `disruption` and `redone` included),
+`jaxmon:training_tokens_per_second:rate1m` and
+`jaxmon:training_examples_per_second:rate1m`. Within one process, goodput is
 `sum(increase(${TRAINING_PRODUCTIVE_SECONDS}_total{workload="W"}[RUN])) /
 (sum(increase(${TRAINING_PRODUCTIVE_SECONDS}_total{workload="W"}[RUN])) +
 sum(increase(${TRAINING_BADPUT_SECONDS}_total{workload="W"}[RUN])))`.

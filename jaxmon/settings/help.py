@@ -41,7 +41,7 @@ _GENERIC = {"DURATION": "30s", "int": "8", "float": "0.5", "str": "TEXT"}
 
 # The sections that act only inside the workload process (jaxmon.start(), jaxmon.publish()): a daemon accepts them
 # and they change nothing there (tests/unit/test_cli.py holds this to each collector's `unavailable`).
-WORKLOAD_ONLY = ("collector.compile", "collector.training", "collector.default-registry")
+WORKLOAD_ONLY = ("collector.compile", "collector.training", "collector.checkpoint", "collector.default-registry")
 WORKLOAD_ONLY_NOTE = (
     "Workload only: these act inside the training process, set by jaxmon.start(collector={'NAME': {...}}) or "
     "jaxmon.publish(...) there, or by its JAXMON_COLLECTOR__UPPER__* variables or YAML file. jaxmon serve "

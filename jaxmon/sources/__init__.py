@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from jaxmon.checkpoints import CheckpointReading
 from jaxmon.device_readings import ArrayBytes, BackendStatus, DeviceInfo, ProbeKernel
 
 if TYPE_CHECKING:  # a type alone: the sources load nothing of the tracker
@@ -55,6 +56,9 @@ class InProcess(Protocol):
 
     def compile_counts(self) -> dict[str, float]:
         """Compile counters since start."""
+
+    def checkpoints(self) -> CheckpointReading:
+        """The process's last checkpoint (Orbax's saves, jaxmon.checkpointed())."""
 
     def device_memory_profile(self) -> bytes:
         """The process's live device buffers as a gzipped pprof profile (slow: call off the event loop)."""

@@ -209,6 +209,17 @@ class SpoolTraining(BaseModel):
         return self
 
 
+class SpoolCheckpoint(BaseModel):
+    """The process's last checkpoint and the interval its job declared (jaxmon.checkpoints.CheckpointReading)."""
+
+    model_config = _MODEL
+
+    step: Int64 | None = None
+    time: Timestamp | None = None
+    interval_seconds: float | None = Field(default=None, gt=0, le=2.0**32)
+    interval_steps: Count | None = None
+
+
 class SpoolDocument(BaseModel):
     """What a publisher writes."""
 
@@ -222,11 +233,15 @@ class SpoolDocument(BaseModel):
     jax_version: str = Field(max_length=64)
     time: Timestamp
     started: Timestamp
+    # When the process started, as far as jaxmon saw it (its first import of the publisher): its compile counters
+    # count from then, whatever publishers it started and stopped. Absent from older publishers (then `started`).
+    process_started: Timestamp | None = None
     interval: float = Field(gt=0, le=86400)
     devices: list[SpoolDevice] = Field(max_length=4096)
     compile: SpoolCompile = SpoolCompile()
     training: SpoolTraining | None = None  # schema 2: absent before the process's first jaxmon.step()
     process_count: Count | None = None  # schema 2: jax.process_count()
+    checkpoint: SpoolCheckpoint | None = None  # schema 3: absent from older publishers
     # schema 2: where the scheduler put the process (jaxmon.identity.scheduler_labels: pod, namespace, node, ...)
     scheduler: dict[Annotated[str, Field(pattern=r"^[a-z_]{1,32}$")], Annotated[str, Field(max_length=253)]] = Field(
         default_factory=dict, max_length=8

@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 
 from jaxmon.logsetup import ErrorLog
+from jaxmon.threads import as_jaxmon
 from jaxmon.training.communication import Analyzer, CollectiveNames
 from jaxmon.training.hand import HAND
 from jaxmon.training.handed import (
@@ -62,7 +63,9 @@ class Tracker:
         devices = ops.devices()
         self._peaks, self._no_peak = peak_table(devices, config.peak_flops)
         self._peak_warned: set[str] = set()
-        ops.barrier()  # compiled now: not in a step() that holds its outputs (none of its own), not as the job's time
+        # Compiled now, not in a step() that holds its outputs (none of its own), not as the job's time, and on a
+        # jaxmon thread: not the job's compilations (the process's compile counters may listen already).
+        as_jaxmon("barrier", ops.barrier)
         started = clock()
         self.start_time = self._start_wall = wall()  # Unix time at the start, beside the monotonic start
         self._ledger = Ledger(

@@ -19,11 +19,13 @@ import requests
 
 from tests.conftest import ROOT, StartDaemon, promtool
 from tests.deploy_files import (
+    CHURN_RULE_TESTS,
     DEPLOY,
     DOCKERFILE,
     JOB_RULE_TESTS,
     JOB_RULES,
     PROMETHEUS_CONFIG,
+    RESTART_RULE_TESTS,
     RULE_TESTS,
     RULES,
     alert_rules,
@@ -52,7 +54,11 @@ def test_promtool_check_rules() -> None:
     assert f"SUCCESS: {count} rules found" in result.stdout
 
 
-@pytest.mark.parametrize("tests", [RULE_TESTS, JOB_RULE_TESTS], ids=["alerts", "job"])
+@pytest.mark.parametrize(
+    "tests",
+    [RULE_TESTS, JOB_RULE_TESTS, CHURN_RULE_TESTS, RESTART_RULE_TESTS],
+    ids=["alerts", "job", "churn", "restart"],
+)
 def test_promtool_unit_tests_of_every_alert_pass(tests: Path) -> None:
     result = _run(promtool(), "test", "rules", str(tests))
     assert result.returncode == 0, result.stdout + result.stderr

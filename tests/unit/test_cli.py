@@ -139,13 +139,13 @@ def test_every_example_in_the_help_is_accepted_as_it_is_shown(cli: CLI) -> None:
 
 
 def test_the_workload_only_sections_say_so_and_are_exactly_the_collectors_a_daemon_cannot_run(cli: CLI) -> None:
-    """--collector.training.*, --collector.compile.* and --collector.default-registry.* act only inside the
-    workload process: their sections are marked, and a collector that refuses to run outside a workload is one of
-    them (a new one must be added to WORKLOAD_ONLY)."""
+    """--collector.training.*, --collector.compile.*, --collector.checkpoint.* and --collector.default-registry.* act
+    only inside the workload process: their sections are marked, and a collector that refuses to run outside a
+    workload is one of them (a new one must be added to WORKLOAD_ONLY)."""
     code, out, _ = cli("serve", "--help")
     assert code == 0
     marked = set(re.findall(r"^(collector\.[a-z-]+) options \(workload only\):$", out, re.MULTILINE))
-    assert marked == {"collector.training", "collector.compile", "collector.default-registry"}
+    assert marked == {"collector.training", "collector.compile", "collector.checkpoint", "collector.default-registry"}
     assert "jaxmon.start(collector={'training': {...}})" in " ".join(out.split())
     daemon = standalone_context(ReplaySource(FIXTURES / "shapes.json"))
     refusing = {

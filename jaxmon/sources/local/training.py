@@ -35,6 +35,7 @@ import jaxmon.sources.local.private as private
 from jaxmon.device_readings import DeviceInfo
 from jaxmon.logsetup import ErrorLog
 from jaxmon.sources.local.devices import LocalSource
+from jaxmon.sources.local.probe import _OWN_LOCK, _own
 from jaxmon.sources.local.profiler import JaxProfiler
 from jaxmon.threads import on_jaxmon_thread
 from jaxmon.training import links
@@ -169,7 +170,9 @@ class JaxTraining:
         """A tiny program dispatched to every local device: it completes once the work dispatched before it did."""
         with self._lock:
             if self._barrier_inputs is None:
-                self._barrier_inputs = [self._jax.device_put(np.int32(0), d) for d in self._local]
+                with _OWN_LOCK:  # jaxmon's, not the workload's live arrays (as the probe's)
+                    self._barrier_inputs = [self._jax.device_put(np.int32(0), d) for d in self._local]
+                    _own(*self._barrier_inputs)
             inputs = self._barrier_inputs
         return [self._barrier_fn(x) for x in inputs]
 

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxmon.births import with_zeros
+from jaxmon.checkpoints import CheckpointReading
 from jaxmon.device_readings import HOST_MEMORY_KINDS, ArrayBytes, DeviceKey
 from jaxmon.sources import TraceDemand
 from jaxmon.sources.local.devices import LocalSource
+from jaxmon.sources.local.orbax_saves import listen as listen_to_checkpoints
 from jaxmon.sources.local.probe import _OWN, _OWN_LOCK
 from jaxmon.threads import on_jaxmon_thread
 from jaxmon.training import release as release_tracker
@@ -30,6 +32,7 @@ class InProcessWorkload:
         self.process_index = int(self._jax.process_index())
         self.process_count = int(self._jax.process_count())
         self._counters = CompileCounters.installed()
+        self._checkpoints = listen_to_checkpoints()
         self._tracker = tracker
         self._devices: frozenset[tuple[str, int]] | None = None  # the tracker's devices, read on first use
 
@@ -96,6 +99,10 @@ class InProcessWorkload:
     def compile_counts(self) -> dict[str, float]:
         """Compile counters since the listeners were installed."""
         return self._counters.as_dict()
+
+    def checkpoints(self) -> CheckpointReading:
+        """The process's last checkpoint (jaxmon.checkpoints)."""
+        return self._checkpoints.reading()
 
     @property
     def jax_version(self) -> str:
