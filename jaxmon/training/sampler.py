@@ -8,9 +8,10 @@ badput (an eval, a save, a compile) is dropped, counted `skipped`, and tried aga
 only notes the request: a modulo, a comparison and, once per sample, a notify); `lead` is LEAD, or more where the
 profiler's recent starts took longer than the steps in flight (a TPU's can take a few hundred milliseconds): step
 `n0`'s window (step `n0 - 1`'s completion to its own) must begin after the trace runs, and a window that began
-before is left out (its device may not have been traced yet: it would read idle). The trace stops once the waiter booked the block's last
-completion. Start, stop and parse run on this module's thread (`jaxmon-profile`), never on the training thread; a
-large trace is read in a child process (jaxmon.training.trace_split), so that its parse does not hold the GIL.
+before is left out (its device may not have been traced yet: it would read idle). The trace stops once the waiter
+booked the block's last completion. Start, stop and parse run on this module's thread (`jaxmon-profile`), never on
+the training thread; a large trace is read in a child process (jaxmon.training.trace_split), so that its parse does
+not hold the GIL.
 
 Nothing here imports JAX: `Profiler` (jaxmon.sources.local.profiler.JaxProfiler) starts and stops the sessions, and
 says `Busy` when the user (or another tool) is profiling; jaxmon then counts the sample `busy` and leaves the user's
@@ -107,6 +108,7 @@ class Sampler:
         # after the trace did. At most `every - steps`: a block's trace is asked for after the last one's block.
         self.lead = LEAD
         self._asked = 0.0  # when the last block was asked for (the tracker's clock)
+        self._asked_block = 0  # the last regular block handed() considered
         self._starts: deque[float] = deque(maxlen=STARTS)  # the profiler's last starts: from the ask to running
         self._worker = Worker("profile", self._run, self._notify)
         self._thread = self._worker.start().thread
@@ -119,12 +121,16 @@ class Sampler:
         if number == self.watch:  # the step before a traced block's last: the last is looked at as it comes
             self.watch = -1
             self.look()
-        n0 = number + self.lead  # block_start() inlined, and the retry (blocks.py): no call on the common path
-        retry = self.blocks.retry
-        if retry is not None and number + LEAD <= retry <= n0:  # the retry block, as early as the lead allows
+        # The next regular block at least LEAD steps on, asked for from `lead` steps before it (the hand calls at
+        # number + its copy of the lead, which may be an older, shorter one), once; or the retry block (blocks.py).
+        modulus, lead, retry = self.modulus, self.lead, self.blocks.retry
+        n0 = -(-(number + LEAD) // modulus) * modulus if modulus else 0
+        if retry is not None and number + LEAD <= retry <= number + lead:
             n0 = retry
-        elif not self.modulus or n0 % self.modulus:
+        elif not modulus or n0 - number > lead or n0 == self._asked_block:
             return
+        else:
+            self._asked_block = n0
         if n0 <= 0 or self.config.every <= 0:
             return
         if self.config.min_seconds > 0 and n0 != self.blocks.retry:  # a retry belongs to its regular block's period
