@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from jaxmon.threads import Worker
 from jaxmon.training.dating import apportion
-from jaxmon.training.hand import LOST, PAUSED, Given, Hand, Hold, shown
+from jaxmon.training.hand import HOST, LOST, PAUSED, Given, Hand, Hold, shown
 from jaxmon.training.handed import TrainingOps
 from jaxmon.training.ledger import Run, usable
 
@@ -128,7 +128,7 @@ class Waiter:
         self.every = self.still = LOOK
         self.room = LOOK_STEPS
         self.looks = self.taken = self.booked = 0  # looks that took steps; steps taken, not booked; booked
-        self._young = 0  # the cyclic GC's young count after the last look
+        self._kept = 0  # the most objects a held step of the last look kept until it: its Given and its clones
         self._hurry = False
         self._next_look = -math.inf  # the real monotonic clock
         self._deadline = 0.0  # stop()'s
@@ -206,17 +206,14 @@ class Waiter:
                 return
         now = time.monotonic()
         if count := self._held(len(self._handed)):
-            grew = gc.get_count()[0] - self._young  # what the loop and its handed items left the young generation
             taken = self._take(count)
-            self._young = gc.get_count()[0]
             if taken is not None:
-                steps, spacing = taken
+                spacing = taken[1]
                 self.still = LOOK + spacing  # a pause is a step() this much later than its steps come
-                # Half the young generation's room (the other half is this thread's while it books) filled by the
-                # objects the steps leave: a step holding arrays hurries the look past `room` (hand.py).
-                self.room = (
-                    max(int((gc.get_threshold()[0] - self._young) / 2 * steps / grew), 1) if grew > 0 else LOOK_STEPS
-                )
+                # Half the young generation's room left now (the other half is this thread's while it books), filled
+                # by the objects held steps keep until a look: a step holding arrays hurries the look past `room`.
+                young = gc.get_threshold()[0] - gc.get_count()[0]
+                self.room = max(int(young / 2 / self._kept), 1) if self._kept else LOOK_STEPS
                 # Longer looks for a loop whose steps come more often than LOOK: a look per step for one whose steps
                 # are longer (each seen complete; a look's cost is then a small part of a step).
                 longer = min(self.every + LOOK, LOOK_MAX, max(LOOK, min(LOOK_STEPS, self.room) * spacing))
@@ -378,6 +375,7 @@ class Waiter:
         """The steps among `items` as columns, each given what the Given handed before it says."""
         given, offset = self._given, self._offset
         types = list(map(type, items))
+        self._kept = 0
         if types.count(float) == len(items) - 1 and types[-1] is Hold:  # the common look: floats, then its hold
             self._offset = offset + len(items) - 1
             return Taken(items[:-1], [0], [given], [offset], [len(items) - 2], [items[-1]], [])
@@ -387,6 +385,8 @@ class Waiter:
         for item, kind in zip(items, types, strict=True):
             if kind is Given:
                 given, offset, held = item, 0, item if item.arrays else None
+                if held is not None:  # itself and its clones (of JAX numbers) until a look takes it
+                    self._kept = max(self._kept, 1 + sum(type(v) not in HOST for v in item[:4]))
             elif kind is Hold or item is PAUSED:
                 if handed and kind is Hold:
                     taken.held.append(len(handed) - 1)
