@@ -189,17 +189,26 @@ def test_a_loop_whose_host_takes_as_long_as_its_steps_is_half_host_badput(make_t
     f = slow_step()
     x = f(jnp.ones((384, 384))).block_until_ready()
     tracker = make_tracker()
+    slept = 0.0
     for n in range(16):
         start = time.perf_counter()
         x = f(x)
         jaxmon.step(n, x)
         x.block_until_ready()
-        time.sleep(time.perf_counter() - start)  # the host's own work, as long as the step, named by no block
+        if n == 0:
+            began = time.perf_counter()  # the first step's completion: the steps' time from here on
+        ended = time.perf_counter()
+        time.sleep(ended - start)  # the host's own work, as long as the step, named by no block
+        slept += time.perf_counter() - ended
+    total = time.perf_counter() - began
     reading = settled(tracker, 16)
-    assert goodput(reading) == pytest.approx(0.5, abs=0.1)
+    # Half the loop's time, as it measured its own sleeps (on a loaded machine a sleep overruns what it asked).
+    truth = slept / total
+    assert 0.4 <= truth <= 0.65, truth
+    assert goodput(reading) == pytest.approx(1 - truth, abs=0.1)
     steps = reading.productive_seconds_total + sum(reading.badput_seconds_total.values())
     host = reading.badput_seconds_total["host"] / (steps - reading.badput_seconds_total["startup"])
-    assert host == pytest.approx(0.5, abs=0.1)
+    assert host == pytest.approx(truth, abs=0.1)
     adds_up(reading)
 
 
@@ -318,7 +327,7 @@ def test_a_pause_within_a_long_look_is_host_time_not_a_stall(make_tracker: MakeT
     f = slow_step(128, 2)  # about 0.15 ms here: well under SHORT apart with the loop's own work, loaded or not
     x = f(jnp.ones((128, 128))).block_until_ready()
     tracker = make_tracker()
-    pauses, n, resumed, busy = [], 0, [], []
+    pauses, n, resumed, busy, intervals = [], 0, [], [], []
     done = time.monotonic()
     for _ in range(6):
         began = time.monotonic()
@@ -328,6 +337,7 @@ def test_a_pause_within_a_long_look_is_host_time_not_a_stall(make_tracker: MakeT
             jaxmon.step(n, x)
             x.block_until_ready()
             busy.append(time.monotonic() - max(handed, done))  # the loop's own: dispatch to completion
+            intervals.append(time.monotonic() - done)  # and completion to completion
             done = time.monotonic()
             n += 1
         resumed.append(tracker.hand.paused_after)
@@ -336,6 +346,8 @@ def test_a_pause_within_a_long_look_is_host_time_not_a_stall(make_tracker: MakeT
         pauses.append(time.monotonic() - start)
     x = f(x)
     jaxmon.step(n, x)
+    x.block_until_ready()
+    intervals.append(time.monotonic() - done)
     reading = settled(tracker, n + 1)
     assert min(resumed) < 1, resumed  # the looks had lengthened: each pause came within one
     median = statistics.median(busy)
@@ -344,10 +356,12 @@ def test_a_pause_within_a_long_look_is_host_time_not_a_stall(make_tracker: MakeT
     # Each pause read as a device's time would add about 57 ms of stall: most of them may not (the loop's own stalls
     # and jaxmon's differ by their medians' windows, more on a loaded machine).
     assert host >= 0.8 * sum(pauses) and stall < truth + sum(pauses) / 2, (host, stall, truth, pauses)
-    # The steps whose interval holds a pause are 60 ms long, as the loop's own completions say: those, and no other
-    # (one either way: a pause dated across two steps on a loaded machine, or one step of the machine's own).
+    # The steps whose interval holds a pause are 60 ms long, as the loop's own completions say: those, and the
+    # loop's own over 25 ms (a loaded machine's: its completions seen late), one either way (a pause dated across two
+    # steps on a loaded machine).
     over = reading.duration_buckets[-1][1] - dict(reading.duration_buckets)[0.025]
-    assert len(pauses) - 1 <= over <= len(pauses) + 1
+    truth = sum(interval > 0.025 for interval in intervals[1:])
+    assert truth >= len(pauses) and truth - 1 <= over <= truth + 1, (over, truth, len(pauses))
 
 
 def test_a_step_counter_that_goes_back_or_jumps_is_counted_and_its_gap_is_no_step(make_tracker: MakeTracker) -> None:
