@@ -3,6 +3,8 @@ the current one, as jaxmon.start() or publish() would, stopped after the test.""
 
 from __future__ import annotations
 
+import gc
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -56,3 +58,23 @@ def booked(tracker: Tracker, steps: int) -> TrainingReading:
     reading = tracker.reading()
     assert reading is not None
     return reading
+
+
+def python_calls(call: Callable[[], Any]) -> int:
+    """How many Python functions `call()` calls (sys.setprofile's count: C loops over arrays are one call), with the
+    cyclic GC off (a collection's callbacks are no call of `call`'s)."""
+    calls = 0
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        if event == "call":
+            calls += 1
+
+    gc.disable()
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+        gc.enable()
+    return calls

@@ -3,12 +3,9 @@ run of one)."""
 
 from __future__ import annotations
 
-import gc
 import math
 import random
 import statistics
-import sys
-from typing import Any
 
 import pytest
 
@@ -24,6 +21,7 @@ from jaxmon.training.ledger import (
     attribute,
 )
 from jaxmon.training.ledger import Ledger as Accounting
+from tests.unit.training.conftest import python_calls
 
 CPU0, CPU1 = ("cpu", 0), ("cpu", 1)
 
@@ -255,26 +253,6 @@ def test_mfu_and_hfu_kept_as_steps_enter_and_leave_the_window_are_the_definition
                     assert got[key] == pytest.approx(want[key], rel=1e-12, abs=1e-300), (window, n, key)
 
 
-def _python_calls(call: Any) -> int:
-    """How many Python functions `call()` calls (sys.setprofile's count: C loops over arrays are one call), with the
-    cyclic GC off (a collection's callbacks are no call of `call`'s)."""
-    calls = 0
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        nonlocal calls
-        if event == "call":
-            calls += 1
-
-    gc.disable()
-    sys.setprofile(profile)
-    try:
-        call()
-    finally:
-        sys.setprofile(None)
-        gc.enable()
-    return calls
-
-
 def test_reading_mfu_does_not_read_the_window_whatever_its_length() -> None:
     """The tracker reads utilization() under the lock the waiter books with: its Python work must not grow with the
     window (it rescanned every step of it for every device: 0.146 s a poll at window=100000 with 8 devices). The
@@ -288,7 +266,7 @@ def test_reading_mfu_does_not_read_the_window_whatever_its_length() -> None:
         model, hardware = dict.fromkeys(keys, 1e9), dict.fromkeys(keys, 2e9)
         for n in range(window):
             acct.run(float(n), [n + 1.0], [float(n)], [], model, hardware)
-        calls[window] = _python_calls(lambda: acct.utilization(peaks))  # noqa: B023
+        calls[window] = python_calls(lambda: acct.utilization(peaks))  # noqa: B023
         mfu, hfu = acct.utilization(peaks)
         assert mfu == dict.fromkeys(keys, pytest.approx(1e9 / 1e12)) and hfu.keys() == mfu.keys()
     assert calls[10_000] == calls[10], calls

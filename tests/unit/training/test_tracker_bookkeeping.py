@@ -9,9 +9,6 @@ import os
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
-import gc
-import sys
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -22,7 +19,7 @@ from structlog.testing import capture_logs
 import jaxmon
 from jaxmon import training
 from jaxmon.training.ledger import INTERVALS_AFTER_DROP, MAX_INTERVALS
-from tests.unit.training.conftest import PEAK, MakeTracker, booked
+from tests.unit.training.conftest import PEAK, MakeTracker, booked, python_calls
 
 NO_PEAK_LOG = "no peak FLOP/s known for this device kind: no MFU or HFU series (set collector.training.peak_flops)"
 
@@ -199,26 +196,6 @@ def _flops(analysis: Any) -> float:
     return float(analysis["flops"])
 
 
-def _python_calls(call: Callable[[], Any]) -> int:
-    """How many Python functions `call()` calls (sys.setprofile's count: C loops over arrays are one call), with the
-    cyclic GC off (a collection's callbacks are no call of `call`'s)."""
-    calls = 0
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        nonlocal calls
-        if event == "call":
-            calls += 1
-
-    gc.disable()
-    sys.setprofile(profile)
-    try:
-        call()
-    finally:
-        sys.setprofile(None)
-        gc.enable()
-    return calls
-
-
 def test_a_reading_reads_no_step_of_the_window_whatever_its_length(make_tracker: MakeTracker) -> None:
     """reading() holds the lock the waiter books with: at window=100000 with 8 devices it rescanned the window for
     every device (0.146 s a poll, the waiter blocked meanwhile). The window is arrays: the same Python calls read it
@@ -234,7 +211,7 @@ def test_a_reading_reads_no_step_of_the_window_whatever_its_length(make_tracker:
         with tracker._lock:  # the waiter's bookkeeping of `window` more steps, as it does it at each completion
             for n in range(window):
                 ledger.run(n, [n + 1.0], [n], [], dict.fromkeys(keys, 1e9), {})
-        calls[window] = _python_calls(tracker.reading)
+        calls[window] = python_calls(tracker.reading)
         reading = tracker.reading()
         assert reading is not None
         assert {(d.platform, d.id): d.mfu for d in reading.devices} == dict.fromkeys(keys, pytest.approx(1e9 / PEAK))
