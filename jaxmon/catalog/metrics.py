@@ -716,8 +716,9 @@ TRAINING_LOSS = Family(
     GAUGE,
     (
         "The loss the training loop handed to jaxmon.step() (a scalar array: name loss; a dict of scalar arrays: "
-        "each key, the first 16 sorted), read on jaxmon's thread from the looked-at step at most once a second, as "
-        "it is: NaN and +Inf are exported as read (a diverged loss is the news). Of the step "
+        "each key, the first 16 sorted), read on jaxmon's thread from a looked-at step at most every 0.5 s while the "
+        "loop steps and once when it goes still, as it is: NaN and +Inf are exported as read (a diverged loss is the "
+        "news). Of the step "
         "jaxmon_training_loss_step names; absent until a loss was read."
     ),
     (*_PROCESS, "name"),
