@@ -716,8 +716,9 @@ TRAINING_LOSS = Family(
     GAUGE,
     (
         "The loss the training loop handed to jaxmon.step() (a scalar array: name loss; a dict of scalar arrays: "
-        "each key, the first 16 sorted), read on jaxmon's thread from the looked-at step at most once a second, as "
-        "it is: NaN and +Inf are exported as read (a diverged loss is the news). Of the step "
+        "each key, the first 16 sorted), read on jaxmon's thread from a looked-at step at most every 0.5 s while the "
+        "loop steps and once when it goes still, as it is: NaN and +Inf are exported as read (a diverged loss is the "
+        "news). Of the step "
         "jaxmon_training_loss_step names; absent until a loss was read."
     ),
     (*_PROCESS, "name"),
@@ -1534,7 +1535,8 @@ DEVICE_GRAPHICS_ENGINE_ACTIVE_RATIO = Family(
     GAUGE,
     (
         "Share of time the graphics/compute engine was active, averaged over the interval between the last two GPM "
-        "samples (one poll interval) (NVML GPM GRAPHICS_UTIL / 100; DCGM_FI_PROF_GR_ENGINE_ACTIVE)."
+        "samples (one poll interval) (NVML GPM GRAPHICS_UTIL / 100; DCGM_FI_PROF_GR_ENGINE_ACTIVE, "
+        "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO from dcgm-exporter 4.9)."
     ),
     _DEVICE_WIDE,
     "NVML GPM `GRAPHICS_UTIL` / 100",
@@ -1546,7 +1548,8 @@ DEVICE_SM_ACTIVE_RATIO = Family(
     GAUGE,
     (
         "Share of the SMs that were busy (at least one warp resident), averaged over the interval between the last "
-        "two GPM samples (one poll interval) (NVML GPM SM_UTIL / 100; dcgm-exporter's DCGM_FI_PROF_SM_ACTIVE)."
+        "two GPM samples (one poll interval) (NVML GPM SM_UTIL / 100; dcgm-exporter's DCGM_FI_PROF_SM_ACTIVE, "
+        "DCGM_FI_PROF_SM_UTIL_RATIO from 4.9)."
     ),
     _DEVICE_WIDE,
     "NVML GPM `SM_UTIL` / 100",
@@ -1558,7 +1561,8 @@ DEVICE_SM_OCCUPANCY_RATIO = Family(
     GAUGE,
     (
         "Resident warps as a share of the SMs' theoretical maximum, averaged over the interval between the last two "
-        "GPM samples (one poll interval) (NVML GPM SM_OCCUPANCY / 100; DCGM_FI_PROF_SM_OCCUPANCY)."
+        "GPM samples (one poll interval) (NVML GPM SM_OCCUPANCY / 100; DCGM_FI_PROF_SM_OCCUPANCY, "
+        "DCGM_FI_PROF_SM_OCCUPANCY_RATIO from dcgm-exporter 4.9)."
     ),
     _DEVICE_WIDE,
     "NVML GPM `SM_OCCUPANCY` / 100",
@@ -1570,7 +1574,8 @@ DEVICE_TENSOR_ACTIVE_RATIO = Family(
     GAUGE,
     (
         "Share of cycles any tensor pipe was active, averaged over the interval between the last two GPM samples "
-        "(one poll interval) (NVML GPM ANY_TENSOR_UTIL / 100; DCGM_FI_PROF_PIPE_TENSOR_ACTIVE)."
+        "(one poll interval) (NVML GPM ANY_TENSOR_UTIL / 100; DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, "
+        "DCGM_FI_PROF_TENSOR_UTIL_RATIO from dcgm-exporter 4.9)."
     ),
     _DEVICE_WIDE,
     "NVML GPM `ANY_TENSOR_UTIL` / 100",
@@ -1582,7 +1587,8 @@ DEVICE_DRAM_ACTIVE_RATIO = Family(
     GAUGE,
     (
         "Device memory bandwidth used as a share of its peak, averaged over the interval between the last two GPM "
-        "samples (one poll interval) (NVML GPM DRAM_BW_UTIL / 100; DCGM_FI_PROF_DRAM_ACTIVE)."
+        "samples (one poll interval) (NVML GPM DRAM_BW_UTIL / 100; DCGM_FI_PROF_DRAM_ACTIVE, "
+        "DCGM_FI_PROF_DRAM_UTIL_RATIO from dcgm-exporter 4.9)."
     ),
     _DEVICE_WIDE,
     "NVML GPM `DRAM_BW_UTIL` / 100",
@@ -1595,7 +1601,8 @@ DEVICE_PIPE_ACTIVE_RATIO = Family(
     (
         "Share of cycles each SM pipe was active, averaged over the interval between the last two GPM samples (one "
         "poll interval), by pipe: fp64, fp32, fp16 (non-tensor math), tensor_hmma, tensor_imma, tensor_dfma, integer "
-        "(NVML GPM *_UTIL / 100; DCGM_FI_PROF_PIPE_*_ACTIVE); with --collector.nvml.gpm-pipes."
+        "(NVML GPM *_UTIL / 100; DCGM_FI_PROF_PIPE_*_ACTIVE, DCGM_FI_PROF_*_UTIL_RATIO from dcgm-exporter 4.9: "
+        "docs/dcgm.md); with --collector.nvml.gpm-pipes."
     ),
     (*_DEVICE_WIDE, "pipe"),
     (

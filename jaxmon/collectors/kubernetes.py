@@ -198,8 +198,8 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
     def unavailable(cls, opts: KubernetesOptions, ctx: Context) -> str | None:
         """Needs grpcio and protobuf (the committed stubs); on `auto`, also the socket.
 
-        Found, not imported: grpc's C core costs about 20 MiB of RSS, not to be paid where no kubelet listens (a
-        GPU node outside Kubernetes in node mode); the client imports it when it is made.
+        Found, not imported: importing grpc costs about 13 MiB of RSS (BENCHMARKS.md, node mode), not to be paid
+        where no kubelet listens (a GPU node outside Kubernetes in node mode); the client imports it when it is made.
         """
         import importlib.util
 

@@ -177,8 +177,8 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
         container) that shows no chip of its own, and the address says where it is. So does `auto` with an address
         given (`--collector.tpu.address`, its variable or YAML): a user who names a service's address meant it.
         """
-        # Found, not imported: grpc's C core costs about 20 MiB of RSS, too much to pay on a node without TPUs
-        # (the node mode's budget); a client made later imports it.
+        # Found, not imported: importing grpc costs about 13 MiB of RSS (BENCHMARKS.md), too much to pay on a node
+        # without TPUs (the node mode's budget); a client made later imports it.
         import importlib.util
 
         if importlib.util.find_spec("grpc") is None:

@@ -36,6 +36,12 @@ PROFILE_EVERY = 1000
 # ... and at most one per this many seconds: a trace costs jaxmon's thread tens of milliseconds (the profiler's stop
 # and the parse), which at 1000 steps of a millisecond would be tens of microseconds a step (issue 38's budget: 5).
 PROFILE_MIN_SECONDS = 60.0
+# What each sampled-trace option's help begins with: they act in a training workload (jaxmon.step()'s process), not
+# on the daemon's own devices: `jaxmon serve` accepts them and they change nothing there.
+_WORKLOAD_ONLY = (
+    "Training workloads only (the process that embeds jaxmon: jaxmon.start(), jaxmon.publish()), never the daemon's "
+    "own devices"
+)
 # A link of the device catalog, as collector.training.link_bandwidth names one.
 _LINK = "(" + "|".join(LINKS) + ")"
 # Declared badput kinds, at most: the tracker's own limit of user kinds (jaxmon.training.handed.MAX_USER_KINDS).
@@ -49,17 +55,17 @@ class TrainingProfileOptions(SettingsSection):
         default=PROFILE_EVERY,
         ge=0,
         le=100_000_000,
-        description="Trace `steps` whole steps every this many steps (blocks start at step numbers that are "
-        "multiples of it, the same in every process of a job); 0 turns sampled traces off.",
+        description=f"{_WORKLOAD_ONLY}: trace `steps` whole steps every this many steps (blocks start at step "
+        "numbers that are multiples of it, the same in every process of a job); 0 turns sampled traces off.",
     )
-    steps: int = Field(default=2, ge=1, le=100, description="Steps each sampled trace holds.")
+    steps: int = Field(default=2, ge=1, le=100, description=f"{_WORKLOAD_ONLY}: the steps each sampled trace holds.")
     min_seconds: float = Field(
         default=PROFILE_MIN_SECONDS,
         ge=0,
         le=86_400,
-        description="At most one sampled trace per this many seconds (a block is traced when a period of this "
-        "length began since the last block start, on the Unix clock: the same blocks in every process of a job); "
-        "0 traces every block.",
+        description=f"{_WORKLOAD_ONLY}: at most one sampled trace per this many seconds (a block is traced when a "
+        "period of this length began since the last block start, on the Unix clock: the same blocks in every process "
+        "of a job); 0 traces every block.",
     )
 
     @model_validator(mode="after")
