@@ -1,16 +1,16 @@
-"""A sampled trace read and split over its steps' windows: on the sampler's thread when the trace is small, in a
-child process of its own when it is large.
+"""A sampled trace read and split over its steps' windows: on the sampler's thread when the trace is small, in a child
+process of its own when it is large.
 
-Reading a trace is pure Python over every event (jaxmon.xla.profile): about 130 ms of CPU per megabyte here. On the
-sampler's thread that time holds the GIL in 5 ms turns, and a training thread that dispatches steps back to back
-waits for it: on a TPU v5e chip a sample of steps of thousands of XLA ops each (tens of megabytes) slowed a loop of
-0.36 ms steps by 16-33 % while it was read. A trace of more than IN_PROCESS_BYTES is read by a child Python (the same
+Reading a trace is pure Python over every event (jaxmon.xla.profile): 30-90 ms of CPU a megabyte here (BENCHMARKS.md).
+On the sampler's thread that time holds the GIL in 5 ms turns, and a training thread that dispatches steps back to back
+waits for it: on a TPU v5e chip a sample of steps of thousands of XLA ops each (tens of megabytes) slowed a loop of 0.36
+ms steps by 16-33 % while it was read. A trace of more than IN_PROCESS_BYTES is read by a child Python (the same
 interpreter, `python -m jaxmon.training.trace_split`, at a lower CPU priority) that shares no GIL with the job.
 
-The child never holds the job: everything goes through its pipes (the catalog and windows, then the trace, on its
-stdin; the split on its stdout; pickle, between jaxmon's own processes), so no temporary file is written (a
-read-only temporary directory reads the same) and none is left behind; `Reader.stop()` (the sampler's stop, at the
-process's exit too) kills a child that is reading, so the exit never waits for a parse. Nothing here imports JAX.
+The child never holds the job: everything goes through its pipes (the catalog and windows, then the trace, on its stdin;
+the split on its stdout; pickle, between jaxmon's own processes), so no temporary file is written (a read-only temporary
+directory reads the same) and none is left behind; `Reader.stop()` (the sampler's stop, at the process's exit too) kills
+a child that is reading, so the exit never waits for a parse. Nothing here imports JAX.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import threading
 from jaxmon.training.trace_links import Catalog, PlacedTotals, splits
 from jaxmon.xla.profile import read
 
-# Traces up to this size (bytes) are read on the sampler's thread (about 130 ms of CPU a megabyte); larger ones in a
+# Traces up to this size (bytes) are read on the sampler's thread (30-90 ms of CPU a megabyte); larger ones in a
 # child process.
 IN_PROCESS_BYTES = 1 << 20
 # The child's time to read and split a trace (seconds): a trace of a few hundred megabytes takes about a minute.
