@@ -180,6 +180,8 @@ class Sampler:
         """The open interval `key` closed after step `handed` was handed."""
         with self._lock:
             self.blocks.closed(key, handed)
+            if self._block is not None and self.blocks.marked(self._block):
+                self._wake.notify_all()  # it reached the sample under way: end its trace now
 
     # -- the sampler's thread -----------------------------------------------------------------------------
 
@@ -244,7 +246,7 @@ class Sampler:
         if self._stopping:
             return  # stopped inside the block: its steps did not all come, and the exit need not wait for a parse
         with self._lock:
-            if self.blocks.marked(n0):  # named badput in its steps: dropped unread, tried again on clean steps
+            if self.blocks.held(n0):  # named badput in its steps: dropped unread, tried again on clean steps
                 self._results["skipped"] += 1
                 return
         # A step's window counts where it began once the trace ran (the trace's own start time may be stamped
@@ -272,11 +274,14 @@ class Sampler:
 
     def _lead_after(self, start: float) -> None:
         """Size the lead by the profiler's slowest recent start (`start`: this one's, from the ask to running) in
-        steps of the loop's last duration, two more for the steps in flight; lock held."""
+        whole steps of the loop's last duration, on top of LEAD; lock held. Asked for as step `n0 - lead` is handed, the
+        trace must run before step `n0 - 1` completes, `lead - 1` steps later at least: LEAD + floor(start / duration)
+        steps leave more than the start (a start shorter than a step leaves the lead at LEAD)."""
         self._starts.append(max(start, 0.0))
         if self._last_duration and self._last_duration > 0 and self.config.every > 0:
-            late = math.ceil(max(self._starts) / self._last_duration)
+            late = math.floor(max(self._starts) / self._last_duration)
             self.lead = max(LEAD, min(LEAD + late, self.config.every - self.config.steps))
+            self.blocks.lead = self.lead
 
     def _finished(self, last: int) -> bool:
         """The block's last completion is booked (or numbers went past it, or back: the job restarted)."""

@@ -25,7 +25,7 @@ from jaxmon.training.sampler import Sampler
 from jaxmon.training.trace_links import Catalog
 from jaxmon.training.trace_split import Reader, Stopped, split, split_trace
 from tests.helpers import ROOT, Child, parse_samples, wait_until
-from tests.unit.training.test_sampler import NOW, US, FakeProfiler, at, got, run_block
+from tests.unit.training.test_sampler import BEFORE, NOW, US, FakeProfiler, at, got, run_block
 from tests.unit.xla.test_split_fakes import GPU0, GPU1
 from tests.xspace_fakes import START_UNIX_NS, Kernel, gpu_space
 
@@ -44,7 +44,7 @@ def sampler(made: list[Sampler], profiler: FakeProfiler, in_process: int) -> Sam
     s = Sampler(
         profiler,
         SamplerConfig(10, 2),
-        clock=lambda: NOW,
+        clock=lambda: NOW if profiler.stops >= profiler.starts else BEFORE,  # as test_sampler.py's: a start reads BEFORE
         wall_ns=lambda: START_UNIX_NS + round(END_US * 1000),
         in_process=in_process,
     )

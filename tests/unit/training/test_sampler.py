@@ -251,8 +251,9 @@ class SlowStart(FakeProfiler):
 def test_a_slow_start_leaves_out_the_steps_before_it_and_asks_earlier_next_time() -> None:
     """Steps of 20 us; the trace is asked for at -45 us and runs from 5 us. Step 10's window [0, 40) is inside the
     profile's own extent, but began before the trace ran (its device tracer may not have yet: the device would read
-    idle), so only step 11's [40, 100) counts; and the next block's trace is asked for 2 + ceil(50 / 20) = 5 steps
-    ahead (block 20 at step 15, not 18), at most every - steps."""
+    idle), so only step 11's [40, 100) counts; and the next block's trace is asked for 2 + floor(50 / 20) = 4 steps
+    ahead (block 20 at step 16, not 18: steps 17 to 19 take 60 us, more than the start), at most every - steps; a
+    start shorter than a step leaves it at 2."""
     clock = [at(-45)]
     profiler = SlowStart(gpu_space({0: GPU0}), clock, 50 * US)
     sampler = Sampler(profiler, SamplerConfig(10, 2), clock=lambda: clock[0], wall_ns=lambda: START_UNIX_NS + 100_000)
@@ -265,18 +266,19 @@ def test_a_slow_start_leaves_out_the_steps_before_it_and_asks_earlier_next_time(
         (g0,) = got(sampler).devices
         assert g0.profiled_seconds_total == pytest.approx(60 * US)
         assert g0.parts == pytest.approx({"compute": 20 * US, "collective": 10 * US, "copy": 15 * US, "idle": 15 * US})
-        assert sampler.lead == 5
+        assert sampler.lead == 4 and sampler.blocks.lead == 4
         clock[0] = at(-45)
-        sampler.handed(14)
         sampler.handed(15)
-        wait_until(lambda: profiler.starts == 2, what="block 20's trace started at step 15")
+        assert profiler.starts == 1  # not at step 15
+        sampler.handed(16)
+        wait_until(lambda: profiler.starts == 2, what="block 20's trace started at step 16")
         assert sampler.block == 20
         complete(sampler, [(19, at(10)), (20, at(40)), (21, at(100))])
         wait_until(lambda: got(sampler).results["taken"] == 2, what="the second sample booked")
-        assert sampler.lead == 3  # 2 + ceil(50 / 60): its steps took 60 us
+        assert sampler.lead == 2  # 2 + floor(50 / 60): its steps took 60 us, longer than the start
         # A start of 1 s: the lead is every - steps = 8 at most, and every window began before the trace ran.
         profiler.seconds, clock[0] = 1.0, at(-45)
-        sampler.handed(27)
+        sampler.handed(28)
         wait_until(lambda: profiler.starts == 3, what="block 30's trace started")
         complete(sampler, [(29, at(0)), (30, at(40)), (31, at(100))])
         wait_until(lambda: sum(got(sampler).results.values()) == 3, what="the third sample booked")

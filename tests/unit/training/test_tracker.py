@@ -356,12 +356,13 @@ def test_a_pause_within_a_long_look_is_host_time_not_a_stall(make_tracker: MakeT
     # Each pause read as a device's time would add about 57 ms of stall: most of them may not (the loop's own stalls
     # and jaxmon's differ by their medians' windows, more on a loaded machine).
     assert host >= 0.8 * sum(pauses) and stall < truth + sum(pauses) / 2, (host, stall, truth, pauses)
-    # The steps whose interval holds a pause are 60 ms long, as the loop's own completions say: those, and the
-    # loop's own over 25 ms (a loaded machine's: its completions seen late), one either way (a pause dated across two
-    # steps on a loaded machine).
+    # The steps whose interval holds a pause are 60 ms long: each pause's step at least (one fewer where a pause is
+    # dated across two steps on a loaded machine), and no more than the loop's own completions over 25 ms, one more
+    # either way. Those may be more than the pauses on a loaded machine: the loop's thread saw its completions late
+    # where the waiter saw them on time (12 loop intervals over 25 ms against jaxmon's 6, 6 pauses, load 11 on 2 cores).
     over = reading.duration_buckets[-1][1] - dict(reading.duration_buckets)[0.025]
     truth = sum(interval > 0.025 for interval in intervals[1:])
-    assert truth >= len(pauses) and truth - 1 <= over <= truth + 1, (over, truth, len(pauses))
+    assert truth >= len(pauses) and len(pauses) - 1 <= over <= truth + 1, (over, truth, len(pauses))
 
 
 def test_a_step_counter_that_goes_back_or_jumps_is_counted_and_its_gap_is_no_step(make_tracker: MakeTracker) -> None:
