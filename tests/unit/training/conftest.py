@@ -27,10 +27,19 @@ def source() -> LocalSource:
     return LocalSource(sidecar_defaults=False)
 
 
+@pytest.fixture(scope="session")
+def shared_ops() -> JaxTraining:
+    """The JAX side of the trackers made without one of their own: a JaxTraining compiles its barrier as the tracker
+    starts, a program for each of the 8 devices (a quarter of a second, most of a short test's time), so one for the
+    session. A test of what a tracker's start compiles or keeps (its barrier) gives it a JaxTraining of its own."""
+    return JaxTraining(LocalSource(sidecar_defaults=False))
+
+
 @pytest.fixture
-def make_tracker(source: LocalSource, monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeTracker]:
+def make_tracker(shared_ops: JaxTraining, monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeTracker]:
     """A tracker of this process (options as TrackerConfig's keywords, peak_flops PEAK unless given; `ops` the JAX
-    side, `clock` and `wall` its clocks, the real ones unless given), made the current one, stopped afterwards."""
+    side, `shared_ops` unless given; `clock` and `wall` its clocks, the real ones unless given), made the current
+    one, stopped afterwards."""
     made: list[Tracker] = []
 
     def make(
@@ -40,7 +49,7 @@ def make_tracker(source: LocalSource, monkeypatch: pytest.MonkeyPatch) -> Iterat
         **config: Any,
     ) -> Tracker:
         config = {"peak_flops": PEAK, **config}
-        tracker = Tracker(ops or JaxTraining(source), TrackerConfig(**config), clock=clock, wall=wall)
+        tracker = Tracker(ops or shared_ops, TrackerConfig(**config), clock=clock, wall=wall)
         monkeypatch.setattr(training, "_tracker", tracker)
         made.append(tracker)
         return tracker
