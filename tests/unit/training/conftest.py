@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -35,11 +36,11 @@ def shared_ops() -> JaxTraining:
     return JaxTraining(LocalSource(sidecar_defaults=False))
 
 
-@pytest.fixture
-def make_tracker(shared_ops: JaxTraining, monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeTracker]:
-    """A tracker of this process (options as TrackerConfig's keywords, peak_flops PEAK unless given; `ops` the JAX
-    side, `shared_ops` unless given; `clock` and `wall` its clocks, the real ones unless given), made the current
-    one, stopped afterwards."""
+@contextmanager
+def trackers(default: JaxTraining, monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeTracker]:
+    """Make trackers of this process (options as TrackerConfig's keywords, peak_flops PEAK unless given; `ops` the
+    JAX side, `default` unless given; `clock` and `wall` its clocks, the real ones unless given), each made the
+    current one through `monkeypatch`; all stopped at the end."""
     made: list[Tracker] = []
 
     def make(
@@ -49,14 +50,23 @@ def make_tracker(shared_ops: JaxTraining, monkeypatch: pytest.MonkeyPatch) -> It
         **config: Any,
     ) -> Tracker:
         config = {"peak_flops": PEAK, **config}
-        tracker = Tracker(ops or shared_ops, TrackerConfig(**config), clock=clock, wall=wall)
+        tracker = Tracker(ops or default, TrackerConfig(**config), clock=clock, wall=wall)
         monkeypatch.setattr(training, "_tracker", tracker)
         made.append(tracker)
         return tracker
 
-    yield make
-    for tracker in made:
-        tracker.stop(10)
+    try:
+        yield make
+    finally:
+        for tracker in made:
+            tracker.stop(10)
+
+
+@pytest.fixture
+def make_tracker(shared_ops: JaxTraining, monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeTracker]:
+    """trackers() of `shared_ops` for a test, stopped after it."""
+    with trackers(shared_ops, monkeypatch) as make:
+        yield make
 
 
 def booked(tracker: Tracker, steps: int) -> TrainingReading:
