@@ -22,7 +22,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jaxmon
 from jaxmon import training
-from jaxmon.sources.local.training import cost_numbers
+from jaxmon.sources.local import LocalSource
+from jaxmon.sources.local.training import JaxTraining, cost_numbers
 from jaxmon.sources.local.workload import CompileCounters, live_array_bytes
 from jaxmon.training import hand
 from jaxmon.training.tracker import MAX_USER_KINDS, OTHER_KIND, Tracker
@@ -472,20 +473,24 @@ def test_a_tracked_function_compiles_nothing_more_than_an_untracked_one(make_tra
     assert counted == plain == 1  # ...from the program the first call compiled
 
 
-def test_a_trackers_own_barrier_is_no_compilation_of_the_workloads(make_tracker: MakeTracker) -> None:
+def test_a_trackers_own_barrier_is_no_compilation_of_the_workloads(
+    make_tracker: MakeTracker, source: LocalSource
+) -> None:
     """A tracker compiles its barrier as it starts, one program per device, where the process's compile counters
     already listen (a stop() and start() in one process): jaxmon's own compilations, not the job's."""
     counters = CompileCounters.installed()
     before = counters.as_dict()["compilations"]
-    make_tracker()  # a JaxTraining of its own: its barrier is a new program, compiled for each of the 8 devices
+    make_tracker(ops=JaxTraining(source))  # of its own: its barrier a new program, compiled for each of 8 devices
     assert counters.as_dict()["compilations"] == before
 
 
-def test_a_trackers_barrier_inputs_are_no_arrays_of_the_workloads(make_tracker: MakeTracker) -> None:
+def test_a_trackers_barrier_inputs_are_no_arrays_of_the_workloads(
+    make_tracker: MakeTracker, source: LocalSource
+) -> None:
     """The barrier's inputs, one 4-byte array a device kept from the tracker's start, are jaxmon's: the workload's
     live array bytes leave them out, as they leave out the probe's."""
     before = live_array_bytes(jax)
-    make_tracker()
+    make_tracker(ops=JaxTraining(source))  # of its own: its inputs are made as it starts
     assert live_array_bytes(jax) == before
 
 
