@@ -55,7 +55,7 @@ def rule_manifest(source: Path, head: str, rules_text: str, group_interval: str 
 
     With `group_interval`, each group gets `interval: <group_interval>` after its name.
     """
-    data = yaml.safe_load(rules_text)
+    data = yaml.load(rules_text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml, safe
     if not isinstance(data, dict) or set(data) != {"groups"}:
         raise SystemExit(f"{source}: expected a Prometheus rules file with only a top-level 'groups' key")
     lines = rules_text.splitlines()

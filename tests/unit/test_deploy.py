@@ -31,6 +31,7 @@ from tests.deploy_files import (
     PROVISIONING,
     RULE_TESTS,
     RULES,
+    SAFE_LOADER,
     alert_rules,
     dashboard,
     dashboard_panels,
@@ -365,7 +366,7 @@ def k8s_documents() -> list[dict[str, Any]]:
     docs: list[dict[str, Any]] = []
     for path in sorted(KUBERNETES.glob("*.yaml")):
         with path.open(encoding="utf-8") as fh:
-            docs.extend(d for d in yaml.safe_load_all(fh) if d is not None)
+            docs.extend(d for d in yaml.load_all(fh, Loader=SAFE_LOADER) if d is not None)
     return docs
 
 
