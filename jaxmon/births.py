@@ -28,7 +28,7 @@ import itertools
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 
-from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
+from jaxmon.training.reading import DeviceProfile, DeviceTraining, TrainingReading
 
 # The built-in badput kinds (jaxmon.training.accounting, handed.EVENT_KINDS), the tracker's problem reasons, and the
 # sampled traces' results and parts (jaxmon.training.sampler): a daemon loads none of those modules, and
@@ -70,7 +70,8 @@ def with_zeros(reading: TrainingReading, kinds: Iterable[str] = ()) -> TrainingR
     """`reading` with every counter it can have before it happens at 0 (its own values kept)."""
     profile = reading.profile
     if profile is not None:
-        profile = ProfileReading(
+        profile = dataclasses.replace(
+            profile,
             results={**dict.fromkeys(PROFILE_RESULTS, 0), **profile.results},
             devices=tuple(dataclasses.replace(p, parts=_filled(p.parts, PROFILE_PARTS)) for p in profile.devices),
         )
@@ -134,7 +135,8 @@ class Births:
         held = reading.duration_buckets and not self.counts((prefix, "duration"))
         profile = reading.profile
         if profile is not None:
-            profile = ProfileReading(
+            profile = dataclasses.replace(
+                profile,
                 results={r: int(v((prefix, "profiles", r), n)) for r, n in profile.results.items()},
                 devices=tuple(self._profile(prefix, p) for p in profile.devices),
             )
@@ -193,4 +195,5 @@ class Births:
                 )
                 for direction, (seconds, moved) in p.copies.items()
             },
+            sample_wait_ratio=p.sample_wait_ratio,  # a gauge: as it is
         )

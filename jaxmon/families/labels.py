@@ -9,7 +9,7 @@ devices where the nvml collector matched them to a GPU) or a `pid`.
 
 from __future__ import annotations
 
-from jaxmon.families.libtpu import LIBTPU_LABELS_AND_SOURCE
+from jaxmon.families import libtpu, training
 
 # Each family's labels and the source of its number (name without `_total`).
 LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
@@ -371,7 +371,7 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
     "jaxmon_spool_overflow_files": ("reason", "spool"),
     "jaxmon_spool_removed_files": ("kind", "spool"),
     "jaxmon_spool_stale_files": ("—", "spool"),
-    **LIBTPU_LABELS_AND_SOURCE,
+    **libtpu.LIBTPU_LABELS_AND_SOURCE,
     "jaxmon_kubernetes_pod_device_info": (
         "namespace, pod, container, resource, device_id (+ claim: DRA)",
         "kubelet pod-resources `List` (`devices`, `dynamic_resources`)",
@@ -397,4 +397,4 @@ LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
     "jaxmon_collector_last_success_timestamp_seconds": ("collector", "—"),
     "jaxmon_build_info": ("version, jax_version, jaxlib_version, python_version", "package metadata"),
     "jaxmon_exporter_stopping": ("—", "`jaxmon.stop()`, the `Exporter`'s `stop()`, the interpreter's exit"),
-}
+} | training.WAIT_LABELS_AND_SOURCE

@@ -158,6 +158,7 @@ def _training() -> list[Entry]:
     rest += [training.PROFILES, training.PROFILED, training.PROFILE_PARTS, training.PROFILE_COLLECTIVES]
     rest += [training.PROFILE_EXPOSED, training.PROFILE_COLLECTIVE_BYTES]
     rest += [training.PROFILE_COPY_SECONDS, training.PROFILE_COPY_BYTES]
+    rest += [training.SAMPLE_STEP, training.COLLECTIVE_WAIT]
     return [*_entries(specs), Entry(training.DURATION, "histogram"), *_entries(rest)]
 
 

@@ -192,6 +192,17 @@ PROFILE_COPY_BYTES = Spec(
     "says them (a GPU's memcpy events' size); none where it does not (CPU devices, TPUs).",
     counter=True,
 )
+COLLECTIVE_WAIT = Spec(
+    "jaxmon_training_collective_wait_ratio",
+    "The share of the last sampled trace's steps this device spent waiting in collectives (its collective part: a "
+    "collective running and no compute, over the steps' time); jaxmon_training_profile_sample_step says which steps. "
+    "In a synchronous job the device the others wait for waits least (JaxmonTrainingComputeStraggler).",
+)
+SAMPLE_STEP = Spec(
+    "jaxmon_training_profile_sample_step",
+    "The first step number of the last sampled trace taken, the steps jaxmon_training_collective_wait_ratio is of: "
+    "every process of a job traces the same step numbers (absent before the first sample).",
+)
 PROFILES = Spec(
     "jaxmon_training_profiles",
     "Sampled traces by result: taken, busy (the user was profiling: jaxmon took none, or ended its own when the "
@@ -200,6 +211,18 @@ PROFILES = Spec(
     "clean steps).",
     counter=True,
 )
+
+# The labels and sources of the two families above, for docs/metrics.md (jaxmon.families.labels' table).
+WAIT_LABELS_AND_SOURCE: dict[str, tuple[str, str]] = {
+    "jaxmon_training_profile_sample_step": (
+        "workload, process_index, process_count, host",
+        "sampled traces: the block's first step (`collector.training.profile.every`)",
+    ),
+    "jaxmon_training_collective_wait_ratio": (
+        "device, platform, workload, process_index, process_count, host (+ pod, namespace, container)",
+        "the last sampled trace: the device's collective part over the steps' time",
+    ),
+}
 
 
 def training_labels(workload: str, process_index: int, process_count: int | None, host: str) -> dict[str, str]:
@@ -238,6 +261,7 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
     )
     loss, loss_step = LOSS.new(), LOSS_STEP.new()
     copy_seconds, copy_bytes = PROFILE_COPY_SECONDS.new(), PROFILE_COPY_BYTES.new()
+    wait, sample_step = COLLECTIVE_WAIT.new(), SAMPLE_STEP.new()
     for labels, r in rows:
         add(steps, labels, r.steps_total)
         if r.step is not None:
@@ -283,9 +307,13 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
         if r.profile is not None:
             for result, count in sorted(r.profile.results.items()):
                 add(profiles, {**labels, "result": result}, count)
+            if r.profile.sample_step is not None:
+                add(sample_step, labels, r.profile.sample_step)
             for p in r.profile.devices:
                 per_device = {**labels, "device": str(p.id), "platform": p.platform}
                 add(profiled, per_device, p.profiled_seconds_total)
+                if p.sample_wait_ratio is not None:
+                    add(wait, per_device, p.sample_wait_ratio)
                 for part, seconds in p.parts.items():
                     add(parts, {**per_device, "part": part}, seconds)
                 # by place; a spool written before places were read: by op, axes "" and link unknown
@@ -303,4 +331,4 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
     yield from (steps, step, dispatched, last, duration, examples, tokens, model, hardware, nbytes, peak, mfu, hfu)
     yield from (loss, loss_step, host_wait, start_time, productive, badput, problems, collective_bytes, peak_memory)
     yield from (bandwidth, profiles, profiled, parts, profile_collectives, exposed, profile_bytes)
-    yield from (copy_seconds, copy_bytes)
+    yield from (copy_seconds, copy_bytes, sample_step, wait)
