@@ -229,6 +229,37 @@ ROW = Row(
             height=6,
         ),
         Panel(
+            "Least collective wait, last sample",
+            "timeseries",
+            "percentunit",
+            [
+                Target(
+                    bottom(f"min by (workload, process_index, host) (jaxmon_training_collective_wait_ratio{{{WL}}})"),
+                    PROCESS + " ({{host}})",
+                )
+            ],
+            "The share of the last sampled trace's steps the process's least-waiting device spent waiting in "
+            "collectives, for the $k processes that wait least. In a synchronous job the device that computes "
+            "slowly waits least while the others wait for it (JaxmonTrainingComputeStraggler).",
+            min=0,
+            max=1,
+            width=8,
+            height=6,
+        ),
+        Panel(
+            "Last sampled step",
+            "timeseries",
+            "none",
+            [
+                Target(f"max by (workload) (jaxmon_training_profile_sample_step{{{WL}}})", "{{workload}} newest"),
+                Target(f"min by (workload) (jaxmon_training_profile_sample_step{{{WL}}})", "{{workload}} oldest"),
+            ],
+            "The first step of each process's last sampled trace: every process of a job traces the same step "
+            "numbers, so the two lines meet once each has read its trace of the newest sample.",
+            width=8,
+            height=6,
+        ),
+        Panel(
             "Sampled traces (1h)",
             "timeseries",
             "short",
