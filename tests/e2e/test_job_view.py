@@ -21,12 +21,16 @@
   sleeps), and JaxmonTrainingComputeStraggler must name process 1 and no other while the host-wait rule stays
   quiet; it stays quiet for process 2's host-bound delay before it.
 - Prometheus scrapes every second and evaluates the shipped rules with their 5-minute windows shortened to 15 s,
-  their hour-long ones (the sampled traces') to 20 s, their `for:` to 4 s and the stall parameter to 6 s; nothing
-  else in them is changed. alerts.yml is loaded beside them with its `for:` at 4 s and JaxmonTrainingStalled's 300 s
-  floor at 10 s (above the stall parameter, as in the shipped files), so that a stall shows its one page:
-  JaxmonTrainingProcessStalled for the culprit, and no JaxmonTrainingStalled beside it; and with
-  JaxmonTrainingCommunicationBound off (four processes of gloo collectives time-sharing two cores wait on one another
-  in their collectives, which a sample rightly calls communication-bound; tests/e2e/test_prometheus.py has it).
+  their hour-long ones (the sampled traces') to 20 s and the once-a-minute records they read to every second, their
+  `for:` to 4 s, the stall parameter to 6 s and the compute straggler's gap to 0.3 of the step (from 0.1: four
+  processes time-sharing two cores beside other load give one of them less CPU for a while, a real compute
+  straggler by the rule's measure, 0.1-0.2 of the step in 20 s; the slowed device's gap is over 0.8); nothing else
+  in them is changed. alerts.yml is loaded beside them
+  with its `for:` at 4 s and JaxmonTrainingStalled's 300 s floor at 10 s (above the stall parameter, as in the
+  shipped files), so that a stall shows its one page: JaxmonTrainingProcessStalled for the culprit, and no
+  JaxmonTrainingStalled beside it; and with JaxmonTrainingCommunicationBound off (four processes of gloo
+  collectives time-sharing two cores wait on one another in their collectives, which a sample rightly calls
+  communication-bound; tests/e2e/test_prometheus.py has it).
 - Every process passes the job's figures to jaxmon.step() (the global batch and its tokens): the job's tokens/s
   summed over its processes' series must be what the loop measures.
 
@@ -96,13 +100,16 @@ def clocks(sm_mhz: int) -> dict[str, int]:
 
 
 def shortened_rules(tmp: Path) -> Path:
-    """job.yml with windows of 15 s (the sampled traces' hour: 20 s), `for:` of 4 s and a 6 s stall parameter, for a
-    test that lasts a minute."""
+    """job.yml with windows of 15 s (the sampled traces' hour: 20 s, its once-a-minute records every second), `for:`
+    of 4 s, a 6 s stall parameter and a compute straggler's gap of 0.3, for a test that lasts a minute."""
     text = JOB_RULES.read_text(encoding="utf-8")
-    text = text.replace("[5m]", "[15s]").replace("[1h]", "[20s]")
+    text = text.replace("[5m]", "[15s]").replace("[1h]", "[20s]").replace("interval: 1m", "interval: 1s")
     text = re.sub(r"\bfor: \d+m\b", "for: 4s", text)
     text, stall = re.subn(r"(record: jaxmon:param:process_stall_seconds\n\s+expr: )vector\(\d+\)", r"\1vector(6)", text)
-    assert stall == 1 and "[5m]" not in text and "[1h]" not in text and "for: 4s" in text
+    text, gap = re.subn(
+        r"(record: jaxmon:param:compute_straggler_gap_above\n\s+expr: )vector\([0-9.]+\)", r"\1vector(0.3)", text
+    )
+    assert stall == 1 and gap == 1 and "[5m]" not in text and "[1h]" not in text and "for: 4s" in text
     path = tmp / "job.yml"
     path.write_text(text, encoding="utf-8")
     return path
@@ -294,7 +301,8 @@ def test_a_steady_job_fires_nothing(view: View) -> None:
     deadline = time.monotonic() + 12
     while time.monotonic() < deadline:
         for name in JOB_ALERTS:
-            assert _indexes(view.alerts(name)) == set(), (name, view.alerts(name))
+            gaps = p.query(f'jaxmon:training_collective_wait_gap:mean1h{{workload="{WORKLOAD}"}}')
+            assert _indexes(view.alerts(name)) == set(), (name, view.alerts(name), _by_process(gaps))
         time.sleep(0.5)
     scores = {r["metric"]["process_index"]: float(r["value"][1]) for r in p.query("jaxmon:training_host_score")}
     assert set(scores) == {str(i) for i in range(PROCESSES)} and min(scores.values()) > 0.8, scores
