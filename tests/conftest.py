@@ -62,6 +62,7 @@ LONG_LANE = (
     "tests/e2e/test_container.py",
     "tests/e2e/test_container_engines.py",
     "tests/e2e/test_job_view.py",
+    "tests/e2e/test_fleet_tier.py",  # three Prometheus servers waiting out the fleet rules' windows: half a minute
     "tests/e2e/test_prometheus_truth.py",  # three runs of a training loop under a real Prometheus: about a minute
 )
 

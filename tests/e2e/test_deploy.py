@@ -21,6 +21,8 @@ from tests.conftest import ROOT, StartDaemon, promtool
 from tests.deploy_files import (
     DEPLOY,
     DOCKERFILE,
+    FLEET_RULE_TESTS,
+    FLEET_RULES,
     JOB_RULE_TESTS,
     JOB_RULES,
     PROMETHEUS_CONFIG,
@@ -48,11 +50,13 @@ def test_promtool_check_rules() -> None:
     assert f"SUCCESS: {len(alert_rules()) + len(recording_rules(RULES))} rules found" in result.stdout
     result = _run(promtool(), "check", "rules", str(JOB_RULES))
     assert result.returncode == 0, result.stdout + result.stderr
+    result = _run(promtool(), "check", "rules", str(FLEET_RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
     count = len(alert_rules(JOB_RULES)) + len(recording_rules(JOB_RULES))
     assert f"SUCCESS: {count} rules found" in result.stdout
 
 
-@pytest.mark.parametrize("tests", [RULE_TESTS, JOB_RULE_TESTS], ids=["alerts", "job"])
+@pytest.mark.parametrize("tests", [RULE_TESTS, JOB_RULE_TESTS, FLEET_RULE_TESTS], ids=["alerts", "job", "fleet"])
 def test_promtool_unit_tests_of_every_alert_pass(tests: Path) -> None:
     result = _run(promtool(), "test", "rules", str(tests))
     assert result.returncode == 0, result.stdout + result.stderr
