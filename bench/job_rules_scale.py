@@ -537,7 +537,7 @@ class Job:
 
 
 def write_openmetrics(
-    job: Job, path: Path, after: float, upto: float, start: float, chunk: int = 128
+    job: Job, path: Path, after: float, upto: float, start: float, chunk: int = 128, hour: bool | None = None
 ) -> dict[str, Any]:
     """Every series of `job` every 15 s in (after, upto], each process at its offset in the interval, each family
     from `start` - its history on."""
@@ -545,6 +545,8 @@ def write_openmetrics(
     lines = 0
     with path.open("w", buffering=1 << 22) as f:
         for fam in job.families():
+            if hour is not None and (fam.history == LONG_HISTORY) != hour:
+                continue
             first = max(after, start - fam.history * 60)
             if first >= upto:
                 continue
@@ -578,17 +580,23 @@ def write_openmetrics(
     return {"samples": lines, "bytes": path.stat().st_size, "seconds": round(time.monotonic() - started, 1)}
 
 
-def backfill(job: Job, work: Path, data: Path, name: str, after: float, upto: float, start: float) -> dict[str, Any]:
-    """OpenMetrics for (after, upto] (each family from `start` - its history), then promtool's blocks in `data`, a
-    span of minutes at a time (promtool holds a span's samples in memory); each file is removed after."""
+def backfill(
+    job: Job, work: Path, data: Path, name: str, after: float, upto: float, start: float, hour: bool | None = None
+) -> dict[str, Any]:
+    """OpenMetrics for (after, upto] (each family from `start` - its history; `hour`: only the hour's families, or
+    only the others), then promtool's blocks in `data`, a span of minutes at a time (promtool holds a span's samples
+    in memory; the hour's families, a few series a process, in one span: one block, as a running Prometheus holds
+    the hour in one head); each file is removed after."""
     span = max(60.0, min(3600.0, 60.0 * (20_000 // job.n)))  # 20 minutes at 1,024 processes, 2 at 8,192
+    if hour:
+        span = upto - after
     out: dict[str, Any] = {"samples": 0, "bytes": 0, "seconds": 0.0, "promtool_seconds": 0.0, "spans": 0}
     promtool_rss = 0
     at = after
     while at < upto:
         to = min(upto, at + span)
         om = work / f"{name}.om"
-        wrote = write_openmetrics(job, om, at, to, start)
+        wrote = write_openmetrics(job, om, at, to, start, hour=hour)
         began = time.monotonic()
         res = subprocess.run(
             [
@@ -681,11 +689,21 @@ def serve(job: Job, port: int, shards: list[slice]) -> None:
 
 class Prometheus:
     def __init__(
-        self, work: Path, data: Path, rules: str, fleet: str, target_port: int, shards: int, name: str
+        self,
+        work: Path,
+        data: Path,
+        rules: str,
+        fleet: str,
+        target_port: int,
+        shards: int,
+        name: str,
+        quiet: bool = False,
     ) -> None:
+        """The measured Prometheus over `data`; `quiet`: one with no rules and nothing to scrape, for the queries
+        alone (the other's TSDB once it stopped: its CPU is then the queries' own)."""
         (work / "job.yml").write_text(rules)
         (work / "fleet.yml").write_text(fleet)
-        config = {
+        config: dict[str, Any] = {
             "global": {"scrape_interval": "15s", "scrape_timeout": "10s", "evaluation_interval": "15s"},
             "rule_files": ["job.yml", "fleet.yml"],
             "scrape_configs": [
@@ -702,7 +720,10 @@ class Prometheus:
                 }
             ],
         }
+        if quiet:
+            config = {"global": config["global"]}
         (work / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+        self.work, self.data = work, data
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [
@@ -739,6 +760,22 @@ class Prometheus:
     def metrics(self) -> Samples:
         return parse_samples(requests.get(self.url + "/metrics", timeout=30).text)
 
+    def wait_idle(self, timeout: float = 900.0) -> float:
+        """Wait until Prometheus uses under 2 % of a CPU over 10 s (its start's own work done: the WAL's replay, a
+        compaction of the backfilled blocks, the garbage they left); the seconds it took."""
+        began = time.monotonic()
+        while time.monotonic() - began < timeout:
+            before = self.cpu_seconds()
+            time.sleep(10)
+            if self.cpu_seconds() - before < 0.2:
+                break
+        return round(time.monotonic() - began, 1)
+
+    def cpu_seconds(self) -> float:
+        """The CPU time Prometheus has used (user + system)."""
+        fields = Path(f"/proc/{self.child.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def rss(self) -> int:
         for line in Path(f"/proc/{self.child.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -764,6 +801,7 @@ def collect_evaluations(prom: Prometheus, groups: int, evals: int, steady_from: 
     """Every group's evaluationTime (and each rule's), from the first whole evaluation seen until every group has
     `evals` evaluations that started after `steady_from` (their 5 m windows then lie in the head alone)."""
     seen: dict[str, str] = {}
+    every: dict[str, float] = {}  # each group's interval, seconds
     rounds: dict[str, list[dict[str, Any]]] = {}
     problems: list[str] = []
     metric_rounds: list[dict[str, float]] = []
@@ -772,6 +810,7 @@ def collect_evaluations(prom: Prometheus, groups: int, evals: int, steady_from: 
         new = False
         for group in prom.api("/api/v1/rules")["data"]["groups"]:
             name, last = group["name"], group["lastEvaluation"]
+            every[name] = float(group.get("interval") or INTERVAL)
             if last.startswith("0001") or seen.get(name) == last:
                 continue
             first = name not in seen
@@ -796,7 +835,9 @@ def collect_evaluations(prom: Prometheus, groups: int, evals: int, steady_from: 
                 }
             )
         steady = {g: sum(r["steady"] for r in rs) for g, rs in rounds.items()}
-        if len(steady) >= groups and all(c >= evals for c in steady.values()):
+        # A group of interval 1m (job.yml's once-a-minute records) needs as long as the others' `evals`: a quarter.
+        wanted = {g: max(3, round(evals * INTERVAL / every.get(g, INTERVAL))) for g in steady}
+        if len(steady) >= groups and all(c >= wanted[g] for g, c in steady.items()):
             break
         if time.monotonic() > deadline:
             raise RuntimeError(f"rule groups did not evaluate {evals} times: {steady}")
@@ -831,17 +872,21 @@ def rule_expressions(text: str) -> list[tuple[str, str, str]]:
 
 
 def timed_query(prom: Prometheus, path: str, **params: Any) -> dict[str, Any]:
-    started = time.perf_counter()
+    """One query's time (Prometheus's evalTotalTime, and the wall time around it), the CPU time Prometheus used for
+    it (all of the process's: run on the quiet Prometheus, nothing else uses it), its series and samples read."""
+    started, cpu = time.perf_counter(), prom.cpu_seconds()
     try:
         doc = prom.api(path, stats="all", **params)
     except RuntimeError as exc:
         return {"error": str(exc), "wall_s": time.perf_counter() - started}
     wall = time.perf_counter() - started
+    cpu = prom.cpu_seconds() - cpu
     data = doc["data"]
     timings = data.get("stats", {}).get("timings", {})
     samples = data.get("stats", {}).get("samples", {})
     return {
         "wall_s": wall,
+        "cpu_s": cpu,
         "eval_s": timings.get("evalTotalTime"),
         "series": len(data["result"]),
         "samples": samples.get("totalQueryableSamples"),
@@ -869,6 +914,7 @@ def stats(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "median_s": median(evals),
         "max_s": max(evals),
         "wall_median_s": median([r["wall_s"] for r in runs]),
+        "cpu_median_s": median([r["cpu_s"] for r in runs]),
         "series": runs[-1]["series"],
         "samples": runs[-1]["samples"],
     }
@@ -1256,7 +1302,10 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             f"  {series:,} series ({series // n} per process); stragglers: process {job.straggler} (host), "
             f"process {job.compute} (compute)"
         )
-        history = backfill(job, work, data, "history", history_from, start, start)
+        history = {
+            "hour": backfill(job, work, data, "hour", history_from, start, start, hour=True),
+            "minutes": backfill(job, work, data, "minutes", history_from, start, start, hour=False),
+        }
         # The minutes the backfill took, until what is left is under a minute and a half.
         gaps: list[dict[str, Any]] = []
         gap_from, gap_to = start, time.time()
@@ -1273,10 +1322,12 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         try:
             wait_until(lambda: _answers(port), 120, "the synthetic target", step=0.5)
             prom = Prometheus(work, data, args.rules, args.fleet, port, len(shards), f"job-rules-prometheus-{n}")
+            started = [prom]
             try:
-                return measure(prom, job, n, args, series, history, gap, blocks, start, gap_to)
+                return measure(prom, job, n, args, series, history, gap, blocks, start, gap_to, started)
             finally:
-                prom.child.stop()
+                for each in started:
+                    each.child.stop(timeout=120)
         finally:
             server.terminate()
             server.join(10)
@@ -1299,6 +1350,7 @@ def measure(
     blocks: list[dict[str, Any]],
     start: float,
     gap_to: float,
+    started: list[Prometheus],
 ) -> dict[str, Any]:
     ready_at = time.time()
     # An evaluation's 5 m windows reach into the backfilled blocks until LOOKBACK after their end; in a running
@@ -1336,14 +1388,38 @@ def measure(
     up = prom.query('sum(up{job="synthetic"})')
 
     answers = check_answers(prom, job, [args.rules, args.fleet])
+    rss = prom.rss()
 
+    # Each expression alone, at the last evaluations' time, in a Prometheus that does nothing else (the same TSDB,
+    # no rules, nothing scraped): its CPU time is the query's, whatever else this machine runs beside it.
     at = round(time.time() - 5, 3)
+    prom.child.stop(timeout=120)  # its head written to the WAL, which the quiet one replays
+    replay = time.monotonic()
+    prom = Prometheus(prom.work, prom.data, "", "", 0, 0, f"job-rules-quiet-{n}", quiet=True)
+    started.append(prom)
+    replayed = round(time.monotonic() - replay, 1)
+    idle = prom.wait_idle()
     exprs = [(key, expr) for text in (args.rules, args.fleet) for _, key, expr in rule_expressions(text)]
-    print(f"  timing {len(exprs)} rule expressions alone, {args.rounds} rounds")
+    print(
+        f"  timing {len(exprs)} rule expressions alone, {args.rounds} rounds (a quiet Prometheus, up in {replayed} s, "
+        f"idle after {idle} s)"
+    )
     raw_rules = time_queries(prom, exprs, args.rounds, at, ranged=False)
     rules_alone = {key: stats(runs) for key, runs in raw_rules.items()}
-    for key, s in sorted(rules_alone.items(), key=lambda kv: -kv[1].get("median_s", 0))[:5]:
-        print(f"    {key}: {s.get('median_s', 0) * 1e3:.1f} ms ({s.get('series')} series)")
+    for key, s in sorted(rules_alone.items(), key=lambda kv: -kv[1].get("cpu_median_s", 0))[:6]:
+        print(
+            f"    {key}: {s.get('median_s', 0) * 1e3:.1f} ms, CPU {s.get('cpu_median_s', 0) * 1e3:.0f} ms "
+            f"({s.get('series')} series, {s.get('samples')} samples)"
+        )
+    # A group's cost on a core of its own: the CPU time of its rules alone, added.
+    group_cpu = {
+        group: sum(rules_alone[key].get("cpu_median_s", 0.0) for g, key, _ in keys if g == group)
+        for text in (args.rules, args.fleet)
+        for keys in [rule_expressions(text)]
+        for group in {g for g, _, _ in keys}
+    }
+    for group, cpu in sorted(group_cpu.items(), key=lambda kv: -kv[1])[:8]:
+        print(f"    group {group}: its rules' CPU {cpu * 1e3:.0f} ms")
 
     dashboard: dict[str, Any]
     if args.dashboard.exists():
@@ -1398,12 +1474,14 @@ def measure(
         },
         "loadavg_before_evaluations": loadavg_before,
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-        "prometheus_rss_bytes": prom.rss(),
+        "prometheus_rss_bytes": rss,
         "groups": groups,
         "groups_with_a_block_in_the_window": warmup,
         "steady_from": steady_from,
         "goal_group_under_s": GROUP_GOAL_S,
         "goal_met": all(g["max_s"] < GROUP_GOAL_S for g in groups.values()),
+        "group_cpu_s": group_cpu,
+        "goal_met_by_cpu": all(cpu < GROUP_GOAL_S for cpu in group_cpu.values()),
         "rule_evaluation_duration_seconds": summary,
         "iterations_missed": missed,
         "evaluation_failures": failures,
