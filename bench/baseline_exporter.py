@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, start_http_server
 
+from jaxmon.catalog import metrics
 from jaxmon.families.memory import MEMORY_METRICS
-from jaxmon.families.probe import PROBE_METRICS
 
 disable_created_metrics()
 REG = CollectorRegistry(auto_describe=False)
@@ -47,7 +47,7 @@ def counter(name: str, help_text: str, labels: list[str] | None = None) -> Count
     return Counter(name, help_text, labels if labels is not None else DEV, registry=REG)
 
 
-HELP = {m.name: m.help for m in (*MEMORY_METRICS, *PROBE_METRICS)}
+HELP = {f.name: f.help for f in metrics.FAMILIES}
 
 build = gauge(
     "jaxmon_build_info", "Versions; always 1.", ["version", "jax_version", "jaxlib_version", "python_version"]
@@ -62,7 +62,7 @@ supported = gauge("jaxmon_memory_stats_supported", "1 when the device's allocato
 read_ok = gauge("jaxmon_memory_read_success", "1 when the last memory_stats() call succeeded.")
 read_errors = counter("jaxmon_memory_read_errors", "memory_stats() calls that raised.")
 memory = {
-    m.field: (counter if m.counter else gauge)(m.name, m.help) for m in MEMORY_METRICS
+    m.field: (counter if m.family.counter else gauge)(m.family.name, m.family.help) for m in MEMORY_METRICS
 }  # filled only where memory_stats() returns a dict
 RAW = {
     "bytes_in_use": "bytes_in_use",

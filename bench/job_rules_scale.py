@@ -62,7 +62,7 @@ from common import PY, RESULTS, ROOT, Child, Samples, free_port, median, parse_s
 
 from jaxmon.families import go_float
 from jaxmon.sources.nvml import CLOCKS_EVENT_REASONS
-from jaxmon.training.window import DURATION_BUCKETS
+from jaxmon.training.ledger import DURATION_BUCKETS
 
 JOB = "jaxmon"
 WORKLOAD = "llama-scale"

@@ -36,9 +36,10 @@ from jaxmon.collectors.base import AnyCollector, Update, standalone_context
 from jaxmon.collectors.probe import ProbeCollector, ProbeOptions, ProbeState
 from jaxmon.compose import build_runtime, load_settings, make_source
 from jaxmon.device_readings import ProbeStatus
-from jaxmon.exposition import Exposition, TextFormat, snapshot_families
+from jaxmon.exposition import Exposition, snapshot_families
 from jaxmon.logsetup import configure_logging
 from jaxmon.snapshot import Snapshot
+from jaxmon.text_format import TextFormat
 
 GiB = 2**30
 

@@ -32,7 +32,7 @@ from common import median, mlp_step, save
 
 import jaxmon
 from jaxmon import training
-from jaxmon.sources.local import CompileCounters
+from jaxmon.sources.local.workload import CompileCounters
 
 WIDTH = 512
 

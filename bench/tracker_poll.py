@@ -1,20 +1,18 @@
-"""What a poll of the training tracker costs, and how long `jaxmon.step()` waits for it (issue 33).
+"""What a poll of the training tracker costs, and how long `jaxmon.step()` waits for it (issue 33; the ledger of
+issue 49).
 
     .venv/bin/python bench/tracker_poll.py            # about a minute on 2 cores
 
-`Tracker.reading()` (every poll, every publish) holds the lock that `step()` takes. It used to rescan the whole MFU
-window for every device in `Accounting.utilization()`; the window's sums are now kept as steps enter and leave it.
-In one process, a tracker on 8 CPU devices with `window=100000` (peak set, so MFU and HFU are computed), its window
-filled with 100 000 steps of FLOPs on every device, then, in alternating rounds (before, after, after, before, ...):
+`Tracker.reading()` (every poll, every publish) reads the window's MFU and HFU. Issue 33 made that O(devices), not
+O(window): the window's sums were kept as steps entered and left it. The ledger of issue 49 keeps the window in
+ring buffers and reads it with NumPy at each reading. In one process, a tracker on 8 CPU devices (peak set, so MFU and
+HFU are computed), its window filled with steps of FLOPs on every device, at two windows side by side in alternating
+rounds (the default 100 and 100 000):
 
 - `reading_ms`: `reading()` timed alone, back to back;
 - `step_us`: `jaxmon.step(n, x)` on the training thread, 1 ms apart (an array already computed, model FLOPs given:
-  the waiter books each step, so the window keeps moving) while another thread calls `reading()` every 10 ms
-  (before, each poll takes longer than that: one is always in flight). Its median, p99 and max: a step() that lands
-  on a poll waits for it.
-
-"before" is this tree's tracker with `utilization()` replaced by the rescan it used to do (kept below, verbatim but
-for its name), "after" the tracker as it is.
+  the waiter books each step, so the window keeps moving) while another thread calls `reading()` every 10 ms. Its
+  median, p99 and max: a step() never waits for a poll (the ledger is the waiter's and the poll's, not step()'s).
 """
 
 from __future__ import annotations
@@ -27,60 +25,33 @@ import argparse
 import statistics
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import jax.numpy as jnp
 from common import median, save
 
 import jaxmon
-from jaxmon import training
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
-from jaxmon.training.accounting import Accounting
 from jaxmon.training.tracker import Tracker, TrackerConfig
 
-WINDOW = 100_000
-POLL_EVERY = 0.01  # 500 times jaxmon's default poll interval: one poll in flight at any moment before
+WINDOWS = (100, 100_000)
+POLL_EVERY = 0.01  # 500 times jaxmon's default poll interval
 
 
-def rescanned_utilization(
-    acct: Accounting, peaks: Mapping[tuple[str, int], float]
-) -> tuple[dict[tuple[str, int], float], ...]:
-    """Accounting.utilization() before issue 33: the whole window, for every device, at every reading."""
-    seconds = sum(s.counted for s in acct.recent)
-    mfu: dict[tuple[str, int], float] = {}
-    hfu: dict[tuple[str, int], float] = {}
-    if seconds <= 0:
-        return mfu, hfu
-    for key, peak in peaks.items():
-        model = sum(s.model_flops.get(key, 0.0) for s in acct.recent)
-        hardware = sum(s.hardware_flops.get(key, 0.0) for s in acct.recent)
-        if any(key in s.model_flops for s in acct.recent):
-            mfu[key] = model / (seconds * peak)
-        if any(key in s.hardware_flops for s in acct.recent):
-            hfu[key] = hardware / (seconds * peak)
-    return mfu, hfu
-
-
-def filled_tracker(source: LocalSource, before: bool) -> Tracker:
-    """A tracker whose window holds WINDOW steps of FLOPs on every device."""
-    tracker = Tracker(JaxTraining(source), TrackerConfig(peak_flops=1e12, window=WINDOW))
-    acct = tracker._acct
-    keys = [d.key for d in tracker._devices]
-    acct.first(acct.started, [])
-    done = acct.started
-    for _ in range(WINDOW):
-        acct.step(done, done + 0.01, done, [], dict.fromkeys(keys, 1e9), dict.fromkeys(keys, 2e9))
-        done += 0.01
-    if before:
-        acct.utilization = lambda peaks: rescanned_utilization(acct, peaks)  # type: ignore[method-assign]
+def filled_tracker(source: LocalSource, window: int) -> Tracker:
+    """A tracker whose window holds `window` steps of FLOPs on every device."""
+    tracker = Tracker(JaxTraining(source), TrackerConfig(peak_flops=1e12, window=window))
+    ledger = tracker._ledger
+    keys = [device.key for device in ledger._devices]
+    ledger.first(ledger.started, [])
+    done = [ledger.started + 0.01 * (k + 1) for k in range(window)]
+    ledger.run(ledger.started, done, done, (), dict.fromkeys(keys, 1e9), dict.fromkeys(keys, 2e9))
     return tracker
 
 
-def one_round(source: LocalSource, before: bool, readings: int, steps: int) -> dict[str, Any]:
-    tracker = filled_tracker(source, before)
-    training._tracker = tracker
+def one_round(source: LocalSource, window: int, readings: int, steps: int) -> dict[str, Any]:
+    tracker = filled_tracker(source, window)
     x = jnp.ones(4).block_until_ready()
     try:
         jaxmon.step(0, x)  # from here on reading() computes (None before the first step())
@@ -109,7 +80,6 @@ def one_round(source: LocalSource, before: bool, readings: int, steps: int) -> d
         stop.set()
         poller.join()
     finally:
-        training._tracker = None
         tracker.stop(10)
     step_s.sort()
     return {
@@ -128,13 +98,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     args = ap.parse_args()
     source = LocalSource(sidecar_defaults=False)
-    rounds: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    rounds: dict[str, list[dict[str, Any]]] = {str(w): [] for w in WINDOWS}
     for r in range(args.rounds):
-        for side in ("before", "after") if r % 2 == 0 else ("after", "before"):
-            rounds[side].append(one_round(source, side == "before", args.readings, args.steps))
-            print(side, rounds[side][-1], flush=True)
+        for window in WINDOWS if r % 2 == 0 else WINDOWS[::-1]:
+            rounds[str(window)].append(one_round(source, window, args.readings, args.steps))
+            print(window, rounds[str(window)][-1], flush=True)
     figures = {side: {key: statistics.median(x[key] for x in rs) for key in rs[0]} for side, rs in rounds.items()}
-    save("tracker_poll", {"window": WINDOW, "devices": 8, "figures": figures, "rounds": rounds})
+    save("tracker_poll", {"windows": list(WINDOWS), "devices": 8, "figures": figures, "rounds": rounds})
+    print(figures)
 
 
 if __name__ == "__main__":

@@ -9,16 +9,26 @@ process whose first exposition holds about what the last one ended with, is lost
   problem's reason, every
   sampled-trace result and, per device, every part. The workload process fills them in (it alone knows the declared
   kinds) and every reader again (a publisher of an older jaxmon).
-- `Births` holds each series that is new to this exporter at 0 until a scrape has served it: from then on it counts.
-  A series is new when the exporter first renders it: at `start()` (all of the above), a new process's series on the
-  spool (a restart: its key has the new pid and start time), or a counter whose first event came later (a badput kind
-  not declared, collective bytes once a program's axes are known, FLOPs once a step gave them, a new collective op).
-  A scrape is a render of /metrics, `collect[]` or not (`scraped()`, called by jaxmon.exposition): where several
-  scrapers read one exporter (Prometheus in pairs, `jaxmon top`), the first one's scrape frees the series, and a
-  scrape Prometheus did not store (past its scrape_timeout) frees it too.
+- `Births` holds each series that is new to this exporter at 0 until a Prometheus scrape has been served it: from
+  then on it counts. A series is new when the exporter first renders it: at `start()` (all of the above), a new
+  process's series on the spool (a restart: its key has the new pid and start time), or a counter whose first event
+  came later (a badput kind not declared, collective bytes once a program's axes are known, FLOPs once a step gave
+  them, a new collective op).
 
-Holding loses nothing: the value a series is held from shows up whole at the next render after the scrape, as an
-increase Prometheus counts. It only delays a new series by one scrape.
+Which scrapes free a held series (`Scrapes`, fed by jaxmon.exposition and the web app): only a scraper that
+identifies as Prometheus (jaxmon.scrapers: its User-Agent, or its X-Prometheus-Scrape-Timeout-Seconds header, which
+every Prometheus-compatible scraper sends), never `jaxmon top`, curl or a browser, and only once its response was
+handed to the connection whole. A scrape takes a ticket when it reads the snapshot; a series first held in poll k is
+freed at a poll after a scrape whose ticket was taken after poll k+1 began has been served: that scrape read a
+snapshot holding the 0 (poll k's or k+1's), never one from before the series was held, whatever the scrape and the
+polls did at once. A series that goes (a process silent past the spool's TTL, an exporter stopped and started
+again in one process) and comes back under the same key is not held again: it was served, and a 0 between its two
+values would be counted as a reset.
+
+Holding loses nothing: the value a series is held from shows up whole after the scrape, as an increase Prometheus
+counts. It only delays a new series by a poll and a scrape, and only for Prometheus: every other reader (`jaxmon
+top`, curl) is served the counters at their values (each holding collector's `unheld()`; jaxmon.exposition renders
+both).
 """
 
 from __future__ import annotations
@@ -26,38 +36,58 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 
-from jaxmon.training.reading import DeviceProfile, DeviceTraining, TrainingReading
+from jaxmon.catalog import metrics
+from jaxmon.training_readings import DeviceProfile, DeviceTraining, TrainingReading
 
-# The built-in badput kinds (jaxmon.training.accounting, handed.EVENT_KINDS), the tracker's problem reasons, and the
-# sampled traces' results and parts (jaxmon.training.sampler): a daemon loads none of those modules, and
-# tests/unit/test_births.py holds these to them.
-BADPUT_KINDS = ("startup", "compile", "checkpoint", "restore", "host", "restart", "stall")
-PROBLEM_REASONS = (
-    "back", "jump", "unready", "invalid", "unread", "dropped", "cost", "badput_kinds", "intervals", "programs",
-    "communication", "error",
-)  # fmt: skip
-PROFILE_RESULTS = ("taken", "busy", "failed", "skipped")
-# The step histogram's bounds (jaxmon.training.accounting.DURATION_BUCKETS): at 0 before the first step.
-DURATION_BOUNDS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0, 600.0,
-)  # fmt: skip
-PROFILE_PARTS = ("compute", "collective", "copy", "idle")
-
-_counter = itertools.count(1)
-_scrapes = 0
+# The keys each counter is born with at zero (the catalog's `zeros`); tests/unit/test_births.py holds them to the
+# tracker's (jaxmon.training), which a daemon does not load.
+BADPUT_KINDS = metrics.TRAINING_BADPUT_SECONDS.zeros_keys()
+PROBLEM_REASONS = metrics.TRAINING_TRACKING_PROBLEMS.zeros_keys()
+PROFILE_RESULTS = metrics.TRAINING_PROFILES.zeros_keys()
+PROFILE_PARTS = metrics.TRAINING_PROFILE_SECONDS.zeros_keys()
+# The step histogram's bounds: every bucket at 0 before the first step.
+DURATION_BOUNDS = metrics.TRAINING_STEP_DURATION_SECONDS.buckets
 
 
-def scraped() -> None:
-    """A /metrics render was served (jaxmon.exposition)."""
-    global _scrapes
-    _scrapes = next(_counter)  # next() on a count is atomic under the GIL
+class Scrapes:
+    """The Prometheus scrapes of this process's exposition: a ticket taken as a scrape reads the snapshot
+    (`take()`), and the highest ticket of a scrape served whole (`served()`)."""
+
+    def __init__(self) -> None:
+        self._tickets = itertools.count(1)
+        self._taken = 0
+        self._proof = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        """A Prometheus scrape reads the snapshot now: its ticket."""
+        with self._lock:
+            self._taken = next(self._tickets)
+            return self._taken
+
+    def served(self, ticket: int) -> None:
+        """The scrape of `ticket` was handed to its connection whole."""
+        with self._lock:
+            self._proof = max(self._proof, ticket)
+
+    def taken(self) -> int:
+        """Tickets taken so far."""
+        return self._taken
+
+    def proof(self) -> int:
+        """The highest ticket of a scrape served."""
+        return self._proof
+
+    def serve_one(self) -> None:
+        """A whole Prometheus scrape, at once (tests, and jaxmon snapshot's one render)."""
+        self.served(self.take())
 
 
-def scrape_count() -> int:
-    """Scrapes served by this process so far."""
-    return _scrapes
+# The process's scrapes: every exposition of the process (an embedded exporter and a daemon alike) reports here.
+SCRAPES = Scrapes()
 
 
 def _filled(values: Mapping[str, float], names: Iterable[str]) -> dict[str, float]:
@@ -85,38 +115,69 @@ def with_zeros(reading: TrainingReading, kinds: Iterable[str] = ()) -> TrainingR
     )
 
 
-class Births:
-    """Which series have been served by a scrape: a new one reads 0 until then. One per collector; `begin()` and
-    `end()` around each poll forget the series no reading had (a process gone from the spool)."""
+# How long a series that went keeps its "served" standing, and how many such series are kept (the oldest go first).
+GONE_MEMORY = 3600.0
+MAX_GONE = 100_000
+_PENDING = -1  # held, first seen in the current poll: its marker is set at the next poll
 
-    def __init__(self, scrapes: Callable[[], int] = scrape_count) -> None:
-        self._scrapes = scrapes
+
+class Births:
+    """Which series have been served by a Prometheus scrape: a new one reads 0 until then. One per collector (or
+    one per process, `for_process()`); `begin()` and `end()` around each poll forget the series no reading had (a
+    process gone from the spool), remembering for GONE_MEMORY seconds those that were served."""
+
+    def __init__(
+        self,
+        proof: Callable[[], int] = SCRAPES.proof,
+        taken: Callable[[], int] = SCRAPES.taken,
+    ) -> None:
+        self._proof_of = proof
+        self._taken_of = taken
         self._lock = threading.Lock()
-        self._born: dict[Hashable, int] = {}  # held series: the scrape count when first seen
+        self._held: dict[Hashable, int] = {}  # held series: the ticket count their wait is measured from
         self._free: set[Hashable] = set()  # series a scrape has served
+        self._gone: dict[Hashable, float] = {}  # served series no poll has had since, by when they went
         self._seen: set[Hashable] = set()
-        self._now = 0
+        self._proof = 0
+        self._taken = 0
 
     def begin(self) -> None:
         """A poll starts."""
-        self._now = self._scrapes()
+        self._proof = self._proof_of()
+        self._taken = self._taken_of()
         self._seen = set()
 
-    def end(self) -> None:
-        """A poll ended: forget the series it did not see."""
+    def end(self, now: float | None = None) -> None:
+        """A poll ended: forget the series it did not see (those served are remembered a while)."""
+        now = time.monotonic() if now is None else now
         with self._lock:
-            self._born = {k: v for k, v in self._born.items() if k in self._seen}
+            self._held = {k: v for k, v in self._held.items() if k in self._seen}
+            for key in self._free - self._seen:
+                self._gone[key] = now
             self._free &= self._seen
+            if self._gone:
+                self._gone = {k: t for k, t in self._gone.items() if now - t < GONE_MEMORY}
+                while len(self._gone) > MAX_GONE:
+                    del self._gone[next(iter(self._gone))]
 
     def counts(self, key: Hashable) -> bool:
-        """Whether the series `key` counts now (a scrape served it since it was first seen), noting it seen."""
+        """Whether the series `key` counts now (a scrape served it held), noting it seen."""
         with self._lock:
             self._seen.add(key)
             if key in self._free:
                 return True
-            born = self._born.setdefault(key, self._now)
-            if self._now > born:
-                del self._born[key]
+            if self._gone.pop(key, None) is not None:  # back: it was served before it went
+                self._free.add(key)
+                return True
+            marker = self._held.get(key)
+            if marker is None:
+                self._held[key] = _PENDING
+                return False
+            if marker == _PENDING:
+                self._held[key] = self._taken
+                return False
+            if self._proof > marker:
+                del self._held[key]
                 self._free.add(key)
                 return True
             return False
@@ -197,3 +258,18 @@ class Births:
             },
             sample_wait_ratio=p.sample_wait_ratio,  # a gauge: as it is
         )
+
+
+_process_births: dict[str, Births] = {}
+_process_lock = threading.Lock()
+
+
+def for_process(name: str) -> Births:
+    """This process's Births for the in-process collector `name`: a series one embedded exporter served is not held
+    again by the next one started in the same process (the compile counters count on across stop() and start(), so
+    a 0 between would be counted as a reset). Keys name what makes a series new (the workload, a tracker's start)."""
+    with _process_lock:
+        births = _process_births.get(name)
+        if births is None:
+            births = _process_births[name] = Births()
+        return births

@@ -110,8 +110,9 @@ def make_source(settings: Settings) -> DeviceSource:
 def workload_source(settings: Settings) -> tuple[DeviceSource, InProcess]:
     """Inside a training process: its own JAX (none of its settings changed), its live arrays and compiles, and
     the training tracker that jaxmon.step() feeds (made with the training collector's options)."""
-    from jaxmon.sources.local import InProcessWorkload, LocalSource
+    from jaxmon.sources.local import LocalSource
     from jaxmon.sources.local.training import JaxTraining
+    from jaxmon.sources.local.workload import InProcessWorkload
     from jaxmon.training import activate
 
     local = LocalSource(sidecar_defaults=False)

@@ -7,6 +7,9 @@ from typing import Any, Protocol
 
 from jaxmon.allocator import MemoryNumbers
 
+# A device on its host: (platform, JAX id); ids repeat across platforms (a host with both GPU and CPU devices).
+DeviceKey = tuple[str, int]
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -22,7 +25,7 @@ class DeviceInfo:
     num_cores: int | None = None
 
     @property
-    def key(self) -> tuple[str, int]:
+    def key(self) -> DeviceKey:
         """Unique per host: JAX ids can repeat across platforms (a host with both GPU and CPU devices)."""
         return (self.platform, self.id)
 
@@ -38,7 +41,7 @@ class DeviceInfo:
         }
 
     def identity_labels(self) -> dict[str, str]:
-        """The labels of jaxmon_device_info besides device, platform, workload and source."""
+        """The labels of its metrics.DEVICE_INFO series besides device, platform, workload and source."""
         return {
             "device_kind": self.device_kind,
             "process_index": str(self.process_index),
@@ -63,8 +66,6 @@ class BackendStatus:
 
 HOST_MEMORY_KINDS = ("pinned_host", "unpinned_host")
 """The memory kinds that are host memory (DESIGN.md section 13): arrays offloaded there are not in `memory_stats()`."""
-
-DeviceKey = tuple[str, int]
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,29 @@
-"""`jaxmon.start()`: the exporter inside a training process, on the trainer's own allocator."""
+"""`jaxmon.start()`: the exporter inside a training process, on the trainer's own allocator; `jaxmon.stop()`.
+
+How the process ends is the exporter's last word (jaxmon.lastword): `stop()` and the interpreter's exit say
+`normal`, unless an uncaught exception ends the script (`exception`: jaxmon chains itself into `sys.excepthook`)
+or a signal does (`signal`: KeyboardInterrupt for SIGINT, and SIGTERM through a handler `start()` installs where
+the process has none, Python's or a C library's: it says the word, then lets SIGTERM end the process as it would
+have). The handler runs when the main thread next runs Python code: a main thread stuck in a device call for
+longer is ended by the scheduler's SIGKILL, as without it.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
+import signal
+import sys
 import threading
 import time
+from types import TracebackType
 from typing import Any
 
 import structlog
 
 from jaxmon.finalization import EXIT_WAIT, before_finalization
-from jaxmon.lastword import LastWord
+from jaxmon.lastword import EXCEPTION, NORMAL, SIGNAL, LastWord
 from jaxmon.logsetup import ensure_library_logging
 from jaxmon.publisher import default_workload_name
 from jaxmon.settings import Settings
@@ -89,12 +101,13 @@ class Exporter:
         """The metrics URL as the listen address has it (a host of all interfaces shown as this host's name)."""
         return None if self._server is None else self._server.metrics_url
 
-    def stop(self) -> None:
+    def stop(self, reason: str = NORMAL, signal_name: str = "") -> None:
         """Stop serving and collecting, and let go of what the exporter holds for the process: its exit callback
         (so nothing keeps its runtime alive) and its share of the training tracker (the last holder stops it, and
-        a later `jaxmon.start()` gets a tracker with its own training options). First it serves
-        `jaxmon_exporter_stopping 1` and, where a scraper comes regularly, waits for its next scrape (jaxmon.lastword:
-        up to 1.5 scrape intervals + 1 s, 61 s at most), so that Prometheus knows the job finished rather than died.
+        a later `jaxmon.start()` gets a tracker with its own training options). First it says how the process ends
+        (`reason`: jaxmon.lastword; `jaxmon_exporter_stopping 1` for a normal end) and waits until each Prometheus
+        that scrapes it regularly has been served that (each until its next scrape is due: 1.5 of its intervals
+        + 1 s after its last, 61 s at most in all), so that Prometheus knows the job finished rather than died.
         A second call does nothing."""
         global _running
         with self._stop_lock:
@@ -102,9 +115,7 @@ class Exporter:
                 return
             self._stopped = True
         self._unregister_exit()
-        last_word = self.runtime.last_word
-        if last_word is not None and self.serving and last_word.stop():
-            time.sleep(0.2)  # the final scrape's response, rendered, is on its way out
+        self.last_word(reason, signal_name)
         if self._server is not None and self._thread is not None:
             self._server.stop()
             self._thread.join(timeout=10)
@@ -113,6 +124,25 @@ class Exporter:
         with _running_lock:
             if _running is self:
                 _running = None
+
+    def last_word(self, reason: str, signal_name: str = "") -> None:
+        """Say how the process ends and, while serving, wait for the Prometheus scrapers to read it."""
+        word = self.runtime.last_word
+        if word is None:
+            return
+        if not self.serving:
+            word.say(reason, signal_name)
+            return
+        started = time.monotonic()
+        read = word.stop(reason, signal_name)
+        log.info(
+            "jaxmon said how the process ends",
+            reason=word.reason,
+            signal=word.signal,
+            scrapers=word.waited_for,
+            every_scraper_read_it=read,
+            waited_seconds=round(time.monotonic() - started, 3),
+        )
 
     def _release_tracker(self) -> None:
         in_process, self._in_process = self._in_process, None
@@ -130,7 +160,7 @@ class Exporter:
         (jaxmon.finalization); the scheduler's workers are joined by concurrent.futures itself."""
         if os.getpid() != self._pid or self._stopped:
             return
-        self.stop()
+        self.stop(*_ending())
         deadline = time.monotonic() + EXIT_WAIT
         for thread in threading.enumerate():
             if thread.name.startswith(PROBE):
@@ -147,6 +177,77 @@ class Exporter:
 
 _running: Exporter | None = None
 _running_lock = threading.Lock()
+_uncaught: BaseException | None = None  # what ended the script, as sys.excepthook saw it
+_hooked = False
+_previous_excepthook = sys.excepthook
+
+
+def _ending() -> tuple[str, str]:
+    """How the process is ending at the interpreter's exit: (reason, signal name)."""
+    if isinstance(_uncaught, KeyboardInterrupt):
+        return SIGNAL, "SIGINT"
+    if _uncaught is not None:
+        return EXCEPTION, ""
+    return NORMAL, ""
+
+
+def _excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    """An uncaught exception ends the main thread: note it (the exit's last word), then whatever hook was there."""
+    global _uncaught
+    _uncaught = value
+    _previous_excepthook(kind, value, tb)
+
+
+def _c_default(signum: int) -> bool:
+    """Whether the process's handler of `signum` is the default at the C level (a library's handler, such as a
+    runtime's preemption notice, is not Python's and not visible to signal.getsignal)."""
+    if not sys.platform.startswith(("linux", "darwin")) or os.uname().machine.startswith("mips"):
+        return False  # struct sigaction does not start with its handler there
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(1024)  # a struct sigaction, whatever its size
+        if libc.sigaction(signum, None, buf) != 0:
+            return False
+        return not ctypes.c_void_p.from_buffer(buf).value  # SIG_DFL is 0
+    except (OSError, AttributeError, ValueError):
+        return False
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM: the running exporter says so (and waits for its scrapers), then the signal ends the process as it
+    would have without jaxmon."""
+    exporter = _running
+    if exporter is not None and os.getpid() == exporter._pid:
+        try:
+            exporter.last_word(SIGNAL, "SIGTERM")
+        except Exception as exc:  # the process ends anyway
+            log.error("jaxmon could not say the process ends by SIGTERM", error=f"{type(exc).__name__}: {exc}")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install_hooks() -> None:
+    """Once a process: sys.excepthook's chain, and the SIGTERM handler where the process has no handler of its own
+    and this is the main thread (only it may set one)."""
+    global _hooked, _previous_excepthook
+    if _hooked:
+        return
+    _hooked = True
+    _previous_excepthook = sys.excepthook
+    sys.excepthook = _excepthook
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and _c_default(signal.SIGTERM):
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def stop() -> None:
+    """Stop the exporter `jaxmon.start()` runs in this process, if any (its `stop()`: the last word said, the
+    scrapers waited for, everything let go)."""
+    with _running_lock:
+        running = _running
+    if running is not None:
+        running.stop()
 
 
 def _after_fork_in_child() -> None:
@@ -180,6 +281,8 @@ def start(port: int | None = None, *, workload: str | None = None, **overrides: 
     global _running
     ensure_library_logging()
     from jaxmon.compose import load_settings, log_settings_notes
+
+    _install_hooks()
 
     with _running_lock:
         if _running is not None:

@@ -37,7 +37,7 @@ TPU_DEVICE = "libtpu_device"  # a TPU chip by libtpu's device-id
 TPU_NODE = "tpu_node"  # any TPU chip of this node (what the device plugin's chip ids can say: DESIGN.md §13)
 
 # What a series is about, from its labels: (source, platform, device); source `JAX_DEVICE` for the series of this
-# process's own JAX devices (memory, probe, their jaxmon_device_info row), whose `device` is the JAX device id.
+# process's own JAX devices (memory, probe, their metrics.DEVICE_INFO row), whose `device` is the JAX device id.
 SeriesKey = tuple[str, str, str]
 JAX_DEVICE = ""
 # A collector's series keys -> the identities of the device each is about.

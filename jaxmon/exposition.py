@@ -21,20 +21,20 @@ from typing import Any, Protocol
 
 import structlog
 from prometheus_client import gc_collector, platform_collector, process_collector
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.exposition import generate_latest
-from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.registry import CollectorRegistry
 
-from jaxmon.births import scraped as births_scraped
-from jaxmon.families import add, go_float
-from jaxmon.families.shared import DEVICE_INFO, WORKLOAD_INFO
+from jaxmon.births import SCRAPES
+from jaxmon.catalog import metrics
+from jaxmon.families import add
 from jaxmon.lastword import LastWord
 from jaxmon.logsetup import ErrorLog
 from jaxmon.openmetrics_format import render as om_render
 from jaxmon.openmetrics_format import with_created
+from jaxmon.scrapers import MetricsRequest
 from jaxmon.snapshot import Snapshot
+from jaxmon.text_format import TextFormat
 
 _render_errors = ErrorLog(structlog.get_logger("jaxmon.exposition"), 60.0)
 
@@ -44,7 +44,7 @@ class FamilySource(Protocol):
 
     @property
     def name(self) -> str:
-        """The collector's name (`collect[]`, `jaxmon_collector_success{collector}`)."""
+        """The collector's name (`collect[]`, the `collector` label of its health)."""
 
     @property
     def scrapes(self) -> bool:
@@ -56,6 +56,9 @@ class FamilySource(Protocol):
     def scrape_families(self) -> list[Metric]:
         """Its families read at each scrape, as they are (empty ones served); within a deadline of its own."""
 
+    def unheld(self, state: Any) -> Any:
+        """`state` with the counters held at 0 for Prometheus at their values (what other readers are served)."""
+
 
 # A step over one snapshot's families before they are rendered (jaxmon.ownership.owners.OwnerTransform); may change them
 # in place (they are fresh), returns those to render.
@@ -64,56 +67,37 @@ Transform = Callable[[Snapshot, list[Metric]], list[Metric]]
 
 def base_families(snap: Snapshot) -> Iterator[Metric]:
     """What every unfiltered scrape has: versions, backends, and the identity of this process's devices."""
-    build = GaugeMetricFamily(
-        "jaxmon_build_info",
-        "jaxmon, jax, jaxlib and Python versions; always 1.",
-        labels=["version", "jax_version", "jaxlib_version", "python_version"],
-    )
-    build.add_metric([snap.build.get(k, "") for k in ("version", "jax_version", "jaxlib_version", "python_version")], 1)
+    build = metrics.BUILD_INFO.new()
+    add(build, {k: snap.build.get(k, "") for k in metrics.BUILD_INFO.labels}, 1)
     yield build
-    backend_up = GaugeMetricFamily(
-        "jaxmon_backend_up",
-        "1 when the JAX backend initialised, 0 when it failed (the log says why).",
-        labels=["backend"],
-    )
+    backend_up = metrics.BACKEND_UP.new()
     for b in snap.backends:
-        backend_up.add_metric([b.name], 1.0 if b.up else 0.0)
+        add(backend_up, {"backend": b.name}, 1.0 if b.up else 0.0)
     yield backend_up
-    info = DEVICE_INFO.new()
+    info = metrics.DEVICE_INFO.new()
     for d in snap.devices:
         add(info, {**snap.device_labels(d), **d.identity_labels(), "source": snap.source}, 1)
     yield info
     if snap.workload_info:
-        workload = WORKLOAD_INFO.new()
+        workload = metrics.WORKLOAD_INFO.new()
         add(workload, dict(snap.workload_info), 1)
         yield workload
 
 
 def status_families(snap: Snapshot, names: Iterable[str]) -> Iterator[Metric]:
-    """jaxmon_collector_success / _duration_seconds / _last_success_timestamp_seconds of the collectors `names`."""
-    success = GaugeMetricFamily(
-        "jaxmon_collector_success",
-        "1 when the collector's last run got all its data (memory: every device read; probe: every device answered).",
-        labels=["collector"],
-    )
-    duration = GaugeMetricFamily(
-        "jaxmon_collector_duration_seconds",
-        "Time of the collector's last run (probe: device time of the last round).",
-        labels=["collector"],
-    )
-    last = GaugeMetricFamily(
-        "jaxmon_collector_last_success_timestamp_seconds",
-        "Unix time of the collector's last successful run.",
-        labels=["collector"],
-    )
+    """Each of the collectors `names`' health: whether its last run succeeded, how long it took, when it last did."""
+    success = metrics.COLLECTOR_SUCCESS.new()
+    duration = metrics.COLLECTOR_DURATION_SECONDS.new()
+    last = metrics.COLLECTOR_LAST_SUCCESS_TIMESTAMP_SECONDS.new()
     for name in sorted(names):
         status = snap.statuses.get(name)
         if status is None:
             continue
-        success.add_metric([name], 1.0 if status.success else 0.0)
-        duration.add_metric([name], status.duration_seconds)
+        own = {"collector": name}
+        add(success, own, 1.0 if status.success else 0.0)
+        add(duration, own, status.duration_seconds)
         if status.last_success_timestamp is not None:
-            last.add_metric([name], status.last_success_timestamp)
+            add(last, own, status.last_success_timestamp)
     yield success
     yield duration
     yield last
@@ -136,9 +120,11 @@ def snapshot_families(
     collectors: Sequence[FamilySource],
     selected: set[str] | None,
     transform: Transform | None = None,
+    held: bool = True,
 ) -> list[Metric]:
     """Every family of one snapshot, through `transform` where one is given; `selected` limits it to those
-    collectors (`collect[]`), without the base."""
+    collectors (`collect[]`), without the base. `held`: the counters jaxmon.births holds at 0 as held (what Prometheus
+    is served), else at their values (every other reader)."""
 
     def gen() -> Iterator[Metric]:
         if selected is None:
@@ -150,7 +136,7 @@ def snapshot_families(
             names.append(c.name)
             state = snap.states.get(c.name)
             if state is not None:
-                yield from _guarded_families(c, snap, state)
+                yield from _guarded_families(c, snap, state if held else c.unheld(state))
         # Unfiltered: every collector with a status, those that were asked for but cannot run included.
         yield from status_families(snap, names if selected is not None else snap.statuses.keys())
 
@@ -234,7 +220,7 @@ class Exposition:
         last_word: LastWord | None = None,
     ) -> None:
         self._get_snapshot = get_snapshot
-        self._last_word = last_word  # an embedded exporter's jaxmon_exporter_stopping, read at each scrape
+        self._last_word = last_word  # an embedded exporter's stopping flag, read at each scrape
         self._collectors = list(collectors)
         self._transform = transform
         self.names = {c.name for c in self._collectors}
@@ -246,51 +232,80 @@ class Exposition:
         # The same for what is read at each scrape (its own: far fewer samples). Scrapes render on threads, some at
         # once: its caches hold strings fixed by their keys, so a race costs at most a string formatted again.
         self._scrape_format = TextFormat()
-        self._names: set[str] = set()  # every name the rendered snapshot's families use
         self._lock = threading.Lock()
         self._version = -1
-        self._families: list[Metric] = []  # the rendered snapshot's
-        self._bodies: dict[tuple[bool, bool], bytes] = {}  # its renders by (OpenMetrics, gzip)
+        # The rendered snapshot's families and every name they use, held (Prometheus's) or not (other readers'), and
+        # its renders by (held, OpenMetrics, gzip).
+        self._families: dict[bool, tuple[list[Metric], set[str]]] = {}
+        self._bodies: dict[tuple[bool, bool, bool], bytes] = {}
 
-    def render(self, want_gzip: bool, selected: set[str] | None = None, openmetrics: bool = False) -> bytes:
+    def render(
+        self,
+        want_gzip: bool,
+        selected: set[str] | None = None,
+        openmetrics: bool = False,
+        scrape: MetricsRequest | None = None,
+    ) -> bytes:
         """The exposition now, gzip-compressed when asked, in OpenMetrics when asked (with `_created`:
-        jaxmon.openmetrics_format); `selected` names the collectors to include."""
+        jaxmon.openmetrics_format); `selected` names the collectors to include. `scrape` notes what a /metrics
+        request read (a Prometheus scrape's births ticket, the last word): the web app reports it `served()`."""
+        # Prometheus is served the counters born at zero as jaxmon.births holds them; every other reader (jaxmon top,
+        # curl) their values.
+        held = scrape is not None and scrape.scraper.prometheus
+        if held:
+            assert scrape is not None
+            scrape.ticket = SCRAPES.take()  # before the snapshot is read (jaxmon.births)
         if selected is not None:
+            if scrape is not None:
+                scrape.filtered = True
             snap = self._get_snapshot()
-            families = snapshot_families(snap, self._collectors, selected, self._transform)
+            families = snapshot_families(snap, self._collectors, selected, self._transform, held)
             families += scraped_families((c for c in self._scraping if c.name in selected), _names(families))
             body = om_render(with_created(families), True) if openmetrics else TextFormat().render(families)
-            births_scraped()  # a scrape of some collectors is a scrape too (Prometheus' `params: collect[]`)
             return gzip.compress(body, compresslevel=1) if want_gzip else body
         with self._lock:
             snap = self._get_snapshot()
             if snap.version != self._version:
-                self._families = snapshot_families(snap, self._collectors, None, self._transform)
-                self._names = _names(self._families)
+                self._families = {}
                 self._bodies = {}
                 self._version = snap.version
-            cached = self._bodies.get((openmetrics, want_gzip))
+            rendered = self._families.get(held)
+            if rendered is None:
+                families = snapshot_families(snap, self._collectors, None, self._transform, held)
+                rendered = self._families[held] = (families, _names(families))
+            cached = self._bodies.get((held, openmetrics, want_gzip))
             if cached is None:
-                plain = self._bodies.get((openmetrics, False))
+                plain = self._bodies.get((held, openmetrics, False))
                 if plain is None:
-                    families = self._families
+                    families = rendered[0]
                     plain = om_render(with_created(families), False) if openmetrics else self._format.render(families)
-                    self._bodies[(openmetrics, False)] = plain
+                    self._bodies[(held, openmetrics, False)] = plain
                 # Level 1: half the time of level 5 on an exposition (1.4 -> 0.6 ms at 256 devices), 12 % larger.
-                cached = self._bodies[(openmetrics, want_gzip)] = gzip.compress(plain, 1) if want_gzip else plain
-            body, names = cached, self._names
+                cached = self._bodies[(held, openmetrics, want_gzip)] = gzip.compress(plain, 1) if want_gzip else plain
+            body, names = cached, rendered[1]
         scraped = list(_PROCESS.collect())
         if self._last_word is not None:
-            scraped.append(self._last_word.family())
+            word, final = self._last_word.families()
+            scraped += word
+            if scrape is not None:
+                scrape.final = final
         # Read outside the lock: a user's collector may be slow (up to its collector's deadline). jaxmon's names win.
         if self._scraping:
             scraped += scraped_families(self._scraping, names | _names(scraped))
         process = om_render(scraped, True) if openmetrics else self._scrape_format.render(scraped)
-        births_scraped()  # the new counter series this render held at 0 may count from the next poll
-        if self._last_word is not None:
-            self._last_word.scraped()
         # A gzip stream may hold several members (RFC 1952 2.2); every HTTP client reads them as one body.
         return body + (gzip.compress(process, compresslevel=1) if want_gzip else process)
+
+    def served(self, scrape: MetricsRequest) -> None:
+        """`scrape`'s response was handed to its connection whole: a Prometheus scrape frees the series it read held
+        (jaxmon.births), and counts as served the last word it rendered (jaxmon.lastword); not one handed over after
+        its scraper gave up on it (its X-Prometheus-Scrape-Timeout-Seconds: Prometheus stored nothing of it)."""
+        if not scrape.in_time():
+            return
+        if scrape.ticket is not None:
+            SCRAPES.served(scrape.ticket)
+        if self._last_word is not None and not scrape.filtered:
+            self._last_word.served(scrape)
 
 
 def _names(families: Iterable[Metric]) -> set[str]:
@@ -299,78 +314,3 @@ def _names(families: Iterable[Metric]) -> set[str]:
     for fam in families:
         out |= sample_names(fam)
     return out
-
-
-class _OneFamily(PromCollector):
-    def __init__(self, family: Metric) -> None:
-        self._family = family
-
-    def collect(self) -> Iterator[Metric]:
-        return iter((self._family,))
-
-
-def _label_value(value: str) -> str:
-    # prometheus_client escapes label values this way whatever the name escaping (openmetrics._escape, ALLOWUTF8).
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-
-
-class TextFormat:
-    """Writes families in the text format (0.0.4): byte for byte what prometheus_client's `generate_latest` writes.
-
-    generate_latest sorts, validates, escapes and joins the labels of every sample and formats every value anew on
-    each call. The label sets of a device stay the same from one snapshot to the next, and many values (limits,
-    pool sizes, flags, step counts) do too, so this keeps both formatted strings between calls. Each cache is
-    bounded by twice the samples of the last call: past that (values that keep changing) it starts again.
-    Families other than plain gauges and counters (timestamps, exemplars, OpenMetrics-only samples) go through
-    generate_latest itself.
-    """
-
-    def __init__(self) -> None:
-        self._labels: dict[tuple[tuple[str, str], ...], str] = {}
-        self._values: dict[float, str] = {}
-
-    def _label_string(self, labels: dict[str, str]) -> str:
-        text = ",".join(f'{openmetrics.escape_label_name(k)}="{_label_value(v)}"' for k, v in sorted(labels.items()))
-        return "{" + text + "}" if text else ""
-
-    def render(self, families: Iterable[Metric]) -> bytes:
-        """The exposition of `families`."""
-        label_cache, value_cache = self._labels, self._values
-        samples = 0
-        out: list[str] = []
-        append = out.append
-        for fam in families:
-            mtype = fam.type
-            sample_name = fam.name + "_total" if mtype == "counter" else fam.name
-            if mtype not in ("gauge", "counter"):
-                append(generate_latest(_OneFamily(fam)).decode("utf-8"))
-                continue
-            start = len(out)
-            name = openmetrics.escape_metric_name(sample_name)
-            doc = fam.documentation.replace("\\", r"\\").replace("\n", r"\n")
-            append(f"# HELP {name} {doc}\n# TYPE {name} {mtype}\n")
-            for s in fam.samples:
-                if s.name != sample_name or s.timestamp is not None or s.exemplar is not None or s.native_histogram:
-                    del out[start:]  # not a plain sample: let generate_latest write the whole family
-                    append(generate_latest(_OneFamily(fam)).decode("utf-8"))
-                    break
-                key = tuple(s.labels.items())
-                labels = label_cache.get(key)
-                if labels is None:
-                    labels = label_cache[key] = self._label_string(s.labels)
-                value = s.value
-                # Equal numbers format alike (1 == 1.0 == True -> "1.0"), except 0.0 and -0.0: zeros are not
-                # cached. NaN is not stored (it equals nothing).
-                text = value_cache.get(value) if value else None
-                if text is None:
-                    text = go_float(value)
-                    if value and value == value:
-                        value_cache[value] = text
-                append(f"{name}{labels} {text}\n")
-            samples += len(fam.samples)
-        bound = 2 * samples + 256
-        if len(label_cache) > bound:
-            label_cache.clear()
-        if len(value_cache) > bound:
-            value_cache.clear()
-        return "".join(out).encode("utf-8")

@@ -2,7 +2,8 @@
 
 Kubernetes gives a container its pod, namespace and node through the Downward API (environment variables the pod
 spec maps from `metadata.name`, `metadata.namespace` and `spec.nodeName`); Slurm sets the job id. Each is a label
-of `jaxmon_workload_info` where it is set, so any workload series joins them with `group_left`.
+of the workload's info series (metrics.WORKLOAD_INFO) where it is set, so any workload series joins them with
+`group_left`.
 """
 
 from __future__ import annotations

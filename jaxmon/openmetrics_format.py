@@ -3,7 +3,7 @@ Prometheus' default scrape does), with `_created` on the training counters and h
 it for its own.
 
 `x_created` is the Unix time the counter started from 0: for every training counter and the step histogram of a
-process, that process's tracker start (`jaxmon_training_start_time_seconds` of the same workload, process_index,
+process, that process's tracker start (metrics.TRAINING_START_TIME_SECONDS of the same workload, process_index,
 process_count and host: every counter jaxmon's training series hold counts from there, a kind or a device born later
 included, as it was 0 until then). A Prometheus that reads created timestamps sees each restart's first increase
 whole. Other counters carry none (OpenMetrics makes it optional): they count from their exporter's start
@@ -19,9 +19,15 @@ from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST, genera
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from jaxmon.catalog import metrics
+
 __all__ = ["CONTENT_TYPE_LATEST", "render", "wants_openmetrics", "with_created"]
 
-START = "jaxmon_training_start_time_seconds"
+START = metrics.TRAINING_START_TIME_SECONDS.name
+# The training counters and histogram, which count from their process's start.
+FROM_START = frozenset(
+    f.name for f in metrics.FAMILIES if "training" in f.collectors and f.type in (metrics.COUNTER, metrics.HISTOGRAM)
+)
 PROCESS = ("workload", "process_index", "process_count", "host")  # the labels every training series has
 EOF = b"# EOF\n"
 
@@ -43,7 +49,7 @@ def with_created(families: list[Metric]) -> list[Metric]:
         return families
     out = []
     for fam in families:
-        if fam.type not in ("counter", "histogram") or not fam.name.startswith("jaxmon_training_"):
+        if fam.name not in FROM_START:
             out.append(fam)
             continue
         created = Metric(fam.name, fam.documentation, fam.type, fam.unit)

@@ -15,11 +15,13 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from jaxmon.checkpoints import CheckpointReading
 from jaxmon.device_readings import ArrayBytes, DeviceInfo
 from jaxmon.files import write_atomically
 from jaxmon.finalization import EXIT_WAIT, before_finalization
@@ -29,7 +31,7 @@ from jaxmon.settings import Settings
 from jaxmon.sources import DeviceSource, InProcess
 from jaxmon.sources.selection import select_devices
 from jaxmon.sources.spool import FILE_NAME, TMP_NAME, safe_name
-from jaxmon.sources.spool_codec import spool_device, spool_training
+from jaxmon.sources.spool_codec import spool_checkpoint, spool_device, spool_training
 from jaxmon.sources.spool_document import SCHEMA, SpoolCompile, SpoolDevice, SpoolDocument
 
 log = structlog.get_logger("jaxmon.publisher")
@@ -37,6 +39,9 @@ log = structlog.get_logger("jaxmon.publisher")
 # A predecessor's file (same workload and host, another pid) this old is a crashed run's: 10 x the sidecar's
 # default TTL. Younger ones may belong to a live process in another PID namespace sharing the hostname.
 STALE_AFTER = 300.0
+# The process's start as jaxmon saw it: the compile counters (process-wide) count from about then, through every
+# publisher started and stopped in the process (jaxmon.births keys them by it).
+PROCESS_STARTED = time.time()
 
 
 def default_workload_name() -> str:
@@ -65,15 +70,19 @@ class Publisher:
         self._errors = ErrorLog(log, max(interval, 60.0))  # a lasting failure: once a minute, not every write
         self._stop = threading.Event()
         self._final = False  # stop() keeps the file: the thread writes it once more before it ends
+        self._wait = 0.0  # how long stop() waits for that
         self._stop_lock = threading.Lock()
         self._released = False
         self._workload: tuple[DeviceSource, InProcess] | None = None
         self._include_cpu = False
+        self._declared: Callable[[CheckpointReading], CheckpointReading] = lambda reading: reading
         try:
             from jaxmon.compose import default_settings, workload_source
 
             settings = settings or default_settings()
             self._include_cpu = settings.devices.include_cpu
+            # The checkpoint interval the job declared (jaxmon.collectors.checkpoint.CheckpointOptions).
+            self._declared = getattr(settings.collector_options("checkpoint"), "declared", self._declared)
             # Here, not on the thread: the training tracker must exist before the caller's first jaxmon.step().
             self._workload = workload_source(settings)
         except Exception as exc:  # never into the training code
@@ -96,6 +105,8 @@ class Publisher:
             stopped = self._stop.is_set()
             if stopped and not self._final:
                 return
+            if stopped:  # the last document: with every step handed by now
+                in_process.settle(self._wait / 2)
             try:
                 self._publish_once(source, devices, in_process)
             except Exception as exc:
@@ -166,10 +177,12 @@ class Publisher:
             jax_version=in_process.jax_version,
             time=now,
             started=self.started,
+            process_started=PROCESS_STARTED,
             interval=self.interval,
             devices=entries,
             compile=SpoolCompile.model_validate(in_process.compile_counts()),
             training=None if reading is None else spool_training(reading, now),
+            checkpoint=spool_checkpoint(self._declared(in_process.checkpoints())),
             process_count=in_process.process_count,
             scheduler=scheduler_labels(),
         )
@@ -188,7 +201,7 @@ class Publisher:
         share of the training tracker (a later publish() or start() gets a tracker with its own options)."""
         with self._stop_lock:
             if not self._stop.is_set():
-                self._final = not remove
+                self._final, self._wait = not remove, wait
                 self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=wait)

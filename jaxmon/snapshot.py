@@ -40,7 +40,7 @@ class Snapshot:
     backends: tuple[BackendStatus, ...] = ()
     source: str = "local"
     build: Mapping[str, str] = field(default_factory=dict)
-    # Embedded mode: the workload this process's own devices are labelled with, and its jaxmon_workload_info labels.
+    # Embedded mode: the workload this process's own devices are labelled with, and its metrics.WORKLOAD_INFO labels.
     workload: str | None = None
     workload_info: Mapping[str, str] = field(default_factory=dict)
     states: Mapping[str, object] = field(default_factory=dict)

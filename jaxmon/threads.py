@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 PREFIX = "jaxmon-"
 # The probe's workers, `PROBE` + the device's name: JAX work on them (compilations, cache lookups, monitoring events)
@@ -19,6 +22,26 @@ PROBE = PREFIX + "probe-"
 def on_jaxmon_thread() -> bool:
     """Whether the calling thread is one of jaxmon's (its JAX work, the probe's compilations, is no training time)."""
     return threading.current_thread().name.startswith(PREFIX)
+
+
+def as_jaxmon(name: str, call: Callable[[], T]) -> T:
+    """`call()` on a jaxmon thread (`PREFIX + name`), waited for: its result, or what it raised. Its JAX work
+    (compilations, monitoring events) is then jaxmon's own, whichever thread asked for it."""
+    out: list[T] = []
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except BaseException as exc:  # handed to the caller
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, name=PREFIX + name, daemon=True)
+    thread.start()
+    thread.join()
+    if raised:
+        raise raised[0]
+    return out[0]
 
 
 class Worker:

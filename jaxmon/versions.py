@@ -15,7 +15,7 @@ def package_version(dist: str) -> str:
 
 
 def build_info() -> dict[str, str]:
-    """Versions for jaxmon_build_info."""
+    """Versions for metrics.BUILD_INFO."""
     return {
         "version": package_version("jaxmon"),
         "jax_version": package_version("jax"),

@@ -6,10 +6,12 @@ here are re-exported.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,7 @@ LONG_LANE = (
     "tests/e2e/test_job_view.py",
     "tests/e2e/test_fleet_tier.py",  # three Prometheus servers waiting out the fleet rules' windows: half a minute
     "tests/e2e/test_prometheus_truth.py",  # three runs of a training loop under a real Prometheus: about a minute
+    "tests/e2e/test_churn.py",  # jobs that crash, restart and end, under real Prometheus servers: about a minute
 )
 
 
@@ -121,6 +124,54 @@ def start_daemon(tmp_path: Path) -> Iterator[StartDaemon]:
     yield start
     for d in started:
         d.stop(signal.SIGKILL)
+
+
+# Every process a test session starts (a daemon, a workload, Prometheus, Alertmanager, the children of those) inherits
+# this variable with the session's own value (each xdist worker its own), so that the session can find those still
+# alive at its end, wherever they were reparented.
+# Not JAXMON_*: a daemon warns of each JAXMON_* variable that sets nothing (test_daemon_logging.py reads its first line).
+SESSION_MARK = "PYTEST_JAXMON_SESSION"
+# How long the end of the session waits for processes that are stopping (a SIGTERM just sent) to be gone.
+LEFTOVER_GRACE = 15.0
+
+
+def session_processes(mark: str) -> dict[int, str]:
+    """The live processes (not zombies) whose environment carries `SESSION_MARK=mark`, with their command lines."""
+    found: dict[int, str] = {}
+    needle = f"{SESSION_MARK}={mark}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+        if state != "Z":
+            found[int(entry.name)] = command
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_outlives_the_session() -> Iterator[None]:
+    """The run fails when a process the session started is still alive at its end (after a grace for those being
+    stopped); they are killed then, so that the next run starts clean."""
+    mark = f"{os.getpid()}-{time.time_ns()}"
+    os.environ[SESSION_MARK] = mark
+    yield
+    deadline = time.monotonic() + LEFTOVER_GRACE
+    left = session_processes(mark)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.25)
+        left = session_processes(mark)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, "processes the test session started outlive it (killed now): " + "; ".join(
+        f"{pid}: {command[:200]}" for pid, command in sorted(left.items())
+    )
 
 
 def _probe_threads() -> set[threading.Thread]:

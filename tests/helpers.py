@@ -5,6 +5,7 @@ No pytest here: bench/common.py imports this module too (bench scripts are run b
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -20,6 +21,8 @@ from typing import Any
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
+
+from jaxmon.catalog import metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -56,12 +59,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def parse_samples(text: str) -> Samples:
-    """Every sample of an exposition, keyed by (name, labels)."""
+def parse_samples(text: str, declared: bool = True) -> Samples:
+    """Every sample of an exposition, keyed by (name, labels). With `declared`, every `jaxmon_` family in it is
+    as the metric catalog declares it (jaxmon/catalog/metrics.py): a family or label it lacks fails the test that
+    scraped it, whatever it checks (`declared=False` for a user's own families of jaxmon's prefix)."""
     out: Samples = {}
+    problems: list[str] = []
     for family in text_string_to_metric_families(text):
+        if declared and family.name.startswith("jaxmon_"):
+            problems += metrics.undeclared(family.name, family.type, ((s.name, s.labels) for s in family.samples))
         for s in family.samples:
             out[(s.name, frozenset(s.labels.items()))] = s.value
+    assert not problems, "the exposition differs from the catalog: " + "; ".join(problems)
     return out
 
 
@@ -100,6 +109,14 @@ def wait_until(
 def jaxmon_env(extra: Mapping[str, str] | None = None, devices: int = 8) -> dict[str, str]:
     """This environment with N JAX CPU devices (as CI runs the suite), unbuffered output, then `extra`."""
     return {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices), "PYTHONUNBUFFERED": "1", **(extra or {})}
+
+
+def die_with_parent() -> None:
+    """In a child, before it runs its program: SIGKILL it when the process that started it dies (Linux's
+    PR_SET_PDEATHSIG), so that a test worker that dies (a crash, a hard timeout) leaves no server behind. Only for
+    children started from a thread that lives as long as they do (the signal follows the starting thread)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def terminate(proc: subprocess.Popen[Any], timeout: float = 10.0, sig: int = signal.SIGTERM) -> int:
@@ -155,12 +172,13 @@ class Daemon(Process):
         *,
         name: str = "jaxmon",
         cwd: Path = ROOT,
+        python: str = sys.executable,
     ) -> None:
         self.port = free_port()
         self.url = f"{scheme}://127.0.0.1:{self.port}"
         # requests keyword arguments for every call: verify (CA file), cert (client cert), auth.
         self.client = client or {}
-        argv = [sys.executable, "-m", "jaxmon", "serve", "--web.listen-address", f"127.0.0.1:{self.port}", *args]
+        argv = [python, "-m", "jaxmon", "serve", "--web.listen-address", f"127.0.0.1:{self.port}", *args]
         super().__init__(argv, log_dir / f"{name}-{self.port}.log", jaxmon_env(env), cwd)
 
     def get(self, path: str, **kwargs: Any) -> requests.Response:
@@ -193,6 +211,11 @@ class Daemon(Process):
     def wait_for(self, predicate: Callable[[Samples], bool], timeout: float = 60.0, what: str = "condition") -> Samples:
         """Scrape until `predicate(samples)` holds; the samples it held for."""
         return wait_for_samples(self.url, predicate, what, timeout, client=self.client, detail=self.log)
+
+
+# A client that scrapes as Prometheus does (its User-Agent): it is served the new counter series jaxmon.births holds
+# at 0, and frees them; other readers are served their values (jaxmon.scrapers).
+AS_PROMETHEUS: dict[str, Any] = {"headers": {"User-Agent": "Prometheus/2.42.0 (jaxmon's tests)"}}
 
 
 def scrape(url: str, **client: Any) -> Samples:

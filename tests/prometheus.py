@@ -12,7 +12,7 @@ from typing import Any
 import requests
 import yaml
 
-from tests.helpers import free_port, terminate, wait_until
+from tests.helpers import die_with_parent, free_port, terminate, wait_until
 
 
 class LoopbackServer:
@@ -29,7 +29,9 @@ class LoopbackServer:
         self.log_path = tmp / f"{self.name}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         argv = [binary, f"--config.file={config_path}", f"--web.listen-address=127.0.0.1:{self.port}", *args]
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=tmp)
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=tmp, preexec_fn=die_with_parent
+        )
 
     def log(self) -> str:
         self._log.flush()
@@ -46,8 +48,10 @@ class LoopbackServer:
         wait_until(ready, timeout, f"{self.name} ready", step=0.1, detail=self.log)
 
     def stop(self) -> None:
-        terminate(self.proc)
-        self._log.close()
+        try:
+            terminate(self.proc)
+        finally:
+            self._log.close()
 
 
 class Prometheus(LoopbackServer):

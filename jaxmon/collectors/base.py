@@ -3,8 +3,8 @@
 A collector module defines its options (a `CollectorOptions` subclass: the `--collector.<name>.*` section), its
 state type and a `Collector` subclass decorated with `@register`. The composition root builds it with its options
 and a `Context` (devices, source, the exchange of other collectors' readings, a publish function); nothing is set
-on it afterwards. The runtime schedules its jobs, guards every update and records `jaxmon_collector_success` /
-`_duration_seconds` / `_last_success_timestamp_seconds` for it in one place, and the exposition renders its
+on it afterwards. The runtime schedules its jobs, guards every update and records its health (metrics.COLLECTOR_SUCCESS,
+its duration and last success) in one place, and the exposition renders its
 families from the latest snapshot. Scrapes never call `update()`; a source that must be read at each scrape gives
 its families with `scrape_families()`.
 """
@@ -102,7 +102,7 @@ class Collector(ABC, Generic[O, S]):
     options: ClassVar[type[CollectorOptions]] = CollectorOptions
     # What this collector's state offers other collectors: channel -> function of the state (exchange.py).
     offers: ClassVar[Offers] = {}
-    # Whether /healthz and /readyz wait on this collector's updates (the probe's own health is jaxmon_device_up).
+    # Whether /healthz and /readyz wait on this collector's updates (the probe's own health is metrics.DEVICE_UP).
     heartbeat: ClassVar[bool] = True
     # Whether it reads this process's own JAX devices: where none that does runs, JAX is never imported (node mode).
     needs_jax: ClassVar[bool] = False
@@ -137,6 +137,11 @@ class Collector(ABC, Generic[O, S]):
     @abstractmethod
     def families(self, snap: Snapshot, state: S) -> Iterator[Metric]:
         """Fresh families for `state` (`snap` is the snapshot being rendered); empty families are dropped."""
+
+    def unheld(self, state: S) -> S:
+        """`state` as a reader that is not Prometheus sees it (`jaxmon top`, curl): the new counter series
+        jaxmon.births holds at 0 for Prometheus, at their values. `state` itself where the collector holds none."""
+        return state
 
     def scrape_families(self) -> list[Metric]:
         """Families read at each scrape rather than from the snapshot, served as they are, empty ones included: a

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 from pydantic import Field
 
-from jaxmon.births import Births
+from jaxmon.births import for_process
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Update
 from jaxmon.families.compile import compile_families
@@ -51,7 +51,9 @@ class CompileCollector(Collector[CompileOptions, CompileState]):
 
     def __init__(self, opts: CompileOptions, ctx: Context) -> None:
         super().__init__(opts, ctx)
-        self._births = Births()
+        # The process's: its counters count on through a stop() and a start() (jaxmon.births.for_process).
+        self._births = for_process(self.name)
+        self._unheld: tuple[CompileState | None, CompileState | None] = (None, None)  # the last state, and unheld
 
     def update(self) -> Update[CompileState]:
         """The counters now, at 0 until a scrape has served them (jaxmon.births: a restart is a reset)."""
@@ -59,10 +61,18 @@ class CompileCollector(Collector[CompileOptions, CompileState]):
         assert in_process is not None  # unavailable() otherwise
         self._births.begin()
         try:
-            counters = self._births.compile((), in_process.compile_counts())
+            key = (self.ctx.workload or "", in_process.process_index)
+            counts = in_process.compile_counts()
+            state = CompileState(in_process.process_index, self._births.compile(key, counts))
         finally:
             self._births.end()
-        return Update(CompileState(in_process.process_index, counters))
+        self._unheld = (state, CompileState(in_process.process_index, counts))
+        return Update(state)
+
+    def unheld(self, state: CompileState) -> CompileState:
+        """The counters at their values (what readers other than Prometheus are served)."""
+        held, values = self._unheld
+        return values if state is held and values is not None else state
 
     def families(self, snap: Snapshot, state: CompileState) -> Iterator[Metric]:
         """One series per counter, labelled with the workload and its process index."""

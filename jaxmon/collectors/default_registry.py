@@ -12,7 +12,7 @@ The registry's collectors are the user's code: one may raise, be slow or hang. T
 collector's, each on its own, and a scrape waits for them at most `--collector.default-registry.timeout`: one that
 raises, or has not answered by then, is left out of that scrape (absent, never last-good: a hung collector's old
 values would pass for fresh), is named in a log line, and this collector's next update says so
-(`jaxmon_collector_success{collector="default_registry"} 0`). A collect() still running is never called again until
+(metrics.COLLECTOR_SUCCESS 0 for `collector="default_registry"`). A collect() still running is never called again until
 it returns: the next scrape's reading skips it, so a hung collector holds one thread however many scrapes come,
 and the others stay served (those after it in the reading it held up wait for that next scrape).
 """

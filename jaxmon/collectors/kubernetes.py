@@ -7,7 +7,7 @@ says how ids match and what a shared device is labelled) on the exchange (OWNERS
 collector made it. Where this collector does not run, every series renders as without it.
 
 A kubelet that does not answer (no socket, too slow, an error status) fails the poll
-(`jaxmon_collector_success{collector="kubernetes"} 0`); the last good answer stays in use for `--collector.
+(metrics.COLLECTOR_SUCCESS 0 for `collector="kubernetes"`); the last good answer stays in use for `--collector.
 kubernetes.ttl` (a kubelet restart takes seconds, and labels that come and go would split every series in two),
 then the labels go: a mapping older than that may name pods that are gone. Scrapes never wait on the kubelet.
 
@@ -18,15 +18,15 @@ ResourceSlices, listed from the API server on a thread of its own (jaxmon.source
 waiting for that at most `--collector.kubernetes.timeout`), say which GPU, MIG device or TPU chip each is
 (jaxmon.ownership.dra). The state keeps that resolution (`dra`) beside the device-plugin attribution, and offers both to
 the owner transform (`KubernetesState.owners`), so a pod that got its GPUs through DRA labels their series as a device
-plugin's would; `jaxmon_kubernetes_pod_device_info` lists the claimed devices with their `claim`, the API
-server's health is `jaxmon_kubernetes_api_*`, and a claimed device no slice names is counted in
-`jaxmon_kubernetes_dra_problems_total{reason}`, never labelled.
+plugin's would; metrics.KUBERNETES_POD_DEVICE_INFO lists the claimed devices with their `claim`, the API
+server's health is metrics.KUBERNETES_API_*, and a claimed device no slice names is counted in
+metrics.KUBERNETES_DRA_PROBLEMS by reason, never labelled.
 
 The processes NVML reports on each GPU (the nvml collector's GPU_PROCESSES, its last poll) are owner-named too
 where the API server's pods are listed: each one's pod UID and container id from `<--path.procfs>/<pid>/cgroup`
 (hostPID), named by those pods (jaxmon.ownership.pidowners), offered as the transform's pid map, so a per-process series
 carries its own pod where several pods share a GPU; a process of a pod the list does not name carries none, and is
-counted in `jaxmon_kubernetes_process_problems_total{reason}`.
+counted in metrics.KUBERNETES_PROCESS_PROBLEMS by reason.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ import structlog
 from prometheus_client.core import Metric
 from pydantic import BeforeValidator, Field
 
+from jaxmon.catalog import metrics
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
 from jaxmon.exchange import GPU_PROCESSES, OWNERS, Owner, Owners
-from jaxmon.families import add, family
-from jaxmon.families.kubernetes import API_FAILURES, API_LAST_SUCCESS, API_UP, DRA_PROBLEMS, PROCESS_PROBLEMS
+from jaxmon.families import add
 from jaxmon.logsetup import ErrorLog
 from jaxmon.ownership.attribution import GPU_RESOURCES, TPU_RESOURCES, Attribution, accelerators, attribute
 from jaxmon.ownership.pidowners import POD_NOT_LISTED, PodProcesses
@@ -198,8 +198,8 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
     def unavailable(cls, opts: KubernetesOptions, ctx: Context) -> str | None:
         """Needs grpcio and protobuf (the committed stubs); on `auto`, also the socket.
 
-        Found, not imported: grpc's C core costs about 20 MiB of RSS, not to be paid where no kubelet listens (a
-        GPU node outside Kubernetes in node mode); the client imports it when it is made.
+        Found, not imported: importing grpc costs about 13 MiB of RSS (BENCHMARKS.md, node mode), not to be paid
+        where no kubelet listens (a GPU node outside Kubernetes in node mode); the client imports it when it is made.
         """
         import importlib.util
 
@@ -321,12 +321,7 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
         return Update(KubernetesState(error=error), success=False)
 
     def families(self, snap: Snapshot, state: KubernetesState) -> Iterator[Metric]:
-        devices = family(
-            "jaxmon_kubernetes_pod_device_info",
-            "1 for each GPU, MIG device or TPU chip the kubelet assigned to a container (device_id as the device "
-            "plugin names it; for a DRA claim's device, resource is the driver, device_id pool/device, and claim "
-            "the claim); absent while the kubelet does not answer, after the ttl.",
-        )
+        devices = metrics.KUBERNETES_POD_DEVICE_INFO.new()
         for a in state.devices:
             for device_id in a.device_ids:
                 labels = {"namespace": a.namespace, "pod": a.pod, "container": a.container, "resource": a.resource}
@@ -343,12 +338,12 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
             yield from health_families(state.api)
         from jaxmon.ownership.dra import NO_IDENTITY, NOT_IN_SLICES
 
-        problems = DRA_PROBLEMS.new()
+        problems = metrics.KUBERNETES_DRA_PROBLEMS.new()
         for reason, count in sorted({NOT_IN_SLICES: 0, NO_IDENTITY: 0, **state.dra_problems}.items()):
             add(problems, {"reason": reason}, float(count))
         yield problems
         if state.process_problems is not None:
-            processes = PROCESS_PROBLEMS.new()
+            processes = metrics.KUBERNETES_PROCESS_PROBLEMS.new()
             add(processes, {"reason": POD_NOT_LISTED}, float(state.process_problems))
             yield processes
 
@@ -363,7 +358,8 @@ class KubernetesCollector(Collector[KubernetesOptions, KubernetesState]):
 
 def health_families(health: ApiHealth) -> Iterator[Metric]:
     """The API server's health in the exposition: up per list, failures by reason, last success."""
-    up, failures, last = API_UP.new(), API_FAILURES.new(), API_LAST_SUCCESS.new()
+    up, failures = metrics.KUBERNETES_API_UP.new(), metrics.KUBERNETES_API_FAILURES.new()
+    last = metrics.KUBERNETES_API_LAST_SUCCESS_TIMESTAMP_SECONDS.new()
     for name, ok in sorted(health.up.items()):
         add(up, {"list": name}, 1.0 if ok else 0.0)
     for (name, reason), count in sorted(health.failures.items()):

@@ -18,15 +18,13 @@ from pydantic import Field
 from jaxmon.allocator import memory_numbers
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Update
-from jaxmon.device_readings import HOST_MEMORY_KINDS, MemoryReading
+from jaxmon.device_readings import HOST_MEMORY_KINDS, DeviceKey, MemoryReading
 from jaxmon.families.memory import MemoryRow, memory_families
 from jaxmon.logsetup import ErrorLog
 from jaxmon.settings import CollectorOptions, Enabled
 from jaxmon.snapshot import Snapshot
 
 log = structlog.get_logger("jaxmon.collectors.memory")
-
-DeviceKey = tuple[str, int]
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ SetupDeviceDescription, gives them only `coords`, `device_vendor`, `slice_index`
 `compute_capability`, `shared_memory_per_block_optin` and `core_count`), and CUDA's ordinals follow
 CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER. So an NVML GPU is matched to a JAX device of this daemon only where
 that is certain (`match_devices`), and is otherwise labelled by its NVML index;
-`jaxmon_device_info{source="nvml", device_match}` says which.
+the `device_match` label of its metrics.DEVICE_INFO series (`source="nvml"`) says which.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import structlog
 from prometheus_client.core import Metric
 from pydantic import BeforeValidator, Field
 
+from jaxmon.catalog import metrics
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
 from jaxmon.exchange import (
@@ -39,10 +40,8 @@ from jaxmon.exchange import (
     SeriesKey,
     device_id,
 )
-from jaxmon.families import add, family
-from jaxmon.families.nvml import NvLinkTotals, gpu_families, sum_links
-from jaxmon.families.nvml_process import process_utilization
-from jaxmon.families.shared import DEVICE_INFO, DEVICE_SOURCE_UP
+from jaxmon.families import add
+from jaxmon.families.nvml import NvLinkTotals, gpu_families, process_utilization, sum_links
 from jaxmon.logsetup import ErrorLog
 from jaxmon.settings import CollectorOptions, Enabled, parse_duration
 from jaxmon.settings.durations import bounded
@@ -84,8 +83,9 @@ class NvmlOptions(CollectorOptions):
         ge=0,
         le=4096,
         description="Compute processes per GPU given their own (pid-labelled) memory series, largest first; the "
-        "rest are counted in jaxmon_process_device_memory_other_bytes and _other_processes. The same bound holds "
-        "the per-process utilization series (jaxmon_process_sm_utilization_ratio and siblings), busiest by SM first.",
+        f"rest are counted in {metrics.PROCESS_DEVICE_MEMORY_OTHER_BYTES.name} and _other_processes. The same bound "
+        f"holds the per-process utilization series ({metrics.PROCESS_SM_UTILIZATION_RATIO.name} and siblings), "
+        "busiest by SM first.",
     )
     gpm: Enabled = Field(
         default="auto",
@@ -95,9 +95,9 @@ class NvmlOptions(CollectorOptions):
     )
     gpm_pipes: bool = Field(
         default=False,
-        description="Also export each SM pipe's GPM activity (jaxmon_device_pipe_active_ratio: fp64, fp32, fp16, "
-        "tensor_hmma, tensor_imma, tensor_dfma, integer): 7 series per GPU, off by default as in dcgm-exporter's "
-        "default field list.",
+        description=f"Also export each SM pipe's GPM activity ({metrics.DEVICE_PIPE_ACTIVE_RATIO.name}: fp64, fp32, "
+        "fp16, tensor_hmma, tensor_imma, tensor_dfma, integer): 7 series per GPU, off by default as in "
+        "dcgm-exporter's default field list.",
     )
 
 
@@ -213,7 +213,7 @@ class NvmlCollector(Collector[NvmlOptions, NvmlState]):
             else:
                 self._errors.ok(f"gpu/{g.index}", "NVML GPU read works again", gpu=g.index)
         match = match_devices(self.ctx.devices, len(gpus), os.environ)
-        # The poll succeeded: NVML answered. A lost or wedged GPU is that GPU's jaxmon_device_source_up 0 (and its
+        # The poll succeeded: NVML answered. A lost or wedged GPU is that GPU's metrics.DEVICE_SOURCE_UP 0 (and its
         # JaxmonGpuLost), not a failing collector, which would page for the whole node.
         totals = self._nvlink_totals(gpus)
         return Update(NvmlState(gpus=gpus, xid=self._nvml.xid_counts(), match=match, nvlink_totals=totals))
@@ -298,10 +298,10 @@ def render(
     def labels(gpu: GpuReading, mig: MigDevice | None = None) -> dict[str, str]:
         return _labels(gpu, state.match, mig)
 
-    up = DEVICE_SOURCE_UP.new()
+    up = metrics.DEVICE_SOURCE_UP.new()
     # The base families render this family for JAX's devices too: same name, same HELP, merged. For
     # source="nvml", device_match says how `device` was assigned (nvml_index: NVML's index, no JAX device id).
-    info = DEVICE_INFO.new()
+    info = metrics.DEVICE_INFO.new()
     for gpu in state.gpus:
         own = labels(gpu)
         add(up, own, 1.0 if gpu.up else 0.0)
@@ -314,11 +314,7 @@ def render(
     ok = [g for g in state.gpus if g.up]
     yield from gpu_families(ok, labels, state.nvlink_totals, nvlink_links, gpm_pipes)
 
-    xid = family(
-        "jaxmon_device_xid_errors",
-        "Critical Xid events NVML delivered since jaxmon started, by xid (see the runbook for 48 and 79).",
-        counter=True,
-    )
+    xid = metrics.DEVICE_XID_ERRORS.new()
     # Xid counts outlive their GPU's readings (NVML may not even count the GPUs now): the reading, or its index.
     by_index = {gpu.index: gpu for gpu in state.gpus}
     for (index, code), count in sorted(state.xid.items()):
@@ -337,22 +333,9 @@ def _processes(
 ) -> Iterator[Metric]:
     """Each GPU's `bound` largest compute processes by pid, and the rest counted per GPU: a pid is a new series,
     and a GPU shared by many short processes must not grow the exposition without bound."""
-    processes = family(
-        "jaxmon_process_device_memory_bytes",
-        "Device memory used by each running compute process (NVML; pid in NVML's PID namespace), the "
-        "--collector.nvml.max-processes largest per GPU. workload is set where a workload report has that pid, "
-        "which needs a shared PID namespace.",
-    )
-    other_bytes = family(
-        "jaxmon_process_device_memory_other_bytes",
-        "Device memory used by the compute processes of the GPU beyond the --collector.nvml.max-processes largest "
-        "(NVML; 0 when every process has its own series).",
-    )
-    other_count = family(
-        "jaxmon_process_device_memory_other_processes",
-        "Compute processes of the GPU beyond the --collector.nvml.max-processes largest, whose memory is "
-        "jaxmon_process_device_memory_other_bytes (NVML).",
-    )
+    processes = metrics.PROCESS_DEVICE_MEMORY_BYTES.new()
+    other_bytes = metrics.PROCESS_DEVICE_MEMORY_OTHER_BYTES.new()
+    other_count = metrics.PROCESS_DEVICE_MEMORY_OTHER_PROCESSES.new()
     for gpu in gpus:
         if gpu.processes is None:
             continue

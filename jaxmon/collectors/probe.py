@@ -3,7 +3,7 @@
 The timing engine (one worker thread per device, calibration, timeouts) is `jaxmon.probe`; this module owns the
 probe's settings (`--collector.probe.*`), schedules the engine and renders its status. CPU devices are the host's
 cores, shared by every CPU device of the process, so one CPU device is probed and its answer stands for all of
-them: every CPU device carries its `jaxmon_device_up` and utilization estimate, and the `jaxmon_probe_*` series
+them: every CPU device carries its metrics.DEVICE_UP and utilization estimate, and the `jaxmon_probe_*` series
 are on the probed device alone.
 
 While the job in this process trains on a device (a step of it ended within the probe interval), the probe
@@ -26,11 +26,12 @@ from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 from pydantic import BeforeValidator, Field, model_validator
 
+from jaxmon.catalog import metrics
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, PollJob, Update
 from jaxmon.device_readings import DeviceInfo, ProbeKernel, ProbeStatus
 from jaxmon.exchange import DUTY_CYCLES
-from jaxmon.families import add, family, sample_name
+from jaxmon.families import add, sample_name
 from jaxmon.families.probe import PROBE_METRICS
 from jaxmon.logsetup import ErrorLog
 from jaxmon.probe import WARMUP_STEPS, DeviceProbe, ProbeConfig, longest_pauses
@@ -124,7 +125,7 @@ class ProbeCollector(Collector[ProbeOptions, ProbeState]):
     options = ProbeOptions
     order = 20
     needs_jax = True
-    heartbeat = False  # each device's health is jaxmon_device_up; /healthz is about fresh polls
+    heartbeat = False  # each device's health is metrics.DEVICE_UP; /healthz is about fresh polls
 
     @classmethod
     def unavailable(cls, opts: ProbeOptions, ctx: Context) -> str | None:
@@ -292,16 +293,12 @@ class ProbeCollector(Collector[ProbeOptions, ProbeState]):
 
     def families(self, snap: Snapshot, state: ProbeState) -> Iterator[Metric]:
         """The probe families of every device: its own probe's, or (a CPU device) the shared ones of its stand-in."""
-        families = {m.name: family(m.name, m.help, m.counter) for m in PROBE_METRICS}
+        families = {m.family.name: m.family.new() for m in PROBE_METRICS}
         targets = [
-            (m.value, families[m.name].samples.append, sample_name(families[m.name]), m.shared) for m in PROBE_METRICS
+            (m.value, families[m.family.name].samples.append, sample_name(families[m.family.name]), m.shared)
+            for m in PROBE_METRICS
         ]
-        origin = family(
-            "jaxmon_probe_baseline_info",
-            "Where the probe's baseline comes from, always 1: calibrated (now, device idle), restored "
-            "(--collector.probe.baseline-file), provisional (taken while a device-wide source said the device was "
-            "busy; no utilization estimate until an idle recalibration).",
-        )
+        origin = metrics.PROBE_BASELINE_INFO.new()
         for dev in snap.devices:
             own = state.statuses.get(dev.key)
             stand_in = state.shared.get(dev.key)

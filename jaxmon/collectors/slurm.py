@@ -3,7 +3,7 @@
 Each poll it takes the pids of every GPU's compute processes from the nvml collector's last poll (the exchange's
 GPU_PROCESSES), reads each one's owner from `<--path.procfs>/<pid>/cgroup` (jaxmon.sources.cgroups: Slurm's
 `/slurm/uid_U/job_J/step_S` on cgroup v1, `/system.slice/slurmstepd.scope/job_J/step_S` on v2, the uid then the
-process's), and renders `jaxmon_slurm_job_device_info{job_id, uid, device, uuid} 1` for each job and GPU. The device
+process's), and renders metrics.SLURM_JOB_DEVICE_INFO (job_id, uid, device, uuid; 1) for each job and GPU. The device
 series carry no job label: a query joins them on `uuid` (docs/deploy.md, "Slurm nodes").
 
 A process that ended between NVML's list and the read, or one of no job (the host's, an admin's outside Slurm),
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 from pydantic import Field
 
+from jaxmon.catalog import metrics
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Update
 from jaxmon.exchange import GPU_PROCESSES
 from jaxmon.families import add
-from jaxmon.families.slurm import JOB_DEVICE_INFO
 from jaxmon.settings import CollectorOptions, Enabled
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources.cgroups import ProcessCgroups, slurm_cgroups
@@ -60,7 +60,7 @@ class SlurmCollector(Collector[SlurmOptions, SlurmState]):
     """Maps the processes on each GPU to their Slurm jobs."""
 
     name = "slurm"
-    description = "Slurm jobs using each GPU (NVML's processes, their cgroups): jaxmon_slurm_job_device_info."
+    description = f"Slurm jobs using each GPU (NVML's processes, their cgroups): {metrics.SLURM_JOB_DEVICE_INFO.name}."
     options = SlurmOptions
     order = 75
     # Slurm's state is not this process's health.
@@ -92,7 +92,7 @@ class SlurmCollector(Collector[SlurmOptions, SlurmState]):
         return Update(SlurmState(tuple(sorted(found))))
 
     def families(self, snap: Snapshot, state: SlurmState) -> Iterator[Metric]:
-        info = JOB_DEVICE_INFO.new()
+        info = metrics.SLURM_JOB_DEVICE_INFO.new()
         for d in state.devices:
             add(info, {"job_id": d.job_id, "uid": d.uid, "device": d.device, "uuid": d.uuid}, 1.0)
         yield info

@@ -18,14 +18,15 @@ from prometheus_client.core import Metric
 from pydantic import Field, field_validator
 
 from jaxmon.births import Births, with_zeros
+from jaxmon.catalog import metrics
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
 from jaxmon.device_readings import DeviceInfo
 from jaxmon.exchange import WORKLOAD_PIDS
-from jaxmon.families import add, family
+from jaxmon.families import add
+from jaxmon.families.checkpoint import checkpoint_families
 from jaxmon.families.compile import compile_families
 from jaxmon.families.memory import MemoryRow, memory_families
-from jaxmon.families.shared import DEVICE_INFO, WORKLOAD_INFO
 from jaxmon.families.training import training_families, training_labels
 from jaxmon.logsetup import ErrorLog
 from jaxmon.settings import CollectorOptions, Duration, Enabled
@@ -125,6 +126,7 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
         )
         self._seen: set[tuple[str, int, str, int]] = set()  # (workload, process_index, host, pid) last scan
         self._births = Births()
+        self._unheld: tuple[SpoolState | None, SpoolState | None] = (None, None)  # the last state, and unheld
 
     def update(self) -> Update[SpoolState]:
         """Scan the directory; when it cannot be listed, keep serving the last good workloads and say so."""
@@ -140,18 +142,31 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
             return Update(self._last, success=False)
         self._errors.ok("spool", "spool directory readable again", directory=directory)
         # Last report time: the file's mtime on this clock, the same time liveness is judged by.
-        workloads = tuple(self._held(replace(f.value, time=f.mtime)) for f in scan.live)
+        reports = [replace(f.value, time=f.mtime) for f in scan.live]
+        workloads = tuple(self._held(w) for w in reports)
         self._births.end()
         self._last = SpoolState(workloads, scan.rejected, scan.overflow, scan.removed, scan.stale)
+        values = tuple(w if w.training is None else replace(w, training=with_zeros(w.training)) for w in reports)
+        self._unheld = (self._last, replace(self._last, workloads=values))
         self._log_arrivals(self._last.workloads)
         return Update(self._last)
 
     def _held(self, w: WorkloadReport) -> WorkloadReport:
         """A workload's counters as they may be served: each new series (a new process's all: a restart is a reset
-        Prometheus sees) at 0 until a scrape has served it (jaxmon.births)."""
-        key = (w.workload, w.process_index, w.host, w.pid, w.started)
-        training = None if w.training is None else self._births.training(key, with_zeros(w.training))
-        return replace(w, compile=self._births.compile(key, w.compile), training=training)
+        Prometheus sees) at 0 until a scrape has served it (jaxmon.births). The compile counters are the process's
+        (the same through its publishers), the training counters its tracker's (new with a new tracker)."""
+        started = w.started if w.process_started is None else w.process_started
+        process = (w.workload, w.process_index, w.host, w.pid, started)
+        compile_ = self._births.compile(process, w.compile)
+        if w.training is None:
+            return replace(w, compile=compile_)
+        tracker = (*process, "tracker", round(w.training.start_time_seconds, 3))
+        return replace(w, compile=compile_, training=self._births.training(tracker, with_zeros(w.training)))
+
+    def unheld(self, state: SpoolState) -> SpoolState:
+        """The workloads' counters at their values (what readers other than Prometheus are served)."""
+        held, values = self._unheld
+        return values if state is held and values is not None else state
 
     def _log_arrivals(self, workloads: tuple[WorkloadReport, ...]) -> None:
         """Log each workload process that started or stopped reporting since the last scan."""
@@ -172,7 +187,7 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
 
     def families(self, snap: Snapshot, state: SpoolState) -> Iterator[Metric]:
         """Each workload's devices, compile counters and identity, and the rejected files."""
-        info = DEVICE_INFO.new()
+        info = metrics.DEVICE_INFO.new()
         rows: dict[frozenset[tuple[str, str]], tuple[MemoryRow, DeviceInfo]] = {}
         for w in state.workloads:
             for wd in w.devices:
@@ -198,11 +213,12 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
             [(training_labels(w.workload, w.process_index, w.process_count, w.host), w.training)
              for w in state.workloads if w.training is not None]
         )  # fmt: skip
-        workload_info = WORKLOAD_INFO.new()
-        last = family(
-            "jaxmon_workload_last_report_timestamp_seconds",
-            "Unix time the workload process last wrote its spool file (the file's mtime on the sidecar's clock).",
-        )
+        yield from checkpoint_families(
+            [(training_labels(w.workload, w.process_index, w.process_count, w.host), w.checkpoint)
+             for w in state.workloads if w.checkpoint is not None]
+        )  # fmt: skip
+        workload_info = metrics.WORKLOAD_INFO.new()
+        last = metrics.WORKLOAD_LAST_REPORT_TIMESTAMP_SECONDS.new()
         for w in state.workloads:
             ident = {"workload": w.workload, "process_index": str(w.process_index)}
             identity = {"host": w.host, "pid": str(w.pid), "jax_version": w.jax_version, **w.scheduler}
@@ -210,34 +226,19 @@ class SpoolCollector(Collector[SpoolOptions, SpoolState]):
             add(last, ident, w.time)
         yield workload_info
         yield last
-        rejected = family(
-            "jaxmon_spool_rejected_files", "Spool files skipped because they are not what a publisher writes.", True
-        )
+        rejected = metrics.SPOOL_REJECTED_FILES.new()
         for reason, count in sorted(state.rejected.items()):
             add(rejected, {"reason": reason}, float(count))
         yield rejected
-        overflow = family(
-            "jaxmon_spool_overflow_files",
-            "Live spool files left unread in a poll: past --collector.spool.max-workloads, or past "
-            "--collector.spool.max-reads-per-poll (read at a later poll); counted every poll they are left out.",
-            True,
-        )
+        overflow = metrics.SPOOL_OVERFLOW_FILES.new()
         for reason, count in sorted(state.overflow.items()):
             add(overflow, {"reason": reason}, float(count))
         yield overflow
-        removed = family(
-            "jaxmon_spool_removed_files",
-            "Stale publisher files (json) and crashed writers' temporary files (tmp) the sidecar removed.",
-            True,
-        )
+        removed = metrics.SPOOL_REMOVED_FILES.new()
         for kind, count in sorted(state.removed.items()):
             add(removed, {"kind": kind}, float(count))
         yield removed
         if state.stale is not None:
-            stale = family(
-                "jaxmon_spool_stale_files",
-                "Files in the spool directory past --collector.spool.ttl and not (yet) removed, orphaned temporary "
-                "files included.",
-            )
+            stale = metrics.SPOOL_STALE_FILES.new()
             add(stale, {}, float(state.stale))
             yield stale

@@ -28,26 +28,20 @@ import structlog
 from prometheus_client.core import Metric
 from pydantic import Field, field_validator
 
+from jaxmon.catalog.metrics import DEVICE_DUTY_CYCLE_RATIO as DEVICE_DUTY_CYCLE
+from jaxmon.catalog.metrics import DEVICE_HLO_EXECUTION_MEAN_SECONDS as HLO_EXECUTION_MEAN
+from jaxmon.catalog.metrics import DEVICE_HLO_EXECUTION_SECONDS as HLO_EXECUTION
+from jaxmon.catalog.metrics import DEVICE_HLO_QUEUE_SIZE as HLO_QUEUE
+from jaxmon.catalog.metrics import DEVICE_MEMORY_BANDWIDTH_UTILIZATION_RATIO as DEVICE_MEMORY_BANDWIDTH
+from jaxmon.catalog.metrics import DEVICE_MEMORY_TOTAL_BYTES as DEVICE_MEMORY_TOTAL
+from jaxmon.catalog.metrics import DEVICE_MEMORY_USED_BYTES as DEVICE_MEMORY_USED
+from jaxmon.catalog.metrics import DEVICE_SOURCE_UP
+from jaxmon.catalog.metrics import DEVICE_TENSORCORE_IDLE_DURATION_SECONDS as IDLE_DURATION
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Offers, Update
 from jaxmon.exchange import DEVICE_IDENTITIES, DUTY_CYCLES, TPU_DEVICE, TPU_NODE, DeviceId, SeriesKey
 from jaxmon.families import add
-from jaxmon.families.libtpu import (
-    HLO_EXECUTION,
-    HLO_EXECUTION_MEAN,
-    HLO_QUEUE,
-    IDLE_DURATION,
-    MEGASCALE,
-    sdk_families,
-    summary_family,
-)
-from jaxmon.families.shared import (
-    DEVICE_DUTY_CYCLE,
-    DEVICE_MEMORY_BANDWIDTH,
-    DEVICE_MEMORY_TOTAL,
-    DEVICE_MEMORY_USED,
-    DEVICE_SOURCE_UP,
-)
+from jaxmon.families.libtpu import MEGASCALE, sdk_families, summary_family
 from jaxmon.logsetup import ErrorLog
 from jaxmon.settings import CollectorOptions, Duration, Enabled
 from jaxmon.snapshot import Snapshot
@@ -183,8 +177,8 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
         container) that shows no chip of its own, and the address says where it is. So does `auto` with an address
         given (`--collector.tpu.address`, its variable or YAML): a user who names a service's address meant it.
         """
-        # Found, not imported: grpc's C core costs about 20 MiB of RSS, too much to pay on a node without TPUs
-        # (the node mode's budget); a client made later imports it.
+        # Found, not imported: importing grpc costs about 13 MiB of RSS (BENCHMARKS.md), too much to pay on a node
+        # without TPUs (the node mode's budget); a client made later imports it.
         import importlib.util
 
         if importlib.util.find_spec("grpc") is None:
@@ -229,8 +223,11 @@ class TpuCollector(Collector[TpuOptions, TpuState]):
         """The SDK's reading this poll (its own status; it never makes the poll partial), logged when it changes."""
         if self._sdk is None:
             return None
-        reading = self._sdk.read((sdk.TENSORCORE_UTIL, *sdk.PER_CHIP))
-        st = sdk_state.state(reading, self._sdk.starts, sorted(self._known))
+        try:
+            reading = self._sdk.read((sdk.TENSORCORE_UTIL, *sdk.PER_CHIP))
+        except Exception as exc:  # the SDK's series alone: never the gRPC service's (read() is not meant to raise)
+            reading = sdk.SdkReading("failed", f"reading the SDK child raised {type(exc).__name__}: {exc}")
+        st = sdk_state.state(reading, self._sdk.starts, sorted(self._known), self._sdk.spawn_failures)
         if st.status != self._sdk_status:
             self._sdk_status = st.status
             level = log.info if st.status in ("ok", "starting", "empty", "not_installed") else log.warning

@@ -13,16 +13,18 @@ from typing import TYPE_CHECKING, Annotated
 from prometheus_client.core import Metric
 from pydantic import Field, model_validator
 
-from jaxmon.births import Births, with_zeros
+from jaxmon.births import for_process, with_zeros
+from jaxmon.catalog import metrics
+from jaxmon.catalog.hardware import LINKS
 from jaxmon.collectors import register
 from jaxmon.collectors.base import Collector, Context, Update
 from jaxmon.families.training import training_families, training_labels
 from jaxmon.identity import host_name
+from jaxmon.sampled_traces import LEAD  # a sampled trace starts this many steps before its block
 from jaxmon.settings import CollectorOptions, Enabled
 from jaxmon.settings.schema import SettingsSection
 from jaxmon.snapshot import Snapshot
-from jaxmon.training.reading import TrainingReading
-from jaxmon.training.sampler import LEAD  # a sampled trace starts this many steps before its block
+from jaxmon.training_readings import TrainingReading
 
 if TYPE_CHECKING:
     from jaxmon.training.tracker import TrackerConfig
@@ -34,6 +36,14 @@ PROFILE_EVERY = 1000
 # ... and at most one per this many seconds: a trace costs jaxmon's thread tens of milliseconds (the profiler's stop
 # and the parse), which at 1000 steps of a millisecond would be tens of microseconds a step (issue 38's budget: 5).
 PROFILE_MIN_SECONDS = 60.0
+# What each sampled-trace option's help begins with: they act in a training workload (jaxmon.step()'s process), not
+# on the daemon's own devices: `jaxmon serve` accepts them and they change nothing there.
+_WORKLOAD_ONLY = (
+    "Training workloads only (the process that embeds jaxmon: jaxmon.start(), jaxmon.publish()), never the daemon's "
+    "own devices"
+)
+# A link of the device catalog, as collector.training.link_bandwidth names one.
+_LINK = "(" + "|".join(LINKS) + ")"
 # Declared badput kinds, at most: the tracker's own limit of user kinds (jaxmon.training.handed.MAX_USER_KINDS).
 MAX_DECLARED_KINDS = 10
 
@@ -45,17 +55,17 @@ class TrainingProfileOptions(SettingsSection):
         default=PROFILE_EVERY,
         ge=0,
         le=100_000_000,
-        description="Trace `steps` whole steps every this many steps (blocks start at step numbers that are "
-        "multiples of it, the same in every process of a job); 0 turns sampled traces off.",
+        description=f"{_WORKLOAD_ONLY}: trace `steps` whole steps every this many steps (blocks start at step "
+        "numbers that are multiples of it, the same in every process of a job); 0 turns sampled traces off.",
     )
-    steps: int = Field(default=2, ge=1, le=100, description="Steps each sampled trace holds.")
+    steps: int = Field(default=2, ge=1, le=100, description=f"{_WORKLOAD_ONLY}: the steps each sampled trace holds.")
     min_seconds: float = Field(
         default=PROFILE_MIN_SECONDS,
         ge=0,
         le=86_400,
-        description="At most one sampled trace per this many seconds (a block is traced when a period of this "
-        "length began since the last block start, on the Unix clock: the same blocks in every process of a job); "
-        "0 traces every block.",
+        description=f"{_WORKLOAD_ONLY}: at most one sampled trace per this many seconds (a block is traced when a "
+        "period of this length began since the last block start, on the Unix clock: the same blocks in every process "
+        "of a job); 0 traces every block.",
     )
 
     @model_validator(mode="after")
@@ -82,7 +92,7 @@ class TrainingOptions(CollectorOptions):
     )
     link_bandwidth: str = Field(
         default="",
-        pattern=r"^$|^(local|nvlink|ici|pcie|sys|dcn|network)=[0-9.eE+]+(,(local|nvlink|ici|pcie|sys|dcn|network)=[0-9.eE+]+)*$",
+        pattern=rf"^$|^{_LINK}=[0-9.eE+]+(,{_LINK}=[0-9.eE+]+)*$",
         description="Nominal bandwidth per direction of links, bytes/s, overriding the table for every device "
         "(`local=1e10,network=1.25e9`): for a device kind the table does not know (docs/placement.md).",
     )
@@ -98,8 +108,8 @@ class TrainingOptions(CollectorOptions):
         default_factory=list,
         max_length=MAX_DECLARED_KINDS,
         description="Your badput() kinds, declared up front so that their series exist at 0 from start() or "
-        "publish() (jaxmon_training_badput_seconds_total{kind}); one not declared is born at 0 at its first open, "
-        "and counts its seconds from its close (after a scrape served the 0).",
+        f"publish() ({metrics.TRAINING_BADPUT_SECONDS.exposed}{{kind}}); one not declared is born at 0 at its first "
+        "open, and counts its seconds from its close (after a scrape served the 0).",
     )
 
     def tracker_config(self) -> TrackerConfig:
@@ -135,7 +145,9 @@ class TrainingCollector(Collector[TrainingOptions, TrainingReading | None]):
 
     def __init__(self, opts: TrainingOptions, ctx: Context) -> None:
         super().__init__(opts, ctx)
-        self._births = Births()
+        # The process's: a tracker that runs on through a stop() and a start() (a publisher holds it) counts on.
+        self._births = for_process(self.name)
+        self._unheld: tuple[TrainingReading | None, TrainingReading | None] = (None, None)  # the last state, unheld
 
     def update(self) -> Update[TrainingReading | None]:
         """The tracker's numbers now (from start(), every counter at 0 before it happens), each new series held at
@@ -146,9 +158,19 @@ class TrainingCollector(Collector[TrainingOptions, TrainingReading | None]):
             return Update(None)
         self._births.begin()
         try:
-            return Update(self._births.training((), with_zeros(reading)))
+            # A new tracker's counters start again at 0: new series to Prometheus, held (a reset it sees).
+            key = (self.ctx.workload or "", self.ctx.in_process.process_index, round(reading.start_time_seconds, 3))
+            values = with_zeros(reading)
+            held = self._births.training(key, values)
         finally:
             self._births.end()
+        self._unheld = (held, values)
+        return Update(held)
+
+    def unheld(self, state: TrainingReading | None) -> TrainingReading | None:
+        """The counters at their values (what readers other than Prometheus are served)."""
+        held, values = self._unheld
+        return values if state is held and state is not None else state
 
     def families(self, snap: Snapshot, state: TrainingReading | None) -> Iterator[Metric]:
         """One set of series for this workload process, once it steps."""

@@ -1,4 +1,5 @@
-"""The nvml collector's per-GPU families: one spec per NVML reading, rendered with the labels the collector makes.
+"""The nvml collector's per-GPU families, one family per NVML reading, rendered with the labels the collector makes;
+and the per-process utilization families: which process of a shared (time-sliced, MPS) GPU uses it.
 
 Every series here gets its labels from `labels(gpu, mig)`, the collector's one label function (`_labels` in
 jaxmon/collectors/nvml.py), plus what names the series within the GPU (`reason`, `kind`, `fan`, `direction`,
@@ -16,133 +17,63 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import Metric
 
-from jaxmon.families import Spec, add
-from jaxmon.families.shared import (
-    DEVICE_DUTY_CYCLE,
-    DEVICE_MEMORY_BANDWIDTH,
-    DEVICE_MEMORY_TOTAL,
-    DEVICE_MEMORY_USED,
-)
+from jaxmon.catalog import metrics
+from jaxmon.catalog.metrics import Family
+from jaxmon.families import add
 from jaxmon.sources.nvml import (
     CLOCKS_EVENT_REASONS,
     GPM_METRICS,
     GpuReading,
     MigDevice,
     NvLink,
+    ProcessUtilization,
 )
 
 Labels = Callable[[GpuReading, MigDevice | None], dict[str, str]]
 
 # One series per GPU: (family, GpuReading attribute).
-GPU_VALUES: tuple[tuple[Spec, str], ...] = (
-    (DEVICE_MEMORY_TOTAL, "memory_total_bytes"),
-    (DEVICE_MEMORY_USED, "memory_used_bytes"),
-    (DEVICE_DUTY_CYCLE, "duty_cycle_ratio"),
-    (DEVICE_MEMORY_BANDWIDTH, "memory_bandwidth_utilization_ratio"),
+GPU_VALUES: tuple[tuple[Family, str], ...] = (
+    (metrics.DEVICE_MEMORY_TOTAL_BYTES, "memory_total_bytes"),
+    (metrics.DEVICE_MEMORY_USED_BYTES, "memory_used_bytes"),
+    (metrics.DEVICE_DUTY_CYCLE_RATIO, "duty_cycle_ratio"),
+    (metrics.DEVICE_MEMORY_BANDWIDTH_UTILIZATION_RATIO, "memory_bandwidth_utilization_ratio"),
     (
-        Spec(
-            "jaxmon_device_encoder_utilization_ratio",
-            "Share of the last sample period the video encoder (NVENC) was busy (NVML, 0-1).",
-        ),
+        metrics.DEVICE_ENCODER_UTILIZATION_RATIO,
         "encoder_utilization_ratio",
     ),
     (
-        Spec(
-            "jaxmon_device_decoder_utilization_ratio",
-            "Share of the last sample period the video decoders (NVDEC) were busy (NVML, 0-1).",
-        ),
+        metrics.DEVICE_DECODER_UTILIZATION_RATIO,
         "decoder_utilization_ratio",
     ),
-    (Spec("jaxmon_device_power_watts", "Power draw of the device (NVML power usage)."), "power_watts"),
-    (Spec("jaxmon_device_power_limit_watts", "Enforced power limit of the device (NVML)."), "power_limit_watts"),
+    (metrics.DEVICE_POWER_WATTS, "power_watts"),
+    (metrics.DEVICE_POWER_LIMIT_WATTS, "power_limit_watts"),
     (
-        Spec(
-            "jaxmon_device_power_management_limit_watts",
-            "Power management limit set on the device (NVML; the enforced limit is the lowest of this and the "
-            "board's other constraints).",
-        ),
+        metrics.DEVICE_POWER_MANAGEMENT_LIMIT_WATTS,
         "power_management_limit_watts",
     ),
     (
-        Spec(
-            "jaxmon_device_energy_joules",
-            "Energy the device consumed since the driver loaded (NVML total energy consumption).",
-            counter=True,
-        ),
+        metrics.DEVICE_ENERGY_JOULES,
         "energy_joules_total",
     ),
-    (Spec("jaxmon_device_temperature_celsius", "GPU core temperature (NVML)."), "temperature_celsius"),
-    (Spec("jaxmon_device_graphics_clock_hertz", "Current graphics clock (NVML)."), "graphics_clock_hertz"),
-    (Spec("jaxmon_device_sm_clock_hertz", "Current SM clock (NVML)."), "sm_clock_hertz"),
-    (Spec("jaxmon_device_memory_clock_hertz", "Current memory clock (NVML)."), "memory_clock_hertz"),
-    (Spec("jaxmon_device_video_clock_hertz", "Current video clock (NVML)."), "video_clock_hertz"),
+    (metrics.DEVICE_TEMPERATURE_CELSIUS, "temperature_celsius"),
+    (metrics.DEVICE_GRAPHICS_CLOCK_HERTZ, "graphics_clock_hertz"),
+    (metrics.DEVICE_SM_CLOCK_HERTZ, "sm_clock_hertz"),
+    (metrics.DEVICE_MEMORY_CLOCK_HERTZ, "memory_clock_hertz"),
+    (metrics.DEVICE_VIDEO_CLOCK_HERTZ, "video_clock_hertz"),
     (
-        Spec("jaxmon_device_graphics_clock_max_hertz", "Highest graphics clock of the device (NVML)."),
+        metrics.DEVICE_GRAPHICS_CLOCK_MAX_HERTZ,
         "graphics_clock_max_hertz",
     ),
-    (Spec("jaxmon_device_sm_clock_max_hertz", "Highest SM clock of the device (NVML)."), "sm_clock_max_hertz"),
+    (metrics.DEVICE_SM_CLOCK_MAX_HERTZ, "sm_clock_max_hertz"),
     (
-        Spec("jaxmon_device_memory_clock_max_hertz", "Highest memory clock of the device (NVML)."),
+        metrics.DEVICE_MEMORY_CLOCK_MAX_HERTZ,
         "memory_clock_max_hertz",
     ),
-    (Spec("jaxmon_device_video_clock_max_hertz", "Highest video clock of the device (NVML)."), "video_clock_max_hertz"),
+    (metrics.DEVICE_VIDEO_CLOCK_MAX_HERTZ, "video_clock_max_hertz"),
     (
-        Spec(
-            "jaxmon_device_pcie_replays",
-            "PCIe packets the link had to resend (NVML PCIe replay counter); a rising count is a failing link.",
-            counter=True,
-        ),
+        metrics.DEVICE_PCIE_REPLAYS,
         "pcie_replays_total",
     ),
-)
-
-THROTTLED = Spec(
-    "jaxmon_device_throttled",
-    "1 when NVML reports this clocks event (throttle) reason as active, else 0; one series per known reason.",
-)
-ECC = Spec(
-    "jaxmon_device_ecc_errors",
-    "Volatile ECC errors (since the driver loaded) by kind; absent where ECC is off or unsupported.",
-    counter=True,
-)
-FAN = Spec(
-    "jaxmon_device_fan_speed_ratio",
-    "Each fan's intended speed as a share of its maximum (NVML; above 1 where driven past it); absent without fans.",
-)
-PCIE_THROUGHPUT = Spec(
-    "jaxmon_device_pcie_throughput_bytes_per_second",
-    "PCIe traffic of the device by direction (tx: sent by the GPU, rx: received), over NVML's 20 ms sample.",
-)
-REMAPPED_ROWS = Spec(
-    "jaxmon_device_remapped_rows",
-    "Memory rows the row remapper replaced with spares, by the kind of error that caused it (NVML; Ampere and newer).",
-    counter=True,
-)
-REMAPPING_PENDING = Spec(
-    "jaxmon_device_row_remapping_pending",
-    "1 while a row remapping waits for a GPU reset to take effect (NVML), else 0.",
-)
-REMAPPING_FAILED = Spec(
-    "jaxmon_device_row_remapping_failed",
-    "1 when a row remapping failed (no spare row left: the GPU needs replacing; NVML), else 0.",
-)
-NVLINK_ACTIVE = Spec("jaxmon_device_nvlink_active", "1 when this NVLink is active, 0 when it is down (NVML).")
-# Traffic and errors are one series per GPU by default, summed over its links (no `link` label); with
-# --collector.nvml.nvlink-links, one per link instead (a `link` label). A daemon exports one shape or the other, never
-# both, so `sum by (device, ...)` over either gives the GPU's total and the name cannot double count.
-NVLINK_BYTES = Spec(
-    "jaxmon_device_nvlink_data_bytes",
-    "Payload bytes over the GPU's NVLinks by direction since the driver loaded (NVML NVLink throughput counters), "
-    "summed over its links (a link down counts with its last reading); per link (a link label, active links only) "
-    "with --collector.nvml.nvlink-links.",
-    counter=True,
-)
-NVLINK_ERRORS = Spec(
-    "jaxmon_device_nvlink_errors",
-    "NVLink data-link errors by kind (replay, recovery, crc_flit, crc_data) since the driver loaded (NVML), summed "
-    "over the GPU's links (a link down counts with its last reading); per link (a link label, active links only) "
-    "with --collector.nvml.nvlink-links.",
-    counter=True,
 )
 
 
@@ -166,21 +97,6 @@ def sum_links(links: Iterable[NvLink]) -> NvLinkTotals:
         for kind, count in link.errors().items():
             errors[kind] = errors.get(kind, 0) + count
     return NvLinkTotals(sent, errors)
-
-
-MIG_ENABLED = Spec("jaxmon_device_mig_enabled", "1 when the GPU runs in MIG mode, 0 when not; absent without MIG.")
-MIG_INFO = Spec(
-    "jaxmon_mig_device_info",
-    "Each MIG device of a GPU in MIG mode, by its UUID (what pods and CUDA_VISIBLE_DEVICES name), GPU and compute "
-    "instance and profile; always 1.",
-)
-MIG_MEMORY_TOTAL = Spec("jaxmon_mig_device_memory_total_bytes", "Device memory of the MIG device in total (NVML).")
-MIG_MEMORY_USED = Spec("jaxmon_mig_device_memory_used_bytes", "Device memory in use on the MIG device (NVML).")
-MIG_DUTY_CYCLE = Spec(
-    "jaxmon_mig_device_duty_cycle_ratio",
-    "Share of the last sample period the MIG device ran any kernel (NVML, 0-1); absent where the driver does not "
-    "report it for MIG devices.",
-)
 
 
 def gpu_families(
@@ -208,8 +124,12 @@ def gpu_families(
 
 
 def _throttle_and_memory_errors(gpus: Iterable[GpuReading], labels: Labels) -> Iterator[Metric]:
-    throttled, ecc = THROTTLED.new(), ECC.new()
-    rows, pending, failed = REMAPPED_ROWS.new(), REMAPPING_PENDING.new(), REMAPPING_FAILED.new()
+    throttled, ecc = metrics.DEVICE_THROTTLED.new(), metrics.DEVICE_ECC_ERRORS.new()
+    rows, pending, failed = (
+        metrics.DEVICE_REMAPPED_ROWS.new(),
+        metrics.DEVICE_ROW_REMAPPING_PENDING.new(),
+        metrics.DEVICE_ROW_REMAPPING_FAILED.new(),
+    )
     for gpu in gpus:
         own = labels(gpu, None)
         if gpu.clocks_event_reasons is not None:
@@ -228,7 +148,7 @@ def _throttle_and_memory_errors(gpus: Iterable[GpuReading], labels: Labels) -> I
 
 
 def _fans_and_pcie(gpus: Iterable[GpuReading], labels: Labels) -> Iterator[Metric]:
-    fans, pcie = FAN.new(), PCIE_THROUGHPUT.new()
+    fans, pcie = metrics.DEVICE_FAN_SPEED_RATIO.new(), metrics.DEVICE_PCIE_THROUGHPUT_BYTES_PER_SECOND.new()
     for gpu in gpus:
         own = labels(gpu, None)
         for fan, ratio in gpu.fan_speed_ratios or ():
@@ -242,7 +162,11 @@ def _fans_and_pcie(gpus: Iterable[GpuReading], labels: Labels) -> Iterator[Metri
 def _nvlink(
     gpus: Iterable[GpuReading], labels: Labels, totals: Mapping[int, NvLinkTotals], per_link: bool
 ) -> Iterator[Metric]:
-    active, data, errors = NVLINK_ACTIVE.new(), NVLINK_BYTES.new(), NVLINK_ERRORS.new()
+    active, data, errors = (
+        metrics.DEVICE_NVLINK_ACTIVE.new(),
+        metrics.DEVICE_NVLINK_DATA_BYTES.new(),
+        metrics.DEVICE_NVLINK_ERRORS.new(),
+    )
     for gpu in gpus:
         own = labels(gpu, None)
         for link in gpu.nvlinks or ():
@@ -268,8 +192,12 @@ def _nvlink(
 
 
 def _mig(gpus: Iterable[GpuReading], labels: Labels) -> Iterator[Metric]:
-    enabled, info = MIG_ENABLED.new(), MIG_INFO.new()
-    total, used, duty = MIG_MEMORY_TOTAL.new(), MIG_MEMORY_USED.new(), MIG_DUTY_CYCLE.new()
+    enabled, info = metrics.DEVICE_MIG_ENABLED.new(), metrics.MIG_DEVICE_INFO.new()
+    total, used, duty = (
+        metrics.MIG_DEVICE_MEMORY_TOTAL_BYTES.new(),
+        metrics.MIG_DEVICE_MEMORY_USED_BYTES.new(),
+        metrics.MIG_DEVICE_DUTY_CYCLE_RATIO.new(),
+    )
     for gpu in gpus:
         if gpu.mig_enabled is not None:
             add(enabled, labels(gpu, None), 1.0 if gpu.mig_enabled else 0.0)
@@ -289,63 +217,26 @@ def _mig(gpus: Iterable[GpuReading], labels: Labels) -> Iterator[Metric]:
 # GPM (jaxmon/sources/nvml/gpm.py): each value an average over the interval between the GPU's last two GPM samples
 # (at least 100 ms apart; one poll interval apart normally), NVML's percent / 100. A MIG GPU instance's are the same
 # families with the MIG device's labels (mig_uuid, gpu_instance, compute_instance, profile).
-_OVER = "averaged over the interval between the last two GPM samples (one poll interval)"
-GPM_SUPPORTED = Spec(
-    "jaxmon_device_gpm_supported",
-    "1 when NVML serves GPM profiling metrics for the GPU (Hopper and newer), 0 when not (no GPM series for it then; "
-    "the log says why); absent with --collector.nvml.gpm false.",
-)
-SM_ACTIVE = Spec(
-    "jaxmon_device_sm_active_ratio",
-    f"Share of the SMs that were busy (at least one warp resident), {_OVER} (NVML GPM SM_UTIL / 100; dcgm-exporter's "
-    "DCGM_FI_PROF_SM_ACTIVE).",
-)
-SM_OCCUPANCY = Spec(
-    "jaxmon_device_sm_occupancy_ratio",
-    f"Resident warps as a share of the SMs' theoretical maximum, {_OVER} (NVML GPM SM_OCCUPANCY / 100; "
-    "DCGM_FI_PROF_SM_OCCUPANCY).",
-)
-TENSOR_ACTIVE = Spec(
-    "jaxmon_device_tensor_active_ratio",
-    f"Share of cycles any tensor pipe was active, {_OVER} (NVML GPM ANY_TENSOR_UTIL / 100; "
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE).",
-)
-DRAM_ACTIVE = Spec(
-    "jaxmon_device_dram_active_ratio",
-    f"Device memory bandwidth used as a share of its peak, {_OVER} (NVML GPM DRAM_BW_UTIL / 100; "
-    "DCGM_FI_PROF_DRAM_ACTIVE).",
-)
-GRAPHICS_ENGINE_ACTIVE = Spec(
-    "jaxmon_device_graphics_engine_active_ratio",
-    f"Share of time the graphics/compute engine was active, {_OVER} (NVML GPM GRAPHICS_UTIL / 100; "
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE).",
-)
-PIPE_ACTIVE = Spec(
-    "jaxmon_device_pipe_active_ratio",
-    f"Share of cycles each SM pipe was active, {_OVER}, by pipe: fp64, fp32, fp16 (non-tensor math), tensor_hmma, "
-    "tensor_imma, tensor_dfma, integer (NVML GPM *_UTIL / 100; DCGM_FI_PROF_PIPE_*_ACTIVE); with "
-    "--collector.nvml.gpm-pipes.",
-)
 # GPM metric id -> (family, its `pipe` label or None).
-GPM_SERIES: dict[int, tuple[Spec, str | None]] = {
-    1: (GRAPHICS_ENGINE_ACTIVE, None),
-    2: (SM_ACTIVE, None),
-    3: (SM_OCCUPANCY, None),
-    5: (TENSOR_ACTIVE, None),
-    10: (DRAM_ACTIVE, None),
-    11: (PIPE_ACTIVE, "fp64"),
-    12: (PIPE_ACTIVE, "fp32"),
-    13: (PIPE_ACTIVE, "fp16"),
-    7: (PIPE_ACTIVE, "tensor_hmma"),
-    9: (PIPE_ACTIVE, "tensor_imma"),
-    6: (PIPE_ACTIVE, "tensor_dfma"),
-    4: (PIPE_ACTIVE, "integer"),
+GPM_SERIES: dict[int, tuple[Family, str | None]] = {
+    1: (metrics.DEVICE_GRAPHICS_ENGINE_ACTIVE_RATIO, None),
+    2: (metrics.DEVICE_SM_ACTIVE_RATIO, None),
+    3: (metrics.DEVICE_SM_OCCUPANCY_RATIO, None),
+    5: (metrics.DEVICE_TENSOR_ACTIVE_RATIO, None),
+    10: (metrics.DEVICE_DRAM_ACTIVE_RATIO, None),
+    11: (metrics.DEVICE_PIPE_ACTIVE_RATIO, "fp64"),
+    12: (metrics.DEVICE_PIPE_ACTIVE_RATIO, "fp32"),
+    13: (metrics.DEVICE_PIPE_ACTIVE_RATIO, "fp16"),
+    7: (metrics.DEVICE_PIPE_ACTIVE_RATIO, "tensor_hmma"),
+    9: (metrics.DEVICE_PIPE_ACTIVE_RATIO, "tensor_imma"),
+    6: (metrics.DEVICE_PIPE_ACTIVE_RATIO, "tensor_dfma"),
+    4: (metrics.DEVICE_PIPE_ACTIVE_RATIO, "integer"),
 }
 assert set(GPM_SERIES) == set(GPM_METRICS)
 
 
 def _gpm(gpus: Iterable[GpuReading], labels: Labels, pipes: bool) -> Iterator[Metric]:
-    supported = GPM_SUPPORTED.new()
+    supported = metrics.DEVICE_GPM_SUPPORTED.new()
     families = {spec.name: spec.new() for spec, _ in GPM_SERIES.values()}
     for gpu in gpus:
         if gpu.gpm_supported is not None:
@@ -362,3 +253,51 @@ def _gpm(gpus: Iterable[GpuReading], labels: Labels, pipes: bool) -> Iterator[Me
                     add(families[spec.name], {**own, "pipe": pipe}, value)
     yield supported
     yield from families.values()
+
+
+# Per-process utilization (nvmlDeviceGetProcessesUtilizationInfo / nvmlDeviceGetProcessUtilization): (family,
+# ProcessUtilization attribute), labelled as each process's device memory (the GPU's labels, pid, workload).
+PROCESS_UTILIZATION: tuple[tuple[Family, str], ...] = (
+    (
+        metrics.PROCESS_SM_UTILIZATION_RATIO,
+        "sm",
+    ),
+    (
+        metrics.PROCESS_MEMORY_BANDWIDTH_UTILIZATION_RATIO,
+        "memory",
+    ),
+    (
+        metrics.PROCESS_ENCODER_UTILIZATION_RATIO,
+        "encoder",
+    ),
+    (
+        metrics.PROCESS_DECODER_UTILIZATION_RATIO,
+        "decoder",
+    ),
+)
+
+
+def busiest(processes: Iterable[ProcessUtilization], bound: int) -> list[ProcessUtilization]:
+    """The `bound` processes with the most SM use (then memory bandwidth, then the lower pid): on a shared GPU the
+    question is who uses it, which a process's memory does not answer (a small server may take most of the SMs)."""
+    return sorted(processes, key=lambda p: (-p.sm, -p.memory, p.pid))[:bound]
+
+
+def process_utilization(
+    gpus: Iterable[GpuReading],
+    labels: Labels,
+    workloads: Mapping[int, str],
+    bound: int,
+) -> Iterator[Metric]:
+    """Each GPU's `bound` busiest processes' utilization (a pid is a new series: bounded as the process memory is);
+    GPUs without per-process utilization (MIG, an old driver: None) give none."""
+    families = [(spec.new(), attr) for spec, attr in PROCESS_UTILIZATION]
+    for gpu in gpus:
+        for proc in busiest(gpu.process_utilization or (), bound):
+            own = {**labels(gpu, None), "pid": str(proc.pid)}
+            if proc.pid in workloads:
+                own["workload"] = workloads[proc.pid]
+            for fam, attr in families:
+                add(fam, own, getattr(proc, attr))
+    for fam, _ in families:
+        yield fam

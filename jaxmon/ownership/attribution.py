@@ -17,7 +17,7 @@ Device ids are the device plugins' (docs/deploy.md, "Pod attribution"):
 
 Several holders of one device (a time-sliced GPU) give one label set, each label the sorted, distinct values of
 the holders joined by commas (jaxmon.ownership.owners): one series per device, so sums over pods or namespaces count the
-device once. `jaxmon_kubernetes_pod_device_info` lists each holder on its own.
+device once. The kubelet's device info (metrics.KUBERNETES_POD_DEVICE_INFO) lists each holder on its own.
 """
 
 from __future__ import annotations
@@ -121,6 +121,6 @@ def accelerators(
     gpu_resources: Sequence[str] = GPU_RESOURCES,
     tpu_resources: Sequence[str] = TPU_RESOURCES,
 ) -> tuple[Allocation, ...]:
-    """The allocations of the GPU and TPU resources, in a stable order (jaxmon_kubernetes_pod_device_info)."""
+    """The allocations of the GPU and TPU resources, in a stable order (metrics.KUBERNETES_POD_DEVICE_INFO)."""
     kept = [a for a in found if matches(a.resource, gpu_resources) or matches(a.resource, tpu_resources)]
     return tuple(sorted(kept, key=lambda a: (a.namespace, a.pod, a.container, a.resource, a.device_ids)))

@@ -71,7 +71,7 @@ class Resolution:
 
     `devices` has the shape of jaxmon.ownership.attribution.Attribution.gpus (owners by identity), with the claim in
     each owner (`claim_owner`); `resolved` pairs each claimed device with its identity, in the kubelet's order
-    (jaxmon_kubernetes_pod_device_info).
+    (metrics.KUBERNETES_POD_DEVICE_INFO).
     """
 
     devices: Mapping[DeviceId, frozenset[Owner]] = field(default_factory=dict)

@@ -30,7 +30,7 @@ The rules (the labels and the tests of the per-collector stamping before it):
   device's; a pid no source knows keeps its device's, as before. A pid whose owners are an empty set (a process
   of a pod its source cannot name: jaxmon.ownership.pidowners) carries no owner labels at all, never its device's, which
   may be other pods'.
-- A series that already carries `pod` (the kubelet's own jaxmon_kubernetes_pod_device_info, a workload's
+- A series that already carries `pod` (the kubelet's own metrics.KUBERNETES_POD_DEVICE_INFO, a workload's
   scheduler labels) is left as it is.
 """
 
@@ -130,7 +130,7 @@ class OwnerIndex:
         if mig is not None:
             return self.owners.labels((device_id(MIG_UUID, mig),))
         if source is None or source == self._source:
-            # This process's own JAX devices (memory, probe, their jaxmon_device_info row): the ones labelled as
+            # This process's own JAX devices (memory, probe, their metrics.DEVICE_INFO row): the ones labelled as
             # the snapshot labels them. A spooled workload's device (another `workload`) is numbered by its own
             # process, which says nothing of which GPU it is.
             if workload != self._workload:

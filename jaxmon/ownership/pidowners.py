@@ -18,7 +18,7 @@ names them; its state offers the result as the owner transform's pid map. The ru
   holders, which may be other pods. The collector has asked for a pods list at once (above), so a new pod's
   processes are named a poll or two later. A process whose pod a list
   taken after it was first seen still does not name (a static pod, whose mirror has another UID) is counted once
-  (`jaxmon_kubernetes_process_problems_total{reason="pod_not_listed"}`) and logged once.
+  (metrics.KUBERNETES_PROCESS_PROBLEMS, `reason="pod_not_listed"`) and logged once.
 - A process whose cgroup names no pod (the host's, a plain container's), or that ended before its cgroup was read,
   is not in the map: its series keep their GPU's owners, as before.
 

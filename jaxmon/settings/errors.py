@@ -2,7 +2,7 @@
 wrong with it, and what was probably meant.
 
 pydantic reports every source alike (its `Value error,` prefix, the value twice, a dotted location that is no
-flag); the loader records where each setting came from (`Given`) and these functions speak in those words.
+flag); the loader records where each setting came from (`Origin`) and these functions speak in those words.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ OTHER_VARIABLES = (
 
 
 @dataclass(frozen=True)
-class Given:
+class Origin:
     """Where one setting came from, as the user wrote it."""
 
     source: Source
@@ -43,7 +43,7 @@ class Given:
         return self.spelling
 
 
-Origins = dict[Path_, Given]
+Origins = dict[Path_, Origin]
 
 
 def suggestion(word: str, choices: Iterable[str], prefix: str = "", cutoff: float = 0.6) -> str:
@@ -122,7 +122,7 @@ def _message(error: Mapping[str, Any]) -> str:
     return f"{msg} (got {given!r})"
 
 
-def _where(loc: Path_, origins: Mapping[Path_, Given]) -> str:
+def _where(loc: Path_, origins: Mapping[Path_, Origin]) -> str:
     """The setting at `loc` as the user gave it."""
     if loc in origins:
         return str(origins[loc])
@@ -134,7 +134,7 @@ def _where(loc: Path_, origins: Mapping[Path_, Given]) -> str:
     return ", ".join(below) if below else dotted(loc) or "settings"  # a check across a section's settings
 
 
-def describe(err: ValidationError, origins: Mapping[Path_, Given], title: str = "invalid settings") -> str:
+def describe(err: ValidationError, origins: Mapping[Path_, Origin], title: str = "invalid settings") -> str:
     """One line per error: the setting as the user gave it, and what is wrong, in plain words."""
     lines = []
     for e in err.errors():

@@ -41,11 +41,15 @@ _GENERIC = {"DURATION": "30s", "int": "8", "float": "0.5", "str": "TEXT"}
 
 # The sections that act only inside the workload process (jaxmon.start(), jaxmon.publish()): a daemon accepts them
 # and they change nothing there (tests/unit/test_cli.py holds this to each collector's `unavailable`).
-WORKLOAD_ONLY = ("collector.compile", "collector.training", "collector.default-registry")
+WORKLOAD_ONLY = ("collector.compile", "collector.training", "collector.checkpoint", "collector.default-registry")
 WORKLOAD_ONLY_NOTE = (
     "Workload only: these act inside the training process, set by jaxmon.start(collector={'NAME': {...}}) or "
     "jaxmon.publish(...) there, or by its JAXMON_COLLECTOR__UPPER__* variables or YAML file. jaxmon serve "
     "accepts them, and they change nothing there."
+)
+WORKLOAD_NESTED_NOTE = (
+    "Workload only, as SECTION's: these act inside the training process (jaxmon.start(), jaxmon.publish()), never "
+    "on the daemon's own devices."
 )
 
 
@@ -121,16 +125,26 @@ def _example(flag: str, metavar: str, help_text: object) -> str:
     return _GENERIC.get(metavar, metavar)
 
 
+def _workload_section(section: str) -> str | None:
+    """The `WORKLOAD_ONLY` section that `section` is or is inside (`collector.training.profile`), else None."""
+    return next((s for s in WORKLOAD_ONLY if section == s or section.startswith(s + ".")), None)
+
+
 def group_hook(add_group: AddGroup) -> AddGroup:
-    """An `add_argument_group_method` for CliSettingsSource: the `WORKLOAD_ONLY` sections' titles say so."""
+    """An `add_argument_group_method` for CliSettingsSource: the `WORKLOAD_ONLY` sections' titles say so, and so do
+    the titles of the sections nested in them."""
 
     def add_argument_group(parser: Any, **kwargs: Any) -> Any:
         title = kwargs.get("title")
         section = title.removesuffix(" options") if isinstance(title, str) else ""
-        if section in WORKLOAD_ONLY:
-            name = section.removeprefix("collector.").replace("-", "_")
+        outer = _workload_section(section)
+        if outer is not None:
             kwargs["title"] = f"{section} options (workload only)"
-            note = WORKLOAD_ONLY_NOTE.replace("NAME", name).replace("UPPER", name.upper())
+            if section == outer:
+                name = section.removeprefix("collector.").replace("-", "_")
+                note = WORKLOAD_ONLY_NOTE.replace("NAME", name).replace("UPPER", name.upper())
+            else:
+                note = WORKLOAD_NESTED_NOTE.replace("SECTION", outer)
             kwargs["description"] = textwrap.fill(note, 76)  # argparse indents it by 2
         return add_group(parser, **kwargs)
 

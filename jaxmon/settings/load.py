@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_settings import CliSettingsSource
 
 import jaxmon.settings.aliases as aliases
-from jaxmon.settings.errors import Given, Origins, config_problems, describe, environment_names, suggestion
+from jaxmon.settings.errors import Origin, Origins, config_problems, describe, environment_names, suggestion
 from jaxmon.settings.fields import ENV_PREFIX, Path_, dotted, flag, is_switch, leaves, lookup, path_of_flag, variable
 from jaxmon.settings.help import group_hook, help_hook
 from jaxmon.settings.schema import Settings, SettingsError
@@ -102,7 +102,7 @@ def _flags(model: type[BaseModel], argv: Sequence[str], passthrough: Sequence[st
             path: Path_ = ("collector", shorthand.group(2), "enabled")
             value = value if eq else ("false" if negated else "true")
             out.append(f"{flag(path)}={value}")
-            read.origins[path] = Given("flag", name)
+            read.origins[path] = Origin("flag", name)
             continue
         written = path_of_flag("--" + name[len("--no-") :] if negated else name)
         path = aliases.current_path(written)
@@ -126,7 +126,7 @@ def _flags(model: type[BaseModel], argv: Sequence[str], passthrough: Sequence[st
             if not eq and i < len(argv) and not argv[i].startswith("-"):
                 i += 1  # its value, most likely: not a second problem
             continue
-        read.origins[path] = Given("flag", name)
+        read.origins[path] = Origin("flag", name)
         if path != written and written[0] in aliases.OLD:
             read.notes.append(f"{name} is the old name of {flag(path)} (both work)")
     return out, read
@@ -168,7 +168,7 @@ def _environment(model: type[BaseModel], environ: Mapping[str, str]) -> _Read:
         if isinstance(target, type) or get_origin(target.annotation) is list:  # a section, or a list
             value = _json_or_text(value)
         _set(read.data, path, value)
-        read.origins[path] = Given("environment", var)
+        read.origins[path] = Origin("environment", var)
         if path != written and written[0] in aliases.OLD:
             read.notes.append(f"{var} is the old name of {variable(path)} (both work)")
     return read
@@ -204,7 +204,7 @@ def _record(
         for key, inner in value.items():
             _record(model, inner, (*written, str(key)), (*path, str(key)), source, spell, origins)
     else:
-        origins[path] = Given(source, spell(written))
+        origins[path] = Origin(source, spell(written))
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -9,10 +9,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from jaxmon.checkpoints import CheckpointReading
 from jaxmon.device_readings import ArrayBytes, BackendStatus, DeviceInfo, ProbeKernel
 
 if TYPE_CHECKING:  # a type alone: the sources load nothing of the tracker
-    from jaxmon.training.reading import TrainingReading
+    from jaxmon.training_readings import TrainingReading
 
 # A trace of the training process on demand (/debug/trace): `(directory, steps, seconds)` records `steps` whole steps
 # or `seconds` (one of the two) into `directory` and returns it as a gzip tar.
@@ -56,6 +57,9 @@ class InProcess(Protocol):
     def compile_counts(self) -> dict[str, float]:
         """Compile counters since start."""
 
+    def checkpoints(self) -> CheckpointReading:
+        """The process's last checkpoint (Orbax's saves, jaxmon.checkpointed())."""
+
     def device_memory_profile(self) -> bytes:
         """The process's live device buffers as a gzipped pprof profile (slow: call off the event loop)."""
 
@@ -66,6 +70,9 @@ class InProcess(Protocol):
     @property
     def trace_demand(self) -> TraceDemand | None:
         """Traces of this process's steps on demand (/debug/trace), None without a tracker."""
+
+    def settle(self, timeout: float) -> None:
+        """Every step handed by now booked, waiting `timeout` at most: before a last document or scrape."""
 
     def release(self) -> None:
         """The exporter or publisher that holds this view stopped: it lets go of its share of the tracker (the last

@@ -1,10 +1,10 @@
 """Which discovered devices jaxmon reads: the host's CPU backend is left out beside an accelerator.
 
 JAX starts its CPU backend on every host. Where a GPU or TPU backend is up too, the CPU "device" is the host's own
-cores: read, it adds a second `jaxmon_device_info`, memory series that say `supported` 0, probe runs every interval
-and a utilization that only tracks the host's load, to every dashboard. So by default only the accelerators'
-devices are read there; CPU devices are read where they are the only devices, or when `devices.include_cpu` asks
-(a job that places work on CPU devices on purpose).
+cores: read, it adds a second device identity (metrics.DEVICE_INFO), memory series that say `supported` 0, probe
+runs every interval and a utilization that only tracks the host's load, to every dashboard. So by default only the
+accelerators' devices are read there; CPU devices are read where they are the only devices, or when
+`devices.include_cpu` asks (a job that places work on CPU devices on purpose).
 """
 
 from __future__ import annotations

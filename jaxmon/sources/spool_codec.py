@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from jaxmon.allocator import memory_numbers
+from jaxmon.checkpoints import CheckpointReading
 from jaxmon.device_readings import HOST_MEMORY_KINDS, ArrayBytes, DeviceInfo, MemoryReading
-from jaxmon.sources.spool_document import SpoolDevice, SpoolDocument, SpoolTraining
-from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
+from jaxmon.sources.spool_document import SpoolCheckpoint, SpoolDevice, SpoolDocument, SpoolTraining
+from jaxmon.training_readings import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 
 # The longest error text a document carries (SpoolDevice.error's bound).
 MAX_ERROR = 4096
@@ -124,6 +125,8 @@ class WorkloadReport:
     training: TrainingReading | None = None
     process_count: int | None = None
     scheduler: Mapping[str, str] = field(default_factory=dict)
+    process_started: float | None = None  # None: an older publisher (its `started` stands for it)
+    checkpoint: CheckpointReading | None = None
 
 
 def workload_report(doc: SpoolDocument) -> WorkloadReport:
@@ -164,6 +167,8 @@ def workload_report(doc: SpoolDocument) -> WorkloadReport:
         training=None if doc.training is None else training_reading(doc.training, doc.time),
         process_count=doc.process_count,
         scheduler=dict(doc.scheduler),
+        process_started=doc.process_started,
+        checkpoint=None if doc.checkpoint is None else CheckpointReading(**doc.checkpoint.model_dump()),
     )
 
 
@@ -171,7 +176,9 @@ def training_reading(spooled: SpoolTraining, time: float) -> TrainingReading:
     """A published training section of a document written at `time` as the reading it was made from (+Inf bucket
     from the count, the start from the seconds elapsed by then)."""
     fields = spooled.model_dump()
-    fields["start_time_seconds"] = time - fields.pop("elapsed_seconds")
+    # To the millisecond: the difference of two floats near 1.8e9 varies in its last bits from one document to the
+    # next, and a start time that changes is a restart to Prometheus (changes(), JaxmonTrainingRestarted).
+    fields["start_time_seconds"] = round(time - fields.pop("elapsed_seconds"), 3)
     fields["duration_buckets"] = (
         (*((b, c) for b, c in spooled.duration_buckets), (float("inf"), spooled.duration_count))
         if spooled.duration_count or spooled.duration_buckets
@@ -201,3 +208,10 @@ def training_reading(spooled: SpoolTraining, time: float) -> TrainingReading:
             ),
         )
     return TrainingReading(**fields)
+
+
+def spool_checkpoint(reading: CheckpointReading) -> SpoolCheckpoint | None:
+    """A process's checkpoint reading as a document's section (None: nothing to say)."""
+    if reading == CheckpointReading():
+        return None
+    return SpoolCheckpoint.model_validate(asdict(reading))

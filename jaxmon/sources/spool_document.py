@@ -149,7 +149,7 @@ class SpoolDeviceTraining(BaseModel):
 
 
 class SpoolDeviceProfile(BaseModel):
-    """One device's time in the sampled traces (jaxmon.training.reading.DeviceProfile)."""
+    """One device's time in the sampled traces (jaxmon.training_readings.DeviceProfile)."""
 
     model_config = _MODEL
 
@@ -166,7 +166,7 @@ class SpoolDeviceProfile(BaseModel):
 
 
 class SpoolProfile(BaseModel):
-    """The sampled traces of a training process (jaxmon.training.reading.ProfileReading)."""
+    """The sampled traces of a training process (jaxmon.training_readings.ProfileReading)."""
 
     model_config = _MODEL
 
@@ -176,7 +176,7 @@ class SpoolProfile(BaseModel):
 
 
 class SpoolTraining(BaseModel):
-    """A workload process's training telemetry (schema 2; jaxmon.training.reading.TrainingReading)."""
+    """A workload process's training telemetry (schema 2; jaxmon.training_readings.TrainingReading)."""
 
     model_config = _MODEL
 
@@ -197,7 +197,7 @@ class SpoolTraining(BaseModel):
     devices: list[SpoolDeviceTraining] = Field(default_factory=list, max_length=4096)
     problems: dict[Kind, Count] = Field(default_factory=dict, max_length=16)
     profile: SpoolProfile | None = None  # sampled traces; absent when they are off (and before this field existed)
-    # schema 3: the loss gauge by name (jaxmon.training.reading.bounded_loss's bounds) and the step it is of
+    # schema 3: the loss gauge by name (jaxmon.training_readings.bounded_loss's bounds) and the step it is of
     loss: dict[Kind, LossValue] = Field(default_factory=dict, max_length=16)
     loss_step: Int64 | None = None
 
@@ -209,6 +209,17 @@ class SpoolTraining(BaseModel):
         if bounds != sorted(set(bounds)) or counts != sorted(counts):
             raise ValueError("duration_buckets must rise in bound and never fall in count, up to duration_count")
         return self
+
+
+class SpoolCheckpoint(BaseModel):
+    """The process's last checkpoint and the interval its job declared (jaxmon.checkpoints.CheckpointReading)."""
+
+    model_config = _MODEL
+
+    step: Int64 | None = None
+    time: Timestamp | None = None
+    interval_seconds: float | None = Field(default=None, gt=0, le=2.0**32)
+    interval_steps: Count | None = None
 
 
 class SpoolDocument(BaseModel):
@@ -224,11 +235,15 @@ class SpoolDocument(BaseModel):
     jax_version: str = Field(max_length=64)
     time: Timestamp
     started: Timestamp
+    # When the process started, as far as jaxmon saw it (its first import of the publisher): its compile counters
+    # count from then, whatever publishers it started and stopped. Absent from older publishers (then `started`).
+    process_started: Timestamp | None = None
     interval: float = Field(gt=0, le=86400)
     devices: list[SpoolDevice] = Field(max_length=4096)
     compile: SpoolCompile = SpoolCompile()
     training: SpoolTraining | None = None  # schema 2: absent before the process's first jaxmon.step()
     process_count: Count | None = None  # schema 2: jax.process_count()
+    checkpoint: SpoolCheckpoint | None = None  # schema 3: absent from older publishers
     # schema 2: where the scheduler put the process (jaxmon.identity.scheduler_labels: pod, namespace, node, ...)
     scheduler: dict[Annotated[str, Field(pattern=r"^[a-z_]{1,32}$")], Annotated[str, Field(max_length=253)]] = Field(
         default_factory=dict, max_length=8

@@ -1,7 +1,7 @@
 """`jaxmon top`'s job view: the processes of each training workload across the endpoints, and the slowest one.
 
 A synchronous job runs at its slowest process's pace, and every process's step takes the slowest one's time, so
-the slowest is the one whose devices wait most for its host (jaxmon_training_host_wait_seconds_total), as the
+the slowest is the one whose devices wait most for its host (metrics.TRAINING_HOST_WAIT_SECONDS), as the
 job rules of deploy/prometheus/job.yml judge it over a window in Prometheus.
 """
 

@@ -7,39 +7,41 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from jaxmon.catalog import metrics as c
+
 # Allocator numbers, keyed by device, platform and (for spooled or embedded workloads) workload.
 _ALLOCATOR = {
-    "jaxmon_memory_bytes_in_use": "in_use",
-    "jaxmon_memory_live_array_bytes": "live",
-    "jaxmon_memory_limit_bytes": "limit",
-    "jaxmon_memory_free_bytes": "free",
-    "jaxmon_memory_reserved_bytes": "reserved",
-    "jaxmon_memory_fragmentation_ratio": "fragmentation",
-    "jaxmon_memory_largest_allocatable_bytes": "allocatable",
-    "jaxmon_memory_read_success": "read_ok",
-    "jaxmon_device_up": "up",
-    "jaxmon_device_utilization_ratio": "probe",
+    c.MEMORY_BYTES_IN_USE.exposed: "in_use",
+    c.MEMORY_LIVE_ARRAY_BYTES.exposed: "live",
+    c.MEMORY_LIMIT_BYTES.exposed: "limit",
+    c.MEMORY_FREE_BYTES.exposed: "free",
+    c.MEMORY_RESERVED_BYTES.exposed: "reserved",
+    c.MEMORY_FRAGMENTATION_RATIO.exposed: "fragmentation",
+    c.MEMORY_LARGEST_ALLOCATABLE_BYTES.exposed: "allocatable",
+    c.MEMORY_READ_SUCCESS.exposed: "read_ok",
+    c.DEVICE_UP.exposed: "up",
+    c.DEVICE_UTILIZATION_RATIO.exposed: "probe",
 }
 # A training workload process's numbers (jaxmon.step()), shown on the rows of its devices.
 _TRAINING = {
-    "jaxmon_training_step": "step",
-    "jaxmon_training_step_duration_seconds_sum": "sum",
-    "jaxmon_training_step_duration_seconds_count": "count",
-    "jaxmon_training_dispatched_step": "dispatched",
-    "jaxmon_training_host_wait_seconds_total": "wait",
-    "jaxmon_training_start_time_seconds": "start",
-    "jaxmon_training_last_step_timestamp_seconds": "last",
-    "jaxmon_training_productive_seconds_total": "productive",
-    "jaxmon_training_tokens_total": "tokens",
+    c.TRAINING_STEP.exposed: "step",
+    c.TRAINING_STEP_DURATION_SECONDS.name + "_sum": "sum",
+    c.TRAINING_STEP_DURATION_SECONDS.name + "_count": "count",
+    c.TRAINING_DISPATCHED_STEP.exposed: "dispatched",
+    c.TRAINING_HOST_WAIT_SECONDS.exposed: "wait",
+    c.TRAINING_START_TIME_SECONDS.exposed: "start",
+    c.TRAINING_LAST_STEP_TIMESTAMP_SECONDS.exposed: "last",
+    c.TRAINING_PRODUCTIVE_SECONDS.exposed: "productive",
+    c.TRAINING_TOKENS.exposed: "tokens",
 }
 # Summed over its kinds: with productive, the workload's time from its start to its last completion on its own
 # monotonic clock (the two timestamps are the wall clock's, which may have been stepped in between).
-_BADPUT = "jaxmon_training_badput_seconds_total"
+_BADPUT = c.TRAINING_BADPUT_SECONDS.exposed
 # Device-wide numbers (NVML, libtpu): one per physical device, shown on every row of that device.
 _DEVICE_WIDE = {
-    "jaxmon_device_duty_cycle_ratio": "duty",
-    "jaxmon_device_memory_used_bytes": "device_used",
-    "jaxmon_device_memory_total_bytes": "device_total",
+    c.DEVICE_DUTY_CYCLE_RATIO.exposed: "duty",
+    c.DEVICE_MEMORY_USED_BYTES.exposed: "device_used",
+    c.DEVICE_MEMORY_TOTAL_BYTES.exposed: "device_total",
 }
 
 
@@ -80,7 +82,7 @@ class Row:
     step_count: float | None = None
     step_time: float | None = None
     mfu: float | None = None
-    # Its process's loss (jaxmon_training_loss): the value named `loss`, else the first name's in sorted order.
+    # Its process's loss: the value named `loss`, else the first name's in sorted order.
     loss: float | None = None
     # The row's process in its job (jaxmon.step()'s process_index), the last step it handed to step(), and the
     # share of time its devices waited for its host (since the previous scrape, else since its jaxmon started).
@@ -118,7 +120,7 @@ class Row:
 
 @dataclass(frozen=True)
 class ProcessRow:
-    """One compute process on a device, as NVML lists it (jaxmon_process_device_memory_bytes)."""
+    """One compute process on a device, as NVML lists it (c.PROCESS_DEVICE_MEMORY_BYTES)."""
 
     endpoint: str
     platform: str
@@ -133,10 +135,10 @@ class Scrape:
     """What one scrape of /metrics says: the rows, and the daemon-wide health series."""
 
     rows: list[Row] = field(default_factory=list)
-    collectors: dict[str, float] = field(default_factory=dict)  # jaxmon_collector_success{collector}
-    # jaxmon_device_source_up{device,platform,source}: per source, (devices it answered for, devices it covers).
+    collectors: dict[str, float] = field(default_factory=dict)  # c.COLLECTOR_SUCCESS by collector
+    # c.DEVICE_SOURCE_UP: per source, (devices it answered for, devices it covers).
     sources: dict[str, tuple[int, int]] = field(default_factory=dict)
-    processes: list[ProcessRow] = field(default_factory=list)  # jaxmon_process_device_memory_bytes (NVML)
+    processes: list[ProcessRow] = field(default_factory=list)  # c.PROCESS_DEVICE_MEMORY_BYTES (NVML)
 
 
 class ScrapeError(ValueError):
@@ -172,7 +174,7 @@ def parse_exposition(text: str, endpoint: str) -> Scrape:
         for s in family.samples:
             if s.name in _ALLOCATOR and "device" in s.labels:
                 setattr(row(s.labels), _ALLOCATOR[s.name], s.value)
-            elif s.name == "jaxmon_device_info" and "device" in s.labels:
+            elif s.name == c.DEVICE_INFO.exposed and "device" in s.labels:
                 r = row(s.labels)
                 r.kind = s.labels.get("device_kind") or None
                 process_of[r.key] = s.labels.get("process_index", "")
@@ -184,20 +186,20 @@ def parse_exposition(text: str, endpoint: str) -> Scrape:
                 per_process = training.setdefault(process, {})
                 per_process["badput"] = per_process.get("badput", 0.0) + s.value
                 kinds.setdefault(process, {})[s.labels.get("kind", "")] = s.value
-            elif s.name == "jaxmon_training_loss" and "workload" in s.labels:
+            elif s.name == c.TRAINING_LOSS.exposed and "workload" in s.labels:
                 process = (s.labels["workload"], s.labels.get("process_index", ""))
                 losses.setdefault(process, {})[s.labels.get("name", "")] = s.value
-            elif s.name == "jaxmon_training_model_flops_utilization_ratio" and "device" in s.labels:
+            elif s.name == c.TRAINING_MODEL_FLOPS_UTILIZATION_RATIO.exposed and "device" in s.labels:
                 row(s.labels).mfu = s.value
             elif s.name in _DEVICE_WIDE and "device" in s.labels:
                 per_device = device_wide.setdefault((s.labels.get("platform", ""), s.labels["device"]), {})
                 per_device[_DEVICE_WIDE[s.name]] = (s.value, s.labels.get("source", ""))
-            elif s.name == "jaxmon_process_device_memory_bytes" and "pid" in s.labels:
+            elif s.name == c.PROCESS_DEVICE_MEMORY_BYTES.exposed and "pid" in s.labels:
                 platform, device, workload = (s.labels.get(k, "") for k in ("platform", "device", "workload"))
                 out.processes.append(ProcessRow(endpoint, platform, device, s.labels["pid"], workload, s.value))
-            elif s.name == "jaxmon_collector_success" and "collector" in s.labels:
+            elif s.name == c.COLLECTOR_SUCCESS.exposed and "collector" in s.labels:
                 out.collectors[s.labels["collector"]] = s.value
-            elif s.name == "jaxmon_device_source_up" and "source" in s.labels:
+            elif s.name == c.DEVICE_SOURCE_UP.exposed and "source" in s.labels:
                 up, total = out.sources.get(s.labels["source"], (0, 0))
                 out.sources[s.labels["source"]] = (up + (s.value == 1), total + 1)
                 if s.value != 1 and "device" in s.labels:
@@ -218,7 +220,7 @@ def parse_exposition(text: str, endpoint: str) -> Scrape:
     for r in rows.values():
         if not r.key.workload:
             continue
-        # The row's own process where jaxmon_device_info says which; else the workload's one process.
+        # The row's own process where its device's info says which; else the workload's one process.
         mine = [(p, v) for (w, p), v in training.items() if w == r.key.workload and p == process_of.get(r.key, p)]
         if len(mine) == 1:
             r.process_index, numbers = mine[0]

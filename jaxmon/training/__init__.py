@@ -9,7 +9,8 @@
             with jaxmon.badput("checkpoint"):
                 save(state)
 
-`step()` returns at once and never raises: a waiter thread of jaxmon's sees each step complete (tracker.py).
+`step()` returns at once and never raises: a waiter thread of jaxmon's books the steps (docs/training.md, "How a step
+is measured").
 Without a running `jaxmon.start()` or `jaxmon.publish()` the three calls do nothing (one warning).
 """
 
@@ -17,9 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import os
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -29,12 +28,11 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 import structlog
 
 from jaxmon.finalization import EXIT_WAIT, before_finalization
+from jaxmon.training.hand import HAND
+from jaxmon.training.hand import not_running as _not_running
 
-if TYPE_CHECKING:  # the tracker is imported when one starts: a daemon reading a spool never loads it
-    from jaxmon.training.hand import HAND
+if TYPE_CHECKING:  # the tracker is imported when one starts (activate()): the step's side alone is loaded here
     from jaxmon.training.tracker import Program, Tracker, TrackerConfig, TrainingOps
-
-    step = HAND.step
 
 log = structlog.get_logger("jaxmon.training")
 
@@ -120,26 +118,14 @@ def current() -> Tracker | None:
     return _tracker
 
 
-# The process's hand (hand.py), made on first use of `step` (PEP 562): it loads the sampler's modules, which a
-# daemon that imports this package for reading.py never needs.
-HAND_MODULE = "jaxmon.training.hand"
-
-
-def __getattr__(name: str) -> object:
-    """`step` on first use: jaxmon.step(n, *ready, examples=, tokens=, model_flops=) is the process's hand's bound
-    method, one Python call a step; it does nothing (one warning) while no start() or publish() runs. Bound here,
-    after which this hook is gone (as in jaxmon/__init__.py)."""
-    if name != "step":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    namespace = globals()
-    namespace["step"] = importlib.import_module(HAND_MODULE).HAND.step
-    namespace.pop("__getattr__", None)  # another thread may have come first
-    return namespace["step"]
+# jaxmon.step(n, *ready, examples=, tokens=, model_flops=): the process's hand's bound method, one Python call a step
+# (hand.py); it does nothing (one warning) while no start() or publish() runs.
+step = HAND.step
 
 
 def not_running(what: str) -> None:
     """jaxmon.`what`() was called with no tracker running: said once, at the caller's line (hand.py)."""
-    importlib.import_module(HAND_MODULE).not_running(what, stacklevel=4)
+    _not_running(what, stacklevel=4)
 
 
 @contextlib.contextmanager
@@ -224,9 +210,7 @@ def _after_fork_in_child() -> None:
     global _tracker, _lock, _users, _unregister_exit
     _tracker, _users, _unregister_exit = None, 0, None
     _lock = threading.Lock()
-    hand = sys.modules.get(HAND_MODULE)  # not imported: no step() was ever handed
-    if hand is not None:
-        hand.HAND.disarm()
+    HAND.disarm()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -14,7 +14,13 @@ steps `n0` to `n0 + steps - 1` holds it when they meet, unless earlier intervals
 `n0 - LEAD` on too (a `badput("data")` around each step's batch: the loop's steady state, which a sample should show,
 not dodge). The retry block is the first multiple of `steps + LEAD` at least `LEAD` steps past the last marked step (its
 trace starts on the first step handed after the badput closed), at most MAX_RETRIES times after a regular block, and
-only where it ends before the next regular block's trace starts (else that one is tried instead).
+only where it ends before the next regular block's trace starts, `lead` steps before it (else that one is tried
+instead).
+
+A trace is asked for `lead` steps before its block (LEAD, or more where the profiler is slow to start: the sampler's
+lead). An interval that opens after that but before the block's first step marks the block only if it is still open
+when it closes past the block's first step: an eval right after step `n0 - 3` marks step `n0 - 2`, not the block. One
+open when the trace is asked for spans a hand-off already: it marks the block (a badput that long is likely to).
 
 Not thread-safe: the sampler calls it with its lock held; `retry` alone is read without (jaxmon.step()'s check).
 """
@@ -24,9 +30,8 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 
-# The trace starts when step n0 - LEAD is handed: step n0 - 1 may be dispatched right after, and its completion
-# (the start of n0's window) must come after the trace started.
-LEAD = 2
+from jaxmon.sampled_traces import LEAD as LEAD  # re-exported: the hand and the sampler read it here
+
 # Retries of a sample that held badput, after each regular block at most.
 MAX_RETRIES = 3
 INF = math.inf
@@ -69,25 +74,32 @@ class Blocks:
         self._retries = 0  # retry blocks asked for since the last regular one
         self._runs: dict[str, list[float]] = {}  # kind -> [first, last] step of its latest run of marked steps
         self._open: dict[Hashable, tuple[str, int]] = {}  # open intervals: key -> (kind, first marked step)
+        self._pending: set[Hashable] = set()  # open intervals that began before the latest block: marks if they reach it
+        self.lead = LEAD  # how many steps before its block a trace is asked for (the sampler's)
 
     def begin(self, n0: int) -> bool:
         """The trace of the block `n0` is asked for; False when an interval still open already marks it."""
         self._retries = 0 if n0 % self.every == 0 else self._retries + 1
         self.retry = None
-        self.block, self._until, self._holding = n0, -INF, set()
+        self.block, self._until, self._holding, self._pending = n0, -INF, set(), set()
         for key, (kind, first) in list(self._open.items()):
-            self._mark(kind, key, first, INF)
+            self._mark(kind, key, first, INF, asked=True)
         return n0 not in self._marked
 
     def marked(self, n0: int) -> bool:
         """Whether block `n0`'s steps hold named badput."""
         return n0 in self._marked
 
+    def held(self, n0: int) -> bool:
+        """Whether block `n0`'s steps hold named badput, an interval still open that began before it included (its
+        steps all came: it spans them)."""
+        return n0 in self._marked or (self.block == n0 and bool(self._pending))
+
     def finish(self, n0: int) -> None:
         """Block `n0`'s sample ended (taken, dropped, busy, failed): later intervals no longer mark it."""
         self._marked.discard(n0)
         if self.block == n0:
-            self.block = None
+            self.block, self._pending = None, set()
 
     def opened(self, kind: str, key: Hashable, handed: int | None, whole: bool) -> None:
         """An interval of `kind` opened (or was recorded `whole`: it ended now) after step `handed` was handed."""
@@ -112,19 +124,29 @@ class Blocks:
         run = self._runs.get(kind)
         if run is not None and run[1] == INF and all(k != kind for k, _ in self._open.values()):
             run[1] = last
+        if key in self._pending:  # began before the block: it marks it if it reached it
+            self._pending.discard(key)
+            if self.block is not None and last >= self.block:
+                self._marked.add(self.block)
+                self._until = max(self._until, last)
+                if not self._holding:
+                    self._plan(self._until)
         if key in self._holding:
             self._holding.discard(key)
             self._until = max(self._until, last)
             if not self._holding:
                 self._plan(self._until)
 
-    def _mark(self, kind: str, key: Hashable, first: float, last: float) -> None:
+    def _mark(self, kind: str, key: Hashable, first: float, last: float, asked: bool = False) -> None:
         n0 = self.block
         if n0 is None or last < n0 or first > n0 + self.steps - 1:
             return
         run = self._runs.get(kind)
         if run is not None and run[0] <= n0 - LEAD and first > run[0]:
             return  # intervals of this kind marked every step since before the trace's lead-in: the loop's cadence
+        if last == INF and first < n0 and not asked:
+            self._pending.add(key)  # opened in the lead: it marks the block if it closes past its first step
+            return
         self._marked.add(n0)
         if last == INF:
             self._holding.add(key)
@@ -140,5 +162,5 @@ class Blocks:
             return
         size = self.steps + LEAD
         n0 = math.ceil((int(until) + LEAD) / size) * size
-        if n0 + size <= (int(until) // self.every + 1) * self.every:  # ends before the next regular block's lead-in
+        if n0 + self.steps + self.lead <= (int(until) // self.every + 1) * self.every:  # ends before the next's lead-in
             self.retry = n0

@@ -173,17 +173,26 @@ class CollectiveNames:
         self._programs: list[ProgramPlaces] = []
         self._names = 0
         self._catalog: Catalog | None = Catalog()
+        self._known: set[int] = set()  # id() of the communications learnt
 
     def analysed(self, program: Any, communication: Communication) -> None:
         """The Analyzer's `done`: learn the program's places, then store its result on it (an attribute write the
         waiter sees whole: the old None or this)."""
+        self.learn(communication)
+        program.communication = communication
+
+    def learn(self, communication: Communication) -> None:
+        """Learn a program's places, once: one analysed for this tracker, or for a tracker before it in this
+        process (its tracked function keeps the program: a start() after a stop() analyses it no more)."""
         places = {name: (*place, communication.sizes.get(name, 0.0)) for name, place in communication.places.items()}
         with self._lock:
+            if id(communication) in self._known:
+                return
+            self._known.add(id(communication))
             if places and self._names + len(places) <= MAX_NAMES:
                 self._programs.append(ProgramPlaces(communication.module, communication.program_id, places))
                 self._names += len(places)
                 self._catalog = None
-        program.communication = communication
 
     def programs(self) -> list[ProgramPlaces]:
         """The analysed programs' places, in the order analysed."""

@@ -1,104 +1,86 @@
-"""When each step of a waiter's batch completed: pure arithmetic on the tracker's clock, tested on literals.
+"""When each step of a segment completed: the device as a FIFO queue. Pure arithmetic, tested on literals.
 
-The waiter (waiter.py) sees one step of a batch complete, the newest, and knows when the host handed each step to
-`step()`; these place the others (docs/training.md, "How a step is measured").
+A device runs a loop's steps in order, each once it was handed and the step before it completed: step k completes a
+service time after the later of its hand-off and step k - 1's completion. The waiter observes at most one completion
+a look (docs/training.md, "How a step is measured"); these functions place the others from what was observed: the
+hand-offs, the segment's start (the completion before it) and its end, and, for a loop its device paces, the host's
+own calls.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from jaxmon.training.accounting import VECTOR_STEPS
-
-# How many times chain() takes a typical step's time down to fit a batch into its interval (each a pass over it).
-FITS = 4
-
-
-def chain(
-    handed: Sequence[float], start: float | None, busy: float, now: float, fit: bool = False, kept_up: bool = False
-) -> list[float]:
-    """The completions of consecutive steps handed at `handed` that no completion bounds (the loop paused or ended
-    after them, or its device kept up): in order, each a typical step's device time (`busy`) after the one before it
-    (the first after `start`, the last completion booked) or after its own hand-off if later, no later than `now`;
-    with nothing known before them (`start` None), each at its hand-off. `fit`: the last one completed by `now` (it
-    was seen done): where `busy` puts it later, `busy` is over these steps' own (the window's median, a little over
-    the host's rhythm), and a step's excess would carry on from step to step and, over a look of a thousand steps,
-    pile the last hundreds at `now` as steps of no time; `busy` is taken down until they fit. `kept_up`: the host
-    handed each after the one before completed (a loop that waits for its steps): each no later than the next call."""
-    if start is None:
-        return [min(at, now) for at in handed]
-    bounds = [*handed[1:], math.inf] if kept_up else [math.inf] * len(handed)
-    dates = _queued(handed, start, busy, bounds)
-    for _ in range(FITS if fit else 0):
-        if not dates or dates[-1] <= now or busy <= 0:
-            break
-        busy *= max(now - start, 0.0) / (dates[-1] - start)  # the span they had over the span they would take
-        dates = _queued(handed, start, busy, bounds)
-    return [min(date, now) for date in dates]
+# A device-paced segment whose last step is longer than this many of its mean steps is not dated by the host's calls
+# (they are then no rhythm of its device's: a loaded machine's late wake, a host that ran ahead).
+LAST_STEPS = 6
 
 
-def _queued(handed: Sequence[float], start: float, busy: float, bounds: Sequence[float]) -> list[float]:
-    """Each step `busy` after its hand-off, or after the one before it if that completed later (a queue), no later
-    than its bound."""
-    dates = []
-    previous = start
-    for at, bound in zip(handed, bounds, strict=True):
-        previous = min(max(at, previous) + busy, bound)
-        dates.append(previous)
+def queue(start: float, handed: Sequence[float], service: float) -> list[float]:
+    """The completions of steps handed at `handed` on a device free from `start`, each taking `service`."""
+    if len(handed) == 1:
+        return [max(handed[0], start) + service]
+    k = np.arange(len(handed))
+    # c_k = max(start, max_{j <= k}(h_j - j s)) + (k + 1) s: the queue's recurrence as a running maximum.
+    ahead = np.maximum(np.maximum.accumulate(np.asarray(handed, dtype=float) - k * service), start)
+    dates: list[float] = (ahead + (k + 1) * service).tolist()
     return dates
+
+
+def fit(start: float, handed: Sequence[float], end: float) -> float:
+    """The service time with which the queue completes the last of the steps handed at `handed` at `end`: the
+    largest with which none completes later (every line of the running maximum meets `end` or stays below it)."""
+    n = len(handed)
+    left = n - np.arange(n)
+    service = min((end - start) / n, float(np.min((end - np.asarray(handed, dtype=float)) / left)))
+    return max(service, 0.0)
+
+
+class Dates(list[float]):
+    """A segment's completions; `paced`: dated by the host's calls (each an observed completion), not the queue."""
+
+    paced = False
 
 
 def apportion(
     start: float,
     end: float,
     handed: Sequence[float],
-    later: Sequence[float],
+    later: Sequence[float] = (),
     ran: bool = True,
     paced: bool = True,
     busy: float = 0.0,
     marked: float | None = None,
-) -> list[float]:
-    """The completions of consecutive steps handed at `handed`, the one before the first completed at `start`;
-    `end`: when the waiter saw the last one complete, `ran`: whether it still ran when the waiter looked (else it
-    completed before `end`); `later`: when the steps handed after the last one, before `end`, were (the host's
-    lead); `paced`: whether the device was behind the host at recent looks; `busy`: a step's typical device time,
-    for steps that completed unseen (not `ran`); `marked`: when the host handed a mark after the last one (it stopped
-    stepping then). Non-decreasing, within [start, end]."""
+) -> Dates:
+    """The completions of consecutive steps handed at `handed` whose segment starts at `start` (the completion before
+    it) and ends by `end`: when the waiter saw the last one complete (`ran`), or when it looked and found it done.
+
+    - `paced` (the device was behind the host at recent looks) and `later` (the host's calls after the last step,
+      before `end`: its lead): a host its device paces calls step k + lead + 1 right after step k completed, so
+      each of those calls observes a completion. Used where they fit the segment: the first no earlier than a mean
+      step before `start`, the last step no longer than LAST_STEPS mean steps.
+    - Otherwise the queue: its service time fitted so that the last step completes at `end` where that was seen, or
+      at a mark (`marked`: the host stopped stepping then) handed after a backlog (the host waited for its device);
+      else a typical step's observed service (`busy`), taken down where it would put the last step after `end`.
+    Non-decreasing, within [start, end]."""
     n = len(handed)
-    if n == 1:  # the completion seen; one done already (not ran): a typical step after it could start
-        return [end if ran else min(end, max(start, handed[0]) + busy)]
-    if not ran and marked is not None and busy and handed[-1] - handed[0] < (n - 1) * busy / 2:
-        # A burst the host handed, then waited for before it stopped (Keras's epoch end): the device ran them back
-        # to back, and the last was done when the mark came. Shared evenly up to then: a typical step's time, off by
-        # a little, would carry on over the burst and move its end.
-        end = max(min(end, marked), start)
-        return [start + (end - start) * (i + 1) / n for i in range(n)]
-    if not ran and (not paced or busy) and handed[0] >= start - busy:  # the device kept up: done once handed
-        burst = handed[-1] - handed[0] < (n - 1) * busy / 2  # faster than its device: no call waited for a step
-        return chain(handed, start, busy, end, fit=True, kept_up=not burst)
-    times = [*handed, *later]
-    shift = len(later) + 1  # a paced loop calls step() for step k + shift right after step k completed
-    bounds = times[shift : shift + n - 1]
-    # Not paced by the device: the host's calls came before the interval began, or in a burst long before its end
-    # (it ran ahead): no rhythm of the device's to follow. Shared from the first hand-off where that came after
-    # `start` (the loop paused before the batch): the device had nothing to run until then.
-    if bounds[0] < start - (end - start) / n / 2 or end - bounds[-1] > 6 * (end - start) / n:
-        first = min(max(start, handed[0]), end)
-        span = (end - first) / n
-        return [first + span * (i + 1) for i in range(n - 1)] + [end]
-    out: list[float]
-    if n >= VECTOR_STEPS:  # the loop below, as NumPy: a running maximum from `start`, no later than `end`
-        out = np.minimum(np.maximum.accumulate(np.maximum(bounds, start)), end).tolist()
-        previous = out[-1]
-    else:
-        out, previous = [], start
-        for bound in bounds:
-            previous = min(max(bound, previous), end)
-            out.append(previous)
-    if not ran:  # it completed before the look (the loop paused): a typical step after the one before it
-        end = min(end, previous + (previous - start) / (n - 1))
-    out.append(end)
-    return out
+    step = (end - start) / n
+    if paced and n > 1 and (ran or not busy):
+        calls = [*handed, *later][len(later) + 1 : len(later) + n]
+        if calls[0] >= start - step and end - calls[-1] <= LAST_STEPS * step:
+            dates = Dates(np.minimum(np.maximum.accumulate(np.maximum(calls, start)), end).tolist())
+            previous = dates[-1]
+            dates.append(end if ran else min(end, max(handed[-1], previous) + (previous - start) / (n - 1)))
+            dates.paced = True
+            return dates
+    if not ran and marked is not None and busy and n > 1 and queue(start, handed[:-1], busy)[-1] > handed[-1]:
+        end, ran = max(min(end, marked), start), True
+    service = fit(start, handed, end)
+    if not ran and busy:
+        service = min(service, busy)
+    dates = Dates(min(date, end) for date in queue(start, handed, service))
+    if ran:
+        dates[-1] = end
+    return dates

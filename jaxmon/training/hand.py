@@ -1,38 +1,101 @@
-"""The training thread's side of the tracker: `step()` hands each step to the waiter (waiter.py), `pause()` marks
-that no step comes for a while, and `jaxmon.track()`'s wrapper notes its calls in `calls`: the current step's
-tracked programs, a tuple (one call of one program: that program's `once`, made once; no list a step to make or
-empty, no object a step the cyclic GC tracks).
+"""The training thread's side of the tracker, and its protocol with jaxmon's waiter thread (waiter.py).
 
-On the common path a step is one float appended to a deque (atomic under the GIL: no lock, no JAX call, no notify,
-no object Python's cyclic GC tracks): a step that follows on from the one before (steps.py). Any other step is a
-Handoff tuple: the one the waiter asks to look at (jaxmon's own handles on its ready arrays, `ops.hold`: a clone of
-each, sharing its buffers), one whose number or figures are JAX arrays (handles on them, read by the waiter once the
-step is done), or one that changes the figures or tracked calls. Nothing here imports JAX: `ops`
-(jaxmon.sources.local.training.JaxTraining) does that.
+`jaxmon.step` is the bound method of the process's one `Hand` (`HAND`): a step is one Python call. Each tracker arms
+the hand as it starts (the newest gets the steps) and disarms it as it stops; a disarmed hand drops every step, with
+one warning. Nothing here imports JAX: `ops` (the tracker's TrainingOps) does.
+
+The protocol. The training thread only appends; every decision about a step is the waiter's. They share:
+- `handed`, a deque: this thread appends a step and what comes with it in one extend(); the waiter pops from the
+  left a count of items it read first (both atomic), never "until empty". In order, it holds:
+  - a float: a step, handed at that time (the tracker's clock), numbered on from the step before, with its figures
+    and tracked calls. Most steps are nothing else (a float is no object the cyclic GC tracks).
+  - a `Given`: what the steps after it are given (the first's number, the figures, the tracked calls), NumPy
+    scalars as Python numbers and JAX arrays as jaxmon's own handles on them; one with arrays is the hold of the
+    step after it (they alone bound it). Handed before a step that does not follow on.
+  - a `Hold`: jaxmon's own handles on the step just handed (its ready arrays, or a barrier's outputs, with its
+    number's and figures' arrays), where the waiter asked (`asked`), once per `waiter.every` of this thread's time
+    (`_due`), or, `marked`, on the last step's when the host stopped stepping (pause(): a badput() block opens).
+  - `PAUSED`: step() came `paused_after` or more after the step before: those before completed before it.
+- written by the waiter only, read here: `asked` (a new object: hold the next step, then wake it), `paused_after`,
+  `device_step` (the last number it read off a device), and its own `booked` (steps taken and booked: with this
+  thread's `_count`, what `max_pending` bounds), `every`, `room` (a step holding arrays hurries it once that many
+  are pending: their objects would make the cyclic GC collect). `let_go()` is its call once the loop is still: the
+  last step's ready (`_ready`, kept for pause()) goes.
+- called here of the waiter: `wake()` and `hurry()` (an Event each). The sampler's `look_now()` (on this thread, in
+  step()) sets `answered` (this thread's) so that the next step is held.
 """
 
 from __future__ import annotations
 
+import heapq
 import numbers
 import time
 import warnings
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, SupportsFloat, SupportsIndex
 
+import numpy as np
 import structlog
 
-from jaxmon.training.blocks import LEAD
+from jaxmon.training.blocks import LEAD, Blocks
 from jaxmon.training.handed import Program, TrainingOps
-from jaxmon.training.sampler import Off
-from jaxmon.training.steps import MARK, NO_CALLS, PLAIN, RESUMED, Held, Hold, Item, held, loss_names, shown
+from jaxmon.training_readings import MAX_LOSS_NAMES
 
 if TYPE_CHECKING:
-    from jaxmon.training.sampler import Sampler
-    from jaxmon.training.waiter import Waiter
+    from jaxmon.training.sampler import Off, Sampler
 
 log = structlog.get_logger("jaxmon.training")
 _warned = False
+NO_CALLS: tuple[()] = ()  # the tracked calls of a step that made none (shared)
+HOST = frozenset({int, float, type(None)})  # step() arguments taken as they are
+PAUSED = object()
+LOST = object()  # an array deleted or donated before step() could hold it
+_NO_BLOCKS = Blocks(0, 1)  # a disarmed hand's sampled blocks: no retry ever
+
+
+class Given(NamedTuple):
+    """What the steps handed after it are given; `arrays`: jaxmon's own handles among them (LOST: one it could not
+    take), which are then the hold of the step handed after it."""
+
+    number: Any
+    examples: Any
+    tokens: Any
+    model_flops: Any
+    calls: tuple[Program, ...]
+    arrays: bool = False
+
+
+class Hold(NamedTuple):
+    """jaxmon's own handles on a step's arrays (clones sharing their buffers); `lost`: one was deleted or donated
+    before step() could hold it; `loss`: the loss gauge's names of the first handles, `left_out` the names of its
+    dict not held; `marked`: when the host stopped stepping (pause())."""
+
+    handles: list[Any]
+    lost: bool = False
+    loss: tuple[str, ...] = ()
+    marked: float | None = None
+    left_out: int = 0
+
+
+class Waiting(Protocol):
+    """The waiter as this thread sees it: what it writes, and its two wakes."""
+
+    booked: int
+    every: float
+    room: int
+
+    def wake(self) -> None: ...
+    def hurry(self) -> None: ...
+
+
+class _Idle:
+    """A disarmed hand's waiter."""
+
+    booked, every, room = 0, 0.0, 1
+
+    def wake(self) -> None: ...
+    def hurry(self) -> None: ...
 
 
 def not_running(what: str, stacklevel: int = 3) -> None:
@@ -47,32 +110,13 @@ def not_running(what: str, stacklevel: int = 3) -> None:
         )
 
 
-class _Idle:
-    """A disarmed hand's waiter: it wants every step looked at, so that each goes to `_step`, which drops it."""
-
-    want = True
-    taken = 0
-    every = 0.0
-    resumed_after = 0.0
-
-    def wake(self) -> None: ...
-    def hurry(self) -> None: ...
-
-
-_OFF = Off()
-
-
 class Hand:
-    """step() and pause() on the training thread, for the tracker that armed it: `handed` is the deque the waiter
-    takes steps from; `problem(reason, event, ...)` the tracker's count and log.
-
-    The process has one (`HAND`, below): `jaxmon.step` is its bound method, so that a step is one Python call, no
-    function in front of it (130-440 ns less a step, hot, here: BENCHMARKS.md). Each tracker arms it as it starts
-    (`Tracker(...)`: the newest is the one step() feeds, as jaxmon.training's activate() makes one at a time) and
-    disarms it as it stops; a disarmed hand drops every step with a warning, once, that jaxmon is not running."""
+    """step() and pause() on the training thread, for the tracker that armed it (`owner`)."""
 
     def __init__(self) -> None:
         self.owner: object | None = None
+        self.waiter: Waiting = _Idle()
+        self._sampler: Sampler | Off | None = None
         self.disarm()
 
     def arm(
@@ -80,57 +124,61 @@ class Hand:
         owner: object,
         ops: TrainingOps,
         clock: Callable[[], float],
-        handed: deque[Item],
-        waiter: Waiter,
+        handed: deque[Any],
+        waiter: Waiting,
         sampler: Sampler | Off,
         problem: Callable[..., None],
         max_pending: int,
     ) -> None:
-        """Hand steps to `owner` (a tracker) from now on: a fresh start, nothing of the tracker before kept."""
-        self.ops = ops
-        self.waiter: Waiter | _Idle = waiter
-        self.sampler: Sampler | Off = sampler
-        self._problem = problem
-        self._max_pending = max_pending
-        self._reset(clock)
-        # The sampler's check, on this object (no sampler object read a step): its modulus (constant; 0: sampled
-        # traces off, no check at all), its watch (set by sampler.handed() alone, called here: copied after each
-        # call) and its blocks, whose `retry` another thread may set.
-        self._modulus = sampler.modulus
-        self._watch = sampler.watch
-        self._blocks = sampler.blocks
-        self._handed: deque[Item] = handed
+        """Hand steps to `owner` from now on: a fresh start, nothing of the tracker before kept."""
+        self.ops, self.waiter, self._sampler = ops, waiter, sampler
+        self._problem, self._max_pending = problem, max_pending
+        self._reset(clock, handed)
+        # The sampler's check, copied (no sampler object read a step): its watch is set only by handed(), called
+        # here; its blocks' `retry` by other threads.
+        self._modulus, self._watch, self._blocks = sampler.modulus, sampler.watch, sampler.blocks
+        self._lead = sampler.lead
         self.owner = owner  # last: armed
 
     def disarm(self, owner: object | None = None) -> None:
-        """Drop every step from now on (`owner`: only if that tracker is the one armed), holding none of the loop's
-        arrays or steps (the tracker's `ops` stay until the next arm). A step() under way on the training thread
-        meanwhile appends to the stopped tracker's deque or to one that keeps nothing: neither is read again."""
+        """Drop every step from now on (`owner`: only if that tracker is the one armed), holding nothing of the loop.
+        A step() under way meanwhile appends to the stopped tracker's deque, or to one that keeps nothing."""
         if owner is not None and owner is not self.owner:
             return
         self.owner = None
-        self._handed = deque(maxlen=0)  # appends nothing
-        self.waiter = _Idle()
-        self.sampler = _OFF
-        self._modulus, self._watch, self._blocks = 0, -1, _OFF.blocks
-        self._problem = _ignore
-        self._max_pending = 0
-        self._reset(time.monotonic)
+        self.waiter, self._sampler = _Idle(), None
+        self._modulus, self._watch, self._blocks, self._lead = 0, -1, _NO_BLOCKS, LEAD
+        self._problem, self._max_pending = _ignore, 0
+        self._reset(time.monotonic, deque(maxlen=0))
 
-    def _reset(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
+    def _reset(self, clock: Callable[[], float], handed: deque[Any]) -> None:
+        self._clock, self._handed = clock, handed
         self.calls: tuple[Program, ...] = NO_CALLS  # tracked calls since the last step(), one entry a call
         self.stepping = False  # step() was called: a process that never does exports no training series
-        self.dispatched: int | None = None  # the last step number handed to step() (the waiter sets a device one)
-        self._last_ready: tuple[Any, ...] = ()  # the last step's ready (pause() holds it: the training thread's)
-        self._due = -float("inf")  # when step() next takes a step's handles, a look's time after it last did
-        # The step a step may follow on from (steps.py): its number (None: none), its figures and calls.
+        self.asked: object = None  # the waiter's
+        self.answered: object = None  # this thread's: the last ask held
+        self.paused_after = float("inf")  # the waiter's
+        self.device_step: int | None = None  # the waiter's
+        self._due = -float("inf")  # a step is held from then on anyway
+        self._ready: tuple[Any, ...] = ()
+        # What the next step may follow on from: the last host number (None: a Given next), the figures as given and
+        # as the waiter reads them, the tracked calls.
         self._last: int | None = None
-        self._examples: Any = None
-        self._tokens: Any = None
-        self._model_flops: Any = None
-        self._programs: tuple[Program, ...] = NO_CALLS
-        self._previous = float("inf")  # when step() was last called (the tracker's clock; none yet: no pause before)
+        self._examples = self._tokens = self._model_flops = None
+        self._figures: list[Any] = [None, None, None]
+        self._calls: tuple[Program, ...] = NO_CALLS
+        self._previous = float("inf")  # when step() was last called
+        self._count = 0  # steps handed
+
+    @property
+    def last_handed(self) -> float:
+        """When step() was last called (the tracker's clock; -inf: never)."""
+        return self._previous if self._previous < float("inf") else -float("inf")
+
+    @property
+    def dispatched(self) -> int | None:
+        """The last step number handed to step(): a host one, or the last one the waiter read off a device."""
+        return self._last if self._last is not None else self.device_step
 
     def step(
         self,
@@ -140,150 +188,190 @@ class Hand:
         tokens: SupportsFloat | None = None,
         model_flops: SupportsFloat | None = None,
     ) -> None:
-        """Mark the end of training step `n`: it is complete when the JAX arrays in `ready` (any pytree: the
-        loss, the metrics, never a donated buffer) are; with no array in `ready` (none given, or only host numbers),
-        when a tiny barrier on every local device is (a few dispatches per step on the training thread).
+        """Mark the end of training step `n`: it is complete when the JAX arrays in `ready` (any pytree: the loss,
+        the metrics, never a donated buffer) are, or without any, when a tiny barrier on every local device is.
 
-        Every process passes the **job's** figures for the step, what one step of the whole job processes:
-        `examples` the global batch, `tokens` its tokens, `model_flops` its model FLOPs (6·N·tokens for a
-        transformer). Each process exports its share (examples and tokens / jax.process_count(), FLOPs /
-        jax.device_count() on each local device), so sum() over the job's series is the job's total, as with every
-        Prometheus counter.
-
-        `n` and the figures may be JAX arrays still being computed (a TrainState's step, the batch's token count):
-        jaxmon reads them on its own thread once the step is done, never here. `n` must be an integer
-        (Python, NumPy or JAX; not a float, not a bool), a figure a finite number >= 0: anything else is dropped for
-        that step and counted as `jaxmon_training_tracking_problems_total{reason="invalid"}` (logged once per
-        field). Deleting, donating or reusing any of these arrays afterwards is safe: the step is counted
-        `unready`, or the figure `unread`. Returns at once (it notes the time and queues the step: no device wait,
-        no conversion); never raises into training. Without a running `jaxmon.start()` or `jaxmon.publish()` it
-        does nothing (one warning).
-
-        No lock, no JAX call, no notify on the common path: a step that follows on (the next number, the same
-        figures and tracked calls, no look due) is its hand-off time appended to a deque (atomic; steps.py), any
-        other one a tuple (`_step`)."""
-        number: Any = n
+        The figures are the **job's** for the step (the global batch, its tokens, its model FLOPs); each process
+        exports its share. `n` is an integer and a figure a finite number >= 0, each a Python, NumPy or JAX one;
+        anything else is dropped for the step and counted (reason="invalid"). A JAX array is read once computed,
+        never here, and alone says when its step completed; deleting or donating any array afterwards is safe.
+        Returns at once: no device wait, no JAX call on the common path (a step that follows on is one float
+        appended to a deque); never raises. Without a running start() or publish(): nothing (one warning)."""
         try:
             handed = self._clock()
             previous, self._previous = self._previous, handed
             calls = self.calls
             self.calls = NO_CALLS
-            waiter = self.waiter
             if (
-                type(number) is int  # a host int (never an array's ==), the next one, with the same figures and calls
-                and number - 1 == self._last
+                type(n) is int  # a host int (never an array's ==), the next one, with the same figures and calls
+                and n - 1 == self._last
                 and examples is self._examples
                 and tokens is self._tokens
                 and model_flops is self._model_flops
-                and (calls is self._programs or calls == self._programs)  # a tuple of programs (compared by identity)
-                and handed < self._due  # a step held once a look's time of the host's: a loop that ends or pauses
-                and not waiter.want  # leaves at most that much of its steps to estimate; and one that paused within
-                and handed - previous < waiter.resumed_after  # a long look says so when it resumes
-                and len(self._handed) + waiter.taken < self._max_pending
+                and (calls is self._calls or calls == self._calls)  # programs compare by identity
+                and handed - previous < self.paused_after
+                and self._count - self.waiter.booked < self._max_pending
             ):
-                self._last = self.dispatched = number  # one object: the one they drop is one (a cold one, freed)
-                self._last_ready = ready
-                self._handed.append(handed)
-                modulus = self._modulus  # the sampler's check inlined: a call only where a trace may start or stop
-                if modulus and (
-                    (number + LEAD) % modulus == 0 or number == self._watch or self._blocks.retry is not None
-                ):
-                    self._sampled(number)
+                self._count += 1
+                self._last = n
+                self._ready = ready
+                if self.asked is self.answered and handed < self._due:
+                    self._handed.append(handed)
+                else:  # held (a look's step, or one per `every`: a loop of long steps, each): its time and hold
+                    self._held(handed, ready)
+                modulus = self._modulus  # the sampler's check: a call only where a trace may start or stop
+                if modulus and ((n + self._lead) % modulus == 0 or n == self._watch or self._blocks.retry is not None):
+                    self._sampled(n)
                 return
-            self._step(handed, previous, number, ready, examples, tokens, model_flops, calls)
+            self._step(handed, previous, n, ready, (examples, tokens, model_flops), calls)
         except Exception as exc:  # never into training
             log.warning("jaxmon.step failed; the step is not tracked", error=f"{type(exc).__name__}: {exc}")
 
+    def _held(self, handed: float, ready: tuple[Any, ...]) -> None:
+        """A step that follows on, held: its time and its Hold, and the waiter woken where it asked."""
+        asked = self.asked
+        self._due = handed + self.waiter.every
+        self._handed.extend((handed, self._hold(ready)))
+        if asked is not self.answered:
+            self.answered = asked
+            self.waiter.wake()
+
     def called(self, program: Program) -> None:
-        """A tracked function ran `program` once in the current step (the training thread: jaxmon.track()'s wrapper
-        inlines the first call's case)."""
+        """A tracked function ran `program` once in the current step (jaxmon.track()'s wrapper)."""
         calls = self.calls
         self.calls = program.once if calls is NO_CALLS else (*calls, program)
 
     def _step(
-        self, handed: float, previous: float, number: Any, ready: tuple[Any, ...], examples: Any, tokens: Any,
-        model_flops: Any, calls: tuple[Program, ...],
+        self, handed: float, previous: float, n: Any, ready: tuple[Any, ...], given: tuple[Any, Any, Any],
+        calls: tuple[Program, ...],
     ) -> None:  # fmt: skip
-        """step()'s slower path: the step the waiter asked for (jaxmon's own handles on its ready arrays), one whose
-        number or figures are JAX arrays (handles on them, read by the waiter once the step is done), or one that
-        does not follow on from the step before."""
+        """step()'s other path: a step that does not follow on, with NumPy or JAX values, held, or after a pause."""
         if self.owner is None:
-            not_running("step", stacklevel=4)  # the caller of jaxmon.step(), through step() and this
+            not_running("step", stacklevel=4)  # the caller of jaxmon.step()
             return
         self.stepping = True
-        ops = self.ops
-        waiter = self.waiter
-        if handed - previous >= waiter.resumed_after:
-            self._handed.append((handed, RESUMED, None, None, None, NO_CALLS, None))
-        looked = waiter.want or handed >= self._due
-        given = (number, examples, tokens, model_flops)
-        plain = type(number) is int and type(examples) in PLAIN and type(tokens) in PLAIN and type(model_flops) in PLAIN
-        if not plain:
-            given = tuple(Held(ops.hold(v)) if ops.is_array(v) else v for v in given)  # type: ignore[assignment]
-            looked = True  # its figures are read once it is done: the waiter waits for it
-        host = type(number) is int or (isinstance(number, numbers.Integral) and not isinstance(number, bool))
-        if host:
-            self.dispatched = int(number)  # a host integer; a device one is set by the waiter
-        self._last_ready = ready
-        if len(self._handed) + waiter.taken >= self._max_pending:
-            self._last = None  # the next step handed is a whole tuple: the waiter does not know this one
-            self._problem("dropped", "training steps not tracked: the waiter is far behind", number=shown(number))
-            return
-        hold = None
-        if looked:
-            hold, self._due = self._hold(ready), handed + waiter.every
-        if hold is None and plain and number - 1 == self._last and calls == self._programs and self._same(given):
-            self._handed.append(handed)  # follows on: its figures equal the step before's (other objects)
-        else:
-            self._handed.append((handed, given[0], given[1], given[2], given[3], calls, hold))
-        if plain:  # the step the next one may follow on from
-            self._last, self._programs = self.dispatched, calls
-            self._examples, self._tokens, self._model_flops = examples, tokens, model_flops
-        else:
+        if self._count - self.waiter.booked >= self._max_pending:
             self._last = None
-        if looked and waiter.want:
-            waiter.want = False
-            waiter.wake()
-        if host:
-            self._sampled(int(number))  # a device step number starts no sampled trace (it is not read here)
+            self._problem("dropped", "training steps not tracked: the waiter is far behind", number=shown(n))
+            return
+        items: list[Any] = [PAUSED] if handed - previous >= self.paused_after else []
+        values: list[Any] = []
+        held: list[Any] = []
+        for value in (n, *given):
+            if type(value) not in HOST:
+                if isinstance(value, np.integer):
+                    value = int(value)
+                elif isinstance(value, np.floating):
+                    value = float(value)
+                elif self.ops.is_array(value):
+                    value = self.ops.hold(value)
+                    value = LOST if value is None else value
+                    if value is not LOST:
+                        held.append(value)
+            values.append(value)
+        number, *figures = values
+        host = type(number) is int and not held and not any(v is LOST for v in values)
+        if not (host and number - 1 == self._last and calls == self._calls and all(map(_same, figures, self._figures))):
+            items.append(Given(number, figures[0], figures[1], figures[2], calls, bool(held)))
+        items.append(handed)
+        asked = self.asked
+        if asked is not self.answered or handed >= self._due:
+            self._due = handed + self.waiter.every
+            hold = self._hold(ready)
+            items.append(hold._replace(handles=hold.handles + held) if held else hold)
+        self._handed.extend(items)  # one call: the waiter never takes a step without its Given and Hold
+        self._count += 1
+        if asked is not self.answered:
+            self.answered = asked
+            self.waiter.wake()
+        elif held and self._count - self.waiter.booked >= self.waiter.room:
+            self.waiter.hurry()
+        self._last = number if type(number) is int else None
+        self._examples, self._tokens, self._model_flops = given if host else (None, None, None)
+        self._figures, self._calls, self._ready = figures, calls, ready
+        if type(number) is int:
+            self._sampled(number)  # (a device number starts no sampled trace: it is not read here)
 
     def _sampled(self, number: int) -> None:
-        """Step `number` handed to the sampler, where a sampled trace may start or stop; its watch copied."""
-        sampler = self.sampler
-        sampler.handed(number)
-        self._watch = sampler.watch
+        """Step `number` told to the sampler, where a sampled trace may start or stop."""
+        if (sampler := self._sampler) is not None:
+            sampler.handed(number)
+            self._watch, self._lead = sampler.watch, sampler.lead
 
-    def _same(self, given: tuple[Any, Any, Any, Any]) -> bool:
-        """Whether a step's host figures equal the step before's (the same types: never an array's ==)."""
-        _, examples, tokens, model_flops = given
-        before = (self._examples, self._tokens, self._model_flops)
-        return all(type(a) is type(b) and a == b for a, b in zip((examples, tokens, model_flops), before, strict=True))
-
-    def _hold(self, ready: tuple[Any, ...]) -> Hold:
-        """jaxmon's own handles on `ready`'s arrays (on the training thread, where nothing deletes them meanwhile),
-        or a barrier's when it holds none; the names of the loss gauge's scalars where `ready` is a scalar or a dict
-        of scalars."""
+    def _hold(self, ready: tuple[Any, ...], marked: float | None = None) -> Hold:
+        """jaxmon's own handles on `ready`'s arrays (here, where nothing deletes them meanwhile), or a barrier's when
+        it has none. Of a dict of more scalars than the loss gauge exports, only those it exports (the first, sorted):
+        any output of a step says when it completed."""
         ops = self.ops
+        left_out = 0
+        tree = ready[0] if len(ready) == 1 else None
+        if type(tree) is dict and len(tree) > MAX_LOSS_NAMES and all(type(k) is str for k in tree):
+            ready, left_out = ({k: tree[k] for k in heapq.nsmallest(MAX_LOSS_NAMES, tree)},), len(tree) - MAX_LOSS_NAMES
         arrays = ops.arrays(ready)
-        if not arrays:  # no ready, or a tree of host numbers: no array says when the step is done
-            return Hold(ops.barrier())
+        if not arrays:
+            return Hold(ops.barrier(), marked=marked)
         handles = [h for h in map(ops.hold, arrays) if h is not None]
         if len(handles) < len(arrays):
-            return Hold(handles, lost=True)
-        return Hold(handles, loss=loss_names(ready, arrays))
+            return Hold(handles, lost=True, marked=marked)
+        return Hold(handles, loss=loss_names(ready, arrays), marked=marked, left_out=left_out)
 
     def pause(self) -> None:
-        """No step comes for a while (a badput() block opens, an epoch ends: on the training thread). The last step's
-        arrays are held now (a mark), so that the steps before it are seen complete when they were, not after."""
-        if not self._handed or held(self._handed[-1]):
-            return  # nothing handed, or the last step is looked at already
-        self._handed.append((self._clock(), MARK, None, None, None, NO_CALLS, self._hold(self._last_ready)))
+        """No step comes for a while (a badput() block opens): the last step held now (a mark), so that the steps
+        before it are seen complete when they were."""
+        if self.owner is None:
+            return
+        try:
+            if type(self._handed[-1]) is Hold:
+                return  # held already
+        except IndexError:
+            return  # none handed since the waiter took them
+        self._handed.append(self._hold(self._ready, marked=self._clock()))
+        self._ready = ()
         self.waiter.hurry()
+
+    def let_go(self) -> None:
+        """Hold nothing of a still loop (the waiter's call)."""
+        self._ready = ()
+
+
+def _same(value: Any, before: Any) -> bool:
+    """Whether a figure equals the step before's: the same type, a host number (never an array's ==)."""
+    return type(value) is type(before) and (value is before or (type(value) in HOST and value == before))
+
+
+def loss_names(ready: tuple[Any, ...], arrays: list[Any]) -> tuple[str, ...]:
+    """The loss gauge's names for `ready`'s arrays (in its leaves' order): `loss` for one scalar, a dict's keys for
+    a dict of scalars (flattened in key order); none for anything else."""
+    if len(ready) != 1 or not all(getattr(a, "shape", None) == () for a in arrays):
+        return ()
+    tree = ready[0]
+    if len(arrays) == 1 and tree is arrays[0]:
+        return ("loss",)
+    if type(tree) is dict and len(tree) == len(arrays) and all(type(k) is str for k in tree):
+        keys = sorted(tree)
+        if all(tree[k] is a for k, a in zip(keys, arrays, strict=True)):
+            return tuple(keys)
+    return ()
+
+
+def shown(value: Any) -> str:
+    """What was given, for a log line: a host value's repr (cut short), an array's type and shape only (its repr
+    would wait for the device)."""
+    shape = getattr(value, "shape", None)
+    if (
+        isinstance(value, str | numbers.Number)
+        or value is None
+        or (shape is not None and not hasattr(value, "block_until_ready"))
+    ):
+        try:
+            return repr(value)[:80]
+        except Exception:
+            pass
+    return f"{type(value).__name__} of shape {shape}" if shape is not None else type(value).__name__
 
 
 def _ignore(*args: Any, **kwargs: Any) -> None:
     pass
 
 
-# The process's hand: jaxmon.step is its bound method (jaxmon.training).
-HAND = Hand()
+HAND = Hand()  # the process's: jaxmon.step is its bound method

@@ -4,7 +4,7 @@ A pure module on plain data (no JAX, no NVML): the caller passes each device's t
 read from JAX's devices and, on GPUs, NVML's topology calls) and a collective's groups as flattened ids, which index
 the program's device assignment (jaxmon.xla.hlo). Run once per program on the analysis thread.
 
-The links, fastest first (LINKS):
+The links, fastest first (the device catalog's LINKS, jaxmon.catalog.hardware):
 - `local`: CPU devices of one process (one address space: a copy in memory).
 - `nvlink`: GPUs of one host, every pair NVLink-connected (NVML's NVLink remote PCI info names the peer).
 - `ici`: TPU chips of one slice (same `slice_index`; ICI spans the hosts of a slice).
@@ -26,15 +26,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from jaxmon.catalog.hardware import DCN, ICI, LINKS, LOCAL, NETWORK, NVLINK, PCIE, SYS, UNKNOWN, nvml_link, slowest
 from jaxmon.xla.hlo import HloProgram, MeshLayout, mesh_axes
 
-LOCAL, NVLINK, ICI, PCIE, SYS = "local", "nvlink", "ici", "pcie", "sys"
-DCN, NETWORK, UNKNOWN = "dcn", "network", "unknown"
-# Fastest first: a group's link is the one of its pairs furthest down this list.
-LINKS = (LOCAL, NVLINK, ICI, PCIE, SYS, DCN, NETWORK)
-_RANK = {link: i for i, link in enumerate(LINKS)}
+__all__ = ["DCN", "ICI", "LINKS", "LOCAL", "NETWORK", "NVLINK", "PCIE", "SYS", "UNKNOWN", "nvml_link", "slowest"]
 
-# Why a group's link is unknown (jaxmon_training_tracking_problems_total{reason="link_<why>"}).
+# Why a group's link is unknown (the tracking problems' reason="link_<why>").
 NO_DEVICE = "device"  # an id outside the assignment, or a device without a descriptor
 NO_ASSIGNMENT = "assignment"  # the program's device order is not known
 NO_SLICE = "slice"  # a TPU without slice_index
@@ -79,11 +76,6 @@ def describe(device: Any, host: str, process: int) -> DeviceTopology:
 # The link between two GPUs of one host by their JAX device ids (None: NVML does not say, or they are not matched
 # to NVML's GPUs with certainty: jaxmon.sources.nvml.match).
 GpuPairs = Callable[[int, int], str | None]
-
-
-def slowest(links: Iterable[str]) -> str:
-    """The slowest of known links."""
-    return max(links, key=lambda link: _RANK[link])
 
 
 def group_link(
@@ -155,22 +147,6 @@ def _group(members: list[DeviceTopology], gpu_pairs: GpuPairs | None) -> tuple[s
                 return UNKNOWN, NO_TOPOLOGY
             worst = slowest((worst, link))
     return worst, None
-
-
-def nvml_link(common_ancestor: int | None, p2p_nvlink: bool | None, nvlink_peer: bool) -> str | None:
-    """The link between two GPUs of one host from NVML's answers: `nvlink_peer` (one's NVLink remote PCI info
-    names the other, or P2P status over NVLink is OK), else the common ancestor (nvmlGpuTopologyLevel_t:
-    0 internal, 10 single switch, 20 multiple switches, 30 host bridge -> pcie; 40 NUMA node, 50 system -> sys);
-    None where NVML said nothing usable."""
-    if nvlink_peer or p2p_nvlink:
-        return NVLINK
-    if common_ancestor is None:
-        return None
-    if common_ancestor <= 30:
-        return PCIE
-    if common_ancestor <= 50:
-        return SYS
-    return None
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from jaxmon.training.reading import DeviceProfile
 from jaxmon.training.trace_links import PlacedTotals
+from jaxmon.training_readings import DeviceProfile
 
 
 @dataclass

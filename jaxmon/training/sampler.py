@@ -4,11 +4,14 @@ collective, copy and idle time (jaxmon.xla.profile), and traces on demand (`/deb
 Which steps: a block starts at each step number that is a multiple of `every`, at most one per `min_seconds` of Unix
 time (blocks.period_began), so every process of a job traces the same step numbers; a block whose steps hold named
 badput (an eval, a save, a compile) is dropped, counted `skipped`, and tried again on the next clean steps
-(jaxmon.training.blocks). The trace starts when step `n0 - LEAD` is handed to `jaxmon.step()` (the training thread
-only notes the request: a modulo, a comparison and, once per sample, a notify); step `n0`'s window (step `n0 - 1`'s
-completion to its own) begins after the trace did. The trace stops once the waiter booked the block's last
-completion. Start, stop and parse run on this module's thread (`jaxmon-profile`), never on the training thread; a
-large trace is read in a child process (jaxmon.training.trace_split), so that its parse does not hold the GIL.
+(jaxmon.training.blocks). The trace starts when step `n0 - lead` is handed to `jaxmon.step()` (the training thread
+only notes the request: a modulo, a comparison and, once per sample, a notify); `lead` is LEAD, or more where the
+profiler's recent starts took longer than the steps in flight (a TPU's can take a few hundred milliseconds): step
+`n0`'s window (step `n0 - 1`'s completion to its own) must begin after the trace runs, and a window that began
+before is left out (its device may not have been traced yet: it would read idle). The trace stops once the waiter
+booked the block's last completion. Start, stop and parse run on this module's thread (`jaxmon-profile`), never on
+the training thread; a large trace is read in a child process (jaxmon.training.trace_split), so that its parse does
+not hold the GIL.
 
 Nothing here imports JAX: `Profiler` (jaxmon.sources.local.profiler.JaxProfiler) starts and stops the sessions, and
 says `Busy` when the user (or another tool) is profiling; jaxmon then counts the sample `busy` and leaves the user's
@@ -17,6 +20,7 @@ session alone, and a user's trace started while jaxmon's runs ends jaxmon's firs
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -27,28 +31,25 @@ import structlog
 
 from jaxmon.files import tar_gz
 from jaxmon.logsetup import ErrorLog
+from jaxmon.sampled_traces import DEMAND_STEP_TIMEOUT, Busy
 from jaxmon.threads import Worker
 from jaxmon.training.blocks import LEAD, Blocks, block_start, period_began, traced_steps
 from jaxmon.training.handed import Profiler, SamplerConfig, TrainingOps
 from jaxmon.training.profile_totals import ProfileTotals
-from jaxmon.training.reading import ProfileReading
 from jaxmon.training.trace_links import Catalog
-from jaxmon.training.trace_split import IN_PROCESS_BYTES, split
+from jaxmon.training.trace_split import IN_PROCESS_BYTES, Reader, Stopped
+from jaxmon.training_readings import ProfileReading
 
 log = structlog.get_logger("jaxmon.training.sampler")
 
 __all__ = ["LEAD", "RESULTS", "Busy", "Off", "Sampler", "block_start", "sampler_for", "traced_steps"]
 
 RESULTS = ("taken", "busy", "failed", "skipped")
+# How many of its last starts the lead is sized by (the slowest of them).
+STARTS = 4
 # A sample the job does not finish (it stopped stepping, or steps take long) ends after this many seconds at least,
 # and after 4x the block's expected time (the last step's duration x (steps + LEAD)) at most.
 MIN_TIMEOUT = 60.0
-# On demand (/debug/trace): at most this many steps and seconds; a request waits this long for the steps at most.
-MAX_DEMAND_STEPS, MAX_DEMAND_SECONDS, DEMAND_STEP_TIMEOUT = 100, 60.0, 300.0
-
-
-class Busy(Exception):
-    """The user (or another tool) is profiling: jaxmon takes no trace now, or ended its own to let the user's run."""
 
 
 class Sampler:
@@ -69,7 +70,7 @@ class Sampler:
         `problem` the tracker's (reason, event, times=): counts the events of analysed instructions that could not
         be placed, by why (reason="trace_<why>"); `in_process`: the largest trace read on this thread (bytes; a
         larger one is read in a child process)."""
-        self._in_process = in_process
+        self._reader = Reader(in_process)  # stop() kills a child reading a trace
         self.profiler = profiler
         self.config = config
         self._collectives = collectives
@@ -102,6 +103,13 @@ class Sampler:
         # at as it comes), so the trace stops at the block's end, not hundreds of short steps later (a long look).
         self.watch = -1
         self.look: Callable[[], None] = _nothing
+        # How many steps before its block a trace is asked for (LEAD at least): the profiler's start took that many
+        # steps' time of late (a TPU's can take hundreds of milliseconds), so that the block's first window begins
+        # after the trace did. At most `every - steps`: a block's trace is asked for after the last one's block.
+        self.lead = LEAD
+        self._asked = 0.0  # when the last block was asked for (the tracker's clock)
+        self._asked_block = 0  # the last regular block handed() considered
+        self._starts: deque[float] = deque(maxlen=STARTS)  # the profiler's last starts: from the ask to running
         self._worker = Worker("profile", self._run, self._notify)
         self._thread = self._worker.start().thread
 
@@ -113,9 +121,16 @@ class Sampler:
         if number == self.watch:  # the step before a traced block's last: the last is looked at as it comes
             self.watch = -1
             self.look()
-        n0 = number + LEAD  # block_start() inlined, and the retry (blocks.py): no call on the common path
-        if n0 != self.blocks.retry and (not self.modulus or n0 % self.modulus):
+        # The next regular block at least LEAD steps on, asked for from `lead` steps before it (the hand calls at
+        # number + its copy of the lead, which may be an older, shorter one), once; or the retry block (blocks.py).
+        modulus, lead, retry = self.modulus, self.lead, self.blocks.retry
+        n0 = -(-(number + LEAD) // modulus) * modulus if modulus else 0
+        if retry is not None and number + LEAD <= retry <= number + lead:
+            n0 = retry
+        elif not modulus or n0 - number > lead or n0 == self._asked_block:
             return
+        else:
+            self._asked_block = n0
         if n0 <= 0 or self.config.every <= 0:
             return
         if self.config.min_seconds > 0 and n0 != self.blocks.retry:  # a retry belongs to its regular block's period
@@ -126,6 +141,7 @@ class Sampler:
             if self._request is None:  # the sample under way, if one, ends within its steps: this one comes next
                 if self.blocks.begin(n0):
                     self._request, self._queued = n0, self._block is not None
+                    self._asked = self._clock()
                     self.watch = n0 + self.config.steps - 2  # the block's last step - 1 (> number: LEAD is 2)
                     self._wake.notify_all()
                 else:  # a badput() block still open covers it: no trace
@@ -164,6 +180,8 @@ class Sampler:
         """The open interval `key` closed after step `handed` was handed."""
         with self._lock:
             self.blocks.closed(key, handed)
+            if self._block is not None and self.blocks.marked(self._block):
+                self._wake.notify_all()  # it reached the sample under way: end its trace now
 
     # -- the sampler's thread -----------------------------------------------------------------------------
 
@@ -207,7 +225,8 @@ class Sampler:
             started = self._clock()
             with self._lock:
                 self._back = False
-                expected = (self._last_duration or 0.0) * (self.config.steps + LEAD)
+                self._lead_after(started - self._asked)
+                expected = (self._last_duration or 0.0) * (self.config.steps + self.lead)
                 deadline = started + max(MIN_TIMEOUT, 4 * expected)
                 while not self._stopping and not self._finished(last) and not self.blocks.marked(n0):
                     left = deadline - self._clock()
@@ -227,13 +246,42 @@ class Sampler:
         if self._stopping:
             return  # stopped inside the block: its steps did not all come, and the exit need not wait for a parse
         with self._lock:
-            if self.blocks.marked(n0):  # named badput in its steps: dropped unread, tried again on clean steps
+            if self.blocks.held(n0):  # named badput in its steps: dropped unread, tried again on clean steps
                 self._results["skipped"] += 1
                 return
-        windows = [
-            (books[k - 1], books[k]) for k in traced_steps(n0, self.config.steps) if k - 1 in books and k in books
-        ]
+        # A step's window counts where it began once the trace ran (the trace's own start time may be stamped
+        # before its device tracer ran: a window before that reads the device idle).
+        traced = [k for k in traced_steps(n0, self.config.steps) if k - 1 in books and k in books]
+        windows = [(books[k - 1], books[k]) for k in traced if books[k - 1] >= started]
+        if not windows:
+            self._unwhole(n0, len(traced), start_seconds=round(started - self._asked, 3), lead=self.lead)
+            return
         self._book(n0, data, [(wall - round((mono - a) * 1e9), wall - round((mono - b) * 1e9)) for a, b in windows])
+
+    def _unwhole(self, n0: int, steps: int, start_seconds: float | None = None, lead: int | None = None) -> None:
+        """A sample that holds none of its steps whole: failed, and said (at most once an hour)."""
+        self._count("failed")
+        self._errors.error(
+            "window",
+            "a sampled trace holds none of its steps whole (the job ran ahead of the trace's start, or stopped "
+            "stepping)",
+            "window",
+            block=n0,
+            steps=steps,
+            start_seconds=start_seconds,
+            lead=lead,
+        )
+
+    def _lead_after(self, start: float) -> None:
+        """Size the lead by the profiler's slowest recent start (`start`: this one's, from the ask to running) in
+        whole steps of the loop's last duration, on top of LEAD; lock held. Asked for as step `n0 - lead` is handed, the
+        trace must run before step `n0 - 1` completes, `lead - 1` steps later at least: LEAD + floor(start / duration)
+        steps leave more than the start (a start shorter than a step leaves the lead at LEAD)."""
+        self._starts.append(max(start, 0.0))
+        if self._last_duration and self._last_duration > 0 and self.config.every > 0:
+            late = math.floor(max(self._starts) / self._last_duration)
+            self.lead = max(LEAD, min(LEAD + late, self.config.every - self.config.steps))
+            self.blocks.lead = self.lead
 
     def _finished(self, last: int) -> bool:
         """The block's last completion is booked (or numbers went past it, or back: the job restarted)."""
@@ -241,17 +289,12 @@ class Sampler:
 
     def _book(self, n0: int, data: bytes, windows: list[tuple[int, int]]) -> None:
         """Split the trace over the steps' windows (Unix ns) and add each device's parts to the totals."""
-        add = split(data, self._catalog(), windows, self._in_process)  # a large trace: in a child process
+        try:
+            add = self._reader.split(data, self._catalog(), windows)  # a large trace: in a child process
+        except Stopped:
+            return  # stop() ended the read: the exit waits for no parse
         if add is None:
-            self._count("failed")
-            self._errors.error(
-                "window",
-                "a sampled trace holds none of its steps whole (the job ran ahead of the trace's start, or stopped "
-                "stepping)",
-                "window",
-                block=n0,
-                steps=len(windows),
-            )
+            self._unwhole(n0, len(windows))
             return
         keys = self.profiler.devices()
         with self._lock:
@@ -336,6 +379,7 @@ class Sampler:
             self._wake.notify_all()
 
     def stop(self, timeout: float) -> None:
+        self._reader.stop()
         self._worker.stop(timeout)
 
     @property
@@ -355,6 +399,7 @@ class Off:
     blocks = Blocks(0, 1)  # no block asked for: no retry
     modulus = 0
     watch = -1
+    lead = LEAD
     look: Callable[[], None] = staticmethod(_nothing)
 
     def handed(self, number: int) -> None: ...

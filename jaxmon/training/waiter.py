@@ -1,399 +1,523 @@
-"""jaxmon's waiter thread: it takes the steps `step()` handed, waits for them, dates them and hands them back to the
-tracker to book (docs/training.md, "How a step is measured").
+"""jaxmon's waiter thread: it takes the steps `step()` handed (hand.py's protocol), waits for the held ones, dates
+and reads them, and hands the tracker runs of steps to book (ledger.py).
 
-The waiter looks at the handed steps at most once per LOOK while steps come. A step is handed with no handle at all
-(taking one costs microseconds on the training thread, dropping it as many here), except the one the waiter asks
-for: at each look it sets `want`, and the next `step()` takes jaxmon's own handles on its ready arrays (a `Hold`)
-and wakes it. The waiter takes every step handed up to that one and waits for its hold in one call: one device runs
-its programs in dispatch order, so the steps before it completed before it. The looked-at step was usually still
-running (the host dispatches ahead of the device): the call returns at its completion. The earlier ones completed
-while the waiter was not looking; their completions are not observed. A loop paced by its device (it waits for the
-step before last, or for each step) calls `step()` right after each completion, `lag` steps ahead (lag: the steps
-it handed while the waiter waited for the newest): so step k is dated at the host's `step()` call for step
-k + lag + 1, kept within the batch's interval and in order. A loop further ahead of its device has no such rhythm: the
-interval is shared evenly. Pure arithmetic, tested on literals (dating.py).
+A look comes at most once per `every` while steps come: LOOK, or, for a loop whose steps come more often, a LOOK
+longer each look while it steps on, up to LOOK_MAX and about LOOK_STEPS steps (a look costs a wake, a wait that
+releases and takes back the GIL, and a booking, shared by the steps since the last one). It asks for a hold: the
+next step() takes jaxmon's own handles on its arrays and wakes this thread, which takes every item up to the last
+hold and waits for the holds in one call. The newest usually still runs (the host dispatches ahead of its device):
+its completion is seen when the wait returns. No step for `still` after the ask: the loop paused or ended, and its
+steps since the last hold are taken without one.
 
-step() also holds a step's arrays once per look's time of the host's, so that a loop that pauses or ends leaves at
-most that much of its steps un-held (_take_paused dates them); a badput() block's mark dates them exactly.
+The steps are cut into segments where the host paused (the steps before a PAUSED completed before the step after it)
+or a hold failed (a ready array deleted or donated: the steps up to it are unready), and each is dated by
+dating.apportion from observations only: the completion seen, the hand-offs, the host's lead, whether the host waits
+for its device (it called again within the GIL's switch interval of a completion seen, or its lead holds), and a
+typical step's device time (the median of those observed; before any, the least time from a held step's hand-off to
+a look that found it done). A look's steps are lists of floats and ints, and its own objects are made with the
+cyclic GC off: a look of thousands of steps makes it collect no more than the loop does.
 """
 
 from __future__ import annotations
 
+import _thread
+import contextlib
 import gc
+import itertools
+import math
+import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
-import jaxmon.training.steps as steps
 from jaxmon.threads import Worker
-from jaxmon.training.dating import apportion, chain
+from jaxmon.training.dating import apportion
+from jaxmon.training.hand import HOST, LOST, PAUSED, Given, Hand, Hold, shown
 from jaxmon.training.handed import TrainingOps
-from jaxmon.training.steps import MARK, RESUMED, Base, Handoff, Hold, Item, Run, at, expand, held
+from jaxmon.training.ledger import Run, usable
 
-LOOK = 0.02  # the most often the waiter looks while steps come (seconds): a wake, a hold, a wait a look
-# Where steps come SHORT apart or less (the real clock) for STEADY looks, a look waits for about LOOK_STEPS steps, up
-# to LOOK_MAX (seconds): its fixed cost (a wake, a hold, a wait that releases and takes back the GIL, the batch's
-# shared booking: 500-800 µs of CPU where the loop and XLA keep the cores busy) is shared by thousands of steps of
-# 0.3 ms rather than 20 (the waiter's CPU a step: 7 µs at 100, 2.2 at 350, 0.8 at 2000). Only a batch of follow-on
-# steps (steps.py) makes no object the cyclic GC tracks a step: after a look at any other, the next one waits for at
-# most half the collector's young threshold (350 steps by default; Waiter._tuple_steps). Longer steps: a look every
-# LOOK, so that a look sees a host pause as it happens.
-LOOK_STEPS = 2000
-LOOK_MAX = 0.5
-SHORT = 0.0025
-# (about 0.1 s of steps: a run of a few tens of steps, a test's or an eval's, keeps a look every LOOK)
-STEADY = 5
-# The host's lead is taken as the least of this many looks' (apportion's `later`).
-LEADS = 8
-# A wait that returned sooner than this (seconds) waited for nothing: its newest step was complete already.
-BLOCKED = 0.0002
-# While no step comes, the waiter looks again after this long anyway (its stop wakes it at once).
-IDLE_WAIT = 1.0
-# Steps handed but no looked-at step after this long (and this many of the loop's recent step intervals): the loop
-# paused, the waiter dates the steps so far (_take_paused).
-STILL = LOOK
-STILL_STEPS = 4
-# Within a long look, a step() this long (seconds) after the one before hands a RESUMED marker: the loop paused. A
-# loop that waits for its steps calls step() this late after a long device step too, which the marker would date as
-# the host's pause: 40 ms keeps the loop's ordinary long steps (and a loaded machine's) on the host's rhythm.
-PAUSE = 2 * LOOK
-# A first looked-at step longer than this from hand-off to done is taken for a first run's one-time work, not a step.
-FIRST_BUSY_MAX = 0.25
+LOOK = 0.02  # the shortest time between two looks while steps come (seconds)
+LOOK_MAX = 0.5  # the longest
+LOOK_STEPS = 2000  # the most steps a look waits for: past them a batch costs more than a look
+RECENT = 8  # the looks whose least lead is the host's
+LOSS_EVERY = LOOK_MAX  # the loss gauge is read at most this often while the loop steps
+FIELDS = ("step", "examples", "tokens", "model_flops")
+MARKERS = (Given, Hold)  # the items handed that are no step (PAUSED neither)
+
+
+class Taken(NamedTuple):
+    """A look's steps as columns: their hand-off times; where each Given begins (the index of its first step, the
+    Given, that step's place in it); the holds (the index of the step held, a Hold or a Given with arrays); the
+    pauses (the index of the step handed after one)."""
+
+    handed: list[float]
+    starts: list[int]
+    givens: list[Given]
+    offsets: list[int]
+    held: list[int]
+    holds: list[Hold | Given]
+    pauses: list[int]
+
+
+def handles(hold: Hold | Given) -> list[Any]:
+    """What a hold waits on: a Hold's handles, a Given's arrays."""
+    return hold.handles if type(hold) is Hold else [v for v in hold[:4] if v is not LOST and hasattr(v, "shape")]
+
+
+class Signal:
+    """threading.Event's set, clear and wait, set by one C call (a lock's release): the training thread's wake of
+    the waiter costs it no Python of the Event's (a lock, a condition and its waiters: 2-3 times a release, cold)."""
+
+    def __init__(self) -> None:
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()  # held: not set
+
+    def set(self) -> None:
+        # (not contextlib.suppress: a context manager's objects cost tens of microseconds cold, after a long step)
+        try:  # noqa: SIM105
+            self._lock.release()
+        except RuntimeError:  # set already
+            pass
+
+    def clear(self) -> None:
+        self._lock.acquire(blocking=False)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until set (it stays set), or `timeout` seconds; whether it is set."""
+        if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            return False
+        self.set()
+        return True
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """The cyclic GC off, where it was on, while this thread makes and lets go of a look's objects (never across a
+    wait for a device)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class Waiter:
-    """The thread that sees the handed steps complete. `handed` is the tracker's deque (step() appends, this takes);
-    `last_done()` the last completion booked; `book(batch, done, hold)` books a batch under the tracker's lock;
-    `problem(reason, event, ...)` counts and logs; `typical()` a step's typical device time, `pace()` the window's
-    mean step (the accounting's); `pending` the tracker's max_pending."""
+    """The thread that books the handed steps: `book(runs, loss, (loss_step, left_out))` under the tracker's lock;
+    `typical()` a step's typical observed device time and `last_done()` the last completion booked (the ledger's);
+    `problem(reason, event, ...)` counts and logs."""
 
     def __init__(
         self,
-        handed: deque[Item],
+        hand: Hand,
+        handed: deque[Any],
         ops: TrainingOps,
         clock: Callable[[], float],
+        book: Callable[[list[Run], dict[str, float] | None, tuple[int | None, int]], None],
         problem: Callable[..., None],
+        typical: Callable[[], float | None],
         last_done: Callable[[], float | None],
-        book: Callable[[list[Handoff] | Run, list[float | None], Hold | None], None],
-        typical: Callable[[], float | None] = lambda: None,
-        pace: Callable[[], float | None] = lambda: None,
-        pending: int = 8192,
     ) -> None:
-        self._handed = handed
-        self.ops = ops
-        self._clock = clock
-        self._problem = problem
-        self._last_done = last_done
-        self._book = book
-        self._typical = typical
-        self._pace = pace
-        # A look's steps stay well within max_pending; after a batch of Handoff tuples (alive until the look), under
-        # half the collector's young threshold: past it they would make it collect (test_step_gc.py).
-        young = gc.get_threshold()[0] // 2 or LOOK_STEPS
-        cap = max(min(LOOK_STEPS, pending // 4), 1)
-        self._run_steps, self._tuple_steps = cap, max(min(cap, young), 1)
-        self._base: Base | None = None  # the last step taken, that a follow-on step handed after it takes on
-        # The host's lead at the last looks; none known at first: dated as a loop waiting for each step.
-        self._leads: deque[int] = deque([0], maxlen=LEADS)
-        # Whether the newest step still ran at the last looks; at first: a device that keeps up.
-        self._ran: deque[bool] = deque([False], maxlen=LEADS)
-        self.want = True  # the next step() takes a hold and wakes the waiter (read by step(): one attribute)
-        self.looks = 0  # batches taken
-        self.taken = 0  # steps taken and not booked yet
-        self._spacing = 0.0  # the loop's recent time between two step() calls
-        self._hurry = False  # take the handed steps without waiting for the next look
-        self._first_busy = 0.0  # the first looked-at step seen running: from its hand-off to its completion
-        self._handoff = threading.Event()
-        self._last_look = -float("inf")  # when the handed steps were last taken
-        self._paced = -float("inf")  # the same, on the real monotonic clock (the looks' pace)
-        # The time between two looks while steps come (read by step(), which also holds a step that often): LOOK, or
-        # LOOK_STEPS of the loop's recent steps where they are short, within [LOOK, LOOK_MAX].
-        self.every = LOOK
-        self._short = 0  # the looks in a row whose steps came SHORT apart or less
-        self._steady = True  # no look since the last one's dated a paused loop's steps (_take_paused)
-        # No step() for this long (the tracker's clock): the loop paused (or ended). STILL, or STILL_STEPS of its steps.
-        self.still = STILL
-        # A step() this long after the one before says that the loop paused (step() hands a RESUMED marker first):
-        # `still`, at least PAUSE, while looks are longer than LOOK (a pause within one is not seen by looking).
-        self.resumed_after = float("inf")
-        self._worker = Worker("training", self._wait_loop, self._handoff.set)
-        self.thread = self._worker.start().thread
+        self._hand, self._handed, self.ops, self._clock = hand, handed, ops, clock
+        self._book, self._problem, self._typical, self._last_done = book, problem, typical, last_done
+        self._given, self._offset = Given(None, None, None, None, ()), 0  # what the next step handed is given
+        self._leads: deque[int] = deque([0], maxlen=RECENT)
+        self._bounds: deque[float] = deque(maxlen=RECENT)  # a held step's hand-off to a look that found it done
+        self._loss: tuple[Hold, int | None] | None = None  # the newest hold naming loss scalars, not read yet
+        self._loss_read = -math.inf
+        self.every = self.still = LOOK
+        self.room = LOOK_STEPS
+        self.looks = self.taken = self.booked = 0  # looks that took steps; steps taken, not booked; booked
+        self._kept = 0  # the most objects a held step of the last look kept until it: its Given and its clones
+        self._hurry = False
+        self._next_look = -math.inf  # the real monotonic clock
+        self._deadline = 0.0  # stop()'s
+        self._flush: tuple[float, threading.Event] | None = None  # flush()'s deadline, and its done
+        self._wake = Signal()
+        self._worker = Worker("training", self._run, self._wake.set)
+        self.thread = self._worker.thread
+
+    def start(self) -> None:
+        """Start the thread (once the hand is armed: its first look asks for a hold)."""
+        self._worker.start()
 
     def wake(self) -> None:
-        """A looked-at step (or a mark) was handed."""
-        self._handoff.set()
-
-    def look_now(self) -> None:
-        """Look at the next step handed as it comes (the training thread: a sampled trace's last step is next)."""
-        self.want = True
-        self.hurry()
+        """A held step was handed."""
+        self._wake.set()
 
     def hurry(self) -> None:
-        """The host stops stepping for a while (a badput() block opens, its mark handed): take the steps now."""
+        """Take the steps now."""
         self._hurry = True
-        self._handoff.set()
+        self._wake.set()
+
+    def look_now(self) -> None:
+        """The next step held and taken as it comes (the training thread: a sampled trace's last step is next)."""
+        self._hand.answered = self
+        self._hurry = True
 
     def stop(self, timeout: float) -> None:
-        """End after the steps it waits for (a hung device keeps it: a daemon thread)."""
+        """Book what was handed (waiting for its holds `timeout` at most), then end."""
+        self._deadline = time.monotonic() + timeout
         self._worker.stop(timeout)
 
-    def _wait_loop(self) -> None:
-        while not self._worker.stopping:
-            try:
-                self._look()
-            except Exception as exc:  # a bug here must not end the telemetry (nor reach training)
-                self._problem("error", "the training waiter failed on a step", detail=f"{type(exc).__name__}: {exc}")
+    def flush(self, timeout: float) -> bool:
+        """Book every step handed by now (waiting for their holds `timeout` at most); whether it did in time."""
+        done = threading.Event()
+        self._flush = (time.monotonic() + timeout, done)
+        self.hurry()
+        return done.wait(timeout)
 
-    def _held(self) -> int:
-        """How many handed steps to take: up to the last one with a hold (0: none has one)."""
-        handed = self._handed
-        for back in range(1, len(handed) + 1):
-            if held(handed[-back]):
-                return len(handed) - back + 1
-        return 0
+    def _run(self) -> None:
+        while not self._worker.stopping:
+            self._guarded(self._look)
+        self._guarded(lambda: self._drain(self._deadline))
+
+    def _guarded(self, body: Callable[[], None]) -> None:
+        try:
+            body()
+        except Exception as exc:  # a bug here must not end the telemetry (nor reach training)
+            self._problem("error", "the training waiter failed on a step", detail=f"{type(exc).__name__}: {exc}")
+        finally:
+            self.taken = 0
 
     def _look(self) -> None:
-        """Take the steps handed up to the newest looked-at one (at most one look per LOOK while steps come), wait
-        for it, and book them."""
-        # At most one look per LOOK while steps come: only hurry() (a badput() block opens: it sets the flag first)
-        # and stop() end the wait early, not a step's wake.
-        while not self._hurry and (wait := self._paced + self.every - time.monotonic()) > 0:  # real time, not a test's
-            self._handoff.clear()
-            self._handoff.wait(wait)
+        while not self._hurry and (wait := self._next_look - time.monotonic()) > 0:
+            self._wake.clear()
+            self._wake.wait(wait)
             if self._worker.stopping:
                 return
         self._hurry = False
-        self._handoff.clear()
-        # Ask for a fresh looked-at step (the next step() holds its arrays and wakes the waiter): it usually still
-        # runs when the waiter waits for it, so its completion is seen, not estimated. A step held meanwhile (one
-        # per LOOK of the host's time) only dates the steps so far when no step comes (the loop paused or ended).
-        self.want = True
-        newest = self._handed[-1] if self._handed else None
-        if newest is None:
-            self._handoff.wait(IDLE_WAIT)
-        elif not held(newest) and (age := self._clock() - at(newest)) < self.still:  # a step may come yet (the
-            self._handoff.wait(self.still - max(age, 0.0))  # host's clock)
-        if self._worker.stopping:
+        self._wake.clear()
+        if (flush := self._flush) is not None:
+            self._flush = None
+            self._drain(flush[0])
+            flush[1].set()
             return
-        count = self._held()
-        if not count:
-            if newest is not None and self._handed and self._handed[-1] is newest:
-                self._take_paused()  # no step came meanwhile: the loop paused (or ended)
-            return
-        self.want = False  # taken: the next look asks again
-        paced, self._last_look, self._paced = self._paced, self._clock(), time.monotonic()
-        self.looks += 1
-        popleft = self._handed.popleft
-        items = [popleft() for _ in range(count)]
-        base = self._base
-        run = Run.of(items, base)  # the common batch, as columns; else each step's tuple
-        if run is not None:
-            self._base = run.last()
-            plain = True
-        else:
-            batch, self._base = expand(items, base)
-            plain = set(map(type, map(steps.NUMBER, batch))) == steps.INT  # no marker (nor a number to read)
-            if 3 * (resumed := sum(item[1] is RESUMED for item in batch)) >= count:  # a pause before most of its
-                self._short, self.every = 0, LOOK  # steps: the loop's steps are long now, each looked at
-        # The loop's recent step on the real clock: the time since the last look, shared; not where the loop paused
-        # in it (a marker in the batch, or a look that dated a paused loop's steps: _take_paused).
-        if paced > -float("inf") and self._steady and plain:
-            spacing = (self._paced - paced) / count
-            self._short = self._short + 1 if spacing < SHORT else 0
-            long = self._short >= STEADY  # a loop of short steps for a while, not a start's few
-            # At most twice as long as the last look: one estimate off by a pause costs a look, not a batch of
-            # thousands of steps (over the collector's young threshold, towards max_pending).
-            # A look of follow-on steps is as long again: the next is likely one too.
-            cap = self._run_steps if run is not None else self._tuple_steps
-            self.every = min(LOOK_MAX, max(LOOK, cap * spacing), 2 * self.every) if long else LOOK
-        self._steady = True
-        self.resumed_after = max(self.still, PAUSE) if self.every > LOOK else float("inf")
-        self.taken = count
-        try:
-            hold = items[-1][6]  # type: ignore[index]  # the last one taken is held: a Handoff
-            if run is not None:
-                dates = self._dates(run.handed, run.holds, hold)
-                if dates is not None:
-                    self._book(run, dates, hold)
+        self._hand.asked = object()
+        if not self._wake.wait(self.still):  # no step for `still`: the loop paused or ended
+            size = len(self._handed)  # the items looked at: the training thread appends after them
+            if not self._held(size):
+                if size:
+                    self._book_unheld(size, paused=True)
                     return
-                batch, _ = expand(items, base)  # a hold's array deleted or donated: each looked-at step on its own
-                self._book(batch, self._one_by_one(batch, hold), hold)
+                self._flush_loss()
+                self._wake.wait()  # until a step comes (it is held: asked) or stop
+            if self._worker.stopping:
                 return
-            if not plain:
-                batch = [item for item in batch if item[1] is not MARK]  # a mark is no step: its hold dated those
-                if resumed:  # before it
-                    batch = self._before_pauses(batch)
-            marked = items[-1][0] if items[-1][1] is MARK else None  # type: ignore[index]  # (a Handoff: held)
-            times, holds = list(map(steps.HANDED, batch)), list(filter(None, map(steps.HOLD, batch)))
-            dates = self._dates(times, holds, hold, marked)
-            self._book(batch, self._one_by_one(batch, hold) if dates is None else dates, hold)
-        finally:
-            self.taken = 0
+        now = time.monotonic()
+        if count := self._held(len(self._handed)):
+            taken = self._take(count)
+            if taken is not None:
+                spacing = taken[1]
+                self.still = LOOK + spacing  # a pause is a step() this much later than its steps come
+                # Half the young generation's room left now (the other half is this thread's while it books), filled
+                # by the objects held steps keep until a look: a step holding arrays hurries the look past `room`.
+                young = gc.get_threshold()[0] - gc.get_count()[0]
+                self.room = max(int(young / 2 / self._kept), 1) if self._kept else LOOK_STEPS
+                # Longer looks for a loop whose steps come more often than LOOK: a look per step for one whose steps
+                # are longer (each seen complete; a look's cost is then a small part of a step).
+                longer = min(self.every + LOOK, LOOK_MAX, max(LOOK, min(LOOK_STEPS, self.room) * spacing))
+                self.every = longer if spacing < LOOK else LOOK
+                self._hand.paused_after = self.still
+        self._next_look = now + self.every
 
-    def _take_paused(self) -> None:
-        """No step came to be looked at: date the steps handed since the last looked-at one (at most a look's time of
-        the host's: step() holds one that often), with no device call (a barrier would not do: XLA:CPU runs a
-        program that reads none of their outputs beside them). They complete in order after the last completion
-        booked: each a typical step's device time (the window's median busy part) after the one before it, or after
-        its hand-off if later. Where that puts the last one after now (a host that ran ahead, then stopped: its
-        steps still run), the waiter waits until then first; a step handed meanwhile bounds them instead."""
-        start = self._last_done()
-        busy = self._typical() or self._first_busy  # before a window: the first looked-at step's hand-off to done
-        tail = [at(item) for item in list(self._handed) if type(item) is not tuple or item[1] is not RESUMED]
-        # The host handed them well before the last completion, or faster than the device runs steps: it ran ahead,
-        # and they may run a while yet (a loop's epoch end may mark them: jaxmon.keras does).
-        ahead = (
-            start is not None
-            and bool(tail)
-            and (tail[0] < start - (busy or LOOK) or (busy > 0 and tail[-1] - tail[0] < (len(tail) - 1) * busy / 2))
-        )
-        if ahead and start is not None:
-            rate = max(busy, self._pace() or 0.0)  # the wait at the device's pace (a burst's dated busy parts are ~0)
-            end = start
-            for handed in tail:
-                end = max(handed, end) + rate
-            # They may run longer than a typical step each (a loop's epoch end may mark them meanwhile): twice the
-            # estimate, at least STILL after the newest was handed; a loop that waited for each of them (its first
-            # completion seen late: the GIL) has its next step by then, or is dated by the estimate.
-            end = max(end + (end - start), tail[-1] + STILL)
-            if (wait := end - self._clock()) > 0:
-                self._handoff.wait(min(wait, IDLE_WAIT))
-                if self._held() or self._worker.stopping or wait > IDLE_WAIT:
-                    return  # a step came (the next look takes these with it), or look again
-        items = [self._handed.popleft() for _ in range(len(self._handed))]
-        base = self._base
-        run = Run.of(items, base)  # as columns where they follow on: no tuple a step
-        batch: list[Handoff] | Run
-        if run is not None:
-            batch, times, self._base = run, run.handed, run.last()
-        else:
-            taken, self._base = expand(items, base)
-            batch = [item for item in taken if item[1] is not RESUMED]
-            times = list(map(steps.HANDED, batch))
-        self.taken = len(times)
-        self.looks += 1
-        now = self._last_look = self._clock()
-        self._paced, self._steady = time.monotonic(), False
-        try:
-            dates: list[float | None]
-            if ahead and start is not None and busy <= 0:  # no typical step known yet: the time since the last
-                dates = [start + (now - start) * (i + 1) / len(times) for i in range(len(times))]  # completion, shared
-            else:
-                dates = [*chain(times, start, busy, now)]
-            if times:
-                self._book(batch, dates, None)
-        finally:
-            self.taken = 0
+    def _held(self, size: int) -> int:
+        """How many of the first `size` items to take: up to the last hold among them (0: none)."""
+        for back in range(size - 1, -1, -1):
+            item = self._handed[back]
+            if type(item) is Hold:
+                return back + 1
+            if type(item) is Given and item.arrays and back + 1 < size:
+                return back + 2  # with its step
+        return 0
 
-    def _before_pauses(self, batch: list[Handoff]) -> list[Handoff]:
-        """Book the steps of `batch` handed before its last RESUMED marker (the loop paused, then stepped again):
-        each segment before a marker is dated as the steps of a loop that paused (`_paused_dates`: no later than the
-        resuming call), not by the host's calls after the pause. Returns the steps after the last marker."""
-        segment: list[Handoff] = []
-        for item in batch:
-            if item[1] is not RESUMED:
-                segment.append(item)
-                continue
-            if segment:  # its holds (done before the look) waited for: a deleted or donated ready array is counted
-                holds = list(filter(None, map(steps.HOLD, segment)))
-                dates = self._one_by_one(segment, None) if holds and not self._waited(holds) else None
-                self._book(segment, dates or self._paused_dates(segment, item[0]), None)
-            segment = []
-        return segment
-
-    def _paused_dates(self, segment: list[Handoff], until: float) -> list[float | None]:
-        """The completions of the un-held steps handed before a pause that ended at `until`: the last one a typical
-        step's device time after its hand-off (no later than `until`), the ones before it from the host's rhythm up
-        to there (apportion), as a batch whose newest completion was seen."""
-        start = self._last_done()
-        busy = self._typical() or self._first_busy
-        handed = [item[0] for item in segment]
-        if start is None:
-            return [*chain(handed, start, busy, until)]
-        end = max(min(max(handed[-1], start) + busy, until), start)
-        return list(apportion(start, end, handed, []))
-
-    def _dates(
-        self, handed: list[float], holds: list[Hold], hold: Hold | None, marked: float | None = None
-    ) -> list[float | None] | None:
-        """When each step of a batch (`handed`: its hand-off times; `holds`: the holds among its steps, `hold` the
-        newest's; `marked`: when the host handed the mark that ends it, if one does) completed; None when a hold's
-        array was deleted or donated (the caller waits for each on its own).
-
-        One blocking call for the batch's holds: one release of the GIL per look. The
-        newest step's completion is when that call returns, if it still ran (the usual case: the host dispatches
-        ahead); the earlier ones' are estimated (apportion). Only jaxmon's own handles are waited on or asked, so
-        a deletion at any moment makes the call raise, never crash."""
+    def _take(self, count: int, deadline: float | None = None) -> tuple[int, float] | None:
+        """Take `count` items (up to a hold), wait for their holds, date and book their steps; how many, and the
+        loop's spacing between them (None: fewer than two)."""
+        with quiet():
+            taken = self._parse([self._handed.popleft() for _ in range(count)])
+        handed = taken.handed
+        self.taken = len(handed)
         if not handed:
-            return []
-        if len(handed) > 1:
-            self._spacing = (handed[-1] - handed[0]) / (len(handed) - 1)
-            self.still = max(STILL, STILL_STEPS * self._spacing)
-        if hold is not None and (not holds or holds[-1] is not hold):
-            holds = [*holds, hold]  # a mark's
-        looked = self._clock()
-        if not self._waited(holds):
             return None
-        newest = self._clock()
-        ran = newest - looked >= BLOCKED
-        later = [t for t in map(at, list(self._handed)) if t < newest]  # handed while the newest ran: the host's lead
-        # A call that came just after the newest completed, before this thread had the GIL back, reads as lead:
-        # the least lead of the last looks is the loop's (a loop's lead is steady).
-        self._leads.append(len(later))
-        later = later[: min(self._leads)]
-        start = self._last_done()
-        if start is None:  # the first steps: no completion known before them, and no look before
-            start, later, ran = handed[0], [], True
-        self._ran.append(ran)
-        paced = 2 * sum(self._ran) > len(self._ran)  # the device behind the host at most recent looks
-        busy = 0.0
-        if not ran:  # done before the look: dated by a typical step's device time (the batch's share, at first)
-            busy = self._typical() or (newest - start) / len(handed)
-        completions: list[float | None] = list(apportion(start, newest, handed, later, ran, paced, busy, marked))
-        if not self._first_busy and ran and 0 < newest - handed[-1] < FIRST_BUSY_MAX:
-            self._first_busy = newest - handed[-1]
-        return completions
-
-    def _waited(self, holds: list[Hold]) -> bool:
-        """Wait for the holds' arrays in one call (one release of the GIL); False when one was deleted or donated
-        (before step() held it, or since: only jaxmon's own handles are asked, so the call raises, never crashes)."""
+        self.looks += 1
+        newest = taken.holds[-1]
         try:
-            if any(h.lost or not h.handles for h in holds):
-                return False
-            self.ops.wait([handle for h in holds for handle in h.handles])
+            ran = not self.ops.ready(handles(newest))  # still running: seen complete when the wait returns
         except Exception:
-            return False
-        return True
+            ran = False
+        looked = self._clock()
+        ends = self._wait(taken.holds, deadline)
+        seen = ends[-1] if ran else None
+        with quiet():
+            # The host's lead: its calls while the newest ran (the least of recent looks': a call right after the
+            # completion, before this thread had the GIL back, reads as lead). Paced if it holds; if it grows, not.
+            later = [t for t in list(self._handed) if type(t) not in MARKERS and t is not PAUSED and seen and t < seen]
+            paced = len(later) <= self._leads[-1] if later else seen is not None and self._waited(handed, seen)
+            if seen is None:  # done before the look: its device time was at most until then, and (its device kept
+                spacing = sorted(b - a for a, b in itertools.pairwise(handed))  # up) at most the loop's between calls
+                self._bounds.append(min(looked - handed[-1], spacing[len(spacing) // 2] if spacing else math.inf))
+            self._leads.append(len(later))
+            # A Given's hold whose arrays were all deleted says nothing of its step (bounded by the next hold).
+            failed = {
+                i
+                for i, hold, end in zip(taken.held, taken.holds, ends, strict=True)
+                if end is None and type(hold) is Hold
+            }
+            ends_at: dict[int, float | None] = {p - 1: handed[p] for p in taken.pauses} | dict.fromkeys(failed)
+            ends_at[len(handed) - 1] = None if len(handed) - 1 in failed else seen or looked
+            mark = newest if type(newest) is Hold else None
+            lead = later[: min(self._leads)]
+            done, observed = self._dated(handed, ends_at, lead, mark and mark.marked, seen, paced)
+            self._read_and_book(taken, done, observed, mark)
+        return (len(handed), (handed[-1] - handed[0]) / (len(handed) - 1)) if len(handed) > 1 else None
 
-    def _one_by_one(self, batch: list[Handoff], hold: Hold | None) -> list[float | None]:
-        """`batch`'s completions when one of its holds failed: each looked-at step waited for on its own, the steps
-        before it (back to the previous looked-at one) spread evenly up to its completion. A looked-at step whose
-        ready array was deleted or donated says nothing of when it and the steps before it completed: they are
-        counted unready, and their time is booked whole with the next known completion (a gap). The steps not
-        looked at were never asked (their arrays are not jaxmon's)."""
-        out: list[float | None] = []
+    @staticmethod
+    def _waited(handed: list[float], seen: float) -> bool:
+        """Whether a host with no lead waited for its device: the time it spent between its calls, beyond the newest
+        step's device time (its hand-off to its completion seen), is within the GIL's switch interval."""
+        spacing = sorted(b - a for a, b in itertools.pairwise(handed))
+        return bool(spacing) and spacing[len(spacing) // 2] - (seen - handed[-1]) <= sys.getswitchinterval()
+
+    def _dated(
+        self, handed: list[float], ends_at: dict[int, float | None], later: list[float], marked: float | None,
+        seen: float | None, paced: bool,
+    ) -> tuple[list[float | None], list[bool]]:  # fmt: skip
+        """The steps' completions, segment by segment (each ends at a key of `ends_at`, by its value; None: unready),
+        and which were observed (`seen`, the newest's; or a paced host's calls)."""
+        done: list[float | None] = []
+        observed: list[bool] = []
         start = self._last_done()
-        segment: list[Handoff] = []
-        for i, item in enumerate(batch):
-            segment.append(item)
-            mine = item[6] if item[6] is not None else hold if i == len(batch) - 1 else None
-            if mine is None:
+        busy = self._typical() or min(self._bounds, default=0.0)
+        ran = seen is not None
+        first = 0
+        for last in sorted(ends_at):
+            if (count := last - first + 1) <= 0:
                 continue
-            when, detail = None, "deleted or donated before step() was called"
-            if not (mine.lost or not mine.handles):
-                try:
-                    self.ops.wait(mine.handles)
-                    when = self._clock()
-                except Exception as exc:
-                    detail = str(exc)[:200]
-            if when is None:
-                self._problem("unready", "a step's ready array was deleted or donated", times=len(segment),
-                              detail=detail)  # fmt: skip
-                out += [None] * len(segment)
+            if (end := ends_at[last]) is None:
+                done += [None] * count
+                observed += [False] * count
+                self._problem("unready", "a step's ready array was deleted or donated", times=count)
             else:
-                base = start if start is not None else segment[0][0]
-                out += [base + (when - base) * (k + 1) / len(segment) for k in range(len(segment))]
-                start = when
-            segment = []
-        return out + [None] * len(segment)
+                segment, newest = handed[first : last + 1], ran and last == len(handed) - 1
+                begin = segment[0] if start is None else start
+                dates = apportion(begin, max(end, begin), segment, later if newest else [], newest, paced, busy,
+                                  marked if last == len(handed) - 1 else None)  # fmt: skip
+                done += dates
+                observed += [dates.paced] * (count - 1) + [newest]
+                start = dates[-1]
+            first = last + 1
+        return done, observed
+
+    def _book_unheld(self, size: int, paused: bool = False) -> None:
+        """Book the first `size` items' steps, none held: each segment ends by the next one's first hand-off, the last
+        by now. A loop that paused: where a typical step's time puts them after now (it ran ahead of its device),
+        first wait until then, or until a step comes."""
+        if paused:
+            self._hand.let_go()
+            self.every = LOOK  # a loop that resumes is looked at often, until it steps on
+            start, busy = self._last_done(), self._typical()
+            if start is not None and busy:
+                end = start
+                for item in list(self._handed)[:size]:
+                    if type(item) not in MARKERS and item is not PAUSED:
+                        end = max(item, end) + busy
+                if (wait := end - self._clock()) > 0:
+                    self._wake.clear()
+                    if self._wake.wait(wait) or self._worker.stopping:
+                        return  # a step came (the next look takes these), or stopping (the drain does)
+        with quiet():
+            taken = self._parse([self._handed.popleft() for _ in range(size)])
+            if taken.handed:
+                self.looks += 1
+                ends_at: dict[int, float | None] = {p - 1: taken.handed[p] for p in taken.pauses}
+                ends_at[len(taken.handed) - 1] = self._clock()
+                done, observed = self._dated(taken.handed, ends_at, [], None, None, False)
+                self._read_and_book(taken, done, observed, None)
+
+    def _drain(self, deadline: float) -> None:
+        """Book every step handed, waiting for their holds until `deadline` (stop(), flush())."""
+        while count := self._held(len(self._handed)):
+            self._take(count, deadline)
+        if size := len(self._handed):
+            self._book_unheld(size)
+        self._flush_loss()
+
+    def _wait(self, holds: list[Hold | Given], deadline: float | None) -> list[float | None]:
+        """Wait for the holds in one call (one release of the GIL): when each was known done, None where one was
+        deleted or donated (then each on its own: a step is done when what is left of its hold is)."""
+        arrays = [handles(hold) for hold in holds]
+        if all(arrays) and not any(type(hold) is Hold and hold.lost for hold in holds):
+            with contextlib.suppress(Exception):
+                self._wait_until([h for held in arrays for h in held], deadline)
+                return [self._clock()] * len(holds)
+        out: list[float | None] = []
+        for hold, held in zip(holds, arrays, strict=True):
+            try:
+                alive = [h for h in held if not self.ops.deleted(h)]
+                if not alive or (type(hold) is Hold and hold.lost):
+                    raise ValueError("deleted or donated")
+                self._wait_until(alive, deadline)
+                out.append(self._clock())
+            except Exception:
+                out.append(None)
+        return out
+
+    def _wait_until(self, arrays: list[Any], deadline: float | None) -> None:
+        """ops.wait(arrays), or, before a deadline (stop()), polling until then."""
+        while deadline is not None and not self.ops.ready(arrays):
+            if time.monotonic() >= deadline:
+                raise TimeoutError("not done when jaxmon stopped")
+            time.sleep(0.001)
+        self.ops.wait(arrays)
+
+    def _parse(self, items: list[Any]) -> Taken:
+        """The steps among `items` as columns, each given what the Given handed before it says."""
+        given, offset = self._given, self._offset
+        types = list(map(type, items))
+        self._kept = 0
+        if types.count(float) == len(items) - 1 and types[-1] is Hold:  # the common look: floats, then its hold
+            self._offset = offset + len(items) - 1
+            return Taken(items[:-1], [0], [given], [offset], [len(items) - 2], [items[-1]], [])
+        taken = Taken([], [], [], [], [], [], [])
+        handed = taken.handed
+        held: Given | None = None  # a Given with arrays: the hold of the step after it
+        for item, kind in zip(items, types, strict=True):
+            if kind is Given:
+                given, offset, held = item, 0, item if item.arrays else None
+                if held is not None:  # itself and its clones (of JAX numbers) until a look takes it
+                    self._kept = max(self._kept, 1 + sum(type(v) not in HOST for v in item[:4]))
+            elif kind is Hold or item is PAUSED:
+                if handed and kind is Hold:
+                    taken.held.append(len(handed) - 1)
+                    taken.holds.append(item)
+                elif handed:
+                    taken.pauses.append(len(handed))
+            else:  # a step: its hand-off time
+                if not taken.givens or taken.givens[-1] is not given:
+                    taken.starts.append(len(handed))
+                    taken.givens.append(given)
+                    taken.offsets.append(offset)
+                handed.append(item)
+                offset += 1
+                if held is not None:
+                    taken.held.append(len(handed) - 1)
+                    taken.holds.append(held)
+                    held = None
+        self._given, self._offset = given, offset
+        return taken
+
+    def _read_and_book(self, taken: Taken, done: list[float | None], observed: list[bool], newest: Hold | None) -> None:
+        """The steps' numbers and figures read and checked, and handed to the tracker as runs: consecutive steps
+        numbered on, with the same figures and tracked calls, all completed at a known time or all unready. The loss
+        gauge read from the newest hold that names some."""
+        handed = taken.handed
+        runs: list[Run] = []
+        key: tuple[Any, ...] | None = None  # the run under way: (figures, calls, unready), its first number and step
+        first = start = 0
+        for k, (begin, given, offset) in enumerate(zip(taken.starts, taken.givens, taken.offsets, strict=True)):
+            stop = taken.starts[k + 1] if k + 1 < len(taken.starts) else len(handed)
+            number, *figures = self._read(given, stop - begin)
+            base = None if number is None else number + offset - begin  # step i's number: base + i
+            for i in range(begin, stop):
+                this = None if base is None else (*figures, given.calls, done[i] is None)
+                if this != key or (base is not None and base + i != first + i - start):
+                    if key is not None:
+                        runs.append(self._slice(taken, done, observed, first, start, i, key))
+                    key, first, start = this, (base or 0) + i, i
+        if key is not None:
+            runs.append(self._slice(taken, done, observed, first, start, len(handed), key))
+        if newest is not None and newest.loss:
+            last = next((r for r in reversed(runs) if r.done is not None), None)
+            self._loss = (newest, last.first + len(last.handed) - 1 if last is not None else None)
+        self._book(runs, *self._read_loss(still=newest is None))
+        self.booked += len(handed)
+
+    @staticmethod
+    def _slice(
+        taken: Taken, done: list[float | None], seen: list[bool], first: int, start: int, stop: int, key: Any
+    ) -> Run:
+        """Steps `start` to `stop` of a look as a run from number `first` (`key`: its figures, calls, unready)."""
+        examples, tokens, flops, calls, unready = key
+        dates = None if unready else done[start:stop]
+        return Run(first, taken.handed[start:stop], dates, seen[start:stop], examples, tokens, flops, calls)  # type: ignore[arg-type]
+
+    def _flush_loss(self) -> None:
+        """The loop is still: the newest loss held is read now."""
+        loss, of = self._read_loss(still=True)
+        if loss is not None:
+            self._book([], loss, of)
+
+    def _read_loss(self, still: bool) -> tuple[dict[str, float] | None, tuple[int | None, int]]:
+        """The scalars of the newest hold naming loss scalars, and (its step, its dict's names not held): read at
+        most once per LOSS_EVERY while the loop steps, and once it is `still`."""
+        now = self._clock()
+        if self._loss is None or not (still or now - self._loss_read >= LOSS_EVERY):
+            return None, (None, 0)
+        (hold, number), self._loss, self._loss_read = self._loss, None, now
+        try:
+            return {name: float(self.ops.value(h)) for name, h in zip(hold.loss, hold.handles, strict=False)}, (
+                number, hold.left_out,
+            )  # fmt: skip
+        except Exception:  # deleted or donated since (counted with its step)
+            return None, (None, 0)
+
+    def _read(self, given: Given, steps: int) -> tuple[int | None, Any, Any, Any]:
+        """A Given's number and figures, read and checked: one that is not an integer (the number) or a finite number
+        >= 0 (a figure) is dropped for its `steps` steps and counted as `invalid`, an array deleted before it was
+        read as `unread`; each logged once per field and kind."""
+        out: list[Any] = []
+        for name, value in zip(FIELDS, given[:4], strict=True):
+            if value is LOST or self.ops.is_array(value):
+                try:
+                    if value is LOST:
+                        raise ValueError("deleted or donated before step() was called")
+                    value = self.ops.value(value)
+                except Exception as exc:
+                    event = "an array given to step() was deleted or donated before it was read"
+                    self._count("unread", name, steps, event, detail=str(exc)[:200])
+                    out.append(None)
+                    continue
+            checked = integer(value) if name == "step" else figure(value)
+            if checked is None and (value is not None or name == "step"):
+                expected = "an integer" if name == "step" else "a finite number >= 0"
+                event = "a number given to step() is not usable: dropped for this step"
+                self._count("invalid", name, steps, event, given=shown(value), expected=expected)
+            out.append(checked)
+        if out[0] is not None and type(given.number) is not int:
+            self._hand.device_step = out[0]
+        return out[0], out[1], out[2], out[3]
+
+    def _count(self, reason: str, field: str, steps: int, event: str, **fields: Any) -> None:
+        self._problem(reason, event, key=f"{reason}.{field}", times=steps, field=field, **fields)
+
+
+def figure(value: Any) -> float | None:
+    """`value` as a finite float >= 0: a Python, NumPy (or read JAX) real scalar; None for anything else."""
+    if value is not None and usable(value):
+        return float(value)
+    if isinstance(value, bool) or not (isinstance(value, int | float) or _scalar(value, "iuf")):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def integer(value: Any) -> int | None:
+    """`value` as a step number: a Python, NumPy (or read JAX) integer; a float, even 3.0, or a bool is not one."""
+    if type(value) is int:
+        return value
+    if isinstance(value, bool) or not (isinstance(value, int) or _scalar(value, "iu")):
+        return None
+    return int(value)
+
+
+def _scalar(value: Any, kinds: str) -> bool:
+    """Whether `value` is a NumPy scalar or 0-d array of one of the dtype `kinds` (as a JAX scalar reads)."""
+    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    return getattr(value, "shape", None) == () and isinstance(kind, str) and len(kind) == 1 and kind in kinds

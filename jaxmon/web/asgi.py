@@ -26,6 +26,7 @@ from jaxmon.exposition import Exposition
 from jaxmon.openmetrics_format import CONTENT_TYPE_LATEST as OPENMETRICS
 from jaxmon.openmetrics_format import wants_openmetrics
 from jaxmon.runtime import Runtime
+from jaxmon.scrapers import TIMEOUT_HEADER, MetricsRequest, deadline, identify
 from jaxmon.web.access import CheckQueue
 from jaxmon.web.profiling import PPROF_PATH, DeviceMemoryProfiles
 from jaxmon.web.reload import WebState
@@ -38,6 +39,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Response = tuple[int, str, bytes, list[tuple[bytes, bytes]]]
 TEXT = "text/plain; charset=utf-8"
+SCRAPE = "jaxmon.scrape"  # the scope's key for what a /metrics request's render read (jaxmon.scrapers.MetricsRequest)
 
 
 def accepts_gzip(header: str) -> bool:
@@ -125,7 +127,11 @@ class App:
             return
         self._in_flight += 1
         try:
-            await self._respond(send, scope, await self._handle(scope))
+            response = await self._handle(scope)
+            await self._respond(send, scope, response)
+            scrape = scope.get(SCRAPE)
+            if scrape is not None and response[0] == 200 and scope["method"] == "GET":
+                self._exposition.served(scrape)  # handed to the connection whole
         finally:
             self._in_flight -= 1
 
@@ -195,13 +201,18 @@ class App:
                     [],
                 )
         openmetrics = wants_openmetrics(_header(scope, b"accept"))
+        client = scope.get("client") or ("", 0)
+        timeout = _header(scope, TIMEOUT_HEADER.encode())
+        scrape = scope[SCRAPE] = MetricsRequest(
+            identify(str(client[0]), _header(scope, b"user-agent"), timeout), deadline=deadline(timeout)
+        )
         try:
-            body = self._exposition.render(want_gzip, selected, openmetrics)
+            body = self._exposition.render(want_gzip, selected, openmetrics, scrape)
         except ValueError as exc:  # a family OpenMetrics cannot hold (a user's): the text format still can
             if not openmetrics:
                 raise
             _log.error("OpenMetrics exposition failed: the text format is served", error=str(exc)[:200])
-            openmetrics, body = False, self._exposition.render(want_gzip, selected)
+            openmetrics, body = False, self._exposition.render(want_gzip, selected, scrape=scrape)
         extra = [(b"content-encoding", b"gzip"), (b"vary", b"accept-encoding")] if want_gzip else []
         return 200, OPENMETRICS if openmetrics else CONTENT_TYPE_PLAIN_0_0_4, body, extra
 

@@ -21,8 +21,8 @@ from urllib.parse import parse_qs
 
 import structlog
 
+from jaxmon.sampled_traces import MAX_DEMAND_SECONDS, MAX_DEMAND_STEPS, Busy
 from jaxmon.sources import InProcess
-from jaxmon.training.sampler import MAX_DEMAND_SECONDS, MAX_DEMAND_STEPS, Busy
 from jaxmon.web.profiling import TEXT, Response
 
 log = structlog.get_logger("jaxmon.web.tracing")

@@ -17,11 +17,17 @@ What the text holds (XLA's HLO printer; seen on jax 0.10.2's CPU backend, the re
   reduce-scatter: the input, i.e. the result times the group size (the printed operands carry no shapes);
   ragged-all-to-all: its output buffer (the sizes sent are runtime data: an upper bound). An async start's shape
   holds its operands (element 0) and results (element 1), except all-reduce-start, whose shape is its result.
-- Groups (`replica_groups=`) in three spellings: explicit `{{0,1},{2,3}}` (`{}`: everyone), iota
-  `[4,2]<=[2,4]T(1,0)` (the iota of the bracketed reshape dims, transposed, read as [groups, size]), and mesh axes
-  `mesh['axis_0'=4,'axis_1'=2] {'axis_1'}` (the compiler's own mesh over the same ids, optionally with
-  `, device_ids=(...)`, axes optionally as sub-axes `'axis_0':(1)2`; the groups are the devices that differ only
-  along the listed axes). collective-permute has `source_target_pairs={{0,1},{1,2}}` instead; each pair is a group.
+- Groups (`replica_groups=`) in every spelling XLA's printers write (xla/hlo/ir/replica_group.cc, mesh_and_axis.cc,
+  tile_assignment.cc): explicit `{{0,1},{2,3}}` (`{}`: everyone); iota `[4,2]<=[2,4]T(1,0)` (the iota of the
+  bracketed reshape dims, transposed, read as [groups, size]; an older printer put `devices=` in front); and mesh
+  axes `mesh['axis_0'=4,'axis_1'=2] {'axis_1'}` (the compiler's own mesh over the same ids; the groups are the
+  devices that differ only along the listed axes, in the listed order; names quoted or bare; axes as sub-axes
+  `'axis_0':(1)2`; no axis: each device alone; `maximal_mesh[device_id=5] {}`: that device), with the mesh's device
+  ids where they are not 0..n-1 in order, `, device_ids=(...)`, as a TileAssignment prints its array: an iota of
+  reshape dims transposed, `[4,2]T(1,0)` (what optax's clip_by_global_norm compiles to on a (data, model) mesh),
+  the ids `0,2,4,6,1,3,5,7`, or the full `[2,4]<=[4,2]T(1,0)` / `[2,4]0,2,4,...`. A spelling none of these
+  reads is an error, never read as everyone. collective-permute has `source_target_pairs={{0,1},{1,2}}` instead;
+  each pair is a group.
 - What the ids mean follows XLA's CollectiveOpGroupMode: without `channel_id` they are replica ids; with one, they
   are partition ids (all-to-all, collective-permute, ...), replica ids over all partitions (all-reduce, all-gather,
   reduce-scatter without `use_global_device_ids`), or flattened ids `replica * num_partitions + partition`

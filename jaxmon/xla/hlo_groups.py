@@ -161,9 +161,17 @@ def _chunk(flat: Sequence[int], size: int) -> Groups:
 
 _INTS = re.compile(r"\d+")
 _EXPLICIT_GROUP = re.compile(r"\{([^{}]*)\}")
-_IOTA = re.compile(r"\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
-_MESH_AXIS = re.compile(r"'?([^'=,\s]+)'?=(\d+)")
-_AXIS_REF = re.compile(r"'?([^':,\s{}()]+)'?(?::\((\d+)\)(\d+))?")
+_LIST = r"(\d+(?:,\d+)*)"
+_IOTA = re.compile(r"(?:devices=)?\[(\d+),(\d+)\]<=\[" + _LIST + r"\](?:T\(" + _LIST + r"\))?")
+# A mesh's device ids, as the printers spell them (see _device_list).
+_IDS_IOTA = re.compile(r"\[" + _LIST + r"\]<=\[" + _LIST + r"\](?:T\(" + _LIST + r"\))?")
+_IDS_RESHAPE = re.compile(r"\[" + _LIST + r"\](?:T\(" + _LIST + r"\))?")
+_IDS_LIST = re.compile(r"(?:\[" + _LIST + r"\])?" + _LIST)
+# One `name=size` of a mesh and one axis reference (`name` or `name:(pre_size)size`), each followed by a comma or
+# the end; a name quoted (jax 0.10's XLA, any character but the quote) or bare (XLA's sources today).
+_NAME = r"\s*(?:'([^']*)'|([^'=:,\s]+))"
+_MESH_AXIS = re.compile(_NAME + r"=(\d+)\s*(?:,|$)")
+_AXIS_REF = re.compile(_NAME + r"(?::\((\d+)\)(\d+))?\s*(?:,|$)")
 
 
 def _explicit(text: str) -> Groups:
@@ -172,50 +180,83 @@ def _explicit(text: str) -> Groups:
     return tuple(tuple(int(i) for i in _INTS.findall(g)) for g in _EXPLICIT_GROUP.findall(inner))
 
 
+def _ints(text: str) -> list[int]:
+    return [int(i) for i in text.split(",")]
+
+
 def _iota_groups(text: str) -> Groups:
+    """`[groups,size]<=[dims]T(perm)` (IotaReplicaGroupList; an older printer put `devices=` in front)."""
     m = _IOTA.fullmatch(text.strip())
     if m is None:
         raise HloParseError(f"cannot read iota replica groups {text!r}")
     groups, size = int(m.group(1)), int(m.group(2))
-    dims = [int(d) for d in m.group(3).split(",")]
-    perm = [int(p) for p in m.group(4).split(",")] if m.group(4) else list(range(len(dims)))
+    dims = _ints(m.group(3))
+    perm = _ints(m.group(4)) if m.group(4) else list(range(len(dims)))
     if math.prod(dims) != groups * size:
         raise HloParseError(f"iota replica groups {text!r}: {groups}x{size} is not the {math.prod(dims)} devices")
     return _chunk(_iota(dims, perm), size)
 
 
 def _device_list(text: str, count: int) -> list[int]:
-    """The `device_ids=(...)` of a mesh: an iota spelling or a list of ids (dims in front are skipped)."""
-    text = text.strip().removeprefix("devices=")
-    if "<=" in text:
-        m = re.fullmatch(r"\[[\d,]+\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", text)
-        if m is None:
-            raise HloParseError(f"cannot read mesh device ids {text!r}")
-        dims = [int(d) for d in m.group(1).split(",")]
-        perm = [int(p) for p in m.group(2).split(",")] if m.group(2) else list(range(len(dims)))
-        return _iota(dims, perm)
-    text = re.sub(r"^\[[\d,]*\]", "", text)
-    ids = [int(i) for i in _INTS.findall(text)]
-    if len(ids) != count:
-        raise HloParseError(f"mesh device ids {text!r} are not {count} ids")
+    """The `device_ids=(...)` of a mesh, row-major over its axes, in every spelling of XLA's TileAssignment:
+    `[4,2]T(1,0)` (an iota of the reshape dims, transposed: Mesh::ToString today, what optax's optimizers compile
+    to), `0,4,1,5,...` (the ids), and the full `[dims]<=[4,2]T(1,0)` and `[dims]0,4,1,5,...` (TileAssignment's own
+    printer, optionally after `devices=`)."""
+    spelled = re.sub(r"\s+", "", text).removeprefix("devices=")
+    ids: list[int]
+    if (m := _IDS_IOTA.fullmatch(spelled)) is not None:
+        if math.prod(_ints(m.group(1))) != count:
+            raise HloParseError(f"mesh device ids {text!r} are not {count} ids")
+        dims = _ints(m.group(2))
+        ids = _iota(dims, _ints(m.group(3)) if m.group(3) else list(range(len(dims))))
+    elif (m := _IDS_RESHAPE.fullmatch(spelled)) is not None:
+        dims = _ints(m.group(1))
+        ids = _iota(dims, _ints(m.group(2)) if m.group(2) else list(range(len(dims))))
+    elif (m := _IDS_LIST.fullmatch(spelled)) is not None:
+        if m.group(1) is not None and math.prod(_ints(m.group(1))) != count:
+            raise HloParseError(f"mesh device ids {text!r} are not {count} ids")
+        ids = _ints(m.group(2))
+    else:
+        raise HloParseError(f"cannot read mesh device ids {text!r}")
+    if sorted(ids) != list(range(count)):
+        raise HloParseError(f"mesh device ids {text!r} are not the {count} ids 0..{count - 1}")
     return ids
+
+
+def _items(pattern: re.Pattern[str], text: str, what: str) -> list[tuple[str, ...]]:
+    """Every comma-separated item of `text`, read by `pattern` (its name in group 1 quoted or 2 bare, the rest
+    after, "" where absent); anything else is an error, never skipped."""
+    out: list[tuple[str, ...]] = []
+    pos = 0
+    text = text.strip()
+    while pos < len(text):
+        m = pattern.match(text, pos)
+        if m is None or m.end() == pos:
+            raise HloParseError(f"cannot read {what} {text!r} at {text[pos:]!r}")
+        quoted, bare, *rest = m.groups()
+        out.append((quoted if quoted is not None else bare, *(r or "" for r in rest)))
+        pos = m.end()
+    return out
 
 
 def _mesh_groups(axes_text: str, devices_text: str | None, refs_text: str) -> Groups:
     """Groups of the mesh-axes spelling: the devices that differ only along the referenced (sub-)axes, as XLA's
     MeshAxesReplicaGroupList expands them."""
-    axes = [(name, int(size)) for name, size in _MESH_AXIS.findall(axes_text)]
+    axes = [(name, int(size)) for name, size in _items(_MESH_AXIS, axes_text, "mesh axes")]
     if not axes:
-        raise HloParseError(f"mesh replica groups without axes: mesh[{axes_text}]")
+        if refs_text.strip() or devices_text:
+            raise HloParseError(f"mesh replica groups without axes: mesh[{axes_text}] {{{refs_text}}}")
+        return ()  # an empty mesh: no groups written, everyone
     names = [a for a, _ in axes]
     sizes = [s for _, s in axes]
     count = math.prod(sizes)
     devices = _device_list(devices_text, count) if devices_text else list(range(count))
     refs: list[tuple[int, int, int] | tuple[int, None, None]] = []
-    for name, pre, size in _AXIS_REF.findall(refs_text):
+    for name, pre_size, sub_size in _items(_AXIS_REF, refs_text, "mesh axis references"):
         if name not in names:
             raise HloParseError(f"mesh replica groups name axis {name!r}, not one of {names}")
-        refs.append((names.index(name), int(pre), int(size)) if pre else (names.index(name), None, None))
+        index = names.index(name)
+        refs.append((index, int(pre_size), int(sub_size)) if pre_size else (index, None, None))
     # Split each mesh dim into the pieces its references need; remember which new dim each reference is.
     new_dims: list[int] = []
     ref_dim: dict[int, int] = {}
@@ -277,9 +318,13 @@ _GLOBAL_IDS = re.compile(r"\buse_global_device_ids=true")
 _GROUPS = re.compile(
     r"\breplica_groups=(?:"
     r"(?P<explicit>\{(?:[^{}]|\{[^{}]*\})*\})"
-    r"|(?P<iota>\[\d+,\d+\]<=\[[\d,]+\](?:T\([\d,]+\))?)"
-    r"|mesh\[(?P<axes>[^\]]*)\](?:,\s*device_ids=\((?P<devices>(?:[^()]|\([^()]*\))*)\))?\s*\{(?P<refs>[^}]*)\})"
+    r"|(?P<iota>(?:devices=)?\[\d+,\d+\]<=\[[\d,]+\](?:T\([\d,]+\))?)"
+    r"|maximal_mesh\[device_id=(?P<maximal>\d+)\]\s*\{\s*\}"
+    r"|mesh\[(?P<axes>(?:'[^']*'|[^\]'])*)\]"
+    r"(?:,\s*device_ids=\((?P<devices>(?:[^()]|\([^()]*\))*)\))?"
+    r"\s*\{(?P<refs>(?:'[^']*'|[^}'])*)\})"
 )
+_ANY_GROUPS = re.compile(r"\breplica_groups=")
 _PAIRS = re.compile(r"\bsource_target_pairs=(\{(?:[^{}]|\{[^{}]*\})*\})")
 
 
@@ -301,6 +346,8 @@ class GroupReader:
             spelling = m.group(1)
         else:
             m = _GROUPS.search(line)
+            if m is None and _ANY_GROUPS.search(line) is not None:
+                raise HloParseError(f"cannot read the replica_groups of {line.strip()[:300]}")
             spelling = m.group(0) if m else "{}"  # no replica_groups: everyone
         key = (mode, spelling)
         cached = self.cache.get(key)
@@ -312,6 +359,8 @@ class GroupReader:
             raw = _explicit(m.group("explicit") if m else "{}")
         elif m.group("iota"):
             raw = _iota_groups(m.group("iota"))
+        elif m.group("maximal"):
+            raw = ((int(m.group("maximal")),),)  # a mesh of one device: a group of one
         else:
             raw = _mesh_groups(m.group("axes"), m.group("devices"), m.group("refs"))
         # The pairs of a collective-permute read as groups of two; none written means none (not everyone).

@@ -21,10 +21,10 @@ ints (`start_ps`, `duration_ps`), so sums over a trace are exact. Unknown fields
 
 Cost and the GIL: pure Python never holds the GIL for long in one stretch (the interpreter takes it away at its
 switch interval, 5 ms, and this reader hands it over every 1024 events), where jaxlib's C++ parser
-(`jax.profiler.ProfileData.from_serialized_xspace`) holds it for the whole parse: 179 ms on a 16 MB GPU trace
-(bench/profile_parse.py). What a caller does not read is never decoded: `parse()` reads each plane's and each line's
-header and the plane's metadata; events are decoded when `Line.events()` or `iter_events()` is called, line by
-line, with only the stats asked for, and a plane's lines can be skipped unread.
+(`jax.profiler.ProfileData.from_serialized_xspace`) holds it for the whole parse: 232 ms on a 16 MB GPU trace
+(bench/profile_parse.py; BENCHMARKS.md, "Sampled traces"). What a caller does not read is never decoded: `parse()`
+reads each plane's and each line's header and the plane's metadata; events are decoded when `Line.events()` or
+`iter_events()` is called, line by line, with only the stats asked for, and a plane's lines can be skipped unread.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ the route's group_wait to 1 s; nothing else in either file changes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -39,7 +40,7 @@ from jaxmon.allocator import MemoryNumbers
 from jaxmon.collectors.nvml import NvmlState, match_devices, render
 from jaxmon.device_readings import DeviceInfo, MemoryReading
 from jaxmon.exposition import base_families, merged, status_families
-from jaxmon.families import add, family
+from jaxmon.families import add
 from jaxmon.families.memory import MemoryRow, memory_families
 from jaxmon.families.probe import PROBE_METRICS
 from jaxmon.snapshot import CollectorStatus, Snapshot
@@ -103,9 +104,9 @@ def sidecar_exposition() -> str:
         for i in range(3)
     )
     # The probe collector's jaxmon_device_up: the device's own labels (snap.device_labels), 1 or 0.
-    spec = PROBE_METRICS[0]
+    spec = PROBE_METRICS[0].family
     assert spec.name == "jaxmon_device_up"
-    device_up = family(spec.name, spec.help, spec.counter)
+    device_up = spec.new()
     for dev, up in zip(devices, (1.0, 0.0, 0.0), strict=True):
         add(device_up, snap.device_labels(dev), up)
     well = MemoryReading(MemoryNumbers(supported=True, bytes_in_use=1 << 30, limit_bytes=100 << 30))
@@ -213,38 +214,35 @@ Chain = tuple[Prometheus, Alertmanager, _Server]
 
 @pytest.fixture
 def start_chain(tmp_path: Path) -> Iterator[Callable[[str], Chain]]:
-    """Starts the chain with Prometheus scraping `exposition`; stops it at the end of the test."""
-    stop: list[Callable[[], None]] = []
+    """Starts the chain with Prometheus scraping `exposition`; stops every part of it at the end of the test, each
+    whatever stopping the others raised (a server left running outlives the suite)."""
+    with contextlib.ExitStack() as stack:
 
-    def start(exposition: str) -> Chain:
-        target = _Server(exposition)
-        stop.append(target.stop)
-        webhook = _Server()
-        stop.append(webhook.stop)
-        alertmanager = Alertmanager(tmp_path, alertmanager_config(webhook.url + "/hook"))
-        stop.append(alertmanager.stop)
-        alertmanager.wait_ready()
-        config: dict[str, Any] = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
-            "rule_files": [str(shortened_alerts(tmp_path))],
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager.port}"]}]}]},
-            "scrape_configs": [
-                {
-                    "job_name": "jaxmon",
-                    "static_configs": [{"targets": [target.url.removeprefix("http://")]}],
-                }
-            ],
-        }
-        prometheus = Prometheus(tmp_path, config)
-        stop.append(prometheus.stop)
-        prometheus.wait_ready()
-        return prometheus, alertmanager, webhook
+        def start(exposition: str) -> Chain:
+            target = _Server(exposition)
+            stack.callback(target.stop)
+            webhook = _Server()
+            stack.callback(webhook.stop)
+            alertmanager = Alertmanager(tmp_path, alertmanager_config(webhook.url + "/hook"))
+            stack.callback(alertmanager.stop)
+            alertmanager.wait_ready()
+            config: dict[str, Any] = {
+                "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
+                "rule_files": [str(shortened_alerts(tmp_path))],
+                "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager.port}"]}]}]},
+                "scrape_configs": [
+                    {
+                        "job_name": "jaxmon",
+                        "static_configs": [{"targets": [target.url.removeprefix("http://")]}],
+                    }
+                ],
+            }
+            prometheus = Prometheus(tmp_path, config)
+            stack.callback(prometheus.stop)
+            prometheus.wait_ready()
+            return prometheus, alertmanager, webhook
 
-    try:
         yield start
-    finally:
-        for action in reversed(stop):
-            action()
 
 
 def test_a_lost_gpu_sends_one_notification(start_chain: Callable[[str], Chain]) -> None:

@@ -19,6 +19,7 @@ import requests
 
 from tests.conftest import ROOT, StartDaemon, promtool
 from tests.deploy_files import (
+    CHURN_RULE_TESTS,
     DEPLOY,
     DOCKERFILE,
     FLEET_RULE_TESTS,
@@ -26,6 +27,7 @@ from tests.deploy_files import (
     JOB_RULE_TESTS,
     JOB_RULES,
     PROMETHEUS_CONFIG,
+    RESTART_RULE_TESTS,
     RULE_TESTS,
     RULES,
     alert_rules,
@@ -57,7 +59,11 @@ def test_promtool_check_rules() -> None:
     assert f"SUCCESS: {len(recording_rules(FLEET_RULES))} rules found" in result.stdout
 
 
-@pytest.mark.parametrize("tests", [RULE_TESTS, JOB_RULE_TESTS, FLEET_RULE_TESTS], ids=["alerts", "job", "fleet"])
+@pytest.mark.parametrize(
+    "tests",
+    [RULE_TESTS, JOB_RULE_TESTS, CHURN_RULE_TESTS, RESTART_RULE_TESTS, FLEET_RULE_TESTS],
+    ids=["alerts", "job", "churn", "restart", "fleet"],
+)
 def test_promtool_unit_tests_of_every_alert_pass(tests: Path) -> None:
     result = _run(promtool(), "test", "rules", str(tests))
     assert result.returncode == 0, result.stdout + result.stderr

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from jaxmon.training.window import DURATION_BUCKETS
+from jaxmon.training.ledger import DURATION_BUCKETS
 from tests.deploy_files import FLEET_RULES, JOB_RULES
 from tests.helpers import free_port
 from tests.prometheus import LoopbackServer, Prometheus

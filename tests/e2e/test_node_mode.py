@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT, sample, wait_until
 from tests.fakenvml import Scenario, device
-from tests.helpers import Process, free_port, jaxmon_env, scrape
+from tests.helpers import FIXTURES, Process, free_port, jaxmon_env, scrape
 
 # The daemon as `jaxmon serve` runs it, plus a SIGUSR2 handler (jaxmon leaves that signal alone) that writes the
 # interpreter's imported modules to a file: what the daemon itself imported, read from inside it.
@@ -54,6 +54,11 @@ def _imported(proc: Process, modules: Path) -> list[str]:
     return names
 
 
+def _wing(module: str) -> bool:
+    """Whether `module` is the training wing's or the XLA readers' (jaxmon.training_readings is neither)."""
+    return module in ("jaxmon.training", "jaxmon.xla") or module.startswith(("jaxmon.training.", "jaxmon.xla."))
+
+
 def test_node_mode_never_imports_jax_and_serves_nvml(tmp_path: Path) -> None:
     proc, url, modules = _node_daemon(tmp_path, "--node")
     try:
@@ -69,6 +74,7 @@ def test_node_mode_never_imports_jax_and_serves_nvml(tmp_path: Path) -> None:
         # PyYAML (about 0.9 MiB) and bcrypt.
         unneeded = ("jaxmon.embedded", "jaxmon.publisher", "jaxmon.training.tracker", "yaml", "bcrypt")
         assert [m for m in unneeded if m in names] == []
+        assert [m for m in names if _wing(m)] == []  # nothing of the training wing or the XLA readers
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "jaxlib" not in maps and "xla_extension" not in maps  # no JAX shared library mapped either
         for gpu in range(8):
@@ -84,10 +90,13 @@ def test_node_mode_never_imports_jax_and_serves_nvml(tmp_path: Path) -> None:
 
 
 def test_the_same_daemon_without_node_mode_imports_jax(tmp_path: Path) -> None:
-    """A check on the check: the default daemon does import JAX, and the same dump shows it."""
+    """A check on the check: the default daemon does import JAX, and the same dump shows it; it reads its JAX devices
+    with nothing of the training wing or the XLA readers loaded either."""
     proc, _, modules = _node_daemon(tmp_path, "--no-collector.probe")
     try:
-        assert "jax" in _imported(proc, modules)
+        names = _imported(proc, modules)
+        assert "jax" in names and "jaxmon.sources.local" in names
+        assert [m for m in names if _wing(m)] == []
     finally:
         proc.stop()
 
@@ -111,34 +120,87 @@ LAZY_NAMES = """
 import json, sys
 import jaxmon
 before = sorted(m for m in sys.modules if m.startswith("jaxmon"))
-hook_before = "__getattr__" in vars(jaxmon)
 step = jaxmon.step
-bound = {n: n in vars(jaxmon) for n in jaxmon.__all__}
-print(json.dumps({"before": before, "hook_before": hook_before, "hook_after": "__getattr__" in vars(jaxmon),
-                  "bound": bound, "same": step is sys.modules["jaxmon.training"].step}))
+after_step = {n: n in vars(jaxmon) for n in jaxmon.EXPORTS}
+hook = "__getattr__" in vars(jaxmon)
+start = jaxmon.start
+print(json.dumps({"before": before, "after_step": after_step, "hook": hook, "bound": "start" in vars(jaxmon),
+                  "same": step is sys.modules["jaxmon.training"].step and start is sys.modules["jaxmon.embedded"].start,
+                  "dir": sorted(set(jaxmon.EXPORTS) - set(dir(jaxmon))), "all": sorted(jaxmon.__all__)}))
 """
 
 
-READING_ONLY = """
-import json, sys
-import jaxmon.sources.spool_codec
-print(json.dumps(sorted(m for m in sys.modules if m.startswith("jaxmon.training"))))
+DAEMON = """
+import json, sys, time
+from pathlib import Path
+import jaxmon, jaxmon.cli, jaxmon.healthcheck
+from jaxmon.web import asgi, config_error, server, signals, tracing
+from jaxmon.collectors import registry
+from jaxmon.compose import build_runtime, load_settings
+from jaxmon.exposition import Exposition
+from jaxmon.sources.spool_codec import spool_training
+from jaxmon.training_readings import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
+
+spool, replay = Path(sys.argv[1]), sys.argv[2]
+reading = TrainingReading(
+    steps_total=3,
+    duration_buckets=((1.0, 3), (float("inf"), 3)),
+    devices=(DeviceTraining("cpu", 0, model_flops_total=1e9, collective_bytes_total={("psum", "", "local"): 8.0}),),
+    profile=ProfileReading({"taken": 1}, (DeviceProfile("cpu", 0, 1.0, {"compute": 1.0}),)),
+)
+document = json.loads(sys.argv[3])
+training = spool_training(reading, time.time()).model_dump(mode="json")
+document.update(schema="jaxmon.spool/3", time=time.time(), training=training)
+(spool / "trainer.host-a.4242.json").write_text(json.dumps(document))
+registry()
+served = []
+for argv in (
+    ["--node"],
+    ["--node", "--collector.spool.dir", str(spool)],
+    ["--replay", replay, "--collector.spool.dir", str(spool), "--web.enable-profiling"],
+):
+    runtime = build_runtime(load_settings(argv))
+    runtime.update_all_once()
+    text = Exposition(runtime.snapshot, runtime.collectors, runtime.transform).render(False).decode()
+    served.append(sorted({l.split()[2].removesuffix("_total") for l in text.splitlines() if l.startswith("# TYPE ")}))
+    runtime.stop()
+print(json.dumps({"modules": sorted(sys.modules), "served": served}))
 """
 
 
-def test_a_daemon_reading_training_telemetry_loads_no_step_path() -> None:
-    """The spool's codec imports jaxmon.training's reading.py: the package loads nothing of the step's side with it
-    (the process's hand, the sampler, the XLA readers), which a training script loads at its first jaxmon.step."""
-    out = subprocess.run([sys.executable, "-c", READING_ONLY], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert json.loads(out.stdout) == ["jaxmon.training", "jaxmon.training.reading"]
+def test_a_daemon_in_every_mode_without_jax_loads_no_module_of_the_training_wing_or_the_xla_readers(
+    tmp_path: Path,
+) -> None:
+    """What the daemon shares with the training wing and the XLA readers (the training reading, the sampled traces'
+    terms, device facts) lives outside both: in a fresh interpreter doing what `jaxmon serve` does in each mode
+    without JAX (node; node with a spool of a training publisher's reports; a replay beside that spool, profiling
+    routes on), every collector's families and the exposition rendered, nothing of either is imported. The running
+    daemons, node mode's and JAX's, are checked above."""
+    document = (FIXTURES / "spool_document.json").read_text()
+    argv = [sys.executable, "-c", DAEMON, str(tmp_path), str(FIXTURES / "shapes.json"), document]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=ROOT, timeout=120)
+    result = json.loads(out.stdout.splitlines()[-1])
+    node, spooled, replayed = result["served"]
+    # A check on the check: the spooled workload's training families were rendered (its reading decoded, held at
+    # birth and rendered), and the modules that share the training wing's types were loaded.
+    assert "jaxmon_training_steps" not in node
+    for served in (spooled, replayed):
+        assert {"jaxmon_training_steps", "jaxmon_training_profile_seconds", "jaxmon_training_collective_bytes"} <= set(
+            served
+        )
+    assert {"jaxmon.training_readings", "jaxmon.sampled_traces", "jaxmon.web.tracing"} <= set(result["modules"])
+    assert [m for m in result["modules"] if _wing(m)] == []
+    assert not [m for m in result["modules"] if m.split(".")[0] in ("jax", "jaxlib")]
 
 
-def test_import_jaxmon_loads_the_public_names_at_first_use_then_binds_them_all() -> None:
-    """`import jaxmon` (the daemon's first import) loads no embedded exporter, publisher or tracker; the first public
-    name read binds every one and removes the module's __getattr__, so later reads are plain (specialized)
-    attributes and jaxmon.step() costs what it did."""
+def test_import_jaxmon_binds_every_public_name_as_a_plain_attribute_at_the_first_read_of_one() -> None:
+    """`import jaxmon` (the daemon's first import) loads no embedded exporter, publisher or tracker; the first read of
+    a public name imports its module alone and binds that name in jaxmon's namespace, where later reads find it."""
     out = subprocess.run([sys.executable, "-c", LAZY_NAMES], capture_output=True, text=True, check=True, cwd=ROOT)
     result = json.loads(out.stdout)
-    assert result["before"] == ["jaxmon"] and result["hook_before"] is True
-    assert result["hook_after"] is False and result["same"] is True
-    assert result["bound"] == dict.fromkeys(result["bound"], True)
+    assert result["before"] == ["jaxmon"]
+    # The first read binds every public name as a plain attribute and drops the hook (reads a step makes are then
+    # specialized by CPython: bench/module_attribute.py).
+    assert all(result["after_step"].values()) and result["hook"] is False
+    assert result["bound"] is True and result["same"] is True
+    assert result["dir"] == [] and "step" in result["all"] and "__version__" in result["all"]

@@ -149,14 +149,20 @@ def test_the_loops_own_timing_agrees(runs: Runs) -> None:
 
 
 def test_job_rules_goodput_and_tokens(runs: Runs) -> None:
-    """job.yml's records, 2 scrapes after the last run ended: goodput over the last 5 minutes (both runs)."""
+    """job.yml's records, 2 scrapes after the last run ended: goodput over the last 5 minutes (both runs). The runs
+    are one job's processes one after the other, each from step 0: the second computes every step of the first
+    again (their productive seconds are redone badput, taken out of the goodput), and the time between the first's
+    last step and the second's start is disruption badput."""
     p, answers, ended, _ = runs
-    productive = sum(a["productive"] for a in answers)
-    lost = sum(sum(a["badput"].values()) for a in answers)
+    assert RUNS == 2
+    first, second = answers
+    accounted = sum(a["productive"] + sum(a["badput"].values()) for a in answers)
+    gap = second["start_time"] - first["last_step"]
     recorded = _value(p, f"jaxmon:training_goodput_ratio:rate5m{{{SELECT}}} @ {ended + 2 * SCRAPE}")[WORKLOAD]
-    assert recorded == pytest.approx(productive / (productive + lost), abs=0.01)
-    shares = _value(p, f"jaxmon:training_badput_ratio:rate5m{{{SELECT}}} @ {ended + 2 * SCRAPE}")
-    assert sum(shares.values()) == pytest.approx(1 - recorded, abs=1e-6)
+    assert recorded == pytest.approx(second["productive"] / (accounted + gap), abs=0.02)
+    kinds = _value(p, f"jaxmon:training_badput_ratio:rate5m{{{SELECT}}} @ {ended + 2 * SCRAPE}")
+    assert kinds["disruption"] * (accounted + gap) == pytest.approx(gap, abs=2 * SCRAPE)
+    assert sum(kinds.values()) == pytest.approx(1 - recorded, abs=1e-6)
 
 
 def test_a_finished_run_does_not_page_and_a_killed_one_does(runs: Runs, tmp_path: Path) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +19,11 @@ from typing import Any
 
 import pytest
 
-from jaxmon.sources.libtpu import sdk
+from jaxmon.families.libtpu import sdk_families
+from jaxmon.sources.libtpu import sdk, sdk_state
 from tests.conftest import Samples, StartDaemon, sample
 from tests.fake_libtpu import Chip, FakeLibtpu, Scenario
+from tests.helpers import Daemon
 
 STANDIN = Path(__file__).resolve().parents[1] / "sdk_standin"
 GIB = 1 << 30
@@ -142,6 +146,26 @@ def test_an_sdk_with_no_values_reads_empty(scenario: SdkScenario, child: sdk.Sdk
     assert r.data == {name: () for name in ASK}
 
 
+def test_a_child_that_cannot_be_started_is_a_status_counted_and_tried_again_after_a_back_off(tmp_path: Path) -> None:
+    """No child process can be started (here: its interpreter is missing; fork's EAGAIN at a pids limit and a
+    missing temporary directory raise the same way): read() says spawn_failed with why, counts it, does not try
+    again before the back-off, and leaves nothing open."""
+    child = sdk.SdkChild(timeout=0.5, python=str(tmp_path / "no-python"))
+    first = child.read((sdk.TENSORCORE_UTIL,))
+    assert first.status == "spawn_failed" and "FileNotFoundError" in first.detail
+    assert (child.spawn_failures, child.starts) == (1, 0)
+    assert child.read((sdk.TENSORCORE_UTIL,)) == first and child.spawn_failures == 1  # in the back-off: no retry
+    assert child._stderr is None and child._proc is None
+    child._retry_at = 0.0  # the back-off has passed
+    child.read((sdk.TENSORCORE_UTIL,))
+    assert child.spawn_failures == 2 and child._backoff == 4.0  # doubling, as for a crash
+    state = sdk_state.state(first, child.starts, [], child.spawn_failures)
+    assert state.spawn_failures == 2
+    samples = {(s.name, s.labels.get("status")): s.value for f in sdk_families(state) for s in f.samples}
+    assert samples[("jaxmon_libtpu_sdk_status", "spawn_failed")] == 1
+    assert samples[("jaxmon_libtpu_sdk_child_spawn_failures_total", None)] == 2
+
+
 # The daemon end to end.
 
 
@@ -228,3 +252,50 @@ def running(pid: int) -> bool:
 
 def cores(samples: Samples) -> list[Any]:
     return [k for k in samples if k[0] == "jaxmon_device_tensorcore_utilization_ratio"]
+
+
+def test_a_child_that_cannot_be_started_costs_the_sdk_series_alone(tmp_path: Path) -> None:
+    """The daemon cannot start the SDK's child (here its interpreter went away under it: the daemon runs from a
+    link to the venv's python that the test removes; fork's EAGAIN at a pod's pids limit and a missing temporary
+    directory raise from the same start): the status says spawn_failed, the failed starts are counted, the status is
+    logged once however often the start is tried again (after a back-off), and the tpu collector's poll stays whole,
+    its gRPC series flowing. Once the interpreter is back, the child starts again."""
+    assert sys.prefix != sys.base_prefix, "the suite runs in its venv (tests/run.sh)"
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    shutil.copy(Path(sys.prefix) / "pyvenv.cfg", venv)
+    (venv / "lib").symlink_to(Path(sys.prefix) / "lib")
+    python = venv / "bin" / "python"
+    python.symlink_to(sys.executable)
+    sc = SdkScenario(tmp_path / "sdk.json")
+    sc.write(metrics=util(10, 20, 30, 40))
+    chips = {dev: Chip(total_bytes=16 * GIB, used_bytes=GIB, duty_cycle_pct=90.0) for dev in IDS}
+    fake = FakeLibtpu(Scenario(chips=chips)).start()
+    args = [
+        "--no-collector.probe", "--collector.tpu", "--collector.tpu.address", fake.address,
+        "--collector.tpu.timeout", "300ms", "--collector.tpu.sdk-timeout", "500ms", "--poll.interval", "0.3s",
+    ]  # fmt: skip
+    daemon = Daemon(tmp_path, args, sc.env(), python=str(python))
+    try:
+        daemon.wait_ready()
+        daemon.wait_for(lambda s: status(s) == "ok", what="the SDK read")
+        python.unlink()
+        sc.write(metrics=util(10), on_data="segfault")  # the child dies at its next read; no new one can start
+        s = daemon.wait_for(
+            lambda s: (sample(s, "jaxmon_libtpu_sdk_child_spawn_failures_total", source="libtpu") or 0) >= 2,
+            timeout=60,
+            what="two failed starts",
+        )
+        assert status(s) == "spawn_failed"
+        assert sample(s, "jaxmon_collector_success", collector="tpu") == 1
+        assert sample(s, "jaxmon_device_duty_cycle_ratio", device="8", platform="tpu", source="libtpu") == 0.9
+        assert not cores(s)
+        logged = [line for line in daemon.log().splitlines() if "spawn_failed" in line]
+        assert len(logged) == 1 and "FileNotFoundError" in logged[0], logged
+        python.symlink_to(sys.executable)
+        sc.write(metrics=util(60, 60, 60, 60))
+        daemon.wait_for(lambda s: status(s) == "ok" and len(cores(s)) == 4, timeout=60, what="the SDK read again")
+        assert daemon.alive()
+    finally:
+        daemon.stop(signal.SIGKILL)
+        fake.stop()

@@ -16,7 +16,7 @@ import requests
 
 from jaxmon.births import BADPUT_KINDS, PROBLEM_REASONS
 from tests.conftest import ROOT, Samples, StartDaemon, promtool, sample
-from tests.helpers import Child, wait_for_fresh_samples, wait_for_samples
+from tests.helpers import AS_PROMETHEUS, Child, parse_samples, wait_for_fresh_samples, wait_for_samples
 
 PEAK = 1e11
 # What a pod spec's Downward API (and Slurm) put in the trainer's environment.
@@ -169,6 +169,14 @@ def test_an_embedded_trainers_loss_is_the_loss_of_the_step_it_names(children: li
     child.send("losses 5")
     s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == 7, "7 steps")
     s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_loss_step", **labels) is not None, "the loss")
+    # The loop stopped: once it is still, the newest loss held is read (jaxmon.training.waiter): the gauge may move
+    # once more, to a later step, and then stays.
+    for _ in range(30):
+        time.sleep(1.0)
+        later = parse_samples(requests.get(url + "/metrics", timeout=10).text)
+        if sample(later, "jaxmon_training_loss_step", **labels) == sample(s, "jaxmon_training_loss_step", **labels):
+            break
+        s = later
     _check_the_loss(s, labels, range(2, 7))
     _lint(requests.get(url + "/metrics", timeout=10).text)
     step = sample(s, "jaxmon_training_loss_step", **labels)
@@ -214,7 +222,9 @@ def test_a_publishing_trainers_steps_reach_the_sidecar(
     children.append(again)
     again.send(f"steps {STEPS} {DATA_MS}")
     time.sleep(0.5)  # its document with every step written
-    d2 = start_daemon("--no-collector.probe", "--collector.spool.dir", str(spool), "--poll.interval", "0.2s")
+    d2 = start_daemon(
+        "--no-collector.probe", "--collector.spool.dir", str(spool), "--poll.interval", "0.2s", client=AS_PROMETHEUS
+    )  # as Prometheus: served the held 0 (another reader is served the values)
     first = d2.wait_for(lambda s: sample(s, "jaxmon_training_steps_total", **labels) is not None, what="it, held")
     for name in ("jaxmon_training_steps_total", "jaxmon_training_productive_seconds_total"):
         assert sample(first, name, **labels) == 0, name
@@ -243,25 +253,34 @@ def test_a_badput_kind_not_declared_is_born_at_zero_at_its_first_open(children: 
         return sample(s, "jaxmon_training_badput_seconds_total", kind=kind, **labels)
 
     child.send("steps 3")
-    s = wait_for_samples(url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == 3, "3 steps")
+    # Scraping as Prometheus does: served the held 0 (another reader is served the values).
+    s = wait_for_samples(
+        url, lambda s: sample(s, "jaxmon_training_steps_total", **labels) == 3, "3 steps", client=AS_PROMETHEUS
+    )
     assert seconds(s, "eval") == 0 and seconds(s, "mykind") is None and seconds(s, "quick") is None
     child.send("hold mykind")
-    opened = [wait_for_samples(url, lambda s: seconds(s, "mykind") is not None, "mykind born at its open")]
+    opened = [
+        wait_for_samples(
+            url, lambda s: seconds(s, "mykind") is not None, "mykind born at its open", client=AS_PROMETHEUS
+        )
+    ]
     for _ in range(5):  # every scrape while it is open: 0
-        opened.append(wait_for_samples(url, lambda s: True))
+        opened.append(wait_for_samples(url, lambda s: True, client=AS_PROMETHEUS))
     assert [seconds(s, "mykind") for s in opened] == [0.0] * 6
     held = child.send("release")["seconds"]
     child.send("steps 1")  # its completion books the block
-    s = wait_for_samples(url, lambda s: (seconds(s, "mykind") or 0) > 0, "mykind's seconds")
+    s = wait_for_samples(url, lambda s: (seconds(s, "mykind") or 0) > 0, "mykind's seconds", client=AS_PROMETHEUS)
     # The device was idle through the block (the loop synced and jaxmon booked the step before it opened).
     assert seconds(s, "mykind") == pytest.approx(held, abs=0.02)
     # A block that opens, closes and is booked between two scrapes: the first scrape that has it serves 0.
     child.send("hold quick")
     quick = child.send("release")["seconds"]
     child.send("steps 1")
-    first = wait_for_samples(url, lambda s: seconds(s, "quick") is not None, "quick born")
+    first = wait_for_samples(url, lambda s: seconds(s, "quick") is not None, "quick born", client=AS_PROMETHEUS)
     assert seconds(first, "quick") == 0.0
-    later = wait_for_samples(url, lambda s: (seconds(s, "quick") or 0) > 0, "quick's seconds after one scrape")
+    later = wait_for_samples(
+        url, lambda s: (seconds(s, "quick") or 0) > 0, "quick's seconds after one scrape", client=AS_PROMETHEUS
+    )
     assert seconds(later, "quick") == pytest.approx(quick, abs=0.02)
     assert seconds(later, "mykind") == seconds(s, "mykind")
 

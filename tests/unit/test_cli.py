@@ -16,10 +16,11 @@ import yaml
 
 from jaxmon.collectors import registry
 from jaxmon.collectors.base import standalone_context
+from jaxmon.collectors.training import TrainingProfileOptions
 from jaxmon.compose import load_settings
 from jaxmon.settings.help import WORKLOAD_ONLY
 from jaxmon.sources.replay import ReplaySource
-from tests.conftest import CLI, FIXTURES
+from tests.conftest import CLI, FIXTURES, ROOT
 
 REPLAY = ["--replay", str(FIXTURES / "shapes.json")]
 
@@ -139,13 +140,13 @@ def test_every_example_in_the_help_is_accepted_as_it_is_shown(cli: CLI) -> None:
 
 
 def test_the_workload_only_sections_say_so_and_are_exactly_the_collectors_a_daemon_cannot_run(cli: CLI) -> None:
-    """--collector.training.*, --collector.compile.* and --collector.default-registry.* act only inside the
-    workload process: their sections are marked, and a collector that refuses to run outside a workload is one of
-    them (a new one must be added to WORKLOAD_ONLY)."""
+    """--collector.training.*, --collector.compile.*, --collector.checkpoint.* and --collector.default-registry.* act
+    only inside the workload process: their sections are marked, and a collector that refuses to run outside a
+    workload is one of them (a new one must be added to WORKLOAD_ONLY)."""
     code, out, _ = cli("serve", "--help")
     assert code == 0
     marked = set(re.findall(r"^(collector\.[a-z-]+) options \(workload only\):$", out, re.MULTILINE))
-    assert marked == {"collector.training", "collector.compile", "collector.default-registry"}
+    assert marked == {"collector.training", "collector.compile", "collector.checkpoint", "collector.default-registry"}
     assert "jaxmon.start(collector={'training': {...}})" in " ".join(out.split())
     daemon = standalone_context(ReplaySource(FIXTURES / "shapes.json"))
     refusing = {
@@ -156,6 +157,36 @@ def test_the_workload_only_sections_say_so_and_are_exactly_the_collectors_a_daem
     assert refusing == set(WORKLOAD_ONLY) == marked
     # The other sections are not marked.
     assert "collector.spool options:" in out and "collector.probe options:" in out
+
+
+def test_the_sampled_trace_options_say_they_act_in_training_workloads_only_in_every_form(cli: CLI) -> None:
+    """--collector.training.profile.every, .steps and .min-seconds: their nested section is marked workload only in
+    `jaxmon serve --help`, each flag's own help says it, and so do the descriptions the YAML keys and the
+    JAXMON_COLLECTOR__TRAINING__PROFILE__* variables share with the flags; docs/settings.md's rows say it too."""
+    code, out, _ = cli("serve", "--help")
+    assert code == 0
+    section = out[out.index("collector.training.profile options") :]
+    section = section[: section.index("\n\ncollector.", 1)]
+    title, note = section.split("\n", 1)
+    assert title == "collector.training.profile options (workload only):"
+    assert "never on the daemon's own devices" in " ".join(note.split())
+    flags = re.split(r"\n  (?=--)", section)[1:]
+    assert [f.split()[0] for f in flags] == [
+        "--collector.training.profile.every",
+        "--collector.training.profile.steps",
+        "--collector.training.profile.min-seconds",
+    ]
+    for help_text in flags:
+        words = " ".join(help_text.split())
+        assert "Training workloads only" in words and "never the daemon's own devices" in words, words
+    for name, field in TrainingProfileOptions.model_fields.items():
+        assert field.description and field.description.startswith("Training workloads only ("), name
+    rows = [
+        line
+        for line in (ROOT / "docs" / "settings.md").read_text().splitlines()
+        if line.startswith("| `--collector.training.profile.")
+    ]
+    assert len(rows) == 3 and all("**workload only**" in row for row in rows), rows
 
 
 def test_the_collectors_list_is_apart_from_the_last_section(cli: CLI) -> None:

@@ -12,9 +12,9 @@ from jaxmon.births import Births, with_zeros
 from jaxmon.families.training import training_families, training_labels
 from jaxmon.sources.spool_codec import spool_training, training_reading
 from jaxmon.training.profile_totals import ProfileTotals
-from jaxmon.training.reading import ProfileReading, TrainingReading
 from jaxmon.training.trace_links import Catalog
 from jaxmon.training.trace_split import split_trace
+from jaxmon.training_readings import ProfileReading, TrainingReading
 from tests.unit.xla.test_split_fakes import GPU0, GPU1
 from tests.xspace_fakes import START_UNIX_NS, Kernel, gpu_space
 
@@ -89,7 +89,7 @@ def test_the_spool_carries_them_to_the_sidecar() -> None:
 
 def test_a_gauge_is_served_as_it_is_while_the_counters_are_held_at_zero() -> None:
     reading = with_zeros(sampled())
-    births = Births(scrapes=lambda: 0)
+    births = Births(proof=lambda: 0, taken=lambda: 0)  # no scrape: every new counter held
     births.begin()
     served = births.training("p", reading)
     births.end()

@@ -27,6 +27,7 @@ from tests.deploy_files import (
     FLEET_RULES,
     JOB_RULES,
     KUBERNETES,
+    METRICS_REFERENCE,
     PROMETHEUS_CONFIG,
     PROVISIONING,
     RULE_TESTS,
@@ -907,3 +908,24 @@ def test_deploy_guide_lists_every_alert_and_panel() -> None:
 )
 def test_deploy_guide_links_the_files(path: str) -> None:
     assert path in DOCS.read_text(encoding="utf-8")
+
+
+def test_every_shipped_scrape_config_drops_created_or_says_why_it_keeps_it() -> None:
+    """A Prometheus that does not ingest start timestamps stores each training counter's `_created` as a series of
+    its own (docs/metrics.md): every scrape config jaxmon ships drops them, or says why it keeps them."""
+    drop = re.compile(r"regex: jaxmon_\.\*_created\s+action: drop")
+    configs = {
+        "prometheus.yml": PROMETHEUS_CONFIG.read_text(encoding="utf-8"),
+        **{p.name: p.read_text(encoding="utf-8") for p in sorted(KUBERNETES.glob("podmonitor*.yaml"))},
+        "docs/deploy.md": DOCS.read_text(encoding="utf-8"),
+    }
+    assert len(configs) == 6  # the compose demo's, the four PodMonitors and PodMonitorings, the docs' example
+    for name, text in configs.items():
+        assert drop.search(text) or "It keeps `_created`" in text, name
+    for name in ("podmonitor.yaml", "podmonitoring.yaml"):
+        spec = load_yaml(KUBERNETES / name)["spec"]
+        endpoint = (spec.get("podMetricsEndpoints") or spec["endpoints"])[0]
+        (rule,) = endpoint.get("metricRelabelings") or endpoint["metricRelabeling"]
+        assert rule == {"sourceLabels": ["__name__"], "regex": "jaxmon_.*_created", "action": "drop"}, name
+    metrics = METRICS_REFERENCE.read_text(encoding="utf-8")
+    assert "created-timestamp-zero-ingestion" in metrics and "st-storage" in metrics

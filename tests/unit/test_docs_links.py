@@ -1,5 +1,6 @@
-"""Every relative link of README.md and docs/ resolves: the file (or directory) it names exists, and an anchor
-(`#section`, `other.md#section`) names a heading of that Markdown file, as GitHub slugs them."""
+"""Every relative link of README.md, BENCHMARKS.md, CHANGELOG.md and docs/ resolves: the file (or directory) it
+names exists, and an anchor (`#section`, `other.md#section`) names a heading of that Markdown file, as GitHub slugs
+them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from urllib.parse import unquote
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("**/*.md"))]
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 CODE_SPAN = re.compile(r"(`+).*?\1")

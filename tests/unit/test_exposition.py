@@ -13,9 +13,9 @@ from prometheus_client.registry import Collector
 
 from jaxmon.allocator import memory_numbers
 from jaxmon.device_readings import DeviceInfo, MemoryReading, ProbeStatus
-from jaxmon.exposition import TextFormat
 from jaxmon.snapshot import CollectorStatus, Snapshot
 from jaxmon.sources.replay import ReplaySource
+from jaxmon.text_format import TextFormat
 from tests.helpers import FIXTURES
 from tests.snapshots import BUILD, GPU0, TPU2, labels, make_snapshot, memory_snapshot, registry_for, render_families
 

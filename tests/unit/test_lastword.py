@@ -1,4 +1,5 @@
-"""jaxmon.lastword: the embedded exporter's stopping gauge and its wait for the scrape that reads it."""
+"""jaxmon.lastword: the embedded exporter's word on how its process ends, served to every Prometheus that scrapes it,
+and the bounded wait for the scrapes that read it."""
 
 from __future__ import annotations
 
@@ -6,81 +7,178 @@ import threading
 import time
 
 from jaxmon.exposition import Exposition
-from jaxmon.lastword import MAX_WAIT, LastWord
+from jaxmon.lastword import EXCEPTION, MAX_WAIT, NORMAL, SIGNAL, LastWord
+from jaxmon.scrapers import MetricsRequest, Scraper, identify
 from jaxmon.snapshot import Snapshot
+from tests.conftest import parse_samples, sample
+
+A = identify("10.0.0.1", "Prometheus/2.42.0", "10")
+B = identify("10.0.0.2", "Prometheus/2.42.0", "10")  # the other server of an HA pair
+TOP = identify("10.0.0.3", "jaxmon/0.1.0 (jaxmon top)", "")
 
 
-def _value(word: LastWord) -> float:
-    (sample,) = word.family().samples
-    return float(sample.value)
+def _scrape(word: LastWord, scraper: Scraper) -> MetricsRequest:
+    """A scrape of `scraper` that rendered the word as it is now and was served."""
+    scrape = MetricsRequest(scraper)
+    _, scrape.final = word.families()
+    word.served(scrape)
+    return scrape
 
 
-def test_no_scraper_no_wait() -> None:
+def _said(word: LastWord) -> dict[str, float]:
+    families, _ = word.families()
+    return {f"{s.name}{sorted(s.labels.items())}": s.value for f in families for s in f.samples}
+
+
+def test_it_says_nothing_while_running_then_how_the_process_ends() -> None:
     word = LastWord()
-    assert _value(word) == 0.0
+    assert _said(word) == {"jaxmon_exporter_stopping[]": 0.0}
+    assert word.stop() is True  # no scraper to wait for: at once
+    assert _said(word) == {
+        "jaxmon_exporter_stopping[]": 1.0,
+        "jaxmon_exporter_exit_info[('reason', 'normal'), ('signal', '')]": 1.0,
+    }
+    crashed = LastWord()
+    crashed.say(EXCEPTION)
+    assert crashed.say(NORMAL) is False  # the first word stands
+    assert _said(crashed) == {
+        "jaxmon_exporter_stopping[]": 0.0,  # a crash is not a stop on purpose
+        "jaxmon_exporter_exit_info[('reason', 'exception'), ('signal', '')]": 1.0,
+    }
+    signalled = LastWord()
+    signalled.say(SIGNAL, "SIGTERM")
+    assert _said(signalled)["jaxmon_exporter_exit_info[('reason', 'signal'), ('signal', 'SIGTERM')]"] == 1.0
+
+
+def test_a_scraper_seen_once_or_gone_is_not_waited_for() -> None:
+    word = LastWord()
+    _scrape(word, A)
+    assert word.wait_for() == 0.0  # its interval unknown
     started = time.monotonic()
-    assert word.stop() is False
-    assert time.monotonic() - started < 0.5
-    assert _value(word) == 1.0
-
-
-def test_one_scrape_is_not_a_scraper() -> None:
-    word = LastWord()
-    word.scraped()
-    assert word.wait_for() == 0.0
-    assert word.stop() is False
-
-
-def test_stop_waits_for_the_next_scrape_and_it_says_stopping() -> None:
-    word = LastWord()
-    word.scraped()
-    time.sleep(0.2)
-    word.scraped()
-    wait = word.wait_for()
-    assert 1.2 <= wait <= 1.0 + 1.5 * 0.2 + 0.2  # 1.5 x the interval + 1 s
-    seen: list[float] = []
-
-    def scraper() -> None:
-        time.sleep(0.1)
-        seen.append(_value(word))
-        word.scraped()
-
-    thread = threading.Thread(target=scraper)
-    thread.start()
     assert word.stop() is True
-    thread.join()
-    assert seen == [1.0]
+    assert time.monotonic() - started < 0.5
 
 
-def test_a_missed_scrape_gives_up_after_the_wait() -> None:
+def test_stop_waits_for_each_scraper_of_an_ha_pair_to_read_the_word() -> None:
     word = LastWord()
-    word.scraped()
-    time.sleep(0.05)
-    word.scraped()
+    for _ in range(2):
+        _scrape(word, A)
+        _scrape(word, B)
+        time.sleep(0.3)
+    assert 1.0 < word.wait_for() <= 1.0 + 1.5 * 0.3 + 0.1
+    seen: list[tuple[Scraper, bool]] = []
+
+    def scrapers() -> None:
+        time.sleep(0.1)
+        seen.append((A, _scrape(word, A).final))
+        time.sleep(0.1)
+        seen.append((B, _scrape(word, B).final))
+
+    thread = threading.Thread(target=scrapers)
+    thread.start()
     started = time.monotonic()
-    assert word.stop() is False
+    assert word.stop() is True
     took = time.monotonic() - started
-    assert 1.0 <= took < 3.0
+    thread.join()
+    assert seen == [(A, True), (B, True)]
+    assert 0.15 < took < 1.0  # until the second one read it, not until its deadline (1.45 s)
+
+
+def test_a_scrape_in_flight_when_the_word_is_said_does_not_count() -> None:
+    word = LastWord()
+    _scrape(word, A)
+    time.sleep(0.2)
+    _scrape(word, A)
+    in_flight = MetricsRequest(A)
+    _, in_flight.final = word.families()  # rendered before the word ...
+    threading.Timer(0.05, word.served, (in_flight,)).start()  # ... and served after it was said
+    threading.Timer(0.3, _scrape, (word, A)).start()  # the next scrape reads it
+    started = time.monotonic()
+    assert word.stop() is True
+    assert time.monotonic() - started > 0.25
+    assert in_flight.final is False
+
+
+def test_jaxmon_top_and_curl_are_neither_waited_for_nor_readers_of_the_word() -> None:
+    word = LastWord()
+    for _ in range(3):
+        _scrape(word, TOP)
+        _scrape(word, identify("10.0.0.4", "curl/8.5.0", ""))
+        time.sleep(0.05)
+    assert word.wait_for() == 0.0
+    _scrape(word, A)
+    time.sleep(0.2)
+    _scrape(word, A)
+    threading.Timer(0.05, _scrape, (word, TOP)).start()  # reads the word, but is not Prometheus
+    started = time.monotonic()
+    assert word.stop() is False  # A never came back: waited for its next scrape only
+    assert 1.0 < time.monotonic() - started < 1.0 + 1.5 * 0.2 + 0.3
+
+
+def test_two_servers_behind_one_key_are_each_owed_the_word() -> None:
+    """Two Prometheus on one host with the same settings, scraping 0.05 s apart: one key that scrapes twice an
+    interval. The issue's case: stop() waited 1.08 s (1.5 x 0.05 + 1) and neither read the word."""
+    word = LastWord()
+    for _ in range(3):
+        _scrape(word, A)
+        time.sleep(0.05)
+        _scrape(word, A)
+        time.sleep(0.4)
+    ((count, _),) = word.owed(time.monotonic()).values()
+    assert count == 2
+    threading.Timer(0.05, _scrape, (word, A)).start()
+    threading.Timer(0.1, _scrape, (word, A)).start()
+    assert word.stop() is True
 
 
 def test_the_wait_is_bounded() -> None:
     word = LastWord()
-    word.scraped()
-    word.scraped()
-    word._times[0] -= 3600  # an hour between the two scrapes
+    _scrape(word, A)
+    time.sleep(0.01)
+    _scrape(word, A)
+    word._times[A.key][0] -= 3600  # an hour between the two scrapes
     assert word.wait_for() == MAX_WAIT
-    assert word.stop(most=0.0) is False
+    started = time.monotonic()
+    assert word.stop(most=0.2) is False
+    assert time.monotonic() - started < 0.5
 
 
-def test_the_exposition_serves_it_at_each_scrape_and_counts_scrapes() -> None:
+def test_the_exposition_serves_it_at_each_scrape_and_counts_only_whole_ones() -> None:
     word = LastWord()
     exposition = Exposition(lambda: Snapshot(), [], None, word)
-    assert b"jaxmon_exporter_stopping 0.0" in exposition.render(False)
-    word.stopping = True
-    assert b"jaxmon_exporter_stopping 1.0" in exposition.render(False)
-    assert word.scrapes == 2
-    # A filtered scrape (collect[]) is not Prometheus' scrape of the target: not counted, not served.
-    assert b"jaxmon_exporter_stopping" not in exposition.render(False, set())
-    assert word.scrapes == 2
+    scrape = MetricsRequest(A)
+    assert sample(parse_samples(exposition.render(False, scrape=scrape).decode()), "jaxmon_exporter_stopping") == 0
+    exposition.served(scrape)
+    assert scrape.final is False and list(word._times) == [A.key]
+    word.say(SIGNAL, "SIGTERM")
+    scrape = MetricsRequest(A)
+    text = exposition.render(False, scrape=scrape).decode()
+    assert sample(parse_samples(text), "jaxmon_exporter_exit_info", reason="signal", signal="SIGTERM") == 1
+    assert scrape.final is True
+    exposition.served(scrape)
+    assert word._finals == {A.key: 1}
+    # A filtered scrape (collect[]) is not Prometheus' scrape of the target: the word is not in it, and it counts
+    # for nothing here.
+    filtered = MetricsRequest(A)
+    assert b"jaxmon_exporter" not in exposition.render(False, set(), scrape=filtered)
+    exposition.served(filtered)
+    assert word._finals == {A.key: 1} and len(word._times[A.key]) == 2
     plain = Exposition(lambda: Snapshot(), [], None)
     assert b"jaxmon_exporter_stopping" not in plain.render(False)
+
+
+def test_a_scrape_handed_over_after_its_scraper_gave_up_counts_for_nothing() -> None:
+    """Past its X-Prometheus-Scrape-Timeout-Seconds Prometheus has stored nothing of a scrape: it neither frees a
+    series nor counts as the word read, however whole it was sent."""
+    from jaxmon.births import SCRAPES
+    from jaxmon.scrapers import deadline
+
+    word = LastWord()
+    word.say(NORMAL)
+    exposition = Exposition(lambda: Snapshot(), [], None, word)
+    late = MetricsRequest(A, deadline=deadline("0.5", now=time.monotonic() - 1.0))
+    exposition.render(False, scrape=late)
+    assert late.final and late.ticket is not None and not late.in_time()
+    exposition.served(late)
+    assert word._finals == {} and SCRAPES.proof() < late.ticket
+    assert deadline("") is None and deadline("x") is None and deadline("0") is None

@@ -96,3 +96,19 @@ def test_a_stopped_publisher_is_let_go_and_a_new_one_gets_its_own_training_optio
         second.stop()
     assert training.current() is None
     assert finalization.registered() == callbacks
+
+
+def test_the_document_a_stop_keeps_holds_every_step_handed(tmp_path: Path) -> None:
+    """Issue 50: publish().stop(remove=False) wrote 5,119 of 6,000 steps, every one of them complete: the last
+    document is written once the tracker booked every step handed."""
+    publisher = jaxmon.publish(tmp_path, workload="burst", interval=3600.0)
+    try:
+        first_document(publisher)
+        x = jnp.ones(8)
+        for n in range(6000):
+            jaxmon.step(n, x, tokens=4)
+        x.block_until_ready()
+    finally:
+        publisher.stop(remove=False)
+    doc = json.loads(publisher.path.read_text())["training"]
+    assert (doc["steps_total"], doc["step"], doc["tokens_total"]) == (6000, 5999, 6000 * 4)

@@ -23,6 +23,8 @@ answered on stdout with `OK <json>`:
   losses N                 N steps (numbered on), each handing jaxmon.step(n, loss) a scalar float32 array of
                            1 / (n + 1) (put on the device, nothing compiled), synced and booked
   restore N                number the next `steps` from N (as a restart from a checkpoint of step N does)
+  restart-exporter         (embedded) jaxmon.stop(), then jaxmon.start() again on the same port and settings
+  checkpointed N           jaxmon.checkpointed(N): a checkpoint of step N, taken now
   hold KIND                open a `jaxmon.badput(KIND)` block and leave it open
   release                  close it; answer with the seconds it was open, as this loop timed it
   collective N             N steps (numbered on) of a tracked program that all-reduces a replicated gradient over
@@ -93,7 +95,12 @@ def main() -> None:
     ap.add_argument("--peak-flops", type=float, help="collector.training.peak_flops (per device)")
     ap.add_argument("--profile-every", type=int, help="collector.training.profile.every (with profile.steps 1)")
     ap.add_argument("--link-bandwidth", default="", help="collector.training.link_bandwidth (link=bytes/s,...)")
+    ap.add_argument("--checkpoint-interval", help="collector.checkpoint.interval and interval_steps: 30m,100")
     args = ap.parse_args()
+    collector: dict[str, object] = {}
+    if args.checkpoint_interval:
+        every, steps = args.checkpoint_interval.split(",")
+        collector["checkpoint"] = {"interval": every, "interval_steps": int(steps)}
     training: dict[str, object] = {"peak_flops": args.peak_flops} if args.peak_flops else {}
     if args.link_bandwidth:
         training["link_bandwidth"] = args.link_bandwidth
@@ -111,7 +118,9 @@ def main() -> None:
         handle = exporter
         answer(url=exporter.url, pid=os.getpid())
     elif args.mode == "publish":
-        handle = jaxmon.publish(args.spool, workload=args.workload, interval=args.interval, training=training)
+        handle = jaxmon.publish(
+            args.spool, workload=args.workload, interval=args.interval, training=training, collector=collector
+        )
         answer(pid=os.getpid())
     else:
         answer(pid=os.getpid())
@@ -268,6 +277,15 @@ def main() -> None:
         elif cmd == "restore":
             number = int(rest[0])  # as after restoring a checkpoint of that step
             answer(number=number)
+        elif cmd == "checkpointed":
+            jaxmon.checkpointed(int(rest[0]))
+            answer(step=int(rest[0]))
+        elif cmd == "restart-exporter":
+            jaxmon.stop()
+            handle = exporter = jaxmon.start(
+                args.port, workload=args.workload, poll={"interval": args.interval}, training=training
+            )
+            answer(url=exporter.url)
         elif cmd == "exit":
             break
     if handle is not None:

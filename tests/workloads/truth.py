@@ -118,6 +118,7 @@ def main() -> None:
                 tokens=reading.tokens_total,
                 steps=reading.steps_total,
                 start_time=reading.start_time_seconds,
+                last_step=reading.last_step_timestamp,
                 parts=parts,
                 results=dict(profile.results),
                 measured=measured,

@@ -53,6 +53,21 @@ ROW = Row(
             "normal exit): a target down after it finished, not crashed (JaxmonExporterDown stays quiet).",
         ),
         Panel(
+            "How embedded exporters' processes ended (1h)",
+            "timeseries",
+            "short",
+            [
+                Target(
+                    f"count by (reason, signal) (last_over_time(jaxmon_exporter_exit_info{{{INST}}}[1h]))",
+                    "{{reason}} {{signal}}",
+                )
+            ],
+            "Embedded exporters that stopped in the last hour, by their last word: normal (stop(), the script's "
+            "end), exception (an uncaught exception) or signal (SIGTERM, SIGINT). A process killed outright says "
+            "nothing. Exception and signal, and a training target gone without a word, are JaxmonTrainingCrashed.",
+            min=0,
+        ),
+        Panel(
             "API server lists",
             "state-timeline",
             "none",

@@ -144,7 +144,7 @@ LOSS_ROW = Row(
                 Target(top(LOSS), "{{name}} " + PROCESS),
             ],
             "The scalars the loop hands to jaxmon.step() (a scalar: loss; a dict of scalars: each key), read on "
-            "jaxmon's thread from a looked-at step at most once a second: the job's mean by name, and the $k highest "
+            "jaxmon's thread from a looked-at step at most every 0.5 s: the job's mean by name, and the $k highest "
             "processes' values. A diverged loss is exported as it was read, NaN or +Inf, which a timeseries may leave "
             "as a gap.",
             width=20,
@@ -154,7 +154,7 @@ LOSS_ROW = Row(
             "none",
             f"max(jaxmon_training_loss_step{{{JOB}}})",
             "The step the newest loss values are of (jaxmon_training_loss_step, the latest over the job's processes): "
-            "a few steps behind jaxmon_training_step, as the loss is read at most once a second.",
+            "a few steps behind jaxmon_training_step, as the loss is read at most every 0.5 s.",
         ),
     ],
 )

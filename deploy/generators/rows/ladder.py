@@ -85,8 +85,9 @@ def row(DEV: str = DEV) -> Row:
             rung(
                 "SM active",
                 [Target(selected(f"jaxmon_device_sm_active_ratio{{{GPU}}}"), MIG_LEGEND)],
-                "The share of time the SMs had at least one warp resident (GPM SM_UTIL, DCGM's SM_ACTIVE), per GPU and "
-                "MIG GPU instance. DCGM's guide: 0.8 or more is needed (not enough) for a GPU used well.",
+                "The share of time the SMs had at least one warp resident (GPM SM_UTIL; DCGM's SM_ACTIVE, "
+                "SM_UTIL_RATIO from dcgm-exporter 4.9), per GPU and MIG GPU instance. DCGM's guide: 0.8 or more is "
+                "needed (not enough) for a GPU used well.",
             ),
             rung(
                 "Tensor active (clock-adjusted)",
@@ -94,8 +95,9 @@ def row(DEV: str = DEV) -> Row:
                     Target(selected(TENSOR), MIG_LEGEND + " clock-adjusted"),
                     Target(selected(f"jaxmon_device_tensor_active_ratio{{{GPU}}}"), MIG_LEGEND + " raw"),
                 ],
-                "Tensor-core activity (GPM ANY_TENSOR_UTIL, DCGM's PIPE_TENSOR_ACTIVE) and the same scaled by the SM "
-                "clock over its maximum: an upper bound for what the FLOPs reach, not MFU.",
+                "Tensor-core activity (GPM ANY_TENSOR_UTIL; DCGM's PIPE_TENSOR_ACTIVE, TENSOR_UTIL_RATIO from "
+                "dcgm-exporter 4.9) and the same scaled by the SM clock over its maximum: an upper bound for what the "
+                "FLOPs reach, not MFU.",
             ),
             rung(
                 "MFU beside the GPU",
@@ -119,9 +121,10 @@ def row(DEV: str = DEV) -> Row:
                         MIG_LEGEND + " graphics engine",
                     ),
                 ],
-                "Resident warps over the SMs' maximum (DCGM's SM_OCCUPANCY), the share of time device memory was read "
-                "or written (DRAM_ACTIVE: a memory-bound step is high here and low on tensor), and the graphics or "
-                "compute engine's activity (GR_ENGINE_ACTIVE).",
+                "Resident warps over the SMs' maximum (DCGM's SM_OCCUPANCY, SM_OCCUPANCY_RATIO from dcgm-exporter "
+                "4.9), the share of time device memory was read or written (DRAM_ACTIVE or DRAM_UTIL_RATIO: a "
+                "memory-bound step is high here and low on tensor), and the graphics or compute engine's activity "
+                "(GR_ENGINE_ACTIVE or GR_ENGINE_UTIL_RATIO).",
             ),
             rung(
                 "Pipe activity",

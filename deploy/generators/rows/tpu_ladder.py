@@ -64,12 +64,18 @@ def row(DEV: str = DEV) -> Row:
                         f'sum(jaxmon_libtpu_sdk_child_starts_total{{{inst_of(DEV)}, source="libtpu"}})',
                         "child starts",
                     ),
+                    Target(
+                        f'sum(jaxmon_libtpu_sdk_child_spawn_failures_total{{{inst_of(DEV)}, source="libtpu"}})',
+                        "child starts failed",
+                    ),
                 ],
                 "How many daemons read the SDK with each status: ok; empty (the SDK answered no values, as on a "
                 "sandboxed chip); starting; not_installed (no libtpu in the daemon's image); import_failed, "
                 "failed, crashed or timeout (the child process failed: its series are absent and it is started "
-                "again after a back-off; the daemon's log says why). Child starts, all daemons together since "
-                "each started: more than one a daemon means children crashed or hung.",
+                "again after a back-off; the daemon's log says why); spawn_failed (no child could be started: a "
+                "pids limit, no temporary directory; the gRPC series still flow). Child starts, all daemons "
+                "together since each started: more than one a daemon means children crashed or hung; failed "
+                "starts are counted apart.",
             ),
             rung(
                 "Duty cycle (the $k chips busiest beyond their TensorCore utilization)",

@@ -275,5 +275,46 @@ ROW = Row(
             width=8,
             height=6,
         ),
+        Panel(
+            "Steps a crash would redo",
+            "timeseries",
+            "short",
+            [
+                Target(
+                    f"max by (workload) (jaxmon_training_step{{{WL}}}) - max by (workload) "
+                    f"(jaxmon_training_last_checkpoint_step{{{WL}}})",
+                    "{{workload}}",
+                ),
+                Target(
+                    f"max by (workload) (jaxmon_training_checkpoint_interval_steps{{{WL}}})", "{{workload}} declared"
+                ),
+            ],
+            "Steps completed since the step the last checkpoint holds (Orbax's saves, jaxmon.checkpointed()): what a "
+            "crash now would compute again; beside it the interval in steps the job declared "
+            "(collector.checkpoint.interval_steps: JaxmonTrainingCheckpointOverdue at 1.5 times it).",
+            min=0,
+            width=8,
+            height=6,
+        ),
+        Panel(
+            "Since the last checkpoint",
+            "timeseries",
+            "s",
+            [
+                Target(
+                    f"time() - max by (workload) (jaxmon_training_last_checkpoint_timestamp_seconds{{{WL}}})",
+                    "{{workload}}",
+                ),
+                Target(
+                    f"max by (workload) (jaxmon_training_checkpoint_interval_seconds{{{WL}}})", "{{workload}} declared"
+                ),
+            ],
+            "Seconds since the state of the job's last checkpoint was taken: the work a crash now would lose; beside "
+            "it the interval the job declared (collector.checkpoint.interval: JaxmonTrainingCheckpointOverdue at 1.5 "
+            "times it).",
+            min=0,
+            width=8,
+            height=6,
+        ),
     ],
 )

@@ -4,7 +4,9 @@ The SDK serves `tensorcore_util` (per TensorCore), which libtpu's gRPC service d
 safe everywhere (see sdk_child.py), so the daemon never imports it: a child does (`sdk_child.py`, stdlib only), and
 the daemon talks to it over a pipe, one JSON line each way per poll. Every read has a deadline; a child that crashes
 or does not answer in time is killed and its series are absent, with a status that says why; it is started again
-after a back-off (1 s, doubling to 5 minutes; a missing libtpu is looked for again every 5 minutes).
+after a back-off (1 s, doubling to 5 minutes; a missing libtpu is looked for again every 5 minutes). A child that
+cannot be started at all (fork's EAGAIN at a pod's pids limit, no temporary directory for its stderr) is the same:
+status `spawn_failed`, counted (`spawn_failures`), tried again after the back-off; `read()` never raises.
 
 Why one long-lived child rather than a child per poll: a child pays a Python start and libtpu's import (seconds, and
 hundreds of MB mapped) before it can answer; per poll that would cost the daemon's host more than everything else it
@@ -34,7 +36,9 @@ TENSORCORE_UTIL = "tensorcore_util"
 PER_CHIP = ("hbm_capacity_total", "duty_cycle_pct")
 
 # Why there is no data (or that there is): the values of the status series' `status` label.
-STATUSES = ("ok", "empty", "starting", "not_installed", "import_failed", "failed", "crashed", "timeout")
+STATUSES = (
+    "ok", "empty", "starting", "not_installed", "import_failed", "failed", "crashed", "timeout", "spawn_failed",
+)  # fmt: skip
 
 _BACKOFF_MIN, _BACKOFF_MAX = 1.0, 300.0
 _NOT_INSTALLED_RETRY = 300.0
@@ -73,6 +77,7 @@ class SdkChild:
         self.start_timeout = start_timeout
         self.python = python
         self.starts = 0
+        self.spawn_failures = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr: IO[bytes] | None = None
         self._buffer = b""
@@ -88,7 +93,11 @@ class SdkChild:
         if self._proc is None:
             if now < self._retry_at:
                 return self._last_failure
-            self._spawn(now)
+            try:
+                self._spawn(now)
+            except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                self.spawn_failures += 1
+                return self._fail("spawn_failed", f"the SDK child could not be started: {type(exc).__name__}: {exc}")
         if self._hello is None:
             hello = self._hello_line(now)
             if isinstance(hello, SdkReading):
@@ -128,17 +137,23 @@ class SdkChild:
         self._kill()
 
     def _spawn(self, now: float) -> None:
+        """Start the child; raises OSError where it cannot be (no temporary file, no fork), leaving nothing open."""
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - the child's stderr, closed with the child
-        # -P: the script's directory (jaxmon/sources/libtpu) stays off sys.path, so `import libtpu` finds libtpu.
-        self._proc = subprocess.Popen(
-            [self.python, "-P", str(CHILD)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            close_fds=True,
-            start_new_session=True,  # a signal to the daemon's group (Ctrl-C) is not the child's
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        try:
+            # -P: the script's directory (jaxmon/sources/libtpu) stays off sys.path, so `import libtpu` finds libtpu.
+            self._proc = subprocess.Popen(
+                [self.python, "-P", str(CHILD)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                close_fds=True,
+                start_new_session=True,  # a signal to the daemon's group (Ctrl-C) is not the child's
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        except BaseException:
+            self._stderr.close()
+            self._stderr = None
+            raise
         self.starts += 1
         self._buffer = b""
         self._hello = None

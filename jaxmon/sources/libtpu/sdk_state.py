@@ -32,13 +32,15 @@ class CoreUtilization:
 
 @dataclass(frozen=True)
 class SdkState:
-    """The SDK's status this poll, why, the child's starts so far, and each TensorCore's utilization."""
+    """The SDK's status this poll, why, the child's starts (and the starts that failed) so far, and each TensorCore's
+    utilization."""
 
     status: str
     detail: str = ""
     starts: int = 0
     cores: tuple[CoreUtilization, ...] = ()
     unreadable: int = 0
+    spawn_failures: int = 0
 
 
 def cores(reading: sdk.SdkReading, libtpu_ids: Sequence[int]) -> tuple[tuple[CoreUtilization, ...], int]:
@@ -60,7 +62,7 @@ def cores(reading: sdk.SdkReading, libtpu_ids: Sequence[int]) -> tuple[tuple[Cor
     return out, sum(v is None for v in values)
 
 
-def state(reading: sdk.SdkReading, starts: int, libtpu_ids: Sequence[int]) -> SdkState:
+def state(reading: sdk.SdkReading, starts: int, libtpu_ids: Sequence[int], spawn_failures: int = 0) -> SdkState:
     """The state of one poll of the SDK."""
     found, unreadable = cores(reading, libtpu_ids)
     status, detail = reading.status, reading.detail
@@ -69,4 +71,4 @@ def state(reading: sdk.SdkReading, starts: int, libtpu_ids: Sequence[int]) -> Sd
             "failed",
             "tensorcore_util answered no percentage: " + ", ".join(reading.data.get(sdk.TENSORCORE_UTIL, ()))[:300],
         )
-    return SdkState(status, detail, starts, found, unreadable)
+    return SdkState(status, detail, starts, found, unreadable, spawn_failures)

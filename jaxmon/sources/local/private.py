@@ -3,16 +3,16 @@ clear degradation when a JAX release renames it: never a crash, never a silent c
 
 - `jax._src.xla_bridge.backends()`: every backend that starts, beside the default one. Without it, the public
   fallback: `jax.local_devices(backend=...)` for each known platform.
-- `jax._src.xla_bridge._backend_errors`: why a backend did not start (`jaxmon_backend_up` 0, the log says why).
+- `jax._src.xla_bridge._backend_errors`: why a backend did not start (metrics.BACKEND_UP 0, the log says why).
   Without it, a backend that fails quietly is not reported.
 - `jax.Array._committed`: lowering a tracked function again as its call compiled it (a cache hit). Without it, no
-  cost analysis for the program (counted: `jaxmon_training_tracking_problems_total{reason="cost"}`): lowering
+  cost analysis for the program (counted: metrics.TRAINING_TRACKING_PROBLEMS, `reason="cost"`): lowering
   without the committedness would be a real compile on the training thread.
 - `Sharding._device_assignment`: a program's device order without a named mesh. Without it, the public fallback:
   the executable's `local_devices()`.
 - `jax._src.profiler._profile_state` and `jax._src.lib._profiler`: jaxmon's own trace sessions, which give way to
-  the user's. Without them, no sampled traces (each attempt counted: `jaxmon_training_profiles_total
-  {result="failed"}`).
+  the user's. Without them, no sampled traces (each attempt counted: metrics.TRAINING_PROFILES,
+  `result="failed"`).
 
 Each missing name is logged once per process (a warning naming it and what jaxmon does instead) and counted in
 `missing()`. The names are module constants so that a test can hide one (tests/unit/sources/test_private_jax.py)

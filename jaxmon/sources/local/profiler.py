@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import jaxmon.sources.local.private as private
-from jaxmon.training.sampler import Busy
+from jaxmon.sampled_traces import Busy
 
 # What XLA says when a session could not take the profiler (another one holds it).
 _OTHER_SESSION = "Another profiling session active"

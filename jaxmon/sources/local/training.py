@@ -35,12 +35,16 @@ import jaxmon.sources.local.private as private
 from jaxmon.device_readings import DeviceInfo
 from jaxmon.logsetup import ErrorLog
 from jaxmon.sources.local.devices import LocalSource
+from jaxmon.sources.local.probe import _OWN_LOCK, _own
 from jaxmon.sources.local.profiler import JaxProfiler
 from jaxmon.threads import on_jaxmon_thread
 from jaxmon.training import links
 from jaxmon.training.communication import Communication, Compiled
 from jaxmon.xla import hlo
 from jaxmon.xla.wire import fields, signed
+
+# Shardings whose addressability is kept (a loop has a few: emptied when full).
+MAX_SHARDINGS = 64
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,11 @@ class JaxTraining:
     def __init__(self, source: LocalSource) -> None:
         self._jax = source._jax
         jax = self._jax
+        self._array = jax.Array
+        # The concrete array types seen: a type's identity is read in ~50 ns, jax.Array's isinstance (its metaclass's
+        # check) in ~1 us, tens of microseconds cold (after a long step's wait).
+        self._array_types: set[type] = set()
+        self._addressable: dict[Any, bool] = {}  # a sharding: whether its arrays are all this process's
         self._process = int(jax.process_index())
         self._local = [d for d in jax.local_devices()]
         # One cached input per device for the barrier: a program that depends on nothing but runs in order.
@@ -120,14 +129,18 @@ class JaxTraining:
 
     def arrays(self, tree: Any) -> list[Any]:
         """The JAX arrays among `tree`'s leaves, as given (Python and NumPy numbers are no device's work)."""
-        array = self._jax.Array
-        if type(tree) is tuple and len(tree) == 1 and isinstance(tree[0], array):
+        if type(tree) is tuple and len(tree) == 1 and self.is_array(tree[0]):
             return [tree[0]]  # step(n, loss): the usual call, without a tree walk (a few microseconds)
-        return [leaf for leaf in self._jax.tree_util.tree_leaves(tree) if isinstance(leaf, array)]
+        return [leaf for leaf in self._jax.tree_util.tree_leaves(tree) if self.is_array(leaf)]
 
     def is_array(self, value: Any) -> bool:
         """Whether `value` is a JAX array (a figure or step number the waiter reads once it is computed)."""
-        return isinstance(value, self._jax.Array)
+        if type(value) in self._array_types:
+            return True
+        if isinstance(value, self._array):
+            self._array_types.add(type(value))
+            return True
+        return False
 
     def hold(self, array: Any) -> Any | None:
         """jaxmon's own handle on `array`'s buffers, or None when it is deleted or donated already. Called on the
@@ -136,7 +149,13 @@ class JaxTraining:
         try:
             if array.is_deleted():
                 return None
-            if array.is_fully_addressable:
+            sharding = array.sharding
+            addressable = self._addressable.get(sharding)  # (a Python property: the step's sharding's, kept)
+            if addressable is None:
+                if len(self._addressable) >= MAX_SHARDINGS:
+                    self._addressable.clear()
+                addressable = self._addressable[sharding] = bool(array.is_fully_addressable)
+            if addressable:
                 return array.clone()
             # A multi-process array (jax.distributed): its clone() copies to every device of its sharding and
             # fails on each process but the one holding the first device ("Cannot copy array to non-addressable
@@ -158,7 +177,9 @@ class JaxTraining:
         """A tiny program dispatched to every local device: it completes once the work dispatched before it did."""
         with self._lock:
             if self._barrier_inputs is None:
-                self._barrier_inputs = [self._jax.device_put(np.int32(0), d) for d in self._local]
+                with _OWN_LOCK:  # jaxmon's, not the workload's live arrays (as the probe's)
+                    self._barrier_inputs = [self._jax.device_put(np.int32(0), d) for d in self._local]
+                    _own(*self._barrier_inputs)
             inputs = self._barrier_inputs
         return [self._barrier_fn(x) for x in inputs]
 
@@ -169,6 +190,11 @@ class JaxTraining:
             handles[0].block_until_ready()  # what jax.block_until_ready does for one array, without its tree walk
         elif handles:
             self._batched(handles)
+
+    def ready(self, handles: list[Any]) -> bool:
+        """Whether every one of `handles` (jaxmon's own) is computed; raises when one was deleted or donated (PJRT
+        checks, under its lock: jaxmon's handles are never emptied by a delete(), so this never crashes)."""
+        return all(handle.is_ready() for handle in handles)
 
     def deleted(self, handle: Any) -> bool:
         """Whether the buffers of `handle` (jaxmon's own) were deleted or donated: PJRT says, under its lock."""
@@ -307,22 +333,34 @@ class JaxTraining:
 
     def on_event_duration(self, callback: Callable[[str, float], None]) -> Callable[[], None]:
         """`callback(event, seconds)` for every jax.monitoring duration event of the workload's threads (jaxmon's
-        own, the probe's compilations and the analysis', are not the workload's); returns what unregisters
-        it."""
-        monitoring = self._jax.monitoring
+        own, the probe's compilations and the analysis', are not the workload's); returns what unregisters it."""
 
         def listener(event: str, duration_secs: float, **_: Any) -> None:
             if not on_jaxmon_thread():
                 callback(event, float(duration_secs))
 
-        monitoring.register_event_duration_secs_listener(listener)
+        return self._listen("event_duration_secs_listener", "event_duration_listener", listener)
 
-        def unregister() -> None:
-            unregister_listener = getattr(monitoring, "unregister_event_duration_listener", None)
-            if unregister_listener is not None:
-                unregister_listener(listener)
+    def on_event_span(self, callback: Callable[[str, float, float], None]) -> Callable[[], None]:
+        """`callback(event, start, end)` (Unix seconds) for every jax.monitoring time span of the workload's threads
+        (XLA's compilations: jax's dispatch records each as a span); returns what unregisters it."""
 
-        return unregister
+        def listener(event: str, start_time: float, end_time: float, **_: Any) -> None:
+            if not on_jaxmon_thread():
+                callback(event, float(start_time), float(end_time))
+
+        return self._listen("event_time_span_listener", "event_time_span_listener", listener)
+
+    def _listen(self, register: str, unregister: str, listener: Callable[..., None]) -> Callable[[], None]:
+        monitoring = self._jax.monitoring
+        getattr(monitoring, f"register_{register}")(listener)
+
+        def stop() -> None:
+            undo = getattr(monitoring, f"unregister_{unregister}", None)
+            if undo is not None:
+                undo(listener)
+
+        return stop
 
     def profiler(self) -> JaxProfiler:
         """jaxmon's trace sessions (sampled traces, /debug/trace), which give way to the user's own."""

@@ -10,15 +10,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxmon.births import with_zeros
+from jaxmon.checkpoints import CheckpointReading
 from jaxmon.device_readings import HOST_MEMORY_KINDS, ArrayBytes, DeviceKey
 from jaxmon.sources import TraceDemand
 from jaxmon.sources.local.devices import LocalSource
+from jaxmon.sources.local.orbax_saves import listen as listen_to_checkpoints
 from jaxmon.sources.local.probe import _OWN, _OWN_LOCK
 from jaxmon.threads import on_jaxmon_thread
 from jaxmon.training import release as release_tracker
 from jaxmon.training.handed import COMPILE_EVENT
-from jaxmon.training.reading import DeviceProfile, TrainingReading
 from jaxmon.training.tracker import Tracker
+from jaxmon.training_readings import DeviceProfile, TrainingReading
 
 
 class InProcessWorkload:
@@ -30,6 +32,7 @@ class InProcessWorkload:
         self.process_index = int(self._jax.process_index())
         self.process_count = int(self._jax.process_count())
         self._counters = CompileCounters.installed()
+        self._checkpoints = listen_to_checkpoints()
         self._tracker = tracker
         self._devices: frozenset[tuple[str, int]] | None = None  # the tracker's devices, read on first use
 
@@ -64,6 +67,11 @@ class InProcessWorkload:
         """The tracker's traces on demand (jaxmon.training.sampler), None without a tracker."""
         return None if self._tracker is None else self._tracker.sampler.demand
 
+    def settle(self, timeout: float) -> None:
+        """Every step handed by now booked (the tracker's, waiting `timeout` at most): before a last document."""
+        if self._tracker is not None:
+            self._tracker.flush(timeout)
+
     def release(self) -> None:
         """The holder of this view stopped: its share of the tracker goes (jaxmon.training.release)."""
         if self._tracker is not None:
@@ -91,6 +99,10 @@ class InProcessWorkload:
     def compile_counts(self) -> dict[str, float]:
         """Compile counters since the listeners were installed."""
         return self._counters.as_dict()
+
+    def checkpoints(self) -> CheckpointReading:
+        """The process's last checkpoint (jaxmon.checkpoints)."""
+        return self._checkpoints.reading()
 
     @property
     def jax_version(self) -> str:
@@ -146,7 +158,7 @@ def array_bytes(jax: Any) -> ArrayBytes:
             continue
         ref = own.get(id(arr))
         if ref is not None and ref() is arr:
-            continue  # the probe's own (jaxmon_probe_memory_bytes), not the workload's
+            continue  # the probe's own (metrics.PROBE_MEMORY_BYTES), not the workload's
         try:
             if arr.is_deleted():
                 continue  # deleted or donated: its buffers are gone

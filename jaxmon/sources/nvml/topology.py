@@ -1,4 +1,4 @@
-"""The link between each two GPUs of this host, from NVML's topology calls (for jaxmon.training.links).
+"""The link between each two GPUs of this host, from NVML's topology calls (the links of jaxmon.catalog.hardware).
 
 - `nvmlDeviceGetTopologyCommonAncestor(a, b)`: the closest common ancestor of the two GPUs on the PCI tree
   (nvmlGpuTopologyLevel_t: NVML_TOPOLOGY_INTERNAL 0, SINGLE 10, MULTIPLE 20, HOSTBRIDGE 30: the same PCIe host
@@ -21,10 +21,10 @@ from typing import Any
 
 import pynvml
 
+from jaxmon.catalog.hardware import nvml_link
 from jaxmon.device_readings import DeviceInfo
 from jaxmon.sources.nvml.match import match_devices
 from jaxmon.sources.nvml.nvlink import MAX_LINKS
-from jaxmon.training.links import nvml_link
 
 
 def _bus(text: Any) -> str:

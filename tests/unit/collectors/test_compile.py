@@ -6,6 +6,7 @@ Compile counters of real workload processes (embedded, and through the spool) ar
 
 from __future__ import annotations
 
+import itertools
 import os
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
@@ -15,15 +16,17 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector as PromCollector
 
-from jaxmon.births import scraped
+from jaxmon.births import SCRAPES
 from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.compile import CompileCollector, CompileOptions, CompileState
 from jaxmon.snapshot import Snapshot
-from jaxmon.sources.local import InProcessWorkload, LocalSource
-from jaxmon.sources.local.workload import CompileCounters
+from jaxmon.sources.local import LocalSource
+from jaxmon.sources.local.workload import CompileCounters, InProcessWorkload
 from tests.conftest import Samples, parse_samples, sample
 
-LABELS = {"workload": "trainer", "process_index": "0"}
+# Each collector its own workload name: the births of a workload process's counters are the process's
+# (jaxmon.births.for_process), and another test's collector may have had them served already.
+_names = itertools.count()
 
 
 class _Families(PromCollector):
@@ -43,8 +46,12 @@ def render(collector: CompileCollector, state: CompileState) -> Samples:
 def workload_collector() -> CompileCollector:
     """The collector as jaxmon.start() builds it inside a training process: its own JAX, its compile events."""
     source = LocalSource(sidecar_defaults=False)
-    ctx = standalone_context(source, workload="trainer", in_process=InProcessWorkload(source))
+    ctx = standalone_context(source, workload=f"trainer-{next(_names)}", in_process=InProcessWorkload(source))
     return CompileCollector(CompileOptions(), ctx)
+
+
+def labels(collector: CompileCollector) -> dict[str, str]:
+    return {"workload": collector.ctx.workload or "", "process_index": "0"}
 
 
 def test_it_runs_only_inside_a_workload_process() -> None:
@@ -60,7 +67,8 @@ def test_a_new_program_compiled_here_is_one_more_compilation_with_its_time() -> 
 
     collector = workload_collector()
     assert set(collector.update().state.counters.values()) == {0}  # born at 0 (jaxmon.births)...
-    scraped()  # ... and counting once a scrape has served them
+    assert set(collector.update().state.counters.values()) == {0}
+    SCRAPES.serve_one()  # ... and counting once a Prometheus scrape has been served them
     before = collector.update().state
     # A program this process has never compiled (a fresh lambda): exactly one backend compilation.
     jax.jit(lambda x: x * 3.0 + 1.0)(np.arange(7, dtype=np.float32)).block_until_ready()
@@ -69,10 +77,10 @@ def test_a_new_program_compiled_here_is_one_more_compilation_with_its_time() -> 
     assert after.counters["compilations"] == before.counters["compilations"] + 1
     assert after.counters["compile_seconds"] > before.counters["compile_seconds"]
     s = render(collector, after)
-    assert sample(s, "jaxmon_jit_compilations_total", **LABELS) == after.counters["compilations"]
-    assert sample(s, "jaxmon_jit_compile_seconds_total", **LABELS) == after.counters["compile_seconds"]
-    assert sample(s, "jaxmon_compilation_cache_hits_total", **LABELS) == after.counters["cache_hits"]
-    assert sample(s, "jaxmon_compilation_cache_misses_total", **LABELS) == after.counters["cache_misses"]
+    assert sample(s, "jaxmon_jit_compilations_total", **labels(collector)) == after.counters["compilations"]
+    assert sample(s, "jaxmon_jit_compile_seconds_total", **labels(collector)) == after.counters["compile_seconds"]
+    assert sample(s, "jaxmon_compilation_cache_hits_total", **labels(collector)) == after.counters["cache_hits"]
+    assert sample(s, "jaxmon_compilation_cache_misses_total", **labels(collector)) == after.counters["cache_misses"]
     # Running the compiled program again compiles nothing.
     jax.jit(abs)(np.arange(3)).block_until_ready()
     counted = collector.update().state.counters["compilations"]

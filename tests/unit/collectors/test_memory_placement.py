@@ -20,7 +20,8 @@ from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.memory import MemoryCollector, MemoryOptions, MemoryState
 from jaxmon.device_readings import DeviceInfo
 from jaxmon.snapshot import Snapshot
-from jaxmon.sources.local import InProcessWorkload, LocalSource
+from jaxmon.sources.local import LocalSource
+from jaxmon.sources.local.workload import InProcessWorkload
 from tests.conftest import Samples, parse_samples
 
 F32 = 4

@@ -26,8 +26,9 @@ from jaxmon.device_readings import DeviceInfo, ProbeKernel, ProbeStatus
 from jaxmon.logsetup import ErrorLog
 from jaxmon.probe.engine import CALIBRATION_SEEDS, WARMUP_STEPS, DeviceProbe, ProbeConfig, nearest_rank, utilization
 from jaxmon.snapshot import Snapshot
-from jaxmon.sources.local import InProcessWorkload, LocalSource
+from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
+from jaxmon.sources.local.workload import InProcessWorkload
 from jaxmon.training.tracker import Tracker, TrackerConfig
 from tests.conftest import wait_until
 from tests.snapshots import GPU0, labels, make_snapshot, memory_snapshot, registry_for

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector as PromCollector
 
-from jaxmon.births import scraped
+from jaxmon.births import SCRAPES
 from jaxmon.collectors.base import standalone_context
 from jaxmon.collectors.memory import MemoryCollector, MemoryOptions, MemoryState
 from jaxmon.collectors.spool import SpoolCollector, SpoolOptions, SpoolState
@@ -72,7 +72,11 @@ def test_a_published_document_becomes_its_workloads_families(tmp_path: Path) -> 
     ident = {"workload": "fixture", "process_index": "0"}
     assert sample(held, "jaxmon_jit_compilations_total", **ident) == 0
     assert sample(held, "jaxmon_compilation_cache_misses_total", **ident) == 0
-    scraped()
+    assert (
+        sample(parse_samples(_render(collector, collector.update().state)), "jaxmon_jit_compilations_total", **ident)
+        == 0
+    )
+    SCRAPES.serve_one()  # a Prometheus scrape read the 0
     update = collector.update()
     assert update.success
     s = parse_samples(_render(collector, update.state))

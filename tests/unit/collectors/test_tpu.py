@@ -18,12 +18,12 @@ from structlog.testing import capture_logs
 from jaxmon.collectors.base import Context, Update, standalone_context
 from jaxmon.collectors.tpu import TpuCollector, TpuOptions, TpuState, chip_labels, host_labels
 from jaxmon.compose import load_settings
-from jaxmon.exposition import TextFormat
 from jaxmon.settings import SettingsError
 from jaxmon.snapshot import Snapshot
 from jaxmon.sources import libtpu
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.workload import InProcessWorkload
+from jaxmon.text_format import TextFormat
 from tests.helpers import parse_samples, sample
 
 

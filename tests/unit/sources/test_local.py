@@ -38,7 +38,7 @@ def test_live_array_bytes_count_each_shard_once_on_its_own_device() -> None:
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from jaxmon.sources.local import live_array_bytes
+    from jaxmon.sources.local.workload import live_array_bytes
 
     devices = jax.devices()
     before = live_array_bytes(jax)

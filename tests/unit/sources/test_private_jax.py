@@ -21,9 +21,10 @@ from structlog.testing import capture_logs
 
 import jaxmon
 from jaxmon import training
-from jaxmon.sources.local import CompileCounters, LocalSource, private
+from jaxmon.sources.local import LocalSource, private
 from jaxmon.sources.local.profiler import JaxProfiler
 from jaxmon.sources.local.training import JaxTraining
+from jaxmon.sources.local.workload import CompileCounters
 from jaxmon.training.tracker import Tracker, TrackerConfig
 from tests.helpers import wait_until
 

@@ -16,10 +16,18 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from jaxmon.allocator import memory_numbers
+from jaxmon.checkpoints import CheckpointReading
 from jaxmon.device_readings import ArrayBytes, DeviceInfo, MemoryReading
-from jaxmon.sources.spool_codec import WorkloadReport, spool_device, spool_training, training_reading, workload_report
+from jaxmon.sources.spool_codec import (
+    WorkloadReport,
+    spool_checkpoint,
+    spool_device,
+    spool_training,
+    training_reading,
+    workload_report,
+)
 from jaxmon.sources.spool_document import SCHEMA, SpoolCompile, SpoolDocument
-from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
+from jaxmon.training_readings import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 
 NOW = 1010.0
 
@@ -96,6 +104,9 @@ READING = TrainingReading(
 )
 
 
+CHECKPOINT = CheckpointReading(step=40, time=1008.0, interval_seconds=1800.0, interval_steps=1000)
+
+
 def written() -> SpoolDocument:
     """The document a publisher writes for DEVICES (stats on the first, live arrays only on the second, an error on
     the third), as a file carries it: dumped to JSON and validated again by the reader's model."""
@@ -119,6 +130,8 @@ def written() -> SpoolDocument:
         training=spool_training(READING, NOW),
         process_count=4,
         scheduler={"namespace": "team-a", "pod": "trainer-0"},
+        process_started=985.0,
+        checkpoint=spool_checkpoint(CHECKPOINT),
     )
     return SpoolDocument.model_validate(json.loads(json.dumps(doc.model_dump(by_alias=True))))
 
@@ -154,6 +167,7 @@ def test_the_written_document_sets_every_field_of_schema_3() -> None:
         "SpoolPlacedCollective",
         "SpoolProfile",
         "SpoolDeviceProfile",
+        "SpoolCheckpoint",
     }
     unset = {(cls, name) for cls, names in fields.items() for name in names - given.get(cls, set())}
     assert unset == NOT_WRITTEN
@@ -173,6 +187,8 @@ def test_every_field_of_a_document_reads_back_as_it_was_written() -> None:
     assert (report.time, report.started, report.process_count) == (NOW, 990.0, 4)
     assert report.compile == {"compilations": 3, "compile_seconds": 1.5, "cache_hits": 2, "cache_misses": 1}
     assert report.scheduler == {"namespace": "team-a", "pod": "trainer-0"}
+    assert (report.process_started, report.checkpoint) == (985.0, CHECKPOINT)
+    assert spool_checkpoint(CheckpointReading()) is None  # nothing to say: no section
     first, second, third = report.devices
     assert [d.info for d in report.devices] == DEVICES
     # The stats as numbers (what is no number is not written), and the allocator figures derived from them.

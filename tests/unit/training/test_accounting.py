@@ -1,27 +1,27 @@
-"""The training bookkeeping on literal timelines: attribution of badput, stalls, gaps, the histogram, MFU/HFU."""
+"""The ledger's time on literal timelines: attribution of badput, stalls, gaps, the histogram, MFU/HFU (a step is a
+run of one)."""
 
 from __future__ import annotations
 
 import math
 import random
 import statistics
-from collections import deque
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from jaxmon.training.accounting import (
+from jaxmon.training.ledger import (
+    DURATION_BUCKETS,
     HOST,
     RESTART,
     STALL,
     STALL_MIN_STEPS,
     STARTUP,
-    Accounting,
+    Histogram,
     Interval,
     attribute,
 )
-from jaxmon.training.window import DURATION_BUCKETS, Histogram
+from jaxmon.training.ledger import Ledger as Accounting
+from tests.unit.training.conftest import python_calls
 
 CPU0, CPU1 = ("cpu", 0), ("cpu", 1)
 
@@ -61,7 +61,7 @@ def _steady(acct: Accounting, start: float, n: int, every: float, flops: float =
     """n steps of `every` seconds, each handed as the previous one completed (no idle time)."""
     done = start
     for _ in range(n):
-        acct.step(done, done + every, done, [], {CPU0: flops}, {CPU0: 2 * flops})
+        acct.run(done, [done + every], [done], [], {CPU0: flops}, {CPU0: 2 * flops})
         done += every
     return done
 
@@ -71,8 +71,8 @@ def test_the_idle_window_holds_the_named_badput_and_the_host_rest_and_the_busy_p
     acct.first(1.0, [])
     # Step 1: 1.0 -> 2.0, handed 0.5 (the host was ahead): no idle time, all productive. Step 2: 2.0 -> 4.0, handed
     # at 3.0 (1 s after step 1 completed: the devices were idle 1 s), with a data interval of 0.5 s inside that.
-    acct.step(1.0, 2.0, 0.5, [], {}, {})
-    acct.step(2.0, 4.0, 3.0, [Interval("data", 2.5, 3.0)], {}, {})
+    acct.run(1.0, [2.0], [0.5], [], {}, {})
+    acct.run(2.0, [4.0], [3.0], [Interval("data", 2.5, 3.0)], {}, {})
     assert acct.productive == pytest.approx(1.0 + 1.0)
     assert acct.badput == pytest.approx({STARTUP: 1.0, "data": 0.5, HOST: 0.5, STALL: 0.0})
     assert acct.host_wait == pytest.approx(1.0)
@@ -86,12 +86,12 @@ def test_badput_that_overlaps_device_work_costs_nothing() -> None:
     acct.first(1.0, [])
     # Step 2 was handed at 1.5, before step 1 completed at 2.0; its data block ran 0.6 -> 1.4 and a checkpoint of
     # the previous state 1.8 -> 2.5, both while the device computed.
-    acct.step(1.0, 2.0, 0.5, [Interval("data", 0.6, 1.4)], {}, {})
-    acct.step(2.0, 3.0, 1.5, [Interval("checkpoint", 1.8, 2.5)], {}, {})
+    acct.run(1.0, [2.0], [0.5], [Interval("data", 0.6, 1.4)], {}, {})
+    acct.run(2.0, [3.0], [1.5], [Interval("checkpoint", 1.8, 2.5)], {}, {})
     assert acct.productive == pytest.approx(2.0)
     assert acct.badput == {STARTUP: 1.0, HOST: 0.0, STALL: 0.0}
     # Handed late, the same block is charged for the part of it inside the idle window only.
-    acct.step(3.0, 4.0, 3.5, [Interval("eval", 2.9, 3.2)], {}, {})
+    acct.run(3.0, [4.0], [3.5], [Interval("eval", 2.9, 3.2)], {}, {})
     assert acct.badput["eval"] == pytest.approx(0.2) and acct.badput[HOST] == pytest.approx(0.3)
     assert acct.productive == pytest.approx(2.5)
 
@@ -101,7 +101,7 @@ def test_a_host_bound_loop_with_no_blocks_is_half_host_badput() -> None:
     acct.first(0.0, [])
     done = 0.0
     for _ in range(50):  # the host sleeps 0.1 s after each completion, then the device computes 0.1 s
-        acct.step(done, done + 0.2, done + 0.1, [], {}, {})
+        acct.run(done, [done + 0.2], [done + 0.1], [], {}, {})
         done += 0.2
     assert acct.productive == pytest.approx(5.0) and acct.badput[HOST] == pytest.approx(5.0)
     assert acct.badput[STALL] == 0.0
@@ -126,7 +126,7 @@ def test_productive_and_badput_add_up_to_the_time_to_the_last_completion_to_the_
             done = now + rng.expovariate(5.0)
             kind = rng.random()
             if kind < 0.9:
-                acct.step(now, done, now + rng.uniform(-0.5, 0.5), intervals, {}, {})
+                acct.run(now, [done], [now + rng.uniform(-0.5, 0.5)], intervals, {}, {})
             else:
                 acct.gap(now, done, intervals, restart=kind < 0.95)
             now = done
@@ -140,14 +140,14 @@ def test_a_step_far_longer_than_the_window_median_is_a_stall_for_its_excess() ->
     acct = Accounting(started=0.0, stall_factor=3.0)
     acct.first(0.0, [])
     done = _steady(acct, 0.0, STALL_MIN_STEPS, 0.1)
-    acct.step(done, done + 1.0, done, [], {}, {})  # 10 x the median: 3 x is usual, 0.7 s is a stall
+    acct.run(done, [done + 1.0], [done], [], {}, {})  # 10 x the median: 3 x is usual, 0.7 s is a stall
     assert acct.badput[STALL] == pytest.approx(0.7)
     assert acct.productive == pytest.approx(STALL_MIN_STEPS * 0.1 + 0.3)
     # Fewer steps than STALL_MIN_STEPS: nothing to judge by.
     early = Accounting(started=0.0)
     early.first(0.0, [])
     _steady(early, 0.0, STALL_MIN_STEPS - 1, 0.1)
-    early.step(0.4, 1.4, 0.4, [], {}, {})
+    early.run(0.4, [1.4], [0.4], [], {}, {})
     assert early.badput[STALL] == 0.0
 
 
@@ -165,7 +165,7 @@ def test_stalls_over_a_long_run_are_the_excess_over_the_median_of_the_last_windo
         duration = rng.choice((0.1, 0.1, 0.12, 0.09, 0.5, 1.0))
         if len(rests) >= STALL_MIN_STEPS:
             stalls += max(duration - 2.0 * statistics.median(rests[-16:]), 0.0)
-        acct.step(done, done + duration, done, [], {}, {})
+        acct.run(done, [done + duration], [done], [], {}, {})
         done += duration
         rests.append(duration)
     assert stalls > 1.0
@@ -178,7 +178,7 @@ def test_a_restore_charges_the_gap_to_restart_and_restarts_the_window_and_a_jump
     done = _steady(acct, 0.0, 3, 0.1)
     acct.gap(done, done + 5.0, [Interval("checkpoint", done + 1.0, done + 3.0)], restart=True)
     assert acct.badput == pytest.approx({STARTUP: 0.0, HOST: 0.0, STALL: 0.0, "checkpoint": 2.0, RESTART: 3.0})
-    assert len(acct.recent) == 0 and acct.histogram.count == 3  # no duration for the gap
+    assert len(acct.window_steps()) == 0 and acct.histogram.count == 3  # no duration for the gap
     acct.gap(10.0, 12.0, [], restart=False)
     assert acct.productive == pytest.approx(0.3 + 2.0)
 
@@ -187,7 +187,7 @@ def test_mfu_and_hfu_are_the_windows_flops_over_its_duration_times_the_peak() ->
     acct = Accounting(started=0.0, window=4)
     acct.first(0.0, [])
     _steady(acct, 0.0, 6, 0.5, flops=1e12)  # the window keeps the last 4 steps: 2 s, 4e12 model FLOPs on cpu:0
-    assert len(acct.recent) == 4
+    assert len(acct.window_steps()) == 4
     mfu, hfu = acct.utilization({CPU0: 4e12, CPU1: 4e12})
     assert mfu == {CPU0: pytest.approx(4e12 / (2.0 * 4e12))}
     assert hfu == {CPU0: pytest.approx(8e12 / (2.0 * 4e12))}  # cpu:1 ran nothing the window knows of: no series
@@ -199,25 +199,26 @@ def test_mfu_leaves_the_named_badput_out_of_its_window_but_keeps_host_time_and_s
     acct.first(0.0, [])
     done = _steady(acct, 0.0, 5, 0.5, flops=1e12)
     # A 10 s checkpoint before step 6 (handed after it), then a step whose host took 0.5 s before handing it over.
-    acct.step(done, done + 10.5, done + 10.0, [Interval("checkpoint", done, done + 10.0)], {CPU0: 1e12}, {})
+    acct.run(done, [done + 10.5], [done + 10.0], [Interval("checkpoint", done, done + 10.0)], {CPU0: 1e12}, {})
     done += 10.5
-    acct.step(done, done + 1.0, done + 0.5, [], {CPU0: 1e12}, {})
+    acct.run(done, [done + 1.0], [done + 0.5], [], {CPU0: 1e12}, {})
     mfu, _ = acct.utilization({CPU0: 1e12})
     assert mfu == {CPU0: pytest.approx(7e12 / ((2.5 + 0.5 + 1.0) * 1e12))}
 
 
 def _recomputed(acct: Accounting, peaks: dict[tuple[str, int], float]) -> tuple[dict[tuple[str, int], float], ...]:
     """MFU and HFU from the definition, over the window's steps (what utilization() computed until issue 33)."""
-    seconds = math.fsum(s.counted for s in acct.recent)
+    window = acct.window_steps()
+    seconds = math.fsum(counted for counted, *_ in window)
     mfu: dict[tuple[str, int], float] = {}
     hfu: dict[tuple[str, int], float] = {}
     if seconds <= 0:
         return mfu, hfu
     for key, peak in peaks.items():
-        if any(key in s.model_flops for s in acct.recent):
-            mfu[key] = math.fsum(s.model_flops.get(key, 0.0) for s in acct.recent) / (seconds * peak)
-        if any(key in s.hardware_flops for s in acct.recent):
-            hfu[key] = math.fsum(s.hardware_flops.get(key, 0.0) for s in acct.recent) / (seconds * peak)
+        if any(key in model for *_, model, _ in window):
+            mfu[key] = math.fsum(model.get(key, 0.0) for *_, model, _ in window) / (seconds * peak)
+        if any(key in hardware for *_, hardware in window):
+            hfu[key] = math.fsum(hardware.get(key, 0.0) for *_, hardware in window) / (seconds * peak)
     return mfu, hfu
 
 
@@ -242,7 +243,7 @@ def test_mfu_and_hfu_kept_as_steps_enter_and_leave_the_window_are_the_definition
             def flops() -> dict[tuple[str, int], float]:
                 return {k: rng.choice((0.0, 1e9, 3.3e12, 1e18)) for k in keys if rng.random() < 0.6}
 
-            acct.step(done, done + duration, done + duration / 2, named, flops(), flops())
+            acct.run(done, [done + duration], [done + duration / 2], named, flops(), flops())
             done += duration
             mfu, hfu = acct.utilization(peaks)
             want_mfu, want_hfu = _recomputed(acct, peaks)
@@ -252,50 +253,38 @@ def test_mfu_and_hfu_kept_as_steps_enter_and_leave_the_window_are_the_definition
                     assert got[key] == pytest.approx(want[key], rel=1e-12, abs=1e-300), (window, n, key)
 
 
-class _CountedWindow(deque[Any]):
-    """A window that counts the steps read from it."""
-
-    reads = 0
-
-    def __iter__(self) -> Iterator[Any]:
-        for item in super().__iter__():
-            _CountedWindow.reads += 1
-            yield item
-
-
 def test_reading_mfu_does_not_read_the_window_whatever_its_length() -> None:
-    """The tracker reads utilization() under the lock step() takes: its work must not grow with the window (it
-    rescanned every step of it for every device: 0.146 s a poll at window=100000 with 8 devices)."""
+    """The tracker reads utilization() under the lock the waiter books with: its Python work must not grow with the
+    window (it rescanned every step of it for every device: 0.146 s a poll at window=100000 with 8 devices). The
+    window is arrays: reading it is C loops over them, the same Python calls at 10 steps and at 10 000."""
     keys = [("cpu", d) for d in range(8)]
     peaks = dict.fromkeys(keys, 1e12)
-    reads = {}
+    calls = {}
     for window in (10, 10_000):
-        acct = Accounting(started=0.0, window=window, recent=_CountedWindow())
+        acct = Accounting(started=0.0, window=window)
         acct.first(0.0, [])
+        model, hardware = dict.fromkeys(keys, 1e9), dict.fromkeys(keys, 2e9)
         for n in range(window):
-            acct.step(float(n), n + 1.0, float(n), [], dict.fromkeys(keys, 1e9), dict.fromkeys(keys, 2e9))
-        _CountedWindow.reads = 0
+            acct.run(float(n), [n + 1.0], [float(n)], [], model, hardware)
+        calls[window] = python_calls(lambda: acct.utilization(peaks))  # noqa: B023
         mfu, hfu = acct.utilization(peaks)
-        reads[window] = _CountedWindow.reads
         assert mfu == dict.fromkeys(keys, pytest.approx(1e9 / 1e12)) and hfu.keys() == mfu.keys()
-    assert reads[10_000] == reads[10] == 0, reads
+    assert calls[10_000] == calls[10], calls
 
 
-@pytest.mark.parametrize("length", [7, 40, 250], ids=["short", "vector", "longer-than-the-window"])
-def test_a_run_of_steps_books_what_each_step_would(length: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """steps() of a run (the waiter's batches: NumPy from VECTOR_STEPS steps on) against its own Python loop, and
-    against step() of each step: the same totals, histogram and window (MFU, HFU, median) on random steps with host
-    gaps and stalls, steps at a bucket bound and hand-offs before, inside and after each interval. The stall check of
-    a run compares each step with the median at the run's start, step() with the median at that step: their stalls
-    differ, not their sum with productive time."""
-    from jaxmon.training import accounting
-
+@pytest.mark.parametrize("length", [7, 40, 250], ids=["short", "long", "longer-than-the-window"])
+def test_a_run_of_steps_books_what_each_step_would(length: int) -> None:
+    """A run (the waiter's segments) against a run of one for each of its steps: the same totals, histogram and
+    window (MFU, HFU, median) on random steps with host gaps and stalls, steps at a bucket bound and hand-offs
+    before, inside and after each interval. The stall check of a run compares each step with the median at the
+    run's start, one step's with the median at that step: their stalls differ, not their sum with productive
+    time."""
     rng = random.Random(length)
     flops = {CPU0: 2e9, CPU1: 1e9}
     model = {CPU0: 1e9}
-    one, loop, vector = (Accounting(started=0.0, window=100) for _ in range(3))
+    one, run = (Accounting(started=0.0, window=100) for _ in range(2))
     done = 1.0
-    for acct in (one, loop, vector):
+    for acct in (one, run):
         acct.first(done, ())
     for _ in range(3):  # three runs: the window fills, then turns over
         ends, handed = [], []
@@ -308,27 +297,21 @@ def test_a_run_of_steps_books_what_each_step_would(length: int, monkeypatch: pyt
             handed.append(hand)
         previous = done
         for end, hand in zip(ends, handed, strict=True):
-            one.step(previous, end, hand, (), model, flops)
+            one.run(previous, [end], [hand], (), model, flops)
             previous = end
-        with monkeypatch.context() as m:
-            m.setattr(accounting, "VECTOR_STEPS", 10**9)
-            loop.steps(done, ends, handed, model, flops)
-        vector.steps(done, ends, handed, model, flops)
+        run.run(done, ends, handed, (), model, flops)
         done = ends[-1]
     peaks = {CPU0: 1e12, CPU1: 1e12}
-    for acct in (vector, one):
-        assert acct.host_wait == pytest.approx(loop.host_wait, rel=1e-12)
-        assert acct.productive + acct.badput[STALL] == pytest.approx(loop.productive + loop.badput[STALL], rel=1e-12)
-        assert acct.badput[HOST] == pytest.approx(loop.badput[HOST], rel=1e-12)
-        assert acct.histogram.counts == loop.histogram.counts
-        assert acct.histogram.total == pytest.approx(loop.histogram.total, rel=1e-12)
-        assert acct.last_done == loop.last_done
-        assert list(acct.recent) == list(loop.recent)
-        assert acct.typical_busy() == loop.typical_busy()
-        for mine, theirs in zip(acct.utilization(peaks), loop.utilization(peaks), strict=True):
-            assert mine.keys() == theirs.keys()
-            for key, value in theirs.items():
-                assert mine[key] == pytest.approx(value, rel=1e-9)
-    assert vector.productive == pytest.approx(loop.productive, rel=1e-12)
-    assert vector.badput[STALL] == pytest.approx(loop.badput[STALL], rel=1e-9)
-    assert loop.badput[STALL] > 0  # stalls were in it
+    assert run.host_wait == pytest.approx(one.host_wait, rel=1e-12)
+    assert run.productive + run.badput[STALL] == pytest.approx(one.productive + one.badput[STALL], rel=1e-12)
+    assert run.badput[HOST] == pytest.approx(one.badput[HOST], rel=1e-12)
+    assert run.histogram.counts == one.histogram.counts
+    assert run.histogram.total == pytest.approx(one.histogram.total, rel=1e-12)
+    assert run.last_done == one.last_done
+    assert run.window_steps() == one.window_steps()
+    assert run.typical_busy() == one.typical_busy()
+    for mine, theirs in zip(run.utilization(peaks), one.utilization(peaks), strict=True):
+        assert mine.keys() == theirs.keys()
+        for key, value in theirs.items():
+            assert mine[key] == pytest.approx(value, rel=1e-9)
+    assert run.badput[STALL] > 0  # stalls were in it

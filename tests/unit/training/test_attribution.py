@@ -1,4 +1,4 @@
-"""How the waiter dates the steps it takes in one batch (jaxmon/training/batch.py): on literals, and on real JAX
+"""How the waiter dates the steps it takes in one batch (jaxmon/training/dating.py): on literals, and on real JAX
 steps against the loop's own completion times, steady and uneven (every 10th step 5x longer)."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pytest
 
 import jaxmon
 from jaxmon.training.dating import apportion
+from jaxmon.training.ledger import DURATION_BUCKETS
 from jaxmon.training.tracker import Tracker
 from jaxmon.training.waiter import LOOK
-from jaxmon.training.window import DURATION_BUCKETS
 from tests.unit.training.conftest import MakeTracker, booked
 
 

@@ -105,3 +105,34 @@ def test_retries_stop_after_max_retries_and_at_the_next_regular_block() -> None:
     assert blocks.begin(36)
     blocks.opened("eval", object(), 36, whole=True)  # marks 37: the retry would be 40, the next regular block
     assert blocks.marked(36) and blocks.retry is None
+
+
+def test_a_trace_asked_for_early_is_marked_only_by_badput_that_reaches_its_block() -> None:
+    """A profiler slow to start: traces are asked for 4 steps ahead (the sampler's lead). Block 40's trace is asked
+    for as step 36 is handed; an eval after step 36 marks step 37 only, and the block stays clean, while one opened
+    after step 38 that closes after step 40 was handed reaches steps 39 to 41: the block is marked at its close."""
+    blocks = Blocks(20, 2)
+    blocks.lead = 4
+    assert blocks.begin(40)
+    early = object()
+    blocks.opened("eval", early, 36, whole=False)
+    assert not blocks.marked(40) and blocks.held(40)  # open: it may still reach the block
+    blocks.closed(early, 36)
+    assert not blocks.held(40) and blocks.retry is None
+    late = object()
+    blocks.opened("eval", late, 38, whole=False)
+    assert not blocks.marked(40)
+    blocks.closed(late, 40)
+    assert blocks.marked(40) and blocks.retry == 44  # the first multiple of 4 at least 2 past step 41
+    blocks.finish(40)
+    # The retry must end before the next regular block's trace is asked for, `lead` steps ahead of it: a badput that
+    # marks step 53 would retry at 56, whose trace runs past step 56 = 60 - 4.
+    blocks = Blocks(20, 2)
+    blocks.lead = 4
+    assert blocks.begin(52)
+    blocks.opened("eval", object(), 52, whole=True)  # marks 53
+    assert blocks.marked(52) and blocks.retry is None
+    blocks = Blocks(20, 2)
+    assert blocks.begin(52)
+    blocks.opened("eval", object(), 52, whole=True)
+    assert blocks.retry == 56  # at the default lead, 56 and 57 end before step 58 asks for block 60

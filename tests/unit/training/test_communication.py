@@ -26,8 +26,8 @@ from jaxmon.sources.local.training import JaxTraining
 from jaxmon.sources.spool_codec import spool_training, training_reading
 from jaxmon.sources.spool_document import SpoolDocument
 from jaxmon.training.communication import THREAD_NAME, Communication, Compiled, WindowMax
-from jaxmon.training.reading import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 from jaxmon.training.sampler import Sampler
+from jaxmon.training_readings import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
 from tests.helpers import wait_until
 from tests.spool_files import GOOD
 from tests.unit.training.conftest import MakeTracker, booked
@@ -215,6 +215,28 @@ def test_the_sampled_traces_learn_each_analysed_programs_collective_instructions
     assert {n: p[3] for n, p in places.items() if p[0] == "all-gather"} == {
         n: B * D * 4 for n, op in expected.items() if op == "all-gather"
     }
+
+
+def test_a_tracker_started_again_in_the_process_knows_the_programs_analysed_before(
+    source: LocalSource, mesh: Mesh, make_tracker: MakeTracker
+) -> None:
+    """An in-process stop() and start(): the tracked function keeps its program, analysed for the first tracker and
+    never again. Its collective instructions are placed for the second tracker's sampled traces too (they read
+    ("", "unknown") for every collective after a restart)."""
+    w = jax.device_put(jnp.ones((D, D)), NamedSharding(mesh, P()))
+    x = jax.device_put(jnp.ones((B, D)), NamedSharding(mesh, P("data")))
+    step = jaxmon.track(jax.jit(sgd))
+    places: list[set[tuple[str, ...]]] = []
+    for _ in range(2):
+        tracker = make_tracker(window=3)
+        for n in range(2):
+            w = step(w, x)
+            jaxmon.step(n, w)
+        booked(tracker, 2)
+        wait_until(lambda: tracker._analyzer.idle(), what="the analysis done")  # noqa: B023
+        places.append({p[:3] for program in tracker._collective_names.programs() for p in program.places.values()})
+        tracker.stop(10)
+    assert places[0] == places[1] == {("all-reduce", "data", "local")}, places
 
 
 def test_a_program_that_cannot_be_analysed_is_counted_and_adds_nothing(

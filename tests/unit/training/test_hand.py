@@ -10,7 +10,6 @@ import pytest
 
 import jaxmon
 from jaxmon import training
-from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
 from jaxmon.training import hand
 from jaxmon.training.hand import HAND
@@ -24,10 +23,10 @@ def test_jaxmon_step_is_the_hands_bound_method() -> None:
 
 
 def test_the_newest_tracker_gets_the_steps_and_an_older_ones_stop_leaves_it_armed(
-    source: LocalSource, monkeypatch: pytest.MonkeyPatch
+    shared_ops: JaxTraining, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    older = Tracker(JaxTraining(source), TrackerConfig(peak_flops=PEAK))
-    newer = Tracker(JaxTraining(source), TrackerConfig(peak_flops=PEAK))
+    older = Tracker(shared_ops, TrackerConfig(peak_flops=PEAK))
+    newer = Tracker(shared_ops, TrackerConfig(peak_flops=PEAK))
     monkeypatch.setattr(training, "_tracker", newer)
     x = jnp.ones(4)
     try:
@@ -45,9 +44,9 @@ def test_the_newest_tracker_gets_the_steps_and_an_older_ones_stop_leaves_it_arme
 
 
 def test_a_stopped_trackers_reading_keeps_what_was_handed_and_the_hand_holds_nothing_of_it(
-    source: LocalSource, monkeypatch: pytest.MonkeyPatch
+    shared_ops: JaxTraining, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tracker = Tracker(JaxTraining(source), TrackerConfig(peak_flops=PEAK))
+    tracker = Tracker(shared_ops, TrackerConfig(peak_flops=PEAK))
     monkeypatch.setattr(training, "_tracker", tracker)
     x = jnp.ones(4)
     try:
@@ -60,7 +59,7 @@ def test_a_stopped_trackers_reading_keeps_what_was_handed_and_the_hand_holds_not
     reading = tracker.reading()
     assert reading is not None and reading.steps_total == 5 and reading.dispatched_step == 4
     assert reading.examples_total == 40
-    assert HAND.owner is None and HAND._last_ready == () and len(HAND._handed) == 0
+    assert HAND.owner is None and HAND._ready == () and len(HAND._handed) == 0
     # Disarmed, a step is dropped with the one warning, and hands nothing to the stopped tracker.
     monkeypatch.setattr(training, "_tracker", None)
     monkeypatch.setattr(hand, "_warned", False)

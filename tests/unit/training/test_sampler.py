@@ -19,14 +19,15 @@ from prometheus_client.core import Metric
 from jaxmon.families.training import training_families
 from jaxmon.training.blocks import block_start, period_began, traced_steps
 from jaxmon.training.handed import SamplerConfig
-from jaxmon.training.reading import ProfileReading, TrainingReading
 from jaxmon.training.sampler import Busy, Sampler
+from jaxmon.training_readings import ProfileReading, TrainingReading
 from tests.helpers import wait_until
 from tests.unit.xla.test_split_fakes import GPU0, GPU1, TPU0, TPU1
 from tests.xspace_fakes import START_UNIX_NS, gpu_space, tpu_space
 
 US = 1e-6
 NOW = 5000.0  # the tracker's clock when the trace stops: the block's last completion
+BEFORE = NOW - 1.0  # the tracker's clock while a trace starts: before the fake profiles' steps
 
 
 class FakeProfiler:
@@ -71,11 +72,12 @@ def make() -> Iterator[object]:
     def factory(
         profiler: FakeProfiler, every: int = 10, steps: int = 2, end_us: float = 100.0, in_process: int = 1 << 20
     ) -> Sampler:
-        # At the stop, the monotonic clock reads NOW and the Unix clock the fake profile's `end_us`.
+        # While a trace starts, the monotonic clock reads BEFORE; at the stop, NOW and the Unix clock the fake
+        # profile's `end_us`.
         sampler = Sampler(
             profiler,
             SamplerConfig(every, steps),
-            clock=lambda: NOW,
+            clock=lambda: NOW if profiler.stops >= profiler.starts else BEFORE,
             wall_ns=lambda: START_UNIX_NS + round(end_us * 1000),
             in_process=in_process,
         )
@@ -227,6 +229,63 @@ def test_a_step_that_began_before_the_trace_is_left_out(make) -> None:  # type: 
     assert g0.profiled_seconds_total == pytest.approx(60 * US)  # [40, 100) us only
     # [40,60) compute; [60,70) copy; [70,80) the all-gather alone; [80,85) idle; [85,90) copy; [90,100) idle
     assert g0.parts == pytest.approx({"compute": 20 * US, "collective": 10 * US, "copy": 15 * US, "idle": 15 * US})
+
+
+class SlowStart(FakeProfiler):
+    """A profiler whose start takes `seconds` of the tracker's clock (`clock`: a one-item list, the time now): a
+    TPU's session can take hundreds of milliseconds to run, while the job steps on."""
+
+    def __init__(self, data: bytes, clock: list[float], seconds: float) -> None:
+        super().__init__(data)
+        self.clock, self.seconds = clock, seconds
+
+    def start(self, python: bool) -> None:
+        super().start(python)
+        self.clock[0] += self.seconds
+
+    def stop(self) -> bytes:
+        self.clock[0] = NOW
+        return super().stop()
+
+
+def test_a_slow_start_leaves_out_the_steps_before_it_and_asks_earlier_next_time() -> None:
+    """Steps of 20 us; the trace is asked for at -45 us and runs from 5 us. Step 10's window [0, 40) is inside the
+    profile's own extent, but began before the trace ran (its device tracer may not have yet: the device would read
+    idle), so only step 11's [40, 100) counts; and the next block's trace is asked for 2 + floor(50 / 20) = 4 steps
+    ahead (block 20 at step 16, not 18: steps 17 to 19 take 60 us, more than the start), at most every - steps; a
+    start shorter than a step leaves it at 2."""
+    clock = [at(-45)]
+    profiler = SlowStart(gpu_space({0: GPU0}), clock, 50 * US)
+    sampler = Sampler(profiler, SamplerConfig(10, 2), clock=lambda: clock[0], wall_ns=lambda: START_UNIX_NS + 100_000)
+    try:
+        complete(sampler, [(7, at(-80)), (8, at(-60))])
+        sampler.handed(8)
+        wait_until(lambda: profiler.starts == 1, what="the trace started")
+        complete(sampler, [(9, at(0)), (10, at(40)), (11, at(100))])
+        wait_until(lambda: got(sampler).results["taken"] == 1, what="the sample booked")
+        (g0,) = got(sampler).devices
+        assert g0.profiled_seconds_total == pytest.approx(60 * US)
+        assert g0.parts == pytest.approx({"compute": 20 * US, "collective": 10 * US, "copy": 15 * US, "idle": 15 * US})
+        assert sampler.lead == 4 and sampler.blocks.lead == 4
+        clock[0] = at(-45)
+        sampler.handed(15)
+        assert profiler.starts == 1  # not at step 15
+        sampler.handed(16)
+        wait_until(lambda: profiler.starts == 2, what="block 20's trace started at step 16")
+        assert sampler.block == 20
+        complete(sampler, [(19, at(10)), (20, at(40)), (21, at(100))])
+        wait_until(lambda: got(sampler).results["taken"] == 2, what="the second sample booked")
+        assert sampler.lead == 2  # 2 + floor(50 / 60): its steps took 60 us, longer than the start
+        # A start of 1 s: the lead is every - steps = 8 at most, and every window began before the trace ran.
+        profiler.seconds, clock[0] = 1.0, at(-45)
+        sampler.handed(28)
+        wait_until(lambda: profiler.starts == 3, what="block 30's trace started")
+        complete(sampler, [(29, at(0)), (30, at(40)), (31, at(100))])
+        wait_until(lambda: sum(got(sampler).results.values()) == 3, what="the third sample booked")
+        assert sampler.lead == 8
+        assert got(sampler).results == {"taken": 2, "busy": 0, "failed": 1, "skipped": 0}
+    finally:
+        sampler.stop(5)
 
 
 def test_no_whole_step_is_a_failed_sample(make) -> None:  # type: ignore[no-untyped-def]

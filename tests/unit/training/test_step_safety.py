@@ -27,8 +27,8 @@ import jaxmon
 from jaxmon import training
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
-from jaxmon.training.reading import TrainingReading
 from jaxmon.training.tracker import Tracker
+from jaxmon.training_readings import TrainingReading
 from tests.helpers import wait_until
 from tests.unit.training.conftest import MakeTracker
 

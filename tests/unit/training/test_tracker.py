@@ -22,12 +22,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jaxmon
 from jaxmon import training
-from jaxmon.sources.local import CompileCounters
-from jaxmon.sources.local.training import cost_numbers
+from jaxmon.sources.local import LocalSource
+from jaxmon.sources.local.training import JaxTraining, cost_numbers
+from jaxmon.sources.local.workload import CompileCounters, live_array_bytes
 from jaxmon.training import hand
-from jaxmon.training.reading import TrainingReading
 from jaxmon.training.tracker import MAX_USER_KINDS, OTHER_KIND, Tracker
 from jaxmon.training.waiter import LOOK, LOOK_MAX
+from jaxmon.training_readings import TrainingReading
 from tests.helpers import wait_until
 from tests.unit.training.conftest import (
     PEAK,
@@ -43,7 +44,7 @@ def settled(tracker: Tracker, steps: int) -> TrainingReading:
     assert reading is not None
     adds_up(reading)
     with tracker._lock:  # on the accounting's own (monotonic) clock: to the microsecond
-        acct = tracker._acct
+        acct = tracker._ledger
         assert acct.last_done is not None and acct.total() == pytest.approx(acct.last_done - acct.started, abs=1e-6)
     return reading
 
@@ -189,17 +190,26 @@ def test_a_loop_whose_host_takes_as_long_as_its_steps_is_half_host_badput(make_t
     f = slow_step()
     x = f(jnp.ones((384, 384))).block_until_ready()
     tracker = make_tracker()
+    slept = 0.0
     for n in range(16):
         start = time.perf_counter()
         x = f(x)
         jaxmon.step(n, x)
         x.block_until_ready()
-        time.sleep(time.perf_counter() - start)  # the host's own work, as long as the step, named by no block
+        if n == 0:
+            began = time.perf_counter()  # the first step's completion: the steps' time from here on
+        ended = time.perf_counter()
+        time.sleep(ended - start)  # the host's own work, as long as the step, named by no block
+        slept += time.perf_counter() - ended
+    total = time.perf_counter() - began
     reading = settled(tracker, 16)
-    assert goodput(reading) == pytest.approx(0.5, abs=0.1)
+    # Half the loop's time, as it measured its own sleeps (on a loaded machine a sleep overruns what it asked).
+    truth = slept / total
+    assert 0.4 <= truth <= 0.65, truth
+    assert goodput(reading) == pytest.approx(1 - truth, abs=0.1)
     steps = reading.productive_seconds_total + sum(reading.badput_seconds_total.values())
     host = reading.badput_seconds_total["host"] / (steps - reading.badput_seconds_total["startup"])
-    assert host == pytest.approx(0.5, abs=0.1)
+    assert host == pytest.approx(truth, abs=0.1)
     adds_up(reading)
 
 
@@ -318,7 +328,7 @@ def test_a_pause_within_a_long_look_is_host_time_not_a_stall(make_tracker: MakeT
     f = slow_step(128, 2)  # about 0.15 ms here: well under SHORT apart with the loop's own work, loaded or not
     x = f(jnp.ones((128, 128))).block_until_ready()
     tracker = make_tracker()
-    pauses, n, resumed, busy = [], 0, [], []
+    pauses, n, resumed, busy, intervals = [], 0, [], [], []
     done = time.monotonic()
     for _ in range(6):
         began = time.monotonic()
@@ -328,14 +338,17 @@ def test_a_pause_within_a_long_look_is_host_time_not_a_stall(make_tracker: MakeT
             jaxmon.step(n, x)
             x.block_until_ready()
             busy.append(time.monotonic() - max(handed, done))  # the loop's own: dispatch to completion
+            intervals.append(time.monotonic() - done)  # and completion to completion
             done = time.monotonic()
             n += 1
-        resumed.append(tracker.waiter.resumed_after)
+        resumed.append(tracker.hand.paused_after)
         start = time.monotonic()
         time.sleep(0.06)  # the host's own work, named by no block
         pauses.append(time.monotonic() - start)
     x = f(x)
     jaxmon.step(n, x)
+    x.block_until_ready()
+    intervals.append(time.monotonic() - done)
     reading = settled(tracker, n + 1)
     assert min(resumed) < 1, resumed  # the looks had lengthened: each pause came within one
     median = statistics.median(busy)
@@ -344,10 +357,13 @@ def test_a_pause_within_a_long_look_is_host_time_not_a_stall(make_tracker: MakeT
     # Each pause read as a device's time would add about 57 ms of stall: most of them may not (the loop's own stalls
     # and jaxmon's differ by their medians' windows, more on a loaded machine).
     assert host >= 0.8 * sum(pauses) and stall < truth + sum(pauses) / 2, (host, stall, truth, pauses)
-    # The steps whose interval holds a pause are 60 ms long, as the loop's own completions say: those, and no other
-    # (one either way: a pause dated across two steps on a loaded machine, or one step of the machine's own).
+    # The steps whose interval holds a pause are 60 ms long: each pause's step at least (one fewer where a pause is
+    # dated across two steps on a loaded machine), and no more than the loop's own completions over 25 ms, one more
+    # either way. Those may be more than the pauses on a loaded machine: the loop's thread saw its completions late
+    # where the waiter saw them on time (12 loop intervals over 25 ms against jaxmon's 6, 6 pauses, load 11 on 2 cores).
     over = reading.duration_buckets[-1][1] - dict(reading.duration_buckets)[0.025]
-    assert len(pauses) - 1 <= over <= len(pauses) + 1
+    truth = sum(interval > 0.025 for interval in intervals[1:])
+    assert truth >= len(pauses) and len(pauses) - 1 <= over <= truth + 1, (over, truth, len(pauses))
 
 
 def test_a_step_counter_that_goes_back_or_jumps_is_counted_and_its_gap_is_no_step(make_tracker: MakeTracker) -> None:
@@ -423,9 +439,9 @@ def test_the_host_stays_as_far_ahead_of_the_device_with_step_as_without(make_tra
 
 
 def test_more_pending_steps_than_allowed_are_dropped_and_counted(make_tracker: MakeTracker) -> None:
-    tracker = make_tracker(max_pending=2)
     f = slow_step(384, 40)
-    x = jnp.ones((384, 384))
+    x = f(jnp.ones((384, 384))).block_until_ready()  # compiled: the first step runs on the device, not in the call
+    tracker = make_tracker(max_pending=2)
     for n in range(5):
         x = f(x)
         jaxmon.step(n, x)  # the device is busy with the first: the third, fourth and fifth find two pending
@@ -455,6 +471,27 @@ def test_a_tracked_function_compiles_nothing_more_than_an_untracked_one(make_tra
     reading = settled(tracker, 4)
     assert any(d.hardware_flops_total for d in reading.devices)  # the cost was read...
     assert counted == plain == 1  # ...from the program the first call compiled
+
+
+def test_a_trackers_own_barrier_is_no_compilation_of_the_workloads(
+    make_tracker: MakeTracker, source: LocalSource
+) -> None:
+    """A tracker compiles its barrier as it starts, one program per device, where the process's compile counters
+    already listen (a stop() and start() in one process): jaxmon's own compilations, not the job's."""
+    counters = CompileCounters.installed()
+    before = counters.as_dict()["compilations"]
+    make_tracker(ops=JaxTraining(source))  # of its own: its barrier a new program, compiled for each of 8 devices
+    assert counters.as_dict()["compilations"] == before
+
+
+def test_a_trackers_barrier_inputs_are_no_arrays_of_the_workloads(
+    make_tracker: MakeTracker, source: LocalSource
+) -> None:
+    """The barrier's inputs, one 4-byte array a device kept from the tracker's start, are jaxmon's: the workload's
+    live array bytes leave them out, as they leave out the probe's."""
+    before = live_array_bytes(jax)
+    make_tracker(ops=JaxTraining(source))  # of its own: its inputs are made as it starts
+    assert live_array_bytes(jax) == before
 
 
 def test_without_start_or_publish_step_track_and_badput_do_nothing_with_one_warning(

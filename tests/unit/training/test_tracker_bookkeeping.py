@@ -9,8 +9,6 @@ import os
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
-from collections import deque
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -20,8 +18,8 @@ from structlog.testing import capture_logs
 
 import jaxmon
 from jaxmon import training
-from jaxmon.training.accounting import INTERVALS_AFTER_DROP, MAX_INTERVALS
-from tests.unit.training.conftest import PEAK, MakeTracker, booked
+from jaxmon.training.ledger import INTERVALS_AFTER_DROP, MAX_INTERVALS
+from tests.unit.training.conftest import PEAK, MakeTracker, booked, python_calls
 
 NO_PEAK_LOG = "no peak FLOP/s known for this device kind: no MFU or HFU series (set collector.training.peak_flops)"
 
@@ -198,38 +196,26 @@ def _flops(analysis: Any) -> float:
     return float(analysis["flops"])
 
 
-class _CountedWindow(deque[Any]):
-    """A window that counts the steps read from it."""
-
-    reads = 0
-
-    def __iter__(self) -> Iterator[Any]:
-        for item in super().__iter__():
-            _CountedWindow.reads += 1
-            yield item
-
-
 def test_a_reading_reads_no_step_of_the_window_whatever_its_length(make_tracker: MakeTracker) -> None:
-    """reading() holds the lock step() takes: at window=100000 with 8 devices it rescanned the window for every
-    device (0.146 s a poll, step() blocked meanwhile). It reads the window's kept sums instead."""
-    reads = {}
+    """reading() holds the lock the waiter books with: at window=100000 with 8 devices it rescanned the window for
+    every device (0.146 s a poll, the waiter blocked meanwhile). The window is arrays: the same Python calls read it
+    at 10 steps and at 10 000."""
+    calls = {}
     keys = [(d.platform, d.id) for d in jax.devices()]
     for window in (10, 10_000):
         clock = Clock(0.0)
         tracker = make_tracker(clock=clock, wall=Clock(1e9), window=window)
         jaxmon.step(0, ready())
         booked(tracker, 1)
-        acct = tracker._acct
-        acct.recent = _CountedWindow()
+        ledger = tracker._ledger
         with tracker._lock:  # the waiter's bookkeeping of `window` more steps, as it does it at each completion
             for n in range(window):
-                acct.step(n, n + 1.0, n, [], dict.fromkeys(keys, 1e9), {})
-        _CountedWindow.reads = 0
+                ledger.run(n, [n + 1.0], [n], [], dict.fromkeys(keys, 1e9), {})
+        calls[window] = python_calls(tracker.reading)
         reading = tracker.reading()
-        reads[window] = _CountedWindow.reads
         assert reading is not None
         assert {(d.platform, d.id): d.mfu for d in reading.devices} == dict.fromkeys(keys, pytest.approx(1e9 / PEAK))
-    assert reads == {10: 0, 10_000: 0}
+    assert calls[10_000] == calls[10], calls
 
 
 def test_a_restart_clears_the_predicted_peak_memory_window(make_tracker: MakeTracker) -> None:

@@ -4,7 +4,10 @@ CPU backend does not print (async start/done pairs, tuple shapes, dtypes, group 
 
 from __future__ import annotations
 
+import importlib
 import os
+import random
+import re
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
@@ -216,34 +219,167 @@ def only(text: str) -> Any:
 
 
 AR = "channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=%add"
-
-
-@pytest.mark.parametrize(
-    ("spelling", "groups"),
-    [
-        ("{{0,1},{2,3},{4,5},{6,7}}", ((0, 1), (2, 3), (4, 5), (6, 7))),
-        ("{{0,2,4,6},{1,3,5,7}}", ((0, 2, 4, 6), (1, 3, 5, 7))),
-        ("[2,4]<=[8]", ((0, 1, 2, 3), (4, 5, 6, 7))),
-        ("[4,2]<=[2,4]T(1,0)", ((0, 4), (1, 5), (2, 6), (3, 7))),
-        ("[2,4]<=[4,2]T(1,0)", ((0, 2, 4, 6), (1, 3, 5, 7))),
-        ("[4,2]<=[2,2,2]T(2,1,0)", ((0, 4), (2, 6), (1, 5), (3, 7))),
-        ("mesh['axis_0'=4,'axis_1'=2] {'axis_1'}", ((0, 1), (2, 3), (4, 5), (6, 7))),
-        ("mesh['axis_0'=4,'axis_1'=1,'axis_2'=2] {'axis_0'}", ((0, 2, 4, 6), (1, 3, 5, 7))),
-        ("mesh['a'=2,'b'=4] {'a','b'}", ((0, 1, 2, 3, 4, 5, 6, 7),)),
-        ("mesh['a'=2,'b'=4] {'b','a'}", ((0, 4, 1, 5, 2, 6, 3, 7),)),  # the listed order orders each group
-        ("mesh[a=2,b=4] {a}", ((0, 4), (1, 5), (2, 6), (3, 7))),  # names unquoted
-        ("mesh['x'=8] {'x':(2)2}", ((0, 2), (1, 3), (4, 6), (5, 7))),  # a sub-axis: the middle factor of 2x2x2
-        ("mesh['x'=8] {'x':(1)2,'x':(4)2}", ((0, 1, 4, 5), (2, 3, 6, 7))),  # two sub-axes: outer and inner
-        ("mesh['a'=2,'b'=4], device_ids=(7,6,5,4,3,2,1,0) {'a'}", ((7, 3), (6, 2), (5, 1), (4, 0))),
-        ("mesh['a'=2,'b'=4], device_ids=([8]<=[2,4]T(1,0)) {'b'}", ((0, 4, 1, 5), (2, 6, 3, 7))),
-    ],
+ADD = "%add (a: f32[], b: f32[]) -> f32[] {\n  %a = f32[] parameter(0)\n  %b = f32[] parameter(1)\n" + (
+    "  ROOT %s = f32[] add(%a, %b)\n}"
 )
+
+
+# Every spelling of replica_groups XLA's printers write (xla/hlo/ir/replica_group.cc, tile_assignment.cc,
+# mesh_and_axis.cc): the groups each stands for, worked out by hand from XLA's definitions.
+SPELLINGS = [
+    # CollectiveDeviceList: the groups as lists.
+    ("{{0,1},{2,3},{4,5},{6,7}}", ((0, 1), (2, 3), (4, 5), (6, 7))),
+    ("{{0,2,4,6},{1,3,5,7}}", ((0, 2, 4, 6), (1, 3, 5, 7))),
+    # IotaReplicaGroupList: [groups,size]<=[reshape dims], transposed by T(perm).
+    ("[2,4]<=[8]", ((0, 1, 2, 3), (4, 5, 6, 7))),
+    ("[4,2]<=[2,4]T(1,0)", ((0, 4), (1, 5), (2, 6), (3, 7))),
+    ("[2,4]<=[4,2]T(1,0)", ((0, 2, 4, 6), (1, 3, 5, 7))),
+    ("[4,2]<=[2,2,2]T(2,1,0)", ((0, 4), (2, 6), (1, 5), (3, 7))),
+    ("devices=[2,4]<=[8]", ((0, 1, 2, 3), (4, 5, 6, 7))),  # an older printer's, with TileAssignment's prefix
+    # MeshAxesReplicaGroupList: mesh[axes] {the axes a group spans}; the groups are the devices that differ along
+    # them only, each group ordered by the listed axes.
+    ("mesh['axis_0'=4,'axis_1'=2] {'axis_1'}", ((0, 1), (2, 3), (4, 5), (6, 7))),
+    ("mesh['axis_0'=4,'axis_1'=1,'axis_2'=2] {'axis_0'}", ((0, 2, 4, 6), (1, 3, 5, 7))),
+    ("mesh['a'=2,'b'=4] {'a','b'}", ((0, 1, 2, 3, 4, 5, 6, 7),)),
+    ("mesh['a'=2,'b'=4] {'b','a'}", ((0, 4, 1, 5, 2, 6, 3, 7),)),  # the listed order orders each group
+    ("mesh['a'=2,'b'=4] {}", tuple((i,) for i in range(8))),  # no axis: each device alone (a no-op)
+    ("mesh[a=2,b=4] {a}", ((0, 4), (1, 5), (2, 6), (3, 7))),  # names unquoted (XLA's sources today)
+    ("mesh['a.b'=2,'<axis> def'=4] {'<axis> def':(2)2}", ((0, 1), (2, 3), (4, 5), (6, 7))),  # any name, quoted
+    # Sub-axes name:(pre-size)size: a factor of an axis (the middle 2 of 8 = 2x2x2, ...).
+    ("mesh['x'=8] {'x':(2)2}", ((0, 2), (1, 3), (4, 6), (5, 7))),
+    ("mesh['x'=8] {'x':(1)2,'x':(4)2}", ((0, 1, 4, 5), (2, 3, 6, 7))),  # two sub-axes: outer and inner
+    ("mesh['x'=8] {'x':(1)2, 'x':(4)2}", ((0, 1, 4, 5), (2, 3, 6, 7))),  # the same, as a sharding spaces them
+    ("mesh['x'=8] {'x':(4)2,'x':(1)2}", ((0, 4, 1, 5), (2, 6, 3, 7))),  # inner first: it orders each group
+    # The mesh's device ids, where they are not 0..n-1 in order: every spelling of a TileAssignment's array.
+    ("mesh['a'=2,'b'=4], device_ids=(7,6,5,4,3,2,1,0) {'a'}", ((7, 3), (6, 2), (5, 1), (4, 0))),  # the ids
+    # an iota of the reshape dims, transposed (Mesh::ToString): optax's clip_by_global_norm on a (data, model)
+    # mesh (issue 49): the ids 0,4,1,5,2,6,3,7 on a 4x1x2 mesh; then the ids 0,2,4,6,1,3,5,7 on a 2x4 mesh
+    ("mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_0'}", ((0, 1, 2, 3), (4, 5, 6, 7))),
+    ("mesh['axis_0'=2,'axis_1'=4], device_ids=([4,2]T(1,0)) {'axis_0'}", ((0, 1), (2, 3), (4, 5), (6, 7))),
+    ("mesh['a'=2,'b'=4], device_ids=([2,2,2]T(2,1,0)) {'b'}", ((0, 4, 2, 6), (1, 5, 3, 7))),  # 0,4,2,6,1,5,3,7
+    # TileAssignment's own printer: the dims and the iota (optionally after `devices=`), or the dims and the ids
+    ("mesh['a'=2,'b'=4], device_ids=([8]<=[2,4]T(1,0)) {'b'}", ((0, 4, 1, 5), (2, 6, 3, 7))),
+    ("mesh['a'=2,'b'=4], device_ids=(devices=[2,4]<=[4,2]T(1,0)) {'a'}", ((0, 1), (2, 3), (4, 5), (6, 7))),
+    ("mesh['a'=2,'b'=4], device_ids=([2,4]0,2,4,6,1,3,5,7) {'a'}", ((0, 1), (2, 3), (4, 5), (6, 7))),
+    # A mesh of one device (Mesh::ToString of a maximal mesh), and the empty mesh (everyone, as `{}`).
+    ("maximal_mesh[device_id=5] {}", ((5,),)),
+    ("mesh[] {}", ((0, 1, 2, 3, 4, 5, 6, 7),)),
+]
+
+
+def all_reduce(spelling: str, devices: int = 8) -> str:
+    """A module of `devices` partitions, XLA's own parser reads it too: one all-reduce of global device ids with
+    `spelling` as its replica_groups."""
+    line = f"%ar = f32[64]{{0}} all-reduce(%p), channel_id=1, replica_groups={spelling}, use_global_device_ids=true"
+    return module(ADD, entry("%p = f32[64]{0} parameter(0)", "ROOT " + line + ", to_apply=%add"),
+                  header=f"num_partitions={devices}")  # fmt: skip
+
+
+@pytest.mark.parametrize(("spelling", "groups"), SPELLINGS)
 def test_every_replica_group_spelling_expands_to_the_same_ids_xla_would(
     spelling: str, groups: tuple[tuple[int, ...], ...]
 ) -> None:
-    line = f"%ar = f32[64]{{0}} all-reduce(%p), channel_id=1, replica_groups={spelling}, use_global_device_ids=true"
-    c = only(module(entry(line + ", to_apply=%add")))
+    c = only(all_reduce(spelling))
     assert c.groups == groups and c.group_size == len(groups[0])
+
+
+def xla_groups(text: str) -> list[tuple[tuple[int, ...], ...]]:
+    """The groups of each collective of HLO `text`, as XLA itself expands them: the text read by XLA's own HLO
+    parser (in jaxlib) and printed back with the fingerprint options, which write every group as a list."""
+    api = next(m for m in (_module("jaxlib._hlo"), _module("jaxlib._jax")) if hasattr(m, "hlo_module_from_text"))
+    printed = api.hlo_module_from_text(text).to_string(api.HloPrintOptions.fingerprint())
+    return [
+        tuple(tuple(int(i) for i in g.split(",")) for g in re.findall(r"\{([\d,]+)\}", m.group(1)))
+        for m in re.finditer(r"replica_groups=(\{(?:\{[\d,]*\},?)*\})", printed)
+    ]
+
+
+def _module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def xla_reads(text: str) -> bool:
+    """Whether this jaxlib's XLA parses `text` (0.9's knows no mesh-axes spelling)."""
+    try:
+        xla_groups(text)
+    except Exception:
+        return False
+    return True
+
+
+def random_spellings(seed: int, n: int) -> list[tuple[str, int]]:
+    """`n` valid mesh-axes and iota spellings over 4, 8 or 16 devices, with their device counts: meshes of 1-3
+    axes, their ids in order, as a permutation or as a transposed iota, groups over whole axes in any order and
+    over sub-axes."""
+    rng = random.Random(seed)
+
+    def powers(total: int) -> list[int]:  # total (a power of 2) as 1-3 factors
+        k = total.bit_length() - 1
+        cuts = sorted(rng.randint(0, k) for _ in range(rng.randint(0, 2)))
+        return [2 ** (b - a) for a, b in zip([0, *cuts], [*cuts, k], strict=True)]
+
+    def joined(values: list[int]) -> str:
+        return ",".join(map(str, values))
+
+    def shuffled(n: int) -> list[int]:  # a permutation of range(n) that is not the identity (n > 1)
+        order = list(range(n))
+        while order == sorted(order):
+            rng.shuffle(order)
+        return order
+
+    out: list[tuple[str, int]] = []
+    while len(out) < n:
+        count = rng.choice([4, 8, 16])
+        dims = powers(count)
+        if rng.random() < 0.25:  # an iota list: [groups,size]<=[dims]T(perm)
+            size = rng.choice([s for s in (1, 2, 4, 8, 16) if s <= count])
+            transposed = f"T({joined(shuffled(len(dims)))})" if len(dims) > 1 else ""
+            out.append((f"[{count // size},{size}]<=[{joined(dims)}]{transposed}", count))
+            continue
+        sizes = powers(count)
+        names = [f"'ax{i}'" for i in range(len(sizes))]
+        ids = ""
+        if (r := rng.random()) < 0.35:
+            ids = f", device_ids=({joined(shuffled(count))})"
+        elif r < 0.7 and len(dims) > 1:
+            ids = f", device_ids=([{joined(dims)}]T({joined(shuffled(len(dims)))}))"
+        refs = []
+        for name, size in zip(names, sizes, strict=True):
+            if size == 1 or rng.random() < 0.4:
+                continue
+            if size >= 4 and rng.random() < 0.5:  # a sub-axis: pre-size 2^i, size 2^j, smaller than the axis
+                k = size.bit_length() - 1
+                i = rng.randint(0, k - 1)
+                refs.append(f"{name}:({2**i}){2 ** rng.randint(1, k - i - (i == 0))}")
+            else:
+                refs.append(name)
+        if refs:  # XLA refuses a group of one device over a mesh
+            rng.shuffle(refs)
+            axes = ",".join(f"{a}={s}" for a, s in zip(names, sizes, strict=True))
+            out.append((f"mesh[{axes}]{ids} {{{','.join(refs)}}}", count))
+    return out
+
+
+def test_every_spelling_expands_to_the_groups_xla_itself_prints() -> None:
+    """XLA as the truth: each spelling above that this XLA parses, and 300 random meshes and iotas, expanded by
+    jaxmon and by XLA's own parser and printer alike."""
+    meshes = xla_reads(all_reduce("mesh['a'=2,'b'=4] {'a'}"))
+    if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 10):
+        assert meshes, "jax 0.10's XLA parses the mesh-axes spelling: the comparison below needs it"
+    compared = []
+    for spelling, devices in [(s, 8) for s, _ in SPELLINGS] + random_spellings(49, 300):
+        text = all_reduce(spelling, devices)
+        if not xla_reads(text):  # an older printer's spelling, or (jax 0.9) any mesh-axes one
+            assert not (meshes and "'ax" in spelling), f"XLA refuses the valid {spelling}"
+            continue
+        [want] = xla_groups(text)
+        assert only(text).groups == want, spelling
+        compared.append(spelling)
+    assert len(compared) >= (300 if meshes else 60), compared
+    assert not meshes or "mesh['axis_0'=2,'axis_1'=4], device_ids=([4,2]T(1,0)) {'axis_0'}" in compared
 
 
 @pytest.mark.parametrize(
@@ -432,6 +568,15 @@ def test_partition_ids_of_an_all_to_all_repeat_in_every_replica() -> None:
          "3x3"),
         (module(entry("%ar = f32[64]{0} all-reduce(%p), replica_groups=mesh['a'=8] {'b'}")), "axis 'b'"),
         (module(entry("%ar = q7[64]{0} all-reduce(%p), replica_groups={}")), "unknown element type"),
+        (all_reduce("mesh['a'=2,'b'=4], device_ids=(0,1,2) {'a'}"), r"'0,1,2' are not the 8 ids 0\.\.7"),
+        (all_reduce("mesh['a'=2,'b'=4], device_ids=(0,0,1,2,3,4,5,6) {'a'}"), "are not the 8 ids"),
+        (all_reduce("mesh['a'=2,'b'=4], device_ids=([4,4]T(1,0)) {'a'}"), r"'\[4,4\]T\(1,0\)' are not the 8 ids"),
+        (all_reduce("mesh['a'=2,'b'=4], device_ids=([2,4]<=[16]) {'a'}"), "cannot read mesh device ids|not the 8"),
+        (all_reduce("mesh['a'=2,'b'=4], device_ids=(T(1,0)) {'a'}"), "cannot read mesh device ids 'T"),
+        (all_reduce("mesh['a'=2 'b'=4] {'a'}"), "cannot read mesh axes"),
+        (all_reduce("mesh['a'=2,'b'=4] {'a' 'b'}"), "cannot read mesh axis references"),
+        (all_reduce("mesh['a'=2,'b'=4] {'a'}; <<a spelling of tomorrow>>").replace("mesh", "tiles"),
+         "cannot read the replica_groups of"),
     ],
 )  # fmt: skip
 def test_bad_text_raises_a_clear_error(text: str, message: str) -> None:

@@ -1,4 +1,7 @@
-"""What a training process reports: plain numbers, the same whether rendered in-process or published to a spool."""
+"""What a training process reports: plain numbers, the same whether rendered in-process or published to a spool.
+
+The training tracker (jaxmon.training) makes them; the collectors, the spool's codec and the births render, carry
+and hold them, so they live outside the training wing: a daemon reading spooled workloads loads none of it."""
 
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ class DeviceTraining:
     hfu: float | None = None
     collective_bytes_total: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
     program_peak_memory_bytes: float | None = None
-    # Each link's nominal bandwidth per direction for the device's kind (jaxmon.training.nominal; {}: not known).
+    # Each link's nominal bandwidth per direction for the device's kind (jaxmon.catalog.hardware; {}: not known).
     link_bandwidth: Mapping[str, float] = field(default_factory=dict)
 
 

@@ -1,0 +1,97 @@
+"""The protocol between the training thread and the waiter (jaxmon/training/hand.py), under a GIL that switches
+threads every microsecond, so that the waiter's looks, holds and pops interleave with step(), pause() and a tracked
+call at every point: every step handed is booked once, under its own number with its own figures, whatever came
+between, and every hold handed is waited on; nothing is counted that was not so, and no step is left behind."""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxmon
+from jaxmon.sources.local import LocalSource
+from jaxmon.sources.local.training import JaxTraining
+from tests.unit.training.conftest import MakeTracker, booked
+
+
+class Recording(JaxTraining):
+    """The tracker's JAX side, noting every handle step() holds and every handle the waiter waited on."""
+
+    def __init__(self, source: LocalSource) -> None:
+        super().__init__(source)
+        self.held: dict[int, Any] = {}
+        self.waited: set[int] = set()
+
+    def hold(self, array: Any) -> Any | None:
+        handle = super().hold(array)
+        if handle is not None:
+            self.held[id(handle)] = handle  # kept: an id is never another handle's meanwhile
+        return handle
+
+    def wait(self, handles: list[Any]) -> None:
+        super().wait(handles)
+        self.waited.update(map(id, handles))
+
+
+@pytest.fixture
+def switching() -> Iterator[None]:
+    """The GIL handed between threads every microsecond (5 ms by default)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_every_step_is_booked_once_with_its_own_figures_however_the_threads_interleave(
+    make_tracker: MakeTracker, source: LocalSource, switching: None, seed: int
+) -> None:
+    rng = random.Random(seed)
+    ops = Recording(source)
+    tracker = make_tracker(ops=ops)
+    f = jaxmon.track(jax.jit(lambda x: x * 1.0001))
+    x = jnp.ones(64)
+    f(x).block_until_ready()
+    jnp.int32(0), jnp.float32(1.0)  # JAX's own first calls, before the loop
+    examples = tokens = 0.0
+    steps = 2000
+    n = 0
+    for _ in range(steps):
+        x = f(x)
+        kind = rng.randrange(6)
+        number: Any = n
+        given: dict[str, Any] = {"examples": 4, "tokens": 512}
+        if kind == 1:
+            number = np.int64(n)  # a NumPy number: follows on
+        elif kind == 2:
+            number = jnp.int32(n)  # a device number: a Given and a hold of its own
+        elif kind == 3:
+            given = {"examples": 4, "tokens": jnp.float32(256.0)}  # a device figure
+        elif kind == 4:
+            given = {"examples": np.int64(8), "tokens": 512}  # other figures
+        jaxmon.step(number, x, **given)
+        examples += float(given["examples"])
+        tokens += float(given["tokens"])
+        n += 1
+        if rng.random() < 0.02:
+            with jaxmon.badput("eval"):  # pause(): a mark the waiter is hurried to
+                pass
+        if rng.random() < 0.01:
+            n += 5  # a jump: counted, never a lost step
+    reading = booked(tracker, steps)
+    assert reading.steps_total == steps and tracker.pending() == 0
+    assert reading.examples_total == examples and reading.tokens_total == tokens
+    assert reading.step == n - 1 and reading.dispatched_step == n - 1
+    assert set(reading.problems) <= {"jump"}, reading.problems
+    assert ops.held and set(ops.held) <= ops.waited  # every hold handed was waited on
+    devices = {(d.platform, d.id): d.hardware_flops_total for d in reading.devices}
+    assert devices[(jax.devices()[0].platform, jax.devices()[0].id)] is not None  # each call's FLOPs booked
