@@ -129,7 +129,8 @@ def start_daemon(tmp_path: Path) -> Iterator[StartDaemon]:
 # Every process a test session starts (a daemon, a workload, Prometheus, Alertmanager, the children of those) inherits
 # this variable with the session's own value (each xdist worker its own), so that the session can find those still
 # alive at its end, wherever they were reparented.
-# Not JAXMON_*: a daemon warns of each JAXMON_* variable that sets nothing (test_daemon_logging.py reads its first line).
+# Not JAXMON_*: a daemon warns of each JAXMON_* variable that sets nothing (test_daemon_logging.py reads its first
+# line).
 SESSION_MARK = "PYTEST_JAXMON_SESSION"
 # How long the end of the session waits for processes that are stopping (a SIGTERM just sent) to be gone.
 LEFTOVER_GRACE = 15.0
