@@ -111,6 +111,7 @@ def workload_source(settings: Settings) -> tuple[DeviceSource, InProcess]:
     """Inside a training process: its own JAX (none of its settings changed), its live arrays and compiles, and
     the training tracker that jaxmon.step() feeds (made with the training collector's options)."""
     from jaxmon.sources.local import LocalSource
+    from jaxmon.sources.local.private import forked_backends
     from jaxmon.sources.local.training import JaxTraining
     from jaxmon.sources.local.workload import InProcessWorkload
     from jaxmon.training import activate
@@ -118,7 +119,13 @@ def workload_source(settings: Settings) -> tuple[DeviceSource, InProcess]:
     local = LocalSource(sidecar_defaults=False)
     options = settings.collector_options("training")
     tracker = None
-    if options.enabled is not False:
+    if options.enabled is not False and forked_backends():
+        log.warning(
+            "training telemetry is off in this process: it was forked after JAX started, and JAX cannot run in it "
+            "(its runtime's threads did not survive os.fork()); start it with multiprocessing's spawn or forkserver "
+            "to track its steps"
+        )
+    elif options.enabled is not False:
         config = options.tracker_config()  # type: ignore[attr-defined]  # TrainingOptions
         tracker = activate(lambda: JaxTraining(local), config)
     kinds = getattr(options, "badput_kinds", ())  # TrainingOptions: declared badput kinds, born at 0

@@ -6,8 +6,10 @@
   make process 2 host-bound (a delay before each dispatch) and then stall process 3 (it stops dispatching and
   keeps serving), and the rules must name that process and no other.
 - The devices, in the two shapes the rules join: a node-mode jaxmon (no JAX) reading the NVML fake's eight GPUs, one
-  of them clocked down by a thermal slowdown, and the spool of a publishing workload whose memory is skewed onto
-  one device (the sidecar's shape: the GPUs serve the workload that reports to their jaxmon); and the job's own GPUs
+  of them clocked down by a thermal slowdown, and the spool of a workload publishing from those eight GPUs whose
+  memory is skewed onto one of them (the sidecar's shape: the GPUs serve the workload that reports to their jaxmon;
+  this machine has no GPU for JAX, so the test writes the spool documents such a publisher writes, with jaxmon's own
+  spool codec, as the NVML fake stands in for the driver); and the job's own GPUs
   as a DaemonSet serves them: a second node-mode jaxmon, with its own NVML fake of six GPUs and the fake kubelet
   (tests/fake_kubelet.py) saying which pod holds each (process i's pod llama-i holds GPU 3-i; GPU 4 is another
   pod's, GPU 5 nobody's), while each process exports its pod and namespace (POD_NAME and POD_NAMESPACE, as the
@@ -39,6 +41,7 @@ The tests of the job run in file order on one job (the stall is last: the others
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -51,6 +54,12 @@ from typing import Any
 
 import pytest
 
+from jaxmon.device_readings import DeviceInfo
+from jaxmon.files import write_atomically
+from jaxmon.identity import host_name
+from jaxmon.sources.spool import safe_name
+from jaxmon.sources.spool_codec import spool_device
+from jaxmon.sources.spool_document import SCHEMA, SpoolDocument
 from tests.conftest import ROOT, Daemon, free_port, parse_samples, wait_until
 from tests.deploy_files import JOB_DASHBOARD, JOB_RULES, RULES, alert_rules, dashboard_targets
 from tests.fake_kubelet import FakeKubelet, container, pod
@@ -64,6 +73,11 @@ WORKLOAD = "llama"
 DEVICE_WORKLOAD = "skewed"
 THROTTLED_GPU = 5
 SKEWED_DEVICE = 3
+# The skewed workload's GPUs (its JAX devices 0-7, the NVML fake's 0-7): 8 GiB in use on each, twice that on
+# SKEWED_DEVICE. GPUs, not CPU devices: the rule leaves CPU devices out (no allocator, and live-array bytes are
+# snapshots each process takes at its own point of a step), so the job's CPU devices never page for skew.
+GPU_BYTES_IN_USE = 8 << 30
+GPU_BYTES_LIMIT = 140 << 30
 # nvml.h: nvmlClocksEventReasonHwThermalSlowdown.
 HW_THERMAL = 0x40
 JOB_ALERTS = (
@@ -162,6 +176,46 @@ def meter_energy(node: DaemonSetNode, stop: threading.Event) -> None:
         last = now
 
 
+def publish_from_gpus(spool: Path, stop: threading.Event, interval: float = 0.3) -> None:
+    """Write the spool document of a publisher of workload DEVICE_WORKLOAD on eight GPUs every `interval`, as
+    jaxmon.publish() does (its file name, its codec, an atomic rewrite): each GPU's memory_stats() of the
+    cuda_async allocator's shape (tests/fixtures/shapes.json's gpu:2), 8 GiB in use, 16 GiB on SKEWED_DEVICE."""
+    host, pid, started = host_name(), os.getpid(), time.time()
+    path = spool / f"{safe_name(DEVICE_WORKLOAD)}.{safe_name(host)}.{pid}.json"
+    devices = [DeviceInfo(id=i, platform="gpu", device_kind="NVIDIA H200") for i in range(8)]
+    while True:
+        entries = []
+        for dev in devices:
+            in_use = GPU_BYTES_IN_USE * (2 if dev.id == SKEWED_DEVICE else 1)
+            stats = {
+                "num_allocs": 40,
+                "bytes_in_use": in_use,
+                "peak_bytes_in_use": in_use,
+                "largest_alloc_size": 1 << 30,
+                "bytes_reserved": 0,
+                "peak_bytes_reserved": 0,
+                "largest_free_block_bytes": 0,
+                "bytes_limit": GPU_BYTES_LIMIT,
+            }
+            entries.append(spool_device(dev, stats))
+        document = SpoolDocument(
+            schema=SCHEMA,
+            workload=DEVICE_WORKLOAD,
+            host=host,
+            pid=pid,
+            process_index=0,
+            jax_version="0.10.2",
+            time=time.time(),
+            started=started,
+            interval=interval,
+            devices=entries,
+            process_count=1,
+        )
+        write_atomically(path, document.model_dump(by_alias=True))
+        if stop.wait(interval):
+            return
+
+
 @dataclass
 class View:
     prometheus: Prometheus
@@ -179,6 +233,15 @@ class View:
         self.prometheus.wait_for(expr, bool, f"{name} firing for {workload}", timeout)
         return self.alerts(name, "firing")
 
+    def throttle_straggler_gpu(self) -> None:
+        """Clock the GPU of process 2's pod down for heat (again, where it is already), and wait until it fires
+        as the job's straggler and JaxmonGpuThrottled fires for it."""
+        self.node.update(STRAGGLER_GPU, clocks_mhz=clocks(1200), clocks_event_reasons=HW_THERMAL)
+        straggler = f'alertname="JaxmonTrainingStraggler", workload="{WORKLOAD}", signal="sm_clock"'
+        throttled = f'alertname="JaxmonGpuThrottled", job="jaxmon-daemonset", device="{STRAGGLER_GPU}"'
+        for selector, what in ((straggler, "the GPU straggler firing"), (throttled, "its JaxmonGpuThrottled firing")):
+            self.prometheus.wait_for(f'ALERTS{{{selector}, alertstate="firing"}}', bool, what, timeout=60)
+
 
 @pytest.fixture(scope="module")
 def view(tmp_path_factory: pytest.TempPathFactory) -> Iterator[View]:
@@ -189,6 +252,7 @@ def view(tmp_path_factory: pytest.TempPathFactory) -> Iterator[View]:
     prometheus: Prometheus | None = None
     kubelet: FakeKubelet | None = None
     metering = threading.Event()
+    publishing = threading.Event()
     try:
         for index in range(PROCESSES):
             args = ["--coordinator", coordinator, "--processes", str(PROCESSES), "--process-id", str(index)]
@@ -228,7 +292,8 @@ def view(tmp_path_factory: pytest.TempPathFactory) -> Iterator[View]:
         assert [c.greet(120)["process_index"] for c in job] == list(range(PROCESSES))
 
         # The device side: eight fake GPUs, GPU 5 clocked down by a thermal slowdown while the others run at their
-        # clock; a publisher of workload "skewed" reports to the same jaxmon (so its GPUs serve that workload).
+        # clock; a publisher of workload "skewed" on them reports to the same jaxmon (so its GPUs serve that
+        # workload), its memory skewed onto GPU 3.
         scenario = Scenario(tmp / "nvml.json", [device(i, clocks_mhz=clocks(1980)) for i in range(8)])
         scenario.update(THROTTLED_GPU, clocks_mhz=clocks(1200), clocks_event_reasons=HW_THERMAL)
         spool = tmp / "spool"
@@ -240,11 +305,7 @@ def view(tmp_path_factory: pytest.TempPathFactory) -> Iterator[View]:
         )
         daemons.append(node)
         node.wait_ready()
-        publisher = Child(tmp, "publish", "--spool", str(spool), "--workload", DEVICE_WORKLOAD, "--interval", "0.3")
-        job.append(publisher)
-        # 8 MiB on each of the 8 devices, and 8 MiB more on device 3: twice the median device.
-        publisher.send(f"shard {8 * 8 << 20}")
-        publisher.send(f"alloc {SKEWED_DEVICE} {8 << 20}")
+        threading.Thread(target=publish_from_gpus, args=(spool, publishing), daemon=True).start()
 
         config: dict[str, Any] = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
@@ -264,6 +325,7 @@ def view(tmp_path_factory: pytest.TempPathFactory) -> Iterator[View]:
         yield View(prometheus, job[:PROCESSES], pods)
     finally:
         metering.set()
+        publishing.set()
         if prometheus is not None:
             prometheus.stop()
         for child in job:
@@ -414,8 +476,8 @@ def test_the_throttled_gpu_is_named_by_the_rules(view: View) -> None:
 def test_memory_skew_names_the_device(view: View) -> None:
     firing = view.wait_firing("JaxmonDeviceMemorySkew", DEVICE_WORKLOAD)
     skewed = [a for a in firing if a.get("workload") == DEVICE_WORKLOAD]
-    assert [(a["device"], a["platform"]) for a in skewed] == [(str(SKEWED_DEVICE), "cpu")], firing
-    # Nothing else skews: the job's processes hold equal shards.
+    assert [(a["device"], a["platform"]) for a in skewed] == [(str(SKEWED_DEVICE), "gpu")], firing
+    # Nothing else pages: the job's processes are on CPU devices, which the rule leaves out.
     assert [a for a in firing if a.get("workload") == WORKLOAD] == []
     (relative,) = view.prometheus.query(
         f'jaxmon:workload_device_memory_bytes:relative{{workload="{DEVICE_WORKLOAD}", device="{SKEWED_DEVICE}"}}'
@@ -469,9 +531,7 @@ def test_the_daemonsets_gpus_serve_the_job_through_their_pods(view: View) -> Non
     assert value(energy) == pytest.approx(watts / steps, rel=0.05), (watts, steps)
     # The GPU of process 2's pod is clocked down for heat: it is the job's straggler, named by its node, GPU and pod,
     # and JaxmonGpuThrottled fires for it (both must stay one alert each through the kubelet outage below).
-    view.node.update(STRAGGLER_GPU, clocks_mhz=clocks(1200), clocks_event_reasons=HW_THERMAL)
-    selector = f'alertname="JaxmonTrainingStraggler", workload="{WORKLOAD}", signal="sm_clock"'
-    p.wait_for(f'ALERTS{{{selector}, alertstate="firing"}}', bool, "the GPU straggler firing", timeout=60)
+    view.throttle_straggler_gpu()
     devices = [a for a in view.alerts("JaxmonTrainingStraggler") if a.get("workload") == WORKLOAD and "device" in a]
     assert [(a["job"], a["device"], a["namespace"], a["pod"]) for a in devices] == [
         ("jaxmon-daemonset", str(STRAGGLER_GPU), NAMESPACE, STRAGGLER_POD)
@@ -496,6 +556,10 @@ def test_a_kubelet_outage_fires_no_alert(view: View) -> None:
     def allowed(labels: dict[str, str]) -> bool:
         return labels["alertname"] == "JaxmonCollectorFailing" and labels.get("collector") == "kubernetes"
 
+    # The straggler GPU and the job's energy per step, as the test before leaves them (and so when run alone).
+    view.throttle_straggler_gpu()
+    energy = f'jaxmon:workload_energy_joules_per_step:rate5m{{workload="{WORKLOAD}"}}'
+    p.wait_for(energy, lambda r: len(r) == 1, "energy per step of the job", timeout=60)
     before = {_alert_key(a["metric"]) for a in p.query(_firing())}
     straggler = [k for k in before if ("signal", "sm_clock") in k and ("workload", WORKLOAD) in k]
     assert len(straggler) == 1, before
@@ -505,8 +569,8 @@ def test_a_kubelet_outage_fires_no_alert(view: View) -> None:
         assert straggler[0] in firing, "the straggler stopped firing"
         new = [dict(k) for k in firing - before if not allowed(dict(k))]
         assert new == [], new
-        energy = p.query(f'jaxmon:workload_energy_joules_per_step:rate5m{{workload="{WORKLOAD}"}}')
-        assert len(energy) == 1 and float(energy[0]["value"][1]) > 0, energy
+        per_step = p.query(energy)
+        assert len(per_step) == 1 and float(per_step[0]["value"][1]) > 0, per_step
 
     assert node.labelled()
     node.kubelet.stop()

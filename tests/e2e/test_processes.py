@@ -164,6 +164,7 @@ def test_a_forked_child_lets_go_of_the_exporters_port(tmp_path: Path) -> None:
         pid = os.fork()
         if pid == 0:  # the child: a data loader worker that lives on after the parent stops its exporter
             child = jaxmon.start(0, collector={"memory": False, "probe": False, "compile": False})
+            jaxmon.step(1)  # JAX cannot run here: a step neither compiles nor dispatches anything (that would hang)
             print(json.dumps({"child_new_exporter": child is not exporter, "child_port": child.port}), flush=True)
             os.write(up_w, b"u")
             time.sleep(30)
@@ -200,6 +201,7 @@ def test_a_forked_child_lets_go_of_the_exporters_port(tmp_path: Path) -> None:
     assert facts["rebound"] is True  # the port is free again
     assert facts["child_new_exporter"] is True and facts["child_port"] != port
     assert "forked child is not monitored" in result.stderr
+    assert "training telemetry is off in this process: it was forked after JAX started" in result.stderr
 
 
 def test_a_publisher_whose_writes_keep_failing_logs_it_once(tmp_path: Path) -> None:

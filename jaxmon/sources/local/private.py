@@ -10,6 +10,9 @@ clear degradation when a JAX release renames it: never a crash, never a silent c
   without the committedness would be a real compile on the training thread.
 - `Sharding._device_assignment`: a program's device order without a named mesh. Without it, the public fallback:
   the executable's `local_devices()`.
+- `jax._src.xla_bridge._backends`: the backends started so far, read (without JAX's lock) in a forked child and
+  when a tracker starts: JAX cannot run in a child whose backends a parent started before os.fork(). Without it,
+  such a child is not told apart (its training tracker's start waits for ever on a compilation).
 - `jax._src.profiler._profile_state` and `jax._src.lib._profiler`: jaxmon's own trace sessions, which give way to
   the user's. Without them, no sampled traces (each attempt counted: metrics.TRAINING_PROFILES,
   `result="failed"`).
@@ -21,6 +24,8 @@ without touching JAX.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -32,6 +37,7 @@ log = structlog.get_logger("jaxmon.sources.local.private")
 XLA_BRIDGE = "jax._src.xla_bridge"
 BACKENDS = "backends"
 BACKEND_ERRORS = "_backend_errors"
+BACKEND_CACHE = "_backends"
 COMMITTED = "_committed"
 DEVICE_ASSIGNMENT = "_device_assignment"
 PROFILER = "jax._src.profiler"
@@ -44,6 +50,8 @@ PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 _lock = threading.Lock()
 _missing: dict[str, int] = {}
 _ABSENT: Any = object()
+_forked = False  # this process is a forked child (of a parent that had imported this module)
+_inherited: list[Any] = []  # the JAX backends (clients) it inherited at the fork
 
 
 class PrivateApiMissing(RuntimeError):
@@ -157,3 +165,27 @@ def profiler_internals() -> tuple[Any, Any, Any]:
         note_missing(name, "no sampled traces")
         raise PrivateApiMissing(f"{name} is missing in this JAX: jaxmon takes no traces")
     return state, options, session
+
+
+def forked_backends() -> bool:
+    """Whether a backend JAX holds in this process was started by a parent before os.fork(): JAX cannot run here
+    (its runtime's threads did not survive the fork: a compilation or a dispatch waits for ever) until the backends
+    are cleared. False in a child whose parent had not imported jaxmon's JAX side, or where the name is gone."""
+    if not _forked:
+        return False
+    cache = getattr(sys.modules.get(XLA_BRIDGE), BACKEND_CACHE, _ABSENT)
+    if not isinstance(cache, dict):
+        note_missing(f"{XLA_BRIDGE}.{BACKEND_CACHE}", "a forked child's training tracker may wait for ever to start")
+        return False
+    return any(client is old for client in cache.values() for old in _inherited)
+
+
+def _after_fork_in_child() -> None:
+    global _lock, _forked
+    _lock = threading.Lock()  # it may have been held by another thread at fork
+    _forked = True
+    cache = getattr(sys.modules.get(XLA_BRIDGE), BACKEND_CACHE, None)  # not imported: no backend to inherit
+    _inherited[:] = list(cache.values()) if isinstance(cache, dict) else []
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -75,6 +75,26 @@ def test_discovery_without_the_backend_errors_reports_the_backends_that_started(
     assert private.missing() == {"jax._src.xla_bridge._errors_renamed": 1} and len(logs) == 1
 
 
+def test_a_forked_child_knows_the_backends_its_parent_started_and_without_their_cache_cannot_tell(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    LocalSource(sidecar_defaults=False).discover()  # JAX's backends started in this process
+    monkeypatch.setattr(private, "_lock", private._lock)  # the fork handler replaces these: restored after the test
+    monkeypatch.setattr(private, "_forked", False)
+    monkeypatch.setattr(private, "_inherited", [])
+    assert not private.forked_backends()  # no forked child
+    private._after_fork_in_child()  # what os.fork() runs in a child (a unit test forks nothing): these are inherited
+    assert private.forked_backends()
+    monkeypatch.setattr(private, "_inherited", [object()])  # other backends at the fork: this process's are its own
+    assert not private.forked_backends()
+    private._after_fork_in_child()
+    monkeypatch.setattr(private, "BACKEND_CACHE", "_backends_renamed")
+    with capture_logs() as logs:
+        assert not private.forked_backends() and not private.forked_backends()
+    name = "jax._src.xla_bridge._backends_renamed"
+    assert private.missing() == {name: 2} and said(logs, name) == 1
+
+
 def test_a_failed_platform_the_user_asked_for_is_reported_by_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     class Jax:
         """Stands for jax where the public call is all there is: CPU devices, and a TPU platform that fails."""

@@ -18,6 +18,7 @@ import pytest
 import jaxmon
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
+from tests.helpers import wait_until
 from tests.unit.training.conftest import MakeTracker, booked
 
 
@@ -88,7 +89,9 @@ def test_every_step_is_booked_once_with_its_own_figures_however_the_threads_inte
         if rng.random() < 0.01:
             n += 5  # a jump: counted, never a lost step
     reading = booked(tracker, steps)
-    assert reading.steps_total == steps and tracker.pending() == 0
+    # The waiter counts a look's steps booked once the tracker has them: a moment after the reading shows them.
+    wait_until(lambda: tracker.pending() == 0, timeout=5, what="the waiter's count of booked steps")
+    assert reading.steps_total == steps
     assert reading.examples_total == examples and reading.tokens_total == tokens
     assert reading.step == n - 1 and reading.dispatched_step == n - 1
     assert set(reading.problems) <= {"jump"}, reading.problems
