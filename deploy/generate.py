@@ -2,8 +2,8 @@
 """Generate the deployment files that must agree with a single source.
 
 - deploy/kubernetes/prometheusrule*.yaml and gmp-rules*.yaml: the Prometheus Operator's PrometheusRule and Google
-  Managed Prometheus's Rules of deploy/prometheus/alerts.yml and job.yml (the same rules Prometheus loads in the
-  compose stack), comments included, by deploy/generators/rules.py;
+  Managed Prometheus's Rules of deploy/prometheus/alerts.yml, job.yml and fleet.yml (the same rules Prometheus loads
+  in the compose stack), comments included, by deploy/generators/rules.py;
 - grafana/dashboards/jaxmon.json and jaxmon-job.json: the Grafana dashboards, built by deploy/generators/dashboard.py
   from the rows of panels in deploy/generators/rows/ (job.py: the Job dashboard's).
 
@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         "--prometheus-rules-dir",
         type=Path,
         metavar="DIR",
-        help="also write alerts.yml and job.yml with those runbook URLs into DIR (for a Prometheus loading rule files)",
+        help="also write alerts.yml, job.yml and fleet.yml with those runbook URLs into DIR (for a Prometheus loading "
+        "rule files)",
     )
     args = parser.parse_args(argv)
     files = outputs()

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from jaxmon.catalog import metrics
-from jaxmon.training_readings import DeviceProfile, DeviceTraining, ProfileReading, TrainingReading
+from jaxmon.training_readings import DeviceProfile, DeviceTraining, TrainingReading
 
 # The keys each counter is born with at zero (the catalog's `zeros`); tests/unit/test_births.py holds them to the
 # tracker's (jaxmon.training), which a daemon does not load.
@@ -100,7 +100,8 @@ def with_zeros(reading: TrainingReading, kinds: Iterable[str] = ()) -> TrainingR
     """`reading` with every counter it can have before it happens at 0 (its own values kept)."""
     profile = reading.profile
     if profile is not None:
-        profile = ProfileReading(
+        profile = dataclasses.replace(
+            profile,
             results={**dict.fromkeys(PROFILE_RESULTS, 0), **profile.results},
             devices=tuple(dataclasses.replace(p, parts=_filled(p.parts, PROFILE_PARTS)) for p in profile.devices),
         )
@@ -195,7 +196,8 @@ class Births:
         held = reading.duration_buckets and not self.counts((prefix, "duration"))
         profile = reading.profile
         if profile is not None:
-            profile = ProfileReading(
+            profile = dataclasses.replace(
+                profile,
                 results={r: int(v((prefix, "profiles", r), n)) for r, n in profile.results.items()},
                 devices=tuple(self._profile(prefix, p) for p in profile.devices),
             )
@@ -254,6 +256,7 @@ class Births:
                 )
                 for direction, (seconds, moved) in p.copies.items()
             },
+            sample_wait_ratio=p.sample_wait_ratio,  # a gauge: as it is
         )
 
 

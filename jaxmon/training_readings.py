@@ -65,14 +65,20 @@ class DeviceProfile:
     # copy direction (host_to_device, device_to_host, device_to_device, other) -> (seconds of the `copy` part,
     # bytes where the trace says them): trace_links
     copies: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # The last sample's collective wait on this device: its collective part (exposed collectives) over the sampled
+    # steps' time, 0..1; None before the device's first sample, or when the last sample did not hold it.
+    sample_wait_ratio: float | None = None
 
 
 @dataclass(frozen=True)
 class ProfileReading:
-    """The sampled traces of a training process: samples by result (taken, busy, failed) and each device's split."""
+    """The sampled traces of a training process: samples by result (taken, busy, failed) and each device's split;
+    `sample_step` the first step number of the last sample taken (the steps each device's `sample_wait_ratio` is
+    of; every process of a job traces the same step numbers), None before the first."""
 
     results: Mapping[str, int] = field(default_factory=dict)
     devices: tuple[DeviceProfile, ...] = ()
+    sample_step: int | None = None
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ LONG_LANE = (
     "tests/e2e/test_container.py",
     "tests/e2e/test_container_engines.py",
     "tests/e2e/test_job_view.py",
+    "tests/e2e/test_fleet_tier.py",  # three Prometheus servers waiting out the fleet rules' windows: half a minute
     "tests/e2e/test_prometheus_truth.py",  # three runs of a training loop under a real Prometheus: about a minute
     "tests/e2e/test_churn.py",  # jobs that crash, restart and end, under real Prometheus servers: about a minute
 )
@@ -128,7 +129,8 @@ def start_daemon(tmp_path: Path) -> Iterator[StartDaemon]:
 # Every process a test session starts (a daemon, a workload, Prometheus, Alertmanager, the children of those) inherits
 # this variable with the session's own value (each xdist worker its own), so that the session can find those still
 # alive at its end, wherever they were reparented.
-# Not JAXMON_*: a daemon warns of each JAXMON_* variable that sets nothing (test_daemon_logging.py reads its first line).
+# Not JAXMON_*: a daemon warns of each JAXMON_* variable that sets nothing (test_daemon_logging.py reads its first
+# line).
 SESSION_MARK = "PYTEST_JAXMON_SESSION"
 # How long the end of the session waits for processes that are stopping (a SIGTERM just sent) to be gone.
 LEFTOVER_GRACE = 15.0

@@ -20,6 +20,8 @@ RULES = PROMETHEUS_DIR / "alerts.yml"
 RULE_TESTS = PROMETHEUS_DIR / "alerts_test.yml"
 JOB_RULES = PROMETHEUS_DIR / "job.yml"
 JOB_RULE_TESTS = PROMETHEUS_DIR / "job_test.yml"
+FLEET_RULES = PROMETHEUS_DIR / "fleet.yml"
+FLEET_RULE_TESTS = PROMETHEUS_DIR / "fleet_test.yml"
 # job.yml under churn: a job that finished, two rulers, CPU devices; and restarts (goodput's disruption and redone).
 CHURN_RULE_TESTS = PROMETHEUS_DIR / "job_churn_test.yml"
 RESTART_RULE_TESTS = PROMETHEUS_DIR / "job_restart_test.yml"

@@ -1065,6 +1065,31 @@ TRAINING_PROFILE_COPY_BYTES = Family(
     _TRAINING,
     extra=(_PROCESS_COUNT, _OWNERS),
 )
+TRAINING_PROFILE_SAMPLE_STEP = Family(
+    "jaxmon_training_profile_sample_step",
+    GAUGE,
+    (
+        "The first step number of the last sampled trace taken, the steps jaxmon_training_collective_wait_ratio is "
+        "of: every process of a job traces the same step numbers (absent before the first sample)."
+    ),
+    _PROCESS,
+    "sampled traces: the block's first step (`collector.training.profile.every`)",
+    _TRAINING,
+    extra=(_PROCESS_COUNT,),
+)
+TRAINING_COLLECTIVE_WAIT_RATIO = Family(
+    "jaxmon_training_collective_wait_ratio",
+    GAUGE,
+    (
+        "The share of the last sampled trace's steps this device spent waiting in collectives (its collective part: "
+        "a collective running and no compute, over the steps' time); jaxmon_training_profile_sample_step says which "
+        "steps. In a synchronous job the device the others wait for waits least (JaxmonTrainingComputeStraggler)."
+    ),
+    _PROCESS_DEVICE,
+    "the last sampled trace: the device's collective part over the steps' time",
+    _TRAINING,
+    extra=(_PROCESS_COUNT, _OWNERS),
+)
 
 
 # checkpoint

@@ -50,6 +50,7 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
     profile_bytes = c.TRAINING_PROFILE_COLLECTIVE_BYTES.new()
     loss, loss_step = c.TRAINING_LOSS.new(), c.TRAINING_LOSS_STEP.new()
     copy_seconds, copy_bytes = c.TRAINING_PROFILE_COPY_SECONDS.new(), c.TRAINING_PROFILE_COPY_BYTES.new()
+    wait, sample_step = c.TRAINING_COLLECTIVE_WAIT_RATIO.new(), c.TRAINING_PROFILE_SAMPLE_STEP.new()
     for labels, r in rows:
         add(steps, labels, r.steps_total)
         if r.step is not None:
@@ -95,9 +96,13 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
         if r.profile is not None:
             for result, count in sorted(r.profile.results.items()):
                 add(profiles, {**labels, "result": result}, count)
+            if r.profile.sample_step is not None:
+                add(sample_step, labels, r.profile.sample_step)
             for p in r.profile.devices:
                 per_device = {**labels, "device": str(p.id), "platform": p.platform}
                 add(profiled, per_device, p.profiled_seconds_total)
+                if p.sample_wait_ratio is not None:
+                    add(wait, per_device, p.sample_wait_ratio)
                 for part, seconds in p.parts.items():
                     add(parts, {**per_device, "part": part}, seconds)
                 # by place; a spool written before places were read: by op, axes "" and link unknown
@@ -115,4 +120,4 @@ def training_families(rows: list[tuple[dict[str, str], TrainingReading]]) -> Ite
     yield from (steps, step, dispatched, last, duration, examples, tokens, model, hardware, nbytes, peak, mfu, hfu)
     yield from (loss, loss_step, host_wait, start_time, productive, badput, problems, collective_bytes, peak_memory)
     yield from (bandwidth, profiles, profiled, parts, profile_collectives, exposed, profile_bytes)
-    yield from (copy_seconds, copy_bytes)
+    yield from (copy_seconds, copy_bytes, sample_step, wait)

@@ -192,6 +192,7 @@ def training_reading(spooled: SpoolTraining, time: float) -> TrainingReading:
     if (profile := fields.get("profile")) is not None:
         fields["profile"] = ProfileReading(
             results=profile["results"],
+            sample_step=profile["sample_step"],
             devices=tuple(
                 DeviceProfile(
                     **{

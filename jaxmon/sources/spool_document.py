@@ -162,6 +162,7 @@ class SpoolDeviceProfile(BaseModel):
     copies: dict[Literal["host_to_device", "device_to_host", "device_to_device", "other"], SpoolCopy] = Field(
         default_factory=dict
     )
+    sample_wait_ratio: Annotated[float, Field(ge=0, le=1)] | None = None  # schema 3: the last sample's
 
 
 class SpoolProfile(BaseModel):
@@ -171,6 +172,7 @@ class SpoolProfile(BaseModel):
 
     results: dict[Literal["taken", "busy", "failed", "skipped"], Count] = Field(default_factory=dict)
     devices: list[SpoolDeviceProfile] = Field(default_factory=list, max_length=4096)
+    sample_step: Int64 | None = None  # schema 3: the first step of the last sample taken
 
 
 class SpoolTraining(BaseModel):

@@ -74,7 +74,8 @@ class Blocks:
         self._retries = 0  # retry blocks asked for since the last regular one
         self._runs: dict[str, list[float]] = {}  # kind -> [first, last] step of its latest run of marked steps
         self._open: dict[Hashable, tuple[str, int]] = {}  # open intervals: key -> (kind, first marked step)
-        self._pending: set[Hashable] = set()  # open intervals that began before the latest block: marks if they reach it
+        # open intervals that began before the latest block: marks if they reach it
+        self._pending: set[Hashable] = set()
         self.lead = LEAD  # how many steps before its block a trace is asked for (the sampler's)
 
     def begin(self, n0: int) -> bool:

@@ -298,7 +298,7 @@ class Sampler:
             return
         keys = self.profiler.devices()
         with self._lock:
-            unplaced = self._totals.add(add, keys)
+            unplaced = self._totals.add(add, keys, n0)
             self._results["taken"] += 1
         for why, count in sorted(unplaced.items()):
             if self._problem is not None:
@@ -366,7 +366,9 @@ class Sampler:
         if self.config.every <= 0:
             return None
         with self._lock:
-            return ProfileReading(results=dict(self._results), devices=self._totals.devices())
+            return ProfileReading(
+                results=dict(self._results), devices=self._totals.devices(), sample_step=self._totals.sample_step
+            )
 
     @property
     def _stopping(self) -> bool:

@@ -22,6 +22,8 @@ from tests.deploy_files import (
     CHURN_RULE_TESTS,
     DEPLOY,
     DOCKERFILE,
+    FLEET_RULE_TESTS,
+    FLEET_RULES,
     JOB_RULE_TESTS,
     JOB_RULES,
     PROMETHEUS_CONFIG,
@@ -52,12 +54,15 @@ def test_promtool_check_rules() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     count = len(alert_rules(JOB_RULES)) + len(recording_rules(JOB_RULES))
     assert f"SUCCESS: {count} rules found" in result.stdout
+    result = _run(promtool(), "check", "rules", str(FLEET_RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(recording_rules(FLEET_RULES))} rules found" in result.stdout
 
 
 @pytest.mark.parametrize(
     "tests",
-    [RULE_TESTS, JOB_RULE_TESTS, CHURN_RULE_TESTS, RESTART_RULE_TESTS],
-    ids=["alerts", "job", "churn", "restart"],
+    [RULE_TESTS, JOB_RULE_TESTS, CHURN_RULE_TESTS, RESTART_RULE_TESTS, FLEET_RULE_TESTS],
+    ids=["alerts", "job", "churn", "restart", "fleet"],
 )
 def test_promtool_unit_tests_of_every_alert_pass(tests: Path) -> None:
     result = _run(promtool(), "test", "rules", str(tests))
@@ -69,7 +74,7 @@ def test_promtool_check_config_on_the_shipped_prometheus_yml() -> None:
     result = _run(promtool(), "check", "config", str(PROMETHEUS_CONFIG))
     assert result.returncode == 0, result.stdout + result.stderr
     config = load_yaml(PROMETHEUS_CONFIG)
-    assert [Path(f).name for f in config["rule_files"]] == [RULES.name, JOB_RULES.name]
+    assert [Path(f).name for f in config["rule_files"]] == [RULES.name, JOB_RULES.name, FLEET_RULES.name]
     jobs = [job for job in config["scrape_configs"] if re.fullmatch(".*jaxmon.*", job["job_name"])]
     assert jobs, "no scrape job the exporter alerts (job=~'.*jaxmon.*') would select"
 

@@ -17,11 +17,22 @@
   straggler, the job's energy per step is theirs, and a kubelet outage (the fake stopped, its socket gone, then
   started again) fires no alert; then one at full clock whose SMs are active less of the time (GPM) is the job's
   straggler by SM activity, and no other GPU is.
+- The job takes sampled traces (every 8 steps, at most one each 2 s), so each device exports its collective wait in
+  the last sample: then process 1's device is made slow inside the jitted step (a loop of matmuls before the step's
+  cross-process reduction that turns only in that process: tests/workloads/job.py says why not a host callback that
+  sleeps), and JaxmonTrainingComputeStraggler must name process 1 and no other while the host-wait rule stays
+  quiet; it stays quiet for process 2's host-bound delay before it.
 - Prometheus scrapes every second and evaluates the shipped rules with their 5-minute windows shortened to 15 s,
-  their `for:` to 4 s and the stall parameter to 6 s; nothing else in them is changed. alerts.yml is loaded beside
-  them with its `for:` at 4 s and JaxmonTrainingStalled's 300 s floor at 10 s (above the stall parameter, as in
-  the shipped files), so that a stall shows its one page: JaxmonTrainingProcessStalled for the culprit, and no
-  JaxmonTrainingStalled beside it.
+  their hour-long ones (the sampled traces') to 20 s and the once-a-minute records they read to every second, their
+  `for:` to 4 s, the stall parameter to 6 s and the compute straggler's gap to 0.3 of the step (from 0.1: four
+  processes time-sharing two cores beside other load give one of them less CPU for a while, a real compute
+  straggler by the rule's measure, 0.1-0.2 of the step in 20 s; the slowed device's gap is over 0.8); nothing else
+  in them is changed. alerts.yml is loaded beside them
+  with its `for:` at 4 s and JaxmonTrainingStalled's 300 s floor at 10 s (above the stall parameter, as in the
+  shipped files), so that a stall shows its one page: JaxmonTrainingProcessStalled for the culprit, and no
+  JaxmonTrainingStalled beside it; and with JaxmonTrainingCommunicationBound off (four processes of gloo
+  collectives time-sharing two cores wait on one another in their collectives, which a sample rightly calls
+  communication-bound; tests/e2e/test_prometheus.py has it).
 - Every process passes the job's figures to jaxmon.step() (the global batch and its tokens): the job's tokens/s
   summed over its processes' series must be what the loop measures.
 
@@ -69,7 +80,17 @@ GPU_BYTES_IN_USE = 8 << 30
 GPU_BYTES_LIMIT = 140 << 30
 # nvml.h: nvmlClocksEventReasonHwThermalSlowdown.
 HW_THERMAL = 0x40
-JOB_ALERTS = ("JaxmonTrainingStraggler", "JaxmonTrainingProcessStalled", "JaxmonDeviceMemorySkew")
+JOB_ALERTS = (
+    "JaxmonTrainingStraggler",
+    "JaxmonTrainingComputeStraggler",
+    "JaxmonTrainingProcessStalled",
+    "JaxmonDeviceMemorySkew",
+)
+# Sampled traces: a block every 8 steps, at most one each 2 s (the job steps 20-40 times a second here).
+PROFILE = {"JAXMON_COLLECTOR__TRAINING__PROFILE__EVERY": "8", "JAXMON_COLLECTOR__TRAINING__PROFILE__MIN_SECONDS": "2"}
+# The process whose device is made slow, and about how much longer it computes in each step (ms).
+SLOW_PROCESS = 1
+SLOW_MS = 300
 # The DaemonSet's node: process i runs in pod llama-i of namespace ml, which holds GPU 3 - i (not its index); GPU 4 is
 # a pod's that runs no jaxmon, GPU 5 nobody's.
 NAMESPACE = "ml"
@@ -93,24 +114,32 @@ def clocks(sm_mhz: int) -> dict[str, int]:
 
 
 def shortened_rules(tmp: Path) -> Path:
-    """job.yml with windows of 15 s, `for:` of 4 s and a 6 s stall parameter, for a test that lasts a minute."""
+    """job.yml with windows of 15 s (the sampled traces' hour: 20 s, its once-a-minute records every second), `for:`
+    of 4 s, a 6 s stall parameter and a compute straggler's gap of 0.3, for a test that lasts a minute."""
     text = JOB_RULES.read_text(encoding="utf-8")
-    text = text.replace("[5m]", "[15s]")
+    text = text.replace("[5m]", "[15s]").replace("[1h]", "[20s]").replace("interval: 1m", "interval: 1s")
     text = re.sub(r"\bfor: \d+m\b", "for: 4s", text)
     text, stall = re.subn(r"(record: jaxmon:param:process_stall_seconds\n\s+expr: )vector\(\d+\)", r"\1vector(6)", text)
-    assert stall == 1 and "[5m]" not in text and "for: 4s" in text
+    text, gap = re.subn(
+        r"(record: jaxmon:param:compute_straggler_gap_above\n\s+expr: )vector\([0-9.]+\)", r"\1vector(0.3)", text
+    )
+    assert stall == 1 and gap == 1 and "[5m]" not in text and "[1h]" not in text and "for: 4s" in text
     path = tmp / "job.yml"
     path.write_text(text, encoding="utf-8")
     return path
 
 
 def shortened_alerts(tmp: Path) -> Path:
-    """alerts.yml with `for:` of 4 s and JaxmonTrainingStalled's 300 s floor at 10 s (the stall parameter is 6 s)."""
+    """alerts.yml with `for:` of 4 s, JaxmonTrainingStalled's 300 s floor at 10 s (the stall parameter is 6 s) and
+    JaxmonTrainingCommunicationBound off (its threshold past 1)."""
     text = RULES.read_text(encoding="utf-8")
     text = re.sub(r"\bfor: \d+[mh]\b", "for: 4s", text)
     floor = "jaxmon_training_step_duration_seconds_count, 300)"
     assert text.count(floor) == 1
     text = text.replace(floor, "jaxmon_training_step_duration_seconds_count, 10)")
+    bound = text.index("alert: JaxmonTrainingCommunicationBound")
+    threshold = text.index(") >= 0.15", bound)
+    text = text[:threshold] + ") >= 2" + text[threshold + len(") >= 0.15") :]
     path = tmp / "alerts.yml"
     path.write_text(text, encoding="utf-8")
     return path
@@ -227,14 +256,7 @@ def view(tmp_path_factory: pytest.TempPathFactory) -> Iterator[View]:
     try:
         for index in range(PROCESSES):
             args = ["--coordinator", coordinator, "--processes", str(PROCESSES), "--process-id", str(index)]
-            # No sampled traces: four processes of gloo collectives time-sharing two cores wait on one another in
-            # their collectives, which a sample rightly calls communication-bound (JaxmonTrainingCommunicationBound
-            # fired beside two CPU burners); the alerts this file is about are the job view's.
-            env = {
-                "POD_NAME": f"llama-{index}",
-                "POD_NAMESPACE": NAMESPACE,
-                "JAXMON_COLLECTOR__TRAINING__PROFILE__EVERY": "0",
-            }
+            env = {"POD_NAME": f"llama-{index}", "POD_NAMESPACE": NAMESPACE, **PROFILE}
             job.append(Child(tmp, *args, "--workload", WORKLOAD, script=JOB, hello=False, env=env))
         # The DaemonSet's node, while the job starts: six fake GPUs at one clock, each held by the pod the kubelet says.
         gpus = [device(i, clocks_mhz=clocks(1980)) for i in range(NODE_GPUS)]
@@ -318,6 +340,10 @@ def _indexes(alerts: list[dict[str, str]]) -> set[str]:
     return {a.get("process_index", "") for a in alerts if a.get("workload") == WORKLOAD}
 
 
+def _by_process(result: list[dict[str, Any]]) -> dict[str, float]:
+    return {r["metric"]["process_index"]: float(r["value"][1]) for r in result}
+
+
 def test_a_steady_job_fires_nothing(view: View) -> None:
     p = view.prometheus
     p.wait_for(
@@ -326,11 +352,19 @@ def test_a_steady_job_fires_nothing(view: View) -> None:
         "a host score for every process",
         timeout=90,
     )
+    # Three samples of every process in the (20 s) hour: the compute-straggler rule compares them.
+    p.wait_for(
+        f'jaxmon:training_collective_wait_ratio:mean1h{{workload="{WORKLOAD}"}}',
+        lambda r: len(r) == PROCESSES,
+        "every process's collective wait over three samples",
+        timeout=60,
+    )
     # Watched for three times the alerts' `for:` (4 s): no job alert is pending or firing for the job.
     deadline = time.monotonic() + 12
     while time.monotonic() < deadline:
         for name in JOB_ALERTS:
-            assert _indexes(view.alerts(name)) == set(), (name, view.alerts(name))
+            gaps = p.query(f'jaxmon:training_collective_wait_gap:mean1h{{workload="{WORKLOAD}"}}')
+            assert _indexes(view.alerts(name)) == set(), (name, view.alerts(name), _by_process(gaps))
         time.sleep(0.5)
     scores = {r["metric"]["process_index"]: float(r["value"][1]) for r in p.query("jaxmon:training_host_score")}
     assert set(scores) == {str(i) for i in range(PROCESSES)} and min(scores.values()) > 0.8, scores
@@ -370,8 +404,8 @@ def test_the_jobs_tokens_per_second_is_the_sum_over_its_processes(view: View) ->
         assert float(share["value"][1]) == pytest.approx(measured / PROCESSES, rel=0.05), shares
 
 
-# The Job dashboard's "Where the bytes travel" panels: collective bytes of tracked programs and sampled traces,
-# neither of which this job has (its trainer has data for them in test_prometheus.py).
+# The Job dashboard's "Where the bytes travel" panels: collective bytes of tracked programs, placed on mesh axes and
+# links, which this job has not (its trainer has them in test_prometheus.py).
 WHERE_BYTES_TRAVEL = {
     "Bytes per step by axis and link",
     "Achieved against nominal bandwidth",
@@ -403,7 +437,7 @@ def test_a_host_bound_process_is_the_straggler_and_no_other(view: View) -> None:
             assert result and min(result, key=lambda r: float(r["value"][1]))["metric"]["process_index"] == "2"
         elif "ALERTS" not in expr and "device" not in title.lower() and "memory" not in title.lower():
             if title in WHERE_BYTES_TRAVEL:
-                continue  # the job tracks no program and takes no sampled traces: tests/e2e/test_prometheus.py's
+                continue  # the job tracks no program (no axes nor links): tests/e2e/test_prometheus.py's
             assert result, f"{title} {ref}: {expr} returned nothing"
     # `jaxmon top --once` over the job's endpoints groups them as one job and marks process 2 (its devices have
     # waited for its host since the delay began; the others' hardly ever).
@@ -414,6 +448,17 @@ def test_a_host_bound_process_is_the_straggler_and_no_other(view: View) -> None:
     assert top.returncode == 0, top.stderr
     assert f"job {WORKLOAD}: {PROCESSES} processes" in top.stdout, top.stdout
     assert "slowest: process 2 on " in top.stdout, top.stdout
+    # Its devices come to each collective last and wait least there, as a slow device's would: its own host wait
+    # tells the two apart, and the compute-straggler rule stays quiet (watched for twice its `for:`).
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        assert _indexes(view.alerts("JaxmonTrainingComputeStraggler")) == set()
+        time.sleep(0.5)
+    gaps = _by_process(view.prometheus.query(f'jaxmon:training_collective_wait_gap:mean1h{{workload="{WORKLOAD}"}}'))
+    host = _by_process(view.prometheus.query(f'jaxmon:training_host_wait_ratio:rate1h{{workload="{WORKLOAD}"}}'))
+    assert max(gaps, key=lambda k: gaps[k]) == "2" and gaps["2"] > 0.1, (gaps, host)
+    (median,) = view.prometheus.query(f'jaxmon:training_host_wait_ratio:job_median1h{{workload="{WORKLOAD}"}}')
+    assert host["2"] - float(median["value"][1]) >= gaps["2"] / 2, (gaps, host)  # the rule's host clause
     view.job[2].send("delay 0")
 
 
@@ -568,6 +613,47 @@ def test_a_gpu_with_its_sms_less_active_is_the_straggler_and_no_other(view: View
     # The fake's GPU d reads 80.5 - d %: the job's median of 80.5, 79.5, 40 and 77.5 is 78.5.
     assert by_device == pytest.approx({"0": 80.5 / 78.5, "1": 79.5 / 78.5, "2": 40 / 78.5, "3": 77.5 / 78.5})
     view.node.update(IDLE_SM_GPU, gpm=gpm(IDLE_SM_GPU))
+
+
+def test_a_device_that_computes_slowly_is_the_compute_straggler_and_no_other(view: View) -> None:
+    """Process 1's device computes about 300 ms longer inside each step, before the cross-process reduction: every
+    process's step takes its time and every host waits alike, so the host-wait rule sees nothing; the
+    sampled traces see the other devices wait for it in the reduction, and JaxmonTrainingComputeStraggler names
+    process 1 (its instance and host) and no other."""
+    p = view.prometheus
+    view.job[SLOW_PROCESS].send(f"slow {SLOW_MS}")
+    named: set[str] = set()
+    host_rule: list[dict[str, str]] = []
+
+    def watch() -> list[dict[str, str]]:
+        alerts = [a for a in view.alerts("JaxmonTrainingComputeStraggler") if a.get("workload") == WORKLOAD]
+        named.update(_indexes(alerts))
+        host_rule.extend(a for a in view.alerts("JaxmonTrainingStraggler") if _indexes([a]) - {""})
+        return [a for a in alerts if a["alertstate"] == "firing"]
+
+    wait_until(lambda: bool(watch()), 90, "JaxmonTrainingComputeStraggler firing", step=0.5)
+    deadline = time.monotonic() + 8  # twice its `for:`: no other process is named meanwhile
+    while time.monotonic() < deadline:
+        (alert,) = watch()
+        time.sleep(0.5)
+    assert named == {str(SLOW_PROCESS)} and host_rule == [], (named, host_rule)
+    slow = view.job[SLOW_PROCESS].hello["url"].removeprefix("http://")
+    assert (alert["process_index"], alert["instance"], alert["severity"]) == (str(SLOW_PROCESS), slow, "warning")
+    assert alert["host"], alert
+    # Its gap is the job's largest by far (the others wait ~the sleep in each step), and its device, in the last
+    # sample, waits least of the job's.
+    gaps = _by_process(p.query(f'jaxmon:training_collective_wait_gap:mean1h{{workload="{WORKLOAD}"}}'))
+    waits = _by_process(p.query(f'jaxmon_training_collective_wait_ratio{{workload="{WORKLOAD}"}}'))
+    assert max(gaps, key=lambda k: gaps[k]) == str(SLOW_PROCESS) and gaps[str(SLOW_PROCESS)] > 0.3, gaps
+    assert min(waits, key=lambda k: waits[k]) == str(SLOW_PROCESS), waits
+    # The host scores stay alike: every host waits for its device, none for its host.
+    scores = _by_process(p.query(f'jaxmon:training_host_score{{workload="{WORKLOAD}"}}'))
+    assert min(scores.values()) > 0.8, scores
+    # The Job dashboard's panel shows it first.
+    ((title, _, expr),) = [t for t in dashboard_targets(JOB_DASHBOARD) if "compute stragglers" in t[0]]
+    top = p.query(expr.replace("$workload", WORKLOAD).replace("$k", "3"))
+    assert max(top, key=lambda r: float(r["value"][1]))["metric"]["process_index"] == str(SLOW_PROCESS), (title, top)
+    view.job[SLOW_PROCESS].send("slow 0")
 
 
 def test_a_stalled_process_is_named_and_not_the_ones_waiting_for_it(view: View) -> None:

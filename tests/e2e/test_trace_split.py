@@ -44,7 +44,8 @@ def sampler(made: list[Sampler], profiler: FakeProfiler, in_process: int) -> Sam
     s = Sampler(
         profiler,
         SamplerConfig(10, 2),
-        clock=lambda: NOW if profiler.stops >= profiler.starts else BEFORE,  # as test_sampler.py's: a start reads BEFORE
+        # as test_sampler.py's: a start reads BEFORE
+        clock=lambda: NOW if profiler.stops >= profiler.starts else BEFORE,
         wall_ns=lambda: START_UNIX_NS + round(END_US * 1000),
         in_process=in_process,
     )

@@ -24,6 +24,7 @@ from tests.deploy_files import (
     DEPLOY,
     DOCKERFILE,
     DOCS,
+    FLEET_RULES,
     JOB_RULES,
     KUBERNETES,
     METRICS_REFERENCE,
@@ -118,7 +119,12 @@ def _query_vars() -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    ("manifest", "rules"), [("prometheusrule.yaml", RULES), ("prometheusrule-job.yaml", JOB_RULES)]
+    ("manifest", "rules"),
+    [
+        ("prometheusrule.yaml", RULES),
+        ("prometheusrule-job.yaml", JOB_RULES),
+        ("prometheusrule-fleet.yaml", FLEET_RULES),
+    ],
 )
 def test_prometheusrule_carries_exactly_the_rules_file(manifest: str, rules: Path) -> None:
     doc = load_yaml(KUBERNETES / manifest)
@@ -127,7 +133,10 @@ def test_prometheusrule_carries_exactly_the_rules_file(manifest: str, rules: Pat
     assert doc["spec"] == load_yaml(rules)
 
 
-@pytest.mark.parametrize(("manifest", "rules"), [("gmp-rules.yaml", RULES), ("gmp-rules-job.yaml", JOB_RULES)])
+@pytest.mark.parametrize(
+    ("manifest", "rules"),
+    [("gmp-rules.yaml", RULES), ("gmp-rules-job.yaml", JOB_RULES), ("gmp-rules-fleet.yaml", FLEET_RULES)],
+)
 def test_gmp_rules_carry_the_rules_file_with_an_interval_per_group(manifest: str, rules: Path) -> None:
     """Google Managed Prometheus's Rules (monitoring.googleapis.com/v1): spec.groups of name, interval, rules; each
     rule the Prometheus fields only (its CRD's RuleGroup and Rule)."""
@@ -136,7 +145,12 @@ def test_gmp_rules_carry_the_rules_file_with_an_interval_per_group(manifest: str
     assert set(doc) == {"apiVersion", "kind", "metadata", "spec"} and set(doc["spec"]) == {"groups"}
     assert "namespace" not in doc["metadata"], "a Rules resource evaluates in the namespace it is applied in"
     expected = load_yaml(rules)["groups"]
-    assert [{k: v for k, v in g.items() if k != "interval"} for g in doc["spec"]["groups"]] == expected
+    assert [{k: v for k, v in g.items() if k != "interval"} for g in doc["spec"]["groups"]] == [
+        {k: v for k, v in g.items() if k != "interval"} for g in expected
+    ]
+    # A group's own interval (job.yml's once-a-minute records) stays; the others get the manifest's.
+    for group, source in zip(doc["spec"]["groups"], expected, strict=True):
+        assert group["interval"] == source.get("interval", group["interval"]), group["name"]
     for group in doc["spec"]["groups"]:
         assert set(group) == {"name", "interval", "rules"}, group["name"]
         assert re.fullmatch(r"\d+[smh]", group["interval"]), group["name"]
@@ -456,6 +470,7 @@ def _validate_custom(doc: dict[str, Any]) -> None:
         ("PodMonitor", "jaxmon-node"),
         ("PrometheusRule", "jaxmon"),
         ("PrometheusRule", "jaxmon-job"),
+        ("PrometheusRule", "jaxmon-fleet"),
     ],
 )
 def test_prometheus_operator_objects_validate_against_their_crds(kind: str, name: str) -> None:

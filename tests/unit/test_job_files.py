@@ -28,6 +28,7 @@ from tests.deploy_files import (
 
 JOB_ALERTS = {
     "JaxmonTrainingStraggler",
+    "JaxmonTrainingComputeStraggler",
     "JaxmonTrainingProcessStalled",
     "JaxmonDeviceMemorySkew",
     "JaxmonTrainingAxisOnSlowLink",
@@ -63,13 +64,14 @@ def test_the_job_files_name_only_series_that_exist() -> None:
 def test_thresholds_are_parameters_recorded_once_and_used() -> None:
     params = [r for r in recording_rules() if r["record"].startswith("jaxmon:param:")]
     assert len(params) >= 4
-    alerts_text = json.dumps([r["expr"] for r in alert_rules(JOB_RULES)])
+    # An alert reads a parameter, or a record it reads does (compute_straggler_samples: which processes count).
+    rules_text = json.dumps([r["expr"] for r in alert_rules(JOB_RULES) + recording_rules()])
     docs = DOCS.read_text(encoding="utf-8")
     for rule in params:
         assert re.fullmatch(r"vector\([0-9.]+\)", rule["expr"]), rule
-        assert rule["record"] in alerts_text, f"{rule['record']} is used by no alert"
+        assert rule["record"] in rules_text, f"{rule['record']} is used by no rule"
         # Two copies of a parameter (a Prometheus and a ruler with other external labels) must not break a join.
-        assert f"group_left {rule['record']}" not in alerts_text, f"{rule['record']}: join max() of it"
+        assert f"group_left {rule['record']}" not in rules_text, f"{rule['record']}: join max() of it"
         assert f"`{rule['record']}`" in docs, f"{rule['record']} is not documented in docs/deploy.md"
     groups = load_yaml(JOB_RULES)["groups"]
     # Parameters first: the alerts of a later group read this evaluation's values.

@@ -4,8 +4,9 @@ Usage: job.py --coordinator HOST:PORT --processes N --process-id I --workload NA
 
 Joins the job with jax.distributed (CPU devices, gloo collectives over loopback; one CPU device per process),
 starts jaxmon embedded on an ephemeral port and prints `OK {"url": ..., "pid": ...}`. A thread then trains: each
-step is an N-device matmul whose result is summed across the processes (a psum, so every process's step waits
-for every other's, as in a synchronous data-parallel job), handed to jaxmon.step(n, out, examples=, tokens=) with
+step is an N-device matmul, a loop of more matmuls on each device (no turns but in a process told `slow`), and a
+mean over the whole batch (a cross-process reduction, so every process's step waits for every other's, as in a
+synchronous data-parallel job), handed to jaxmon.step(n, out, examples=, tokens=) with
 the JOB's figures (the global batch and its tokens, as every process of a job passes them), and the loop keeps one
 step in flight (it waits for step n-1 after dispatching step n, as a loop that logs the previous loss does).
 
@@ -13,6 +14,12 @@ Commands on stdin, one per line, each answered with `OK <json>`:
   delay MS     sleep MS before dispatching each step from now on, its step in flight waited for first (a host-bound
                process: a slow input pipeline; its devices idle for the whole sleep); answers the last step
                dispatched before (`dispatched`: every step numbered 2 or more after it is delayed)
+  slow MS      make this process's device compute about MS longer in each step from now on, before the step's
+               cross-process reduction (a device that computes slowly: the others wait for it there): its loop of
+               matmuls runs MS / (one matmul's time, measured at start) turns. Not a host callback that sleeps: on
+               CPU devices XLA runs a program with a host callback at its dispatch, so the training thread would
+               wait out the sleep (a host-bound process), where a GPU's or TPU's stream waits with the host ahead.
+               Answers the turns and the last step dispatched before
   stall        stop dispatching steps; jaxmon keeps serving (a hung input pipeline)
   status       the last dispatched step number, and the job's tokens per second over the last 30 s as this loop
                measures them (steps it saw complete x the global batch's tokens, over wall time): `tokens_per_second`
@@ -79,16 +86,51 @@ class Loop:
         local = np.random.default_rng(jax.process_index()).standard_normal((size, size), dtype=np.float32) / size
         self.x = jax.make_array_from_process_local_data(sharded, local, (size * count, size))
         self.w = jax.device_put(np.eye(size, dtype=np.float32), self.replicated)
+        # Each device's turns of its loop of matmuls (`slow`): every process runs the same program, its own count.
+        self._count_sharding = NamedSharding(mesh, PartitionSpec("p"))
+        self.turns = self._turns(0)
+
+        def burn(block: jax.Array, turns: jax.Array) -> jax.Array:
+            """A device's shard after `turns` matmuls of it, which the reduction then reads (1e-30 of their sum:
+            nothing of the step's figures, but nothing XLA may drop either)."""
+            looped = jax.lax.fori_loop(0, turns[0], lambda _, b: jnp.tanh(b @ b), block)
+            return block + 1e-30 * jnp.sum(looped)
+
+        slowed = jax.shard_map(
+            burn, mesh=mesh, in_specs=(PartitionSpec("p"), PartitionSpec("p")), out_specs=PartitionSpec("p")
+        )
 
         @jax.jit
-        def step(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
-            y = jnp.tanh(x @ w)
+        def step(x: jax.Array, w: jax.Array, turns: jax.Array) -> tuple[jax.Array, jax.Array]:
+            y = slowed(jnp.tanh(x @ w), turns)
             # The mean over the whole batch is a cross-process reduction: no process's step completes before every
             # process has dispatched it.
             loss = jnp.mean(y)
             return jax.lax.with_sharding_constraint(w + 1e-3 * loss, self.replicated), loss
 
         self.step = step
+        # One matmul of a shard, timed on this device before the loop starts (the median of a few).
+        matmul = jax.jit(lambda b: jnp.tanh(b @ b))
+        block = jnp.asarray(local)
+        matmul(block).block_until_ready()
+        times = []
+        for _ in range(7):
+            began = time.perf_counter()
+            matmul(block).block_until_ready()
+            times.append(time.perf_counter() - began)
+        self.matmul_seconds = sorted(times)[len(times) // 2]
+
+    def _turns(self, turns: int) -> jax.Array:
+        """The job's array of loop turns, this process's devices at `turns`."""
+        count = jax.device_count()
+        local = np.full((jax.local_device_count(),), turns, dtype=np.int32)
+        return jax.make_array_from_process_local_data(self._count_sharding, local, (count,))
+
+    def slow(self, ms: float) -> int:
+        """Make this process's device compute about `ms` longer each step; the loop's turns."""
+        turns = round(ms / 1000 / self.matmul_seconds)
+        self.turns = self._turns(turns)
+        return turns
 
     def run(self) -> None:
         previous = None
@@ -99,7 +141,7 @@ class Loop:
                 if previous is not None:  # its devices done first: they idle for the whole sleep, whatever the
                     jax.block_until_ready(previous)  # other processes' pace (they wait for this one, not it for them)
                 time.sleep(self.delay)
-            w, loss = self.step(self.x, self.w)
+            w, loss = self.step(self.x, self.w, self.turns)
             self.w = w
             jaxmon.step(n, loss, examples=self.examples, tokens=self.tokens)
             self.dispatched = n
@@ -153,6 +195,9 @@ def main() -> None:
         if cmd == "delay":
             loop.delay = float(rest[0]) / 1000
             answer(delay_ms=float(rest[0]), dispatched=loop.dispatched)  # the steps after the next one sleep first
+        elif cmd == "slow":
+            turns = loop.slow(float(rest[0]))
+            answer(slow_ms=float(rest[0]), turns=turns, dispatched=loop.dispatched)
         elif cmd == "stall":
             loop.stalled.set()
             answer(dispatched=loop.dispatched)

@@ -101,6 +101,19 @@ PROCESSES = Row(
             thresholds=SCORE_THRESHOLDS,
         ),
         Panel(
+            "Least collective wait (compute stragglers)",
+            "bargauge",
+            "percentunit",
+            [Target(f"topk($k, jaxmon:training_collective_wait_gap:mean1h{{{JOB}}})", PROCESS)],
+            "How much less of the step the $k least-waiting processes' devices waited in collectives than the job's "
+            "median process's, over the last hour's sampled traces: the devices that compute slowly wait least "
+            "while the others wait for them. Over 0.1 (and 5 x the job's spread) for 15 minutes fires "
+            "JaxmonTrainingComputeStraggler, unless the process's host wait explains it.",
+            min=0,
+            max=1,
+            thresholds=[(0, "green"), (0.05, "orange"), (0.1, "red")],
+        ),
+        Panel(
             "Host wait: the most waiting processes and the median",
             "timeseries",
             "percentunit",

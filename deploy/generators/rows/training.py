@@ -229,6 +229,53 @@ ROW = Row(
             height=6,
         ),
         Panel(
+            "Least collective wait, last sample",
+            "timeseries",
+            "percentunit",
+            [
+                Target(
+                    bottom(f"min by (workload, process_index, host) (jaxmon_training_collective_wait_ratio{{{WL}}})"),
+                    PROCESS + " ({{host}})",
+                )
+            ],
+            "The share of the last sampled trace's steps the process's least-waiting device spent waiting in "
+            "collectives, for the $k processes that wait least. In a synchronous job the device that computes "
+            "slowly waits least while the others wait for it (JaxmonTrainingComputeStraggler).",
+            min=0,
+            max=1,
+            width=8,
+            height=6,
+        ),
+        Panel(
+            "Last sampled step",
+            "timeseries",
+            "none",
+            [
+                Target(f"max by (workload) (jaxmon_training_profile_sample_step{{{WL}}})", "{{workload}} newest"),
+                Target(f"min by (workload) (jaxmon_training_profile_sample_step{{{WL}}})", "{{workload}} oldest"),
+            ],
+            "The first step of each process's last sampled trace: every process of a job traces the same step "
+            "numbers, so the two lines meet once each has read its trace of the newest sample.",
+            width=8,
+            height=6,
+        ),
+        Panel(
+            "Sampled traces (1h)",
+            "timeseries",
+            "short",
+            [
+                Target(
+                    f"sum by (workload, result) (increase(jaxmon_training_profiles_total{{{INST}}}[{PROFILE_WINDOW}]))",
+                    "{{workload}} {{result}}",
+                )
+            ],
+            "Sampled traces in the last hour by result: taken; busy (the user was profiling); failed (the log says "
+            "why).",
+            min=0,
+            width=8,
+            height=6,
+        ),
+        Panel(
             "Steps a crash would redo",
             "timeseries",
             "short",
@@ -265,22 +312,6 @@ ROW = Row(
             "Seconds since the state of the job's last checkpoint was taken: the work a crash now would lose; beside "
             "it the interval the job declared (collector.checkpoint.interval: JaxmonTrainingCheckpointOverdue at 1.5 "
             "times it).",
-            min=0,
-            width=8,
-            height=6,
-        ),
-        Panel(
-            "Sampled traces (1h)",
-            "timeseries",
-            "short",
-            [
-                Target(
-                    f"sum by (workload, result) (increase(jaxmon_training_profiles_total{{{INST}}}[{PROFILE_WINDOW}]))",
-                    "{{workload}} {{result}}",
-                )
-            ],
-            "Sampled traces in the last hour by result: taken; busy (the user was profiling); failed (the log says "
-            "why).",
             min=0,
             width=8,
             height=6,

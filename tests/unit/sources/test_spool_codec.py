@@ -96,8 +96,10 @@ READING = TrainingReading(
                 collectives={"all-reduce": 0.125},
                 placed={("all-reduce", "data", "ici"): (0.125, 0.0625, 8192.0)},
                 copies={"device_to_device": (0.03125, 4096.0), "host_to_device": (0.03125, 0.0)},
+                sample_wait_ratio=0.25,
             ),
         ),
+        sample_step=3000,
     ),
 )
 
