@@ -11,6 +11,8 @@ type-only or a lazy import is still a circle in the design.
 from __future__ import annotations
 
 import ast
+import functools
+import os
 import re
 from pathlib import Path
 
@@ -41,12 +43,18 @@ def _resolve(name: str) -> str | None:
     return None
 
 
+@functools.cache
+def tree(module: str) -> ast.Module:
+    """A module's syntax tree, parsed once for the tests that read it (none changes it)."""
+    return ast.parse(MODULES[module].read_text())
+
+
 def imports(module: str) -> set[str]:
     """Every jaxmon module `module` imports, anywhere in its source."""
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree(module)):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -63,7 +71,10 @@ def imports(module: str) -> set[str]:
     return out
 
 
-GRAPH = {module: imports(module) for module in MODULES}
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    """Every jaxmon module's imports (made by the first test that reads it, not as every worker collects the file)."""
+    return {module: imports(module) for module in MODULES}
 
 
 def _cycles() -> list[list[str]]:
@@ -78,7 +89,7 @@ def _cycles() -> list[list[str]]:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in GRAPH[v]:
+        for w in graph()[v]:
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -95,7 +106,7 @@ def _cycles() -> list[list[str]]:
             if len(component) > 1:
                 found.append(sorted(component))
 
-    for v in sorted(GRAPH):
+    for v in sorted(graph()):
         if v not in index:
             visit(v)
     return found
@@ -103,15 +114,15 @@ def _cycles() -> list[list[str]]:
 
 def test_the_reader_sees_the_imports_it_should() -> None:
     """A check on the check: known edges are found, a type-only one too."""
-    assert "jaxmon.collectors.base" in GRAPH["jaxmon.collectors.probe"]
-    assert "jaxmon.settings.schema" in GRAPH["jaxmon.collectors.base"]
-    assert "jaxmon.collectors" in GRAPH["jaxmon.compose"]
+    assert "jaxmon.collectors.base" in graph()["jaxmon.collectors.probe"]
+    assert "jaxmon.settings.schema" in graph()["jaxmon.collectors.base"]
+    assert "jaxmon.collectors" in graph()["jaxmon.compose"]
 
 
 def test_the_reader_sees_the_wings_imports() -> None:
     """A check on the check below: the wing's edge to a source is found, and the kubernetes collector's to the wing."""
-    assert "jaxmon.sources.kubernetes_api" in GRAPH["jaxmon.ownership.dra"]
-    assert "jaxmon.ownership.pidowners" in GRAPH["jaxmon.collectors.kubernetes"]
+    assert "jaxmon.sources.kubernetes_api" in graph()["jaxmon.ownership.dra"]
+    assert "jaxmon.ownership.pidowners" in graph()["jaxmon.collectors.kubernetes"]
 
 
 def _within(module: str, package: str) -> bool:
@@ -125,7 +136,7 @@ def test_imports_run_one_way_from_the_sources_through_the_ownership_wing_to_the_
     for module in sorted(MODULES):
         for package, upper in above.items():
             if _within(module, package):
-                bad = {t for t in GRAPH[module] if any(_within(t, u) for u in upper)}
+                bad = {t for t in graph()[module] if any(_within(t, u) for u in upper)}
                 assert not bad, f"{module} imports {sorted(bad)}"
 
 
@@ -157,8 +168,8 @@ SHARED_CLASS_NAMES = {"Program"}
 
 def test_no_two_classes_share_a_name() -> None:
     where: dict[str, list[str]] = {}
-    for module, path in MODULES.items():
-        for node in ast.parse(path.read_text()).body:
+    for module in MODULES:
+        for node in tree(module).body:
             if isinstance(node, ast.ClassDef):
                 where.setdefault(node.name, []).append(module)
     twice = {name: sorted(modules) for name, modules in where.items() if len(modules) > 1}
@@ -172,13 +183,13 @@ def test_no_module_imports_itself_round_a_circle() -> None:
 def test_no_collector_imports_another_collector_or_the_composition_root() -> None:
     collectors = {m for m in MODULES if m.startswith("jaxmon.collectors.") and m != "jaxmon.collectors.base"}
     for module in collectors:
-        bad = {t for t in GRAPH[module] if t in collectors or t in ("jaxmon.compose", "jaxmon.cli")}
+        bad = {t for t in graph()[module] if t in collectors or t in ("jaxmon.compose", "jaxmon.cli")}
         assert not bad, f"{module} imports {sorted(bad)}"
 
 
 def test_the_settings_import_no_collector() -> None:
     for module in (m for m in MODULES if m.startswith("jaxmon.settings")):
-        bad = {t for t in GRAPH[module] if t.startswith("jaxmon.collectors")}
+        bad = {t for t in graph()[module] if t.startswith("jaxmon.collectors")}
         assert not bad, f"{module} imports {sorted(bad)}"
 
 
@@ -229,13 +240,13 @@ def test_the_room_reader_finds_a_circle() -> None:
 
 
 def test_no_import_runs_back_up_between_rooms() -> None:
-    assert _room_circles(GRAPH) == []
+    assert _room_circles(graph()) == []
 
 
 def _top_level_imports(module: str) -> set[str]:
     """The top-level names of every absolute import in a module (`jax` for `from jax.sharding import Mesh`)."""
     out: set[str] = set()
-    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+    for node in ast.walk(tree(module)):
         if isinstance(node, ast.Import):
             out.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
@@ -251,9 +262,9 @@ def test_the_xla_readers_import_only_the_standard_library_and_one_another() -> N
 
     readers = [m for m in MODULES if _room(m) == "jaxmon.xla"]
     assert {"jaxmon.xla.hlo", "jaxmon.xla.profile", "jaxmon.xla.xspace"} <= set(readers)
-    assert GRAPH["jaxmon.xla"] == set() and _top_level_imports("jaxmon.xla") <= {"__future__"}
+    assert graph()["jaxmon.xla"] == set() and _top_level_imports("jaxmon.xla") <= {"__future__"}
     for module in readers:
-        others = {t for t in GRAPH[module] if _room(t) != "jaxmon.xla"}
+        others = {t for t in graph()[module] if _room(t) != "jaxmon.xla"}
         assert not others, f"{module} imports {sorted(others)}"
         foreign = _top_level_imports(module) - set(sys.stdlib_module_names) - {"jaxmon"}
         assert not foreign, f"{module} imports {sorted(foreign)}"
@@ -262,7 +273,7 @@ def test_the_xla_readers_import_only_the_standard_library_and_one_another() -> N
 def test_the_exposition_imports_no_collector() -> None:
     """The exposition renders every collector by the collectors' shape (FamilySource), none by its module: not even
     jaxmon.collectors.base (the prometheus_client default registry is a collector like any other)."""
-    bad = {t for t in GRAPH["jaxmon.exposition"] if t == "jaxmon.collectors" or t.startswith("jaxmon.collectors.")}
+    bad = {t for t in graph()["jaxmon.exposition"] if t == "jaxmon.collectors" or t.startswith("jaxmon.collectors.")}
     assert not bad, f"jaxmon.exposition imports {sorted(bad)}"
 
 
@@ -281,7 +292,7 @@ def _names_and_strings(module: str) -> tuple[set[str], set[str]]:
     """Every identifier a module names (imported, read, or an attribute) and every short string constant in it."""
     names: set[str] = set()
     strings: set[str] = set()
-    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+    for node in ast.walk(tree(module)):
         if isinstance(node, ast.Name):
             names.add(node.id)
         elif isinstance(node, ast.Attribute):
@@ -300,7 +311,7 @@ def test_no_collector_stamps_owners_itself() -> None:
     assert collectors >= OWNER_SOURCES
     for module in sorted(collectors - OWNER_SOURCES):
         names, strings = _names_and_strings(module)
-        assert not GRAPH[module] & OWNER_MODULES, f"{module} imports {sorted(GRAPH[module] & OWNER_MODULES)}"
+        assert not graph()[module] & OWNER_MODULES, f"{module} imports {sorted(graph()[module] & OWNER_MODULES)}"
         assert not names & OWNER_NAMES, f"{module} reads the owners: {sorted(names & OWNER_NAMES)}"
         assert not strings & OWNER_LABELS, f"{module} writes owner labels: {sorted(strings & OWNER_LABELS)}"
 
@@ -318,22 +329,30 @@ def test_the_owner_sources_offer_owners() -> None:
 
 def test_only_the_local_source_imports_jax() -> None:
     """jaxmon.sources.local is the one place that touches JAX; everything else receives plain data."""
-    for module, path in MODULES.items():
-        tree = ast.parse(path.read_text())
+    for module in MODULES:
         jax = [
             n
-            for n in ast.walk(tree)
+            for n in ast.walk(tree(module))
             if (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "jax" for a in n.names))
             or (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "jax")
         ]
         assert not jax or module.startswith("jaxmon.sources.local."), module
 
 
+def _python_files_outside(skipped: set[str]) -> set[str]:
+    """The names of the repository's .py files, not walking into the folders named `skipped` (the venvs' many)."""
+    found: set[str] = set()
+    for _, folders, names in os.walk(ROOT):
+        folders[:] = [f for f in folders if f not in skipped]
+        found.update(n for n in names if n.endswith(".py"))
+    return found
+
+
 def test_the_docs_name_only_modules_that_exist() -> None:
     """DESIGN.md, CONTRIBUTING.md, README.md and docs/ name modules that exist: every `jaxmon/...py` path, and every
     module named by its file (`compose.py`) in DESIGN.md and CONTRIBUTING.md's maps has a file of that name."""
     docs = [ROOT / "DESIGN.md", ROOT / "CONTRIBUTING.md", ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    files = {p.name for p in ROOT.rglob("*.py") if not {".venv", ".venv-floors", ".git"} & set(p.parts)}
+    files = _python_files_outside({".venv", ".venv-floors", ".git"})
     for doc in docs:
         text = doc.read_text()
         for path in re.findall(r"(?<![\w/])jaxmon/[\w/]+\.py\b", text):
@@ -356,17 +375,17 @@ def test_sources_and_collectors_take_device_facts_from_the_hardware_catalog() ->
     """Peaks, nominal bandwidths, link kinds, NVML's topology levels: jaxmon.catalog.hardware's, read there by every
     wing; never through the training wing (whose links module re-exports the link kinds it classifies with)."""
     facts: set[str] = set()
-    for statement in ast.parse(MODULES["jaxmon.catalog.hardware"].read_text()).body:
+    for statement in tree("jaxmon.catalog.hardware").body:
         if isinstance(statement, ast.FunctionDef | ast.ClassDef):
             facts.add(statement.name)
         elif isinstance(statement, ast.Assign):
             facts.update(n.id for target in statement.targets for n in ast.walk(target) if isinstance(n, ast.Name))
     assert {"LINKS", "NVLINK", "nvml_link", "device_peak", "nominal_bandwidth", "KINDS"} <= facts
     for module in sorted(m for m in MODULES if _room(m) in ("jaxmon.sources", "jaxmon.collectors")):
-        for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        for node in ast.walk(tree(module)):
             wing = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
             if _room(wing) in ("jaxmon.training", "jaxmon.xla") and isinstance(node, ast.ImportFrom):
                 taken = {alias.name for alias in node.names} & facts
                 assert not taken, f"{module} imports {sorted(taken)} from {node.module}"
-    assert "jaxmon.catalog.hardware" in GRAPH["jaxmon.sources.nvml.topology"]
-    assert GRAPH["jaxmon.catalog.hardware"] == set() and GRAPH["jaxmon.catalog.metrics"] == set()
+    assert "jaxmon.catalog.hardware" in graph()["jaxmon.sources.nvml.topology"]
+    assert graph()["jaxmon.catalog.hardware"] == set() and graph()["jaxmon.catalog.metrics"] == set()
