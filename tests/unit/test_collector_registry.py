@@ -24,14 +24,27 @@ def _families(text: str) -> set[str]:
     return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
 
 
+FORMS = (("--no-collector.{}", False), ("--collector.{}", True), ("--collector.{}=auto", "auto"))
+
+
 def test_every_collector_has_node_exporter_style_flags() -> None:
-    """--collector.X, --no-collector.X and --collector.X=auto set the section's `enabled`."""
+    """--collector.X, --no-collector.X and --collector.X=auto set the section's `enabled`, and no other section's.
+
+    Every collector's flag in each call (a settings load builds the whole parser: a call per collector and form was
+    most of this file's time), each collector given each form once per round of three calls, and every collector's
+    section read after each. A round per digit of the collectors' numbers in base 3: any two collectors are given
+    different forms throughout some round, so a flag that set another collector's section would show."""
     names = list(registry())
     assert {"memory", "probe", "compile", "spool"} <= set(names)
-    for name in names:
-        assert load_settings([f"--no-collector.{name}"]).collector_options(name).enabled is False
-        assert load_settings([f"--collector.{name}"]).collector_options(name).enabled is True
-        assert load_settings([f"--collector.{name}=auto"]).collector_options(name).enabled == "auto"
+    digits = 1
+    while 3**digits < len(names):
+        digits += 1
+    for digit in range(digits):
+        for shift in range(3):
+            forms = {name: FORMS[(i // 3**digit + shift) % 3] for i, name in enumerate(names)}
+            settings = load_settings([flag.format(name) for name, (flag, _) in forms.items()])
+            enabled = {name: settings.collector_options(name).enabled for name in names}
+            assert enabled == {name: value for name, (_, value) in forms.items()}, forms
 
 
 def test_collect_filter_returns_only_the_named_collectors_families(tmp_path: Path) -> None:
