@@ -20,7 +20,11 @@ The scraped setup (one module fixture, all processes killed at teardown):
   pods listed by the fake API server, tests/fake_apiserver.py), so its process series carry each its own pod;
 - jaxmon-gone: a target nobody listens on.
 So almost every alert fires for a known reason, and the rest are listed with why they stay quiet here. Prometheus
-loads job.yml beside alerts.yml: the Utilization ladder row reads its records.
+loads job.yml beside alerts.yml: the Utilization ladder row reads its records. job.yml's once-a-minute groups (the
+per-process records its hour-long rules read) are evaluated every second here, as every other group is: the
+trainer's three sampled traces come within seconds, and records a minute apart would see one of them (the compute
+straggler rules want three) and leave the hour's rate() one point (placement advice) for a minute or more; nothing
+else in the file is changed (deploy/prometheus/job_test.yml evaluates them once a minute).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +51,7 @@ from tests.deploy_files import (
     alert_rules,
     dashboard_targets,
     dashboard_variables,
+    load_yaml,
     readme_metrics,
     recording_rules,
     variable_query,
@@ -59,6 +65,7 @@ from tests.helpers import Child
 from tests.prometheus import Prometheus
 
 SCRAPE_INTERVAL = 1.0
+EVALUATION_INTERVAL = "1s"
 PLACED = 1 << 20  # bytes of the trainer's replicated array, and of its pinned_host one
 # $__rate_interval as Grafana computes it for a 1s scrape interval is 4s; 10s leaves room for a missed scrape.
 RATE_INTERVAL = "10s"
@@ -339,8 +346,26 @@ def _equals(value: float, result: list[dict[str, Any]]) -> bool:
     return _value(result) == value
 
 
+def _timestamp(rfc3339: str) -> float:
+    """Seconds since the epoch of a timestamp as Prometheus's API writes them (nanoseconds, or 0001-01-01 for never)."""
+    when = re.sub(r"(\.\d{6})\d*", r"\1", rfc3339).replace("Z", "+00:00")
+    return datetime.fromisoformat(when).timestamp()
+
+
 def _value(result: list[dict[str, Any]]) -> float:
     return float(result[0]["value"][1]) if result else float("nan")
+
+
+def every_evaluation(tmp: Path) -> Path:
+    """job.yml with its groups of their own interval (the once-a-minute records) at the stack's evaluation interval,
+    nothing else changed."""
+    text = JOB_RULES.read_text(encoding="utf-8")
+    own = [g["name"] for g in load_yaml(JOB_RULES)["groups"] if "interval" in g]
+    text, n = re.subn(r"^(\s+)interval: \S+$", rf"\1interval: {EVALUATION_INTERVAL}", text, flags=re.MULTILINE)
+    assert own and n == len(own), (own, n)
+    path = tmp / JOB_RULES.name
+    path.write_text(text, encoding="utf-8")
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -481,9 +506,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "global": {
                 "scrape_interval": f"{SCRAPE_INTERVAL:g}s",
                 "scrape_timeout": f"{SCRAPE_INTERVAL:g}s",
-                "evaluation_interval": "1s",
+                "evaluation_interval": EVALUATION_INTERVAL,
             },
-            "rule_files": [str(RULES), str(JOB_RULES)],
+            "rule_files": [str(RULES), str(every_evaluation(tmp))],
             "scrape_configs": [
                 {
                     "job_name": "jaxmon-replay",
@@ -537,6 +562,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # 4 steps after 200 ms of badput("data") each: goodput far under a half; each with a small all-reduce, and step
         # 8 traced (profile.every 4): its exposed collective share is far under JaxmonTrainingCommunicationBound's.
         trainer.send("steps 4 200 1")
+        # The sample of step 8 recorded (by both sidecars) before step 12's replaces it: the compute straggler rules
+        # compare a process that has three samples in the hour (steps 4, 8 and 12), and the two traces come within a
+        # second of each other, between two scrapes unless the stack waits.
+        p.wait_for(
+            'jaxmon:training_profile_sample_step:process1m{workload="trainer"} == 8',
+            lambda r: len(r) == 2,
+            "the sampled step 8 recorded from both sidecars",
+        )
         # Then a program that all-reduces over a mesh axis: collective bytes (after the sampled step 8, whose number
         # the steps before it set), its steps 9 to 12, step 12 traced: the sampled collectives by axis and link.
         trainer.send("collective 4")
@@ -590,6 +623,21 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             lambda r: min(len(series["values"]) for series in r) >= 3,
             "every series scraped three times in the rate window",
         )
+        # Every rule evaluated since then (a rule's health is "unknown" until its group's first evaluation; the
+        # dashboards read records of the rate window's data).
+        since = time.time()
+        unevaluated: list[str] = []
+
+        def evaluated() -> bool:
+            unevaluated[:] = [
+                rule["name"]
+                for group in p.api("rules")["groups"]
+                for rule in group["rules"]
+                if rule["health"] == "unknown" or _timestamp(rule["lastEvaluation"]) < since
+            ]
+            return not unevaluated
+
+        wait_until(evaluated, timeout=30, what="every rule evaluated", step=0.25, detail=lambda: str(unevaluated))
         yield Stack(prometheus, instances)
     finally:
         if prometheus is not None:
