@@ -323,8 +323,12 @@ def test_the_records_carry_the_jobs_figures(tier: Tier) -> None:
     assert value("jaxmon:fleet_devices:count") == {(job, via): DEVICES * JOBS[job] for job, via in every}
     for key, tokens in value("jaxmon:fleet_tokens_per_second:rate1m").items():
         assert tokens == pytest.approx(TOKENS_PER_SECOND, rel=0.05), key  # each render a little after its scrape
+    # Each process's productive and badput seconds are 0.9 and 0.1 of the same render's uptime: over any one set of
+    # samples the ratio is 0.9 to rounding, however the scrapes' timing moves the increases, so long as the goodput
+    # rule divides figures of one set (a denominator read from a record a rule earlier, over fewer scrapes, read 0.92
+    # to 0.93 at a load of 8 here).
     for key, goodput in value("jaxmon:fleet_goodput_ratio:rate5m").items():
-        assert goodput == pytest.approx(0.9, rel=0.01), key
+        assert goodput == pytest.approx(0.9, rel=1e-9), key
     for key, p50 in value('jaxmon:fleet_step_seconds:quantile5m{quantile="0.5"}').items():
         assert 0.05 < p50 <= STEP, key  # every step in the 0.1 s bucket
     for key, gap in value("jaxmon:fleet_collective_wait_gap:max1h").items():
