@@ -555,6 +555,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         compiled = p.query('jaxmon_jit_compilations_total{job="jaxmon-spool", workload="trainer"}')
         assert compiled, "no compile counter"
         before = _value(compiled)
+        # The trainer's first sampled trace (step 4, before Prometheus started) recorded by both sidecars: the first of
+        # the three samples the compute straggler rules want (below: steps 8 and 12). Its parse can finish after
+        # Prometheus's first scrapes.
+        p.wait_for(
+            'jaxmon:training_profile_sample_step:process1m{workload="trainer"} == 4',
+            lambda r: len(r) == 2,
+            "the sampled step 4 recorded from both sidecars",
+        )
 
         # Now the events the alerts are about.
         faults.write_text(json.dumps({"probe_delay_seconds": {"cpu:3": 600}}))
@@ -563,8 +571,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # 8 traced (profile.every 4): its exposed collective share is far under JaxmonTrainingCommunicationBound's.
         trainer.send("steps 4 200 1")
         # The sample of step 8 recorded (by both sidecars) before step 12's replaces it: the compute straggler rules
-        # compare a process that has three samples in the hour (steps 4, 8 and 12), and the two traces come within a
-        # second of each other, between two scrapes unless the stack waits.
+        # compare a process that has three samples in the hour (steps 4, 8 and 12), and the two traces can come
+        # within a second of each other, between two scrapes, unless the stack waits.
         p.wait_for(
             'jaxmon:training_profile_sample_step:process1m{workload="trainer"} == 8',
             lambda r: len(r) == 2,
