@@ -141,6 +141,8 @@ def test_the_tpu_entries_agree_with_jaxs_own_table_from_v4_on() -> None:
     published ones (45, 123): the catalog keeps Google's."""
     from jax._src.pallas.mosaic import tpu_info
 
+    if not hasattr(tpu_info, "chip_version_from_device_kind"):  # jax 0.9 (the floors' run): not yet in JAX's table
+        pytest.skip("JAX's Pallas TPU table names chips by device kind from jax 0.10 on")
     for entry in TPUS:
         version = tpu_info.chip_version_from_device_kind(entry.kinds[0])
         assert version is not None, entry.name
