@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import http.server
 import json
 import math
 import multiprocessing
@@ -665,23 +664,10 @@ def serve(job: Job, port: int, shards: list[slice]) -> None:
             out.append("".join(map("{}{!r}\n".format, pres, fam.values(ps, t).ravel().tolist())))  # type: ignore[misc]
         return static[k] + "".join(out).encode()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            m = re.fullmatch(r"/metrics/(\d+)", self.path)
-            if not m or int(m.group(1)) >= len(shards):
-                self.send_error(404)
-                return
-            body = render(int(m.group(1)))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    sys.path.insert(0, str(ROOT))
+    from tests.helpers import text_targets
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    text_targets(render, len(shards), port).serve_forever()
 
 
 # -- Prometheus -------------------------------------------------------------------------------------------------

@@ -6,8 +6,10 @@ No pytest here: bench/common.py imports this module too (bench scripts are run b
 from __future__ import annotations
 
 import ctypes
+import http.server
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -109,6 +111,29 @@ def wait_until(
 def jaxmon_env(extra: Mapping[str, str] | None = None, devices: int = 8) -> dict[str, str]:
     """This environment with N JAX CPU devices (as CI runs the suite), unbuffered output, then `extra`."""
     return {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices), "PYTHONUNBUFFERED": "1", **(extra or {})}
+
+
+def text_targets(render: Callable[[int], bytes], count: int, port: int) -> http.server.ThreadingHTTPServer:
+    """A loopback HTTP server of `count` scrape targets, not yet serving: /metrics/K answers `render(K)` in the text
+    format, 404 past them (synthetic jobs' targets: tests/e2e/test_fleet_tier.py, bench/job_rules_scale.py)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            m = re.fullmatch(r"/metrics/(\d+)", self.path)
+            if not m or int(m.group(1)) >= count:
+                self.send_error(404)
+                return
+            body = render(int(m.group(1)))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    return http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
 
 
 def die_with_parent() -> None:

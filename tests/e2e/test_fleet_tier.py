@@ -35,7 +35,7 @@ import pytest
 
 from jaxmon.training.ledger import DURATION_BUCKETS
 from tests.deploy_files import FLEET_RULES, JOB_RULES
-from tests.helpers import free_port
+from tests.helpers import free_port, text_targets
 from tests.prometheus import LoopbackServer, Prometheus
 
 JOBS = {"small": 64, "large": 512}
@@ -129,24 +129,10 @@ class Target:
 def serve(targets: list[Target]) -> http.server.ThreadingHTTPServer:
     """/metrics/K: target K's processes now."""
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            m = re.fullmatch(r"/metrics/(\d+)", self.path)
-            if not m or int(m.group(1)) >= len(targets):
-                self.send_error(404)
-                return
-            target = targets[int(m.group(1))]
-            body = target.job.render(target.processes, time.time()).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def render(k: int) -> bytes:
+        return targets[k].job.render(targets[k].processes, time.time()).encode()
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    server = text_targets(render, len(targets), free_port())
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
