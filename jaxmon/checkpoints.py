@@ -20,7 +20,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-START_EVENTS = frozenset({"/jax/orbax/write/start", "/jax/orbax/write/async/start"})
+# Orbax's events as a save or a restore starts, by the badput kind the training tracker books it as (its interval
+# starts there where that is earlier than the duration recorded as it ended says).
+ORBAX_STARTS = {
+    "/jax/orbax/write/start": "checkpoint",
+    "/jax/orbax/write/async/start": "checkpoint",
+    "/jax/orbax/read/start": "restore",
+    "/jax/orbax/read/async/start": "restore",
+}
+START_EVENTS = frozenset(event for event, kind in ORBAX_STARTS.items() if kind == "checkpoint")  # saves
 SUCCESS_EVENT = "/jax/orbax/write/success"
 # Saves started and not completed that are remembered: a checkpointer whose saves never complete must not grow it.
 MAX_PENDING = 64

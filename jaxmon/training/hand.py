@@ -16,6 +16,8 @@ The protocol. The training thread only appends; every decision about a step is t
     number's and figures' arrays), where the waiter asked (`asked`), once per `waiter.every` of this thread's time
     (`_due`), or, `marked`, on the last step's when the host stopped stepping (pause(): a badput() block opens).
   - `PAUSED`: step() came `paused_after` or more after the step before: those before completed before it.
+  - a `Done`: pause() found the last step's hold (or the one the waiter waits for) complete: the steps handed before
+    it completed by its time (a badput() block opening next is on an idle device, however late the waiter wakes).
 - written by the waiter only, read here: `asked` (a new object: hold the next step, then wake it), `paused_after`,
   `device_step` (the last number it read off a device), and its own `booked` (steps taken and booked: with this
   thread's `_count`, what `max_pending` bounds), `every`, `room` (a step holding arrays hurries it once that many
@@ -76,6 +78,17 @@ class Hold(NamedTuple):
     loss: tuple[str, ...] = ()
     marked: float | None = None
     left_out: int = 0
+
+
+def handles(hold: Hold | Given) -> list[Any]:
+    """What a hold waits on: a Hold's handles, a Given's arrays."""
+    return hold.handles if type(hold) is Hold else [v for v in hold[:4] if v is not LOST and hasattr(v, "shape")]
+
+
+class Done(NamedTuple):
+    """The steps handed before it completed by `at` (pause() found the last one's hold complete then)."""
+
+    at: float
 
 
 class Waiting(Protocol):
@@ -159,6 +172,7 @@ class Hand:
         self.answered: object = None  # this thread's: the last ask held
         self.paused_after = float("inf")  # the waiter's
         self.device_step: int | None = None  # the waiter's
+        self.waiting: Hold | Given | None = None  # the waiter's: the newest hold it waits for (in _take)
         self._due = -float("inf")  # a step is held from then on anyway
         self._ready: tuple[Any, ...] = ()
         # What the next step may follow on from: the last host number (None: a Given next), the figures as given and
@@ -317,17 +331,31 @@ class Hand:
 
     def pause(self) -> None:
         """No step comes for a while (a badput() block opens): the last step held now (a mark), so that the steps
-        before it are seen complete when they were."""
+        before it are seen complete when they were; a `Done` where its hold (or the one the waiter waits for) is
+        complete already: a loaded machine schedules the waiter milliseconds after the loop's own wait returned, and
+        the block opening next must not read as the device's time."""
         if self.owner is None:
             return
         try:
-            if type(self._handed[-1]) is Hold:
-                return  # held already
-        except IndexError:
-            return  # none handed since the waiter took them
-        self._handed.append(self._hold(self._ready, marked=self._clock()))
-        self._ready = ()
-        self.waiter.hurry()
+            last = self._handed[-1]
+        except IndexError:  # none handed since the waiter took them (it pops them meanwhile)
+            last = None
+        if type(last) is Done:
+            return  # said already (a block opened inside another)
+        made = last is not None and type(last) is not Hold
+        hold = self.waiting if last is None else last if not made else self._hold(self._ready, marked=self._clock())
+        items: list[Any] = [hold] if made else []
+        if hold is not None:
+            try:  # jaxmon's own handles: never emptied by a delete(), so this never crashes (a donated one raises)
+                if self.ops.ready(handles(hold)):
+                    items.append(Done(self._clock()))
+            except Exception:
+                pass
+        if made:
+            self._ready = ()
+        if items:
+            self._handed.extend(items)
+            self.waiter.hurry()
 
     def let_go(self) -> None:
         """Hold nothing of a still loop (the waiter's call)."""

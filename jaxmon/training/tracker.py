@@ -13,6 +13,7 @@ from typing import Any
 
 import structlog
 
+from jaxmon.checkpoints import ORBAX_STARTS
 from jaxmon.logsetup import ErrorLog
 from jaxmon.threads import as_jaxmon
 from jaxmon.training.communication import Analyzer, CollectiveNames
@@ -73,6 +74,7 @@ class Tracker:
             self._problem,
         )  # fmt: skip
         self._seen: float | None = None  # when the waiter last booked a step
+        self._starts: dict[str, float] = {}  # Orbax's save or restore under way: when it started (by kind)
         self._last_wall: float | None = None  # the Unix time of the last completion booked
         self._collective_names = CollectiveNames()  # every analysed program's, for the sampled traces
         self._learnt: weakref.WeakSet[Program] = weakref.WeakSet()  # booked programs whose places are learnt
@@ -82,6 +84,7 @@ class Tracker:
         self._unlisten: tuple[Callable[[], None], ...] = (
             ops.on_event_span(self._on_span),
             ops.on_event_duration(self._on_duration),
+            ops.on_event(self._on_event),
         )
         self.hand = HAND  # the process's: the newest tracker arms it
         ledger = self._ledger
@@ -177,12 +180,20 @@ class Tracker:
             now, wall = self._clock(), self._wall()
             self.interval("compile", now - (wall - start), now - max(wall - end, 0.0))
 
+    def _on_event(self, event: str) -> None:
+        """An Orbax save or restore starts: when, on this clock (the duration recorded as it ends is timed from
+        before it, and recorded after a log line: the interval starts at the earlier of the two)."""
+        kind = ORBAX_STARTS.get(event)
+        if kind is not None:
+            self._starts[kind] = self._clock()
+
     def _on_duration(self, event: str, seconds: float) -> None:
         """An Orbax save or restore, recorded as it ended."""
         kind = EVENT_KIND.get(event)
         if kind is not None and event != COMPILE_EVENT and seconds > 0:
             end = self._clock()
-            self.interval(kind, end - seconds, end)
+            started = self._starts.pop(kind, end)
+            self.interval(kind, min(end - seconds, started), end)
 
     def _book(self, runs: list[Run], loss: dict[str, float] | None, of: tuple[int | None, int]) -> None:
         """The waiter's runs of steps booked under the lock; `loss` the loss gauge's scalars where it read them, `of`

@@ -9,12 +9,13 @@ hold and waits for the holds in one call. The newest usually still runs (the hos
 its completion is seen when the wait returns. No step for `still` after the ask: the loop paused or ended, and its
 steps since the last hold are taken without one.
 
-The steps are cut into segments where the host paused (the steps before a PAUSED completed before the step after it)
-or a hold failed (a ready array deleted or donated: the steps up to it are unready), and each is dated by
-dating.apportion from observations only: the completion seen, the hand-offs, the host's lead, whether the host waits
-for its device (it called again within the GIL's switch interval of a completion seen, or its lead holds), and a
-typical step's device time (the median of those observed; before any, the least time from a held step's hand-off to
-a look that found it done). A look's steps are lists of floats and ints, and its own objects are made with the
+The steps are cut into segments where the host paused (the steps before a PAUSED completed before the step after it,
+those before a Done by its time) or a hold failed (a ready array deleted or donated: the steps up to it are unready),
+and each is dated by dating.apportion from observations only: the completion seen (or a Done's time, where the
+training thread found the newest complete first), the hand-offs, the host's lead, whether the host waits for its
+device (it called again within the GIL's switch interval of a completion seen, or its lead holds), and a typical
+step's device time (the median of those observed; before any, the least time from a held step's hand-off to a look
+that found it done). A look's steps are lists of floats and ints, and its own objects are made with the
 cyclic GC off: a look of thousands of steps makes it collect no more than the loop does.
 """
 
@@ -34,7 +35,7 @@ from typing import Any, NamedTuple
 
 from jaxmon.threads import Worker
 from jaxmon.training.dating import apportion
-from jaxmon.training.hand import HOST, LOST, PAUSED, Given, Hand, Hold, shown
+from jaxmon.training.hand import HOST, LOST, PAUSED, Done, Given, Hand, Hold, handles, shown
 from jaxmon.training.handed import TrainingOps
 from jaxmon.training.ledger import Run, usable
 
@@ -44,7 +45,7 @@ LOOK_STEPS = 2000  # the most steps a look waits for: past them a batch costs mo
 RECENT = 8  # the looks whose least lead is the host's
 LOSS_EVERY = LOOK_MAX  # the loss gauge is read at most this often while the loop steps
 FIELDS = ("step", "examples", "tokens", "model_flops")
-MARKERS = (Given, Hold)  # the items handed that are no step (PAUSED neither)
+MARKERS = (Given, Hold, Done)  # the items handed that are no step (PAUSED neither)
 
 
 class Taken(NamedTuple):
@@ -59,11 +60,7 @@ class Taken(NamedTuple):
     held: list[int]
     holds: list[Hold | Given]
     pauses: list[int]
-
-
-def handles(hold: Hold | Given) -> list[Any]:
-    """What a hold waits on: a Hold's handles, a Given's arrays."""
-    return hold.handles if type(hold) is Hold else [v for v in hold[:4] if v is not LOST and hasattr(v, "shape")]
+    marks: dict[int, float]
 
 
 class Signal:
@@ -184,6 +181,7 @@ class Waiter:
             self._problem("error", "the training waiter failed on a step", detail=f"{type(exc).__name__}: {exc}")
         finally:
             self.taken = 0
+            self._hand.waiting = None
 
     def _look(self) -> None:
         while not self._hurry and (wait := self._next_look - time.monotonic()) > 0:
@@ -251,11 +249,16 @@ class Waiter:
     def _take(self, count: int, deadline: float | None = None) -> tuple[int, float] | None:
         """Take `count` items (up to a hold), wait for their holds, date and book their steps; how many, and the
         loop's spacing between them (None: fewer than two)."""
+        # The hold this look waits for, said before its items leave the deque: a badput() opening from now on finds
+        # it there or here, and says where it was complete already (a Done: hand.pause()).
+        last = self._handed[count - 1]
+        self._hand.waiting = last if type(last) is Hold else self._handed[count - 2]
         with quiet():
             taken = self._parse([self._handed.popleft() for _ in range(count)])
         handed = taken.handed
         self.taken = len(handed)
         if not handed:
+            self._hand.waiting = None
             return None
         self.looks += 1
         newest = taken.holds[-1]
@@ -265,11 +268,17 @@ class Waiter:
             ran = False
         looked = self._clock()
         ends = self._wait(taken.holds, deadline)
+        self._hand.waiting = None
         seen = ends[-1] if ran else None
         with quiet():
+            after = list(self._handed)
+            # A Done handed since: the training thread found a step after the newest complete first (the device runs
+            # them in order), by then.
+            if (by := next((item.at for item in after if type(item) is Done), None)) is not None:
+                looked, seen = min(looked, by), None if seen is None else min(seen, by)
             # The host's lead: its calls while the newest ran (the least of recent looks': a call right after the
             # completion, before this thread had the GIL back, reads as lead). Paced if it holds; if it grows, not.
-            later = [t for t in list(self._handed) if type(t) not in MARKERS and t is not PAUSED and seen and t < seen]
+            later = [t for t in after if type(t) not in MARKERS and t is not PAUSED and seen and t < seen]
             paced = len(later) <= self._leads[-1] if later else seen is not None and self._waited(handed, seen)
             if seen is None:  # done before the look: its device time was at most until then, and (its device kept
                 spacing = sorted(b - a for a, b in itertools.pairwise(handed))  # up) at most the loop's between calls
@@ -281,13 +290,21 @@ class Waiter:
                 for i, hold, end in zip(taken.held, taken.holds, ends, strict=True)
                 if end is None and type(hold) is Hold
             }
-            ends_at: dict[int, float | None] = {p - 1: handed[p] for p in taken.pauses} | dict.fromkeys(failed)
+            ends_at = self._ends(taken) | dict.fromkeys(failed)
             ends_at[len(handed) - 1] = None if len(handed) - 1 in failed else seen or looked
             mark = newest if type(newest) is Hold else None
             lead = later[: min(self._leads)]
             done, observed = self._dated(handed, ends_at, lead, mark and mark.marked, seen, paced)
             self._read_and_book(taken, done, observed, mark)
         return (len(handed), (handed[-1] - handed[0]) / (len(handed) - 1)) if len(handed) > 1 else None
+
+    @staticmethod
+    def _ends(taken: Taken) -> dict[int, float | None]:
+        """The segments' ends where the host paused: by the next step's hand-off, or by a Done's time."""
+        ends: dict[int, float | None] = {p - 1: taken.handed[p] for p in taken.pauses}
+        for index, at in taken.marks.items():
+            ends[index] = min(at, ends.get(index) or at)
+        return ends
 
     @staticmethod
     def _waited(handed: list[float], seen: float) -> bool:
@@ -347,8 +364,8 @@ class Waiter:
             taken = self._parse([self._handed.popleft() for _ in range(size)])
             if taken.handed:
                 self.looks += 1
-                ends_at: dict[int, float | None] = {p - 1: taken.handed[p] for p in taken.pauses}
-                ends_at[len(taken.handed) - 1] = self._clock()
+                ends_at = self._ends(taken)
+                ends_at[len(taken.handed) - 1] = min(self._clock(), ends_at.get(len(taken.handed) - 1) or math.inf)
                 done, observed = self._dated(taken.handed, ends_at, [], None, None, False)
                 self._read_and_book(taken, done, observed, None)
 
@@ -395,8 +412,8 @@ class Waiter:
         self._kept = 0
         if types.count(float) == len(items) - 1 and types[-1] is Hold:  # the common look: floats, then its hold
             self._offset = offset + len(items) - 1
-            return Taken(items[:-1], [0], [given], [offset], [len(items) - 2], [items[-1]], [])
-        taken = Taken([], [], [], [], [], [], [])
+            return Taken(items[:-1], [0], [given], [offset], [len(items) - 2], [items[-1]], [], {})
+        taken = Taken([], [], [], [], [], [], [], {})
         handed = taken.handed
         held: Given | None = None  # a Given with arrays: the hold of the step after it
         for item, kind in zip(items, types, strict=True):
@@ -410,6 +427,9 @@ class Waiter:
                     taken.holds.append(item)
                 elif handed:
                     taken.pauses.append(len(handed))
+            elif kind is Done:
+                if handed:  # (one first says the newest step of the look before was done by then: _take reads it)
+                    taken.marks[len(handed) - 1] = item.at
             else:  # a step: its hand-off time
                 if not taken.givens or taken.givens[-1] is not given:
                     taken.starts.append(len(handed))

@@ -351,6 +351,16 @@ class JaxTraining:
 
         return self._listen("event_time_span_listener", "event_time_span_listener", listener)
 
+    def on_event(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """`callback(event)` for every jax.monitoring event of the workload's threads (Orbax's starts); returns what
+        unregisters it."""
+
+        def listener(event: str, **_: Any) -> None:
+            if not on_jaxmon_thread():
+                callback(event)
+
+        return self._listen("event_listener", "event_listener", listener)
+
     def _listen(self, register: str, unregister: str, listener: Callable[..., None]) -> Callable[[], None]:
         monitoring = self._jax.monitoring
         getattr(monitoring, f"register_{register}")(listener)
