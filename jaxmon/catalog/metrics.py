@@ -962,9 +962,9 @@ TRAINING_PROFILES = Family(
     COUNTER,
     (
         "Sampled traces by result: taken, busy (the user was profiling: jaxmon took none, or ended its own when the "
-        "user's trace started), failed (no step of the block was traced whole, or the trace could not be read), "
-        "skipped (the block's steps held named badput: an eval, a checkpoint, a compilation; tried again on the next "
-        "clean steps)."
+        "user's trace started; or jaxmon's trace before held the profiler until the block's steps had run), failed (no "
+        "step of the block was traced whole, or the trace could not be read), skipped (the block's steps held named "
+        "badput: an eval, a checkpoint, a compilation; tried again on the next clean steps)."
     ),
     (*_PROCESS, "result"),
     "sampled traces",

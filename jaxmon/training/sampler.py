@@ -194,12 +194,14 @@ class Sampler:
                 if n0 is None or self._stopping:
                     return
                 self._block, self._request = n0, None
+                asked = self._asked
                 if self._queued and self._done and self._done[-1][0] >= n0 - 1:  # the last one ended too late
+                    self._results["busy"] += 1  # jaxmon's own sample held the profiler until its steps had run
                     self._block = None
                     self.blocks.finish(n0)
                     continue
             try:
-                self._sample(n0)
+                self._sample(n0, asked)
             except Exception as exc:  # a bug here must not end the sampling (nor reach training)
                 self._count("failed")
                 self._errors.error("error", "a sampled trace failed", f"{type(exc).__name__}: {exc}")
@@ -212,11 +214,15 @@ class Sampler:
         with self._lock:
             self._results[result] += 1
 
-    def _sample(self, n0: int) -> None:
+    def _sample(self, n0: int, asked: float) -> None:
+        """Trace block `n0`, asked for at `asked` (the tracker's clock)."""
         last = n0 + self.config.steps - 1
         if not self._session.acquire(blocking=False):
             return  # a trace on demand runs: it is the sample's trace of these steps, not the user's
         try:
+            # The profiler's own start from here: a block asked for while the sample before it ended (a TPU's
+            # profiler takes 0.6 s to stop) waited for this thread, which no earlier ask would shorten.
+            began = max(self._clock(), asked)
             try:
                 self.profiler.start(python=False)
             except Busy:
@@ -225,7 +231,7 @@ class Sampler:
             started = self._clock()
             with self._lock:
                 self._back = False
-                self._lead_after(started - self._asked)
+                self._lead_after(started - began)
                 expected = (self._last_duration or 0.0) * (self.config.steps + self.lead)
                 deadline = started + max(MIN_TIMEOUT, 4 * expected)
                 while not self._stopping and not self._finished(last) and not self.blocks.marked(n0):
@@ -254,7 +260,7 @@ class Sampler:
         traced = [k for k in traced_steps(n0, self.config.steps) if k - 1 in books and k in books]
         windows = [(books[k - 1], books[k]) for k in traced if books[k - 1] >= started]
         if not windows:
-            self._unwhole(n0, len(traced), start_seconds=round(started - self._asked, 3), lead=self.lead)
+            self._unwhole(n0, len(traced), start_seconds=round(started - asked, 3), lead=self.lead)
             return
         self._book(n0, data, [(wall - round((mono - a) * 1e9), wall - round((mono - b) * 1e9)) for a, b in windows])
 

@@ -70,9 +70,9 @@ def main() -> None:
     # Orbax's own timing of its saves (what it records as each ends): the least checkpoint badput can be.
     timed = {"checkpoint": 0.0}
 
-    def orbax_timed(event: str, seconds: float, **_: object) -> None:
+    def orbax_timed(event: str, duration_secs: float, **_: str | int) -> None:
         if event == "/jax/orbax/write/total_duration_secs":
-            timed["checkpoint"] += seconds
+            timed["checkpoint"] += duration_secs
 
     jax.monitoring.register_event_duration_secs_listener(orbax_timed)
     update = jax.jit(lambda w: jnp.tanh(w @ w) * 0.5)

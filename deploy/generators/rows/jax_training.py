@@ -503,7 +503,8 @@ def profile_panels() -> list[Panel]:
                 )
             ],
             "The job's sampled traces in the last hour by result: taken; busy (the user was profiling: jaxmon took "
-            "none, or gave way to the user's trace); failed (no step of the block traced whole: the log says why).",
+            "none, or gave way to the user's trace; or its own last trace was still stopping); failed (no step of the "
+            "block traced whole: the log says why).",
             min=0,
             width=4,
         ),

@@ -269,8 +269,8 @@ ROW = Row(
                     "{{workload}} {{result}}",
                 )
             ],
-            "Sampled traces in the last hour by result: taken; busy (the user was profiling); failed (the log says "
-            "why).",
+            "Sampled traces in the last hour by result: taken; busy (the profiler was held: the user's trace or "
+            "jaxmon's last); failed (the log says why).",
             min=0,
             width=8,
             height=6,

@@ -288,6 +288,62 @@ def test_a_slow_start_leaves_out_the_steps_before_it_and_asks_earlier_next_time(
         sampler.stop(5)
 
 
+class HeldStop(FakeProfiler):
+    """A profiler whose stop waits for `release` (a TPU's session takes 0.6 s to stop: the job steps on meanwhile);
+    its trace runs from the tracker's clock at(-45) (`clock`, a one-item list) and stops at NOW."""
+
+    def __init__(self, data: bytes, clock: list[float]) -> None:
+        super().__init__(data)
+        self.clock = clock
+        self.release = threading.Event()
+        self.stopping = threading.Event()
+
+    def start(self, python: bool) -> None:
+        super().start(python)
+        self.clock[0] = at(-45)
+
+    def stop(self) -> bytes:
+        self.stopping.set()
+        self.release.wait(10)
+        self.clock[0] = NOW
+        return super().stop()
+
+
+def test_a_block_asked_for_while_the_last_sample_stops_waits_for_it_and_is_busy_once_its_steps_ran() -> None:
+    """Block 20 is asked for a second before its trace can start (block 10's stops meanwhile): that wait is no start
+    of the profiler's, and the lead stays 2 (asking earlier would not end the stop sooner; 2 + floor(1 s / 50 us),
+    capped at 8, if it counted). Block 30, asked for while block 20's trace stops, whose steps ran before the stop
+    ended: counted busy (jaxmon's own trace held the profiler), not lost."""
+    clock = [at(-45)]
+    profiler = HeldStop(gpu_space({0: GPU0}), clock)
+    sampler = Sampler(profiler, SamplerConfig(10, 2), clock=lambda: clock[0], wall_ns=lambda: START_UNIX_NS + 100_000)
+
+    def block(n0: int, next_steps_ran: bool) -> None:
+        profiler.stopping.clear()
+        wait_until(lambda: profiler.starts == n0 // 10, what=f"block {n0}'s trace started")
+        complete(sampler, [(n0 - 1, at(0)), (n0, at(50)), (n0 + 1, at(100))])
+        wait_until(profiler.stopping.is_set, what=f"block {n0}'s trace stopping")
+        clock[0] = at(-45) - 1.0
+        sampler.handed(n0 + 8)  # the next block asked for: it waits for the stop
+        if next_steps_ran:
+            complete(sampler, [(n0 + 9, at(0)), (n0 + 10, at(50)), (n0 + 11, at(100))])
+        profiler.release.set()
+        wait_until(lambda: sum(got(sampler).results.values()) >= n0 // 10, what=f"block {n0}'s sample booked")
+        profiler.release.clear()
+
+    try:
+        sampler.handed(8)
+        block(10, False)
+        block(20, True)
+        wait_until(lambda: sum(got(sampler).results.values()) == 3, what="block 30 counted")
+        assert sampler.lead == 2
+        assert got(sampler).results == {"taken": 2, "busy": 1, "failed": 0, "skipped": 0}
+        assert profiler.starts == 2
+    finally:
+        profiler.release.set()
+        sampler.stop(5)
+
+
 def test_no_whole_step_is_a_failed_sample(make) -> None:  # type: ignore[no-untyped-def]
     profiler = FakeProfiler(gpu_space({0: GPU0}))
     sampler = make(profiler)
