@@ -14,9 +14,10 @@ those before a Done by its time) or a hold failed (a ready array deleted or dona
 and each is dated by dating.apportion from observations only: the completion seen (or a Done's time, where the
 training thread found the newest complete first), the hand-offs, the host's lead, whether the host waits for its
 device (it called again within the GIL's switch interval of a completion seen, or its lead holds), and a typical
-step's device time (the median of those observed; before any, the least time from a held step's hand-off to a look
-that found it done). A look's steps are lists of floats and ints, and its own objects are made with the
-cyclic GC off: a look of thousands of steps makes it collect no more than the loop does.
+step's device time (the median of those observed; before any, the least time from a held step's hand-off to its
+completion seen, or to a look that found it done, bounded by the loop's time between calls). A look's steps are
+lists of floats and ints, and its own objects are made with the cyclic GC off: a look of thousands of steps makes
+it collect no more than the loop does.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ class Waiter:
         self._book, self._problem, self._typical, self._last_done = book, problem, typical, last_done
         self._given, self._offset = Given(None, None, None, None, ()), 0  # what the next step handed is given
         self._leads: deque[int] = deque([0], maxlen=RECENT)
-        self._bounds: deque[float] = deque(maxlen=RECENT)  # a held step's hand-off to a look that found it done
+        self._bounds: deque[float] = deque(maxlen=RECENT)  # a held step's hand-off to its completion seen, or a look
         self._loss: tuple[Hold, int | None] | None = None  # the newest hold naming loss scalars, not read yet
         self._loss_read = -math.inf
         self.every = self.still = LOOK
@@ -281,8 +282,12 @@ class Waiter:
             later = [t for t in after if type(t) not in MARKERS and t is not PAUSED and seen and t < seen]
             paced = len(later) <= self._leads[-1] if later else seen is not None and self._waited(handed, seen)
             if seen is None:  # done before the look: its device time was at most until then, and (its device kept
-                spacing = sorted(b - a for a, b in itertools.pairwise(handed))  # up) at most the loop's between calls
+                # up) at most the loop's between calls, those handed since the look's included (a late look takes one)
+                calls = [*handed, *(t for t in after if type(t) is float)]
+                spacing = sorted(b - a for a, b in itertools.pairwise(calls))
                 self._bounds.append(min(looked - handed[-1], spacing[len(spacing) // 2] if spacing else math.inf))
+            else:  # seen: its device time was at most its hand-off to then (the first step's is no window's: booked
+                self._bounds.append(seen - handed[-1])  # as the startup's end, it gives no typical step)
             self._leads.append(len(later))
             # A Given's hold whose arrays were all deleted says nothing of its step (bounded by the next hold).
             failed = {
