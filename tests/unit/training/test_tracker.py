@@ -474,8 +474,6 @@ def test_a_step_counter_that_goes_back_or_jumps_is_counted_and_its_gap_is_no_ste
     # seen beside two CPU burners and the suite's other worker: the waiter saw step 4 done that late, which moves
     # that much from the restart to step 4's duration). Their sum has no such split: it is the loop's own.
     durations = sum(b - a for a, b in itertools.pairwise(done)) - restart - (done[8] - done[7])
-    import sys
-    print("LOOP done", [round(d % 100, 4) for d in done], "restart", restart, "durations", durations, "jaxmon", reading.badput_seconds_total, reading.duration_sum, file=sys.stderr)
     assert reading.badput_seconds_total["restart"] == pytest.approx(restart, abs=0.05)
     assert reading.duration_sum == pytest.approx(durations, abs=0.05)
     booked = reading.badput_seconds_total["restart"] + reading.duration_sum
