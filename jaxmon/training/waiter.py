@@ -52,7 +52,8 @@ MARKERS = (Given, Hold, Done)  # the items handed that are no step (PAUSED neith
 class Taken(NamedTuple):
     """A look's steps as columns: their hand-off times; where each Given begins (the index of its first step, the
     Given, that step's place in it); the holds (the index of the step held, a Hold or a Given with arrays); the
-    pauses (the index of the step handed after one)."""
+    pauses (the index of the step handed after one); the marks (a step's index: its Done's time); the orphans (holds
+    first in the look, whose steps a look before booked unheld: a pause() that raced the waiter's still loop)."""
 
     handed: list[float]
     starts: list[int]
@@ -62,6 +63,7 @@ class Taken(NamedTuple):
     holds: list[Hold | Given]
     pauses: list[int]
     marks: dict[int, float]
+    orphans: list[Hold | Given]
 
 
 class Signal:
@@ -258,6 +260,8 @@ class Waiter:
             taken = self._parse([self._handed.popleft() for _ in range(count)])
         handed = taken.handed
         self.taken = len(handed)
+        if taken.orphans:  # waited for all the same: every hold handed is (its step is booked already)
+            self._wait(taken.orphans, deadline)
         if not handed:
             self._hand.waiting = None
             return None
@@ -417,8 +421,8 @@ class Waiter:
         self._kept = 0
         if types.count(float) == len(items) - 1 and types[-1] is Hold:  # the common look: floats, then its hold
             self._offset = offset + len(items) - 1
-            return Taken(items[:-1], [0], [given], [offset], [len(items) - 2], [items[-1]], [], {})
-        taken = Taken([], [], [], [], [], [], [], {})
+            return Taken(items[:-1], [0], [given], [offset], [len(items) - 2], [items[-1]], [], {}, [])
+        taken = Taken([], [], [], [], [], [], [], {}, [])
         handed = taken.handed
         held: Given | None = None  # a Given with arrays: the hold of the step after it
         for item, kind in zip(items, types, strict=True):
@@ -432,6 +436,8 @@ class Waiter:
                     taken.holds.append(item)
                 elif handed:
                     taken.pauses.append(len(handed))
+                elif kind is Hold:
+                    taken.orphans.append(item)
             elif kind is Done:
                 if handed:  # (one first says the newest step of the look before was done by then: _take reads it)
                     taken.marks[len(handed) - 1] = item.at
