@@ -236,6 +236,25 @@ class SdkWatch:
         )
 
 
+def mlp(jax: Any, jnp: Any, batch: int, width: int, layers: int) -> tuple[Any, list[Any], Any]:
+    """The bf16 MLP step the TPU runs use (value_and_grad + SGD, params donated), jitted, with its params and batch."""
+
+    def loss(params: list[Any], x: Any) -> Any:
+        h = x
+        for w in params:
+            h = jnp.maximum(h @ w, 0)
+        return jnp.mean(h.astype(jnp.float32) ** 2)
+
+    def step(params: list[Any], x: Any) -> tuple[list[Any], Any]:
+        value, grads = jax.value_and_grad(loss)(params, x)
+        return [w - 1e-4 * g.astype(w.dtype) for w, g in zip(params, grads, strict=True)], value
+
+    key = jax.random.PRNGKey(0)
+    params = [jax.random.normal(key, (width, width), jnp.bfloat16) * 0.01 for _ in range(layers)]
+    x = jax.random.normal(key, (batch, width), jnp.bfloat16)
+    return jax.jit(step, donate_argnums=0), params, x
+
+
 def tracked_loop(out: Path, jax: Any, jnp: Any, dry: bool, steps: int, every: int = 40, name: str = "") -> None:
     """The embedded exporter around a tracked bf16 MLP loop, its exposition rendered in-process beside the truth
     (sampled traces every `every` steps; 0: none, a plain loop). Files are suffixed `name`."""
@@ -251,20 +270,7 @@ def tracked_loop(out: Path, jax: Any, jnp: Any, dry: bool, steps: int, every: in
     exporter = jaxmon.start(workload="tpu-bench", collector={"training": training})
     rt = exporter.runtime
 
-    def loss(params: list[Any], x: Any) -> Any:
-        h = x
-        for w in params:
-            h = jnp.maximum(h @ w, 0)
-        return jnp.mean(h.astype(jnp.float32) ** 2)
-
-    def step(params: list[Any], x: Any) -> tuple[list[Any], Any]:
-        value, grads = jax.value_and_grad(loss)(params, x)
-        return [w - 1e-4 * g.astype(w.dtype) for w, g in zip(params, grads, strict=True)], value
-
-    key = jax.random.PRNGKey(0)
-    params = [jax.random.normal(key, (width, width), jnp.bfloat16) * 0.01 for _ in range(layers)]
-    x = jax.random.normal(key, (batch, width), jnp.bfloat16)
-    jitted = jax.jit(step, donate_argnums=0)
+    jitted, params, x = mlp(jax, jnp, batch, width, layers)
     compiled = jitted.lower(params, x).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost

@@ -17,6 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.tpu import mlp  # (the repository on the path first: bench/ runs outside pytest)
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -66,20 +70,8 @@ def main() -> int:
     assert tracker is not None
     clock = tracker.now
 
-    def loss(params: list[Any], x: Any) -> Any:
-        h = x
-        for w in params:
-            h = jnp.maximum(h @ w, 0)
-        return jnp.mean(h.astype(jnp.float32) ** 2)
-
-    def step(params: list[Any], x: Any) -> tuple[list[Any], Any]:
-        value, grads = jax.value_and_grad(loss)(params, x)
-        return [w - 1e-4 * g.astype(w.dtype) for w, g in zip(params, grads, strict=True)], value
-
-    key = jax.random.PRNGKey(0)
-    params = [jax.random.normal(key, (width, width), jnp.bfloat16) * 0.01 for _ in range(layers)]
-    x = jax.random.normal(key, (batch, width), jnp.bfloat16)
-    tracked = jaxmon.track(jax.jit(step, donate_argnums=0))
+    jitted, params, x = mlp(jax, jnp, batch, width, layers)
+    tracked = jaxmon.track(jitted)
     params, value = tracked(params, x)
     value.block_until_ready()
     pending: list[tuple[int, Any]] = []
