@@ -103,6 +103,9 @@ class Sampler:
         # at as it comes), so the trace stops at the block's end, not hundreds of short steps later (a long look).
         self.watch = -1
         self.look: Callable[[], None] = _nothing
+        # The last host step number handed to jaxmon.step() (the tracker's hand; None: none, or a device's): a block
+        # asked for while the last sample stopped is busy if the job reached it meanwhile.
+        self.dispatched: Callable[[], int | None] = _none
         # How many steps before its block a trace is asked for (LEAD at least): the profiler's start took that many
         # steps' time of late (a TPU's can take hundreds of milliseconds), so that the block's first window begins
         # after the trace did. At most `every - steps`: a block's trace is asked for after the last one's block.
@@ -195,8 +198,8 @@ class Sampler:
                     return
                 self._block, self._request = n0, None
                 asked = self._asked
-                if self._queued and self._done and self._done[-1][0] >= n0 - 1:  # the last one ended too late
-                    self._results["busy"] += 1  # jaxmon's own sample held the profiler until its steps had run
+                if self._queued and self._reached(n0):  # the last one ended too late
+                    self._results["busy"] += 1  # jaxmon's own sample held the profiler until the job reached it
                     self._block = None
                     self.blocks.finish(n0)
                     continue
@@ -209,6 +212,15 @@ class Sampler:
                 with self._lock:
                     self._block = None
                     self.blocks.finish(n0)
+
+    def _reached(self, n0: int) -> bool:
+        """Block `n0`, asked for while the sample before it stopped, can no longer be traced whole: its steps ran, or
+        the job handed the steps in its lead meanwhile (a trace started now would run after its first window began:
+        on a TPU v5e chip, steps of 16 ms asked for every 40 while the last trace's 0.6 s stop ran). Lock held."""
+        if self._done and self._done[-1][0] >= n0 - 1:
+            return True
+        handed = self.dispatched()
+        return handed is not None and n0 - handed < self.lead
 
     def _count(self, result: str) -> None:
         with self._lock:
@@ -397,6 +409,10 @@ def _nothing() -> None:
     pass
 
 
+def _none() -> None:
+    return None
+
+
 class Off:
     """No usable jax.profiler: hooks that do nothing, and no trace on demand."""
 
@@ -407,6 +423,7 @@ class Off:
     watch = -1
     lead = LEAD
     look: Callable[[], None] = staticmethod(_nothing)
+    dispatched: Callable[[], int | None] = staticmethod(_none)
 
     def handed(self, number: int) -> None: ...
     def completed(self, numbers: Sequence[int], at: Sequence[float]) -> None: ...

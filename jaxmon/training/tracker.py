@@ -93,6 +93,8 @@ class Tracker:
             lambda: ledger.last_done,
         )  # fmt: skip
         self.sampler.look = self.waiter.look_now  # a traced block's last step is looked at as it comes
+        hand = self.hand
+        self.sampler.dispatched = lambda: hand.dispatched  # how far the job went while a block waited for the thread
         self._stepped: tuple[bool, int | None] = (False, None)  # the hand's stepping and dispatched, disarmed
         self.hand.arm(self, ops, clock, self._handed, self.waiter, self.sampler, self._problem, config.max_pending)
         self.waiter.start()

@@ -344,6 +344,38 @@ def test_a_block_asked_for_while_the_last_sample_stops_waits_for_it_and_is_busy_
         sampler.stop(5)
 
 
+@pytest.mark.parametrize("handed", [19, 21, 18, None])
+def test_a_block_the_job_reached_while_the_last_sample_stopped_is_busy_not_traced(handed: int | None) -> None:
+    """Block 20, asked for at step 18 while block 10's trace stops, whose lead steps the job handed meanwhile (none
+    of them computed yet): a trace started then would run after step 19's window began (on a TPU v5e chip, 16 ms
+    steps asked for every 40 failed so, 4 of 12). Counted busy and never started; a block the job did not reach
+    (18 handed: its lead of 2 left, or no host number) is traced."""
+    clock = [at(-45)]
+    profiler = HeldStop(gpu_space({0: GPU0}), clock)
+    sampler = Sampler(profiler, SamplerConfig(10, 2), clock=lambda: clock[0], wall_ns=lambda: START_UNIX_NS + 100_000)
+    dispatched = [8]
+    sampler.dispatched = lambda: dispatched[0]
+    traced = handed in (18, None)
+    try:
+        sampler.handed(8)
+        wait_until(lambda: profiler.starts == 1, what="block 10's trace started")
+        complete(sampler, [(9, at(0)), (10, at(50)), (11, at(100))])
+        wait_until(profiler.stopping.is_set, what="block 10's trace stopping")
+        sampler.handed(18)
+        dispatched[0] = handed  # type: ignore[assignment]
+        profiler.release.set()
+        if traced:
+            wait_until(lambda: profiler.starts == 2, what="block 20's trace started")
+            complete(sampler, [(19, at(0)), (20, at(50)), (21, at(100))])
+        wait_until(lambda: sum(got(sampler).results.values()) == 2, what="block 20 counted")
+        want = {"taken": 2, "busy": 0} if traced else {"taken": 1, "busy": 1}
+        assert got(sampler).results == {**want, "failed": 0, "skipped": 0}
+        assert profiler.starts == (2 if traced else 1)
+    finally:
+        profiler.release.set()
+        sampler.stop(5)
+
+
 def test_no_whole_step_is_a_failed_sample(make) -> None:  # type: ignore[no-untyped-def]
     profiler = FakeProfiler(gpu_space({0: GPU0}))
     sampler = make(profiler)
