@@ -178,10 +178,12 @@ def splits(
     trace: Trace, windows: list[tuple[int, int]]
 ) -> dict[tuple[str, int], tuple[float, list[float], dict[str, float], PlacedTotals]]:
     """Each device's seconds, parts (compute, collective, copy, idle), collective time by op (the sum of its
-    instructions' union times) and by place, summed over the windows (trace ns)."""
+    instructions' union times) and by place, summed over the steps' windows (trace ns), each edge on the device's
+    own completion of a program where the trace holds one (Trace.step_windows)."""
     out: dict[tuple[str, int], tuple[float, list[float], dict[str, float], PlacedTotals]] = {}
-    for t0, t1 in windows:
-        for device, s in trace.split(t0, t1).items():
+    for device, device_windows in sorted(trace.step_windows(windows).items()):
+        for t0, t1 in device_windows:
+            s = trace.split_ps(device, t0, t1)
             seconds, parts, collectives, placed = out.setdefault(device, (0.0, [0.0] * 4, {}, PlacedTotals()))
             for i, ps in enumerate((s.compute, s.collective, s.copy, s.idle)):
                 parts[i] += ps * PS

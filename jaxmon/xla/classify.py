@@ -55,10 +55,12 @@ from jaxmon.xla.hlo import COLLECTIVES
 from jaxmon.xla.intervals import COLLECTIVE, COMPUTE, COPY, Segment, innermost
 from jaxmon.xla.xspace import Plane, XSpace
 
-__all__ = ["COLLECTIVE_OPS", "Device", "Namer", "collective_kind", "device_segments"]
+__all__ = ["COLLECTIVE_OPS", "Device", "Namer", "Run", "collective_kind", "device_segments"]
 
 # (platform, local device ordinal)
 Device = tuple[str, int]
+# A program's run on a device: its start and end (ps, the trace's clock).
+Run = tuple[int, int]
 # The caller's names for the traced programs' instructions: (module name, program id, instruction name), the first two
 # None where the trace does not say, -> the kind its events are classified as (a collective), or None: not an
 # instruction the caller knows (classified by its opcode). A Mapping (instruction name -> kind) ignores the program.
@@ -223,6 +225,7 @@ class _Modules:
         spans.sort()
         self._spans = spans
         self._starts = [s[0] for s in spans]
+        self.runs = [(s[0], s[1]) for s in spans]  # each run's span: the device's own start and end of a program
         self.names = {program: name for _, _, name, program in spans if program is not None}
         modules.update(name for _, _, name, _ in spans)
 
@@ -242,7 +245,7 @@ class _Modules:
         return module, program
 
 
-def _gpu(plane: Plane, modules: set[str], known: Known) -> list[Segment]:
+def _gpu(plane: Plane, modules: set[str], known: Known) -> tuple[list[Segment], list[Run]]:
     hlo_op_id, module_id, program_id, memcpy_id = _stat_ids(plane, "hlo_op", "hlo_module", "program_id",
                                                             "memcpy_details")  # fmt: skip
     wanted = _wanted(hlo_op_id, module_id, program_id, memcpy_id)
@@ -274,10 +277,10 @@ def _gpu(plane: Plane, modules: set[str], known: Known) -> list[Segment]:
                 )
             events.append((e.start_ps, e.start_ps + e.duration_ps, found[0], found[1]))
         out.extend(innermost(events))
-    return out
+    return out, runs.runs
 
 
-def _tpu(plane: Plane, modules: set[str], known: Known) -> list[Segment]:
+def _tpu(plane: Plane, modules: set[str], known: Known) -> tuple[list[Segment], list[Run]]:
     category_id, program_id = _stat_ids(plane, "hlo_category", "program_id")
     wanted = _wanted(category_id, program_id)
     names = plane.event_names
@@ -304,17 +307,18 @@ def _tpu(plane: Plane, modules: set[str], known: Known) -> list[Segment]:
             events.append((e.start_ps, e.start_ps + e.duration_ps, found[0], found[1]))
         # Async ops in flight overlap one another without nesting: their line is taken as it is.
         out.extend(events if line.name == "Async XLA Ops" else innermost(events))
-    return out
+    return out, runs.runs
 
 
-def _cpu(plane: Plane, modules: set[str], known: Known) -> dict[Device, list[Segment]]:
-    hlo_op_id, module_id, program_id, ordinal_id = _stat_ids(plane, "hlo_op", "hlo_module", "program_id",
-                                                             "device_ordinal")  # fmt: skip
+def _cpu(plane: Plane, modules: set[str], known: Known) -> tuple[dict[Device, list[Segment]], dict[Device, list[Run]]]:
+    hlo_op_id, module_id, program_id, ordinal_id, run_id = _stat_ids(plane, "hlo_op", "hlo_module", "program_id",
+                                                                     "device_ordinal", "run_id")  # fmt: skip
     out: dict[Device, list[Segment]] = defaultdict(list)
     if hlo_op_id is None or ordinal_id is None:
-        return out
+        return out, {}
     cache: dict[tuple[str, str | None, int | None], tuple[int, str]] = {}
-    wanted = _wanted(hlo_op_id, module_id, program_id, ordinal_id)
+    wanted = _wanted(hlo_op_id, module_id, program_id, ordinal_id, run_id)
+    runs: dict[tuple[int, object], Run] = {}  # (ordinal, run id): its first op's start, its last op's end
     for line in plane.lines:
         per_device: dict[int, list[Segment]] = defaultdict(list)
         for e in line.iter_events(wanted):
@@ -331,10 +335,17 @@ def _cpu(plane: Plane, modules: set[str], known: Known) -> dict[Device, list[Seg
                 found = cache[key] = classify_hlo(op, "", known, module, program)
                 if module is not None:
                     modules.add(module)
-            per_device[ordinal].append((e.start_ps, e.start_ps + e.duration_ps, found[0], found[1]))
+            start, end = e.start_ps, e.start_ps + e.duration_ps
+            per_device[ordinal].append((start, end, found[0], found[1]))
+            if run_id is not None and (run := stats.get(run_id)) is not None:
+                first, last = runs.get((ordinal, run), (start, end))
+                runs[(ordinal, run)] = (min(first, start), max(last, end))
         for ordinal, events in per_device.items():
             out[("cpu", ordinal)].extend(innermost(events))
-    return out
+    spans: dict[Device, list[Run]] = defaultdict(list)
+    for (ordinal, _), span in runs.items():
+        spans[("cpu", ordinal)].append(span)
+    return out, dict(spans)
 
 
 def _module_event(event_name: str) -> tuple[str, int | None]:
@@ -343,26 +354,28 @@ def _module_event(event_name: str) -> tuple[str, int | None]:
     return (m.group(1), int(m.group(2))) if m else (event_name, None)
 
 
-def device_segments(space: XSpace, collectives: Known = _NONE) -> tuple[dict[Device, list[Segment]], set[str]]:
+def device_segments(
+    space: XSpace, collectives: Known = _NONE
+) -> tuple[dict[Device, list[Segment]], set[str], dict[Device, list[Run]]]:
     """Each local device's activity as segments (disjoint within each stream or thread, overlapping across them),
-    and the names of the HLO modules seen. Accelerator planes when there are any; else the CPU devices' ops on the
+    the names of the HLO modules seen, and each device's program runs (ps: a TPU's or GPU's `XLA Modules` spans, a
+    CPU device's ops of each `run_id`, first start to last end). Accelerator planes when there are any; else the CPU devices' ops on the
     host plane (on a GPU or TPU host the host plane's events are the launches, not device time). `collectives`
     names the collective instructions of the programs (a Namer, or instruction name -> kind), as the compiled HLO
     gives them: without it, a collective is recognised by its opcode or JAX primitive name only."""
     modules: set[str] = set()
     out: dict[Device, list[Segment]] = {}
+    ends: dict[Device, list[Run]] = {}
     for plane in space.planes:
         m = _DEVICE_PLANE.match(plane.name)
         if m is None:
             continue
-        ordinal = int(m.group(2))
-        if m.group(1) == "GPU":
-            out[("gpu", ordinal)] = _gpu(plane, modules, collectives)
-        else:
-            out[("tpu", ordinal)] = _tpu(plane, modules, collectives)
+        device = ("gpu" if m.group(1) == "GPU" else "tpu", int(m.group(2)))
+        out[device], ends[device] = (_gpu if m.group(1) == "GPU" else _tpu)(plane, modules, collectives)
     if not out:
         host = space.plane("/host:CPU")
         if host is not None:
-            out.update(_cpu(host, modules, collectives))
+            segments, ends = _cpu(host, modules, collectives)
+            out.update(segments)
     modules.discard("")
-    return out, modules
+    return out, modules, ends

@@ -14,9 +14,10 @@ profile (start to stop, or the events' extent when the stats are missing).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from bisect import bisect_right
+from dataclasses import dataclass, field
 
-from jaxmon.xla.classify import Device, Known, device_segments
+from jaxmon.xla.classify import Device, Known, Run, device_segments
 from jaxmon.xla.intervals import Segment, Split, split
 from jaxmon.xla.xspace import XSpace, parse
 
@@ -34,6 +35,7 @@ class Trace:
     hostnames: tuple[str, ...]
     start_unix_ns: int | None
     stop_unix_ns: int | None
+    runs: dict[Device, list[Run]] = field(default_factory=dict)  # each device's program runs (ps)
 
     @property
     def devices(self) -> list[Device]:
@@ -48,6 +50,37 @@ class Trace:
         if not starts:
             return 0, 0
         return min(starts) // PS_PER_NS, -(-max(ends) // PS_PER_NS)
+
+    def step_windows(self, windows: list[tuple[int, int]]) -> dict[Device, list[tuple[int, int]]]:
+        """Each device's picosecond windows for steps' `windows` (the trace's ns, in order, none overlapping). An
+        edge that cuts one of the device's program runs, begun after the last run that ended before the edge, is moved
+        back to that end: the device's own completion of the step, which the host saw a wake late (the edge held the
+        next step's first ops). Only back, never past the edge before it: the windows keep their order; every other
+        edge is kept."""
+        edges = sorted({edge for window in windows for edge in window})
+        out: dict[Device, list[tuple[int, int]]] = {}
+        for device in self.segments:
+            runs = self.runs.get(device, [])
+            starts = sorted(start for start, _ in runs)
+            ends = sorted(end for _, end in runs)
+            moved: dict[int, int] = {}
+            floor = -1
+            for edge in edges:
+                ps = moved[edge] = edge * PS_PER_NS
+                i = bisect_right(ends, ps) - 1
+                if i >= 0 and ends[i] > floor:
+                    k = bisect_right(starts, ends[i])
+                    if k < len(starts) and starts[k] < ps:  # a run began after that end and before the edge
+                        moved[edge] = ends[i]
+                floor = ps
+            out[device] = [(moved[a], moved[b]) for a, b in windows]
+        return out
+
+    def split_ps(self, device: Device, t0_ps: int, t1_ps: int) -> Split:
+        """One device's split of [t0_ps, t1_ps] (the trace's clock, picoseconds: step_windows())."""
+        if t1_ps < t0_ps:
+            raise ValueError(f"window ends at {t1_ps} ps, before it starts at {t0_ps} ps")
+        return split(self.segments[device], t0_ps, t1_ps)
 
     def trace_ns(self, unix_ns: int) -> int:
         """A Unix time (`time.time_ns()`) in the trace's clock."""
@@ -79,11 +112,12 @@ def read(data: bytes, collectives: Known | None = None) -> Trace:
     Namer that tells the programs apart (jaxmon.training.trace_links.Catalog); without it collectives are recognised
     by opcode or JAX primitive name (classify.py)."""
     space = parse(data)
-    segments, modules = device_segments(space, collectives or {})
+    segments, modules, runs = device_segments(space, collectives or {})
     return Trace(
         segments,
         frozenset(modules),
         tuple(space.hostnames),
         _int_stat(space, "profile_start_time"),
         _int_stat(space, "profile_stop_time"),
+        runs,
     )

@@ -246,3 +246,44 @@ def test_a_cross_device_copy_on_cpu_devices_is_no_device_event(tmp_path: Path) -
         totals = PlacedTotals()
         totals.add(s, 1e-12)
         assert s.copy == 0 and totals.copies() == {}, device
+
+
+def test_a_late_window_edge_moves_back_to_the_devices_own_end_of_the_step(mesh: Mesh, tmp_path: Path) -> None:
+    """Steps handed back to back and each waited for; each window edge is laid halfway to the next completion, as a
+    waiter that woke late dates a completion, inside the next step's run where the host re-dispatched at once (the
+    optimizer job's windows held a whole all-reduce of the next step: issue 49's CI failure). Each device's edges
+    move back to its own end of the step's run: every window holds exactly its step's all-reduce, no run is cut by an
+    edge, and an edge in an idle gap stays."""
+    w = jax.device_put(jnp.ones((512, 512)), NamedSharding(mesh, P()))
+    x = jax.device_put(jnp.ones((256, 512)), NamedSharding(mesh, P("data")))
+
+    def grad_step(w: jax.Array, x: jax.Array) -> jax.Array:
+        return w - 0.1 * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) @ w.T))(w)
+
+    step = jax.jit(grad_step)
+    jax.block_until_ready(step(w, x))
+    done: list[int] = []
+    jax.profiler.start_trace(str(tmp_path))
+    try:
+        for _ in range(5):
+            w = step(w, x)
+            jax.block_until_ready(w)
+            done.append(time.time_ns())
+    finally:
+        jax.profiler.stop_trace()
+    [path] = tmp_path.glob("plugins/profile/*/*.xplane.pb")
+    trace = read(path.read_bytes())
+    late = [trace.trace_ns((a + b) // 2) for a, b in zip(done, done[1:], strict=False)]  # 4 edges: 3 windows
+    windows = list(zip(late, late[1:], strict=False))
+    moved = trace.step_windows(windows)
+    assert sorted(moved) == CPUS
+    for device, device_windows in moved.items():
+        runs = trace.runs[device]
+        assert len(runs) >= 5, device
+        edges = sorted({e for window in device_windows for e in window})
+        assert all(a < b for a, b in zip(edges, edges[1:], strict=False)), device
+        assert not [(e, r) for e in edges for r in runs if r[0] < e < r[1]], device  # no run cut by an edge
+        for (a, b), (a_ns, b_ns) in zip(device_windows, windows, strict=True):
+            assert a <= a_ns * 1000 and b <= b_ns * 1000, device  # only back
+            s = trace.split_ps(device, a, b)
+            assert s.events == {"all-reduce": 1}, (device, s.events)  # the step's all-reduce, whole, and no other
