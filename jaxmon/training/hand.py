@@ -16,9 +16,12 @@ The protocol. The training thread only appends; every decision about a step is t
     number's and figures' arrays), where the waiter asked (`asked`), once per `waiter.every` of this thread's time
     (`_due`), or, `marked`, on the last step's when the host stopped stepping (pause(): a badput() block opens).
   - `PAUSED`: step() came `paused_after` or more after the step before: those before completed before it.
-  - a `Done`: pause() found the last step's hold (or the one the waiter waits for) complete: the steps handed before
-    it completed by its time (a badput() block opening next is on an idle device, however late the waiter wakes).
-- written by the waiter only, read here: `asked` (a new object: hold the next step, then wake it), `paused_after`,
+  - a `Done`: pause() found the last step's hold (or the one the waiter waits for) complete, or step() found the
+    one the waiter waits for complete (once per look): the steps handed before it completed by its time (a
+    badput() block opening next is on an idle device, and a loop that waits for its steps is dated by its own
+    calls, however late the waiter wakes).
+- written by the waiter only, read here: `asked` (a new object: hold the next step, then wake it), `waiting` (the hold
+  it waits for, set before it pops a look's items, None once the wait returned), `paused_after`,
   `device_step` (the last number it read off a device), and its own `booked` (steps taken and booked: with this
   thread's `_count`, what `max_pending` bounds), `every`, `room` (a step holding arrays hurries it once that many
   are pending: their objects would make the cyclic GC collect). `let_go()` is its call once the loop is still: the
@@ -52,6 +55,10 @@ _warned = False
 NO_CALLS: tuple[()] = ()  # the tracked calls of a step that made none (shared)
 HOST = frozenset({int, float, type(None)})  # step() arguments taken as they are
 PAUSED = object()
+# While the waiter waits for a hold, step() looks whether it is complete at most once per this many seconds of its own
+# time (the GIL's switch interval: the waiter's own wake is no finer): a call into JAX per look at most, on a loop of
+# steps longer than this.
+RECHECK = 0.005
 LOST = object()  # an array deleted or donated before step() could hold it
 _NO_BLOCKS = Blocks(0, 1)  # a disarmed hand's sampled blocks: no retry ever
 
@@ -86,7 +93,7 @@ def handles(hold: Hold | Given) -> list[Any]:
 
 
 class Done(NamedTuple):
-    """The steps handed before it completed by `at` (pause() found the last one's hold complete then)."""
+    """The steps handed before it completed by `at` (pause() or step() found a hold of theirs complete then)."""
 
     at: float
 
@@ -173,6 +180,8 @@ class Hand:
         self.paused_after = float("inf")  # the waiter's
         self.device_step: int | None = None  # the waiter's
         self.waiting: Hold | Given | None = None  # the waiter's: the newest hold it waits for (in _take)
+        self._checked: Hold | Given | None = None  # the last `waiting` step() looked at
+        self._recheck = float("inf")  # when step() looks at it again (inf: found complete)
         self._due = -float("inf")  # a step is held from then on anyway
         self._ready: tuple[Any, ...] = ()
         # What the next step may follow on from: the last host number (None: a Given next), the figures as given and
@@ -213,6 +222,8 @@ class Hand:
         appended to a deque); never raises. Without a running start() or publish(): nothing (one warning)."""
         try:
             handed = self._clock()
+            if (waiting := self.waiting) is not None and (waiting is not self._checked or handed >= self._recheck):
+                self._done_by(waiting, handed)
             previous, self._previous = self._previous, handed
             calls = self.calls
             self.calls = NO_CALLS
@@ -356,6 +367,19 @@ class Hand:
         if items:
             self._handed.extend(items)
             self.waiter.hurry()
+
+    def _done_by(self, hold: Hold | Given, now: float) -> None:
+        """The hold the waiter waits for, looked at (at most once per RECHECK of this thread's time): complete
+        already, the steps before it completed by now. A loaded machine schedules the waiter milliseconds after the
+        completion, where the loop has called since (it waited for the step, or ran on): a Done dates them by this
+        call, not by the waiter's late wake."""
+        self._checked, self._recheck = hold, now + RECHECK
+        try:  # jaxmon's own handles: never emptied by a delete(), so this never crashes (a donated one raises)
+            if self.ops.ready(handles(hold)):
+                self._handed.append(Done(self._clock()))
+                self._recheck = float("inf")
+        except Exception:
+            self._recheck = float("inf")
 
     def let_go(self) -> None:
         """Hold nothing of a still loop (the waiter's call)."""
