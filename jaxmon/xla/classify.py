@@ -359,23 +359,24 @@ def device_segments(
 ) -> tuple[dict[Device, list[Segment]], set[str], dict[Device, list[Run]]]:
     """Each local device's activity as segments (disjoint within each stream or thread, overlapping across them),
     the names of the HLO modules seen, and each device's program runs (ps: a TPU's or GPU's `XLA Modules` spans, a
-    CPU device's ops of each `run_id`, first start to last end). Accelerator planes when there are any; else the CPU devices' ops on the
-    host plane (on a GPU or TPU host the host plane's events are the launches, not device time). `collectives`
+    CPU device's ops of each `run_id`, first start to last end). Accelerator planes when there are any; else the CPU
+    devices' ops on the host plane (on a GPU or TPU host the host plane's events are the launches, not device
+    time). `collectives`
     names the collective instructions of the programs (a Namer, or instruction name -> kind), as the compiled HLO
     gives them: without it, a collective is recognised by its opcode or JAX primitive name only."""
     modules: set[str] = set()
     out: dict[Device, list[Segment]] = {}
-    ends: dict[Device, list[Run]] = {}
+    runs: dict[Device, list[Run]] = {}
     for plane in space.planes:
         m = _DEVICE_PLANE.match(plane.name)
         if m is None:
             continue
         device = ("gpu" if m.group(1) == "GPU" else "tpu", int(m.group(2)))
-        out[device], ends[device] = (_gpu if m.group(1) == "GPU" else _tpu)(plane, modules, collectives)
+        out[device], runs[device] = (_gpu if m.group(1) == "GPU" else _tpu)(plane, modules, collectives)
     if not out:
         host = space.plane("/host:CPU")
         if host is not None:
-            segments, ends = _cpu(host, modules, collectives)
+            segments, runs = _cpu(host, modules, collectives)
             out.update(segments)
     modules.discard("")
-    return out, modules, ends
+    return out, modules, runs

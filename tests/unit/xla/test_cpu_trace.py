@@ -3,6 +3,7 @@ collective, each traced for 2 steps with `jax.profiler.start_trace`/`stop_trace`
 
 from __future__ import annotations
 
+import itertools
 import os
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
@@ -273,15 +274,15 @@ def test_a_late_window_edge_moves_back_to_the_devices_own_end_of_the_step(mesh: 
         jax.profiler.stop_trace()
     [path] = tmp_path.glob("plugins/profile/*/*.xplane.pb")
     trace = read(path.read_bytes())
-    late = [trace.trace_ns((a + b) // 2) for a, b in zip(done, done[1:], strict=False)]  # 4 edges: 3 windows
-    windows = list(zip(late, late[1:], strict=False))
+    late = [trace.trace_ns((a + b) // 2) for a, b in itertools.pairwise(done)]  # 4 edges: 3 windows
+    windows = list(itertools.pairwise(late))
     moved = trace.step_windows(windows)
     assert sorted(moved) == CPUS
     for device, device_windows in moved.items():
         runs = trace.runs[device]
         assert len(runs) >= 5, device
         edges = sorted({e for window in device_windows for e in window})
-        assert all(a < b for a, b in zip(edges, edges[1:], strict=False)), device
+        assert all(a < b for a, b in itertools.pairwise(edges)), device
         assert not [(e, r) for e in edges for r in runs if r[0] < e < r[1]], device  # no run cut by an edge
         for (a, b), (a_ns, b_ns) in zip(device_windows, windows, strict=True):
             assert a <= a_ns * 1000 and b <= b_ns * 1000, device  # only back
