@@ -53,26 +53,34 @@ class Trace:
 
     def step_windows(self, windows: list[tuple[int, int]]) -> dict[Device, list[tuple[int, int]]]:
         """Each device's picosecond windows for steps' `windows` (the trace's ns, in order, none overlapping). An
-        edge that cuts one of the device's program runs, begun after the last run that ended before the edge, is moved
-        back to that end: the device's own completion of the step, which the host saw a wake late (the edge held the
-        next step's first ops). Only back, never past the edge before it: the windows keep their order; every other
-        edge is kept."""
+        edge that cuts one of the device's program runs is a completion dated off the device's own: late by the
+        host's wake (inside the next step's first run), or early by an inferred date or the two clocks' offset. It
+        moves to the nearer end of the step: back to the end of the run before the cut one (its start where none
+        ended since the edge before), or on to the cut run's end, but for the trace's last run: the trace's stop may
+        have cut that one short (its "end" the last op done by then). Never past a neighbouring edge: the windows keep
+        their order; an edge in an idle gap is kept."""
         edges = sorted({edge for window in windows for edge in window})
         out: dict[Device, list[tuple[int, int]]] = {}
         for device in self.segments:
-            runs = self.runs.get(device, [])
-            starts = sorted(start for start, _ in runs)
+            runs = sorted(self.runs.get(device, []))
+            starts = [start for start, _ in runs]
             ends = sorted(end for _, end in runs)
+            last = ends[-1] if ends else None  # the end of the run the trace's stop may have cut
             moved: dict[int, int] = {}
-            floor = -1
-            for edge in edges:
+            floor = -1  # the edge before, as moved
+            for index, edge in enumerate(edges):
                 ps = moved[edge] = edge * PS_PER_NS
-                i = bisect_right(ends, ps) - 1
-                if i >= 0 and ends[i] > floor:
-                    k = bisect_right(starts, ends[i])
-                    if k < len(starts) and starts[k] < ps:  # a run began after that end and before the edge
-                        moved[edge] = ends[i]
-                floor = ps
+                ceiling = edges[index + 1] * PS_PER_NS if index + 1 < len(edges) else None
+                i = bisect_right(starts, ps) - 1  # the last run begun by the edge: cut if it ends after it
+                if i >= 0 and runs[i][1] > ps:
+                    start, end = runs[i]
+                    j = bisect_right(ends, start) - 1  # the last run that ended before the cut one began
+                    back = ends[j] if j >= 0 and ends[j] > floor else start
+                    if end - ps < ps - back and end != last and (ceiling is None or end < ceiling):
+                        moved[edge] = end
+                    elif back > floor:
+                        moved[edge] = back
+                floor = moved[edge]
             out[device] = [(moved[a], moved[b]) for a, b in windows]
         return out
 

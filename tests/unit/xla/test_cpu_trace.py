@@ -249,12 +249,12 @@ def test_a_cross_device_copy_on_cpu_devices_is_no_device_event(tmp_path: Path) -
         assert s.copy == 0 and totals.copies() == {}, device
 
 
-def test_a_late_window_edge_moves_back_to_the_devices_own_end_of_the_step(mesh: Mesh, tmp_path: Path) -> None:
-    """Steps handed back to back and each waited for; each window edge is laid halfway to the next completion, as a
-    waiter that woke late dates a completion, inside the next step's run where the host re-dispatched at once (the
-    optimizer job's windows held a whole all-reduce of the next step: issue 49's CI failure). Each device's edges
-    move back to its own end of the step's run: every window holds exactly its step's all-reduce, no run is cut by an
-    edge, and an edge in an idle gap stays."""
+def test_a_window_edge_inside_a_run_moves_to_the_devices_own_end_of_the_step(mesh: Mesh, tmp_path: Path) -> None:
+    """Steps handed back to back and each waited for. The window edges are laid inside the runs, as completions dated
+    off the device's own: a fifth into the next step's run (a waiter that woke late: the optimizer job's windows held
+    the next step's all-reduce, issue 49's CI failure) or a fifth of a run before its end (an inferred date, or the
+    host's clock a little behind the trace's: a window then held the step before whole). Each device's edges move to
+    its own end of the step: every window holds exactly its step's all-reduce and no run is cut by an edge."""
     w = jax.device_put(jnp.ones((512, 512)), NamedSharding(mesh, P()))
     x = jax.device_put(jnp.ones((256, 512)), NamedSharding(mesh, P("data")))
 
@@ -263,28 +263,31 @@ def test_a_late_window_edge_moves_back_to_the_devices_own_end_of_the_step(mesh: 
 
     step = jax.jit(grad_step)
     jax.block_until_ready(step(w, x))
-    done: list[int] = []
     jax.profiler.start_trace(str(tmp_path))
     try:
-        for _ in range(5):
+        for _ in range(6):
             w = step(w, x)
             jax.block_until_ready(w)
-            done.append(time.time_ns())
     finally:
         jax.profiler.stop_trace()
     [path] = tmp_path.glob("plugins/profile/*/*.xplane.pb")
     trace = read(path.read_bytes())
-    late = [trace.trace_ns((a + b) // 2) for a, b in itertools.pairwise(done)]  # 4 edges: 3 windows
-    windows = list(itertools.pairwise(late))
-    moved = trace.step_windows(windows)
+    runs = {device: sorted(trace.runs[device]) for device in CPUS}
+    assert {len(r) for r in runs.values()} == {6}, runs  # one run of the step program a step, on every device
+    # Step k completes (as the host sees it) when its last device's run ends; steps 1-4's completions dated 2 ms
+    # late (inside some devices' next run) or 2 ms early (inside the slowest device's own), alternately.
+    ms = 1_000_000  # ns
+    ends = [max(r[k][1] for r in runs.values()) // 1000 for k in range(1, 5)]
+    windows = list(itertools.pairwise(end + (2 * ms if k % 2 else -2 * ms) for k, end in enumerate(ends)))
+    moved = trace.step_windows(windows)  # steps 2, 3 and 4
     assert sorted(moved) == CPUS
+    cuts = sum(r[0] < e * 1000 < r[1] for w in windows for e in w for rs in runs.values() for r in rs)
+    assert cuts >= len(windows), cuts  # the dated edges do cut runs
     for device, device_windows in moved.items():
-        runs = trace.runs[device]
-        assert len(runs) >= 5, device
         edges = sorted({e for window in device_windows for e in window})
         assert all(a < b for a, b in itertools.pairwise(edges)), device
-        assert not [(e, r) for e in edges for r in runs if r[0] < e < r[1]], device  # no run cut by an edge
-        for (a, b), (a_ns, b_ns) in zip(device_windows, windows, strict=True):
-            assert a <= a_ns * 1000 and b <= b_ns * 1000, device  # only back
+        cut = [(e, r) for e in edges for r in trace.runs[device] if r[0] < e < r[1]]
+        assert not cut, (device, cut)
+        for a, b in device_windows:
             s = trace.split_ps(device, a, b)
             assert s.events == {"all-reduce": 1}, (device, s.events)  # the step's all-reduce, whole, and no other

@@ -90,10 +90,11 @@ def test_each_tpu_op_is_asked_for_by_its_program_and_instruction() -> None:
     assert asked == want
 
 
-def test_the_real_tpu_traces_program_runs_are_its_xla_modules_line_and_a_late_edge_moves_back_to_a_runs_end() -> None:
-    """The device's own runs of the step program are the `XLA Modules` line's events as jaxlib reads them; a window
+def test_the_real_tpu_traces_runs_are_its_xla_modules_line_and_an_edge_inside_one_moves_to_a_steps_end() -> None:
+    """The device's own runs of the step program are the `XLA Modules` line's events as jaxlib reads them. A window
     edge laid 1 ms into the second run (a waiter's late view of the first step's completion) moves back to the end
-    of the first, and an edge in the idle after the last run stays."""
+    of the first; one laid 1 ms before the second run's end (a date a little early) moves on to that end; an edge in
+    the idle after the last run stays; one inside the trace's last run moves back."""
     data = ProfileData.from_serialized_xspace(TRACE.read_bytes())
     (plane,) = [p for p in data.planes if p.name == "/device:TPU:0"]
     (line,) = [ln for ln in plane.lines if ln.name == "XLA Modules"]
@@ -103,8 +104,14 @@ def test_the_real_tpu_traces_program_runs_are_its_xla_modules_line_and_a_late_ed
     assert len(runs) == 3 and [r[0] for r in runs] == pytest.approx([t[0] for t in truth], abs=2 * PS_PER_NS)
     assert [r[1] for r in runs] == pytest.approx([t[1] for t in truth], abs=2 * PS_PER_NS)  # jaxlib: whole ns
     first, second, third = runs
-    cut = (second[0] + 1_000_000_000) // PS_PER_NS  # 1 ms into the second run, in ns
-    after = third[1] // PS_PER_NS + 1_000_000  # 1 ms after the last run
+    ms = 1_000_000  # ns
+    late = second[0] // PS_PER_NS + ms
+    early = second[1] // PS_PER_NS - ms
+    after = third[1] // PS_PER_NS + ms
     begin = max(first[0] // PS_PER_NS - 1, 0)
-    (windows,) = trace.step_windows([(begin, cut), (cut, after)]).values()
-    assert windows == [(begin * PS_PER_NS, first[1]), (first[1], after * PS_PER_NS)]
+    (windows,) = trace.step_windows([(begin, late), (late, early), (early, after)]).values()
+    assert windows == [(begin * PS_PER_NS, first[1]), (first[1], second[1]), (second[1], after * PS_PER_NS)]
+    # An edge 1 ms before the trace's last run's end moves back: that end may be the trace's stop, not the step's.
+    inside_last = third[1] // PS_PER_NS - ms
+    (windows,) = trace.step_windows([(begin, inside_last)]).values()
+    assert windows == [(begin * PS_PER_NS, second[1])]
