@@ -205,7 +205,7 @@ def test_a_badput_opened_after_the_loop_waited_for_its_step_is_charged_whole_how
 class OnceLate(JaxTraining):
     """The waiter's wait returns `late` after its arrays completed once, at its `at`-th wait (a load spike)."""
 
-    late = 0.06
+    late = 0.1
 
     def __init__(self, source: LocalSource, at: int) -> None:
         super().__init__(source)
@@ -224,11 +224,12 @@ def test_a_late_wake_dates_the_step_by_the_loops_next_call_that_found_it_complet
     make_tracker: MakeTracker, source: LocalSource, at: int, ahead: int
 ) -> None:
     """A loop that waits for each step (`ahead` 0) or for the one two before it, and a waiter whose wait returns
-    60 ms late once, at its first look (the startup's end: Keras's first step in CI) or a later one: step() finds
+    100 ms late once, at its first look (the startup's end: Keras's first step in CI) or a later one: step() finds
     the hold the waiter waits for complete (once per RECHECK of the loop's time) and says so. Without that, the late
-    wake dated that step 60 ms late and the queue spread it over the steps around it (a sampled window held the next
-    steps' ops: issue 49's CI failure). Every completion is the loop's own within 20 ms, but the last steps', taken
-    after the loop ended without a hold (booked with no wait before them)."""
+    wake dated that step 100 ms late and the queue spread it over the steps around it (a sampled window held the next
+    steps' ops: issue 49's CI failure). Every completion is the loop's own within 40 ms (the loop's own view is a
+    thread wake late too: 21 ms under the whole suite's load), but the last steps', taken after the loop ended
+    without a hold (booked with no wait before them)."""
     ops = OnceLate(source, at)
     tracker = make_tracker(ops=ops)
     booked: dict[int, float] = {}
@@ -259,7 +260,7 @@ def test_a_late_wake_dates_the_step_by_the_loops_next_call_that_found_it_complet
     assert ops.waits > ops.at, ops.waits  # the late wake came
     late = {k: round((t - done[k]) * 1e3, 1) for k, t in booked.items()}
     assert len(late) > steps // 2, len(late)
-    assert max(late.values()) < 20, {k: v for k, v in late.items() if v >= 20}
+    assert max(late.values()) < 40, {k: v for k, v in late.items() if v >= 40}
 
 
 def goodput(reading: TrainingReading) -> float:
