@@ -16,10 +16,12 @@ The protocol. The training thread only appends; every decision about a step is t
     number's and figures' arrays), where the waiter asked (`asked`), once per `waiter.every` of this thread's time
     (`_due`), or, `marked`, on the last step's when the host stopped stepping (pause(): a badput() block opens).
   - `PAUSED`: step() came `paused_after` or more after the step before: those before completed before it.
-  - a `Done`: pause() found the last step's hold (or the one the waiter waits for) complete, or step() found the
-    one the waiter waits for complete (once per look): the steps handed before it completed by its time (a
-    badput() block opening next is on an idle device, and a loop that waits for its steps is dated by its own
-    calls, however late the waiter wakes).
+  - a `Done`: pause() found the last step's hold (or the one the waiter waits for) complete: the steps handed before
+    it completed by its time (a badput() block opening next is on an idle device, however late the waiter wakes).
+  - a `Found`: step() found the hold the waiter waits for complete, by its time (it looks at most once per RECHECK
+    of its own time while the waiter waits): that hold's step completed by then, not those handed since; the waiter
+    reads it only for the hold it waits for, so that a loop that called since is dated by its own call, however
+    late the waiter wakes.
 - written by the waiter only, read here: `asked` (a new object: hold the next step, then wake it), `waiting` (the hold
   it waits for, set before it pops a look's items, None once the wait returned), `paused_after`,
   `device_step` (the last number it read off a device), and its own `booked` (steps taken and booked: with this
@@ -56,8 +58,8 @@ NO_CALLS: tuple[()] = ()  # the tracked calls of a step that made none (shared)
 HOST = frozenset({int, float, type(None)})  # step() arguments taken as they are
 PAUSED = object()
 # While the waiter waits for a hold, step() looks whether it is complete at most once per this many seconds of its own
-# time (the GIL's switch interval: the waiter's own wake is no finer): a call into JAX per look at most, on a loop of
-# steps longer than this.
+# time (the GIL's switch interval: the waiter's own wake is no finer): one call into JAX, on jaxmon's own handles, per
+# this much of the loop's time at most, and only while the waiter waits.
 RECHECK = 0.005
 LOST = object()  # an array deleted or donated before step() could hold it
 _NO_BLOCKS = Blocks(0, 1)  # a disarmed hand's sampled blocks: no retry ever
@@ -93,9 +95,17 @@ def handles(hold: Hold | Given) -> list[Any]:
 
 
 class Done(NamedTuple):
-    """The steps handed before it completed by `at` (pause() or step() found a hold of theirs complete then)."""
+    """The steps handed before it completed by `at` (pause() found a hold of theirs complete then)."""
 
     at: float
+
+
+class Found(NamedTuple):
+    """step() found `hold`, the one the waiter waits for, complete by `at`: that hold's step and those before it
+    only (steps handed since may still run)."""
+
+    at: float
+    hold: Any
 
 
 class Waiting(Protocol):
@@ -219,7 +229,8 @@ class Hand:
         anything else is dropped for the step and counted (reason="invalid"). A JAX array is read once computed,
         never here, and alone says when its step completed; deleting or donating any array afterwards is safe.
         Returns at once: no device wait, no JAX call on the common path (a step that follows on is one float
-        appended to a deque); never raises. Without a running start() or publish(): nothing (one warning)."""
+        appended to a deque; while jaxmon's waiter waits, at most once per RECHECK a readiness check of jaxmon's own
+        handles); never raises. Without a running start() or publish(): nothing (one warning)."""
         try:
             handed = self._clock()
             if (waiting := self.waiting) is not None and (waiting is not self._checked or handed >= self._recheck):
@@ -370,13 +381,13 @@ class Hand:
 
     def _done_by(self, hold: Hold | Given, now: float) -> None:
         """The hold the waiter waits for, looked at (at most once per RECHECK of this thread's time): complete
-        already, the steps before it completed by now. A loaded machine schedules the waiter milliseconds after the
-        completion, where the loop has called since (it waited for the step, or ran on): a Done dates them by this
-        call, not by the waiter's late wake."""
+        already, its step completed by now. A loaded machine schedules the waiter milliseconds after the completion,
+        where the loop has called since (it waited for the step, or ran on): a Found dates that step by this call,
+        not by the waiter's late wake. `_checked` keeps the hold only until the next look's, or the loop goes still."""
         self._checked, self._recheck = hold, now + RECHECK
         try:  # jaxmon's own handles: never emptied by a delete(), so this never crashes (a donated one raises)
             if self.ops.ready(handles(hold)):
-                self._handed.append(Done(self._clock()))
+                self._handed.append(Found(self._clock(), hold))
                 self._recheck = float("inf")
         except Exception:
             self._recheck = float("inf")
@@ -384,6 +395,7 @@ class Hand:
     def let_go(self) -> None:
         """Hold nothing of a still loop (the waiter's call)."""
         self._ready = ()
+        self._checked = None
 
 
 def _same(value: Any, before: Any) -> bool:

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 from jaxmon.threads import Worker
 from jaxmon.training.dating import apportion
-from jaxmon.training.hand import HOST, LOST, PAUSED, Done, Given, Hand, Hold, handles, shown
+from jaxmon.training.hand import HOST, LOST, PAUSED, Done, Found, Given, Hand, Hold, handles, shown
 from jaxmon.training.handed import TrainingOps
 from jaxmon.training.ledger import Run, usable
 
@@ -46,7 +46,7 @@ LOOK_STEPS = 2000  # the most steps a look waits for: past them a batch costs mo
 RECENT = 8  # the looks whose least lead is the host's
 LOSS_EVERY = LOOK_MAX  # the loss gauge is read at most this often while the loop steps
 FIELDS = ("step", "examples", "tokens", "model_flops")
-MARKERS = (Given, Hold, Done)  # the items handed that are no step (PAUSED neither)
+MARKERS = (Given, Hold, Done, Found)  # the items handed that are no step (PAUSED neither)
 
 
 class Taken(NamedTuple):
@@ -277,9 +277,10 @@ class Waiter:
         seen = ends[-1] if ran else None
         with quiet():
             after = list(self._handed)
-            # A Done handed since: the training thread found a step after the newest complete first (the device runs
-            # them in order), by then.
-            if (by := next((item.at for item in after if type(item) is Done), None)) is not None:
+            # A Done handed since (pause() found a step after the newest complete: the device runs them in order), or
+            # a Found of this hold (step() found it complete): the newest completed by then.
+            found = (item.at for item in after if type(item) is Done or (type(item) is Found and item.hold is newest))
+            if (by := next(found, None)) is not None:
                 looked, seen = min(looked, by), None if seen is None else min(seen, by)
             # The host's lead: its calls while the newest ran (the least of recent looks': a call right after the
             # completion, before this thread had the GIL back, reads as lead). Paced if it holds; if it grows, not.
@@ -438,6 +439,8 @@ class Waiter:
                     taken.pauses.append(len(handed))
                 elif kind is Hold:
                     taken.orphans.append(item)
+            elif kind is Found:
+                pass  # (read by _take for the hold it waited for: no mark of the steps before it)
             elif kind is Done:
                 if handed:  # (one first says the newest step of the look before was done by then: _take reads it)
                     taken.marks[len(handed) - 1] = item.at

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import random
 import sys
+from collections import deque
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import jax
@@ -18,6 +20,9 @@ import pytest
 import jaxmon
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
+from jaxmon.training.hand import Found, Given, Hold
+from jaxmon.training.ledger import Run
+from jaxmon.training.waiter import Waiter
 from tests.helpers import wait_until
 from tests.unit.training.conftest import MakeTracker, booked
 
@@ -98,3 +103,56 @@ def test_every_step_is_booked_once_with_its_own_figures_however_the_threads_inte
     assert ops.held and set(ops.held) <= ops.waited  # every hold handed was waited on
     devices = {(d.platform, d.id): d.hardware_flops_total for d in reading.devices}
     assert devices[(jax.devices()[0].platform, jax.devices()[0].id)] is not None  # each call's FLOPs booked
+
+
+class Paced:
+    """The waiter's JAX side, scripted: the hold it waits for still runs when it looks; while it waits, the training
+    thread hands `during` (as step() would) and the wait returns at `seen` on the waiter's clock."""
+
+    def __init__(self, handed: deque[Any], clock: list[float]) -> None:
+        self.handed, self.clock = handed, clock
+        self.during: list[Any] = []
+        self.seen = 0.0
+
+    def ready(self, handles: list[Any]) -> bool:
+        return False
+
+    def is_array(self, value: Any) -> bool:
+        return False
+
+    def wait(self, handles: list[Any]) -> None:
+        self.handed.extend(self.during)
+        self.clock[0] = self.seen
+
+
+def test_a_found_hold_dates_its_own_step_by_the_call_that_found_it_and_not_the_steps_handed_since() -> None:
+    """A loop two steps ahead: step 2's hold is waited for; while the waiter (woken 100 ms late) waits, the loop
+    hands step 3 (the hold still runs), then step 4, whose step() finds step 2's hold complete and hands a Found
+    before it. Step 2 completed by the Found's time, not the late wake; step 3, handed before the Found but after
+    the hold, is no Found's: the next look dates it after step 2, by its own hold. A Found of another hold (a
+    step() that read `waiting` before the look changed it) says nothing of this one."""
+    handed: deque[Any] = deque()
+    clock = [0.0]
+    ops = Paced(handed, clock)
+    hand = SimpleNamespace(waiting=None, let_go=lambda: None)
+    dates: list[float] = []
+
+    def book(runs: list[Run], loss: Any, of: Any) -> None:
+        for run in runs:
+            assert run.done is not None
+            dates.extend(run.done)
+
+    waiter = Waiter(hand, handed, ops, lambda: clock[0], book, lambda *a, **k: None,  # type: ignore[arg-type]
+                    lambda: 0.020, lambda: dates[-1] if dates else 0.0)  # fmt: skip
+    hold2, hold4, other = Hold([object()]), Hold([object()]), Hold([object()])
+    handed.extend([Given(0, None, None, None, ()), 0.000, 0.010, 0.020, hold2])  # steps 0-2, step 2 held
+    clock[0] = 0.021
+    ops.during = [0.030, Found(0.071, other), Found(0.072, hold2), 0.072]  # steps 3 and 4, step 4's call found it
+    ops.seen = 0.172  # the waiter's late wake
+    waiter._take(len(handed))
+    assert dates[2] == pytest.approx(0.072)  # by the Found, not the wake at 0.172
+    handed.append(hold4)
+    ops.during, ops.seen = [], 0.095
+    waiter._take(len(handed))
+    assert len(dates) == 5 and dates[4] == pytest.approx(0.095)
+    assert 0.072 < dates[3] < dates[4], dates  # step 3 after step 2's completion: no mark at the Found
