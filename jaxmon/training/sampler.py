@@ -111,6 +111,7 @@ class Sampler:
         # after the trace did. At most `every - steps`: a block's trace is asked for after the last one's block.
         self.lead = LEAD
         self._asked = 0.0  # when the last block was asked for (the tracker's clock)
+        self._asked_at = 0  # the step whose hand-off asked for it
         self._asked_block = 0  # the last regular block handed() considered
         self._starts: deque[float] = deque(maxlen=STARTS)  # the profiler's last starts: from the ask to running
         self._worker = Worker("profile", self._run, self._notify)
@@ -144,7 +145,7 @@ class Sampler:
             if self._request is None:  # the sample under way, if one, ends within its steps: this one comes next
                 if self.blocks.begin(n0):
                     self._request, self._queued = n0, self._block is not None
-                    self._asked = self._clock()
+                    self._asked, self._asked_at = self._clock(), number
                     self.watch = n0 + self.config.steps - 2  # the block's last step - 1 (> number: LEAD is 2)
                     self._wake.notify_all()
                 else:  # a badput() block still open covers it: no trace
@@ -197,8 +198,8 @@ class Sampler:
                 if n0 is None or self._stopping:
                     return
                 self._block, self._request = n0, None
-                asked = self._asked
-                if self._queued and self._reached(n0):  # the last one ended too late
+                asked, asked_at = self._asked, self._asked_at
+                if self._queued and self._reached(n0, asked_at):  # the last one ended too late
                     self._results["busy"] += 1  # jaxmon's own sample held the profiler until the job reached it
                     self._block = None
                     self.blocks.finish(n0)
@@ -213,14 +214,15 @@ class Sampler:
                     self._block = None
                     self.blocks.finish(n0)
 
-    def _reached(self, n0: int) -> bool:
-        """Block `n0`, asked for while the sample before it stopped, can no longer be traced whole: its steps ran, or
-        the job handed the steps in its lead meanwhile (a trace started now would run after its first window began:
-        on a TPU v5e chip, steps of 16 ms asked for every 40 while the last trace's 0.6 s stop ran). Lock held."""
+    def _reached(self, n0: int, asked_at: int) -> bool:
+        """Block `n0`, asked for at step `asked_at`'s hand-off while the sample before it stopped, can no longer be
+        traced whole: its steps ran, or the job handed steps since the ask, into the lead (a trace started now would
+        run after its first window began: on a TPU v5e chip, steps of 16 ms asked for every 40 while the last trace's
+        0.6 s stop ran). Lock held."""
         if self._done and self._done[-1][0] >= n0 - 1:
             return True
         handed = self.dispatched()
-        return handed is not None and n0 - handed < self.lead
+        return handed is not None and handed > asked_at and n0 - handed < self.lead
 
     def _count(self, result: str) -> None:
         with self._lock:
