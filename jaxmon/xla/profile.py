@@ -55,11 +55,18 @@ class Trace:
         """Each device's picosecond windows for steps' `windows` (the trace's ns, in order, none overlapping). An
         edge that cuts one of the device's program runs is a completion dated off the device's own: late by the
         host's wake (inside the next step's first run), or early by an inferred date or the two clocks' offset. It
-        moves to the nearer end of the step: back to the end of the run before the cut one (its start where none
-        ended since the edge before), or on to the cut run's end, but for the trace's last run: the trace's stop may
-        have cut that one short (its "end" the last op done by then). Never past a neighbouring edge: the windows keep
+        moves to the nearer end of a program run on that device: back to the end of the run before the cut one (its
+        start where none ended since the edge before), or on to the cut run's end, but for the trace's last run: the
+        trace's stop may have cut that one short (its "end" the last op done by then). An edge between two runs of
+        one step (a step of several programs) moves to one of them: the block's windows still sum its steps. A move
+        is at most half the shorter window the edge bounds: a run longer than that is no step's (a trace whose one
+        run spans the block). Never past a neighbouring edge: the windows keep
         their order; an edge in an idle gap is kept."""
         edges = sorted({edge for window in windows for edge in window})
+        reach: dict[int, int] = {}  # each edge's longest move (ps): half the shorter window it bounds
+        for a, b in windows:
+            for edge in (a, b):
+                reach[edge] = min(reach.get(edge, b - a), b - a) * PS_PER_NS // 2
         out: dict[Device, list[tuple[int, int]]] = {}
         for device in self.segments:
             runs = sorted(self.runs.get(device, []))
@@ -77,8 +84,8 @@ class Trace:
                     j = bisect_right(ends, start) - 1  # the last run that ended before the cut one began
                     back = ends[j] if j >= 0 and ends[j] > floor else start
                     if end - ps < ps - back and end != last and (ceiling is None or end < ceiling):
-                        moved[edge] = end
-                    elif back > floor:
+                        moved[edge] = end if end - ps <= reach[edge] else ps
+                    elif back > floor and ps - back <= reach[edge]:
                         moved[edge] = back
                 floor = moved[edge]
             out[device] = [(moved[a], moved[b]) for a, b in windows]
