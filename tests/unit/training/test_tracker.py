@@ -211,11 +211,13 @@ class OnceLate(JaxTraining):
         super().__init__(source)
         self.at = at
         self.waits = 0
+        self.late_step = 0
 
     def wait(self, handles: list[Any]) -> None:
         super().wait(handles)
         self.waits += 1
         if self.waits == self.at:
+            self.late_step = hand.HAND._count  # (about where the loop was: the steps handed so far)
             time.sleep(self.late)
 
 
@@ -246,16 +248,19 @@ def test_a_late_wake_dates_the_step_by_the_loops_next_call_that_found_it_complet
     f = slow_step(256, 8)
     x = jnp.ones((256, 256))
     done: list[float] = []
-    steps = 600 if at > 1 else 200  # the 11th look: after about 360 steps of these
     outs: list[jax.Array] = []
-    for n in range(steps + ahead):
-        if n < steps:
-            x = f(x)
-            jaxmon.step(n, x)
-            outs.append(x)
-        if n >= ahead:
+    steps = 0  # 200 at least, and 200 more after the late wake (the 11th look: after about 360 of these)
+    while steps < 200 or (ops.waits <= at and steps < 5000) or (ops.waits > at and steps < ops.late_step + 200):
+        x = f(x)
+        jaxmon.step(steps, x)
+        outs.append(x)
+        steps += 1
+        if len(outs) > ahead:
             outs.pop(0).block_until_ready()
             done.append(time.monotonic())
+    for out in outs:
+        out.block_until_ready()
+        done.append(time.monotonic())
     settled(tracker, steps)
     assert ops.waits > ops.at, ops.waits  # the late wake came
     late = {k: round((t - done[k]) * 1e3, 1) for k, t in booked.items()}
