@@ -55,13 +55,14 @@ class Trace:
         """Each device's picosecond windows for steps' `windows` (the trace's ns, in order, none overlapping). An
         edge that cuts one of the device's program runs is a completion dated off the device's own: late by the
         host's wake (inside the next step's first run), or early by an inferred date or the two clocks' offset. It
-        moves to the nearer end of a program run on that device: back to the end of the run before the cut one (its
-        start where none ended since the edge before), or on to the cut run's end, but for the trace's last run: the
-        trace's stop may have cut that one short (its "end" the last op done by then). An edge between two runs of
-        one step (a step of several programs) moves to one of them: the block's windows still sum its steps. A move
-        is at most half the shorter window the edge bounds: a run longer than that is no step's (a trace whose one
-        run spans the block). Never past a neighbouring edge: the windows keep
-        their order; an edge in an idle gap is kept."""
+        moves to the run's nearer end. Nearer its start: back to the end of the run before it (or to its own start,
+        where that end lies beyond the edge before, or too far). Nearer its end: on to that end, but for the trace's
+        last run, taken as the next step's (the trace's stop cut it short: its "end" is the last op done by then,
+        and the block's last completion came before the stop). A move is at most
+        half the shorter window the edge bounds (a run longer than that is no step's: a trace whose one run spans the
+        block) and never past a neighbouring edge: the windows keep their order. An edge in an idle gap is kept; one
+        between two runs of a step of several programs moves to one of them (the block's windows still sum its
+        steps)."""
         edges = sorted({edge for window in windows for edge in window})
         reach: dict[int, int] = {}  # each edge's longest move (ps): half the shorter window it bounds
         for a, b in windows:
@@ -82,11 +83,12 @@ class Trace:
                 if i >= 0 and runs[i][1] > ps:
                     start, end = runs[i]
                     j = bisect_right(ends, start) - 1  # the last run that ended before the cut one began
-                    back = ends[j] if j >= 0 and ends[j] > floor else start
-                    if end - ps < ps - back and end != last and (ceiling is None or end < ceiling):
-                        moved[edge] = end if end - ps <= reach[edge] else ps
-                    elif back > floor and ps - back <= reach[edge]:
-                        moved[edge] = back
+                    if end - ps < ps - start and end != last:  # nearer the run's end: the step's own, dated early
+                        if (ceiling is None or end < ceiling) and end - ps <= reach[edge]:
+                            moved[edge] = end
+                    else:  # nearer its start: the next step's, dated late (the trace's last run: the next step's cut)
+                        back = [ends[j]] if j >= 0 else []
+                        moved[edge] = next((t for t in [*back, start] if floor < t and ps - t <= reach[edge]), ps)
                 floor = moved[edge]
             out[device] = [(moved[a], moved[b]) for a, b in windows]
         return out
