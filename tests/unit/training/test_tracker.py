@@ -221,7 +221,7 @@ class OnceLate(JaxTraining):
             time.sleep(self.late)
 
 
-@pytest.mark.parametrize(("at", "ahead"), [(11, 0), (1, 0), (1, 2)])
+@pytest.mark.parametrize(("at", "ahead"), [(6, 0), (1, 0), (1, 2)])
 def test_a_late_wake_dates_the_step_by_the_loops_next_call_that_found_it_complete(
     make_tracker: MakeTracker, source: LocalSource, at: int, ahead: int
 ) -> None:
@@ -249,8 +249,8 @@ def test_a_late_wake_dates_the_step_by_the_loops_next_call_that_found_it_complet
     x = jnp.ones((256, 256))
     done: list[float] = []
     outs: list[jax.Array] = []
-    steps = 0  # 200 at least, and 200 more after the late wake (the 11th look: after about 360 of these)
-    while steps < 200 or (ops.waits <= at and steps < 5000) or (ops.waits > at and steps < ops.late_step + 200):
+    steps = 0  # 150 at least, and 150 more after the late wake
+    while steps < 150 or (ops.waits <= at and steps < 5000) or (ops.waits > at and steps < ops.late_step + 150):
         x = f(x)
         jaxmon.step(steps, x)
         outs.append(x)
