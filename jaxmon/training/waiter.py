@@ -11,11 +11,12 @@ steps since the last hold are taken without one.
 
 The steps are cut into segments where the host paused (the steps before a PAUSED completed before the step after it,
 those before a Done by its time) or a hold failed (a ready array deleted or donated: the steps up to it are unready),
-and each is dated by dating.apportion from observations only: the completion seen (or a Done's time, where the
-training thread found the newest complete first), the hand-offs, the host's lead, whether the host waits for its
-device (it called again within the GIL's switch interval of a completion seen, or its lead holds), and a typical
-step's device time (the median of those observed; before any, the least time from a held step's hand-off to its
-completion seen, or to a look that found it done, bounded by the loop's time between calls). A look's steps are
+and each is dated by dating.apportion from observations only: the completion seen (or a Done's or a Found's
+time, where the training thread found the newest complete first), the hand-offs, the host's lead, whether the host
+waits for its device (it called again within the GIL's switch interval of a completion seen, or its lead holds),
+and a typical step's device time (the median of those observed; before any, the least time from a held step's
+hand-off to its completion seen, or to a look that found it done, bounded by the loop's time between calls). A
+look's steps are
 lists of floats and ints, and its own objects are made with the cyclic GC off: a look of thousands of steps makes
 it collect no more than the loop does.
 """
