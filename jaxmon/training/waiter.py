@@ -421,7 +421,7 @@ class Waiter:
         given, offset = self._given, self._offset
         types = list(map(type, items))
         self._kept = 0
-        if types.count(float) == len(items) - 1 and types[-1] is Hold:  # the common look: floats, then its hold
+        if len(items) > 1 and types.count(float) == len(items) - 1 and types[-1] is Hold:  # common: floats, its hold
             self._offset = offset + len(items) - 1
             return Taken(items[:-1], [0], [given], [offset], [len(items) - 2], [items[-1]], [], {}, [])
         taken = Taken([], [], [], [], [], [], [], {}, [])

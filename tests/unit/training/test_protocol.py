@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import sys
+import time
 from collections import deque
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -100,9 +101,43 @@ def test_every_step_is_booked_once_with_its_own_figures_however_the_threads_inte
     assert reading.examples_total == examples and reading.tokens_total == tokens
     assert reading.step == n - 1 and reading.dispatched_step == n - 1
     assert set(reading.problems) <= {"jump"}, reading.problems
-    assert ops.held and set(ops.held) <= ops.waited  # every hold handed was waited on
+    assert ops.held
+    # Every hold handed is waited on: one pause() handed after its step was booked (a still loop's) at the next look.
+    wait_until(lambda: set(ops.held) <= ops.waited, timeout=5, what="a wait on every hold handed")
     devices = {(d.platform, d.id): d.hardware_flops_total for d in reading.devices}
     assert devices[(jax.devices()[0].platform, jax.devices()[0].id)] is not None  # each call's FLOPs booked
+
+
+class Slow(Recording):
+    """Recording, whose holds take `slow` seconds (the GIL let go meanwhile) once `slow` is set."""
+
+    slow = 0.0
+
+    def hold(self, array: Any) -> Any | None:
+        time.sleep(self.slow)
+        return super().hold(array)
+
+
+def test_a_hold_pause_hands_after_the_waiter_booked_its_step_is_still_waited_on(
+    make_tracker: MakeTracker, source: LocalSource
+) -> None:
+    """A badput() block opens after a burst of steps, and its hold takes longer than the waiter waits for a still
+    loop: the waiter books the steps unheld meanwhile, and the hold comes alone, after them. It is still waited on
+    (a look of a lone hold once took it as a look's hold of no step, and dropped it)."""
+    ops = Slow(source)
+    tracker = make_tracker(ops=ops)
+    f = jaxmon.track(jax.jit(lambda x: x * 1.0001))
+    x = jnp.ones(64)
+    for n in range(300):
+        x = f(x)
+        jaxmon.step(n, x)
+    ops.slow = 3 * tracker.waiter.still  # past the waiter's wait for a step, which then books the burst unheld
+    with jaxmon.badput("eval"):
+        pass
+    ops.slow = 0.0
+    assert booked(tracker, 300).steps_total == 300
+    wait_until(lambda: set(ops.held) <= ops.waited, timeout=5, what="a wait on the block's hold")
+    wait_until(lambda: not tracker.hand._handed, timeout=5, what="nothing left handed (the block's Done too)")
 
 
 class Paced:
