@@ -3,8 +3,12 @@ and disarmed by that tracker's stop(), never by an older one's."""
 
 from __future__ import annotations
 
+import gc
 import warnings
+import weakref
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -14,6 +18,7 @@ from jaxmon.sources.local.training import JaxTraining
 from jaxmon.training import hand
 from jaxmon.training.hand import HAND
 from jaxmon.training.tracker import Tracker, TrackerConfig
+from tests.helpers import wait_until
 from tests.unit.training.conftest import PEAK, booked
 
 
@@ -70,3 +75,36 @@ def test_a_stopped_trackers_reading_keeps_what_was_handed_and_the_hand_holds_not
         warnings.simplefilter("error")
         jaxmon.step(6, x)
     assert tracker.reading() == reading
+
+
+def test_the_hold_step_checks_while_the_waiter_waits_goes_once_the_loop_is_still_and_at_stop(
+    shared_ops: JaxTraining, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """step() keeps the hold it last checked (the one the waiter waits for) only until the next look's: a loop that
+    goes still lets it go (the waiter's let_go()), and nothing of jaxmon keeps its arrays; a stop lets go of it too."""
+    tracker = Tracker(shared_ops, TrackerConfig(peak_flops=PEAK))
+    monkeypatch.setattr(training, "_tracker", tracker)
+    f = jax.jit(lambda w, x: jnp.tanh(w @ x))  # some milliseconds a step on a CPU device: the waiter waits on each
+    w = jnp.full((384, 384), 1e-3)
+    x = jnp.ones((384, 384))
+    f(w, x).block_until_ready()
+    checked: list[weakref.ref[Any]] = []
+    try:
+        for n in range(200):
+            x = f(w, x)
+            jaxmon.step(n, x)
+            if (hold := HAND._checked) is not None and not checked:
+                checked.append(weakref.ref(hand.handles(hold)[0]))  # jaxmon's clone, as step() keeps it
+        assert checked, "step() never checked a hold the waiter waited for"
+        booked(tracker, 200)
+        del x, hold
+        wait_until(lambda: HAND._checked is None, timeout=5, what="the checked hold let go by a still loop")
+        gc.collect()
+        assert checked[0]() is None  # nothing of jaxmon's keeps the clone (its buffers are the loop's to free)
+        # A stop lets go of one checked since.
+        y = f(w, jnp.ones((384, 384)))
+        jaxmon.step(200, y)
+        HAND._checked = HAND.waiting = hand.Hold([y])  # as step() and the waiter set them
+    finally:
+        tracker.stop(10)
+    assert HAND._checked is None and HAND.waiting is None
