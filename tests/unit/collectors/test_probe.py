@@ -163,7 +163,10 @@ def test_a_real_probe_calibrates_and_reports_self_consistent_numbers(
     # The same numbers from the kernel's own clock (it sits inside the probe's timer: within a percent or two).
     timed = kernel.seconds[7:]  # after the warm-ups: 7 seed shots, then the measurement's shot
     seeds, (shot,) = shots_of(timed[: 7 * SHOT]), shots_of(timed[7 * SHOT :])
-    assert duration == pytest.approx(shot, rel=0.03)
+    # The probe's timer holds the kernel's: never shorter, and longer by its call's overhead only (a percent or so),
+    # or by a preemption between the two timers' reads on a loaded machine (25 us over 3 % of a 444 us shot, seen
+    # beside the suite's other worker: 200 us allowed).
+    assert shot <= duration <= shot * 1.03 + 200e-6
     # Baseline: the lower of the seeds' median and the window's nearest-rank median (8 samples: the 4th smallest).
     window = sorted([*seeds, shot])
     assert baseline == pytest.approx(min(statistics.median(seeds), window[3]), rel=0.03)
