@@ -524,11 +524,18 @@ def test_the_daemonsets_gpus_serve_the_job_through_their_pods(view: View) -> Non
         return float(result["value"][1])
 
     gpus = "|".join(str(gpu) for gpu in HOLDER)
-    watts = value(f'sum(rate(jaxmon_device_energy_joules_total{{job="jaxmon-daemonset", device=~"{gpus}"}}[15s]))')
-    steps = value(f'max(rate(jaxmon_training_steps_total{{workload="{WORKLOAD}"}}[15s]))')
+    joules = f'sum(rate(jaxmon_device_energy_joules_total{{job="jaxmon-daemonset", device=~"{gpus}"}}[15s]'
+    stepped = f'max(rate(jaxmon_training_steps_total{{workload="{WORKLOAD}"}}[15s]'
+    watts = value(joules + "))")
     power = sum(view.node.nvml.data["devices"][gpu]["power_mw"] for gpu in HOLDER) / 1000
     assert watts == pytest.approx(power, rel=0.1)
-    assert value(energy) == pytest.approx(watts / steps, rel=0.05), (watts, steps)
+    # The rule read what was stored when it ran: on a loaded machine a scrape started before then (its samples
+    # dated before it) may be stored after it, and a 15 s window of one-second scrapes is a scrape short. The rule is
+    # the GPUs' power over the step rate as the windows read with each series' last scrape or two not yet stored.
+    late = [(value(f"{joules}{f' offset {k}s' if k else ''}))"), value(f"{stepped}{f' offset {k}s' if k else ''}))"))
+            for k in range(3)]  # fmt: skip
+    ratios = [w / s for w, _ in late for _, s in late]
+    assert min(ratios) * 0.95 <= value(energy) <= max(ratios) * 1.05, (value(energy), late)
     # The GPU of process 2's pod is clocked down for heat: it is the job's straggler, named by its node, GPU and pod,
     # and JaxmonGpuThrottled fires for it (both must stay one alert each through the kubelet outage below).
     view.throttle_straggler_gpu()
