@@ -9,8 +9,9 @@ restarted from its checkpoint (tests/workloads/churn.py: a JAX loop under jaxmon
   under the same workload name, and it restores Orbax's checkpoint of step 100 and runs to step 199. The shipped
   goodput (job.yml's jaxmon:training_goodput_ratio:rate5m, its window holding the whole job) equals the job's own,
   its useful steps' time (steps 0-100 of the first process, 101-199 of the second) over its wall time (from the first
-  process's start to its last step), within 3 points; the redone steps are the 29 it did twice, the disruption the
-  time between the processes.
+  process's start to its last step), within 5 points (the rules price the redone steps at the window's mean
+  productive seconds a step); the redone steps are the 29 it did twice, the disruption the time between the
+  processes.
 """
 
 from __future__ import annotations

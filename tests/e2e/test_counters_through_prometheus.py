@@ -8,7 +8,9 @@ restarts the count from 0. Each double count jaxmon's births used to make is one
 - a publisher silent past the sidecar's spool TTL that writes again: its series go and come back with the values
   they had; they read 3 -> gone -> 0 -> 3 (a reset: 3 more);
 - a reader that is not Prometheus (`jaxmon top`, curl) that reads first: a new series is held at 0 for Prometheus all
-  the same; it appeared at its full value, whose increase no Prometheus saw.
+  the same; it appeared at its full value, whose increase no Prometheus saw;
+- a series born while a scrape is rendering (after it read the snapshot, before it was served): that scrape never
+  served its 0, yet freed it; it appeared at its full value.
 """
 
 from __future__ import annotations
@@ -28,15 +30,15 @@ import pytest
 import requests
 
 from tests.conftest import StartDaemon, sidecar_args
-from tests.helpers import Child, free_port, wait_until
+from tests.helpers import ROOT, Child, free_port, wait_until
 from tests.prometheus import Prometheus
 
 SCRAPE = "500ms"
 
 
-def prometheus_of(tmp: Path, target: str) -> Prometheus:
+def prometheus_of(tmp: Path, target: str, interval: str = SCRAPE, timeout: str = "450ms") -> Prometheus:
     config = {
-        "global": {"scrape_interval": SCRAPE, "scrape_timeout": "450ms", "evaluation_interval": SCRAPE},
+        "global": {"scrape_interval": interval, "scrape_timeout": timeout, "evaluation_interval": interval},
         "scrape_configs": [{"job_name": "jaxmon-births", "static_configs": [{"targets": [target]}]}],
     }
     p = Prometheus(tmp, config)
@@ -172,3 +174,50 @@ def test_a_reader_that_is_not_prometheus_never_frees_a_held_series(
             assert counted(values) == values[-1] > 0, (kind, values)
     finally:
         stop.set()
+
+
+BIRTHS = ROOT / "tests" / "workloads" / "births_in_render.py"
+
+
+def stored_scrapes(p: Prometheus, target: str) -> list[tuple[float, float]]:
+    """When each scrape of `target` that Prometheus stored began and ended (Unix times), from its own raw samples of
+    up (1: stored) and scrape_duration_seconds."""
+    (up,) = p.query(f'up{{instance="{target}"}}[5m]')
+    (took,) = p.query(f'scrape_duration_seconds{{instance="{target}"}}[5m]')
+    ok = {float(t) for t, v in up["values"] if v == "1"}
+    return [(float(t), float(t) + float(d)) for t, d in took["values"] if float(t) in ok]
+
+
+def test_a_series_born_while_a_scrape_renders_is_first_stored_at_zero(
+    tmp_path: Path, children: list[Child], prometheus: list[Prometheus]
+) -> None:
+    """A new badput kind is born inside a Prometheus scrape's render: a collector of the loop's own, which the
+    exposition reads after the scrape took its ticket and read the snapshot, holds the scrape while the loop opens and
+    closes the block, books its seconds and sees a poll have them. That scrape read no 0 of the series; it is freed
+    only after a later scrape was served its 0, so Prometheus stores 0 first and counts all its seconds."""
+    port = free_port()
+    target = f"127.0.0.1:{port}"
+    child = Child(tmp_path, str(port), script=BIRTHS)
+    children.append(child)
+    p = prometheus_of(tmp_path, target, "1s", "900ms")
+    prometheus.append(p)
+    wait_until(lambda: latest(p, 'jaxmon_training_steps_total{workload="born"}') == 2, 30, "2 steps in Prometheus")
+    born = child.send("births 4")["born"]
+    kinds = [b["kind"] for b in born]
+    series = {k: f'jaxmon_training_badput_seconds_total{{workload="born", kind="{k}"}}' for k in kinds}
+    for kind, selector in series.items():
+        wait_until(functools.partial(booked, p, selector), 30, f"{kind} seconds in Prometheus")
+    scrapes = stored_scrapes(p, target)
+    # Born inside a render: a scrape Prometheus stored (so it was served in time) began before the block opened and
+    # ended after a poll had the series with its seconds.
+    inside = [
+        b["kind"]
+        for b in born
+        if b["seen"] is not None and any(start <= b["opened"] and b["left"] <= end for start, end in scrapes)
+    ]
+    assert inside, (born, scrapes)
+    for b in born:
+        values = raw(p, series[b["kind"]])
+        assert values[0] == 0.0, (b, values)  # Prometheus saw it born
+        assert counted(values) == values[-1], (b, values)
+        assert 0.03 <= values[-1] <= b["seconds"], (b, values)  # the block: its 30 ms sleep, within the loop's timing

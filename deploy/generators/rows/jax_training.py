@@ -57,7 +57,8 @@ SUMMARY = Row(
             "Goodput",
             "percentunit",
             GOODPUT,
-            f"Productive time over all accounted time (productive and every badput kind), over {WINDOW}.",
+            f"The productive time of steps not redone over the job's time (productive, every badput kind, and the "
+            f"disruption between its processes), over {WINDOW}.",
             min=0,
             max=1,
             thresholds=[(0, "red"), (0.5, "orange"), (0.8, "green")],
@@ -182,8 +183,11 @@ EFFICIENCY = Row(
             "timeseries",
             "percentunit",
             [Target(GOODPUT, "goodput")],
-            f"Productive time / (productive + every badput kind), summed over the job's processes, over {WINDOW} "
-            "(job.yml's jaxmon:training_goodput_ratio:rate5m).",
+            f"The productive time of steps not redone / the job's time, summed over its processes, over {WINDOW} "
+            "(job.yml's jaxmon:training_goodput_ratio:rate5m). The job's time is productive + every badput kind + "
+            "the disruption between a job's processes (from one's last step to the next one's start: a crash, a "
+            "restart); the steps redone after a restore (since the checkpoint it restored) are taken out of the "
+            "productive time.",
             min=0,
             max=1,
             width=6,

@@ -202,8 +202,9 @@ THROUGHPUT = Row(
             "timeseries",
             "percentunit",
             [Target(GOODPUT, "goodput")],
-            "Productive time over productive + every badput kind, summed over the job's processes, over 5 minutes "
-            "(the JAX training dashboard shows the badput by kind).",
+            "The productive time of steps not redone over productive + every badput kind + the disruption between "
+            "a job's processes (a crash, a restart), summed over the job's processes, over 5 minutes (the JAX "
+            "training dashboard shows the badput by kind, disruption and redone steps included).",
             min=0,
             max=1,
             width=8,
