@@ -9,6 +9,7 @@ import os
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
+import gc
 import itertools
 import threading
 import time
@@ -400,6 +401,7 @@ def test_a_trackers_barrier_inputs_are_no_arrays_of_the_workloads(
 ) -> None:
     """The barrier's inputs, one 4-byte array a device kept from the tracker's start, are jaxmon's: the workload's
     live array bytes leave them out, as they leave out the probe's."""
+    gc.collect()  # an earlier test's arrays in garbage cycles, which a collection during this one would free
     before = live_array_bytes(jax)
     make_tracker(ops=JaxTraining(source))  # of its own: its inputs are made as it starts
     assert live_array_bytes(jax) == before
