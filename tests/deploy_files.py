@@ -155,3 +155,18 @@ def dockerfile_stages() -> list[list[tuple[str, str]]]:
             stages.append([])
         stages[-1].append((instruction.upper(), args.strip()))
     return stages
+
+
+def k8s_documents() -> list[dict[str, Any]]:
+    """Every object of deploy/kubernetes/*.yaml, the files in name order."""
+    docs: list[dict[str, Any]] = []
+    for path in sorted(KUBERNETES.glob("*.yaml")):
+        with path.open(encoding="utf-8") as fh:
+            docs.extend(d for d in yaml.load_all(fh, Loader=SAFE_LOADER) if d is not None)
+    return docs
+
+
+def named(kind: str, name: str) -> dict[str, Any]:
+    """The one manifest object of `kind` called `name`."""
+    (doc,) = [d for d in k8s_documents() if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc

@@ -22,4 +22,4 @@ if ! [ -x $VENV/bin/python ] || ! sha256sum --check --status "$STAMP" 2>/dev/nul
 fi
 if [ "${1:-}" = "--prepare" ]; then exit 0; fi
 $VENV/bin/python tests/floors.py check
-JAX_NUM_CPU_DEVICES=8 exec $VENV/bin/python -m pytest tests/unit -n 2 "$@"
+JAX_NUM_CPU_DEVICES=8 exec $VENV/bin/python -m pytest tests/unit -n 2 --dist worksteal "$@"  # as tests/run.sh --unit

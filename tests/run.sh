@@ -3,8 +3,8 @@
 # Used by the README's test command and by CI (.ci/run).
 #
 #   bash tests/run.sh           the whole suite, as CI runs it (installs Debian packages and the venv)
-#   bash tests/run.sh --unit    the unit tests only (tests/unit): makes or updates the venv when pyproject.toml
-#                               changed, no apt-get, no lint; the fast loop while writing code
+#   bash tests/run.sh --unit    the unit tests only (tests/unit, not tests/integration): makes or updates the venv
+#                               when pyproject.toml changed, no apt-get, no lint; the fast loop while writing code
 #
 # The whole suite ends with tests/floors.sh: the unit tests again in a venv of their own (.venv-floors) with every
 # runtime dependency at its declared floor (the venv is made beside pytest; its tests take 30-50 s).
@@ -28,7 +28,9 @@ if [ "${1:-}" = "--unit" ]; then
   if ! [ -x .venv/bin/python ] || ! sha256sum --check --status "$STAMP" 2>/dev/null; then
     install_venv
   fi
-  JAX_NUM_CPU_DEVICES=8 exec .venv/bin/python -m pytest tests/unit -n 2 "$@"
+  # worksteal: a worker that runs out of tests takes half of the other's (xdist's `load` left one idle for the last
+  # 11 s of 54 beside other work on the machine).
+  JAX_NUM_CPU_DEVICES=8 exec .venv/bin/python -m pytest tests/unit -n 2 --dist worksteal "$@"
 fi
 
 # Debian packages, installed when missing:
@@ -74,9 +76,9 @@ logs=$(mktemp -d)
 mypy_pid=$!
 bash tests/floors.sh --prepare >"$logs/floors-venv" 2>&1 &
 floors_pid=$!
-# pyproject.toml's testpaths (tests/unit and tests/e2e) on two workers, each file a group run on one worker; the
-# longest end-to-end files (tests/conftest.py's LONG_LANE) are one group, started first. `-n 0` runs them all in
-# one process.
+# pyproject.toml's testpaths (tests/unit, tests/integration and tests/e2e) on two workers, each file a group run on
+# one worker; the longest end-to-end files (tests/conftest.py's LONG_LANE) are one group, started first. `-n 0` runs
+# them all in one process.
 tests=0
 JAX_NUM_CPU_DEVICES=8 .venv/bin/python -m pytest -n 2 --dist loadfile "$@" || tests=$?
 types=0

@@ -1,7 +1,8 @@
 """The deployment files: alert rules, the generated PrometheusRule, the Grafana dashboard and its provisioning,
 Kubernetes manifests, docker compose and the Dockerfile, read and checked in-process. The tools that run them
-(promtool, hadolint, the generator, the demo trainer, the HEALTHCHECK) are in tests/e2e/test_deploy.py, and
-tests/e2e/test_prometheus.py runs the queries of the rules and the dashboard against a real Prometheus."""
+(promtool, hadolint, the generator, the demo trainer, the HEALTHCHECK) are in tests/e2e/test_deploy.py,
+tests/e2e/test_prometheus.py runs the queries of the rules and the dashboard against a real Prometheus, and
+tests/integration/test_deploy_schemas.py validates the manifests against Kubernetes' schemas and the operator's CRDs."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.conftest import ROOT
 from tests.dashboard_bounds import unbounded
@@ -32,15 +32,16 @@ from tests.deploy_files import (
     PROVISIONING,
     RULE_TESTS,
     RULES,
-    SAFE_LOADER,
     alert_rules,
     dashboard,
     dashboard_panels,
     dashboard_targets,
     dashboard_variables,
     dockerfile_stages,
+    k8s_documents,
     load_yaml,
     metric_tokens,
+    named,
     readme_metrics,
     variable_query,
 )
@@ -376,14 +377,6 @@ def test_grafana_provisioning_files() -> None:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def k8s_documents() -> list[dict[str, Any]]:
-    docs: list[dict[str, Any]] = []
-    for path in sorted(KUBERNETES.glob("*.yaml")):
-        with path.open(encoding="utf-8") as fh:
-            docs.extend(d for d in yaml.load_all(fh, Loader=SAFE_LOADER) if d is not None)
-    return docs
-
-
 def pod_specs(doc: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
     """(pod labels, pod spec) of every pod template in a workload manifest."""
     if doc["kind"] == "Job":
@@ -393,98 +386,6 @@ def pod_specs(doc: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, A
         for rj in doc["spec"]["replicatedJobs"]:
             template = rj["template"]["spec"]["template"]
             yield template["metadata"]["labels"], template["spec"]
-
-
-def _validate_core(doc: dict[str, Any], version: str) -> None:
-    """Validate a core Kubernetes object against that version's OpenAPI schema, rejecting unknown fields."""
-    import kubernetes_validate
-
-    try:
-        kubernetes_validate.validate(doc, version, strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        raise AssertionError(f"{doc['kind']} {doc['metadata']['name']} (Kubernetes {version}): {exc}") from exc
-
-
-# Native sidecars (an init container with restartPolicy: Always) need Kubernetes 1.29.
-KUBERNETES_VERSIONS = ["1.29.0", "1.37.0"]
-
-
-def _jobset_jobs(jobset: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Each replicated job of a JobSet as the batch/v1 Job the JobSet controller makes of it."""
-    for rj in jobset["spec"]["replicatedJobs"]:
-        yield {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": f"{jobset['metadata']['name']}-{rj['name']}"},
-            "spec": rj["template"]["spec"],
-        }
-
-
-@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-def test_kubernetes_core_objects_validate_against_the_schema(version: str) -> None:
-    docs = k8s_documents()
-    core = [d for d in docs if "." not in d["apiVersion"].split("/")[0] or d["apiVersion"].startswith("rbac.")]
-    assert [d["kind"] for d in core] == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Job"]
-    for doc in core:
-        _validate_core(doc, version)
-    # The JobSets' pod templates are Jobs' (JobSet's own fields are checked below): the GPU one and the GKE TPU one.
-    jobsets = [d for d in docs if d["kind"] == "JobSet"]
-    assert len(jobsets) == 2
-    for jobset in jobsets:
-        for job in _jobset_jobs(jobset):
-            _validate_core(job, version)
-
-
-def test_kubernetes_validation_rejects_a_misspelt_field() -> None:
-    (job,) = [d for d in k8s_documents() if d["kind"] == "Job"]
-    job["spec"]["template"]["spec"]["containers"][0]["volumMounts"] = []
-    with pytest.raises(AssertionError, match="volumMounts"):
-        _validate_core(job, KUBERNETES_VERSIONS[-1])
-
-
-def _prometheus_operator_model(kind: str) -> Any:
-    # The Prometheus Operator's CRDs as pydantic models (cloudcoil's generated package), imported by name so that
-    # mypy does not type-check its 58,000 lines.
-    import importlib
-
-    return getattr(importlib.import_module("cloudcoil.models.prometheus_operator.v1"), kind)
-
-
-def _validate_custom(doc: dict[str, Any]) -> None:
-    """Validate a PodMonitor or PrometheusRule against the operator's CRD schema; unknown fields fail too (the
-    models ignore them, so the round trip would lose them)."""
-    from pydantic import ValidationError
-
-    try:
-        model = _prometheus_operator_model(doc["kind"]).model_validate(doc)
-    except ValidationError as exc:
-        raise AssertionError(f"{doc['kind']}: {exc}") from exc
-    dumped = model.model_dump(by_alias=True, exclude_unset=True, mode="json")
-    assert dumped == doc, f"{doc['kind']}: fields the CRD does not define (lost in a round trip)"
-
-
-@pytest.mark.parametrize(
-    ("kind", "name"),
-    [
-        ("PodMonitor", "jaxmon"),
-        ("PodMonitor", "jaxmon-node"),
-        ("PrometheusRule", "jaxmon"),
-        ("PrometheusRule", "jaxmon-job"),
-        ("PrometheusRule", "jaxmon-fleet"),
-    ],
-)
-def test_prometheus_operator_objects_validate_against_their_crds(kind: str, name: str) -> None:
-    (doc,) = [d for d in k8s_documents() if d["kind"] == kind and d["metadata"]["name"] == name]
-    _validate_custom(doc)
-    misspelt = json.loads(json.dumps(doc))
-    misspelt["spec"]["selectr" if kind == "PodMonitor" else "groupz"] = {}
-    with pytest.raises(AssertionError, match="fields the CRD does not define"):
-        _validate_custom(misspelt)
-    if kind == "PodMonitor":
-        wrong_type = json.loads(json.dumps(doc))
-        wrong_type["spec"]["podMetricsEndpoints"][0]["interval"] = 15
-        with pytest.raises(AssertionError, match="interval"):
-            _validate_custom(wrong_type)
 
 
 def test_jobset_structure() -> None:
@@ -540,12 +441,6 @@ def _probe_port(container: dict[str, Any], probe: str) -> int:
         return port
     (number,) = [p["containerPort"] for p in container["ports"] if p.get("name") == port]
     return int(number)
-
-
-def named(kind: str, name: str) -> dict[str, Any]:
-    """The one manifest object of `kind` called `name`."""
-    (doc,) = [d for d in k8s_documents() if d["kind"] == kind and d["metadata"]["name"] == name]
-    return doc
 
 
 def test_training_pods_run_the_sidecar_with_probes_and_a_shared_spool() -> None:
@@ -706,12 +601,6 @@ def test_the_node_daemonset_may_list_its_nodes_resourceslices_and_pods_and_nothi
     assert kubernetes.resourceslice_interval == 60.0  # type: ignore[attr-defined]
     # The default service-account mount is where the token is read.
     assert str(kubernetes.service_account) == "/var/run/secrets/kubernetes.io/serviceaccount"  # type: ignore[attr-defined]
-
-
-@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-def test_the_node_daemonsets_rbac_validates_against_the_schema(version: str) -> None:
-    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
-        _validate_core(named(kind, "jaxmon-node"), version)
 
 
 def test_the_node_monitors_scrape_the_daemonset_alone_and_leave_its_pod_labels_alone() -> None:

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from jaxmon import training
@@ -97,3 +99,35 @@ def python_calls(call: Callable[[], Any]) -> int:
         sys.setprofile(None)
         gc.enable()
     return calls
+
+
+def settled(tracker: Tracker, steps: int) -> TrainingReading:
+    """The reading once the waiter has seen `steps` steps; whatever the loop, its time adds up (every test's loop
+    ends on a step seen complete)."""
+    wait_until(lambda: (r := tracker.reading()) is not None and r.steps_total >= steps, what=f"{steps} steps seen")
+    reading = tracker.reading()
+    assert reading is not None
+    adds_up(reading, tracker)
+    with tracker._lock:  # on the accounting's own (monotonic) clock: to the microsecond
+        acct = tracker._ledger
+        assert acct.last_done is not None and acct.total() == pytest.approx(acct.last_done - acct.started, abs=1e-6)
+    return reading
+
+
+def slow_step(size: int = 384, repeat: int = 20) -> Callable[[jax.Array], jax.Array]:
+    """A jitted step of tens of milliseconds on a CPU device (the device must be slower than the host)."""
+    return jax.jit(lambda x: jax.lax.fori_loop(0, repeat, lambda _, c: jnp.tanh(c @ c) / size, x))
+
+
+def adds_up(reading: TrainingReading, tracker: Tracker) -> None:
+    """Productive time and every kind of badput are the time from the start to the last completion: on the
+    monotonic clock exactly; the exported Unix timestamps are the wall clock's at each event, which runs at the
+    monotonic clock's rate within parts per million where NTP slews it (4 ppm measured on the CI machine), but may
+    step (tests/unit/training/test_tracker_bookkeeping.py steps it; this development VM's stepped 0.5 ms every
+    100 ms for minutes at a time): so compared at the wall clock's own rate since the tracker started."""
+    assert reading.last_step_timestamp is not None
+    total = reading.productive_seconds_total + sum(reading.badput_seconds_total.values())
+    wall, mono = time.time(), time.monotonic()
+    rate = (wall - reading.start_time_seconds) / (mono - tracker._ledger.started)
+    assert total * rate == pytest.approx(reading.last_step_timestamp - reading.start_time_seconds, rel=1e-3, abs=1e-3)
+    assert abs(reading.start_time_seconds - time.time()) < 600  # a Unix time

@@ -113,9 +113,11 @@ def test_device_figures_and_step_numbers_are_read_after_the_step_and_booked(make
 # -- arrays deleted or donated: unready or unread, never a crash -----------------------------------------------
 
 
+@pytest.fixture(scope="module")
 def slow_on_its_own_device() -> tuple[Callable[[jax.Array], jax.Array], jax.Array]:
     """A slow function, compiled, and its input on a device of its own: programs run in order on a device, so an
-    eager op on the same device (the test's `jnp.ones(4) + 1`) would wait for it."""
+    eager op on the same device (the test's `jnp.ones(4) + 1`) would wait for it. Once for the file (its compilation
+    and first run, a third of a second): each test leaves the device idle (it waits for its steps' completions)."""
     f = slow()
     x = jax.device_put(jnp.ones((512, 512)), jax.devices()[1])
     f(x).block_until_ready()
@@ -142,10 +144,12 @@ def behind(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
     return head
 
 
-def test_a_ready_array_deleted_after_step_is_unready_not_a_crash(make_tracker: MakeTracker) -> None:
+def test_a_ready_array_deleted_after_step_is_unready_not_a_crash(
+    make_tracker: MakeTracker, slow_on_its_own_device: tuple[Callable[[jax.Array], jax.Array], jax.Array]
+) -> None:
     """Before issue 33 the waiter called is_ready() on it: SIGSEGV (jaxlib dereferences the emptied array)."""
     tracker = make_tracker()
-    f, x = slow_on_its_own_device()
+    f, x = slow_on_its_own_device
     z = jnp.ones(4) + 1  # computed: the waiter would have taken the no-wait path for it
     z.block_until_ready()
     head = behind(f, x)
@@ -163,9 +167,11 @@ def test_a_ready_array_deleted_after_step_is_unready_not_a_crash(make_tracker: M
     assert reading.duration_count == 0  # no completion seen after the first: no step duration invented
 
 
-def test_a_donated_ready_array_and_one_deleted_before_step_are_unready(make_tracker: MakeTracker) -> None:
+def test_a_donated_ready_array_and_one_deleted_before_step_are_unready(
+    make_tracker: MakeTracker, slow_on_its_own_device: tuple[Callable[[jax.Array], jax.Array], jax.Array]
+) -> None:
     tracker = make_tracker()
-    f, x = slow_on_its_own_device()
+    f, x = slow_on_its_own_device
     donate = jax.jit(lambda a: a + 1, donate_argnums=0)
     y, small = jnp.ones((64, 64)) + 1, jnp.ones(2) + 1
     donate(jnp.ones((64, 64)) + 1).block_until_ready()
@@ -211,9 +217,11 @@ def test_a_badput_block_after_a_step_whose_arrays_were_deleted_or_donated_is_no_
     assert set(reading.problems) <= {"unready"}
 
 
-def test_a_figure_array_deleted_before_it_is_read_is_dropped_and_the_step_completes(make_tracker: MakeTracker) -> None:
+def test_a_figure_array_deleted_before_it_is_read_is_dropped_and_the_step_completes(
+    make_tracker: MakeTracker, slow_on_its_own_device: tuple[Callable[[jax.Array], jax.Array], jax.Array]
+) -> None:
     tracker = make_tracker()
-    f, x = slow_on_its_own_device()
+    f, x = slow_on_its_own_device
     count = counter(f)
     count(x).block_until_ready()  # compiled
     examples = jnp.float32(4.0) + 0

@@ -199,10 +199,10 @@ def _flops(analysis: Any) -> float:
 def test_a_reading_reads_no_step_of_the_window_whatever_its_length(make_tracker: MakeTracker) -> None:
     """reading() holds the lock the waiter books with: at window=100000 with 8 devices it rescanned the window for
     every device (0.146 s a poll, the waiter blocked meanwhile). The window is arrays: the same Python calls read it
-    at 10 steps and at 10 000."""
+    at 10 steps and at 1000."""
     calls = {}
     keys = [(d.platform, d.id) for d in jax.devices()]
-    for window in (10, 10_000):
+    for window in (10, 1000):
         clock = Clock(0.0)
         tracker = make_tracker(clock=clock, wall=Clock(1e9), window=window)
         jaxmon.step(0, ready())
@@ -215,7 +215,7 @@ def test_a_reading_reads_no_step_of_the_window_whatever_its_length(make_tracker:
         reading = tracker.reading()
         assert reading is not None
         assert {(d.platform, d.id): d.mfu for d in reading.devices} == dict.fromkeys(keys, pytest.approx(1e9 / PEAK))
-    assert calls[10_000] == calls[10], calls
+    assert calls[1000] == calls[10], calls  # a Python read of each step would be 990 calls more at least
 
 
 def test_a_restart_clears_the_predicted_peak_memory_window(make_tracker: MakeTracker) -> None:
