@@ -14,7 +14,9 @@ The protocol. The training thread only appends; every decision about a step is t
     step after it (they alone bound it). Handed before a step that does not follow on.
   - a `Hold`: jaxmon's own handles on the step just handed (its ready arrays, or a barrier's outputs, with its
     number's and figures' arrays), where the waiter asked (`asked`), once per `waiter.every` of this thread's time
-    (`_due`), or, `marked`, on the last step's when the host stopped stepping (pause(): a badput() block opens).
+    (`_due`) where the waiter took every hold handed before but the last (`holds`: a waiter running late is handed
+    no pile of them, each keeping its step's arrays), or, `marked`, on the last step's when the host stopped
+    stepping (pause(): a badput() block opens).
   - `PAUSED`: step() came `paused_after` or more after the step before: those before completed before it.
   - a `Done`: pause() found the last step's hold (or the one the waiter waits for) complete: the steps handed before
     it completed by its time (a badput() block opening next is on an idle device, however late the waiter wakes).
@@ -25,8 +27,9 @@ The protocol. The training thread only appends; every decision about a step is t
 - written by the waiter only, read here: `asked` (a new object: hold the next step, then wake it), `waiting` (the hold
   it waits for, set before it pops a look's items, None once the wait returned), `paused_after`,
   `device_step` (the last number it read off a device), and its own `booked` (steps taken and booked: with this
-  thread's `_count`, what `max_pending` bounds), `every`, `room` (a step holding arrays hurries it once that many
-  are pending: their objects would make the cyclic GC collect). `let_go()` is its call once the loop is still: the
+  thread's `_count`, what `max_pending` bounds), `holds` (the Holds it took: with this thread's `_holds`), `every`,
+  `room` (a step holding arrays hurries it once that many are pending: their objects would make the cyclic GC
+  collect). `let_go()` is its call once the loop is still: the
   last step's ready (`_ready`, kept for pause()) goes.
 - called here of the waiter: `wake()` and `hurry()` (an Event each). The sampler's `look_now()` (on this thread, in
   step()) sets `answered` (this thread's) so that the next step is held.
@@ -112,6 +115,7 @@ class Waiting(Protocol):
     """The waiter as this thread sees it: what it writes, and its two wakes."""
 
     booked: int
+    holds: int
     every: float
     room: int
 
@@ -122,7 +126,7 @@ class Waiting(Protocol):
 class _Idle:
     """A disarmed hand's waiter."""
 
-    booked, every, room = 0, 0.0, 1
+    booked, holds, every, room = 0, 0, 0.0, 1
 
     def wake(self) -> None: ...
     def hurry(self) -> None: ...
@@ -202,6 +206,7 @@ class Hand:
         self._calls: tuple[Program, ...] = NO_CALLS
         self._previous = float("inf")  # when step() was last called
         self._count = 0  # steps handed
+        self._holds = 0  # holds handed (a due one only where the waiter took all but the last: waiter.holds)
 
     @property
     def last_handed(self) -> float:
@@ -251,7 +256,7 @@ class Hand:
                 self._count += 1
                 self._last = n
                 self._ready = ready
-                if self.asked is self.answered and handed < self._due:
+                if self.asked is self.answered and (handed < self._due or self._holds - self.waiter.holds > 1):
                     self._handed.append(handed)
                 else:  # held (a look's step, or one per `every`: a loop of long steps, each): its time and hold
                     self._held(handed, ready)
@@ -268,6 +273,7 @@ class Hand:
         asked = self.asked
         self._due = handed + self.waiter.every
         self._handed.extend((handed, self._hold(ready)))
+        self._holds += 1
         if asked is not self.answered:
             self.answered = asked
             self.waiter.wake()
@@ -311,9 +317,10 @@ class Hand:
             items.append(Given(number, figures[0], figures[1], figures[2], calls, bool(held)))
         items.append(handed)
         asked = self.asked
-        if asked is not self.answered or handed >= self._due:
+        if asked is not self.answered or (handed >= self._due and self._holds - self.waiter.holds <= 1):
             self._due = handed + self.waiter.every
             hold = self._hold(ready)
+            self._holds += 1
             items.append(hold._replace(handles=hold.handles + held) if held else hold)
         self._handed.extend(items)  # one call: the waiter never takes a step without its Given and Hold
         self._count += 1
@@ -375,6 +382,7 @@ class Hand:
                 pass
         if made:
             self._ready = ()
+            self._holds += 1
         if items:
             self._handed.extend(items)
             self.waiter.hurry()

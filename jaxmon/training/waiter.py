@@ -132,6 +132,7 @@ class Waiter:
         self.every = self.still = LOOK
         self.room = LOOK_STEPS
         self.looks = self.taken = self.booked = 0  # looks that took steps; steps taken, not booked; booked
+        self.holds = 0  # the Holds taken (the hand hands a due one only where it handed one more at most)
         self._kept = 0  # the most objects a held step of the last look kept until it: its Given and its clones
         self._young: int | None = None  # the young generation's count after the last look that took held steps
         self._grown: deque[int] = deque(maxlen=RECENT)  # its growth a step taken before each of the last looks
@@ -421,6 +422,7 @@ class Waiter:
         given, offset = self._given, self._offset
         types = list(map(type, items))
         self._kept = 0
+        self.holds += types.count(Hold)
         if len(items) > 1 and types.count(float) == len(items) - 1 and types[-1] is Hold:  # common: floats, its hold
             self._offset = offset + len(items) - 1
             return Taken(items[:-1], [0], [given], [offset], [len(items) - 2], [items[-1]], [], {}, [])

@@ -22,7 +22,7 @@ class Waiting:
     """The waiter's side as step() reads it: nothing taken, no hold asked for but the first step's (the first step
     is held: none was yet)."""
 
-    booked = 0
+    booked = holds = 0
     every = float("inf")
     room = 10**9
 
@@ -54,7 +54,7 @@ def hand(times: list[float]) -> tuple[Hand, deque[Any]]:
 def parsed(items: list[Any]) -> list[tuple[float, Any, int]]:
     """The waiter's steps of `items`: (hand-off, context, place in it)."""
     waiter = Waiter.__new__(Waiter)  # its parsing alone: no thread
-    waiter._given, waiter._offset = Given(None, None, None, None, ()), 0
+    waiter._given, waiter._offset, waiter.holds = Given(None, None, None, None, ()), 0, 0
     taken = waiter._parse(items)
     out = []
     bounds = [*taken.starts[1:], len(taken.handed)]
@@ -101,7 +101,7 @@ def test_a_pause_and_a_hold_are_where_they_were() -> None:
     kinds = [type(i) if i is not PAUSED else PAUSED for i in items]
     assert kinds == [Given, float, Hold, float, PAUSED, float, Hold, float]
     waiter = Waiter.__new__(Waiter)
-    waiter._given, waiter._offset = Given(None, None, None, None, ()), 0
+    waiter._given, waiter._offset, waiter.holds = Given(None, None, None, None, ()), 0, 0
     steps = waiter._parse(items)
     assert len(steps.handed) == 4 and steps.pauses == [2] and steps.held == [0, 2]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -138,6 +139,43 @@ def test_a_hold_pause_hands_after_the_waiter_booked_its_step_is_still_waited_on(
     assert booked(tracker, 300).steps_total == 300
     wait_until(lambda: set(ops.held) <= ops.waited, timeout=5, what="a wait on the block's hold")
     wait_until(lambda: not tracker.hand._handed, timeout=5, what="nothing left handed (the block's Done too)")
+
+
+class Gated(Recording):
+    """Recording, whose waits block until `gate` is set once `gated` is."""
+
+    def __init__(self, source: LocalSource) -> None:
+        super().__init__(source)
+        self.gated = False
+        self.gate = threading.Event()
+
+    def wait(self, handles: list[Any]) -> None:
+        if self.gated:
+            self.gate.wait(30)
+        super().wait(handles)
+
+
+def test_a_waiter_running_late_is_handed_two_holds_at_most(make_tracker: MakeTracker, source: LocalSource) -> None:
+    """The waiter stuck on a step (a loaded machine's waiter, or its wait): the loop steps on, one step a look's time
+    apart, each due a hold; it is handed one more hold than it took at most, not one a step, each keeping its step's
+    arrays. Once it wakes, every step is booked and every hold handed waited on."""
+    ops = Gated(source)
+    tracker = make_tracker(ops=ops)
+    f = jax.jit(lambda x: x * 1.0001)
+    x = jnp.ones(1024)
+    f(x).block_until_ready()
+    ops.gated = True
+    jaxmon.step(0, f(x))
+    wait_until(lambda: tracker.waiter.taken == 1, timeout=5, what="the waiter waiting on step 0's hold")
+    for n in range(1, 9):
+        time.sleep(tracker.waiter.every * 1.5)  # each step due a hold
+        x = f(x)
+        jaxmon.step(n, x)
+    held = sum(type(item) is Hold for item in list(tracker.hand._handed))
+    assert held <= 2, held  # (one a step before: 8)
+    ops.gate.set()
+    assert booked(tracker, 9).steps_total == 9
+    wait_until(lambda: set(ops.held) <= ops.waited, timeout=5, what="a wait on every hold handed")
 
 
 class Paced:
