@@ -922,6 +922,10 @@ EMPTY_HERE = {
     "jaxmon:training_axis_swap_bytes_per_step",
     "jaxmon:training_axis_swap_seconds_saved_per_step",
     "jaxmon:training_axis_swap:best",
+    # No process of the job restarted: job.yml leaves the restart terms absent (0) then.
+    "jaxmon:training_disruption_seconds:increase5m",
+    "jaxmon:training_redone_steps:increase5m",
+    "jaxmon:training_redone_seconds:increase5m",
 }
 
 
