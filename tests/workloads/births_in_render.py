@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 
 import jaxmon
 from jaxmon.logsetup import configure_logging
+from tests.helpers import parse_samples
 from tests.workloads.protocol import answer, booked
 
 # The longest a scrape is held in the collector (the exposition waits for it up to 2 s: the default_registry timeout).
@@ -79,11 +80,9 @@ class Gate(Collector):
 def seconds_seen(url: str, kind: str) -> float:
     """The kind's badput seconds as the exporter serves them to a reader that is not Prometheus (0 where absent)."""
     with urllib.request.urlopen(url + "/metrics?collect[]=training", timeout=5) as r:
-        body = r.read().decode()
-    for line in body.splitlines():
-        if line.startswith("jaxmon_training_badput_seconds_total{") and f'kind="{kind}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+        samples = parse_samples(r.read().decode())
+    name = "jaxmon_training_badput_seconds_total"
+    return next((v for (n, labels), v in samples.items() if n == name and ("kind", kind) in labels), 0.0)
 
 
 def main() -> None:
