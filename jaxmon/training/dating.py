@@ -60,7 +60,8 @@ def apportion(
     - `paced` (the device was behind the host at recent looks) and `later` (the host's calls after the last step,
       before `end`: its lead): a host its device paces calls step k + lead + 1 right after step k completed, so
       each of those calls observes a completion. Used where they fit the segment: the first no earlier than a mean
-      step before `start`, the last step no longer than LAST_STEPS mean steps.
+      step before `start`, the last after it (calls all made before the completion they would date are a host that
+      ran ahead, not one its device paced), the last step no longer than LAST_STEPS mean steps.
     - Otherwise the queue: its service time fitted so that the last step completes at `end` where that was seen, or
       at a mark (`marked`: the host stopped stepping then) handed after a backlog (the host waited for its device);
       else a typical step's observed service (`busy`), taken down where it would put the last step after `end`.
@@ -69,7 +70,7 @@ def apportion(
     step = (end - start) / n
     if paced and n > 1 and (ran or not busy):
         calls = [*handed, *later][len(later) + 1 : len(later) + n]
-        if calls[0] >= start - step and end - calls[-1] <= LAST_STEPS * step:
+        if calls[0] >= start - step and calls[-1] > start and end - calls[-1] <= LAST_STEPS * step:
             dates = Dates(np.minimum(np.maximum.accumulate(np.maximum(calls, start)), end).tolist())
             previous = dates[-1]
             dates.append(end if ran else min(end, max(handed[-1], previous) + (previous - start) / (n - 1)))

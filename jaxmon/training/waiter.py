@@ -108,7 +108,8 @@ def quiet() -> Iterator[None]:
 
 class Waiter:
     """The thread that books the handed steps: `book(runs, loss, (loss_step, left_out))` under the tracker's lock;
-    `typical()` a step's typical observed device time and `last_done()` the last completion booked (the ledger's);
+    `typical()` a step's typical observed device time, `stalled()` the device time past which a step stalled, and
+    `last_done()` the last completion booked (the ledger's);
     `problem(reason, event, ...)` counts and logs."""
 
     def __init__(
@@ -121,11 +122,13 @@ class Waiter:
         problem: Callable[..., None],
         typical: Callable[[], float | None],
         last_done: Callable[[], float | None],
+        stalled: Callable[[], float | None] = lambda: None,
     ) -> None:
         self._hand, self._handed, self.ops, self._clock = hand, handed, ops, clock
         self._book, self._problem, self._typical, self._last_done = book, problem, typical, last_done
+        self._stalled = stalled
         self._given, self._offset = Given(None, None, None, None, ()), 0  # what the next step handed is given
-        self._leads: deque[int] = deque([0], maxlen=RECENT)
+        self._leads: deque[int] = deque(maxlen=RECENT)  # the host's lead at each look (none made up)
         self._bounds: deque[float] = deque(maxlen=RECENT)  # a held step's hand-off to its completion seen, or a look
         self._loss: tuple[Hold, int | None] | None = None  # the newest hold naming loss scalars, not read yet
         self._loss_read = -math.inf
@@ -287,14 +290,15 @@ class Waiter:
             # The host's lead: its calls while the newest ran (the least of recent looks': a call right after the
             # completion, before this thread had the GIL back, reads as lead). Paced if it holds; if it grows, not.
             later = [t for t in after if type(t) not in MARKERS and t is not PAUSED and seen and t < seen]
-            paced = len(later) <= self._leads[-1] if later else seen is not None and self._waited(handed, seen)
-            if seen is None:  # done before the look: its device time was at most until then, and (its device kept
-                # up) at most the loop's between calls, those handed since the look's included (a late look takes one)
-                calls = [*handed, *(t for t in after if type(t) is float)]
-                spacing = sorted(b - a for a, b in itertools.pairwise(calls))
-                self._bounds.append(min(looked - handed[-1], spacing[len(spacing) // 2] if spacing else math.inf))
-            else:  # seen: its device time was at most its hand-off to then (the first step's is no window's: booked
-                self._bounds.append(seen - handed[-1])  # as the startup's end, it gives no typical step)
+            paced = (
+                len(later) <= self._leads[-1]
+                if later and self._leads
+                else not later and seen is not None and self._waited(handed, seen)
+            )
+            # A held step's device time was at most its hand-off to its completion seen, or to the look that found it
+            # done (the first step's is no window's: booked as the startup's end, it gives no typical step). Not the
+            # loop's time between calls: a host that ran ahead calls far more often than its device completes.
+            self._bounds.append((looked if seen is None else seen) - handed[-1])
             self._leads.append(len(later))
             # A Given's hold whose arrays were all deleted says nothing of its step (bounded by the next hold).
             failed = {
@@ -357,21 +361,26 @@ class Waiter:
 
     def _book_unheld(self, size: int, paused: bool = False) -> None:
         """Book the first `size` items' steps, none held: each segment ends by the next one's first hand-off, the last
-        by now. A loop that paused: where a typical step's time puts them after now (it ran ahead of its device),
-        first wait until then, or until a step comes."""
+        by now. A loop that paused: where its device would still be running them at the stall threshold's pace (it
+        ran ahead of its device), first wait until then, or until the loop calls again (a pause() or a step marks
+        when it stopped: a host that waited for its device, as Keras at an epoch's end, is seen waiting). Before a
+        typical step is known, at the pace of the least bound a held step gave."""
         if paused:
             self._hand.let_go()
             self.every = LOOK  # a loop that resumes is looked at often, until it steps on
-            start, busy = self._last_done(), self._typical()
-            if start is not None and busy:
+            start = self._last_done()
+            pace = self._stalled() or self._typical() or min(self._bounds, default=0.0)
+            wait = 0.0
+            if start is not None and pace:
                 end = start
                 for item in list(self._handed)[:size]:
                     if type(item) not in MARKERS and item is not PAUSED:
-                        end = max(item, end) + busy
-                if (wait := end - self._clock()) > 0:
-                    self._wake.clear()
-                    if self._wake.wait(wait) or self._worker.stopping:
-                        return  # a step came (the next look takes these), or stopping (the drain does)
+                        end = max(item, end) + pace
+                wait = end - self._clock()
+            if wait > 0:
+                self._wake.clear()
+                if self._wake.wait(wait) or self._worker.stopping:
+                    return  # a step came (the next look takes these), or stopping (the drain does)
         with quiet():
             taken = self._parse([self._handed.popleft() for _ in range(size)])
             if taken.handed:

@@ -9,6 +9,7 @@ import os
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -272,3 +273,44 @@ def test_a_loop_whose_steps_turn_long_is_looked_at_each_step_again(make_tracker:
     # and so may a look whose wake came after its step was done (beside two CPU burners: +10 % seen). 740f802 read
     # +25 % here on a quiet machine: every step but each look's newest.
     assert waited == pytest.approx(idle, rel=0.15, abs=0.1), (waited, idle)
+
+
+def test_a_loop_that_runs_an_epoch_ahead_then_waits_is_dated_by_its_own_completions(
+    make_tracker: MakeTracker,
+) -> None:
+    """Keras's shape: each epoch dispatches all its steps far ahead of the device, then waits for the last and opens
+    a block (its epoch's end); the third epoch's steps take twice the others' device time (a loaded machine). The
+    completions the loop sees (the first step's, on a thread of its own as Keras's callbacks, and each epoch's last,
+    which it waits for) are jaxmon's within a thread wake, and no step is dated as taking no time. Without
+    observations only: the host's lead made up as 0 at the first looks dated a run of steps by calls the host made
+    before them (steps of 0 s, then a typical step of 0 s), and the steps handed after the last hold were booked
+    where a typical step put them, before the device ran them (Keras's test in CI: 0.45 s of a fit's 0.88)."""
+    fast, slow = slow_step(repeat=10), slow_step(repeat=20)
+    x = slow(fast(jnp.ones((384, 384)))).block_until_ready()  # both compiled before the timed steps
+    one = time.monotonic()
+    fast(x).block_until_ready()
+    fast_step = time.monotonic() - one
+    tracker = make_tracker()
+    seen: list[float] = []  # the completions the loop saw
+    n = 0
+    for f in (fast, fast, slow):
+        for _ in range(12):
+            x = f(x)
+            jaxmon.step(n, x)
+            if n == 0:
+                first = threading.Thread(target=lambda y=x: (y.block_until_ready(), seen.append(time.monotonic())))
+                first.start()
+            n += 1
+        x.block_until_ready()
+        seen.append(time.monotonic())
+        with jaxmon.badput("eval"):
+            time.sleep(0.02)
+    first.join()
+    reading = settled(tracker, n)
+    # Completion to completion, summed: the loop's own first and last completion, each a thread wake late at most.
+    assert reading.duration_sum == pytest.approx(seen[-1] - seen[0], abs=0.04)
+    with tracker._lock:
+        counted = [step[0] for step in tracker._ledger.window_steps()]
+    assert len(counted) == n - 1
+    # Every step's device time is its own: none dated as taking a fraction of the fastest step's.
+    assert min(counted) > fast_step / 4, [round(c * 1e3, 1) for c in counted]

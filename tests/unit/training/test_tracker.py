@@ -49,9 +49,11 @@ def test_step_durations_are_what_a_loop_timing_its_own_completions_measures(make
     reading = settled(tracker, 12)
     assert reading.duration_count == 11 and reading.steps_total == 12 and reading.step == 11
     assert reading.dispatched_step == 11
-    # Completion to completion, summed: the first and the last completion, as the loop saw them (both threads
-    # wake on the same event; each observation lags it by at most a GIL switch interval).
-    assert reading.duration_sum == pytest.approx(done[-1] - done[0], abs=0.01)
+    # Completion to completion, summed: the first and the last completion, as the loop saw them (both threads wake
+    # on the same event; each observation lags it by a thread wake: beside three CPU burners the loop's own view of
+    # its first step was 38 ms late once in 30 runs, and a last step the waiter found done, not running, was dated
+    # by the typical step 18 ms early once; 11 ms in CI). Within 40 ms, as the loops of tests/integration/training.
+    assert reading.duration_sum == pytest.approx(done[-1] - done[0], abs=0.04)
     longest = max(b - a for a, b in itertools.pairwise(done))
     assert longest > 0.05
     buckets = dict(reading.duration_buckets)
