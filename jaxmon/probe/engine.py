@@ -90,6 +90,7 @@ class DeviceProbe:
         store_key: str = "",
         busy: Callable[[], bool] = _never_busy,
         idle: Callable[[], bool | None] = _unknown,
+        clock: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
         self.device = device
         self._make_kernel = make_kernel
@@ -105,6 +106,8 @@ class DeviceProbe:
         # no source knows). Timings taken idle are the baseline's window, which may then rise as well as fall.
         self._idle = idle
         self._idle_samples: deque[float] = deque(maxlen=BASELINE_WINDOW)
+        # The timer of every run (nanoseconds): a test reads the very instants the probe's timings are taken from.
+        self._clock = clock
         self._lock = threading.Lock()
         self._status = ProbeStatus()
         self._kernel: ProbeKernel | None = None
@@ -154,9 +157,9 @@ class DeviceProbe:
 
     def _time_run(self, steps: int) -> float:
         assert self._kernel is not None
-        start = time.perf_counter_ns()
+        start = self._clock()
         self._kernel.run(steps)
-        return (time.perf_counter_ns() - start) / 1e9
+        return (self._clock() - start) / 1e9
 
     def _calibrate(self) -> None:
         """Compile once; then reuse a saved baseline, or size the step count so an idle run takes about the
