@@ -131,3 +131,14 @@ def adds_up(reading: TrainingReading, tracker: Tracker) -> None:
     rate = (wall - reading.start_time_seconds) / (mono - tracker._ledger.started)
     assert total * rate == pytest.approx(reading.last_step_timestamp - reading.start_time_seconds, rel=1e-3, abs=1e-3)
     assert abs(reading.start_time_seconds - time.time()) < 600  # a Unix time
+
+
+def run_delay(*threads: int | None) -> float:
+    """The seconds the threads with these native ids spent runnable but not running (the kernel's schedstat: the time
+    a loaded machine kept each waiting for a CPU), summed; the lag a thread's view of an event can have beyond its
+    own wake."""
+    total = 0
+    for tid in threads:
+        with open(f"/proc/self/task/{tid}/schedstat") as stat:
+            total += int(stat.read().split()[1])
+    return total / 1e9
