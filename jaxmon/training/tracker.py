@@ -90,7 +90,7 @@ class Tracker:
         ledger = self._ledger
         self.waiter = Waiter(
             self.hand, self._handed, ops, clock, self._book, self._problem, ledger.typical_busy,
-            lambda: ledger.last_done, ledger.stall_threshold,
+            lambda: ledger.last_done, config.stall_factor,
         )  # fmt: skip
         self.sampler.look = self.waiter.look_now  # a traced block's last step is looked at as it comes
         hand = self.hand

@@ -108,8 +108,8 @@ def quiet() -> Iterator[None]:
 
 class Waiter:
     """The thread that books the handed steps: `book(runs, loss, (loss_step, left_out))` under the tracker's lock;
-    `typical()` a step's typical observed device time, `stalled()` the device time past which a step stalled, and
-    `last_done()` the last completion booked (the ledger's);
+    `typical()` a step's typical observed device time and `last_done()` the last completion booked (the ledger's);
+    `stall_factor` the tracker's (a step longer than this many typical steps stalled);
     `problem(reason, event, ...)` counts and logs."""
 
     def __init__(
@@ -122,11 +122,11 @@ class Waiter:
         problem: Callable[..., None],
         typical: Callable[[], float | None],
         last_done: Callable[[], float | None],
-        stalled: Callable[[], float | None] = lambda: None,
+        stall_factor: float = 3.0,
     ) -> None:
         self._hand, self._handed, self.ops, self._clock = hand, handed, ops, clock
         self._book, self._problem, self._typical, self._last_done = book, problem, typical, last_done
-        self._stalled = stalled
+        self._stall_factor = stall_factor
         self._given, self._offset = Given(None, None, None, None, ()), 0  # what the next step handed is given
         self._leads: deque[int] = deque(maxlen=RECENT)  # the host's lead at each look (none made up)
         self._bounds: deque[float] = deque(maxlen=RECENT)  # a held step's hand-off to its completion seen, or a look
@@ -362,14 +362,16 @@ class Waiter:
     def _book_unheld(self, size: int, paused: bool = False) -> None:
         """Book the first `size` items' steps, none held: each segment ends by the next one's first hand-off, the last
         by now. A loop that paused: where its device would still be running them at the stall threshold's pace (it
-        ran ahead of its device), first wait until then, or until the loop calls again (a pause() or a step marks
-        when it stopped: a host that waited for its device, as Keras at an epoch's end, is seen waiting). Before a
-        typical step is known, at the pace of the least bound a held step gave."""
+        ran ahead of its device), first wait until then, or until the loop calls again: a pause() marks when it
+        stopped (a host that waited for its device, as Keras at an epoch's end, is seen waiting), a step does not
+        (they are booked by when the loop was found still). The stall threshold of the typical step, or before one is
+        known of the least bound a held step gave."""
+        by = math.inf
         if paused:
             self._hand.let_go()
             self.every = LOOK  # a loop that resumes is looked at often, until it steps on
             start = self._last_done()
-            pace = self._stalled() or self._typical() or min(self._bounds, default=0.0)
+            pace = self._stall_factor * (self._typical() or min(self._bounds, default=0.0))
             wait = 0.0
             if start is not None and pace:
                 end = start
@@ -378,15 +380,22 @@ class Waiter:
                         end = max(item, end) + pace
                 wait = end - self._clock()
             if wait > 0:
+                still = self._clock()
                 self._wake.clear()
-                if self._wake.wait(wait) or self._worker.stopping:
-                    return  # a step came (the next look takes these), or stopping (the drain does)
+                if self._wake.wait(wait):
+                    if any(type(item) is Done or (type(item) is Hold and item.marked is not None)
+                           for item in itertools.islice(self._handed, size, None)):  # fmt: skip
+                        return  # a pause() marked them: the next look takes them with its hold
+                    by = still  # a step came: done by when the loop was found still, as far as anything says
+                if self._worker.stopping:
+                    return  # the drain books them
         with quiet():
             taken = self._parse([self._handed.popleft() for _ in range(size)])
             if taken.handed:
                 self.looks += 1
                 ends_at = self._ends(taken)
-                ends_at[len(taken.handed) - 1] = min(self._clock(), ends_at.get(len(taken.handed) - 1) or math.inf)
+                last = len(taken.handed) - 1
+                ends_at[last] = min(self._clock(), by, ends_at.get(last) or math.inf)
                 done, observed = self._dated(taken.handed, ends_at, [], None, None, False)
                 self._read_and_book(taken, done, observed, None)
 
