@@ -6,9 +6,14 @@ here are re-exported.
 
 from __future__ import annotations
 
+import os
+
+# JAX's 8 CPU devices for every test, however pytest is started (tests/run.sh sets it too); here, before any test
+# module or deeper conftest imports jax (tests/unit/training/conftest.py does): JAX reads it as it is imported.
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+
 import contextlib
 import logging
-import os
 import signal
 import threading
 import time

@@ -5,10 +5,6 @@ until both stopped. publish() alone: tests/unit/test_publisher_lifecycle.py."""
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 import gc
 import warnings
 import weakref

@@ -54,7 +54,6 @@ def test_replicated_and_host_bytes_of_a_training_loop_equal_its_own_arrays(
 STRESS = r"""
 import faulthandler, os, sys, threading, time
 faulthandler.enable()
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
 import jaxmon.sources.local.workload

@@ -10,10 +10,6 @@ are end-to-end-only test libraries (tests/floors.py)."""
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 import importlib
 import re
 from collections.abc import Callable

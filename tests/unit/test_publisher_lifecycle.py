@@ -4,10 +4,6 @@ later publish() gets a training tracker with its own options. The embedded expor
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 import gc
 import json
 import weakref

@@ -6,10 +6,6 @@ gives a `/3` file. The whole stack (real processes, a real Prometheus) is tests/
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 import gc
 import json
 from collections.abc import Iterator

@@ -5,10 +5,6 @@ every step it covered, and every sample is accounted for."""
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 import faulthandler
 import random
 from pathlib import Path

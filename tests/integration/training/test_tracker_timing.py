@@ -4,10 +4,6 @@ checked against what the loop measures itself (tests/unit/training/test_tracker.
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 import statistics
 import threading
 import time

@@ -7,9 +7,6 @@ Compile counters of real workload processes (embedded, and through the spool) ar
 from __future__ import annotations
 
 import itertools
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest

@@ -6,10 +6,7 @@ arrays deleted and donated while the pass runs."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest

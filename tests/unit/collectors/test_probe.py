@@ -4,11 +4,7 @@ on its device tests/unit/sources/test_local.py."""
 
 from __future__ import annotations
 
-import os
-
 # Eight CPU devices, set before anything imports JAX (jaxmon.sources.local.LocalSource imports it lazily).
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 import statistics
 import threading
 import time

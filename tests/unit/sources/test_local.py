@@ -3,10 +3,6 @@ the probe kernel's buffers on the device it was made for."""
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 from collections.abc import Callable
 from typing import Any, cast
 

@@ -5,10 +5,6 @@ traces fail as samples; each missing name is counted and logged once, and nothin
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Any
 

@@ -37,6 +37,7 @@ def shared_ops() -> JaxTraining:
     """The JAX side of the trackers made without one of their own: a JaxTraining compiles its barrier as the tracker
     starts, a program for each of the 8 devices (a quarter of a second, most of a short test's time), so one for the
     session. A test of what a tracker's start compiles or keeps (its barrier) gives it a JaxTraining of its own."""
+    assert jax.device_count() == 8, "the training tests run on JAX's 8 CPU devices (JAX_NUM_CPU_DEVICES=8)"
     return JaxTraining(LocalSource(sidecar_defaults=False))
 
 

@@ -3,10 +3,6 @@ steps against the loop's own completion times, steady and uneven (every 10th ste
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 import bisect
 import itertools
 import random

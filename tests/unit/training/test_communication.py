@@ -4,10 +4,6 @@ per step and device, the window's largest peak, and carried through the spool as
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 import json
 import re
 import threading

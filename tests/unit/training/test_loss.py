@@ -4,10 +4,6 @@ the step the reading names (`loss_step`), never from what jaxmon says."""
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 import math
 import time
 from collections.abc import Callable

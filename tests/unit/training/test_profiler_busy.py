@@ -3,10 +3,6 @@ always gets its whole profile, and jaxmon says `Busy` (jaxmon.sources.local.prof
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 from pathlib import Path
 
 import jax

@@ -8,10 +8,6 @@ tests/e2e/test_step_stress.py."""
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 import math
 import time
 from collections.abc import Callable

@@ -5,10 +5,6 @@ tests/integration/training/test_tracker_timing.py's."""
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 import gc
 import itertools
 import threading

@@ -5,10 +5,6 @@ test's."""
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 from typing import Any
 
 import jax

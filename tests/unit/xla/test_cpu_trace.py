@@ -4,10 +4,6 @@ collective, each traced for 2 steps with `jax.profiler.start_trace`/`stop_trace`
 from __future__ import annotations
 
 import itertools
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 import time
 from collections.abc import Callable
 from pathlib import Path

@@ -5,12 +5,8 @@ CPU backend does not print (async start/done pairs, tuple shapes, dtypes, group 
 from __future__ import annotations
 
 import importlib
-import os
 import random
 import re
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 from collections.abc import Callable
 from functools import partial
 from typing import Any

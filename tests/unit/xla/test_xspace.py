@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
 from typing import Any
 
 import jax
