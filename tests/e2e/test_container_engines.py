@@ -2,13 +2,14 @@
 session, state in a temporary directory, no iptables and no default bridge: this VM has neither) beside podman.
 
 Each engine builds the image itself from this checkout's Dockerfile: podman in tests/e2e/test_container.py's build,
-Docker with its own builder (`docker build`). What the two share is the base: the python:*-slim podman has (pulled,
-or made from Debian's packages where Docker Hub cannot be reached) is loaded into Docker (`podman save | docker
-load`) instead of being made a second time. On each engine the HEALTHCHECK turns healthy at its first check after
-the start period in six configurations (the default, a listen address moved by flag and by variable, basic auth,
-TLS, mTLS) and unhealthy when polls stop; on Docker the README's sidecar commands run as written (without --gpus)
-and `docker stop` exits 0 within 5 s, and `docker-compose` brings the compose demo up healthy. dockerd needs root:
-elsewhere the Docker tests skip, saying so; as root (CI) a daemon that cannot start fails them.
+Docker with its own builder (`docker build`, on a thread of its own from as soon as podman's image is there:
+tests/e2e/conftest.py, where the session's dockerd is too). What the two share is the base: the python:*-slim podman
+has (pulled, or made from Debian's packages where Docker Hub cannot be reached) is loaded into Docker (`podman save
+| docker load`) instead of being made a second time. On each engine the HEALTHCHECK turns healthy at its first check
+after the start period in six configurations (the default, a listen address moved by flag and by variable, basic
+auth, TLS, mTLS) and unhealthy when polls stop; on Docker the README's sidecar commands run as written (without
+--gpus) and `docker stop` exits 0 within 5 s, and `docker-compose` brings the compose demo up healthy. dockerd needs
+root: elsewhere the Docker tests skip, saying so; as root (CI) a daemon that cannot start fails them.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -27,8 +28,8 @@ import requests
 import yaml
 
 from tests.conftest import free_port
+from tests.e2e.conftest import start_docker_build
 from tests.e2e.test_container import (
-    CA_BUNDLE,
     COMPOSE,
     JAXMON_SERVICES,
     PUBLISH,
@@ -54,82 +55,6 @@ WEB_DIR = "/etc/jaxmon-web"  # where the tests mount their web configs and certi
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _start_dockerd(root: Path, driver: str) -> tuple[subprocess.Popen[bytes] | None, Engine, str]:
-    """A private dockerd with its state under `root` on storage `driver`; the engine CLI pointed at it. On failure
-    (no process) the tail of its log says why."""
-    dockerd = shutil.which("dockerd")
-    if dockerd is None or shutil.which("docker") is None:
-        pytest.fail("docker.io is not installed: tests/run.sh installs it (dockerd and docker)")
-    socket = root / "docker.sock"
-    logfile = root / f"dockerd-{driver}.log"
-    with logfile.open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                *(dockerd, "--iptables=false", "--ip6tables=false", "--bridge=none", f"--storage-driver={driver}"),
-                *("--data-root", str(root / "data"), "--exec-root", str(root / "exec")),
-                *("--pidfile", str(root / "docker.pid"), "--host", f"unix://{socket}"),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    engine = Engine("docker", {**os.environ, "DOCKER_HOST": f"unix://{socket}"})
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        if socket.exists() and engine("info", check=False, timeout=30).returncode == 0:
-            return proc, engine, ""
-        time.sleep(0.5)
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    return None, engine, _tail(logfile.read_text(errors="replace"))
-
-
-def _stop_dockerd(proc: subprocess.Popen[bytes], root: Path) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    # dockerd leaves its network namespace's bind mount (exec/netns/default) behind: unmount, then remove.
-    with open("/proc/self/mounts", encoding="utf-8") as mounts:
-        left = [line.split()[1] for line in mounts if line.split()[1].startswith(f"{root}/")]
-    for mount in reversed(left):
-        subprocess.run(["umount", mount], capture_output=True, timeout=30)
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def dockerd() -> Iterator[Engine]:
-    """One Docker daemon for the session."""
-    if os.geteuid() != 0:
-        message = "dockerd needs root (this machine runs the suite as a user); CI runs these as root"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    # overlay2 where the data root's file system takes it (ext4 and xfs do): a container's file system is then a
-    # layer over the image's, where vfs copies the whole image (690 MB) for each container and each build step.
-    failures: list[str] = []
-    for driver in ("overlay2", "vfs"):
-        root = Path(tempfile.mkdtemp(prefix="jxd", dir="/tmp"))  # short: the socket's path has at most 107 bytes
-        proc, engine, log = _start_dockerd(root, driver)
-        if proc is not None:
-            break
-        shutil.rmtree(root, ignore_errors=True)
-        failures.append(f"with --storage-driver={driver}:\n{log}")
-    else:
-        pytest.fail("dockerd did not start\n" + "\n".join(failures))
-    if failures:
-        print(f"dockerd runs on vfs: {failures[0]}")
-    try:
-        yield engine
-    finally:
-        engine.cleanup()
-        _stop_dockerd(proc, root)
-
-
 @pytest.fixture(scope="module")
 def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engine, Image]]:
     if shutil.which("podman") is None:
@@ -145,35 +70,11 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engine, I
 
 
 @pytest.fixture(scope="module")
-def docker(dockerd: Engine, podman: tuple[Engine, Image], tmp_path_factory: pytest.TempPathFactory) -> Image:
-    """This checkout's image built by Docker's own builder, on the base podman built with (loaded, not made again).
-
-    Docker's classic builder mounts nothing into a build, so where the host trusts a CA of its own (a package
-    proxy's) the base gets the host's bundle in a layer of its own for pip in the build; podman mounts it for the
-    build only. The tag is the python:*-slim that the Dockerfile's FROM names."""
-    source, image = podman
-    started = time.monotonic()
-    loaded = image.base
-    if not dockerd.image_exists(loaded):
-        with subprocess.Popen(
-            ["podman", "save", "--format", "docker-archive", image.base], stdout=subprocess.PIPE, env=source.env
-        ) as save:
-            load = subprocess.run(
-                ["docker", "load"], stdin=save.stdout, capture_output=True, text=True, env=dockerd.env
-            )
-        assert save.returncode == 0 and load.returncode == 0, load.stderr
-    python = image.base.rsplit(":", 1)[1].removesuffix("-slim")
-    base = f"python:{python}-slim"
-    if CA_BUNDLE.is_file():
-        context = tmp_path_factory.mktemp("docker-base")
-        shutil.copy(CA_BUNDLE, context / "ca-certificates.crt")
-        (context / "Dockerfile").write_text(f"FROM {loaded}\nCOPY ca-certificates.crt {CA_BUNDLE}\n", encoding="utf-8")
-        dockerd("build", "-q", "-t", base, str(context), timeout=300)
-    elif loaded != base:
-        dockerd("tag", loaded, base)
-    print(f"base {base} in docker in {time.monotonic() - started:.0f}s")
-    built = build_image(dockerd, base=(python, base))
-    assert built.tag == image.tag.removeprefix("localhost/")
+def docker(docker_build: Future[Image], podman: tuple[Engine, Image]) -> Image:
+    """This checkout's image built by Docker's own builder (tests/e2e/conftest.py's docker_build, started in the
+    background as soon as podman's image was there), under podman's tag."""
+    built = docker_build.result()
+    assert built.tag == podman[1].tag.removeprefix("localhost/")
     return built
 
 
@@ -181,6 +82,7 @@ def docker(dockerd: Engine, podman: tuple[Engine, Image], tmp_path_factory: pyte
 def engine_image(request: pytest.FixtureRequest) -> tuple[Engine, Image]:
     if request.param == "podman":
         engine, image = request.getfixturevalue("podman")
+        start_docker_build(request)  # Docker builds beside podman's tests (when nothing started it earlier)
         return engine, image
     return request.getfixturevalue("dockerd"), request.getfixturevalue("docker")
 
