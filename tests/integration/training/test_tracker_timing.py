@@ -321,4 +321,3 @@ def completed(array: jax.Array, seen: list[float]) -> None:
     """Note when `array` was computed, on a thread of its own (as Keras's callbacks see a step's logs)."""
     array.block_until_ready()
     seen.append(time.monotonic())
-
