@@ -88,6 +88,7 @@ def test_client_allowed_sans_are_checked_after_the_handshake(
 
 def test_the_toolkit_headers_file_sets_all_five_headers(start_daemon: StartDaemon) -> None:
     d = _serve(start_daemon, ETK / "web_config_headers.good.yml", scheme="http")
+    _wait_logged(d, "ready: first poll done")  # /readyz answers 503 until then (once in a whole run: a loaded poll)
     r = requests.get(d.url + "/readyz", timeout=10)
     assert r.status_code == 200
     expected = yaml.safe_load((ETK / "web_config_headers.good.yml").read_text())["http_server_config"]["headers"]
@@ -105,6 +106,7 @@ def test_the_toolkit_rate_limits(start_daemon: StartDaemon, name: str, status: i
 
 def test_the_toolkit_users_without_tls(start_daemon: StartDaemon) -> None:
     d = _serve(start_daemon, ETK / "web_config_users_noTLS.good.yml", scheme="http")
+    _wait_logged(d, "ready: first poll done")  # /readyz answers 503 until then
     assert requests.get(d.url + "/readyz", timeout=10).status_code == 401
     assert requests.get(d.url + "/readyz", auth=("dave", "dave123"), timeout=10).status_code == 200
 
