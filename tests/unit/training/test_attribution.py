@@ -35,6 +35,18 @@ def test_a_loop_two_ahead_dates_each_step_three_calls_later() -> None:
     assert out == [6.0, 7.0, 8.5]
 
 
+def test_calls_made_before_the_segment_started_are_no_paced_host_s() -> None:
+    # Keras's epoch, in CI: four steps handed at 13-36 ms, ten more at 40-45 (the host ran ahead, then waited at the
+    # epoch's end), the segment from the step before's completion at 64 to the newest's seen at 290. As a paced host's
+    # calls (lead 10) the steps would complete at the calls 44, 44 and 45, all before 64: three steps of no time. The
+    # queue dates them, fitted to the completion seen.
+    handed, later = [13.0, 19.0, 25.0, 36.0], [40.0, 41.0, 42.0, 43.0, 43.5, 44.0, 44.2, 44.5, 44.7, 45.0]
+    out = apportion(64.0, 290.0, handed, later)
+    assert out == pytest.approx([120.5, 177.0, 233.5, 290.0])
+    # The same host with calls inside the segment (its device paced it): dated by them.
+    assert apportion(64.0, 290.0, handed, [70.0, 120.0, 180.0, 240.0]) == [120.0, 180.0, 240.0, 290.0]
+
+
 def test_a_device_that_kept_up_completes_each_step_before_the_next_call() -> None:
     # The newest was done before the look (not ran), the device kept up; a typical step (1.2) a little over the host's
     # rhythm (1.0) must not carry on from step to step: it would pile the last steps at the look, steps of no time.
