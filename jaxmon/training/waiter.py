@@ -287,9 +287,11 @@ class Waiter:
             found = (item.at for item in after if type(item) is Done or (type(item) is Found and item.hold is newest))
             if (by := next(found, None)) is not None:
                 looked, seen = min(looked, by), None if seen is None else min(seen, by)
-            # The host's lead: its calls while the newest ran (the least of recent looks': a call right after the
-            # completion, before this thread had the GIL back, reads as lead). Paced if it holds; if it grows, not.
-            later = [t for t in after if type(t) not in MARKERS and t is not PAUSED and seen and t < seen]
+            # The host's lead: its calls while the newest ran, not those within a GIL switch interval of its
+            # completion seen (a loop that waited for it calls right after it, before this thread had the GIL back);
+            # the least of recent looks'. Paced if it holds; if it grows, not.
+            ran_until = seen - sys.getswitchinterval() if seen else 0.0
+            later = [t for t in after if type(t) not in MARKERS and t is not PAUSED and t < ran_until]
             paced = (
                 len(later) <= self._leads[-1]
                 if later and self._leads
