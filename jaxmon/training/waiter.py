@@ -122,7 +122,7 @@ class Waiter:
         problem: Callable[..., None],
         typical: Callable[[], float | None],
         last_done: Callable[[], float | None],
-        stall_factor: float = 3.0,
+        stall_factor: float,
     ) -> None:
         self._hand, self._handed, self.ops, self._clock = hand, handed, ops, clock
         self._book, self._problem, self._typical, self._last_done = book, problem, typical, last_done

@@ -23,6 +23,7 @@ import jaxmon
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
 from jaxmon.training.hand import Found, Given, Hold
+from jaxmon.training.handed import TrackerConfig
 from jaxmon.training.ledger import Run
 from jaxmon.training.waiter import Waiter
 from tests.helpers import wait_until
@@ -216,7 +217,7 @@ def test_a_found_hold_dates_its_own_step_by_the_call_that_found_it_and_not_the_s
             dates.extend(run.done)
 
     waiter = Waiter(hand, handed, ops, lambda: clock[0], book, lambda *a, **k: None,  # type: ignore[arg-type]
-                    lambda: 0.020, lambda: dates[-1] if dates else 0.0)  # fmt: skip
+                    lambda: 0.020, lambda: dates[-1] if dates else 0.0, TrackerConfig().stall_factor)  # fmt: skip
     hold2, hold4, other = Hold([object()]), Hold([object()]), Hold([object()])
     handed.extend([Given(0, None, None, None, ()), 0.000, 0.010, 0.020, hold2])  # steps 0-2, step 2 held
     clock[0] = 0.021
