@@ -20,10 +20,10 @@ The protocol. The training thread only appends; every decision about a step is t
   - `PAUSED`: step() came `paused_after` or more after the step before: those before completed before it.
   - a `Done`: pause() found the last step's hold (or the one the waiter waits for) complete: the steps handed before
     it completed by its time (a badput() block opening next is on an idle device, however late the waiter wakes).
-  - a `Found`: step() found the hold the waiter waits for complete, by its time (it looks at most once per RECHECK
-    of its own time while the waiter waits): that hold's step completed by then, not those handed since; the waiter
-    reads it only for the hold it waits for, so that a loop that called since is dated by its own call, however
-    late the waiter wakes.
+  - a `Found`: step() found the newest hold it handed complete, by its time (it looks at most once per RECHECK of
+    its own time, until it is): that hold's step, and those before it, completed by then, not those handed since;
+    the waiter reads it for the hold it waits for or one handed after it, so that a loop that called since is dated
+    by its own call, however late the waiter wakes (or takes a step held while it was busy).
 - written by the waiter only, read here: `asked` (a new object: hold the next step, then wake it), `waiting` (the hold
   it waits for, set before it pops a look's items, None once the wait returned), `paused_after`,
   `device_step` (the last number it read off a device), and its own `booked` (steps taken and booked: with this
@@ -60,9 +60,9 @@ _warned = False
 NO_CALLS: tuple[()] = ()  # the tracked calls of a step that made none (shared)
 HOST = frozenset({int, float, type(None)})  # step() arguments taken as they are
 PAUSED = object()
-# While the waiter waits for a hold, step() looks whether it is complete at most once per this many seconds of its own
+# Until the newest hold handed is complete, step() looks whether it is at most once per this many seconds of its own
 # time (the GIL's switch interval: the waiter's own wake is no finer): one call into JAX, on jaxmon's own handles, per
-# this much of the loop's time at most, and only while the waiter waits.
+# this much of the loop's time at most, and none once it is (a hold is handed once per look).
 RECHECK = 0.005
 LOST = object()  # an array deleted or donated before step() could hold it
 _NO_BLOCKS = Blocks(0, 1)  # a disarmed hand's sampled blocks: no retry ever
@@ -104,8 +104,8 @@ class Done(NamedTuple):
 
 
 class Found(NamedTuple):
-    """step() found `hold`, the one the waiter waits for, complete by `at`: that hold's step and those before it
-    only (steps handed since may still run)."""
+    """step() found `hold`, the newest it handed, complete by `at`: that hold's step and those before it only
+    (steps handed since may still run)."""
 
     at: float
     hold: Any
@@ -194,7 +194,8 @@ class Hand:
         self.paused_after = float("inf")  # the waiter's
         self.device_step: int | None = None  # the waiter's
         self.waiting: Hold | Given | None = None  # the waiter's: the newest hold it waits for (in _take)
-        self._checked: Hold | Given | None = None  # the last `waiting` step() looked at
+        self._watched: Hold | Given | None = None  # the newest hold handed, until found complete
+        self._checked: Hold | Given | None = None  # the last hold step() looked at
         self._recheck = float("inf")  # when step() looks at it again (inf: found complete)
         self._due = -float("inf")  # a step is held from then on anyway
         self._ready: tuple[Any, ...] = ()
@@ -234,12 +235,12 @@ class Hand:
         anything else is dropped for the step and counted (reason="invalid"). A JAX array is read once computed,
         never here, and alone says when its step completed; deleting or donating any array afterwards is safe.
         Returns at once: no device wait, no JAX call on the common path (a step that follows on is one float
-        appended to a deque; while jaxmon's waiter waits, at most once per RECHECK a readiness check of jaxmon's own
-        handles); never raises. Without a running start() or publish(): nothing (one warning)."""
+        appended to a deque; until the newest hold is found complete, at most once per RECHECK a readiness check of
+        jaxmon's own handles); never raises. Without a running start() or publish(): nothing (one warning)."""
         try:
             handed = self._clock()
-            if (waiting := self.waiting) is not None and (waiting is not self._checked or handed >= self._recheck):
-                self._done_by(waiting, handed)
+            if (watched := self._watched) is not None and (watched is not self._checked or handed >= self._recheck):
+                self._done_by(watched, handed)
             previous, self._previous = self._previous, handed
             calls = self.calls
             self.calls = NO_CALLS
@@ -272,7 +273,8 @@ class Hand:
         """A step that follows on, held: its time and its Hold, and the waiter woken where it asked."""
         asked = self.asked
         self._due = handed + self.waiter.every
-        self._handed.extend((handed, self._hold(ready)))
+        self._watched = hold = self._hold(ready)
+        self._handed.extend((handed, hold))
         self._holds += 1
         if asked is not self.answered:
             self.answered = asked
@@ -321,7 +323,10 @@ class Hand:
             self._due = handed + self.waiter.every
             hold = self._hold(ready)
             self._holds += 1
-            items.append(hold._replace(handles=hold.handles + held) if held else hold)
+            self._watched = hold = hold._replace(handles=hold.handles + held) if held else hold
+            items.append(hold)
+        elif held:
+            self._watched = items[-2]  # the Given: its arrays are the step's hold
         self._handed.extend(items)  # one call: the waiter never takes a step without its Given and Hold
         self._count += 1
         if asked is not self.answered:
@@ -388,22 +393,22 @@ class Hand:
             self.waiter.hurry()
 
     def _done_by(self, hold: Hold | Given, now: float) -> None:
-        """The hold the waiter waits for, looked at (at most once per RECHECK of this thread's time): complete
-        already, its step completed by now. A loaded machine schedules the waiter milliseconds after the completion,
-        where the loop has called since (it waited for the step, or ran on): a Found dates that step by this call,
-        not by the waiter's late wake. `_checked` keeps the hold only until the next look's, or the loop goes still."""
+        """The newest hold handed, looked at (at most once per RECHECK of this thread's time): complete already, its
+        step completed by now. A loaded machine schedules the waiter milliseconds after the completion, where the
+        loop has called since (it waited for the step, or ran on): a Found dates that step by this call, not by the
+        waiter's late wake. A hold is kept here only until it is found complete, or the loop goes still."""
         self._checked, self._recheck = hold, now + RECHECK
         try:  # jaxmon's own handles: never emptied by a delete(), so this never crashes (a donated one raises)
             if self.ops.ready(handles(hold)):
                 self._handed.append(Found(self._clock(), hold))
-                self._recheck = float("inf")
+                self._watched = self._checked = None
         except Exception:
-            self._recheck = float("inf")
+            self._watched = self._checked = None
 
     def let_go(self) -> None:
         """Hold nothing of a still loop (the waiter's call)."""
         self._ready = ()
-        self._checked = None
+        self._watched = self._checked = None
 
 
 def _same(value: Any, before: Any) -> bool:

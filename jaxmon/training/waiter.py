@@ -211,6 +211,7 @@ class Waiter:
                 if size:
                     self._book_unheld(size, paused=True)
                     return
+                self._hand.let_go()  # its newest hold, taken already: step() looks at it no more
                 self._flush_loss()
                 self._wake.wait()  # until a step comes (it is held: asked) or stop
             if self._worker.stopping:
@@ -282,10 +283,7 @@ class Waiter:
         seen = ends[-1] if ran else None
         with quiet():
             after = list(self._handed)
-            # A Done handed since (pause() found a step after the newest complete: the device runs them in order), or
-            # a Found of this hold (step() found it complete): the newest completed by then.
-            found = (item.at for item in after if type(item) is Done or (type(item) is Found and item.hold is newest))
-            if (by := next(found, None)) is not None:
+            if (by := self._found(after, newest)) is not None:
                 looked, seen = min(looked, by), None if seen is None else min(seen, by)
             # The host's lead: its calls while the newest ran, not those within a GIL switch interval of its
             # completion seen (a loop that waited for it calls right after it, before this thread had the GIL back);
@@ -315,6 +313,20 @@ class Waiter:
             done, observed = self._dated(handed, ends_at, lead, mark and mark.marked, seen, paced)
             self._read_and_book(taken, done, observed, mark)
         return (len(handed), (handed[-1] - handed[0]) / (len(handed) - 1)) if len(handed) > 1 else None
+
+    @staticmethod
+    def _found(after: list[Any], newest: Hold | Given) -> float | None:
+        """When the items handed since a look's newest hold say it was complete: a Done (pause() found the last step
+        complete), or a Found of it or of a hold handed after it (step() found that complete: the device runs them
+        in order). None: they do not."""
+        since = {id(newest)}
+        for item in after:
+            kind = type(item)
+            if kind is Hold or (kind is Given and item.arrays):
+                since.add(id(item))
+            elif kind is Done or (kind is Found and id(item.hold) in since):
+                return float(item.at)
+        return None
 
     @staticmethod
     def _ends(taken: Taken) -> dict[int, float | None]:

@@ -4,6 +4,7 @@ and disarmed by that tracker's stop(), never by an older one's."""
 from __future__ import annotations
 
 import gc
+import time
 import warnings
 import weakref
 from typing import Any
@@ -108,3 +109,30 @@ def test_the_hold_step_checks_while_the_waiter_waits_goes_once_the_loop_is_still
     finally:
         tracker.stop(10)
     assert HAND._checked is None and HAND.waiting is None
+
+
+def test_a_loop_that_goes_still_after_a_held_step_keeps_nothing_of_it(
+    shared_ops: JaxTraining, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """step() looks at the newest hold handed until it finds it complete: a loop whose last step was held (the
+    waiter took it, and found nothing after it) and that goes still lets it go too."""
+    tracker = Tracker(shared_ops, TrackerConfig(peak_flops=PEAK))
+    monkeypatch.setattr(training, "_tracker", tracker)
+    f = jax.jit(lambda x: x + 1)
+    x = f(jnp.ones(4)).block_until_ready()
+    try:
+        for n in range(3):
+            time.sleep(0.05)  # more than a look's time: each step held
+            x = f(x)
+            jaxmon.step(n, x)
+        held = HAND._watched
+        assert held is not None  # the last step's hold: no step() since looked at it
+        clone = weakref.ref(hand.handles(held)[0])
+        del held
+        booked(tracker, 3)
+        wait_until(lambda: HAND._watched is None and HAND._checked is None, timeout=5, what="the hold let go")
+        del x
+        gc.collect()
+        assert clone() is None  # nothing of jaxmon's keeps the clone
+    finally:
+        tracker.stop(10)

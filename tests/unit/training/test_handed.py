@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxmon
-from jaxmon.training.hand import PAUSED, Given, Hand, Hold
+from jaxmon.training.hand import PAUSED, Found, Given, Hand, Hold
 from jaxmon.training.handed import Program
 from jaxmon.training.sampler import Off
 from jaxmon.training.waiter import Waiter
@@ -104,6 +104,38 @@ def test_a_pause_and_a_hold_are_where_they_were() -> None:
     waiter._given, waiter._offset, waiter.holds = Given(None, None, None, None, ()), 0, 0
     steps = waiter._parse(items)
     assert len(steps.handed) == 4 and steps.pauses == [2] and steps.held == [0, 2]
+
+
+class Readiness(Ops):
+    """A JAX side whose holds are complete once `done` is set."""
+
+    done = False
+
+    def ready(self, handles: object) -> bool:
+        return self.done
+
+
+def test_step_says_when_it_finds_the_newest_hold_complete_before_the_waiter_waits_for_it() -> None:
+    """The waiter has not taken the held step yet (woken late, or busy with the look before): the loop's next call
+    that finds it complete says so, a Found before its own step; a hold that still runs is looked at again only
+    once RECHECK of the loop's time has passed, and one found complete no more."""
+    handed: deque[Any] = deque()
+    ops = Readiness()
+    times = iter([0.0, 0.001, 0.002, 0.010, 0.0101, 0.011])
+    h = Hand()
+    h.arm(object(), ops, lambda: next(times), handed, Waiting(), Off(), lambda *a, **k: None, 100)  # type: ignore[arg-type]
+    h.step(0)  # held: the first step
+    h.step(1)  # it still runs
+    h.step(2)  # within RECHECK: not looked at
+    ops.done = True
+    h.step(3)  # found complete
+    h.step(4)
+    items = list(handed)
+    assert h.waiting is None  # (no waiter waits)
+    assert [type(item) for item in items] == [Given, float, Hold, float, float, Found, float, float]
+    found = items[5]
+    assert found.hold is items[2] and found.at == 0.0101 and items[6] == 0.010
+    assert h._watched is None and h._checked is None  # nothing of the hold kept once found complete
 
 
 def test_a_loop_whose_figures_change_books_each_step_with_its_own(make_tracker: MakeTracker) -> None:

@@ -230,3 +230,31 @@ def test_a_found_hold_dates_its_own_step_by_the_call_that_found_it_and_not_the_s
     waiter._take(len(handed))
     assert len(dates) == 5 and dates[4] == pytest.approx(0.095)
     assert 0.072 < dates[3] < dates[4], dates  # step 3 after step 2's completion: no mark at the Found
+
+
+def test_a_found_of_a_hold_handed_after_the_newest_dates_the_newest_too() -> None:
+    """The waiter takes steps 0-2 (step 2 held) late: the loop has handed step 3 with a hold of its own (one due per
+    `every` while the waiter was busy), and step 4's call found step 3's complete. Step 2 completed by then too (the
+    device runs them in order), not by the late look: the case of a loaded machine, whose waiter booked a loop's
+    steps 56 ms late (restart badput 15 ms of 100) when only the hold it waited for was looked at. A Found of a hold
+    handed before this look's newest says nothing of it."""
+    handed: deque[Any] = deque()
+    clock = [0.0]
+    ops = Paced(handed, clock)
+    hand = SimpleNamespace(waiting=None, let_go=lambda: None)
+    dates: list[float] = []
+
+    def book(runs: list[Run], loss: Any, of: Any) -> None:
+        for run in runs:
+            assert run.done is not None
+            dates.extend(run.done)
+
+    waiter = Waiter(hand, handed, ops, lambda: clock[0], book, lambda *a, **k: None,  # type: ignore[arg-type]
+                    lambda: 0.020, lambda: dates[-1] if dates else 0.0, TrackerConfig().stall_factor)  # fmt: skip
+    hold1, hold2, hold3 = Hold([object()]), Hold([object()]), Hold([object()])
+    handed.extend([Given(0, None, None, None, ()), 0.000, 0.010, hold1, 0.020, hold2])  # steps 0-2, 1 and 2 held
+    clock[0] = 0.021
+    ops.during = [Found(0.030, hold1), 0.030, hold3, Found(0.041, hold3), 0.041]  # steps 3 (held) and 4
+    ops.seen = 0.172  # the waiter's late wake
+    waiter._take(len(handed))
+    assert dates[2] == pytest.approx(0.041)  # by step 3's Found, not the wake at 0.172 (nor step 1's Found)
