@@ -225,7 +225,9 @@ def test_a_pause_within_a_long_look_is_host_time_not_a_stall(make_tracker: MakeT
     # where the waiter saw them on time (12 loop intervals over 25 ms against jaxmon's 6, 6 pauses, load 11 on 2 cores).
     over = reading.duration_buckets[-1][1] - dict(reading.duration_buckets)[0.025]
     truth = sum(interval > 0.025 for interval in intervals[1:])
-    assert truth >= len(pauses) and len(pauses) - 1 <= over <= truth + 1, (over, truth, len(pauses), reading.duration_buckets)
+    assert truth >= len(pauses) and len(pauses) - 1 <= over <= truth + 1, (
+        over, truth, len(pauses), reading.duration_buckets,
+    )  # fmt: skip
 
 
 def test_a_loop_whose_steps_turn_long_is_looked_at_each_step_again(make_tracker: MakeTracker) -> None:
