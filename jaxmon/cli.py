@@ -10,18 +10,12 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import structlog
-
-from jaxmon.compose import build_runtime, load_settings, log_settings_notes
-from jaxmon.logsetup import configure_logging
-from jaxmon.settings import Settings, SettingsError
-from jaxmon.sources.replay import ReplayError
-from jaxmon.table import format_table, snapshot_json
-from jaxmon.versions import package_version
-
-log = structlog.get_logger("jaxmon")
+# Each command imports what it needs: `jaxmon healthcheck`, the image's HEALTHCHECK every 30 s within a 5 s timeout,
+# loads neither the settings model nor the collectors nor structlog (about 1 s of CPU to start with them).
+if TYPE_CHECKING:
+    from jaxmon.settings import Settings
 
 COMMANDS = ("serve", "snapshot", "top", "healthcheck")
 
@@ -39,6 +33,10 @@ commands:
 def _load(argv: Sequence[str], prog: str, quiet: bool = False, **help_options: Any) -> Settings:
     """Settings, or exit 2 with what is wrong; then logging (`quiet`: warnings and errors only, unless the
     user chose a level)."""
+    from jaxmon.compose import load_settings, log_settings_notes
+    from jaxmon.logsetup import configure_logging
+    from jaxmon.settings import SettingsError
+
     try:
         settings = load_settings(argv, prog=prog, **help_options)
     except SettingsError as exc:
@@ -52,13 +50,16 @@ def _load(argv: Sequence[str], prog: str, quiet: bool = False, **help_options: A
 
 def serve(argv: Sequence[str]) -> int:
     """Run the daemon until SIGTERM/SIGINT."""
+    from jaxmon.compose import build_runtime
     from jaxmon.healthcheck import HealthSocket, HealthSocketError
+    from jaxmon.sources.replay import ReplayError
     from jaxmon.web.config_error import WebConfigError
     from jaxmon.web.server import HttpServer
     from jaxmon.web.signals import hold_signals_until_serving, serve_until_signalled
 
     hold_signals_until_serving()
     settings = _load(argv, "jaxmon serve")
+    log = _log()
     try:
         runtime = build_runtime(settings)
     except ReplayError as exc:
@@ -102,6 +103,12 @@ def serve(argv: Sequence[str]) -> int:
     return 0
 
 
+def _log() -> Any:
+    import structlog
+
+    return structlog.get_logger("jaxmon")
+
+
 def _exit_despite_hung_calls(deadline: float) -> None:
     """Give running jobs until `deadline`; a device call hung in native code cannot be interrupted, so then
     exit at once rather than let the interpreter wait for it (SIGTERM must exit 0 within 5 s)."""
@@ -111,7 +118,7 @@ def _exit_despite_hung_calls(deadline: float) -> None:
             continue
         thread.join(max(deadline - time.monotonic(), 0.0))
         if thread.is_alive():
-            log.warning("exiting with a device call still running", thread=thread.name)
+            _log().warning("exiting with a device call still running", thread=thread.name)
             logging.shutdown()
             sys.stdout.flush()
             sys.stderr.flush()
@@ -129,6 +136,10 @@ def _serve_only(flag: str) -> bool:
 
 def snapshot(argv: Sequence[str]) -> int:
     """One poll and one probe per device, printed; the log shows warnings and errors only (--log.level for more)."""
+    from jaxmon.compose import build_runtime
+    from jaxmon.sources.replay import ReplayError
+    from jaxmon.table import format_table, snapshot_json
+
     as_json = "--json" in argv
     settings = _load(
         [a for a in argv if a != "--json"],
@@ -164,6 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE)
         return 0
     if args[0] == "--version":
+        from jaxmon.versions import package_version
+
         print(f"jaxmon {package_version('jaxmon')}")
         return 0
     command, rest = args[0], args[1:]

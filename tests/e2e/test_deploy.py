@@ -148,6 +148,26 @@ def test_hadolint_finds_nothing_and_every_ignore_says_why() -> None:
                 )
 
 
+def test_the_images_check_loads_neither_the_settings_model_nor_the_collectors_nor_structlog(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The image's HEALTHCHECK runs `jaxmon healthcheck` every 30 s within a 5 s timeout, beside the daemon: with
+    JAXMON_HEALTH__SOCKET set and no flags it asks that socket and loads nothing else of jaxmon's (with the settings
+    model, the collectors and structlog it took about 1 s of CPU to start, and a loaded container missed the timeout
+    once)."""
+    heavy = ("pydantic", "pydantic_settings", "structlog", "yaml", "jax", "jaxmon.compose", "jaxmon.runtime")
+    code = (
+        "import sys\nfrom jaxmon.cli import main\nrc = main(['healthcheck'])\n"
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))\nraise SystemExit(rc)"
+    )
+    socket_path = tmp_path_factory.mktemp("hc") / "none" / "health.sock"
+    env = {**os.environ, "JAXMON_HEALTH__SOCKET": str(socket_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    said, loaded = done.stdout.splitlines()
+    assert said.startswith(f"no health socket at {socket_path}: ") and loaded == "[]", done.stdout
+
+
 def test_dockerfile_healthcheck_follows_the_daemon_whatever_its_listener(
     start_daemon: StartDaemon, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -160,8 +160,8 @@ def test_healthcheck_command_reads_the_socket_from_the_daemons_variable_and_igno
     runtime = FakeRuntime()
     health = serve(runtime)
     monkeypatch.setenv("JAXMON_HEALTH__SOCKET", str(health.path))
-    # The daemon's listener settings are read (and checked) but not used: a moved address and a web config with
-    # TLS and basic auth change nothing for the check.
+    # The daemon's listener settings are not read: a moved address and a web config with TLS and basic auth change
+    # nothing for the check.
     monkeypatch.setenv("JAXMON_WEB__LISTEN_ADDRESS", "127.0.0.1:10477")
     monkeypatch.setenv("JAXMON_WEB__CONFIG__FILE", str(tmp_path / "web.yml"))
     assert cli("healthcheck") == (0, "/healthz 200: ok: last update: memory 0.5s ago\n", "")
