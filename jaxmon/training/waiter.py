@@ -379,8 +379,11 @@ class Waiter:
         ran ahead of its device), first wait until then, or until the loop calls again: a pause() marks when it
         stopped (a host that waited for its device, as Keras at an epoch's end, is seen waiting), a step does not
         (they are booked by when the loop was found still). The stall threshold of the typical step, or before one is
-        known of the least bound a held step gave."""
+        known of the least bound a held step gave. Where the loop did not call again, a barrier on every device says
+        when its device was done with them: seen complete then where it was still running them (a loaded machine's
+        device may run far slower than that pace)."""
         by = math.inf
+        drained: tuple[float, bool] | None = None
         if paused:
             self._hand.let_go()
             self.every = LOOK  # a loop that resumes is looked at often, until it steps on
@@ -403,15 +406,36 @@ class Waiter:
                     by = still  # a step came: done by when the loop was found still, as far as anything says
                 if self._worker.stopping:
                     return  # the drain books them
+            if by == math.inf and start is not None:
+                drained = self._drained()
         with quiet():
             taken = self._parse([self._handed.popleft() for _ in range(size)])
             if taken.handed:
                 self.looks += 1
                 ends_at = self._ends(taken)
                 last = len(taken.handed) - 1
-                ends_at[last] = min(self._clock(), by, ends_at.get(last) or math.inf)
-                done, observed = self._dated(taken.handed, ends_at, [], None, None, False)
+                marked = ends_at.get(last)
+                ends_at[last] = min(self._clock(), by, marked or math.inf)
+                seen = None
+                if drained is not None:
+                    ends_at[last] = min(ends_at[last], drained[0])
+                    if drained[1] and marked is None:
+                        seen = ends_at[last] = drained[0]
+                done, observed = self._dated(taken.handed, ends_at, [], None, seen, False)
                 self._read_and_book(taken, done, observed, None)
+
+    def _drained(self) -> tuple[float, bool] | None:
+        """A barrier on every device, dispatched now and waited for: when the work handed before it was done, and
+        whether the device was still running it (the wait took more than a GIL switch interval). None where the
+        barrier failed."""
+        try:
+            barrier = self.ops.barrier()
+            sent = self._clock()
+            self._wait_until(barrier, None)
+            done = self._clock()
+        except Exception:
+            return None
+        return done, done - sent > sys.getswitchinterval()
 
     def _drain(self, deadline: float) -> None:
         """Book every step handed, waiting for their holds until `deadline` (stop(), flush())."""
