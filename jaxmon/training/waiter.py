@@ -16,9 +16,10 @@ time, where the training thread found the newest complete first), the hand-offs,
 waits for its device (it called again within the GIL's switch interval of a completion seen, or its lead holds),
 and a typical step's device time (the median of those observed; before any, the least time from a held step's
 hand-off to its completion seen, or to a look that found it done). A still loop's steps handed after the last hold
-wait for its next call at the stall threshold's pace: a pause() marks when its host stopped. A look's steps are
-lists of floats and ints, and its own objects are made with the cyclic GC off: a look of thousands of steps makes
-it collect no more than the loop does.
+wait for its next call at the stall threshold's pace: a pause() marks when its host stopped; where none comes, a
+barrier on every device says when its device was done with them. A look's steps are lists of floats and ints,
+and its own objects are made with the cyclic GC off: a look of thousands of steps makes it collect no more than
+the loop does.
 """
 
 from __future__ import annotations
