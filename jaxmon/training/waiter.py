@@ -427,16 +427,18 @@ class Waiter:
 
     def _drained(self) -> tuple[float, bool] | None:
         """A barrier on every device, dispatched now and waited for: when the work handed before it was done, and
-        whether the device was still running it (the wait took more than a GIL switch interval). None where the
-        barrier failed."""
+        whether the device was still running it (the barrier not done a GIL switch interval after it was sent, an
+        idle device's time for a tiny program many times over; not the wait's own time, which a loaded machine's
+        late wake of this thread lengthens). None where the barrier failed."""
         try:
             barrier = self.ops.barrier()
-            sent = self._clock()
+            time.sleep(sys.getswitchinterval())
+            if self.ops.ready(barrier):
+                return self._clock(), False
             self._wait_until(barrier, None)
-            done = self._clock()
+            return self._clock(), True
         except Exception:
             return None
-        return done, done - sent > sys.getswitchinterval()
 
     def _drain(self, deadline: float) -> None:
         """Book every step handed, waiting for their holds until `deadline` (stop(), flush())."""

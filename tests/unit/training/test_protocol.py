@@ -264,8 +264,8 @@ class Draining:
     """The waiter's JAX side for a still loop: a barrier's wait returns when the device finished the work handed
     before it, at `done` on the waiter's clock."""
 
-    def __init__(self, clock: list[float], done: float) -> None:
-        self.clock, self.done = clock, done
+    def __init__(self, clock: list[float], done: float, idle: bool = False) -> None:
+        self.clock, self.done, self.idle = clock, done, idle
         self.barriers = 0
 
     def barrier(self) -> list[Any]:
@@ -273,7 +273,7 @@ class Draining:
         return [object()]
 
     def ready(self, handles: list[Any]) -> bool:
-        return False
+        return self.idle
 
     def is_array(self, value: Any) -> bool:
         return False
@@ -304,3 +304,27 @@ def test_a_still_loop_whose_device_is_slower_than_the_pace_is_dated_by_a_barrier
     waiter._book_unheld(len(handed), paused=True)
     assert ops.barriers == 1
     assert dates == pytest.approx([0.3, 0.6, 0.9], abs=1e-3)  # (the queue from the first hand-off, 1 ms in)
+
+
+def test_a_barrier_done_at_once_says_the_still_loops_device_was_idle_however_late_its_wait_returns() -> None:
+    """The same still loop, whose device was done with its steps: the barrier is complete a GIL switch interval
+    after it was sent. A loaded machine wakes the waiter 0.4 s after that; the steps stay at the typical pace after
+    their hand-offs, not spread up to the late wake (a 60 ms pause of the loop's read as steps of 20 ms)."""
+    handed: deque[Any] = deque()
+    clock = [0.5]
+    ops = Draining(clock, done=0.9, idle=True)
+    hand = SimpleNamespace(waiting=None, let_go=lambda: None)
+    dates: list[float] = []
+
+    def book(runs: list[Run], loss: Any, of: Any) -> None:
+        for run in runs:
+            assert run.done is not None
+            dates.extend(run.done)
+
+    waiter = Waiter(hand, handed, ops, lambda: clock[0], book, lambda *a, **k: None,  # type: ignore[arg-type]
+                    lambda: 0.020, lambda: 0.0, TrackerConfig().stall_factor)  # fmt: skip
+    handed.extend([Given(0, None, None, None, ()), 0.001, 0.002, 0.003])
+    ops.ready = lambda handles: (clock.__setitem__(0, 0.9), True)[1]  # type: ignore[method-assign]  # checked late
+    waiter._book_unheld(len(handed), paused=True)
+    assert ops.barriers == 1
+    assert dates == pytest.approx([0.021, 0.041, 0.061], abs=1e-3)
