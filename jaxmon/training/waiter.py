@@ -427,16 +427,19 @@ class Waiter:
 
     def _drained(self) -> tuple[float, bool] | None:
         """A barrier on every device, dispatched now and waited for: when the work handed before it was done, and
-        whether the device was still running it (the barrier not done a GIL switch interval after it was sent, an
-        idle device's time for a tiny program many times over; not the wait's own time, which a loaded machine's
-        late wake of this thread lengthens). None where the barrier failed."""
+        whether the device was still running it: the barrier not done LOOK after it was sent (an idle device's time
+        for a tiny program many times over, and more than a loaded machine's usual delay of a CPU device's thread;
+        not the wait's own time, which a late wake of this thread lengthens). Done sooner, the steps were done by
+        then (an upper bound). None where the barrier failed."""
         try:
             barrier = self.ops.barrier()
-            time.sleep(sys.getswitchinterval())
-            if self.ops.ready(barrier):
-                return self._clock(), False
-            self._wait_until(barrier, None)
-            return self._clock(), True
+            sent = time.monotonic()
+            while not self.ops.ready(barrier):
+                if time.monotonic() - sent >= LOOK:
+                    self._wait_until(barrier, None)
+                    return self._clock(), True
+                time.sleep(sys.getswitchinterval())
+            return self._clock(), False
         except Exception:
             return None
 

@@ -307,9 +307,9 @@ def test_a_still_loop_whose_device_is_slower_than_the_pace_is_dated_by_a_barrier
 
 
 def test_a_barrier_done_at_once_says_the_still_loops_device_was_idle_however_late_its_wait_returns() -> None:
-    """The same still loop, whose device was done with its steps: the barrier is complete a GIL switch interval
-    after it was sent. A loaded machine wakes the waiter 0.4 s after that; the steps stay at the typical pace after
-    their hand-offs, not spread up to the late wake (a 60 ms pause of the loop's read as steps of 20 ms)."""
+    """The same still loop, whose device was done with its steps: the barrier is complete at the first look at it
+    (within LOOK of its dispatch). A loaded machine wakes the waiter 0.4 s after that; the steps stay at the typical
+    pace after their hand-offs, not spread up to the late wake (a 60 ms pause of the loop's read as steps of 20 ms)."""
     handed: deque[Any] = deque()
     clock = [0.5]
     ops = Draining(clock, done=0.9, idle=True)
