@@ -416,12 +416,13 @@ class Waiter:
                 ends_at = self._ends(taken)
                 last = len(taken.handed) - 1
                 marked = ends_at.get(last)
-                ends_at[last] = min(self._clock(), by, marked or math.inf)
+                end = min(self._clock(), by, marked or math.inf)
                 seen = None
                 if drained is not None:
-                    ends_at[last] = min(ends_at[last], drained[0])
+                    end = min(end, drained[0])
                     if drained[1] and marked is None:
-                        seen = ends_at[last] = drained[0]
+                        seen = end = drained[0]
+                ends_at[last] = end
                 done, observed = self._dated(taken.handed, ends_at, [], None, seen, False)
                 self._read_and_book(taken, done, observed, None)
 
