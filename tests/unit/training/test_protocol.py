@@ -199,15 +199,9 @@ class Paced:
         self.clock[0] = self.seen
 
 
-def test_a_found_hold_dates_its_own_step_by_the_call_that_found_it_and_not_the_steps_handed_since() -> None:
-    """A loop two steps ahead: step 2's hold is waited for; while the waiter (woken 100 ms late) waits, the loop
-    hands step 3 (the hold still runs), then step 4, whose step() finds step 2's hold complete and hands a Found
-    before it. Step 2 completed by the Found's time, not the late wake; step 3, handed before the Found but after
-    the hold, is no Found's: the next look dates it after step 2, by its own hold. A Found of another hold (a
-    step() that read `waiting` before the look changed it) says nothing of this one."""
-    handed: deque[Any] = deque()
-    clock = [0.0]
-    ops = Paced(handed, clock)
+def scripted(handed: deque[Any], ops: Any, clock: list[float]) -> tuple[Waiter, list[float]]:
+    """A waiter of `handed` on the scripted `ops` and `clock` (no thread, a typical step of 20 ms), and the dates it
+    books, each run's in turn (the last of them its last completion)."""
     hand = SimpleNamespace(waiting=None, let_go=lambda: None)
     dates: list[float] = []
 
@@ -218,6 +212,19 @@ def test_a_found_hold_dates_its_own_step_by_the_call_that_found_it_and_not_the_s
 
     waiter = Waiter(hand, handed, ops, lambda: clock[0], book, lambda *a, **k: None,  # type: ignore[arg-type]
                     lambda: 0.020, lambda: dates[-1] if dates else 0.0, TrackerConfig().stall_factor)  # fmt: skip
+    return waiter, dates
+
+
+def test_a_found_hold_dates_its_own_step_by_the_call_that_found_it_and_not_the_steps_handed_since() -> None:
+    """A loop two steps ahead: step 2's hold is waited for; while the waiter (woken 100 ms late) waits, the loop
+    hands step 3 (the hold still runs), then step 4, whose step() finds step 2's hold complete and hands a Found
+    before it. Step 2 completed by the Found's time, not the late wake; step 3, handed before the Found but after
+    the hold, is no Found's: the next look dates it after step 2, by its own hold. A Found of another hold (a
+    step() that read `waiting` before the look changed it) says nothing of this one."""
+    handed: deque[Any] = deque()
+    clock = [0.0]
+    ops = Paced(handed, clock)
+    waiter, dates = scripted(handed, ops, clock)
     hold2, hold4, other = Hold([object()]), Hold([object()]), Hold([object()])
     handed.extend([Given(0, None, None, None, ()), 0.000, 0.010, 0.020, hold2])  # steps 0-2, step 2 held
     clock[0] = 0.021
@@ -241,16 +248,7 @@ def test_a_found_of_a_hold_handed_after_the_newest_dates_the_newest_too() -> Non
     handed: deque[Any] = deque()
     clock = [0.0]
     ops = Paced(handed, clock)
-    hand = SimpleNamespace(waiting=None, let_go=lambda: None)
-    dates: list[float] = []
-
-    def book(runs: list[Run], loss: Any, of: Any) -> None:
-        for run in runs:
-            assert run.done is not None
-            dates.extend(run.done)
-
-    waiter = Waiter(hand, handed, ops, lambda: clock[0], book, lambda *a, **k: None,  # type: ignore[arg-type]
-                    lambda: 0.020, lambda: dates[-1] if dates else 0.0, TrackerConfig().stall_factor)  # fmt: skip
+    waiter, dates = scripted(handed, ops, clock)
     hold1, hold2, hold3 = Hold([object()]), Hold([object()]), Hold([object()])
     handed.extend([Given(0, None, None, None, ()), 0.000, 0.010, hold1, 0.020, hold2])  # steps 0-2, 1 and 2 held
     clock[0] = 0.021
@@ -290,16 +288,7 @@ def test_a_still_loop_whose_device_is_slower_than_the_pace_is_dated_by_a_barrier
     handed: deque[Any] = deque()
     clock = [0.5]  # the pace has passed
     ops = Draining(clock, done=0.9)
-    hand = SimpleNamespace(waiting=None, let_go=lambda: None)
-    dates: list[float] = []
-
-    def book(runs: list[Run], loss: Any, of: Any) -> None:
-        for run in runs:
-            assert run.done is not None
-            dates.extend(run.done)
-
-    waiter = Waiter(hand, handed, ops, lambda: clock[0], book, lambda *a, **k: None,  # type: ignore[arg-type]
-                    lambda: 0.020, lambda: 0.0, TrackerConfig().stall_factor)  # fmt: skip
+    waiter, dates = scripted(handed, ops, clock)
     handed.extend([Given(0, None, None, None, ()), 0.001, 0.002, 0.003])
     waiter._book_unheld(len(handed), paused=True)
     assert ops.barriers == 1
@@ -313,16 +302,7 @@ def test_a_barrier_done_at_once_says_the_still_loops_device_was_idle_however_lat
     handed: deque[Any] = deque()
     clock = [0.5]
     ops = Draining(clock, done=0.9, idle=True)
-    hand = SimpleNamespace(waiting=None, let_go=lambda: None)
-    dates: list[float] = []
-
-    def book(runs: list[Run], loss: Any, of: Any) -> None:
-        for run in runs:
-            assert run.done is not None
-            dates.extend(run.done)
-
-    waiter = Waiter(hand, handed, ops, lambda: clock[0], book, lambda *a, **k: None,  # type: ignore[arg-type]
-                    lambda: 0.020, lambda: 0.0, TrackerConfig().stall_factor)  # fmt: skip
+    waiter, dates = scripted(handed, ops, clock)
     handed.extend([Given(0, None, None, None, ()), 0.001, 0.002, 0.003])
     ops.ready = lambda handles: (clock.__setitem__(0, 0.9), True)[1]  # type: ignore[method-assign]  # checked late
     waiter._book_unheld(len(handed), paused=True)
