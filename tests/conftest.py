@@ -65,8 +65,10 @@ def pytest_configure(config: pytest.Config) -> None:
 # images, a real 4-process job in a real Prometheus over minutes): under pytest-xdist (tests/run.sh: pytest -n 2)
 # they are one group, first in the collection order, run by one worker while the other goes through the rest. xdist's
 # scope scheduler then hands the groups out by their number of tests, most first (--loadscope-reorder, its default):
-# the long lane's 30 tests start after eight unit files of 32-96 tests, seconds into the run. Every other file is a
-# group of its own: its module fixtures are made once, on one worker.
+# the long lane's 30 tests start after eight unit files of 32-96 tests, seconds into the run. One group also keeps
+# test_container.py and test_container_engines.py on one worker, so that Docker's image build, started by the first,
+# runs beside its tests (tests/e2e/conftest.py). Every other file is a group of its own: its module fixtures are made
+# once, on one worker.
 LONG_LANE = (
     "tests/e2e/test_container.py",
     "tests/e2e/test_container_engines.py",

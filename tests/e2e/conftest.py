@@ -9,6 +9,7 @@ their containers, instead of holding up the first Docker test (it took 84 s ther
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -21,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_container import CA_BUNDLE, Engine, Image, _tail, build_image, podman_engine
+
+ENGINES_FILE = "tests/e2e/test_container_engines.py"
 
 
 def _start_dockerd(root: Path, driver: str) -> tuple[subprocess.Popen[bytes] | None, Engine, str]:
@@ -139,3 +142,21 @@ def docker_build(dockerd: Engine, tmp_path_factory: pytest.TempPathFactory) -> I
     with ThreadPoolExecutor(1, thread_name_prefix="docker-build") as pool:
         yield pool.submit(_build_on_docker, dockerd, source, image, tmp_path_factory.mktemp("docker-base"))
     # Leaving the pool waits for a build still running (a session whose Docker tests never read it).
+
+
+def start_docker_build(request: pytest.FixtureRequest) -> None:
+    """Start docker_build now, as root (dockerd needs it), when this session runs a test of ENGINES_FILE that uses
+    Docker, in this process (one file per worker or none: under `--dist loadfile` the LONG_LANE group; other
+    xdist modes may put that test on another worker, so nothing starts early there). A dockerd that cannot start
+    fails the Docker tests, not the caller."""
+    if os.geteuid() != 0 or request.config.getoption("dist", "no") not in ("no", "loadfile"):
+        return
+    if not any(
+        item.nodeid.startswith(ENGINES_FILE)
+        and ("dockerd" in getattr(item, "fixturenames", ()) or item.nodeid.endswith("[docker]"))
+        for item in request.session.items
+    ):
+        return
+    # pytest keeps the error of a dockerd that cannot start: each Docker test that asks for the build reports it.
+    with contextlib.suppress(pytest.fail.Exception, pytest.skip.Exception):
+        request.getfixturevalue("docker_build")

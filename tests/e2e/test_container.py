@@ -212,9 +212,15 @@ class Image:
 
 
 @pytest.fixture(scope="module")
-def image(engine: Engine) -> Image:
-    """The CPU image of this checkout, under a tag of this checkout's own (other checkouts may build theirs)."""
-    return build_image(engine)
+def image(engine: Engine, request: pytest.FixtureRequest) -> Image:
+    """The CPU image of this checkout, under a tag of this checkout's own (other checkouts may build theirs). Docker's
+    build for tests/e2e/test_container_engines.py starts then, beside this file's tests (tests/e2e/conftest.py)."""
+    from tests.e2e.conftest import start_docker_build  # the conftest imports this module
+
+    built = build_image(engine)
+    if engine.podman:
+        start_docker_build(request)
+    return built
 
 
 def podman_engine(directory: Path) -> Engine:

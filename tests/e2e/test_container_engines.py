@@ -28,6 +28,7 @@ import requests
 import yaml
 
 from tests.conftest import free_port
+from tests.e2e.conftest import start_docker_build
 from tests.e2e.test_container import (
     COMPOSE,
     JAXMON_SERVICES,
@@ -81,6 +82,7 @@ def docker(docker_build: Future[Image], podman: tuple[Engine, Image]) -> Image:
 def engine_image(request: pytest.FixtureRequest) -> tuple[Engine, Image]:
     if request.param == "podman":
         engine, image = request.getfixturevalue("podman")
+        start_docker_build(request)  # Docker builds beside podman's tests (when nothing started it earlier)
         return engine, image
     return request.getfixturevalue("dockerd"), request.getfixturevalue("docker")
 
