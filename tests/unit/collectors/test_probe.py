@@ -581,13 +581,22 @@ class FakeClock:
         return self.now
 
 
+@pytest.fixture(scope="module")
+def ops(local: tuple[LocalSource, list[DeviceInfo]]) -> JaxTraining:
+    """The trackers' JAX side, once for the file: a JaxTraining compiles its barrier for each of the 8 devices as a
+    tracker starts (a quarter of a second or more), which none of these tests is about."""
+    return JaxTraining(local[0])
+
+
 @pytest.fixture
-def stepping(local: tuple[LocalSource, list[DeviceInfo]]) -> Iterator[tuple[Tracker, InProcessWorkload, FakeClock]]:
+def stepping(
+    local: tuple[LocalSource, list[DeviceInfo]], ops: JaxTraining
+) -> Iterator[tuple[Tracker, InProcessWorkload, FakeClock]]:
     """A real training tracker over this process's 8 CPU devices on a hand-moved clock, and the workload view the
     probe collector asks; the tracker is stopped afterwards."""
     source, _ = local
     clock = FakeClock()
-    tracker = Tracker(JaxTraining(source), TrackerConfig(), clock=clock)
+    tracker = Tracker(ops, TrackerConfig(), clock=clock)
     yield tracker, InProcessWorkload(source, tracker), clock
     tracker.stop(10)
 
