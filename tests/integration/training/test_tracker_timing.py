@@ -1,6 +1,7 @@
-"""The training tracker in this process on real JAX CPU devices, in loops of seconds: a late wake, pipelined and
-host-bound loops, donated and unknown completions, pauses within long looks, steps that turn long. Each number is
-checked against what the loop measures itself (tests/unit/training/test_tracker.py has the tracker's other claims)."""
+"""The training tracker in this process on real JAX CPU devices, in loops of seconds: a late wake, badput blocks
+opened after a late wake, pipelined and host-bound loops, donated and unknown completions, pauses within long looks,
+steps that turn long. Each number is checked against what the loop measures itself
+(tests/unit/training/test_tracker.py has the tracker's other claims)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,44 @@ from jaxmon.training import hand
 from jaxmon.training.waiter import LOOK, LOOK_MAX
 from jaxmon.training_readings import TrainingReading
 from tests.unit.training.conftest import MakeTracker, adds_up, settled, slow_step
+
+
+class LateWaiter(JaxTraining):
+    """The tracker's JAX side on a loaded machine: the waiter's wait returns `late` after its arrays completed (its
+    thread scheduled that much after the loop's own wait returned; 7 ms measured under CI's load)."""
+
+    late = 0.03
+
+    def wait(self, handles: list[Any]) -> None:
+        super().wait(handles)
+        time.sleep(self.late)
+
+
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_a_badput_opened_after_the_loop_waited_for_its_step_is_charged_whole_however_late_the_waiter_wakes(
+    make_tracker: MakeTracker, source: LocalSource, blocks: int
+) -> None:
+    """pause() (the block's open) finds the step complete on jaxmon's own handles and says so: the block opens on
+    an idle device, wherever the waiter's late wake would date the completion. `blocks` apart: one step between them
+    (the waiter still waits for its hold as the next block opens) or three."""
+    tracker = make_tracker(ops=LateWaiter(source))
+    f = slow_step(256, 5)
+    x = jnp.ones((256, 256))
+    inner = 0.0
+    steps = 4 * blocks + 2
+    for n in range(steps):
+        x = f(x)
+        jaxmon.step(n, x)
+        x.block_until_ready()
+        if n % blocks == 0 and 0 < n < steps - 1:
+            with jaxmon.badput("data"):
+                opened = time.perf_counter()
+                time.sleep(0.02)
+                inner += time.perf_counter() - opened
+    reading = settled(tracker, steps)
+    # Without the mark, each block loses the waiter's lateness (30 ms) at most, and the whole of it where the waiter
+    # waits for the step as the block opens: 20 ms of each (then charged to host).
+    assert inner - 0.002 <= reading.badput_seconds_total["data"], (inner, reading.badput_seconds_total)
 
 
 class OnceLate(JaxTraining):
