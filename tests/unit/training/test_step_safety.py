@@ -8,6 +8,7 @@ tests/e2e/test_step_stress.py."""
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -46,9 +47,12 @@ def booked(tracker: Tracker, steps: int, problems: int = 0) -> TrainingReading:
     return reading
 
 
+@functools.cache
 def slow(size: int = 512, repeat: int = 80) -> Callable[[jax.Array], jax.Array]:
     """A jitted computation of a few hundred milliseconds on a CPU device (a device far slower than step()); its
-    values stay near 1 (values that underflow to denormals and zeros made it fast)."""
+    values stay near 1 (values that underflow to denormals and zeros made it fast). One for each size in the file:
+    its programs are compiled once (0.15-0.25 s each); every test that uses it runs it once before its tracker's
+    steps, as it did to compile it."""
     return jax.jit(lambda x: jax.lax.fori_loop(0, repeat, lambda _, c: jnp.tanh(c @ c) / size + 1, x))
 
 
