@@ -53,6 +53,7 @@ def apportion(
     paced: bool = True,
     busy: float = 0.0,
     marked: float | None = None,
+    lead: int | None = None,
 ) -> Dates:
     """The completions of consecutive steps handed at `handed` whose segment starts at `start` (the completion before
     it) and ends by `end`: when the waiter saw the last one complete (`ran`), or when it looked and found it done.
@@ -65,6 +66,9 @@ def apportion(
     - Otherwise the queue: its service time fitted so that the last step completes at `end` where that was seen, or
       at a mark (`marked`: the host stopped stepping then) handed after a backlog (the host waited for its device);
       else a typical step's observed service (`busy`), taken down where it would put the last step after `end`.
+      Where the last was not seen, `lead` (the most steps the host was seen ahead of its device at recent looks)
+      bounds the queue: step k was done by the host's call k + lead + 1 (a service fitted to a pause's end, or a
+      typical step of a busier minute, would pile them up into the pause: a lead no look saw).
     Non-decreasing, within [start, end]."""
     n = len(handed)
     step = (end - start) / n
@@ -82,6 +86,11 @@ def apportion(
     if not ran and busy:
         service = min(service, busy)
     dates = Dates(min(date, end) for date in queue(start, handed, service))
+    if lead is not None and not ran and n > lead + 1:
+        cut = n - lead - 1
+        bound = np.maximum(np.maximum.accumulate(np.asarray(handed[lead + 1 :], dtype=float)), start)
+        head: list[float] = np.minimum(dates[:cut], bound).tolist()
+        dates = Dates([*head, *(min(date, end) for date in queue(head[-1], handed[cut:], service))])
     if ran:
         dates[-1] = end
     return dates

@@ -311,7 +311,7 @@ class Waiter:
             ends_at[len(handed) - 1] = None if len(handed) - 1 in failed else seen or looked
             mark = newest if type(newest) is Hold else None
             lead = later[: min(self._leads)]
-            done, observed = self._dated(handed, ends_at, lead, mark and mark.marked, seen, paced)
+            done, observed = self._dated(handed, ends_at, lead, mark and mark.marked, seen, paced, self._paused(taken))
             self._read_and_book(taken, done, observed, mark)
         return (len(handed), (handed[-1] - handed[0]) / (len(handed) - 1)) if len(handed) > 1 else None
 
@@ -338,6 +338,19 @@ class Waiter:
         return ends
 
     @staticmethod
+    def _paused(taken: Taken) -> set[int]:
+        """The segments (their last steps' indexes) that end where the host paused, unmarked: by the next step's
+        hand-off only."""
+        return {p - 1 for p in taken.pauses} - taken.marks.keys()
+
+    def _kept_up(self, handed: list[float], busy: float) -> bool:
+        """Whether a device could have kept up with the host that handed these steps: a typical step no longer than
+        the stall threshold's count of the host's typical spacing (a host that ran ahead, as Keras through an epoch,
+        hands its steps many times faster than its device completes them)."""
+        spacing = sorted(b - a for a, b in itertools.pairwise(handed))
+        return bool(spacing) and busy <= self._stall_factor * spacing[len(spacing) // 2]
+
+    @staticmethod
     def _waited(handed: list[float], seen: float) -> bool:
         """Whether a host with no lead waited for its device: the time it spent between its calls, beyond the newest
         step's device time (its hand-off to its completion seen), is within the GIL's switch interval."""
@@ -346,10 +359,13 @@ class Waiter:
 
     def _dated(
         self, handed: list[float], ends_at: dict[int, float | None], later: list[float], marked: float | None,
-        seen: float | None, paced: bool,
+        seen: float | None, paced: bool, paused: set[int],
     ) -> tuple[list[float | None], list[bool]]:  # fmt: skip
         """The steps' completions, segment by segment (each ends at a key of `ends_at`, by its value; None: unready),
-        and which were observed (`seen`, the newest's; or a paced host's calls)."""
+        and which were observed (`seen`, the newest's; or a paced host's calls). A segment that ends where the host
+        paused (`paused`, no mark) ends by the next hand-off only, far later: where its device could have kept up
+        with its host, its steps are bounded by the host's calls at the most lead the recent looks saw (a queue
+        fitted to that end, or a typical step of a busier minute, would pile them up into the pause)."""
         done: list[float | None] = []
         observed: list[bool] = []
         start = self._last_done()
@@ -366,8 +382,9 @@ class Waiter:
             else:
                 segment, newest = handed[first : last + 1], ran and last == len(handed) - 1
                 begin = segment[0] if start is None else start
+                lead = max(self._leads) if last in paused and self._leads and self._kept_up(segment, busy) else None
                 dates = apportion(begin, max(end, begin), segment, later if newest else [], newest, paced, busy,
-                                  marked if last == len(handed) - 1 else None)  # fmt: skip
+                                  marked if last == len(handed) - 1 else None, lead)  # fmt: skip
                 done += dates
                 observed += [dates.paced] * (count - 1) + [newest]
                 start = dates[-1]
@@ -423,7 +440,7 @@ class Waiter:
                     if drained[1] and marked is None:
                         seen = end = drained[0]
                 ends_at[last] = end
-                done, observed = self._dated(taken.handed, ends_at, [], None, seen, False)
+                done, observed = self._dated(taken.handed, ends_at, [], None, seen, False, self._paused(taken))
                 self._read_and_book(taken, done, observed, None)
 
     def _drained(self) -> tuple[float, bool] | None:

@@ -71,6 +71,17 @@ def test_a_burst_the_host_waited_for_before_a_mark_shares_the_time_up_to_the_mar
     assert apportion(0.0, 20.0, [0.0, 0.1, 0.2, 0.3], [], ran=False, busy=1.0) == [1.0, 2.0, 3.0, 4.0]
 
 
+def test_a_waiting_host_s_steps_before_a_pause_are_not_piled_into_it() -> None:
+    # Four steps handed 1.0 apart by a host that waited for each (lead 0 at recent looks), then a pause: the segment
+    # ends by the next hand-off at 20, and a typical step of a slower time (1.5) would queue them up into the pause
+    # (1.5, 3.0, 4.5, 6.0). Each was done by the host's next call; the last a typical step after the one before.
+    assert apportion(0.0, 20.0, [0.0, 1.0, 2.0, 3.0], [], ran=False, busy=1.5, lead=0) == [1.0, 2.0, 3.0, 4.5]
+    # A host two ahead: steps 0 and 1 bounded by the calls three later (none in the segment for the others).
+    assert apportion(0.0, 20.0, [0.0, 0.1, 0.2, 0.3], [], ran=False, busy=1.5, lead=2) == [0.3, 1.8, 3.3, 4.8]
+    # No lead known (the host's calls bound nothing): the queue's.
+    assert apportion(0.0, 20.0, [0.0, 1.0, 2.0, 3.0], [], ran=False, busy=1.5) == [1.5, 3.0, 4.5, 6.0]
+
+
 def test_a_loop_far_ahead_of_its_device_shares_the_interval_evenly() -> None:
     # Calls long before the interval began: no rhythm of the device's in them.
     assert apportion(10.0, 14.0, [1.0, 1.1, 1.2, 1.3], []) == [11.0, 12.0, 13.0, 14.0]

@@ -22,7 +22,7 @@ import pytest
 import jaxmon
 from jaxmon.sources.local import LocalSource
 from jaxmon.sources.local.training import JaxTraining
-from jaxmon.training.hand import Found, Given, Hold
+from jaxmon.training.hand import PAUSED, Found, Given, Hold
 from jaxmon.training.handed import TrackerConfig
 from jaxmon.training.ledger import Run
 from jaxmon.training.waiter import Waiter
@@ -256,6 +256,28 @@ def test_a_found_of_a_hold_handed_after_the_newest_dates_the_newest_too() -> Non
     ops.seen = 0.172  # the waiter's late wake
     waiter._take(len(handed))
     assert dates[2] == pytest.approx(0.041)  # by step 3's Found, not the wake at 0.172 (nor step 1's Found)
+
+
+def test_a_waiting_loop_s_steps_before_an_unnamed_pause_are_not_queued_into_it() -> None:
+    """A loop that waits for each step (8 ms apart) pauses 60 ms unnamed (the step() after it hands a PAUSED), then
+    steps on, its newest held and seen. The typical step (20 ms: a busier minute's, within the stall threshold's 3
+    spacings: the device could have kept up) and the service fitted to the pause's end (the next hand-off, 90 ms)
+    both exceed its rhythm: queued, steps 0-3 would complete at 20, 40, 60 and 80 ms, the pause read as its device's.
+    The host was seen no step ahead of its device (the look's lead is 0): each step was done by the next call, the
+    last a typical step after (the queue's). A burst (steps 0.1 ms apart, Keras's epoch) is no host its device kept
+    up with: queued as before."""
+    for spacing, expected in ((0.008, [0.008, 0.016, 0.024, 0.044]), (0.0001, [0.020, 0.040, 0.060, 0.080])):
+        handed: deque[Any] = deque()
+        clock = [0.0]
+        ops = Paced(handed, clock)
+        waiter, dates = scripted(handed, ops, clock)
+        steps = [spacing * k for k in range(4)]
+        handed.extend([Given(0, None, None, None, ()), *steps, PAUSED, 0.090, 0.098, 0.106, Hold([object()])])
+        clock[0] = 0.107
+        ops.seen = 0.110
+        waiter._take(len(handed))
+        assert dates[:4] == pytest.approx(expected), (spacing, dates)
+        assert dates[-1] == pytest.approx(0.110), dates
 
 
 class Draining:
