@@ -14,6 +14,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
+# Bytecode caches on, where the shell turned them off (this machine's shells set PYTHONDONTWRITEBYTECODE=1): pytest
+# keeps each test module's rewritten asserts in __pycache__ (gitignored) and Python each module it compiled, so a
+# worker collects the unit tests in about half the time from the second run on (11.6-17 s against 21.5 s for
+# `--collect-only tests/unit`, one process on a loaded machine), and the floors' run reads what the suite's wrote.
+export PYTHONDONTWRITEBYTECODE=
 # The venv, installed from this checkout with the test extra; the stamp records which pyproject.toml it was for.
 STAMP=.venv/.jaxmon-test-install
 install_venv() {
