@@ -84,7 +84,9 @@ ROW = Row(
                 ),
             ],
             "Share of wall time that was productive training, and what took the rest (startup, compile, checkpoint, "
-            "data, eval, restart, stall, your own kinds), averaged over the workload's processes.",
+            "data, eval, restart, stall, your own kinds), averaged over the workload's processes while they run. "
+            "The job's goodput, which also charges the time between a crashed process and its restart and the steps "
+            "redone after a restore, is the job dashboard's (job.yml's jaxmon:training_goodput_ratio:rate5m).",
             min=0,
         ),
         Panel(
