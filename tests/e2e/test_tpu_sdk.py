@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ import pytest
 
 from jaxmon.families.libtpu import sdk_families
 from jaxmon.sources.libtpu import sdk, sdk_state
-from tests.conftest import Samples, StartDaemon, sample
+from tests.conftest import ROOT, Samples, StartDaemon, sample
 from tests.fake_libtpu import Chip, FakeLibtpu, Scenario
 from tests.helpers import Daemon
 
@@ -164,6 +165,37 @@ def test_a_child_that_cannot_be_started_is_a_status_counted_and_tried_again_afte
     samples = {(s.name, s.labels.get("status")): s.value for f in sdk_families(state) for s in f.samples}
     assert samples[("jaxmon_libtpu_sdk_status", "spawn_failed")] == 1
     assert samples[("jaxmon_libtpu_sdk_child_spawn_failures_total", None)] == 2
+
+
+SPAWN_CASE = """
+import os, resource, sys, tempfile
+from jaxmon.sources.libtpu import sdk
+if sys.argv[1] == "pids":
+    if os.geteuid() == 0:  # root's processes are not limited: an unprivileged uid's are
+        os.setgid(65534)
+        os.setuid(65534)
+    resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))  # this process is the uid's one: fork says EAGAIN
+else:
+    tempfile.tempdir = sys.argv[2]  # no usable temporary directory
+child = sdk.SdkChild(timeout=0.5)
+first = child.read((sdk.TENSORCORE_UTIL,))
+print(first.status, child.spawn_failures, child._proc is None and child._stderr is None, first.detail, sep="|")
+"""
+
+
+@pytest.mark.parametrize("case", ["pids", "no-temporary-directory"])
+def test_a_pids_limit_and_no_temporary_directory_are_each_a_spawn_failure(tmp_path: Path, case: str) -> None:
+    """The two causes of a failed start a pod meets, made for real in a process of their own: fork's EAGAIN at a
+    process limit (RLIMIT_NPROC, as a pod's pids limit reads to fork), and no usable temporary directory for the
+    child's stderr. Each is spawn_failed, with why, counted, and leaves nothing open."""
+    result = subprocess.run(
+        [sys.executable, "-c", SPAWN_CASE, case, str(tmp_path / "gone")],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    status, failures, closed, detail = result.stdout.strip().split("|", 3)
+    assert (status, failures, closed) == ("spawn_failed", "1", "True"), result.stdout
+    assert ("BlockingIOError" if case == "pids" else "FileNotFoundError") in detail, detail
 
 
 # The daemon end to end.
