@@ -347,15 +347,21 @@ class Waiter:
         """Whether a device could have kept up with the host that handed these steps: a typical step no longer than
         the stall threshold's count of the host's typical spacing (a host that ran ahead, as Keras through an epoch,
         hands its steps many times faster than its device completes them)."""
-        spacing = sorted(b - a for a, b in itertools.pairwise(handed))
-        return bool(spacing) and busy <= self._stall_factor * spacing[len(spacing) // 2]
+        spacing = self._spacing(handed)
+        return spacing is not None and busy <= self._stall_factor * spacing
 
-    @staticmethod
-    def _waited(handed: list[float], seen: float) -> bool:
+    @classmethod
+    def _waited(cls, handed: list[float], seen: float) -> bool:
         """Whether a host with no lead waited for its device: the time it spent between its calls, beyond the newest
         step's device time (its hand-off to its completion seen), is within the GIL's switch interval."""
+        spacing = cls._spacing(handed)
+        return spacing is not None and spacing - (seen - handed[-1]) <= sys.getswitchinterval()
+
+    @staticmethod
+    def _spacing(handed: list[float]) -> float | None:
+        """The host's typical time between its calls (the upper median), None for fewer than two."""
         spacing = sorted(b - a for a, b in itertools.pairwise(handed))
-        return bool(spacing) and spacing[len(spacing) // 2] - (seen - handed[-1]) <= sys.getswitchinterval()
+        return spacing[len(spacing) // 2] if spacing else None
 
     def _dated(
         self, handed: list[float], ends_at: dict[int, float | None], later: list[float], marked: float | None,
