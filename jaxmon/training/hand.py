@@ -20,10 +20,10 @@ The protocol. The training thread only appends; every decision about a step is t
   - `PAUSED`: step() came `paused_after` or more after the step before: those before completed before it.
   - a `Done`: pause() found the last step's hold (or the one the waiter waits for) complete: the steps handed before
     it completed by its time (a badput() block opening next is on an idle device, however late the waiter wakes).
-  - a `Found`: step() found the newest hold it handed complete, by its time (it looks at most once per RECHECK of
-    its own time, until it is): that hold's step, and those before it, completed by then, not those handed since;
-    the waiter reads it for the hold it waits for or one handed after it, so that a loop that called since is dated
-    by its own call, however late the waiter wakes (or takes a step held while it was busy).
+  - a `Found`: step() found the newest hold it handed complete, by its time (it looks at most once per GIL switch
+    interval of its own time, until it is): that hold's step, and those before it, completed by then, not those
+    handed since; the waiter reads it for the hold it waits for or one handed after it, so that a loop that called
+    since is dated by its own call, however late the waiter wakes (or takes a step held while it was busy).
 - written by the waiter only, read here: `asked` (a new object: hold the next step, then wake it), `waiting` (the hold
   it waits for, set before it pops a look's items, None once the wait returned), `paused_after`,
   `device_step` (the last number it read off a device), and its own `booked` (steps taken and booked: with this
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import heapq
 import numbers
+import sys
 import time
 import warnings
 from collections import deque
@@ -60,10 +61,6 @@ _warned = False
 NO_CALLS: tuple[()] = ()  # the tracked calls of a step that made none (shared)
 HOST = frozenset({int, float, type(None)})  # step() arguments taken as they are
 PAUSED = object()
-# Until the newest hold handed is complete, step() looks whether it is at most once per this many seconds of its own
-# time (the GIL's switch interval: the waiter's own wake is no finer): one call into JAX, on jaxmon's own handles, per
-# this much of the loop's time at most, and none once it is (a hold is handed once per look).
-RECHECK = 0.005
 LOST = object()  # an array deleted or donated before step() could hold it
 _NO_BLOCKS = Blocks(0, 1)  # a disarmed hand's sampled blocks: no retry ever
 
@@ -197,6 +194,10 @@ class Hand:
         self._watched: Hold | Given | None = None  # the newest hold handed, until found complete
         self._checked: Hold | Given | None = None  # the last hold step() looked at
         self._recheck = float("inf")  # when step() looks at it again (inf: found complete)
+        # Until the newest hold handed is complete, step() looks whether it is at most once per the GIL's switch
+        # interval of its own time (the waiter's own wake is no finer): one call into JAX, on jaxmon's own handles,
+        # per this much of the loop's time at most, and none once it is (a hold is handed once per look).
+        self._recheck_every = sys.getswitchinterval()
         self._due = -float("inf")  # a step is held from then on anyway
         self._ready: tuple[Any, ...] = ()
         # What the next step may follow on from: the last host number (None: a Given next), the figures as given and
@@ -235,8 +236,9 @@ class Hand:
         anything else is dropped for the step and counted (reason="invalid"). A JAX array is read once computed,
         never here, and alone says when its step completed; deleting or donating any array afterwards is safe.
         Returns at once: no device wait, no JAX call on the common path (a step that follows on is one float
-        appended to a deque; until the newest hold is found complete, at most once per RECHECK a readiness check of
-        jaxmon's own handles); never raises. Without a running start() or publish(): nothing (one warning)."""
+        appended to a deque; until the newest hold is found complete, at most once per GIL switch interval a
+        readiness check of jaxmon's own handles); never raises. Without a running start() or publish(): nothing
+        (one warning)."""
         try:
             handed = self._clock()
             if (watched := self._watched) is not None and (watched is not self._checked or handed >= self._recheck):
@@ -393,11 +395,11 @@ class Hand:
             self.waiter.hurry()
 
     def _done_by(self, hold: Hold | Given, now: float) -> None:
-        """The newest hold handed, looked at (at most once per RECHECK of this thread's time): complete already, its
-        step completed by now. A loaded machine schedules the waiter milliseconds after the completion, where the
-        loop has called since (it waited for the step, or ran on): a Found dates that step by this call, not by the
-        waiter's late wake. A hold is kept here only until it is found complete, or the loop goes still."""
-        self._checked, self._recheck = hold, now + RECHECK
+        """The newest hold handed, looked at (at most once per `_recheck_every` of this thread's time): complete
+        already, its step completed by now. A loaded machine schedules the waiter milliseconds after the completion,
+        where the loop has called since (it waited for the step, or ran on): a Found dates that step by this call,
+        not by the waiter's late wake. A hold is kept here only until it is found complete, or the loop goes still."""
+        self._checked, self._recheck = hold, now + self._recheck_every
         try:  # jaxmon's own handles: never emptied by a delete(), so this never crashes (a donated one raises)
             if self.ops.ready(handles(hold)):
                 self._handed.append(Found(self._clock(), hold))

@@ -46,7 +46,6 @@ LOOK = 0.02  # the shortest time between two looks while steps come (seconds)
 LOOK_MAX = 0.5  # the longest
 LOOK_STEPS = 2000  # the most steps a look waits for: past them a batch costs more than a look
 RECENT = 8  # the looks whose least lead is the host's
-LOSS_EVERY = LOOK_MAX  # the loss gauge is read at most this often while the loop steps
 FIELDS = ("step", "examples", "tokens", "model_flops")
 MARKERS = (Given, Hold, Done, Found)  # the items handed that are no step (PAUSED neither)
 
@@ -590,9 +589,9 @@ class Waiter:
 
     def _read_loss(self, still: bool) -> tuple[dict[str, float] | None, tuple[int | None, int]]:
         """The scalars of the newest hold naming loss scalars, and (its step, its dict's names not held): read at
-        most once per LOSS_EVERY while the loop steps, and once it is `still`."""
+        most once per LOOK_MAX (a look's longest spacing) while the loop steps, and once it is `still`."""
         now = self._clock()
-        if self._loss is None or not (still or now - self._loss_read >= LOSS_EVERY):
+        if self._loss is None or not (still or now - self._loss_read >= LOOK_MAX):
             return None, (None, 0)
         (hold, number), self._loss, self._loss_read = self._loss, None, now
         try:

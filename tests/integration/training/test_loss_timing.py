@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxmon
-from jaxmon.training.waiter import LOOK_MAX, LOSS_EVERY
+from jaxmon.training.waiter import LOOK_MAX
 from jaxmon.training_readings import TrainingReading
 from tests.unit.training.conftest import MakeTracker, booked
 from tests.unit.training.test_loss import DEADLINE, exported, inverse, run_until, truth
@@ -21,7 +21,7 @@ from tests.unit.training.test_loss import DEADLINE, exported, inverse, run_until
 
 def test_the_loss_gauge_is_the_loss_of_the_step_it_names_and_follows_the_loop(make_tracker: MakeTracker) -> None:
     """jaxmon.step(n, loss) with loss = 1/(n+1) on the device: every reading's value is the loss of its loss_step,
-    as read (float32's value exactly), and it moves on with the loop (read again after LOSS_EVERY)."""
+    as read (float32's value exactly), and it moves on with the loop (read again after LOOK_MAX)."""
     tracker = make_tracker()
     seen: dict[int, float] = {}
 
@@ -37,8 +37,8 @@ def test_the_loss_gauge_is_the_loss_of_the_step_it_names_and_follows_the_loop(ma
 
     started = time.monotonic()
     run_until(lambda n: inverse(jnp.int32(n)), tracker, note)
-    # At most one read a LOSS_EVERY: three distinct steps read take at least two periods.
-    assert time.monotonic() - started >= 2 * LOSS_EVERY
+    # At most one read a LOOK_MAX: three distinct steps read take at least two periods.
+    assert time.monotonic() - started >= 2 * LOOK_MAX
     steps = sorted(seen)
     assert steps[0] < steps[1] < steps[2] and seen[steps[0]] > seen[steps[2]]
 
@@ -59,7 +59,7 @@ def test_a_ready_that_is_not_a_scalar_or_a_dict_of_scalars_gives_no_loss_series(
     first read waits for no period), so a loss of these shapes would have been read by then."""
     tracker = make_tracker()
     start = time.monotonic()
-    reading = run_until(ready, tracker, lambda r: r.steps_total >= 5 and time.monotonic() - start > LOSS_EVERY)
+    reading = run_until(ready, tracker, lambda r: r.steps_total >= 5 and time.monotonic() - start > LOOK_MAX)
     assert (reading.loss, reading.loss_step) == ({}, None), what
     assert exported(reading) == ({}, None), what
 

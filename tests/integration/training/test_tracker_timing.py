@@ -87,11 +87,11 @@ def test_a_late_wake_dates_the_step_by_the_loops_next_call_that_found_it_complet
 ) -> None:
     """A loop that waits for each step (`ahead` 0) or for the one two before it, and a waiter whose wait returns
     100 ms late once, at its first look (the startup's end: Keras's first step in CI) or a later one: step() finds
-    the hold the waiter waits for complete (once per RECHECK of the loop's time) and says so. Without that, the late
-    wake dated that step 100 ms late and the queue spread it over the steps around it (a sampled window held the next
-    steps' ops: issue 49's CI failure). Every completion is the loop's own within 40 ms (the loop's own view is a
-    thread wake late too: 21 ms under the whole suite's load), but the last steps', taken after the loop ended
-    without a hold (booked with no wait before them)."""
+    the hold the waiter waits for complete (once per GIL switch interval of the loop's time) and says so. Without
+    that, the late wake dated that step 100 ms late and the queue spread it over the steps around it (a sampled
+    window held the next steps' ops: issue 49's CI failure). Every completion is the loop's own within 40 ms (the
+    loop's own view is a thread wake late too: 21 ms under the whole suite's load), but the last steps', taken after
+    the loop ended without a hold (booked with no wait before them)."""
     ops = OnceLate(source, at)
     tracker = make_tracker(ops=ops)
     booked: dict[int, float] = {}

@@ -118,7 +118,7 @@ class Readiness(Ops):
 def test_step_says_when_it_finds_the_newest_hold_complete_before_the_waiter_waits_for_it() -> None:
     """The waiter has not taken the held step yet (woken late, or busy with the look before): the loop's next call
     that finds it complete says so, a Found before its own step; a hold that still runs is looked at again only
-    once RECHECK of the loop's time has passed, and one found complete no more."""
+    once a GIL switch interval of the loop's time has passed, and one found complete no more."""
     handed: deque[Any] = deque()
     ops = Readiness()
     times = iter([0.0, 0.001, 0.002, 0.010, 0.0101, 0.011])
@@ -126,7 +126,7 @@ def test_step_says_when_it_finds_the_newest_hold_complete_before_the_waiter_wait
     h.arm(object(), ops, lambda: next(times), handed, Waiting(), Off(), lambda *a, **k: None, 100)  # type: ignore[arg-type]
     h.step(0)  # held: the first step
     h.step(1)  # it still runs
-    h.step(2)  # within RECHECK: not looked at
+    h.step(2)  # within a switch interval: not looked at
     ops.done = True
     h.step(3)  # found complete
     h.step(4)
