@@ -445,7 +445,10 @@ class Waiter:
                     if drained[1] and marked is None:
                         seen = end = drained[0]
                 ends_at[last] = end
-                done, observed = self._dated(taken.handed, ends_at, [], None, seen, False, self._paused(taken))
+                paused_at = self._paused(taken)
+                if marked is None and seen is None:
+                    paused_at.add(last)  # the loop went still unnamed: its last segment ends by when it was found so
+                done, observed = self._dated(taken.handed, ends_at, [], None, seen, False, paused_at)
                 self._read_and_book(taken, done, observed, None)
 
     def _drained(self) -> tuple[float, bool] | None:

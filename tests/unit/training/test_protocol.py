@@ -280,6 +280,41 @@ def test_a_waiting_loop_s_steps_before_an_unnamed_pause_are_not_queued_into_it()
         assert dates[-1] == pytest.approx(0.110), dates
 
 
+class PacedThenStill(Paced):
+    """Paced, and a barrier on every device that is complete at once (the device was done with the steps)."""
+
+    def barrier(self) -> list[Any]:
+        return [BARRIER]
+
+    def ready(self, handles: list[Any]) -> bool:
+        return handles == [BARRIER]
+
+
+BARRIER = object()
+
+
+def test_a_waiting_loop_s_steps_after_its_last_hold_are_not_queued_into_the_stillness_after_them() -> None:
+    """A loop that waits for each step (8 ms apart: step k completes at 8 (k + 1) ms) is seen no step ahead of its
+    device at a look (step 2 held, seen at 24 ms), hands steps 3-6 unheld and goes still (the loop ended, or runs
+    Python for a while, unnamed). Found still at 0.5 s, the barrier done at once, the typical step 20 ms (a busier
+    minute's, within the stall threshold's 3 spacings): queued at it, steps 3-6 would complete at 44, 64, 84 and
+    104 ms, the stillness read as its device's (a batched-durations trial here: the last four steps of 1.3 ms read
+    3.7 ms each). Each was done by the next call (the look's lead, 0): at 32, 40 and 48 ms, the last a typical step
+    after (no call bounds it)."""
+    handed: deque[Any] = deque()
+    clock = [0.017]
+    ops = PacedThenStill(handed, clock)
+    waiter, dates = scripted(handed, ops, clock)
+    handed.extend([Given(0, None, None, None, ()), 0.000, 0.008, 0.016, Hold([object()])])
+    ops.seen = 0.024
+    waiter._take(len(handed))
+    assert dates[-1] == pytest.approx(0.024)
+    handed.extend([0.024, 0.032, 0.040, 0.048])
+    clock[0] = 0.5
+    waiter._book_unheld(len(handed), paused=True)
+    assert dates[3:] == pytest.approx([0.032, 0.040, 0.048, 0.068]), dates
+
+
 class Draining:
     """The waiter's JAX side for a still loop: a barrier's wait returns when the device finished the work handed
     before it, at `done` on the waiter's clock."""
