@@ -404,7 +404,8 @@ class Waiter:
         (they are booked by when the loop was found still). The stall threshold of the typical step, or before one is
         known of the least bound a held step gave. Where the loop did not call again, a barrier on every device says
         when its device was done with them: seen complete then where it was still running them (a loaded machine's
-        device may run far slower than that pace)."""
+        device may run far slower than that pace). Not seen so and with no mark, the last segment ends where the host
+        paused, as an unnamed PAUSED does (`_dated`: its host's calls bound it where its device kept up)."""
         by = math.inf
         drained: tuple[float, bool] | None = None
         if paused:
