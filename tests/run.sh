@@ -27,15 +27,21 @@ install_venv() {
   .venv/bin/python -m pip install -q -e '.[test]'
   sha256sum pyproject.toml >"$STAMP"
 }
+# The hundreds of child processes the tests start (daemons, workloads, scripts) import jaxmon from this checkout,
+# whose modules the editable install leaves uncompiled: where PYTHONDONTWRITEBYTECODE is set (this machine's shells
+# set it), each child compiled them from source again (0.4 s of CPU for the whole package), and each unit worker
+# (about 1 s of its collection from a fresh clone). Compiled once, they read the .pyc (each checked against its
+# source's mtime: an edited file is compiled again); the test modules' rewritten asserts are pytest's own.
+compile_checkout() {
+  .venv/bin/python -m compileall -q -j 2 jaxmon tests >/dev/null
+}
 
 if [ "${1:-}" = "--unit" ]; then
   shift
   if ! [ -x .venv/bin/python ] || ! sha256sum --check --status "$STAMP" 2>/dev/null; then
     install_venv
   fi
-  # Compiled once here, not by each worker (from a fresh clone each compiled jaxmon again: about 1 s of a
-  # worker's collection; the test modules' rewritten asserts are pytest's own, written by the first worker).
-  .venv/bin/python -m compileall -q -j 2 jaxmon tests >/dev/null
+  compile_checkout
   # worksteal: a worker that runs out of tests takes half of the other's (xdist's `load` left one idle for the last
   # 11 s of 54 beside other work on the machine).
   JAX_NUM_CPU_DEVICES=8 exec .venv/bin/python -m pytest tests/unit -n 2 --dist worksteal "$@"
@@ -73,11 +79,7 @@ if [ "${#need[@]}" -gt 0 ] || [ "${#engine[@]}" -gt 0 ]; then
 fi
 
 install_venv
-# The hundreds of child processes the tests start (daemons, workloads, scripts) import jaxmon from this checkout,
-# whose modules the editable install leaves uncompiled: where PYTHONDONTWRITEBYTECODE is set (this machine's shells
-# set it), each child compiled them from source again (0.4 s of CPU for the whole package). Compiled once here, they
-# read the .pyc (each checked against its source's mtime: an edited file is compiled again).
-.venv/bin/python -m compileall -q jaxmon tests >/dev/null
+compile_checkout
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
